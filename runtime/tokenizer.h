@@ -1,0 +1,39 @@
+/* tokenizer.h - exact Hugging Face `tokenizers` encoding and decoding from tokenizer.json.
+ *
+ * Supported: BPE models with the byte-level pre-tokenizer (GPT-2, SmolLM2 with its digit split,
+ * Llama-3 and Qwen2 split patterns) and SentencePiece-style BPE (Metaspace or the Replace+Prepend
+ * normalizer, byte fallback) as used by Llama-2, Mistral and TinyLlama; added and special tokens;
+ * the TemplateProcessing / ByteLevel post-processors for the special tokens added to a single
+ * sequence. Anything else in tokenizer.json is refused with ERR_TOKENIZER naming the JSON key and
+ * value. Encoding gives the same ids as `Tokenizer.encode(text).ids` in the Python library. */
+#ifndef INGOT_TOKENIZER_H
+#define INGOT_TOKENIZER_H
+
+#include <stddef.h>
+
+#include "errors.h"
+
+typedef struct tokenizer tokenizer;
+
+err_code tok_load(tokenizer **out, const char *tokenizer_json_path);
+void tok_free(tokenizer *t);
+
+int tok_vocab_size(const tokenizer *t); /* largest id + 1, added tokens included */
+
+/* Encodes text[0..len) (must be valid UTF-8, else ERR_UTF8 naming the byte offset). With
+ * add_special, the post-processor's special tokens are added (e.g. BOS for Llama), as
+ * encode(text, add_special_tokens=True) does. Special tokens written in the text ("<|im_start|>")
+ * are matched as tokens, as the library does. *ids is malloc'd; the caller frees it. */
+err_code tok_encode(const tokenizer *t, const char *text, size_t len, int add_special, int **ids, int *n_ids);
+
+/* The bytes that token id contributes to the decoded text, given the previous token (prev < 0 at
+ * the start of the text: SentencePiece-style decoders drop the leading space there). The bytes may
+ * be part of a UTF-8 character; concatenating the pieces of a sequence gives
+ * decode(ids, skip_special_tokens=False). Returns the number of bytes written to buf (cap >= 64
+ * is always enough), or -1 for an id out of range. */
+int tok_decode_piece(const tokenizer *t, int prev, int id, char *buf, size_t cap);
+
+/* Id of the token whose content is exactly str (vocab or added tokens), or -1. */
+int tok_find(const tokenizer *t, const char *str);
+
+#endif
