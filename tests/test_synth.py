@@ -1,0 +1,183 @@
+"""Tests for codegen/synth.py: the files it writes are valid safetensors (read back with the
+safetensors package), hold exactly the tensors the HF model has, at the intended scales, and
+are byte-for-byte reproducible."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors
+from safetensors import safe_open
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from codegen import synth  # noqa: E402
+import reference  # noqa: E402
+
+MODELS = ROOT / "tests" / "models"
+TINY = ["tiny-llama", "tiny-gqa", "tiny-qwen2", "tiny-llama3"]
+
+
+def model_dir(parent, name, **overrides):
+    """parent/name holding the checked-in config of tiny model `name`, with overrides."""
+    d = parent / name
+    d.mkdir(parents=True)
+    config = json.loads((MODELS / name / "config.json").read_text())
+    config.update(overrides)
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def expected_names(config):
+    """The state_dict keys of the HF model, written out independently of synth.tensor_specs."""
+    qwen2 = config["architectures"][0] == "Qwen2ForCausalLM"
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    for l in range(config["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        names |= {p + f"self_attn.{m}_proj.weight" for m in "qkvo"}
+        names |= {p + f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")}
+        if qwen2:
+            names |= {p + f"self_attn.{m}_proj.bias" for m in "qkv"}
+    if not config["tie_word_embeddings"]:
+        names.add("lm_head.weight")
+    return names
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_model_loads_with_safetensors(tmp_path, name):
+    d = model_dir(tmp_path, name)
+    synth.synthesize(d, seed=1)
+    config = json.loads((d / "config.json").read_text())
+    path = d / "model.safetensors"
+    with safe_open(str(path), "numpy") as f:
+        names = set(f.keys())
+        assert names == expected_names(config)
+        assert f.metadata() == {"format": "pt"}
+        kv = config["num_key_value_heads"] * 16
+        assert f.get_slice("model.embed_tokens.weight").get_shape() == [400, 64]
+        assert f.get_slice("model.layers.1.self_attn.k_proj.weight").get_shape() == [kv, 64]
+        assert f.get_slice("model.layers.1.mlp.down_proj.weight").get_shape() == [64, 160]
+        assert {f.get_slice(n).get_dtype() for n in names} == {"BF16"}
+    data = path.read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    assert header_len % 8 == 0
+    n_params = sum(t["data"].__len__() for _, t in safetensors.deserialize(data)) // 2
+    assert len(data) == 8 + header_len + 2 * n_params
+
+
+def test_scales(tmp_path):
+    d = model_dir(tmp_path, "tiny-qwen2", num_hidden_layers=1, intermediate_size=4096)
+    synth.synthesize(d, seed=3)
+    t = reference.load_tensors(d)
+    # bf16 keeps 8 significant bits: 0.5% off per value at most, the sample std a few % off
+    up = t["model.layers.0.mlp.up_proj.weight"]           # (4096, 64): fan_in 64
+    assert abs(up.mean()) < 0.01 * 64 ** -0.5
+    assert up.std() == pytest.approx(64 ** -0.5, rel=0.02)
+    down = t["model.layers.0.mlp.down_proj.weight"]       # (64, 4096): fan_in 4096
+    assert down.std() == pytest.approx(4096 ** -0.5, rel=0.02)
+    norm = t["model.layers.0.input_layernorm.weight"]
+    assert abs(norm.mean() - 1.0) < 0.05 and 0.05 < norm.std() < 0.15
+    bias = t["model.layers.0.self_attn.q_proj.bias"]
+    assert 0.03 < bias.std() < 0.07
+    # a normal sample, not a uniform one: kurtosis 3 (uniform: 1.8)
+    z = up.ravel() / up.std()
+    assert np.mean(z ** 4) == pytest.approx(3.0, abs=0.1)
+
+
+def test_deterministic_and_thread_independent(tmp_path):
+    a = model_dir(tmp_path, "tiny-gqa")
+    synth.synthesize(a, seed=7, threads=1)
+    b = model_dir(tmp_path / "b", "tiny-gqa")
+    synth.synthesize(b, seed=7, threads=3)
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    synth.synthesize(b, seed=8)
+    ta, tb = reference.load_tensors(a), reference.load_tensors(b)
+    assert not np.array_equal(ta["model.layers.0.self_attn.q_proj.weight"],
+                              tb["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_multi_chunk_tensor(tmp_path, monkeypatch):
+    # tensors that span several generation chunks come out whole and not periodic
+    monkeypatch.setattr(synth, "CHUNK_ELEMS", 1000)
+    d = model_dir(tmp_path, "tiny-llama")
+    synth.synthesize(d, seed=0)
+    w = reference.load_tensors(d)["model.embed_tokens.weight"].ravel()  # 25600 elements
+    assert not np.array_equal(w[:1000], w[1000:2000])
+    assert w[-1000:].std() == pytest.approx(64 ** -0.5, rel=0.1)
+
+
+def test_sharding(tmp_path):
+    one = model_dir(tmp_path, "tiny-llama3")
+    synth.synthesize(one, seed=5)
+    sharded = model_dir(tmp_path / "sharded", "tiny-llama3")
+    (sharded / "model.safetensors").write_bytes(b"stale")
+    synth.synthesize(sharded, seed=5, max_shard_bytes=60_000)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    n = len(files)
+    assert n > 2
+    assert files == [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    assert not (sharded / "model.safetensors").exists()
+    sizes = 0
+    for name in files:
+        with safe_open(str(sharded / name), "numpy") as f:
+            assert set(f.keys()) == {k for k, v in index["weight_map"].items() if v == name}
+            for k in f.keys():
+                sizes += 2 * math.prod(f.get_slice(k).get_shape())
+        assert (sharded / name).stat().st_size < 60_000 + 4096
+    assert index["metadata"]["total_size"] == sizes
+    ta, tb = reference.load_tensors(one), reference.load_tensors(sharded)
+    assert ta.keys() == tb.keys()
+    assert all(np.array_equal(ta[k], tb[k]) for k in ta)
+
+
+def test_bf16_rounding():
+    x = np.array([1.0, -1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, 3.0e38, 0.0],
+                 dtype=np.float32)
+    # ties go to the even bf16 (mantissa 7 bits: ulp at 1.0 is 2^-7)
+    expect = [0x3F80, 0xBF80, 0x3F80, 0x3F82, 0x3F81, 0x7F62, 0x0000]
+    assert synth.f32_to_bf16_bits(x).tolist() == expect
+
+
+def test_cli_f16_and_tokenizer(tmp_path):
+    d = model_dir(tmp_path, "tiny-llama")
+    (d / "model-00001-of-00002.safetensors").write_bytes(b"stale")
+    r = subprocess.run([sys.executable, "-m", "codegen.synth", str(d), "--dtype", "f16",
+                        "--seed", "2", "--tokenizer",
+                        str(MODELS / "tiny-tokenizer" / "tokenizer.json")],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in d.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    with safe_open(str(d / "model.safetensors"), "numpy") as f:
+        w = f.get_tensor("lm_head.weight")  # f16 loads natively
+        assert w.dtype == np.float16 and w.shape == (400, 64)
+    assert ((d / "tokenizer.json").read_bytes()
+            == (MODELS / "tiny-tokenizer" / "tokenizer.json").read_bytes())
+
+
+def test_cli_rejects_unknown_architecture(tmp_path):
+    d = model_dir(tmp_path, "tiny-llama", architectures=["GPT2LMHeadModel"])
+    r = subprocess.run([sys.executable, "-m", "codegen.synth", str(d)],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "GPT2LMHeadModel" in r.stderr and not list(d.glob("*.safetensors"))
+
+
+def test_llama_bias_flags(tmp_path):
+    d = model_dir(tmp_path, "tiny-llama", attention_bias=True, mlp_bias=True)
+    synth.synthesize(d)
+    with safe_open(str(d / "model.safetensors"), "numpy") as f:
+        biases = {k for k in f.keys() if k.endswith(".bias")}
+    # LlamaAttention gives o_proj the bias too; LlamaMLP all three projections
+    per_layer = {f"self_attn.{m}_proj.bias" for m in "qkvo"} | {
+        f"mlp.{m}_proj.bias" for m in ("gate", "up", "down")}
+    assert biases == {f"model.layers.{l}.{b}" for l in range(2) for b in per_layer}
