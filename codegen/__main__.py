@@ -1,0 +1,81 @@
+"""ingot's generator: python -m codegen MODEL_DIR --out generated/<name>
+
+Reads MODEL_DIR/config.json (and the chat template in tokenizer_config.json), derives the spec
+and renders one file per template into the output folder. Exits 1 with one line naming the
+problem when the model cannot be built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from .render import GENERATOR_VERSION, REPO_ROOT, make_env, write_if_changed
+from .spec import SpecError, load_spec
+
+# template -> generated file
+OUTPUTS = {
+    "model_config.h.j2": "model_config.h",
+    "model_tensors.c.j2": "model_tensors.c",
+    "forward_cpu.c.j2": "forward_cpu.c",
+    "model_chat.h.j2": "model_chat.h",
+}
+
+
+def display_path(p: Path) -> str:
+    """p relative to the repo root when inside it, so generated banners do not depend on where
+    the repo is checked out."""
+    p = p.resolve()
+    try:
+        return str(p.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)
+
+
+def generate(model_dir: Path, out_dir: Path) -> list[Path]:
+    """Renders every template for the model; returns the files that changed."""
+    from .chat import ChatError, load_chat_strings
+
+    model_path = display_path(model_dir)
+    spec = load_spec(model_dir / "config.json", name=model_dir.resolve().name)
+    spec = dataclasses.replace(spec, config_path=model_path + "/config.json")
+    try:
+        chat = load_chat_strings(model_dir)
+    except ChatError as e:
+        raise SpecError(str(e)) from None
+    env = make_env()
+    changed = []
+    for template, output in OUTPUTS.items():
+        text = env.get_template(template).render(
+            spec=spec,
+            chat=chat,
+            template=template,
+            output=output,
+            generator_version=GENERATOR_VERSION,
+            regenerate=f"make generate MODEL={model_path}",
+        )
+        path = out_dir / output
+        if write_if_changed(path, text):
+            changed.append(path)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m codegen", description=__doc__.splitlines()[0])
+    ap.add_argument("model_dir", type=Path, help="Hugging Face model directory (config.json, tokenizer files)")
+    ap.add_argument("--out", type=Path, required=True, help="output folder, e.g. generated/<name>")
+    args = ap.parse_args(argv)
+    try:
+        changed = generate(args.model_dir, args.out)
+    except SpecError as e:
+        print(f"codegen: {args.model_dir}: {e}", file=sys.stderr)
+        return 1
+    for p in changed:
+        print(f"codegen: wrote {display_path(p)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

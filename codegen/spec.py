@@ -1,0 +1,305 @@
+"""HF config.json -> Spec: every dimension and variant flag a generated model needs.
+
+The spec is the single place where raw Hugging Face keys are read and arithmetic on them is done;
+templates only print its fields. A config the engine cannot run exactly is refused with a
+SpecError naming the key and its value, never approximated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+# torch_dtype -> (safetensors dtype, bytes per element)
+WEIGHT_DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
+
+
+class SpecError(ValueError):
+    """A config.json the generator refuses; the message names the key and value."""
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str  # HF tensor name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    shape: tuple[int, ...]
+    field: str  # where the generated code keeps it: "embed", "wq", ... (per layer for layer >= 0)
+    layer: int  # -1 for tensors outside the layer stack
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str  # short model name: the model directory's basename
+    config_path: str  # as given to the generator (relative to the repo root when inside it)
+    config_sha256: str
+    architecture: str  # "LlamaForCausalLM", ...
+    family: str  # "llama", "mistral", "qwen2"
+    dim: int  # hidden_size
+    hidden_dim: int  # intermediate_size
+    n_layers: int  # num_hidden_layers
+    n_heads: int  # num_attention_heads
+    n_kv_heads: int  # num_key_value_heads
+    head_dim: int  # head_dim, or hidden_size / num_attention_heads
+    vocab_size: int  # vocab_size
+    seq_len: int  # max_position_embeddings
+    norm_eps: float  # rms_norm_eps
+    rope_theta: float  # rope_theta
+    rope_scaling: str  # "none", "linear" or "llama3"
+    rope_inv_freq: tuple[float, ...]  # (head_dim / 2) per-pair frequencies, scaling applied
+    qkv_bias: bool  # Qwen2 always; Llama's attention_bias
+    tied_embeddings: bool  # tie_word_embeddings
+    dtype: str  # safetensors dtype of every weight: "BF16", "F16", "F32"
+    dtype_bytes: int
+    bos_id: int  # bos_token_id, -1 if none
+    eos_ids: tuple[int, ...]  # eos_token_id (int or list)
+    config_checks: tuple[tuple[str, int], ...]  # (HF key, value) pairs the runtime re-checks
+
+    @property
+    def q_dim(self) -> int:
+        """n_heads * head_dim: rows of q_proj (equals dim for most models, not all)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """n_kv_heads * head_dim: rows of k_proj and v_proj."""
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def kv_mul(self) -> int:
+        """Query heads per KV head (GQA group size)."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        """Every tensor of the model in the order the generated tables list them."""
+        out = [Tensor("model.embed_tokens.weight", (self.vocab_size, self.dim), "embed", -1)]
+        for l in range(self.n_layers):
+            p = f"model.layers.{l}."
+            out.append(Tensor(p + "input_layernorm.weight", (self.dim,), "attn_norm", l))
+            out.append(Tensor(p + "self_attn.q_proj.weight", (self.q_dim, self.dim), "wq", l))
+            out.append(Tensor(p + "self_attn.k_proj.weight", (self.kv_dim, self.dim), "wk", l))
+            out.append(Tensor(p + "self_attn.v_proj.weight", (self.kv_dim, self.dim), "wv", l))
+            if self.qkv_bias:
+                out.append(Tensor(p + "self_attn.q_proj.bias", (self.q_dim,), "bq", l))
+                out.append(Tensor(p + "self_attn.k_proj.bias", (self.kv_dim,), "bk", l))
+                out.append(Tensor(p + "self_attn.v_proj.bias", (self.kv_dim,), "bv", l))
+            out.append(Tensor(p + "self_attn.o_proj.weight", (self.dim, self.q_dim), "wo", l))
+            out.append(Tensor(p + "post_attention_layernorm.weight", (self.dim,), "ffn_norm", l))
+            out.append(Tensor(p + "mlp.gate_proj.weight", (self.hidden_dim, self.dim), "w_gate", l))
+            out.append(Tensor(p + "mlp.up_proj.weight", (self.hidden_dim, self.dim), "w_up", l))
+            out.append(Tensor(p + "mlp.down_proj.weight", (self.dim, self.hidden_dim), "w_down", l))
+        out.append(Tensor("model.norm.weight", (self.dim,), "final_norm", -1))
+        if not self.tied_embeddings:
+            out.append(Tensor("lm_head.weight", (self.vocab_size, self.dim), "lm_head", -1))
+        return tuple(out)
+
+    @property
+    def layer_fields(self) -> tuple[str, ...]:
+        """The per-layer tensor fields, in table order."""
+        return tuple(t.field for t in self.tensors if t.layer == 0)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads: all but the embedding table, of which it reads
+        one row (and all of it when the LM head is tied to it)."""
+        n = sum(math.prod(t.shape) for t in self.tensors if t.field != "embed")
+        n += self.dim if not self.tied_embeddings else self.vocab_size * self.dim
+        return n * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_pos(self) -> int:
+        """Bytes of fp16 KV cache per position across layers: n_layers * 2 * kv_dim * 2."""
+        return self.n_layers * 2 * self.kv_dim * 2
+
+
+def _get(cfg: dict, key: str, kind, default=None, required=True):
+    if key not in cfg or cfg[key] is None:
+        if default is not None or not required:
+            return default
+        raise SpecError(f"config.json: missing key '{key}'")
+    v = cfg[key]
+    if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
+        raise SpecError(f"config.json: '{key}' = {v!r}, expected an integer")
+    if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise SpecError(f"config.json: '{key}' = {v!r}, expected a number")
+    if kind is bool and not isinstance(v, bool):
+        raise SpecError(f"config.json: '{key}' = {v!r}, expected true or false")
+    if kind in (int, float) and v <= 0 and key not in ("bos_token_id", "eos_token_id"):
+        raise SpecError(f"config.json: '{key}' = {v!r}, expected a positive value")
+    return kind(v)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[str, tuple[float, ...]]:
+    """Per-pair inverse frequencies theta^(-2i/d), with HF's rope scaling applied.
+
+    Mirrors transformers' _compute_default_rope_parameters, _compute_linear_scaling_rope_parameters
+    and _compute_llama3_parameters; computed in float64 and rounded once to float32 by the C
+    literal, where HF computes in float32 (differences of one float32 ulp).
+    """
+    base = [1.0 / theta ** (2 * i / head_dim) for i in range(head_dim // 2)]
+    if not scaling:
+        return "none", tuple(base)
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return "none", tuple(base)
+    if kind == "linear":
+        factor = float(scaling["factor"])
+        return "linear", tuple(f / factor for f in base)
+    if kind == "llama3":
+        try:
+            factor = float(scaling["factor"])
+            low = float(scaling["low_freq_factor"])
+            high = float(scaling["high_freq_factor"])
+            old_ctx = float(scaling["original_max_position_embeddings"])
+        except KeyError as e:
+            raise SpecError(f"config.json: rope_scaling (llama3) lacks {e.args[0]!r}") from None
+        low_wavelen = old_ctx / low
+        high_wavelen = old_ctx / high
+        out = []
+        for f in base:
+            wavelen = 2 * math.pi / f
+            if wavelen < high_wavelen:
+                out.append(f)
+            elif wavelen > low_wavelen:
+                out.append(f / factor)
+            else:
+                smooth = (old_ctx / wavelen - low) / (high - low)
+                out.append((1 - smooth) * f / factor + smooth * f)
+        return "llama3", tuple(out)
+    raise SpecError(f"config.json: rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+def load_spec(config_path: str | Path, name: str | None = None) -> Spec:
+    """Reads an HF config.json and derives the spec, or raises SpecError naming the key."""
+    path = Path(config_path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        cfg = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{path}: expected a JSON object")
+    return spec_from_config(cfg, raw, str(path), name or path.parent.name)
+
+
+def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec:
+    archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
+        raise SpecError(
+            f"config.json: 'architectures' = {archs!r}, expected one of {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
+    arch = archs[0]
+    family = SUPPORTED_ARCHITECTURES[arch]
+
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise SpecError(f"config.json: 'hidden_act' = {act!r}, only 'silu' is supported")
+    if cfg.get("mlp_bias", False):
+        raise SpecError("config.json: 'mlp_bias' = true is not supported")
+    if family == "qwen2":
+        qkv_bias = True
+        if cfg.get("use_sliding_window", False):
+            raise SpecError("config.json: 'use_sliding_window' = true is not supported")
+    else:
+        qkv_bias = _get(cfg, "attention_bias", bool, required=False) or False
+
+    dim = _get(cfg, "hidden_size", int)
+    n_heads = _get(cfg, "num_attention_heads", int)
+    n_kv_heads = _get(cfg, "num_key_value_heads", int, default=n_heads)
+    if n_heads % n_kv_heads:
+        raise SpecError(
+            f"config.json: 'num_attention_heads' = {n_heads} is not a multiple of 'num_key_value_heads' = {n_kv_heads}"
+        )
+    if "head_dim" in cfg and cfg["head_dim"] is not None:
+        head_dim = _get(cfg, "head_dim", int)
+    else:
+        if dim % n_heads:
+            raise SpecError(f"config.json: 'hidden_size' = {dim} is not a multiple of 'num_attention_heads' = {n_heads}")
+        head_dim = dim // n_heads
+    if head_dim % 2:
+        raise SpecError(f"config.json: head dimension {head_dim} is odd; RoPE needs pairs")
+    seq_len = _get(cfg, "max_position_embeddings", int)
+
+    window = cfg.get("sliding_window")
+    if family == "mistral" and window is not None and window < seq_len:
+        raise SpecError(
+            f"config.json: 'sliding_window' = {window} is smaller than the context {seq_len}; sliding-window attention is not supported"
+        )
+
+    # transformers >= 4.56 may keep theta and scaling under "rope_parameters".
+    rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    theta = float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if theta <= 0:
+        raise SpecError(f"config.json: 'rope_theta' = {theta}, expected a positive value")
+    scaling = cfg.get("rope_scaling") or (rope_params if rope_params.get("rope_type") not in (None, "default") else None)
+    if scaling is not None and not isinstance(scaling, dict):
+        raise SpecError(f"config.json: 'rope_scaling' = {scaling!r}, expected an object or null")
+    rope_kind, inv_freq = rope_inv_freq(head_dim, theta, scaling)
+
+    torch_dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
+    if torch_dtype not in WEIGHT_DTYPES:
+        raise SpecError(f"config.json: 'torch_dtype' = {torch_dtype!r}, expected one of {sorted(WEIGHT_DTYPES)}")
+    dtype, dtype_bytes = WEIGHT_DTYPES[torch_dtype]
+
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_ids):
+        raise SpecError(f"config.json: 'eos_token_id' = {eos!r}, expected an id or a list of ids")
+    bos = cfg.get("bos_token_id")
+    bos_id = bos if isinstance(bos, int) and not isinstance(bos, bool) else -1
+
+    vocab = _get(cfg, "vocab_size", int)
+    hidden_dim = _get(cfg, "intermediate_size", int)
+    n_layers = _get(cfg, "num_hidden_layers", int)
+    norm_eps = _get(cfg, "rms_norm_eps", float, default=1e-6)
+    tied = _get(cfg, "tie_word_embeddings", bool, required=False)
+    tied = bool(tied) if tied is not None else False
+    for e in eos_ids:
+        if e >= vocab:
+            raise SpecError(f"config.json: 'eos_token_id' {e} is outside the vocabulary ({vocab})")
+
+    checks = (
+        ("hidden_size", dim),
+        ("intermediate_size", hidden_dim),
+        ("num_hidden_layers", n_layers),
+        ("num_attention_heads", n_heads),
+        ("num_key_value_heads", n_kv_heads),
+        ("vocab_size", vocab),
+    )
+    return Spec(
+        name=name,
+        config_path=config_path,
+        config_sha256=hashlib.sha256(raw).hexdigest(),
+        architecture=arch,
+        family=family,
+        dim=dim,
+        hidden_dim=hidden_dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        seq_len=seq_len,
+        norm_eps=norm_eps,
+        rope_theta=theta,
+        rope_scaling=rope_kind,
+        rope_inv_freq=inv_freq,
+        qkv_bias=qkv_bias,
+        tied_embeddings=tied,
+        dtype=dtype,
+        dtype_bytes=dtype_bytes,
+        bos_id=bos_id,
+        eos_ids=eos_ids,
+        config_checks=checks,
+    )

@@ -1,0 +1,226 @@
+/* cpu_kernels.h - the CPU decode step's kernel bodies: dot products over bf16/fp16/fp32 weights,
+ * fp16 conversions, RMSNorm, RoPE and single-head attention over an fp16 KV cache.
+ *
+ * Header-only and static inline so that the generated forward pass, which calls them with its
+ * MODEL_* constants, gets loops with constant trip counts: the compiler unrolls them exactly and
+ * drops tails that cannot happen. Each kernel has a plain scalar twin (*_ref) that
+ * tests/test_cpu_kernels.c checks it against. AVX-512 when the build machine has it (-march=native),
+ * else AVX2 + FMA + F16C, else scalar. */
+#ifndef INGOT_CPU_KERNELS_H
+#define INGOT_CPU_KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Scalar conversions */
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
+    if (exp == 0x1F) u = sign | 0x7F800000u | (man << 13);
+    else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) u = sign;
+    else { /* subnormal: renormalize */
+        exp = 113;
+        while (!(man & 0x400)) { man <<= 1; exp--; }
+        u = sign | (exp << 23) | ((man & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+/* Round to nearest even, as the KV cache store needs. */
+static inline uint16_t f32_to_f16(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7FFFFFFF;
+    if (a >= 0x7F800000) return (uint16_t)(sign | 0x7C00 | (a > 0x7F800000 ? 0x200 : 0));
+    if (a >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* rounds past 65504 */
+    if (a < 0x38800000) { /* fp16 subnormal or zero */
+        float af;
+        memcpy(&af, &a, sizeof af);
+        return (uint16_t)(sign | (uint32_t)lrintf(af * 16777216.0f)); /* af / 2^-24 */
+    }
+    uint32_t r = a + 0xFFF + ((a >> 13) & 1) - 0x38000000; /* rebias 127 -> 15, round even */
+    return (uint16_t)(sign | (r >> 13));
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Dot products: weights row w (n) in its storage dtype, activations x (n) fp32, fp32 sums */
+
+static inline float dot_f32_ref(const float *w, const float *x, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+static inline float dot_bf16_ref(const uint16_t *w, const float *x, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+static inline float dot_f16_ref(const uint16_t *w, const float *x, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += f16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+#if defined(__AVX512F__)
+/* 16 weights at p as 16 fp32 lanes */
+static inline __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline __m512 load16_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+
+/* Four independent accumulators over 64 elements a step keep four 64-byte loads in flight. */
+#define DOT_AVX512(LOAD, w, x, n, tail_ref)                                                         \
+    do {                                                                                            \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                               \
+        int i = 0;                                                                                  \
+        for (; i + 64 <= (n); i += 64) {                                                            \
+            a0 = _mm512_fmadd_ps(LOAD((w) + i), _mm512_loadu_ps((x) + i), a0);                     \
+            a1 = _mm512_fmadd_ps(LOAD((w) + i + 16), _mm512_loadu_ps((x) + i + 16), a1);           \
+            a2 = _mm512_fmadd_ps(LOAD((w) + i + 32), _mm512_loadu_ps((x) + i + 32), a2);           \
+            a3 = _mm512_fmadd_ps(LOAD((w) + i + 48), _mm512_loadu_ps((x) + i + 48), a3);           \
+        }                                                                                           \
+        for (; i + 16 <= (n); i += 16) a0 = _mm512_fmadd_ps(LOAD((w) + i), _mm512_loadu_ps((x) + i), a0); \
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
+        return s + ((n) > i ? tail_ref((w) + i, (x) + i, (n) - i) : 0.0f);                          \
+    } while (0)
+
+static inline float dot_bf16(const uint16_t *w, const float *x, int n) { DOT_AVX512(load16_bf16, w, x, n, dot_bf16_ref); }
+static inline float dot_f16(const uint16_t *w, const float *x, int n) { DOT_AVX512(load16_f16, w, x, n, dot_f16_ref); }
+static inline float dot_f32(const float *w, const float *x, int n) { DOT_AVX512(load16_f32, w, x, n, dot_f32_ref); }
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+static inline __m256 load8_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#define DOT_AVX2(LOAD, w, x, n, tail_ref)                                                           \
+    do {                                                                                            \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                               \
+        int i = 0;                                                                                  \
+        for (; i + 32 <= (n); i += 32) {                                                            \
+            a0 = _mm256_fmadd_ps(LOAD((w) + i), _mm256_loadu_ps((x) + i), a0);                      \
+            a1 = _mm256_fmadd_ps(LOAD((w) + i + 8), _mm256_loadu_ps((x) + i + 8), a1);              \
+            a2 = _mm256_fmadd_ps(LOAD((w) + i + 16), _mm256_loadu_ps((x) + i + 16), a2);            \
+            a3 = _mm256_fmadd_ps(LOAD((w) + i + 24), _mm256_loadu_ps((x) + i + 24), a3);            \
+        }                                                                                           \
+        for (; i + 8 <= (n); i += 8) a0 = _mm256_fmadd_ps(LOAD((w) + i), _mm256_loadu_ps((x) + i), a0); \
+        float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));              \
+        return s + ((n) > i ? tail_ref((w) + i, (x) + i, (n) - i) : 0.0f);                          \
+    } while (0)
+
+static inline float dot_bf16(const uint16_t *w, const float *x, int n) { DOT_AVX2(load8_bf16, w, x, n, dot_bf16_ref); }
+static inline float dot_f16(const uint16_t *w, const float *x, int n) { DOT_AVX2(load8_f16, w, x, n, dot_f16_ref); }
+static inline float dot_f32(const float *w, const float *x, int n) { DOT_AVX2(load8_f32, w, x, n, dot_f32_ref); }
+
+#else
+static inline float dot_bf16(const uint16_t *w, const float *x, int n) { return dot_bf16_ref(w, x, n); }
+static inline float dot_f16(const uint16_t *w, const float *x, int n) { return dot_f16_ref(w, x, n); }
+static inline float dot_f32(const float *w, const float *x, int n) { return dot_f32_ref(w, x, n); }
+#endif
+
+/* out (n) += a * v (n), v in fp16: the attention's weighted sum of values. */
+static inline void axpy_f16_ref(float *out, float a, const uint16_t *v, int n) {
+    for (int i = 0; i < n; i++) out[i] += a * f16_to_f32(v[i]);
+}
+static inline void axpy_f16(float *out, float a, const uint16_t *v, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 va = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_fmadd_ps(va, load16_f16(v + i), _mm512_loadu_ps(out + i)));
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(va, load8_f16(v + i), _mm256_loadu_ps(out + i)));
+#endif
+    if (i < n) axpy_f16_ref(out + i, a, v + i, n - i);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Layer pieces */
+
+/* 1 / sqrt(mean(x^2) + eps), HF's LlamaRMSNorm scale, accumulated in fp32. */
+static inline float rms_scale(const float *x, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* Rotates the pair (a, b) = (x[i], x[i + head_dim/2]) by angle pos * inv_freq[i]. */
+static inline void rope_rotate(float *a, float *b, int pos, float inv_freq) {
+    float angle = (float)pos * inv_freq;
+    float c = cosf(angle), s = sinf(angle);
+    float x0 = *a, x1 = *b;
+    *a = x0 * c - x1 * s;
+    *b = x1 * c + x0 * s;
+}
+
+/* One query head over positions 0..n_pos-1 of one KV head:
+ *   out (head_dim) = softmax(q . k_t / sqrt(head_dim)) . v_t
+ * k, v: the KV head's first position; position t lies t * stride elements further.
+ * att (n_pos): scratch for the scores. */
+static inline void attention_head(float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                                  size_t stride, int n_pos, int head_dim, float *att) {
+    float scale = 1.0f / sqrtf((float)head_dim), max = -INFINITY;
+    for (int t = 0; t < n_pos; t++) {
+        att[t] = dot_f16(k + (size_t)t * stride, q, head_dim) * scale;
+        if (att[t] > max) max = att[t];
+    }
+    float sum = 0.0f;
+    for (int t = 0; t < n_pos; t++) {
+        att[t] = expf(att[t] - max);
+        sum += att[t];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
+    for (int t = 0; t < n_pos; t++) axpy_f16(out, att[t] * inv, v + (size_t)t * stride, head_dim);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Weight-dtype dispatch for a generated model: MODEL_WEIGHT_DTYPE_* comes from model_config.h. */
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#define dot_w dot_bf16
+#define w_to_f32 bf16_to_f32
+#elif defined(MODEL_WEIGHT_DTYPE_F16)
+#define dot_w dot_f16
+#define w_to_f32 f16_to_f32
+#elif defined(MODEL_WEIGHT_DTYPE_F32)
+#define dot_w dot_f32
+#define w_to_f32(x) (x)
+#endif
+
+#endif

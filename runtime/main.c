@@ -1,0 +1,610 @@
+/* main.c - ingot's command line: completion, chat, perplexity, tokenize and bench for the one model
+ * this binary was generated for.
+ *
+ * Compiled once per model against generated/<model>/ (model_config.h, model_chat.h). Everything
+ * the user can get wrong is checked before the first token: flags, the model directory's
+ * config.json against the built-in one, every weight's name, dtype and shape, the tokenizer, the
+ * prompt's UTF-8 and its length against the context. Errors end in one line on stderr and exit 1. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "model.h"
+#include "model_chat.h"
+#include "probe.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#ifndef INGOT_MODEL_DIR
+#error "INGOT_MODEL_DIR (the model directory this binary was built from) must be defined by the build"
+#endif
+
+// ----------------------------------------------------------------------------------------------
+// Options
+
+typedef struct {
+    const char *model_dir;
+    const char *prompt;       /* -p */
+    const char *prompt_file;  /* -f */
+    int n_tokens;             /* -n: tokens to generate, -1: until end of turn or context */
+    sampler_config sampling;
+    int seed_given;
+    int chat;
+    const char *system;
+    const char *perplexity_file;
+    int bench;
+    const char *bench_depths; /* comma-separated context depths, tokens */
+    int json;
+    int tokenize;
+    int n_threads;
+    int ctx;
+    const char *device;
+    const char *dump_logits;  /* testing aid: the prompt's logits, float32 (n_tokens, vocab) */
+} options;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ingot [options]   (built for %s, %s)\n"
+            "\n"
+            "  -p, --prompt TEXT       complete TEXT (or, with --chat, answer it as one user turn)\n"
+            "  -f, --file FILE         read the prompt from FILE (default: stdin when it is not a terminal)\n"
+            "  -n, --n-tokens N        tokens to generate (default 256; chat: until the end of the turn)\n"
+            "      --chat              chat with the model's own template; interactive without -p\n"
+            "      --system TEXT       system prompt for --chat\n"
+            "      --temp T            temperature, 0 = greedy (default 0.7)\n"
+            "      --top-k K           keep the K most likely tokens, 0 = off (default 40)\n"
+            "      --top-p P           nucleus sampling, 1 = off (default 0.95)\n"
+            "      --min-p P           drop tokens below P x the top probability, 0 = off (default 0.05)\n"
+            "      --repeat-penalty R  penalise the last 64 tokens, 1 = off (default 1.0)\n"
+            "      --seed S            random seed; the same seed gives the same text (default: time)\n"
+            "      --perplexity FILE   perplexity of the model on FILE\n"
+            "      --bench             prompt and decode speed, GB/s and share of measured read bandwidth\n"
+            "      --bench-depths LIST context depths in tokens for --bench decode (default 0)\n"
+            "      --json              --bench: print one JSON object\n"
+            "      --tokenize          print the prompt's token ids and exit\n"
+            "  -m, --model DIR         model directory (default %s)\n"
+            "      --threads N         CPU threads (default: physical cores)\n"
+            "      --ctx N             context length in tokens (default %d, the model's)\n"
+            "      --device cpu|cuda   where to run (default cpu)\n"
+            "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit\n"
+            "  -h, --help              this text\n",
+            MODEL_NAME, MODEL_ARCHITECTURE, INGOT_MODEL_DIR, MODEL_SEQ_LEN);
+}
+
+static err_code parse_long(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < lo || v > hi)
+        return err_set(ERR_ARG, "%s %s: expected an integer in %ld..%ld", flag, s ? s : "(missing)", lo, hi);
+    *out = v;
+    return ERR_OK;
+}
+
+static err_code parse_float(const char *flag, const char *s, float lo, float hi, float *out) {
+    char *end;
+    errno = 0;
+    float v = s ? strtof(s, &end) : 0.0f;
+    if (!s || !*s || *end || errno || !(v >= lo && v <= hi))
+        return err_set(ERR_ARG, "%s %s: expected a number in %g..%g", flag, s ? s : "(missing)", lo, hi);
+    *out = v;
+    return ERR_OK;
+}
+
+/* Physical cores: one thread per core is what a bandwidth-bound loop wants. */
+static int physical_cores(void) {
+    int n = (int)sysconf(_SC_NPROCESSORS_ONLN), cores = 0;
+    char seen[4096] = {0};
+    for (int c = 0; c < n; c++) {
+        char path[128];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+        FILE *f = fopen(path, "r");
+        int first;
+        if (!f) return n > 0 ? n : 1;
+        int ok = fscanf(f, "%d", &first) == 1;
+        fclose(f);
+        if (!ok || first < 0 || first >= (int)sizeof seen) return n > 0 ? n : 1;
+        if (!seen[first]) { seen[first] = 1; cores++; }
+    }
+    return cores > 0 ? cores : 1;
+}
+
+static err_code parse_args(int argc, char **argv, options *o) {
+    *o = (options){
+        .model_dir = INGOT_MODEL_DIR,
+        .n_tokens = -1,
+        .sampling = {.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+                     .repeat_penalty = 1.0f, .repeat_last_n = 64},
+        .bench_depths = "0",
+        .n_threads = physical_cores(),
+        .ctx = MODEL_SEQ_LEN,
+        .device = "cpu",
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        err_code rc = ERR_OK;
+#define FLAG(s, l) (strcmp(a, s) == 0 || strcmp(a, l) == 0)
+#define NEEDS_VALUE() \
+    do { if (!v) return err_set(ERR_ARG, "%s needs a value", a); i++; } while (0)
+        if (FLAG("-h", "--help")) { usage(stdout); exit(0); }
+        else if (FLAG("-p", "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
+        else if (FLAG("-f", "--file")) { NEEDS_VALUE(); o->prompt_file = v; }
+        else if (FLAG("-m", "--model")) { NEEDS_VALUE(); o->model_dir = v; }
+        else if (FLAG("-n", "--n-tokens")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, INT_MAX, &n); o->n_tokens = (int)n; }
+        else if (FLAG("--temp", "--temperature")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 100.0f, &o->sampling.temperature); }
+        else if (FLAG("--top-k", "--top-k")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, MODEL_VOCAB_SIZE, &n); o->sampling.top_k = (int)n; }
+        else if (FLAG("--top-p", "--top-p")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 1.0f, &o->sampling.top_p); }
+        else if (FLAG("--min-p", "--min-p")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 1.0f, &o->sampling.min_p); }
+        else if (FLAG("--repeat-penalty", "--repeat-penalty")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.01f, 100.0f, &o->sampling.repeat_penalty); }
+        else if (FLAG("--seed", "--seed")) {
+            NEEDS_VALUE();
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (!*v || *end || errno || *v == '-') return err_set(ERR_ARG, "--seed %s: expected a non-negative integer", v);
+            o->sampling.seed = s;
+            o->seed_given = 1;
+        }
+        else if (FLAG("--chat", "--chat")) o->chat = 1;
+        else if (FLAG("--system", "--system")) { NEEDS_VALUE(); o->system = v; }
+        else if (FLAG("--perplexity", "--perplexity")) { NEEDS_VALUE(); o->perplexity_file = v; }
+        else if (FLAG("--bench", "--bench")) o->bench = 1;
+        else if (FLAG("--bench-depths", "--bench-depths")) { NEEDS_VALUE(); o->bench_depths = v; }
+        else if (FLAG("--json", "--json")) o->json = 1;
+        else if (FLAG("--tokenize", "--tokenize")) o->tokenize = 1;
+        else if (FLAG("--threads", "--threads")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, 1024, &n); o->n_threads = (int)n; }
+        else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, MODEL_SEQ_LEN, &n); o->ctx = (int)n; }
+        else if (FLAG("--device", "--device")) {
+            NEEDS_VALUE();
+            if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) return err_set(ERR_ARG, "--device %s: expected cpu or cuda", v);
+            o->device = v;
+        }
+        else if (FLAG("--dump-logits", "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
+        else return err_set(ERR_ARG, "unknown option '%s' (see --help)", a);
+        if (rc) return rc;
+#undef FLAG
+#undef NEEDS_VALUE
+    }
+    if (o->prompt && o->prompt_file) return err_set(ERR_ARG, "-p and -f both given; use one");
+    int modes = !!o->bench + !!o->perplexity_file + !!o->tokenize + !!o->dump_logits + !!o->chat;
+    if (modes > 1) return err_set(ERR_ARG, "--chat, --bench, --perplexity, --tokenize and --dump-logits exclude each other");
+    if (o->system && !o->chat) return err_set(ERR_ARG, "--system needs --chat");
+    if (strcmp(o->device, "cuda") == 0)
+        return err_set(ERR_DEVICE, "--device cuda: this build of ingot has no CUDA backend yet; use --device cpu");
+    if (!o->seed_given) o->sampling.seed = (uint64_t)(time_now() * 1e6);
+    return ERR_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Files
+
+static err_code read_file(const char *path, char **out, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) return err_set(ERR_NOMEM, "%s: reading", path);
+    for (;;) {
+        if (n == cap) {
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb) { free(buf); return err_set(ERR_NOMEM, "%s: %zu bytes", path, 2 * cap); }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int failed = ferror(f);
+    if (f != stdin) fclose(f);
+    if (failed) { free(buf); return err_set(ERR_IO, "%s: read error", path); }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return ERR_OK;
+}
+
+/* The model directory's config.json must describe the model this binary was built for. */
+static err_code check_config(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text;
+    size_t len;
+    err_code rc = read_file(path, &text, &len);
+    if (rc) return rc;
+    json_doc doc;
+    rc = json_parse(text, len, &doc);
+    free(text);
+    if (rc) return err_set(ERR_CONFIG, "%s: %s", path, err_detail());
+    for (int i = 0; i < MODEL_N_CONFIG_CHECKS && !rc; i++) {
+        const model_config_check *c = &model_config_checks[i];
+        const json_value *v = json_get(doc.root, c->key);
+        if (!json_is_int(v))
+            rc = err_set(ERR_CONFIG, "%s: '%s' missing or not an integer; this binary was built for %lld", path, c->key, c->value);
+        else if ((long long)v->num != c->value)
+            rc = err_set(ERR_CONFIG, "%s: '%s' is %lld, this binary was built for %lld (build one for this model: make MODEL=%s)",
+                         path, c->key, (long long)v->num, c->value, dir);
+    }
+    json_free(&doc);
+    return rc;
+}
+
+/* Exporters sometimes leave RoPE buffers in the weights; they are derived, never read. */
+static int ignore_tensor(const char *name) { return strstr(name, "rotary_emb.inv_freq") != NULL; }
+
+// ----------------------------------------------------------------------------------------------
+// The engine: weights, tokenizer, decode state and the tokens in the cache
+
+typedef struct {
+    st_model *st;
+    model_weights w;
+    tokenizer *tok;
+    model_cpu *cpu;
+    int ctx;
+    int *tokens; /* (ctx) ids in the KV cache, oldest first */
+    int n_tokens;
+    int stop_ids[MODEL_N_EOS + MODEL_CHAT_N_STOP];
+    int n_stop;
+} engine;
+
+static err_code engine_open(engine *e, const options *o) {
+    memset(e, 0, sizeof *e);
+    err_code rc = check_config(o->model_dir);
+    if (rc) return rc;
+    if ((rc = st_model_open(&e->st, o->model_dir))) return rc;
+    const void *data[MODEL_N_TENSORS];
+    if ((rc = st_model_bind(e->st, model_tensor_specs, MODEL_N_TENSORS, data, ignore_tensor))) return rc;
+    model_weights_bind(&e->w, data);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    if ((rc = tok_load(&e->tok, path))) return rc;
+    if (tok_vocab_size(e->tok) > MODEL_VOCAB_SIZE)
+        return err_set(ERR_TOKENIZER, "%s: %d tokens, more than the model's vocab_size %d", path, tok_vocab_size(e->tok), MODEL_VOCAB_SIZE);
+    static const int eos[] = MODEL_EOS_IDS;
+    for (int i = 0; i < MODEL_N_EOS; i++) e->stop_ids[e->n_stop++] = eos[i];
+    for (int i = 0; i < MODEL_CHAT_N_STOP; i++) {
+        int id = tok_find(e->tok, model_chat_stop[i]);
+        if (id < 0) return err_set(ERR_TOKENIZER, "%s: the chat template's end-of-turn token %s is not in the vocabulary", path, model_chat_stop[i]);
+        e->stop_ids[e->n_stop++] = id;
+    }
+    e->ctx = o->ctx;
+    e->tokens = malloc((size_t)e->ctx * sizeof(int));
+    if (!e->tokens) return err_set(ERR_NOMEM, "token history for %d tokens", e->ctx);
+    return model_cpu_init(&e->cpu, &e->w, e->ctx, o->n_threads);
+}
+
+static void engine_close(engine *e) {
+    model_cpu_free(e->cpu);
+    tok_free(e->tok);
+    st_model_close(e->st);
+    free(e->tokens);
+}
+
+static int is_stop(const engine *e, int id) {
+    for (int i = 0; i < e->n_stop; i++)
+        if (e->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Runs ids through the model after what is already cached; *logits: those after the last one. */
+static err_code engine_feed(engine *e, const int *ids, int n, const float **logits) {
+    if (e->n_tokens + n > e->ctx)
+        return err_set(ERR_CONTEXT, "%d tokens do not fit: %d already in a context of %d (raise --ctx, at most %d)",
+                       n, e->n_tokens, e->ctx, MODEL_SEQ_LEN);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= MODEL_VOCAB_SIZE) return err_set(ERR_ARG, "token id %d is outside the vocabulary", ids[i]);
+        *logits = model_cpu_forward(e->cpu, ids[i], e->n_tokens);
+        e->tokens[e->n_tokens++] = ids[i];
+    }
+    return ERR_OK;
+}
+
+static err_code encode(const engine *e, const char *text, int add_special, int **ids, int *n) {
+    return tok_encode(e->tok, text, strlen(text), add_special, ids, n);
+}
+
+/* Samples up to max_new tokens (-1: no limit) after logits, streaming their text to out; stops at an
+ * end-of-turn token (not fed back, not printed). *full is set when the context ran out first. */
+static err_code engine_generate(engine *e, sampler *s, const float *logits, int max_new, FILE *out, int *n_out, int *full) {
+    static float buf[MODEL_VOCAB_SIZE];
+    *full = 0;
+    int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1;
+    while (max_new < 0 || produced < max_new) {
+        memcpy(buf, logits, sizeof buf);
+        int id = sampler_sample(s, buf, e->tokens, e->n_tokens);
+        if (is_stop(e, id)) break;
+        char piece[256];
+        int len = tok_decode_piece(e->tok, prev, id, piece, sizeof piece);
+        if (out && len > 0) { fwrite(piece, 1, (size_t)len, out); fflush(out); }
+        prev = id;
+        produced++;
+        if (e->n_tokens == e->ctx) { *full = 1; break; }
+        err_code rc = engine_feed(e, &id, 1, &logits);
+        if (rc) return rc;
+    }
+    if (n_out) *n_out = produced;
+    return ERR_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Modes
+
+static err_code run_completion(engine *e, const options *o, const char *text) {
+    int *ids, n;
+    err_code rc = encode(e, text, 1, &ids, &n);
+    if (rc) return rc;
+    if (n == 0) { free(ids); return err_set(ERR_ARG, "the prompt is empty"); }
+    if (n >= e->ctx) {
+        free(ids);
+        return err_set(ERR_CONTEXT, "the prompt is %d tokens, the context %d; nothing would be left to generate (raise --ctx, at most %d)",
+                       n, e->ctx, MODEL_SEQ_LEN);
+    }
+    const float *logits;
+    rc = engine_feed(e, ids, n, &logits);
+    free(ids);
+    if (rc) return rc;
+    sampler s;
+    if ((rc = sampler_init(&s, &o->sampling, MODEL_VOCAB_SIZE))) return rc;
+    fputs(text, stdout);
+    int full;
+    rc = engine_generate(e, &s, logits, o->n_tokens < 0 ? 256 : o->n_tokens, stdout, NULL, &full);
+    sampler_free(&s);
+    fputc('\n', stdout);
+    if (!rc && full) fprintf(stderr, "ingot: stopped: the context of %d tokens is full (--ctx)\n", e->ctx);
+    return rc;
+}
+
+/* The text of one chat turn as the model's template writes it. */
+static char *chat_turn(const char *system, const char *user, int first) {
+    const char *sys = system ? system : MODEL_CHAT_DEFAULT_SYSTEM;
+    int with_system = first && MODEL_CHAT_HAS_SYSTEM && sys[0];
+    size_t len = strlen(MODEL_CHAT_BOS) + strlen(MODEL_CHAT_SYSTEM_PREFIX) + strlen(sys) + strlen(MODEL_CHAT_SYSTEM_SUFFIX) +
+                 strlen(MODEL_CHAT_ASSISTANT_SUFFIX) + strlen(MODEL_CHAT_USER_PREFIX) + strlen(user) +
+                 strlen(MODEL_CHAT_USER_SUFFIX) + strlen(MODEL_CHAT_ASSISTANT_PREFIX) + 1;
+    char *t = malloc(len);
+    if (!t) return NULL;
+    snprintf(t, len, "%s%s%s%s%s%s%s%s",
+             first ? MODEL_CHAT_BOS : MODEL_CHAT_ASSISTANT_SUFFIX,
+             with_system ? MODEL_CHAT_SYSTEM_PREFIX : "", with_system ? sys : "", with_system ? MODEL_CHAT_SYSTEM_SUFFIX : "",
+             MODEL_CHAT_USER_PREFIX, user, MODEL_CHAT_USER_SUFFIX, MODEL_CHAT_ASSISTANT_PREFIX);
+    return t;
+}
+
+static err_code chat_answer(engine *e, sampler *s, const options *o, const char *system, const char *user, int first, int *full) {
+    char *text = chat_turn(system, user, first);
+    if (!text) return err_set(ERR_NOMEM, "chat turn");
+    int *ids, n;
+    err_code rc = encode(e, text, 0, &ids, &n);
+    free(text);
+    if (rc) return rc;
+    const float *logits;
+    rc = engine_feed(e, ids, n, &logits);
+    free(ids);
+    if (rc) return rc;
+    rc = engine_generate(e, s, logits, o->n_tokens, stdout, NULL, full);
+    fputc('\n', stdout);
+    fflush(stdout);
+    return rc;
+}
+
+static err_code run_chat(engine *e, const options *o, const char *one_turn) {
+    if (o->system && !MODEL_CHAT_HAS_SYSTEM)
+        return err_set(ERR_ARG, "--system: this model's chat template has no system role");
+    sampler s;
+    err_code rc = sampler_init(&s, &o->sampling, MODEL_VOCAB_SIZE);
+    if (rc) return rc;
+    int full = 0;
+    if (one_turn) {
+        rc = chat_answer(e, &s, o, o->system, one_turn, 1, &full);
+    } else {
+        int tty = isatty(STDIN_FILENO);
+        char *line = NULL;
+        size_t cap = 0;
+        int first = 1;
+        while (!rc && !full) {
+            if (tty) { fputs("> ", stdout); fflush(stdout); }
+            ssize_t len = getline(&line, &cap, stdin);
+            if (len < 0) break;
+            while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+            if (len == 0) continue;
+            rc = chat_answer(e, &s, o, o->system, line, first, &full);
+            first = 0;
+        }
+        free(line);
+    }
+    sampler_free(&s);
+    if (!rc && full) fprintf(stderr, "ingot: stopped: the context of %d tokens is full (--ctx)\n", e->ctx);
+    return rc;
+}
+
+static err_code run_tokenize(engine *e, const char *text) {
+    int *ids, n;
+    err_code rc = encode(e, text, 1, &ids, &n);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    return ERR_OK;
+}
+
+static err_code run_dump_logits(engine *e, const char *text, const char *path) {
+    int *ids, n;
+    err_code rc = encode(e, text, 1, &ids, &n);
+    if (rc) return rc;
+    if (n > e->ctx) { free(ids); return err_set(ERR_CONTEXT, "the prompt is %d tokens, the context %d", n, e->ctx); }
+    FILE *f = fopen(path, "wb");
+    if (!f) { free(ids); return err_set(ERR_IO, "%s: %s", path, strerror(errno)); }
+    for (int i = 0; i < n && !rc; i++) {
+        const float *logits;
+        rc = engine_feed(e, ids + i, 1, &logits);
+        if (!rc && fwrite(logits, sizeof(float), MODEL_VOCAB_SIZE, f) != MODEL_VOCAB_SIZE) rc = err_set(ERR_IO, "%s: write failed", path);
+    }
+    if (fclose(f) && !rc) rc = err_set(ERR_IO, "%s: write failed", path);
+    free(ids);
+    return rc;
+}
+
+/* Perplexity over the file's tokens, in windows of the context: exp(mean negative log-likelihood
+ * of each token given those before it in its window). */
+static err_code run_perplexity(engine *e, const char *path) {
+    char *text;
+    size_t len;
+    err_code rc = read_file(path, &text, &len);
+    if (rc) return rc;
+    int *ids, n;
+    rc = tok_encode(e->tok, text, len, 1, &ids, &n);
+    free(text);
+    if (rc) return rc;
+    if (n < 2) { free(ids); return err_set(ERR_ARG, "%s: fewer than 2 tokens, nothing to predict", path); }
+    double nll = 0.0, t0 = time_now();
+    int counted = 0;
+    for (int start = 0; start + 1 < n && !rc; start += e->ctx) {
+        e->n_tokens = 0;
+        int end = start + e->ctx < n ? start + e->ctx : n;
+        for (int i = start; i + 1 < end && !rc; i++) {
+            const float *logits;
+            if ((rc = engine_feed(e, ids + i, 1, &logits))) break;
+            float max = logits[0];
+            for (int v = 1; v < MODEL_VOCAB_SIZE; v++) max = logits[v] > max ? logits[v] : max;
+            double sum = 0.0;
+            for (int v = 0; v < MODEL_VOCAB_SIZE; v++) sum += exp((double)(logits[v] - max));
+            nll -= (double)(logits[ids[i + 1]] - max) - log(sum);
+            counted++;
+        }
+    }
+    free(ids);
+    if (rc) return rc;
+    printf("perplexity: %.4f over %d tokens (%.1f tok/s)\n", exp(nll / counted), counted, counted / (time_now() - t0));
+    return ERR_OK;
+}
+
+/* Prompt and decode speed. Decode at depth d first fills the cache with d prompt tokens; GB/s
+ * counts the weights and the KV cache that each step reads. */
+static err_code run_bench(engine *e, const options *o) {
+    static const char text[] =
+        "The history of computing is a story of machines that read and write memory. Every step of a language "
+        "model's decoding reads all of its weights once, so the speed of one stream is set by memory bandwidth. ";
+    int *base, nb;
+    err_code rc = encode(e, text, 0, &base, &nb);
+    if (rc) return rc;
+    int max_depth = 0, depths[16], n_depths = 0;
+    for (const char *p = o->bench_depths; *p && n_depths < 16;) {
+        char *end;
+        long d = strtol(p, &end, 10);
+        if (end == p || d < 0 || d >= e->ctx) { free(base); return err_set(ERR_ARG, "--bench-depths %s: expected depths in 0..%d", o->bench_depths, e->ctx - 1); }
+        depths[n_depths++] = (int)d;
+        max_depth = d > max_depth ? (int)d : max_depth;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') { free(base); return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated integers", o->bench_depths); }
+    }
+    int n_decode = o->n_tokens < 0 ? 64 : o->n_tokens, n_prompt = 128;
+    if (n_prompt + n_decode > e->ctx || max_depth + n_decode > e->ctx) {
+        free(base);
+        return err_set(ERR_ARG, "--bench needs %d tokens of context, --ctx is %d", (max_depth > n_prompt ? max_depth : n_prompt) + n_decode, e->ctx);
+    }
+    int fill_len = max_depth > n_prompt ? max_depth : n_prompt;
+    int *fill = malloc((size_t)fill_len * sizeof(int));
+    if (!fill) { free(base); return err_set(ERR_NOMEM, "bench prompt"); }
+    for (int i = 0; i < fill_len; i++) fill[i] = base[i % nb];
+    free(base);
+
+    double probe;
+    if ((rc = probe_cpu_read_bandwidth((size_t)1 << 30, o->n_threads, &probe))) { free(fill); return rc; }
+
+    const float *logits;
+    e->n_tokens = 0;
+    double t0 = time_now();
+    rc = engine_feed(e, fill, n_prompt, &logits);
+    double prompt_s = time_now() - t0;
+
+    sampler_config greedy = o->sampling;
+    greedy.temperature = 0.0f;
+    sampler s;
+    if (!rc) rc = sampler_init(&s, &greedy, MODEL_VOCAB_SIZE);
+    if (rc) { free(fill); return rc; }
+    double tok_s[16], gbs[16];
+    for (int d = 0; d < n_depths && !rc; d++) {
+        e->n_tokens = 0;
+        if (depths[d] > 0) rc = engine_feed(e, fill, depths[d], &logits);
+        else rc = engine_feed(e, fill, 1, &logits); /* decode starts after one token */
+        int start = e->n_tokens, produced = 0, full;
+        t0 = time_now();
+        if (!rc) rc = engine_generate(e, &s, logits, n_decode, NULL, &produced, &full);
+        double dt = time_now() - t0;
+        /* Step i reads the weights and the cache up to position start + i. */
+        double bytes = (double)MODEL_WEIGHT_BYTES_PER_TOKEN * produced +
+                       (double)MODEL_KV_BYTES_PER_POS * ((double)produced * start + (double)produced * (produced + 1) / 2);
+        tok_s[d] = produced / dt;
+        gbs[d] = bytes / dt / 1e9;
+    }
+    sampler_free(&s);
+    free(fill);
+    if (rc) return rc;
+    double prompt_tok_s = n_prompt / prompt_s;
+    if (o->json) {
+        printf("{\"model\": \"%s\", \"device\": \"cpu\", \"threads\": %d, \"weight_bytes_per_token\": %llu, "
+               "\"probe_gb_s\": %.2f, \"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"decode\": [",
+               MODEL_NAME, o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, probe / 1e9, n_prompt, prompt_tok_s);
+        for (int d = 0; d < n_depths; d++)
+            printf("%s{\"depth\": %d, \"tokens\": %d, \"tok_s\": %.2f, \"us_per_token\": %.1f, \"gb_s\": %.2f, \"share_of_probe\": %.4f}",
+                   d ? ", " : "", depths[d], n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], gbs[d] * 1e9 / probe);
+        printf("]}\n");
+    } else {
+        printf("bench: %s on cpu, %d threads, %.1f MB of weights read per token\n", MODEL_NAME, o->n_threads,
+               MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
+        printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);
+        printf("  prompt: %d tokens, %.1f tok/s\n", n_prompt, prompt_tok_s);
+        for (int d = 0; d < n_depths; d++)
+            printf("  decode at depth %d: %d tokens, %.1f tok/s, %.0f us/token, %.1f GB/s = %.0f%% of probe\n", depths[d],
+                   n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], 100.0 * gbs[d] * 1e9 / probe);
+    }
+    return ERR_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+
+static int fail(err_code rc) {
+    fprintf(stderr, "ingot: %s: %s\n", err_name(rc), err_detail());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    err_code rc = parse_args(argc, argv, &o);
+    if (rc) return fail(rc);
+
+    /* The prompt: -p, -f, or stdin when it is not a terminal (not for interactive chat). */
+    char *text = NULL;
+    size_t len = 0;
+    int needs_text = !o.bench && !(o.chat && !o.prompt && !o.prompt_file) && !o.perplexity_file;
+    if (o.prompt) {
+        text = strdup(o.prompt);
+        len = strlen(text);
+    } else if (o.prompt_file) {
+        if ((rc = read_file(o.prompt_file, &text, &len))) return fail(rc);
+    } else if (needs_text) {
+        if (isatty(STDIN_FILENO)) return fail(err_set(ERR_ARG, "no prompt: give -p TEXT, -f FILE or text on stdin (see --help)"));
+        if ((rc = read_file("-", &text, &len))) return fail(rc);
+    }
+    if (text && strlen(text) != len) { free(text); return fail(err_set(ERR_UTF8, "the prompt holds a NUL byte at offset %zu", strlen(text))); }
+
+    engine e;
+    rc = engine_open(&e, &o);
+    if (!rc) {
+        if (o.tokenize) rc = run_tokenize(&e, text);
+        else if (o.dump_logits) rc = run_dump_logits(&e, text, o.dump_logits);
+        else if (o.perplexity_file) rc = run_perplexity(&e, o.perplexity_file);
+        else if (o.bench) rc = run_bench(&e, &o);
+        else if (o.chat) rc = run_chat(&e, &o, text);
+        else rc = run_completion(&e, &o, text);
+    }
+    engine_close(&e);
+    free(text);
+    return rc ? fail(rc) : 0;
+}
