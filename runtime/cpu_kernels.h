@@ -27,10 +27,8 @@ static inline float bf16_to_f32(uint16_t b) {
     return f;
 }
 
-static inline float f16_to_f32(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
+/* Portable IEEE half <-> float, the reference for the F16C instructions. */
+static inline float f16_to_f32_ref(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
     if (exp == 0x1F) u = sign | 0x7F800000u | (man << 13);
     else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);
@@ -43,26 +41,37 @@ static inline float f16_to_f32(uint16_t h) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
-#endif
 }
 
 /* Round to nearest even, as the KV cache store needs. */
+static inline uint16_t f32_to_f16_ref(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7FFFFFFF;
+    if (a > 0x7F800000) return (uint16_t)(sign | 0x7E00);  /* NaN stays NaN (quiet) */
+    if (a >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* rounds past 65504: infinity */
+    if (a < 0x38800000) {                                  /* fp16 subnormal or zero */
+        float af;
+        memcpy(&af, &a, sizeof af);
+        return (uint16_t)(sign | (uint32_t)lrintf(af * 16777216.0f)); /* af / 2^-24, ties to even */
+    }
+    uint32_t r = a - 0x38000000 + 0xFFF + ((a >> 13) & 1); /* rebias 127 -> 15, round to even */
+    return (uint16_t)(sign | (r >> 13));
+}
+
+static inline float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    return f16_to_f32_ref(h);
+#endif
+}
+
 static inline uint16_t f32_to_f16(float f) {
 #if defined(__F16C__)
     return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #else
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7FFFFFFF;
-    if (a >= 0x7F800000) return (uint16_t)(sign | 0x7C00 | (a > 0x7F800000 ? 0x200 : 0));
-    if (a >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* rounds past 65504 */
-    if (a < 0x38800000) { /* fp16 subnormal or zero */
-        float af;
-        memcpy(&af, &a, sizeof af);
-        return (uint16_t)(sign | (uint32_t)lrintf(af * 16777216.0f)); /* af / 2^-24 */
-    }
-    uint32_t r = a + 0xFFF + ((a >> 13) & 1) - 0x38000000; /* rebias 127 -> 15, round even */
-    return (uint16_t)(sign | (r >> 13));
+    return f32_to_f16_ref(f);
 #endif
 }
 
@@ -81,7 +90,7 @@ static inline float dot_bf16_ref(const uint16_t *w, const float *x, int n) {
 }
 static inline float dot_f16_ref(const uint16_t *w, const float *x, int n) {
     float s = 0.0f;
-    for (int i = 0; i < n; i++) s += f16_to_f32(w[i]) * x[i];
+    for (int i = 0; i < n; i++) s += f16_to_f32_ref(w[i]) * x[i];
     return s;
 }
 
@@ -152,7 +161,7 @@ static inline float dot_f32(const float *w, const float *x, int n) { return dot_
 
 /* out (n) += a * v (n), v in fp16: the attention's weighted sum of values. */
 static inline void axpy_f16_ref(float *out, float a, const uint16_t *v, int n) {
-    for (int i = 0; i < n; i++) out[i] += a * f16_to_f32(v[i]);
+    for (int i = 0; i < n; i++) out[i] += a * f16_to_f32_ref(v[i]);
 }
 static inline void axpy_f16(float *out, float a, const uint16_t *v, int n) {
     int i = 0;

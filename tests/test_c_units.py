@@ -1,0 +1,21 @@
+"""Runs every C unit test program (tests/test_*.c) and checks its closing 'N passed, M failed'."""
+
+import re
+import subprocess
+
+import pytest
+
+from conftest import REPO, make
+
+C_TESTS = sorted(p.stem for p in (REPO / "tests").glob("test_*.c"))
+
+
+@pytest.mark.parametrize("name", C_TESTS)
+def test_c_unit(name):
+    make(f"build/tests/{name}")
+    r = subprocess.run([str(REPO / "build" / "tests" / name)], capture_output=True, text=True, timeout=600)
+    last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    m = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
+    assert m, f"{name}: no closing 'N passed, M failed' line:\n{r.stdout}\n{r.stderr}"
+    assert r.returncode == 0 and m.group(2) == "0", f"{name}:\n{r.stdout}\n{r.stderr}"
+    assert int(m.group(1)) > 0, f"{name} ran no checks"

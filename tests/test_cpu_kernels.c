@@ -1,0 +1,128 @@
+/* test_cpu_kernels.c - each CPU kernel in runtime/cpu_kernels.h against its plain twin, on fresh
+ * random inputs of lengths that hit every unrolled step and every tail.
+ *
+ * Tolerances: the vector dot products sum in another order than the scalar reference, so each
+ * result may differ by a few float32 roundings of the partial sums: we allow
+ * 1e-5 * sum(|w_i * x_i|) (float32 epsilon is 1.2e-7; n <= 4096 terms at most add n * eps of the
+ * absolute sum in the worst case, random signs far less). Conversions must be bit-exact. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu_kernels.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                     \
+    do {                                                     \
+        if (cond) passed++;                                  \
+        else { failed++; printf("FAIL: " __VA_ARGS__); printf("\n"); } \
+    } while (0)
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+}
+static uint16_t f32_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16); }
+
+static void test_conversions(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = f16_to_f32((uint16_t)h), b = f16_to_f32_ref((uint16_t)h);
+        if (memcmp(&a, &b, 4) != 0 && !(isnan(a) && isnan(b))) bad++;
+    }
+    CHECK(bad == 0, "f16_to_f32 differs from the reference on %d of 65536 halves", bad);
+    bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        /* magnitudes from fp16-subnormal to overflow */
+        float f = frand() * powf(2.0f, (float)(i % 42) - 26.0f);
+        if (f32_to_f16(f) != f32_to_f16_ref(f)) bad++;
+    }
+    float edge[] = {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, 1e-8f, 5.96e-8f, 2.98e-8f, 6.1e-5f, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++)
+        if (f32_to_f16(edge[i]) != f32_to_f16_ref(edge[i])) bad++;
+    CHECK(bad == 0, "f32_to_f16 differs from the reference on %d values", bad);
+}
+
+static void test_dots(void) {
+    static const int lengths[] = {1, 7, 16, 17, 63, 64, 65, 127, 576, 1000, 1536, 4096};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        int n = lengths[li];
+        float *x = malloc(n * sizeof *x), *w32 = malloc(n * sizeof *w32);
+        uint16_t *wb = malloc(n * 2), *wh = malloc(n * 2);
+        double abs_sum = 0.0;
+        for (int i = 0; i < n; i++) {
+            x[i] = frand();
+            w32[i] = frand();
+            wb[i] = f32_to_bf16(w32[i]);
+            wh[i] = f32_to_f16_ref(w32[i]);
+            abs_sum += fabs(w32[i] * x[i]);
+        }
+        double tol = 1e-5 * abs_sum + 1e-6;
+        float a = dot_f32(w32, x, n), b = dot_f32_ref(w32, x, n);
+        CHECK(fabs(a - b) <= tol, "dot_f32 n=%d: %g vs %g", n, a, b);
+        a = dot_bf16(wb, x, n), b = dot_bf16_ref(wb, x, n);
+        CHECK(fabs(a - b) <= tol, "dot_bf16 n=%d: %g vs %g", n, a, b);
+        a = dot_f16(wh, x, n), b = dot_f16_ref(wh, x, n);
+        CHECK(fabs(a - b) <= tol, "dot_f16 n=%d: %g vs %g", n, a, b);
+        float o1[4096] = {0}, o2[4096] = {0};
+        axpy_f16(o1, 0.37f, wh, n);
+        axpy_f16_ref(o2, 0.37f, wh, n);
+        int same = 1;
+        for (int i = 0; i < n; i++) same &= fabsf(o1[i] - o2[i]) <= 1e-6f;
+        CHECK(same, "axpy_f16 n=%d differs from the reference", n);
+        free(x); free(w32); free(wb); free(wh);
+    }
+}
+
+/* attention_head against a float64 softmax-attention written out directly. */
+static void test_attention(void) {
+    enum { HD = 64, STRIDE = 3 * HD };
+    static const int lengths[] = {1, 2, 5, 100, 333};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        int n = lengths[li];
+        uint16_t *k = malloc((size_t)n * STRIDE * 2), *v = malloc((size_t)n * STRIDE * 2);
+        float q[HD], out[HD], *att = malloc(n * sizeof(float));
+        for (int i = 0; i < HD; i++) q[i] = 3.0f * frand();
+        for (int i = 0; i < n * STRIDE; i++) { k[i] = f32_to_f16_ref(frand()); v[i] = f32_to_f16_ref(frand()); }
+        attention_head(out, q, k + HD, v + HD, STRIDE, n, HD, att); /* the second head of each row */
+        double *s = malloc(n * sizeof(double)), max = -1e300, sum = 0.0, err = 0.0;
+        for (int t = 0; t < n; t++) {
+            double d = 0.0;
+            for (int i = 0; i < HD; i++) d += q[i] * (double)f16_to_f32_ref(k[t * STRIDE + HD + i]);
+            s[t] = d / sqrt((double)HD);
+            if (s[t] > max) max = s[t];
+        }
+        for (int t = 0; t < n; t++) sum += (s[t] = exp(s[t] - max));
+        for (int i = 0; i < HD; i++) {
+            double o = 0.0;
+            for (int t = 0; t < n; t++) o += s[t] / sum * f16_to_f32_ref(v[t * STRIDE + HD + i]);
+            err = fmax(err, fabs(o - out[i]));
+        }
+        /* float32 softmax and sums of n terms: 1e-5 absolute on outputs of magnitude <= 1 */
+        CHECK(err < 1e-5, "attention_head n=%d: max error %g", n, err);
+        free(k); free(v); free(att); free(s);
+    }
+}
+
+static void test_rope(void) {
+    /* rope_rotate is a rotation: it keeps the pair's norm and turns it by pos * inv_freq. */
+    float a = 0.6f, b = -0.8f;
+    rope_rotate(&a, &b, 7, 0.25f);
+    double angle = 7 * 0.25, ea = 0.6 * cos(angle) + 0.8 * sin(angle), eb = -0.8 * cos(angle) + 0.6 * sin(angle);
+    CHECK(fabs(a - ea) < 1e-6 && fabs(b - eb) < 1e-6, "rope_rotate: (%g, %g), expected (%g, %g)", a, b, ea, eb);
+    float x[8] = {1, -2, 3, -4, 5, -6, 7, -8};
+    float s = rms_scale(x, 8, 1e-5f);
+    double ms = (1 + 4 + 9 + 16 + 25 + 36 + 49 + 64) / 8.0;
+    CHECK(fabs(s - 1.0 / sqrt(ms + 1e-5)) < 1e-6, "rms_scale: %g", s);
+}
+
+int main(void) {
+    test_conversions();
+    test_dots();
+    test_attention();
+    test_rope();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
