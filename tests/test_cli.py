@@ -1,0 +1,128 @@
+"""The binary's command line: every bad input ends in one line on stderr naming the problem and a
+non-zero exit; good input behaves as --help says. Runs on the tiny-llama model (fast to build)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import build_model, run, tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    d = tiny_model_dir("tiny-llama")
+    return d, build_model(d)
+
+
+def fails_with(binary, *args, message, input=None):
+    r = run(binary, *args, input=input, check=False)
+    err = r.stderr.decode()
+    assert r.returncode == 1, f"exit {r.returncode}, stderr {err!r}"
+    assert err.count("\n") == 1 and err.startswith("ingot: "), f"not one line: {err!r}"
+    assert message in err, f"{message!r} not in {err!r}"
+    return err
+
+
+def copy_model(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--bogus"], "unknown option '--bogus'"),
+        (["-p", "x", "--top-p", "2"], "--top-p 2: expected a number in 0..1"),
+        (["-p", "x", "-n", "abc"], "-n abc: expected an integer"),
+        (["-p", "x", "--temp", "-1"], "--temp -1: expected a number"),
+        (["-p", "x", "--ctx", "100000"], "--ctx 100000: expected an integer in 1..256"),
+        (["-p", "x", "--threads", "0"], "--threads 0"),
+        (["-p"], "-p needs a value"),
+        (["-p", "x", "--device", "tpu"], "--device tpu: expected cpu or cuda"),
+        (["-p", "x", "--device", "cuda"], "device unavailable"),
+        (["-p", "x", "-f", "y"], "-p and -f both given"),
+        (["-p", "x", "--system", "s"], "--system needs --chat"),
+    ],
+)
+def test_bad_flags(tiny_llama, args, message):
+    fails_with(tiny_llama[1], *args, message=message)
+
+
+def test_help(tiny_llama):
+    r = run(tiny_llama[1], "--help")
+    assert b"--perplexity FILE" in r.stdout and b"tiny-llama" in r.stdout
+
+
+def test_prompt_longer_than_context(tiny_llama):
+    fails_with(tiny_llama[1], "-p", "many words " * 50, "--ctx", "16", message="context length exceeded: the prompt is")
+
+
+def test_invalid_utf8(tiny_llama, tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"hello \xff\xfe world")
+    fails_with(tiny_llama[1], "-f", str(tmp_path / "bad.txt"), message="invalid UTF-8")
+    fails_with(tiny_llama[1], input=b"ok \xc3", message="invalid UTF-8")
+
+
+def test_missing_weights(tiny_llama, tmp_path):
+    d = copy_model(tiny_llama[0], tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    fails_with(tiny_llama[1], "-m", str(d), "-p", "x", message="model.safetensors")
+    fails_with(tiny_llama[1], "-m", str(tmp_path / "nowhere"), "-p", "x", message="config.json")
+
+
+def test_truncated_weights(tiny_llama, tmp_path):
+    d = copy_model(tiny_llama[0], tmp_path / "m")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) - 1000])
+    fails_with(tiny_llama[1], "-m", str(d), "-p", "x", message="truncated")
+
+
+def test_corrupt_header(tiny_llama, tmp_path):
+    d = copy_model(tiny_llama[0], tmp_path / "m")
+    data = bytearray((d / "model.safetensors").read_bytes())
+    data[8:12] = b"XXXX"  # the header's JSON no longer parses
+    (d / "model.safetensors").write_bytes(bytes(data))
+    fails_with(tiny_llama[1], "-m", str(d), "-p", "x", message="bad header")
+
+
+def test_config_of_another_model(tiny_llama):
+    fails_with(tiny_llama[1], "-m", str(tiny_model_dir("tiny-gqa")), "-p", "x",
+               message="'num_key_value_heads' is 2, this binary was built for 4")
+
+
+def test_weights_of_another_model(tiny_llama, tmp_path):
+    """The config says tiny-llama but the weights are tiny-gqa's: the first wrong tensor is named."""
+    d = copy_model(tiny_model_dir("tiny-gqa"), tmp_path / "m")
+    shutil.copyfile(tiny_llama[0] / "config.json", d / "config.json")
+    fails_with(tiny_llama[1], "-m", str(d), "-p", "x", message="model.layers.0.self_attn.k_proj.weight")
+
+
+def test_tokenize_matches_tokenizers(tiny_llama):
+    text = "Hello world, 12345 tokens!"
+    r = run(tiny_llama[1], "--tokenize", "-p", text)
+    want = Tokenizer.from_file(str(tiny_llama[0] / "tokenizer.json")).encode(text).ids
+    assert [int(t) for t in r.stdout.split()] == want
+
+
+def test_seed_reproducible(tiny_llama):
+    args = ["-p", "Once upon", "-n", "24", "--temp", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0"]
+    a = run(tiny_llama[1], *args, "--seed", "42").stdout
+    b = run(tiny_llama[1], *args, "--seed", "42").stdout
+    c = run(tiny_llama[1], *args, "--seed", "43").stdout
+    assert a == b and a != c
+
+
+def test_stdin_prompt_and_n_tokens(tiny_llama):
+    r = run(tiny_llama[1], "-n", "5", "--temp", "0", input=b"Hello")
+    assert r.stdout.startswith(b"Hello") and len(r.stdout) > len(b"Hello\n")
+
+
+def test_perplexity(tiny_llama, tmp_path):
+    (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog. " * 4)
+    r = run(tiny_llama[1], "--perplexity", str(tmp_path / "t.txt"))
+    ppl = float(r.stdout.split()[1])
+    # random weights: perplexity near the vocabulary size (400), certainly not below 10 or NaN
+    assert 10 < ppl < 10000

@@ -1,0 +1,148 @@
+"""The generator: spec derivation, refusal of what it cannot build, deterministic output checked
+against a golden copy, and the version lock between generated code and runtime."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from codegen.render import GENERATOR_VERSION, c_float, c_string
+from codegen.spec import SpecError, spec_from_config
+from conftest import REPO
+
+GOLDEN = REPO / "tests" / "golden" / "tiny-gqa"
+LLAMA_1B = REPO / "models" / "llama-3.2-1b-instruct" / "config.json"
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def spec_of(cfg):
+    return spec_from_config(cfg, json.dumps(cfg).encode(), "config.json", "m")
+
+
+def base_config():
+    return load(REPO / "tests" / "models" / "tiny-llama" / "config.json")
+
+
+def test_spec_derives_dimensions():
+    s = spec_of(load(REPO / "tests" / "models" / "tiny-gqa" / "config.json"))
+    assert (s.dim, s.n_heads, s.n_kv_heads, s.head_dim) == (64, 4, 2, 16)
+    assert (s.q_dim, s.kv_dim, s.kv_mul) == (64, 32, 2)
+    assert s.tied_embeddings and not s.qkv_bias and s.dtype == "BF16"
+    assert "lm_head.weight" not in [t.name for t in s.tensors]
+    # weights read per token: every matrix and norm once, one embedding row... but tied: all of it
+    per_layer = 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 64 + 3 * 160 * 64
+    assert s.weight_bytes == 2 * (3 * per_layer + 64 + 400 * 64)
+    assert s.kv_bytes_per_pos == 3 * 2 * 32 * 2
+
+
+def test_spec_qwen2_has_qkv_bias():
+    s = spec_of(load(REPO / "tests" / "models" / "tiny-qwen2" / "config.json"))
+    assert s.qkv_bias
+    assert [t.field for t in s.tensors if t.layer == 0][4:7] == ["bq", "bk", "bv"]
+
+
+def test_llama3_rope_scaling_matches_hf_formula():
+    cfg = load(LLAMA_1B)
+    s = spec_of(cfg)
+    assert s.rope_scaling == "llama3" and s.head_dim == 64 and s.tied_embeddings
+    theta, d = cfg["rope_theta"], 64
+    sc = cfg["rope_scaling"]
+    base = [theta ** (-2 * i / d) for i in range(d // 2)]
+    # high frequencies (short wavelengths) are kept, low ones divided by factor
+    assert s.rope_inv_freq[0] == base[0]
+    assert math.isclose(s.rope_inv_freq[-1], base[-1] / sc["factor"], rel_tol=1e-12)
+    # one in the smoothed band, computed by hand from _compute_llama3_parameters
+    for i, f in enumerate(base):
+        wavelen = 2 * math.pi / f
+        lo, hi = sc["original_max_position_embeddings"] / sc["low_freq_factor"], sc["original_max_position_embeddings"] / sc["high_freq_factor"]
+        if hi <= wavelen <= lo:
+            smooth = (sc["original_max_position_embeddings"] / wavelen - sc["low_freq_factor"]) / (sc["high_freq_factor"] - sc["low_freq_factor"])
+            assert math.isclose(s.rope_inv_freq[i], (1 - smooth) * f / sc["factor"] + smooth * f, rel_tol=1e-12)
+            break
+    else:
+        pytest.fail("no frequency in the smoothed band")
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("architectures", ["GPT2LMHeadModel"], "'architectures'"),
+        ("hidden_act", "gelu", "'hidden_act' = 'gelu'"),
+        ("num_key_value_heads", 3, "not a multiple of 'num_key_value_heads' = 3"),
+        ("hidden_size", "64", "'hidden_size' = '64', expected an integer"),
+        ("num_hidden_layers", 0, "'num_hidden_layers' = 0, expected a positive value"),
+        ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "rope_scaling type 'yarn' is not supported"),
+        ("torch_dtype", "int8", "'torch_dtype' = 'int8'"),
+        ("mlp_bias", True, "'mlp_bias' = true"),
+        ("eos_token_id", 100000, "'eos_token_id' 100000 is outside the vocabulary"),
+    ],
+)
+def test_spec_refuses_naming_the_key(key, value, message):
+    cfg = base_config()
+    cfg[key] = value
+    with pytest.raises(SpecError, match=re.escape(message)):
+        spec_of(cfg)
+
+
+def test_spec_refuses_missing_key_and_sliding_window():
+    cfg = base_config()
+    del cfg["intermediate_size"]
+    with pytest.raises(SpecError, match="missing key 'intermediate_size'"):
+        spec_of(cfg)
+    cfg = copy.deepcopy(base_config())
+    cfg["architectures"] = ["MistralForCausalLM"]
+    cfg["sliding_window"] = 128
+    with pytest.raises(SpecError, match="'sliding_window' = 128"):
+        spec_of(cfg)
+
+
+def test_c_literals():
+    assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
+    assert c_string("??=") == '"\\077\\077="'
+    assert float(c_float(1e-5)[:-1]) == pytest.approx(1e-5, rel=1e-7)
+
+
+def test_generated_sources_match_golden(tmp_path):
+    """Same input, same bytes: the tiny model's sources against tests/golden/tiny-gqa. After an
+    intended generator change, refresh with:
+        .venv/bin/python -m codegen tests/models/tiny-gqa --out tests/golden/tiny-gqa"""
+    r = subprocess.run([sys.executable, "-m", "codegen", "tests/models/tiny-gqa", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    produced = sorted(p.name for p in tmp_path.iterdir())
+    assert produced == sorted(p.name for p in GOLDEN.iterdir())
+    for name in produced:
+        assert (tmp_path / name).read_text() == (GOLDEN / name).read_text(), f"{name} differs from the golden copy"
+    # a second run changes nothing and writes nothing
+    r = subprocess.run([sys.executable, "-m", "codegen", "tests/models/tiny-gqa", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == ""
+
+
+def test_generator_refuses_bad_config_with_one_line(tmp_path):
+    cfg = base_config()
+    cfg["hidden_act"] = "relu"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "codegen", str(tmp_path), "--out", str(tmp_path / "gen")],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "'hidden_act' = 'relu'" in r.stderr
+
+
+def test_version_lock():
+    """The generator and runtime versions agree, and a mismatch stops compilation with the fix."""
+    header = (REPO / "runtime" / "ingot_version.h").read_text()
+    assert f"#define INGOT_GENERATOR_VERSION {GENERATOR_VERSION}\n" in header
+    src = (GOLDEN / "model_config.h").read_text()
+    r = subprocess.run(["gcc", "-fsyntax-only", "-DINGOT_VERSION_H", "-DINGOT_GENERATOR_VERSION=0", "-x", "c", "-"],
+                       input=src, capture_output=True, text=True)
+    assert r.returncode != 0 and "make generate MODEL=tests/models/tiny-gqa" in r.stderr
