@@ -55,6 +55,7 @@ class Spec:
     rope_scaling: str  # "none", "linear" or "llama3"
     rope_inv_freq: tuple[float, ...]  # (head_dim / 2) per-pair frequencies, scaling applied
     qkv_bias: bool  # Qwen2 always; Llama's attention_bias
+    o_bias: bool  # Llama's attention_bias also biases o_proj (LlamaAttention); Qwen2's o_proj has none
     tied_embeddings: bool  # tie_word_embeddings
     dtype: str  # safetensors dtype of every weight: "BF16", "F16", "F32"
     dtype_bytes: int
@@ -92,6 +93,8 @@ class Spec:
                 out.append(Tensor(p + "self_attn.k_proj.bias", (self.kv_dim,), "bk", l))
                 out.append(Tensor(p + "self_attn.v_proj.bias", (self.kv_dim,), "bv", l))
             out.append(Tensor(p + "self_attn.o_proj.weight", (self.dim, self.q_dim), "wo", l))
+            if self.o_bias:
+                out.append(Tensor(p + "self_attn.o_proj.bias", (self.dim,), "bo", l))
             out.append(Tensor(p + "post_attention_layernorm.weight", (self.dim,), "ffn_norm", l))
             out.append(Tensor(p + "mlp.gate_proj.weight", (self.hidden_dim, self.dim), "w_gate", l))
             out.append(Tensor(p + "mlp.up_proj.weight", (self.hidden_dim, self.dim), "w_up", l))
@@ -213,6 +216,7 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
             raise SpecError("config.json: 'use_sliding_window' = true is not supported")
     else:
         qkv_bias = _get(cfg, "attention_bias", bool, required=False) or False
+    o_bias = qkv_bias and family != "qwen2"
 
     dim = _get(cfg, "hidden_size", int)
     n_heads = _get(cfg, "num_attention_heads", int)
@@ -296,6 +300,7 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
         rope_scaling=rope_kind,
         rope_inv_freq=inv_freq,
         qkv_bias=qkv_bias,
+        o_bias=o_bias,
         tied_embeddings=tied,
         dtype=dtype,
         dtype_bytes=dtype_bytes,

@@ -46,6 +46,8 @@ def expected_names(config):
         names |= {p + f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")}
         if qwen2:
             names |= {p + f"self_attn.{m}_proj.bias" for m in "qkv"}
+        elif config.get("attention_bias"):  # LlamaAttention biases o_proj too
+            names |= {p + f"self_attn.{m}_proj.bias" for m in "qkvo"}
     if not config["tie_word_embeddings"]:
         names.add("lm_head.weight")
     return names
