@@ -29,9 +29,14 @@ err_code tok_encode(const tokenizer *t, const char *text, size_t len, int add_sp
 /* The bytes that token id contributes to the decoded text, given the previous token (prev < 0 at
  * the start of the text: SentencePiece-style decoders drop the leading space there). The bytes may
  * be part of a UTF-8 character; concatenating the pieces of a sequence gives
- * decode(ids, skip_special_tokens=False). Returns the number of bytes written to buf (cap >= 64
- * is always enough), or -1 for an id out of range. */
+ * decode(ids, skip_special_tokens=False) whenever that is valid UTF-8 (the library turns invalid
+ * bytes into U+FFFD; pieces stay raw bytes). Returns the number of bytes written to buf, or -1 for
+ * an id out of range or a cap below the piece's length: cap >= tok_max_piece_bytes(t) is always
+ * enough. An id inside the range that no token has gives 0 bytes, as the library skips it. */
 int tok_decode_piece(const tokenizer *t, int prev, int id, char *buf, size_t cap);
+
+/* The longest piece tok_decode_piece can write for this tokenizer, in bytes. */
+int tok_max_piece_bytes(const tokenizer *t);
 
 /* Id of the token whose content is exactly str (vocab or added tokens), or -1. */
 int tok_find(const tokenizer *t, const char *str);
