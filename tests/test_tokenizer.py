@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 REPO = Path(__file__).resolve().parent.parent
 TOK_CLI = REPO / "build" / "tests" / "tok_cli"
@@ -85,9 +85,9 @@ CORPUS = [
     "I'm you're he's we've they'd I'll can't",
     "I'M YOU'RE HE'S WE'VE THEY'D I'LL CAN'T",
     "it'S iT'lL 'tis ''quoted'' 's",
-    "it\u017f it'\u017f",
+    "it\u017f it'\u017f it'\u017ft IT'Sx it'LLama x'dd",
     "café naïve résumé Zürich façade",
-    "cafe\u0301 Ange\u0301lique \u212bngstr\u00f6m \u1100\u1161\u11a8 a\u0328\u0301",
+    "cafe\u0301 Ange\u0301lique \u212bngstr\u00f6m \u1100\u1161\u11a8 a\u0328\u0301 a\u0346\u0301 \u0301x",
     "日本語のテキストです。中文文本。한국어 텍스트",
     "I love 🍕 and 🎉!!",
     "👨‍👩‍👧‍👦 family, 🏳️‍🌈 flag, 👍🏽 thumbs",
@@ -104,6 +104,9 @@ CORPUS = [
     "<|im_start|><|im_end|>",
     "<s>Hello</s> <s> world",
     "<unk> and <0x41>",
+    "<|end <|endo <|endoftext|>",
+    "a <mask> b<mask>  c   <mask>",
+    "say hello world, yell ell bell x  ell",
     LONG_PARAGRAPH,
 ]
 
@@ -151,9 +154,10 @@ def check_corpus(cli: Path, path: Path, corpus=CORPUS) -> None:
 def check_decode(cli: Path, path: Path, corpus=CORPUS) -> None:
     hf = Tokenizer.from_file(str(path))
     for text in corpus:
-        ids = hf.encode(text).ids
-        want = hf.decode(ids, skip_special_tokens=False)
-        assert c_decode(cli, path, ids).decode("utf-8") == want, f"{path.name}: {text[:80]!r} ids {ids[:20]}"
+        for add_special in (True, False):  # without: the text's first token starts the decode
+            ids = hf.encode(text, add_special_tokens=add_special).ids
+            want = hf.decode(ids, skip_special_tokens=False)
+            assert c_decode(cli, path, ids).decode("utf-8") == want, f"{path.name}: {text[:80]!r} ids {ids[:20]}"
 
 
 # ---------------------------------------------------------------------------- the tokenizers
@@ -203,9 +207,12 @@ def smollm2_style(tokdir) -> Path:
 
 @pytest.fixture(scope="session")
 def gpt2_style(tokdir) -> Path:
-    """GPT-2: ByteLevel alone with add_prefix_space, which puts a space before every split."""
+    """GPT-2: ByteLevel alone with add_prefix_space, which puts a space before every split; added
+    tokens that overlap (leftmost-longest wins), strip white space, or are normalized."""
     tok = byte_level_tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),
-                               specials=["<|endoftext|>"])
+                               specials=["<|endoftext|>", "<|end"])
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=True, special=True, normalized=False)])
+    tok.add_tokens([AddedToken("hello world", normalized=True), AddedToken("<|endo", normalized=False)])
     return save(tok, tokdir / "gpt2_style.json")
 
 
@@ -274,6 +281,7 @@ def llama2_style(tokdir) -> Path:
     """Llama-2 (legacy): normalizer Prepend("▁") + Replace(" ", "▁"), no pre-tokenizer."""
     tok = sentencepiece_tokenizer()
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.add_tokens([AddedToken(" ell", normalized=True)])  # matched as "▁▁ell" in the normalized text
     return save(tok, tokdir / "llama2_style.json")
 
 
