@@ -318,19 +318,22 @@ def token_table(model_dir: Path) -> dict:
 
 
 def load_chat_strings(model_dir: str | Path, name: str | None = None,
-                          now: datetime = FIXED_NOW) -> ChatStrings:
+                      now: datetime = FIXED_NOW) -> ChatStrings | None:
     """ChatStrings for an HF model directory, with the stop tokens filled in: every eos_token_id of
     config.json and generation_config.json, plus the end-of-turn token (the special token the
-    assistant suffix starts with, e.g. <|im_end|>, <|eot_id|>, </s>)."""
+    assistant suffix starts with, e.g. <|im_end|>, <|eot_id|>, </s>).
+
+    None when the directory has no chat template (no tokenizer_config.json, or one without
+    chat_template: a base model, or a config-only test model); the caller decides what chat means
+    then."""
     model_dir = Path(model_dir)
-    name = name or model_dir.name
+    name = name or model_dir.resolve().name
     tc = _load_json(model_dir / "tokenizer_config.json")
     template = tc.get("chat_template")
     if isinstance(template, list):  # [{name, template}]: transformers uses "default"
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     if not template:
-        raise ChatError(f"{name}: {model_dir / 'tokenizer_config.json'} has no "
-                                "chat_template")
+        return None
     special = {k: _token_content(tc[k]) for k in ("bos_token", "eos_token", "unk_token",
                                                    "pad_token") if tc.get(k) is not None}
     cs = decompose(template, name, special, now)

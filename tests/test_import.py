@@ -666,3 +666,9 @@ def test_chat_refuses_undecomposable_templates(template, why):
         chat.decompose(template, "weird-model", {"eos_token": "</s>"})
     msg = str(e.value)
     assert msg.startswith("weird-model: ") and why in msg and "\n" not in msg
+
+
+def test_chat_none_without_template(tmp_path):
+    assert chat.load_chat_strings(tmp_path) is None  # no tokenizer_config.json at all
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    assert chat.load_chat_strings(tmp_path) is None  # a base model: no chat_template
