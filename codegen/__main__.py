@@ -12,6 +12,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from .chat import ChatError, load_chat_strings
 from .render import GENERATOR_VERSION, REPO_ROOT, make_env, write_if_changed
 from .spec import SpecError, load_spec
 
@@ -36,8 +37,6 @@ def display_path(p: Path) -> str:
 
 def generate(model_dir: Path, out_dir: Path) -> list[Path]:
     """Renders every template for the model; returns the files that changed."""
-    from .chat import ChatError, load_chat_strings
-
     model_path = display_path(model_dir)
     spec = load_spec(model_dir / "config.json", name=model_dir.resolve().name)
     spec = dataclasses.replace(spec, config_path=model_path + "/config.json")

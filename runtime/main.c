@@ -268,11 +268,7 @@ static err_code engine_open(engine *e, const options *o) {
         return err_set(ERR_TOKENIZER, "%s: %d tokens, more than the model's vocab_size %d", path, tok_vocab_size(e->tok), MODEL_VOCAB_SIZE);
     static const int eos[] = MODEL_EOS_IDS;
     for (int i = 0; i < MODEL_N_EOS; i++) e->stop_ids[e->n_stop++] = eos[i];
-    for (int i = 0; i < MODEL_CHAT_N_STOP; i++) {
-        int id = tok_find(e->tok, model_chat_stop[i]);
-        if (id < 0) return err_set(ERR_TOKENIZER, "%s: the chat template's end-of-turn token %s is not in the vocabulary", path, model_chat_stop[i]);
-        e->stop_ids[e->n_stop++] = id;
-    }
+    for (int i = 0; i < MODEL_CHAT_N_STOP; i++) e->stop_ids[e->n_stop++] = model_chat_stop_ids[i];
     e->ctx = o->ctx;
     e->tokens = malloc((size_t)e->ctx * sizeof(int));
     if (!e->tokens) return err_set(ERR_NOMEM, "token history for %d tokens", e->ctx);
@@ -360,19 +356,23 @@ static err_code run_completion(engine *e, const options *o, const char *text) {
     return rc;
 }
 
-/* The text of one chat turn as the model's template writes it. */
+/* The text of one chat turn as the model's template writes it (see model_chat.h): the first
+ * opens the conversation, later ones close the previous answer first. */
 static char *chat_turn(const char *system, const char *user, int first) {
-    const char *sys = system ? system : MODEL_CHAT_DEFAULT_SYSTEM;
-    int with_system = first && MODEL_CHAT_HAS_SYSTEM && sys[0];
-    size_t len = strlen(MODEL_CHAT_BOS) + strlen(MODEL_CHAT_SYSTEM_PREFIX) + strlen(sys) + strlen(MODEL_CHAT_SYSTEM_SUFFIX) +
-                 strlen(MODEL_CHAT_ASSISTANT_SUFFIX) + strlen(MODEL_CHAT_USER_PREFIX) + strlen(user) +
+    const char *open = "", *sys = "", *close = "", *user_prefix = MODEL_CHAT_USER_PREFIX;
+    if (first && system) {
+        open = MODEL_CHAT_SYSTEM_PREFIX;
+        sys = system;
+        close = MODEL_CHAT_SYSTEM_SUFFIX;
+        if (MODEL_CHAT_SYSTEM_IN_FIRST_USER) user_prefix = "";
+    } else if (first) {
+        open = MODEL_CHAT_NO_SYSTEM_PREFIX;
+    }
+    const char *lead = first ? MODEL_CHAT_BOS : MODEL_CHAT_ASSISTANT_SUFFIX;
+    size_t len = strlen(lead) + strlen(open) + strlen(sys) + strlen(close) + strlen(user_prefix) + strlen(user) +
                  strlen(MODEL_CHAT_USER_SUFFIX) + strlen(MODEL_CHAT_ASSISTANT_PREFIX) + 1;
     char *t = malloc(len);
-    if (!t) return NULL;
-    snprintf(t, len, "%s%s%s%s%s%s%s%s",
-             first ? MODEL_CHAT_BOS : MODEL_CHAT_ASSISTANT_SUFFIX,
-             with_system ? MODEL_CHAT_SYSTEM_PREFIX : "", with_system ? sys : "", with_system ? MODEL_CHAT_SYSTEM_SUFFIX : "",
-             MODEL_CHAT_USER_PREFIX, user, MODEL_CHAT_USER_SUFFIX, MODEL_CHAT_ASSISTANT_PREFIX);
+    if (t) snprintf(t, len, "%s%s%s%s%s%s%s%s", lead, open, sys, close, user_prefix, user, MODEL_CHAT_USER_SUFFIX, MODEL_CHAT_ASSISTANT_PREFIX);
     return t;
 }
 
@@ -394,6 +394,8 @@ static err_code chat_answer(engine *e, sampler *s, const options *o, const char 
 }
 
 static err_code run_chat(engine *e, const options *o, const char *one_turn) {
+    if (!MODEL_CHAT_AVAILABLE)
+        return err_set(ERR_ARG, "--chat: %s has no chat template (tokenizer_config.json has no chat_template)", MODEL_NAME);
     if (o->system && !MODEL_CHAT_HAS_SYSTEM)
         return err_set(ERR_ARG, "--system: this model's chat template has no system role");
     sampler s;

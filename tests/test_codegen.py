@@ -138,11 +138,14 @@ def test_generator_refuses_bad_config_with_one_line(tmp_path):
     assert r.stderr.count("\n") == 1 and "'hidden_act' = 'relu'" in r.stderr
 
 
-def test_version_lock():
+def test_version_lock(tmp_path):
     """The generator and runtime versions agree, and a mismatch stops compilation with the fix."""
     header = (REPO / "runtime" / "ingot_version.h").read_text()
     assert f"#define INGOT_GENERATOR_VERSION {GENERATOR_VERSION}\n" in header
-    src = (GOLDEN / "model_config.h").read_text()
-    r = subprocess.run(["gcc", "-fsyntax-only", "-DINGOT_VERSION_H", "-DINGOT_GENERATOR_VERSION=0", "-x", "c", "-"],
-                       input=src, capture_output=True, text=True)
+    ok = subprocess.run(["gcc", "-fsyntax-only", "-Iruntime", str(GOLDEN / "model_config.h")],
+                        cwd=REPO, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    (tmp_path / "ingot_version.h").write_text(f"#define INGOT_GENERATOR_VERSION {GENERATOR_VERSION + 1}\n")
+    r = subprocess.run(["gcc", "-fsyntax-only", f"-I{tmp_path}", str(GOLDEN / "model_config.h")],
+                       cwd=REPO, capture_output=True, text=True)
     assert r.returncode != 0 and "make generate MODEL=tests/models/tiny-gqa" in r.stderr
