@@ -1581,7 +1581,8 @@ static err_code build_pieces(const loader *L) {
     tok_str *content = calloc((size_t)t->n_ids + 1, sizeof *content);
     if (!content) return err_set(ERR_NOMEM, "%s: %d ids", L->path, t->n_ids);
     memcpy(content, t->vocab, (size_t)t->n_vocab * sizeof *content);
-    for (int k = 0; k < t->n_added; k++) content[t->added[k].id] = t->added[k].content;
+    /* the library decodes a normalized added token from its normalized form (" ell" as "▁▁ell") */
+    for (int k = 0; k < t->n_added; k++) content[t->added[k].id] = t->added[k].match;
     buf out = {0}, tmp = {0};
     err_code rc = ERR_OK;
     for (int id = 0; id < t->n_ids && !rc; id++) {
