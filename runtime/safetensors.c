@@ -346,7 +346,8 @@ static err_code file_open(st_model *m, const char *dir, const char *name) {
             }
             json_for_each(v, t) {
                 if (v->type != JSON_STRING) {
-                    return err_set(ERR_ST_HEADER, "%s: __metadata__.%s is not a string", f->path, v->key);
+                    return err_set(ERR_ST_HEADER, "%s: __metadata__.%s is not a string", f->path,
+                                   v->key);
                 }
             }
             continue;
@@ -568,7 +569,8 @@ err_code st_model_bind(const st_model *m, const st_tensor_spec *specs, int n, co
         char got[160], want[160];
         fmt_shape(got, sizeof got, e->shape, e->ndim);
         fmt_shape(want, sizeof want, s->shape, s->ndim);
-        int shape_ok = e->ndim == s->ndim && memcmp(e->shape, s->shape, (size_t)s->ndim * sizeof *s->shape) == 0;
+        int shape_ok = e->ndim == s->ndim &&
+                       memcmp(e->shape, s->shape, (size_t)s->ndim * sizeof *s->shape) == 0;
         if (e->dtype->dt != (int)s->dtype) {
             rc = err_set(ERR_ST_DTYPE, "%s: %s: dtype %s, expected %s%s%s%s%s", f->path, s->name,
                          e->dtype->name, st_dtype_name(s->dtype), shape_ok ? "" : "; also shape ",
@@ -597,7 +599,9 @@ err_code st_model_bind(const st_model *m, const st_tensor_spec *specs, int n, co
         const st_entry *e = &m->entries[i];
         if (used[i] || (ignore && ignore(e->name))) continue;
         int more = 0;
-        for (int j = i + 1; j < m->n_entries; j++) more += !used[j] && !(ignore && ignore(m->entries[j].name));
+        for (int j = i + 1; j < m->n_entries; j++) {
+            more += !used[j] && !(ignore && ignore(m->entries[j].name));
+        }
         char tail[48] = "";
         if (more) snprintf(tail, sizeof tail, " (and %d more)", more);
         rc = err_set(ERR_ST_EXTRA, "%s: %s (dtype %s): not a tensor of this model%s",
