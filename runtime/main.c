@@ -594,7 +594,11 @@ int main(int argc, char **argv) {
         if (isatty(STDIN_FILENO)) return fail(err_set(ERR_ARG, "no prompt: give -p TEXT, -f FILE or text on stdin (see --help)"));
         if ((rc = read_file("-", &text, &len))) return fail(rc);
     }
-    if (text && strlen(text) != len) { free(text); return fail(err_set(ERR_UTF8, "the prompt holds a NUL byte at offset %zu", strlen(text))); }
+    if (text && strlen(text) != len) {
+        rc = err_set(ERR_UTF8, "the prompt holds a NUL byte at offset %zu", strlen(text));
+        free(text);
+        return fail(rc);
+    }
 
     engine e;
     rc = engine_open(&e, &o);
