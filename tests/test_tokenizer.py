@@ -162,11 +162,13 @@ def check_decode(cli: Path, path: Path, corpus=CORPUS) -> None:
 
 # ---------------------------------------------------------------------------- the tokenizers
 
-def train(tok: Tokenizer, vocab_size: int, specials: list[str], byte_level: bool = True, **kw) -> Tokenizer:
+def train(tok: Tokenizer, vocab_size: int, specials: list[str], byte_level: bool = True,
+          text: list[str] = TRAIN_TEXT) -> Tokenizer:
+    """Trains tok in place. Deterministic: no limit_alphabet, whose ties the trainer breaks at random."""
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if byte_level else [], **kw)
-    tok.train_from_iterator(TRAIN_TEXT, trainer=trainer)
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if byte_level else [])
+    tok.train_from_iterator(text, trainer=trainer)
     return tok
 
 
@@ -254,11 +256,12 @@ def qwen2_style(tokdir) -> Path:
 
 
 def sentencepiece_tokenizer(byte_fallback: bool = True) -> Tokenizer:
-    """A Llama-2-style vocab: <unk> <s> </s>, the 256 byte tokens, then a BPE trained with a
-    small alphabet, so that rare characters need byte fallback (or <unk>)."""
+    """A Llama-2-style vocab: <unk> <s> </s>, the 256 byte tokens, then a BPE trained on the Latin
+    letters of the text only, so that CJK, Cyrillic, emoji... need byte fallback (or <unk>)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    train(tok, 700, [], byte_level=False, limit_alphabet=70)
+    latin = ["".join(c for c in s if ord(c) < 0x250) for s in TRAIN_TEXT]
+    train(tok, 700, [], byte_level=False, text=latin)
     trained = json.loads(tok.to_str())["model"]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     if byte_fallback:
