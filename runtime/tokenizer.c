@@ -535,7 +535,8 @@ static void split_added(const tokenizer *t, encoder *e, const token_index *ix, c
         int c = (unsigned char)s[pos], best = -1, best_len = 0;
         for (int k = ix->start[c]; k < ix->start[c + 1]; k++) {
             const added_token *a = &t->added[ix->idx[k]];
-            if (a->match.len > best_len && a->match.len <= n - pos && memcmp(s + pos, a->match.s, (size_t)a->match.len) == 0) {
+            if (a->match.len > best_len && a->match.len <= n - pos &&
+                memcmp(s + pos, a->match.s, (size_t)a->match.len) == 0) {
                 best = ix->idx[k];
                 best_len = a->match.len;
             }
@@ -1292,9 +1293,10 @@ static err_code build_index(const loader *L, token_index *ix, int normalized) {
     int n = 0;
     for (int c = 0; c < 256; c++) {
         ix->start[c] = n;
-        for (int k = 0; k < t->n_added; k++)
-            if (t->added[k].normalized == normalized && t->added[k].match.len && (unsigned char)t->added[k].match.s[0] == c)
-                ix->idx[n++] = k;
+        for (int k = 0; k < t->n_added; k++) {
+            const added_token *a = &t->added[k];
+            if (a->normalized == normalized && a->match.len && (unsigned char)a->match.s[0] == c) ix->idx[n++] = k;
+        }
     }
     ix->start[256] = n;
     return ERR_OK;
@@ -1321,12 +1323,13 @@ static err_code load_added(const loader *L, const json_value *added) {
             (rc = get_bool(L, a, where, "special", 0, &tok->special)) ||
             (rc = get_bool(L, a, where, "normalized", !tok->special, &tok->normalized)))
             return rc;
-        if (!content || id < 0) return fail(L, where, "needs \"content\" and \"id\"");
+        if (!content || id < 0 || id >= INT32_MAX / 2) return fail(L, where, "needs \"content\" and an \"id\"");
         if (single_word) return fail(L, where, "\"%s\": single_word true is not supported", content->str);
         if (content->n == 0) continue; /* the library skips empty tokens */
         int dup = 0;
         for (int j = 0; j < t->n_added; j++)
-            dup |= t->added[j].content.len == content->n && !memcmp(t->added[j].content.s, content->str, (size_t)content->n);
+            dup |= t->added[j].content.len == content->n &&
+                   !memcmp(t->added[j].content.s, content->str, (size_t)content->n);
         if (dup) continue;
         if ((rc = keep(L, content, &tok->content))) return rc;
         int in_vocab = vocab_find(t, content->str, (size_t)content->n);
@@ -1349,7 +1352,7 @@ static err_code load_added(const loader *L, const json_value *added) {
 
 static err_code load_normalizer(const loader *L, const json_value *n, const char *where) {
     tokenizer *t = L->t;
-    const char *type;
+    const char *type = NULL;
     err_code rc;
     if (!n || n->type == JSON_NULL) return ERR_OK;
     if ((rc = get_type(L, n, where, &type))) return rc;
@@ -1389,7 +1392,7 @@ static err_code load_normalizer(const loader *L, const json_value *n, const char
 
 static err_code load_pre_tokenizer(const loader *L, const json_value *p, const char *where) {
     tokenizer *t = L->t;
-    const char *type;
+    const char *type = NULL;
     err_code rc;
     if (!p || p->type == JSON_NULL) return ERR_OK;
     if ((rc = get_type(L, p, where, &type))) return rc;
@@ -1419,7 +1422,9 @@ static err_code load_pre_tokenizer(const loader *L, const json_value *p, const c
         if (!strcmp(re->str, PATTERN_GPT2_RE)) st->pattern = PATTERN_GPT2;
         else if (!strcmp(re->str, PATTERN_LLAMA3_RE)) st->pattern = PATTERN_LLAMA3;
         else if (!strcmp(re->str, PATTERN_QWEN2_RE)) st->pattern = PATTERN_QWEN2;
-        else return fail(L, where, "Split regex \"%s\" is not supported (only the GPT-2, Llama-3 and Qwen2 patterns)", re->str);
+        else
+            return fail(L, where, "Split regex \"%s\" is not supported (only the GPT-2, Llama-3 and Qwen2 patterns)",
+                        re->str);
         if ((rc = get_str(L, p, where, "behavior", &behavior)) || (rc = get_bool(L, p, where, "invert", 0, &invert)))
             return rc;
         if (!behavior || strcmp(behavior->str, "Isolated") || invert)
@@ -1432,10 +1437,12 @@ static err_code load_pre_tokenizer(const loader *L, const json_value *p, const c
     } else if (!strcmp(type, "Metaspace")) {
         st->kind = PRE_METASPACE;
         if ((rc = get_char(L, p, where, "replacement", &st->replacement)) ||
-            (rc = get_prepend_scheme(L, p, where, &st->prepend)) || (rc = get_bool(L, p, where, "split", 1, &st->split)))
+            (rc = get_prepend_scheme(L, p, where, &st->prepend)) ||
+            (rc = get_bool(L, p, where, "split", 1, &st->split)))
             return rc;
     } else {
-        return fail(L, where, "pre-tokenizer \"%s\" is not supported (supported: Sequence, ByteLevel, Split, Digits, Metaspace)",
+        return fail(L, where,
+                    "pre-tokenizer \"%s\" is not supported (supported: Sequence, ByteLevel, Split, Digits, Metaspace)",
                     type);
     }
     t->n_pre++;
@@ -1459,7 +1466,7 @@ static err_code template_ids(const loader *L, const json_value *specials, const 
 
 static err_code load_post_processor(const loader *L, const json_value *p, const char *where) {
     tokenizer *t = L->t;
-    const char *type;
+    const char *type = NULL;
     err_code rc;
     if (!p || p->type == JSON_NULL) return ERR_OK;
     if ((rc = get_type(L, p, where, &type))) return rc;
@@ -1499,25 +1506,27 @@ static err_code load_post_processor(const loader *L, const json_value *p, const 
     if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) { /* single: cls A sep */
         const json_value *cls = json_get(p, "cls"), *sep = json_get(p, "sep");
         if (t->n_prefix || t->n_suffix) return fail(L, where, "a second template is not supported");
-        if (!cls || cls->type != JSON_ARRAY || cls->n != 2 || !json_is_int(cls->child->next) || cls->child->next->num < 0 ||
-            !sep || sep->type != JSON_ARRAY || sep->n != 2 || !json_is_int(sep->child->next) || sep->child->next->num < 0)
+        const json_value *cls_id = cls && cls->type == JSON_ARRAY && cls->n == 2 ? cls->child->next : NULL;
+        const json_value *sep_id = sep && sep->type == JSON_ARRAY && sep->n == 2 ? sep->child->next : NULL;
+        if (!json_is_int(cls_id) || cls_id->num < 0 || cls_id->num >= INT32_MAX / 2 || !json_is_int(sep_id) ||
+            sep_id->num < 0 || sep_id->num >= INT32_MAX / 2)
             return fail(L, where, "%s needs \"cls\" and \"sep\" as [token, id]", type);
         t->prefix = malloc(sizeof *t->prefix);
         t->suffix = malloc(sizeof *t->suffix);
         if (!t->prefix || !t->suffix) return err_set(ERR_NOMEM, "%s: post_processor", L->path);
-        t->prefix[t->n_prefix++] = (int)cls->child->next->num;
-        t->suffix[t->n_suffix++] = (int)sep->child->next->num;
+        t->prefix[t->n_prefix++] = (int)cls_id->num;
+        t->suffix[t->n_suffix++] = (int)sep_id->num;
         return ERR_OK;
     }
     return fail(L, where,
-                "post-processor \"%s\" is not supported (supported: TemplateProcessing, BertProcessing, RobertaProcessing, "
-                "ByteLevel, Sequence)",
+                "post-processor \"%s\" is not supported (supported: TemplateProcessing, BertProcessing, "
+                "RobertaProcessing, ByteLevel, Sequence)",
                 type);
 }
 
 static err_code load_decoder(const loader *L, const json_value *d, const char *where) {
     tokenizer *t = L->t;
-    const char *type;
+    const char *type = NULL;
     err_code rc;
     if (!d || d->type == JSON_NULL) return ERR_OK;
     if ((rc = get_type(L, d, where, &type))) return rc;
@@ -1538,7 +1547,8 @@ static err_code load_decoder(const loader *L, const json_value *d, const char *w
         st->kind = DEC_BYTELEVEL;
     } else if (!strcmp(type, "Replace")) {
         const json_value *v;
-        if ((rc = get_string_pattern(L, d, where, &st->pattern)) || (rc = get_str(L, d, where, "content", &v))) return rc;
+        if ((rc = get_string_pattern(L, d, where, &st->pattern)) || (rc = get_str(L, d, where, "content", &v)))
+            return rc;
         if (!v) return fail(L, where, "Replace needs \"content\"");
         if ((rc = keep(L, v, &st->content))) return rc;
         st->kind = DEC_REPLACE;
@@ -1558,11 +1568,13 @@ static err_code load_decoder(const loader *L, const json_value *d, const char *w
                         st->stop);
     } else if (!strcmp(type, "Metaspace")) {
         st->kind = DEC_METASPACE;
-        if ((rc = get_char(L, d, where, "replacement", &st->ch)) || (rc = get_prepend_scheme(L, d, where, &st->prepend)))
+        if ((rc = get_char(L, d, where, "replacement", &st->ch)) ||
+            (rc = get_prepend_scheme(L, d, where, &st->prepend)))
             return rc;
     } else {
         return fail(L, where,
-                    "decoder \"%s\" is not supported (supported: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace)",
+                    "decoder \"%s\" is not supported "
+                    "(supported: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace)",
                     type);
     }
     t->n_dec++;

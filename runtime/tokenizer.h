@@ -2,10 +2,12 @@
  *
  * Supported: BPE models with the byte-level pre-tokenizer (GPT-2, SmolLM2 with its digit split,
  * Llama-3 and Qwen2 split patterns) and SentencePiece-style BPE (Metaspace or the Replace+Prepend
- * normalizer, byte fallback) as used by Llama-2, Mistral and TinyLlama; added and special tokens;
- * the TemplateProcessing / ByteLevel post-processors for the special tokens added to a single
- * sequence. Anything else in tokenizer.json is refused with ERR_TOKENIZER naming the JSON key and
- * value. Encoding gives the same ids as `Tokenizer.encode(text).ids` in the Python library. */
+ * normalizer, byte fallback) as used by Llama-2, Mistral and TinyLlama; the NFC normalizer (Qwen2);
+ * added and special tokens (lstrip / rstrip / normalized); the TemplateProcessing, Bert, Roberta
+ * and ByteLevel post-processors for the special tokens added to a single sequence. Anything else
+ * in tokenizer.json (another regex, model type, normalizer, single_word tokens, truncation,
+ * padding...) is refused with ERR_TOKENIZER naming the JSON key and value. Encoding gives the same
+ * ids as `Tokenizer.encode(text).ids` in the Python library (tokenizers 0.23). */
 #ifndef INGOT_TOKENIZER_H
 #define INGOT_TOKENIZER_H
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,7 @@ CORPUS = [
     "👨‍👩‍👧‍👦 family, 🏳️‍🌈 flag, 👍🏽 thumbs",
     "Привет мир; Γειά σου; مرحبا; שלום",
     "a\u00a0b\u2003c\u3000d\u2028e\u0085f",
+    "a\x1cb\x1fc\u180ed\u200be\u00b2f\u3007g\u2160h\u0660\u0669i\ufe0f\x00j\x7f k\x0b\x0c l",
     "!!!???...,,,;;; --- *** ###",
     "hello123world456 ３４５ Ⅻ ½¾",
     "supercalifragilisticexpialidocious",
@@ -395,3 +397,10 @@ def test_real_smollm2(tok_cli):
         pytest.skip(f"{SMOLLM2_JSON.relative_to(REPO)} is absent: the model importer has not run")
     check_corpus(tok_cli, SMOLLM2_JSON)
     check_decode(tok_cli, SMOLLM2_JSON)
+
+
+def test_unicode_tables_current():
+    """runtime/unicode_data.c is what codegen/unicode_tables.py generates from this Python."""
+    r = subprocess.run([sys.executable, "-m", "codegen.unicode_tables", "--check"], cwd=REPO, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr

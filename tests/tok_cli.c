@@ -72,9 +72,8 @@ static int decode(const tokenizer *t, int argc, char **argv) {
 int main(int argc, char **argv) {
     if (argc < 3 || (strcmp(argv[2], "encode") && strcmp(argv[2], "decode")) ||
         (!strcmp(argv[2], "encode") && (argc > 4 || (argc == 4 && strcmp(argv[3], "--no-special"))))) {
-        fprintf(stderr, "usage: %s TOKENIZER_JSON encode [--no-special] < text\n"
-                        "       %s TOKENIZER_JSON decode ID...\n", argv[0], argv[0]);
-        return 2;
+        return die(err_set(ERR_ARG, "usage: %s TOKENIZER_JSON encode [--no-special] < text | "
+                                    "%s TOKENIZER_JSON decode ID...", argv[0], argv[0]));
     }
     tokenizer *t;
     err_code rc = tok_load(&t, argv[1]);
