@@ -907,6 +907,7 @@ err_code tok_encode(const tokenizer *t, const char *text, size_t len, int add_sp
     if (len > (size_t)INT32_MAX / 8) return err_set(ERR_ARG, "tok_encode: text of %zu bytes is too long", len);
 
     encoder e = {0};
+    buf_reserve(&e.text, len + 1); /* never NULL, even for empty text */
     buf_put(&e.text, text, len);
     if (add_special)
         for (int k = 0; k < t->n_prefix; k++) push_id(&e, t->prefix[k]);
