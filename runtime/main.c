@@ -249,6 +249,8 @@ typedef struct {
     int ctx;
     int *tokens; /* (ctx) ids in the KV cache, oldest first */
     int n_tokens;
+    char *piece;   /* (piece_cap) the bytes of one decoded token */
+    int piece_cap;
     int stop_ids[MODEL_N_EOS + MODEL_CHAT_N_STOP];
     int n_stop;
 } engine;
@@ -266,6 +268,9 @@ static err_code engine_open(engine *e, const options *o) {
     if ((rc = tok_load(&e->tok, path))) return rc;
     if (tok_vocab_size(e->tok) > MODEL_VOCAB_SIZE)
         return err_set(ERR_TOKENIZER, "%s: %d tokens, more than the model's vocab_size %d", path, tok_vocab_size(e->tok), MODEL_VOCAB_SIZE);
+    e->piece_cap = tok_max_piece_bytes(e->tok);
+    e->piece = malloc((size_t)e->piece_cap);
+    if (!e->piece) return err_set(ERR_NOMEM, "token text buffer");
     static const int eos[] = MODEL_EOS_IDS;
     for (int i = 0; i < MODEL_N_EOS; i++) e->stop_ids[e->n_stop++] = eos[i];
     for (int i = 0; i < MODEL_CHAT_N_STOP; i++) e->stop_ids[e->n_stop++] = model_chat_stop_ids[i];
@@ -280,6 +285,7 @@ static void engine_close(engine *e) {
     tok_free(e->tok);
     st_model_close(e->st);
     free(e->tokens);
+    free(e->piece);
 }
 
 static int is_stop(const engine *e, int id) {
@@ -315,9 +321,8 @@ static err_code engine_generate(engine *e, sampler *s, const float *logits, int 
         memcpy(buf, logits, sizeof buf);
         int id = sampler_sample(s, buf, e->tokens, e->n_tokens);
         if (is_stop(e, id)) break;
-        char piece[256];
-        int len = tok_decode_piece(e->tok, prev, id, piece, sizeof piece);
-        if (out && len > 0) { fwrite(piece, 1, (size_t)len, out); fflush(out); }
+        int len = tok_decode_piece(e->tok, prev, id, e->piece, (size_t)e->piece_cap);
+        if (out && len > 0) { fwrite(e->piece, 1, (size_t)len, out); fflush(out); }
         prev = id;
         produced++;
         if (e->n_tokens == e->ctx) { *full = 1; break; }

@@ -18,14 +18,11 @@ from pathlib import Path
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from conftest import make
+
 REPO = Path(__file__).resolve().parent.parent
 TOK_CLI = REPO / "build" / "tests" / "tok_cli"
 SMOLLM2_JSON = REPO / "models" / "smollm2-135m-instruct" / "tokenizer.json"
-
-# How tok_cli is built; the one line to change when the Makefile gains the target.
-BUILD_CMD = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE",
-             "runtime/tokenizer.c", "runtime/unicode_data.c", "runtime/json.c", "runtime/errors.c",
-             "tests/tok_cli.c", "-lm", "-o", str(TOK_CLI)]
 
 GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -117,8 +114,7 @@ CORPUS = [
 
 @pytest.fixture(scope="session")
 def tok_cli() -> Path:
-    TOK_CLI.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(BUILD_CMD, cwd=REPO, check=True)
+    make("build/tests/tok_cli")
     return TOK_CLI
 
 
