@@ -53,7 +53,7 @@ static void usage(FILE *f) {
             "\n"
             "  -p, --prompt TEXT       complete TEXT (or, with --chat, answer it as one user turn)\n"
             "  -f, --file FILE         read the prompt from FILE (default: stdin when it is not a terminal)\n"
-            "  -n, --n-tokens N        tokens to generate (default 256; chat: until the end of the turn)\n"
+            "  -n, --n-tokens N        tokens to generate (default 256; chat: until the end of the turn, at most 1024)\n"
             "      --chat              chat with the model's own template; interactive without -p\n"
             "      --system TEXT       system prompt for --chat\n"
             "      --temp T            temperature, 0 = greedy (default 0.7)\n"
@@ -381,6 +381,10 @@ static char *chat_turn(const char *system, const char *user, int first) {
     return t;
 }
 
+/* Tokens of one answer when -n is not given: a model stuck in a loop stops here, not at the end of
+ * the context. */
+#define CHAT_MAX_ANSWER 1024
+
 static err_code chat_answer(engine *e, sampler *s, const options *o, const char *system, const char *user, int first, int *full) {
     char *text = chat_turn(system, user, first);
     if (!text) return err_set(ERR_NOMEM, "chat turn");
@@ -392,7 +396,7 @@ static err_code chat_answer(engine *e, sampler *s, const options *o, const char 
     rc = engine_feed(e, ids, n, &logits);
     free(ids);
     if (rc) return rc;
-    rc = engine_generate(e, s, logits, o->n_tokens, stdout, NULL, full);
+    rc = engine_generate(e, s, logits, o->n_tokens < 0 ? CHAT_MAX_ANSWER : o->n_tokens, stdout, NULL, full);
     fputc('\n', stdout);
     fflush(stdout);
     return rc;
