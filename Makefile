@@ -21,7 +21,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 
 CC := gcc
-CFLAGS := -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime
+EXTRA_CFLAGS ?=
+CFLAGS := -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime $(EXTRA_CFLAGS)
 LDLIBS := -lm
 
 # Model-agnostic runtime, compiled once for every model.

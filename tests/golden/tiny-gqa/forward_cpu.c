@@ -8,17 +8,19 @@
  */
 
 #include <stdlib.h>
+#include <omp.h>
 #include <sys/mman.h>
 
 #include "model.h" /* first: cpu_kernels.h picks dot_w from MODEL_WEIGHT_DTYPE_* */
 #include "cpu_kernels.h"
 
-/* Rows of the fused q/k/v pass come in pairs: RoPE rotates row i of a head with row
- * i + head_dim/2, so one work item computes both. Q pairs first, then K pairs, then V row pairs. */
-#define QKV_Q_PAIRS (MODEL_Q_DIM / 2)
-#define QKV_K_PAIRS (MODEL_KV_DIM / 2)
-#define QKV_ITEMS (QKV_Q_PAIRS + QKV_K_PAIRS + MODEL_KV_DIM / 2)
+/* The fused q/k/v pass works on four rows at a time: for Q and K, rows i, i+1 of a head with their
+ * RoPE partners i + head_dim/2, i + 1 + head_dim/2; for V, four consecutive rows. */
 #define HALF (MODEL_HEAD_DIM / 2)
+#define QKV_Q_QUADS (MODEL_Q_DIM / 4)
+#define QKV_K_QUADS (MODEL_KV_DIM / 4)
+#define QKV_ITEMS (QKV_Q_QUADS + 2 * QKV_K_QUADS)
+_Static_assert(MODEL_HEAD_DIM % 4 == 0, "q/k/v quads pair rows i, i+1 with i + head_dim/2, i + 1 + head_dim/2");
 
 struct model_cpu {
     const model_weights *w;
@@ -78,6 +80,47 @@ static inline void rmsnorm(float *xb, const float *x, const model_weight_t *weig
     for (int i = 0; i < MODEL_DIM; i++) xb[i] = x[i] * s * w_to_f32(weight[i]);
 }
 
+/* Sequential weight streams each thread walks side by side in the matvecs: 4 reads faster on the
+ * Emerald Rapids slice, 1 on small AMD parts (PERFORMANCE.md). -DCPU_STREAMS=1 overrides. */
+#ifndef CPU_STREAMS
+#define CPU_STREAMS 4
+#endif
+_Static_assert(CPU_STREAMS == 1 || CPU_STREAMS == 4, "CPU_STREAMS is 1 or 4");
+
+/* o[r] = ws[r] . xb for four rows of dim: side by side with CPU_STREAMS 4, one after another with 1. */
+static inline void dot_rows(const model_weight_t *const ws[4], const float *xb, float o[4]) {
+    if (CPU_STREAMS == 4) dot4_w(ws, xb, MODEL_DIM, o);
+    else for (int r = 0; r < 4; r++) o[r] = dot_w(ws[r], xb, MODEL_DIM);
+}
+
+/* This thread's share [lo, hi) of n items, contiguous, as schedule(static) would give it. */
+static inline void thread_share(int n, int *lo, int *hi) {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    *lo = (int)((long long)n * t / nt);
+    *hi = (int)((long long)n * (t + 1) / nt);
+}
+
+/* out (rows) = [out +] W (rows, n) . x [+ bias], inside the parallel region with constant rows and
+ * n; ends with a barrier. Each thread splits its contiguous rows into four equal runs and walks them
+ * side by side, four long sequential streams (tests/bench/cpu_read.c: more bandwidth per core than
+ * one stream, without cutting the runs short as four adjacent rows would). */
+static inline void matvec(float *out, const model_weight_t *w, const model_weight_t *bias, const float *x, int rows,
+                          int n, int accumulate) {
+    int lo, hi;
+    thread_share(rows, &lo, &hi);
+    int q = CPU_STREAMS == 4 ? (hi - lo) / 4 : 0;
+    for (int j = 0; j < q; j++) {
+        int r[4] = {lo + j, lo + q + j, lo + 2 * q + j, lo + 3 * q + j};
+        const model_weight_t *ws[4] = {w + (size_t)r[0] * n, w + (size_t)r[1] * n, w + (size_t)r[2] * n, w + (size_t)r[3] * n};
+        float o[4];
+        dot4_w(ws, x, n, o);
+        for (int k = 0; k < 4; k++) out[r[k]] = (accumulate ? out[r[k]] : 0.0f) + o[k] + (bias ? w_to_f32(bias[r[k]]) : 0.0f);
+    }
+    for (int i = lo + 4 * q; i < hi; i++)
+        out[i] = (accumulate ? out[i] : 0.0f) + dot_w(w + (size_t)i * n, x, n) + (bias ? w_to_f32(bias[i]) : 0.0f);
+#pragma omp barrier
+}
+
 const float *model_cpu_forward(model_cpu *m, int token, int pos) {
     const model_weights *w = m->w;
     for (int i = 0; i < MODEL_DIM; i++) m->x[i] = w_to_f32(w->embed[(size_t)token * MODEL_DIM + i]);
@@ -96,33 +139,35 @@ const float *model_cpu_forward(model_cpu *m, int token, int pos) {
             rmsnorm(xb, m->x, lw->attn_norm);
 #pragma omp for schedule(static)
             for (int item = 0; item < QKV_ITEMS; item++) {
-                if (item < QKV_Q_PAIRS + QKV_K_PAIRS) {
-                    int is_k = item >= QKV_Q_PAIRS, p = is_k ? item - QKV_Q_PAIRS : item;
-                    int i = p % HALF, r0 = (p / HALF) * MODEL_HEAD_DIM + i, r1 = r0 + HALF;
+                float o[4];
+                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
                     const model_weight_t *wm = is_k ? lw->wk : lw->wq;
-                    float a = dot_w(wm + (size_t)r0 * MODEL_DIM, xb, MODEL_DIM);
-                    float b = dot_w(wm + (size_t)r1 * MODEL_DIM, xb, MODEL_DIM);
+                    const model_weight_t *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = wm + (size_t)rows[r] * MODEL_DIM;
+                    dot_rows(ws, xb, o);
 #if MODEL_QKV_BIAS
                     const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                    a += w_to_f32(bias[r0]);
-                    b += w_to_f32(bias[r1]);
+                    for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
 #endif
-                    rope_rotate(&a, &b, pos, model_rope_inv_freq[i]);
-                    if (is_k) {
-                        kc[(size_t)pos * MODEL_KV_DIM + r0] = f32_to_f16(a);
-                        kc[(size_t)pos * MODEL_KV_DIM + r1] = f32_to_f16(b);
-                    } else {
-                        m->q[r0] = a;
-                        m->q[r1] = b;
+                    rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                    rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                    for (int r = 0; r < 4; r++) {
+                        if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
+                        else m->q[rows[r]] = o[r];
                     }
                 } else {
-                    int r0 = 2 * (item - QKV_Q_PAIRS - QKV_K_PAIRS);
-                    for (int r = r0; r < r0 + 2; r++) {
-                        float v = dot_w(lw->wv + (size_t)r * MODEL_DIM, xb, MODEL_DIM);
+                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                    const model_weight_t *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = lw->wv + (size_t)(r0 + r) * MODEL_DIM;
+                    dot_rows(ws, xb, o);
+                    for (int r = 0; r < 4; r++) {
 #if MODEL_QKV_BIAS
-                        v += w_to_f32(lw->bv[r]);
+                        o[r] += w_to_f32(lw->bv[r0 + r]);
 #endif
-                        vc[(size_t)pos * MODEL_KV_DIM + r] = f32_to_f16(v);
+                        vc[(size_t)pos * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
                     }
                 }
             }
@@ -136,33 +181,37 @@ const float *model_cpu_forward(model_cpu *m, int token, int pos) {
                                m->att + (size_t)h * m->ctx);
             }
 
-            /* self_attn.o_proj + residual */
-#pragma omp for schedule(static)
-            for (int i = 0; i < MODEL_DIM; i++) {
-#if MODEL_O_BIAS
-                m->x[i] += w_to_f32(lw->bo[i]);
-#endif
-                m->x[i] += dot_w(lw->wo + (size_t)i * MODEL_Q_DIM, m->xb2, MODEL_Q_DIM);
-            }
+            /* self_attn.o_proj (+ bias) + residual */
+            matvec(m->x, lw->wo, NULL, m->xb2, MODEL_DIM, MODEL_Q_DIM, 1);
 
-            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
+            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
+             * of its rows side by side in both matrices, four sequential streams */
             rmsnorm(xb, m->x, lw->ffn_norm);
-#pragma omp for schedule(static)
-            for (int i = 0; i < MODEL_HIDDEN_DIM; i++) {
-                float g = dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb, MODEL_DIM);
-                float u = dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb, MODEL_DIM);
-                m->hb[i] = silu(g) * u;
+            {
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                int q = CPU_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                for (int j = 0; j < q; j++) {
+                    int a = lo + j, b = lo + q + j;
+                    const model_weight_t *ws[4] = {lw->w_gate + (size_t)a * MODEL_DIM, lw->w_up + (size_t)a * MODEL_DIM,
+                                                   lw->w_gate + (size_t)b * MODEL_DIM, lw->w_up + (size_t)b * MODEL_DIM};
+                    float o[4];
+                    dot4_w(ws, xb, MODEL_DIM, o);
+                    m->hb[a] = silu(o[0]) * o[1];
+                    m->hb[b] = silu(o[2]) * o[3];
+                }
+                for (int i = lo + 2 * q; i < hi; i++)
+                    m->hb[i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb, MODEL_DIM)) * dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb, MODEL_DIM);
             }
+#pragma omp barrier
 
             /* mlp.down_proj + residual */
-#pragma omp for schedule(static)
-            for (int i = 0; i < MODEL_DIM; i++) m->x[i] += dot_w(lw->w_down + (size_t)i * MODEL_HIDDEN_DIM, m->hb, MODEL_HIDDEN_DIM);
+            matvec(m->x, lw->w_down, NULL, m->hb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
         }
 
         /* model.norm and the LM head */
         rmsnorm(xb, m->x, w->final_norm);
-#pragma omp for schedule(static)
-        for (int i = 0; i < MODEL_VOCAB_SIZE; i++) m->logits[i] = dot_w(w->lm_head + (size_t)i * MODEL_DIM, xb, MODEL_DIM);
+        matvec(m->logits, w->lm_head, NULL, xb, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
     }
     return m->logits;
 }

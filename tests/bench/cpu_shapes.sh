@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# CPU decode speed on synthesized full-size shapes (Llama-3.2-1B, Mistral-7B, bf16 random weights,
+# the tiny test tokenizer), for both matvec stream counts, as run on the GPU machine's 16 cores for
+# PERFORMANCE.md. Uses the machine's own python3 packages (no network there): .venv/bin/python is a
+# wrapper around the system python3 (itself a venv, which a symlink would lose); nothing is installed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+lscpu | grep -E "Model name|^CPU\(s\)|Thread|L3" || true
+if [ ! -e .venv/.installed ]; then
+    mkdir -p .venv/bin
+    printf '#!/bin/sh\nexec python3 "$@"\n' >.venv/bin/python
+    chmod +x .venv/bin/python
+    touch .venv/.installed
+fi
+models=${MODELS:-llama-3.2-1b-instruct mistral-7b-instruct-v0.2}
+for m in $models; do
+    t0=$(date +%s.%N)
+    [ -e "models/$m/model.safetensors" ] || [ -e "models/$m/model.safetensors.index.json" ] ||
+        .venv/bin/python -m codegen.synth "models/$m" --dtype bf16 >/dev/null
+    cp tests/models/tiny-tokenizer/tokenizer.json "models/$m/" # speed work only: no chat template
+    t1=$(date +%s.%N)
+    for s in 1 4; do
+        make -s -B MODEL="models/$m" EXTRA_CFLAGS="-DCPU_STREAMS=$s" >/dev/null
+        cp "build/$m/ingot" "build/$m/ingot.streams$s"
+    done
+    t2=$(date +%s.%N)
+    echo "$m: synth $(python3 -c "print(round($t1 - $t0, 1))") s, two builds $(python3 -c "print(round($t2 - $t1, 1))") s"
+done
+for m in $models; do
+    for s in 1 4; do
+        echo "== $m, CPU_STREAMS=$s"
+        "./build/$m/ingot.streams$s" --bench --threads "${THREADS:-16}" -n 32
+    done
+done
