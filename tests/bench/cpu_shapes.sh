@@ -10,8 +10,8 @@ if [ ! -e .venv/.installed ]; then
     mkdir -p .venv/bin
     printf '#!/bin/sh\nexec python3 "$@"\n' >.venv/bin/python
     chmod +x .venv/bin/python
-    touch .venv/.installed
 fi
+touch .venv/.installed # newer than requirements.txt: make must not try to pip install here
 models=${MODELS:-llama-3.2-1b-instruct mistral-7b-instruct-v0.2}
 for m in $models; do
     t0=$(date +%s.%N)
