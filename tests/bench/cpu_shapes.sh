@@ -22,7 +22,7 @@ for m in $models; do
     for s in 1 4; do
         rm -rf build/runtime "build/$m" # the objects do not depend on EXTRA_CFLAGS
         make -s MODEL="models/$m" EXTRA_CFLAGS="-DCPU_STREAMS=$s" >/dev/null
-        cp "build/$m/ingot" "build/$m/ingot.streams$s"
+        mkdir -p build/variants && cp "build/$m/ingot" "build/variants/$m.streams$s"
     done
     t2=$(date +%s.%N)
     echo "$m: synth $(python3 -c "print(round($t1 - $t0, 1))") s, two builds $(python3 -c "print(round($t2 - $t1, 1))") s"
@@ -30,6 +30,6 @@ done
 for m in $models; do
     for s in 1 4; do
         echo "== $m, CPU_STREAMS=$s"
-        "./build/$m/ingot.streams$s" --bench --threads "${THREADS:-16}" -n 32
+        "build/variants/$m.streams$s" --bench --threads "${THREADS:-16}" -n 32
     done
 done
