@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .chat import ChatError, load_chat_strings
+from .plan import make_plan
 from .render import GENERATOR_VERSION, REPO_ROOT, make_env, write_if_changed
 from .spec import SpecError, load_spec
 
@@ -49,6 +50,7 @@ def generate(model_dir: Path, out_dir: Path) -> list[Path]:
     for template, output in OUTPUTS.items():
         text = env.get_template(template).render(
             spec=spec,
+            plan=make_plan(spec),
             chat=chat,
             template=template,
             output=output,

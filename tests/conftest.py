@@ -27,15 +27,15 @@ def make(*args: str) -> None:
         raise AssertionError(f"make {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
 
 
-def build_model(model_dir: Path) -> Path:
+def build_model(model_dir: Path, *make_vars: str) -> Path:
     """Generates and builds build/<name>/ingot for model_dir; returns the binary."""
-    make(f"MODEL={model_dir}")
+    make(f"MODEL={model_dir}", *make_vars)
     return REPO / "build" / model_dir.name / "ingot"
 
 
-def tiny_model_dir(variant: str, seed: int = 1) -> Path:
-    """build/test-models/<variant>: config, tokenizer and random bf16 weights (made once)."""
-    d = REPO / "build" / "test-models" / variant
+def tiny_model_dir(variant: str, seed: int = 1, name: str | None = None) -> Path:
+    """build/test-models/<name or variant>: config, tokenizer and random bf16 weights (made once)."""
+    d = REPO / "build" / "test-models" / (name or variant)
     src = REPO / "tests" / "models" / variant / "config.json"
     if not (d / "model.safetensors").exists() or (d / "config.json").read_bytes() != src.read_bytes():
         d.mkdir(parents=True, exist_ok=True)

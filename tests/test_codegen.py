@@ -105,6 +105,13 @@ def test_spec_refuses_missing_key_and_sliding_window():
         spec_of(cfg)
 
 
+def test_plan_streams_follow_model_size():
+    from codegen.plan import make_plan
+
+    assert make_plan(spec_of(load(REPO / "models" / "smollm2-135m-instruct" / "config.json"))).cpu_streams == 1
+    assert make_plan(spec_of(load(REPO / "models" / "mistral-7b-instruct-v0.2" / "config.json"))).cpu_streams == 4
+
+
 def test_c_literals():
     assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
     assert c_string("??=") == '"\\077\\077="'

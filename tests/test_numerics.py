@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import run
+from conftest import build_model, run, tiny_model_dir
 from reference import compare_logits, load_model
 
 TOLERANCE = 1e-3
@@ -46,6 +46,18 @@ def test_tiny_logits_match_reference(tiny, tmp_path):
     err = compare_logits(got, want)
     assert err < TOLERANCE, f"{model_dir.name}: max relative logit error {err:.2e}"
     assert np.array_equal(got.argmax(-1), want.argmax(-1)) or err < 1e-4
+
+
+def test_four_stream_matvecs_match_reference(tmp_path):
+    """The plan picks four weight streams per thread only for large models; the same check on a
+    tiny model built with that choice forced."""
+    model_dir = tiny_model_dir("tiny-qwen2", name="tiny-qwen2-streams4")
+    binary = build_model(model_dir, "EXTRA_CFLAGS=-DCPU_STREAMS=4")
+    ref = load_model(model_dir, kv_dtype=np.float16)
+    ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TINY_PROMPT).ids
+    got = dump_logits(binary, model_dir, TINY_PROMPT, tmp_path / "logits.bin", ref.config["vocab_size"])
+    err = compare_logits(got, ref.forward(ids))
+    assert err < TOLERANCE, f"CPU_STREAMS=4: max relative logit error {err:.2e}"
 
 
 SMOL_PROMPTS = ["The history of the Roman Empire", "def fibonacci(n):", "Once upon a time, in a small village,"]

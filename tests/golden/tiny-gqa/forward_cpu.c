@@ -80,10 +80,10 @@ static inline void rmsnorm(float *xb, const float *x, const model_weight_t *weig
     for (int i = 0; i < MODEL_DIM; i++) xb[i] = x[i] * s * w_to_f32(weight[i]);
 }
 
-/* Sequential weight streams each thread walks side by side in the matvecs: 4 reads faster on the
- * Emerald Rapids slice, 1 on small AMD parts (PERFORMANCE.md). -DCPU_STREAMS=1 overrides. */
+/* Sequential weight streams each thread walks side by side in the matvecs (codegen/plan.py says
+ * how it is chosen); -DCPU_STREAMS=1 or 4 overrides it for experiments. */
 #ifndef CPU_STREAMS
-#define CPU_STREAMS 4
+#define CPU_STREAMS 1
 #endif
 _Static_assert(CPU_STREAMS == 1 || CPU_STREAMS == 4, "CPU_STREAMS is 1 or 4");
 
