@@ -25,15 +25,28 @@ EXTRA_CFLAGS ?=
 CFLAGS := -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime $(EXTRA_CFLAGS)
 LDLIBS := -lm
 
+# CUDA, when nvcc is on the PATH (CI has it too, without a GPU: the sources must compile there).
+# CUDA_ARCH: 90 (H100/H200, the default), 89 or 80; a binary refuses GPUs older than it was built for.
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_ARCH ?= 90
+ifneq ($(NVCC),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Iruntime \
+	-Xcompiler -Wall,-Wextra -Werror all-warnings -Xptxas -warn-spills
+CFLAGS += -DINGOT_CUDA
+CUDA_OBJS = $(OUT)/forward_cuda.o build/runtime/probe_cuda.o
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+endif
+
 # Model-agnostic runtime, compiled once for every model.
 RUNTIME_SRCS := runtime/errors.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
 	runtime/unicode_data.c runtime/sampler.c runtime/probe.c
 RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)
-GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/model_chat.h
+GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h
 CODEGEN_SRCS := $(wildcard codegen/*.py) $(wildcard templates/*.j2)
 
-.PHONY: all run test bench generate venv clean
+.PHONY: all run test test-gpu bench generate venv clean
 .DELETE_ON_ERROR:
 
 all: $(OUT)/ingot
@@ -56,11 +69,12 @@ $(DEFAULT_MODEL)/model.safetensors: | $(VENV)/.installed
 # ---------------------------------------------------------------------------------------------
 # Generated sources
 
-generate: $(GEN)/.stamp
-$(GEN)/.stamp: $(MODEL_DIR)/config.json $(wildcard $(MODEL_DIR)/tokenizer_config.json) $(CODEGEN_SRCS) | $(VENV)/.installed
-	$(PY) -m codegen $(MODEL_DIR) --out $(GEN)
+generate: $(GEN)/.stamp-sm$(CUDA_ARCH)
+$(GEN)/.stamp-sm$(CUDA_ARCH): $(MODEL_DIR)/config.json $(wildcard $(MODEL_DIR)/tokenizer_config.json) $(CODEGEN_SRCS) | $(VENV)/.installed
+	$(PY) -m codegen $(MODEL_DIR) --out $(GEN) --cuda-arch $(CUDA_ARCH)
+	rm -f $(GEN)/.stamp-sm*
 	touch $@
-$(GEN_FILES): $(GEN)/.stamp ;
+$(GEN_FILES): $(GEN)/.stamp-sm$(CUDA_ARCH) ;
 
 # ---------------------------------------------------------------------------------------------
 # Binaries
@@ -77,8 +91,16 @@ $(OUT)/main.o: runtime/main.c $(GEN_FILES) $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -I$(GEN) -DINGOT_MODEL_DIR='"$(abspath $(MODEL_DIR))"' -c $< -o $@
 
-$(OUT)/ingot: $(OUT)/main.o $(OUT)/forward_cpu.o $(OUT)/model_tensors.o $(RUNTIME_OBJS)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(OUT)/forward_cuda.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) runtime/cuda_kernels.cuh
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -I$(GEN) -c $< -o $@
+
+build/runtime/probe_cuda.o: runtime/probe_cuda.cu runtime/probe_cuda.h runtime/errors.h
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(OUT)/ingot: $(OUT)/main.o $(OUT)/forward_cpu.o $(OUT)/model_tensors.o $(CUDA_OBJS) $(RUNTIME_OBJS)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LIBS)
 
 # C unit tests: tests/test_<module>.c against the runtime objects; each ends with "N passed, N failed".
 build/tests/%: tests/%.c $(RUNTIME_OBJS) $(RUNTIME_HDRS)
@@ -104,6 +126,10 @@ bench: $(OUT)/ingot
 
 test: $(VENV)/.installed $(DEFAULT_MODEL)/model.safetensors $(OUT)/ingot
 	$(PY) -m pytest -q tests
+
+# On a machine with a CUDA GPU: the GPU against the CPU path and against transformers, memcheck.
+test-gpu: $(VENV)/.installed $(OUT)/ingot
+	$(PY) -m pytest -q tests/test_gpu.py
 
 clean:
 	rm -rf build generated/*/

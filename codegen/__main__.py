@@ -22,6 +22,7 @@ OUTPUTS = {
     "model_config.h.j2": "model_config.h",
     "model_tensors.c.j2": "model_tensors.c",
     "forward_cpu.c.j2": "forward_cpu.c",
+    "forward_cuda.cu.j2": "forward_cuda.cu",
     "model_chat.h.j2": "model_chat.h",
 }
 
@@ -36,7 +37,7 @@ def display_path(p: Path) -> str:
         return str(p)
 
 
-def generate(model_dir: Path, out_dir: Path) -> list[Path]:
+def generate(model_dir: Path, out_dir: Path, cuda_arch: str = "90") -> list[Path]:
     """Renders every template for the model; returns the files that changed."""
     model_path = display_path(model_dir)
     spec = load_spec(model_dir / "config.json", name=model_dir.resolve().name)
@@ -50,7 +51,7 @@ def generate(model_dir: Path, out_dir: Path) -> list[Path]:
     for template, output in OUTPUTS.items():
         text = env.get_template(template).render(
             spec=spec,
-            plan=make_plan(spec),
+            plan=make_plan(spec, cuda_arch),
             chat=chat,
             template=template,
             output=output,
@@ -67,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m codegen", description=__doc__.splitlines()[0])
     ap.add_argument("model_dir", type=Path, help="Hugging Face model directory (config.json, tokenizer files)")
     ap.add_argument("--out", type=Path, required=True, help="output folder, e.g. generated/<name>")
+    ap.add_argument("--cuda-arch", default="90", choices=["80", "89", "90"], help="GPU target (default 90)")
     args = ap.parse_args(argv)
     try:
-        changed = generate(args.model_dir, args.out)
+        changed = generate(args.model_dir, args.out, args.cuda_arch)
     except SpecError as e:
         print(f"codegen: {args.model_dir}: {e}", file=sys.stderr)
         return 1

@@ -5,7 +5,9 @@ side in the matvecs. Measured on the 16-core Emerald Rapids slice of the GPU mac
 (PERFORMANCE.md, tests/bench/cpu_shapes.sh): Llama-3.2-1B shape 34.5 tok/s with one stream against
 31.2 with four; Mistral-7B shape 5.5 against 7.5. Until a model in between tells us where the
 crossover really lies, four streams are used from 4 GB of weights per token up.
-The GPU plan (launch shapes, split counts, SM count) joins this when the CUDA backend lands.
+The GPU plan: grids for the target GPU (its multiprocessor count), so that every matvec is one
+wave of resident blocks (warps stride over the rows), which lets the next kernel's blocks start
+early under programmatic dependent launch; and the least number of attention splits.
 """
 
 from __future__ import annotations
@@ -16,11 +18,38 @@ from .spec import Spec
 
 CPU_MULTI_STREAM_FROM_BYTES = 4 * 10**9
 
+GPU_SMS = {"90": 132, "89": 128, "80": 108}  # H100/H200 SXM, RTX 4090 / L40, A100
+MV_WARPS = 8  # warps per matvec block (runtime/cuda_kernels.cuh)
+MV_BLOCKS_PER_SM = 2  # resident matvec blocks per SM the grids are sized for
+
 
 @dataclass(frozen=True)
 class Plan:
     cpu_streams: int  # sequential weight streams per thread in the CPU matvecs: 1 or 4
+    cuda_arch: str  # "90", ...
+    gpu_sms: int
+    grid_qkv: int  # blocks of rmsnorm_qkv_rope_kernel
+    grid_o: int  # o_proj_residual_kernel
+    grid_gate_up: int  # rmsnorm_gate_up_silu_kernel
+    grid_down: int  # down_residual_kernel
+    grid_lm_head: int  # rmsnorm_lm_head_argmax_kernel
+    att_min_splits: int  # attention splits per KV head, at least; more for long contexts
 
 
-def make_plan(spec: Spec) -> Plan:
-    return Plan(cpu_streams=4 if spec.weight_bytes >= CPU_MULTI_STREAM_FROM_BYTES else 1)
+def _grid(warps_needed: int, sms: int) -> int:
+    return max(1, min(-(-warps_needed // MV_WARPS), sms * MV_BLOCKS_PER_SM))
+
+
+def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
+    sms = GPU_SMS.get(cuda_arch, 132)
+    return Plan(
+        cpu_streams=4 if spec.weight_bytes >= CPU_MULTI_STREAM_FROM_BYTES else 1,
+        cuda_arch=cuda_arch,
+        gpu_sms=sms,
+        grid_qkv=_grid((spec.q_dim + 2 * spec.kv_dim) // 2, sms),
+        grid_o=_grid(spec.dim, sms),
+        grid_gate_up=_grid(spec.hidden_dim, sms),
+        grid_down=_grid(spec.dim, sms),
+        grid_lm_head=_grid(spec.vocab_size, sms),
+        att_min_splits=max(1, -(-2 * sms // spec.n_kv_heads)),
+    )

@@ -28,6 +28,10 @@ typedef enum {
     ERR_COUNT
 } err_code;
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* A fixed message for each code, e.g. "safetensors: tensor shape mismatch". */
 const char *err_name(err_code code);
 
@@ -37,5 +41,9 @@ err_code err_set(err_code code, const char *fmt, ...) __attribute__((format(prin
 
 /* The detail line of the last err_set() on this thread ("" if none). */
 const char *err_detail(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

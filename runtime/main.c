@@ -15,6 +15,9 @@
 
 #include "json.h"
 #include "model.h"
+#ifdef INGOT_CUDA
+#include "probe_cuda.h"
+#endif
 #include "model_chat.h"
 #include "probe.h"
 #include "sampler.h"
@@ -64,13 +67,13 @@ static void usage(FILE *f) {
             "      --seed S            random seed; the same seed gives the same text (default: time)\n"
             "      --perplexity FILE   perplexity of the model on FILE\n"
             "      --bench             prompt and decode speed, GB/s and share of measured read bandwidth\n"
-            "      --bench-depths LIST context depths in tokens for --bench decode (default 0)\n"
+            "      --bench-depths LIST context depths for --bench decode (default: cpu 0, cuda 0,4096,16384,32768)\n"
             "      --json              --bench: print one JSON object\n"
             "      --tokenize          print the prompt's token ids and exit\n"
             "  -m, --model DIR         model directory (default %s)\n"
             "      --threads N         CPU threads (default: physical cores)\n"
             "      --ctx N             context length in tokens (default %d, the model's)\n"
-            "      --device cpu|cuda   where to run (default cpu)\n"
+            "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit\n"
             "  -h, --help              this text\n",
             MODEL_NAME, MODEL_ARCHITECTURE, INGOT_MODEL_DIR, MODEL_SEQ_LEN);
@@ -120,10 +123,8 @@ static err_code parse_args(int argc, char **argv, options *o) {
         .n_tokens = -1,
         .sampling = {.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
                      .repeat_penalty = 1.0f, .repeat_last_n = 64},
-        .bench_depths = "0",
         .n_threads = physical_cores(),
         .ctx = MODEL_SEQ_LEN,
-        .device = "cpu",
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -175,8 +176,17 @@ static err_code parse_args(int argc, char **argv, options *o) {
     int modes = !!o->bench + !!o->perplexity_file + !!o->tokenize + !!o->dump_logits + !!o->chat;
     if (modes > 1) return err_set(ERR_ARG, "--chat, --bench, --perplexity, --tokenize and --dump-logits exclude each other");
     if (o->system && !o->chat) return err_set(ERR_ARG, "--system needs --chat");
+#ifdef INGOT_CUDA
+    int gpus = cuda_device_count();
+    if (!o->device) o->device = gpus > 0 ? "cuda" : "cpu";
+    if (strcmp(o->device, "cuda") == 0 && gpus == 0)
+        return err_set(ERR_DEVICE, "--device cuda: no CUDA device on this machine; use --device cpu");
+#else
+    if (!o->device) o->device = "cpu";
     if (strcmp(o->device, "cuda") == 0)
-        return err_set(ERR_DEVICE, "--device cuda: this build of ingot has no CUDA backend yet; use --device cpu");
+        return err_set(ERR_DEVICE, "--device cuda: this binary was built without CUDA (no nvcc at build time); use --device cpu");
+#endif
+    if (!o->bench_depths) o->bench_depths = strcmp(o->device, "cuda") == 0 ? "0,4096,16384,32768" : "0";
     if (!o->seed_given) o->sampling.seed = (uint64_t)(time_now() * 1e6);
     return ERR_OK;
 }
@@ -245,15 +255,22 @@ typedef struct {
     st_model *st;
     model_weights w;
     tokenizer *tok;
-    model_cpu *cpu;
+    model_cpu *cpu;       /* one of cpu and gpu runs the model */
+    model_cuda *gpu;
+    int device_argmax;    /* the GPU makes the greedy choice: only token ids cross to the host */
     int ctx;
-    int *tokens; /* (ctx) ids in the KV cache, oldest first */
+    int *tokens;          /* (ctx) ids in the KV cache, oldest first */
     int n_tokens;
-    char *piece;   /* (piece_cap) the bytes of one decoded token */
+    const float *logits;  /* (vocab) after the last token fed, unless device_argmax */
+    int next;             /* the device's greedy choice after the last token fed, if device_argmax */
+    char *piece;          /* (piece_cap) the bytes of one decoded token */
     int piece_cap;
     int stop_ids[MODEL_N_EOS + MODEL_CHAT_N_STOP];
     int n_stop;
 } engine;
+
+/* Greedy without a repetition penalty needs no logits on the host: the device picks the token. */
+static int sampling_is_greedy(const sampler_config *c) { return c->temperature == 0.0f && c->repeat_penalty == 1.0f; }
 
 static err_code engine_open(engine *e, const options *o) {
     memset(e, 0, sizeof *e);
@@ -277,11 +294,20 @@ static err_code engine_open(engine *e, const options *o) {
     e->ctx = o->ctx;
     e->tokens = malloc((size_t)e->ctx * sizeof(int));
     if (!e->tokens) return err_set(ERR_NOMEM, "token history for %d tokens", e->ctx);
+    if (strcmp(o->device, "cuda") == 0) {
+#ifdef INGOT_CUDA
+        e->device_argmax = (o->bench || sampling_is_greedy(&o->sampling)) && !o->dump_logits && !o->perplexity_file;
+        return model_cuda_init(&e->gpu, data, e->ctx);
+#endif
+    }
     return model_cpu_init(&e->cpu, &e->w, e->ctx, o->n_threads);
 }
 
 static void engine_close(engine *e) {
     model_cpu_free(e->cpu);
+#ifdef INGOT_CUDA
+    model_cuda_free(e->gpu);
+#endif
     tok_free(e->tok);
     st_model_close(e->st);
     free(e->tokens);
@@ -294,14 +320,23 @@ static int is_stop(const engine *e, int id) {
     return 0;
 }
 
-/* Runs ids through the model after what is already cached; *logits: those after the last one. */
-static err_code engine_feed(engine *e, const int *ids, int n, const float **logits) {
+/* Runs ids through the model after what is already cached; then e->logits (or e->next) belong to
+ * the last of them. */
+static err_code engine_feed(engine *e, const int *ids, int n) {
     if (e->n_tokens + n > e->ctx)
         return err_set(ERR_CONTEXT, "%d tokens do not fit: %d already in a context of %d (raise --ctx, at most %d)",
                        n, e->n_tokens, e->ctx, MODEL_SEQ_LEN);
     for (int i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= MODEL_VOCAB_SIZE) return err_set(ERR_ARG, "token id %d is outside the vocabulary", ids[i]);
-        *logits = model_cpu_forward(e->cpu, ids[i], e->n_tokens);
+#ifdef INGOT_CUDA
+        if (e->gpu) {
+            /* Only the last token's logits are needed (dump and perplexity feed one at a time). */
+            int want_logits = !e->device_argmax && i == n - 1;
+            err_code rc = model_cuda_step(e->gpu, ids[i], e->n_tokens, &e->next, want_logits ? &e->logits : NULL);
+            if (rc) return rc;
+        } else
+#endif
+            e->logits = model_cpu_forward(e->cpu, ids[i], e->n_tokens);
         e->tokens[e->n_tokens++] = ids[i];
     }
     return ERR_OK;
@@ -311,22 +346,28 @@ static err_code encode(const engine *e, const char *text, int add_special, int *
     return tok_encode(e->tok, text, strlen(text), add_special, ids, n);
 }
 
-/* Samples up to max_new tokens (-1: no limit) after logits, streaming their text to out; stops at an
- * end-of-turn token (not fed back, not printed). *full is set when the context ran out first. */
-static err_code engine_generate(engine *e, sampler *s, const float *logits, int max_new, FILE *out, int *n_out, int *full) {
+/* Samples up to max_new tokens (-1: no limit) after what was fed, streaming their text to out;
+ * stops at an end-of-turn token (not fed back, not printed). *full is set when the context ran out
+ * first. */
+static err_code engine_generate(engine *e, sampler *s, int max_new, FILE *out, int *n_out, int *full) {
     static float buf[MODEL_VOCAB_SIZE];
     *full = 0;
     int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1;
     while (max_new < 0 || produced < max_new) {
-        memcpy(buf, logits, sizeof buf);
-        int id = sampler_sample(s, buf, e->tokens, e->n_tokens);
+        int id;
+        if (e->device_argmax) {
+            id = e->next;
+        } else {
+            memcpy(buf, e->logits, sizeof buf);
+            id = sampler_sample(s, buf, e->tokens, e->n_tokens);
+        }
         if (is_stop(e, id)) break;
         int len = tok_decode_piece(e->tok, prev, id, e->piece, (size_t)e->piece_cap);
         if (out && len > 0) { fwrite(e->piece, 1, (size_t)len, out); fflush(out); }
         prev = id;
         produced++;
         if (e->n_tokens == e->ctx) { *full = 1; break; }
-        err_code rc = engine_feed(e, &id, 1, &logits);
+        err_code rc = engine_feed(e, &id, 1);
         if (rc) return rc;
     }
     if (n_out) *n_out = produced;
@@ -346,15 +387,14 @@ static err_code run_completion(engine *e, const options *o, const char *text) {
         return err_set(ERR_CONTEXT, "the prompt is %d tokens, the context %d; nothing would be left to generate (raise --ctx, at most %d)",
                        n, e->ctx, MODEL_SEQ_LEN);
     }
-    const float *logits;
-    rc = engine_feed(e, ids, n, &logits);
+    rc = engine_feed(e, ids, n);
     free(ids);
     if (rc) return rc;
     sampler s;
     if ((rc = sampler_init(&s, &o->sampling, MODEL_VOCAB_SIZE))) return rc;
     fputs(text, stdout);
     int full;
-    rc = engine_generate(e, &s, logits, o->n_tokens < 0 ? 256 : o->n_tokens, stdout, NULL, &full);
+    rc = engine_generate(e, &s, o->n_tokens < 0 ? 256 : o->n_tokens, stdout, NULL, &full);
     sampler_free(&s);
     fputc('\n', stdout);
     if (!rc && full) fprintf(stderr, "ingot: stopped: the context of %d tokens is full (--ctx)\n", e->ctx);
@@ -392,11 +432,10 @@ static err_code chat_answer(engine *e, sampler *s, const options *o, const char 
     err_code rc = encode(e, text, 0, &ids, &n);
     free(text);
     if (rc) return rc;
-    const float *logits;
-    rc = engine_feed(e, ids, n, &logits);
+    rc = engine_feed(e, ids, n);
     free(ids);
     if (rc) return rc;
-    rc = engine_generate(e, s, logits, o->n_tokens < 0 ? CHAT_MAX_ANSWER : o->n_tokens, stdout, NULL, full);
+    rc = engine_generate(e, s, o->n_tokens < 0 ? CHAT_MAX_ANSWER : o->n_tokens, stdout, NULL, full);
     fputc('\n', stdout);
     fflush(stdout);
     return rc;
@@ -452,9 +491,8 @@ static err_code run_dump_logits(engine *e, const char *text, const char *path) {
     FILE *f = fopen(path, "wb");
     if (!f) { free(ids); return err_set(ERR_IO, "%s: %s", path, strerror(errno)); }
     for (int i = 0; i < n && !rc; i++) {
-        const float *logits;
-        rc = engine_feed(e, ids + i, 1, &logits);
-        if (!rc && fwrite(logits, sizeof(float), MODEL_VOCAB_SIZE, f) != MODEL_VOCAB_SIZE) rc = err_set(ERR_IO, "%s: write failed", path);
+        rc = engine_feed(e, ids + i, 1);
+        if (!rc && fwrite(e->logits, sizeof(float), MODEL_VOCAB_SIZE, f) != MODEL_VOCAB_SIZE) rc = err_set(ERR_IO, "%s: write failed", path);
     }
     if (fclose(f) && !rc) rc = err_set(ERR_IO, "%s: write failed", path);
     free(ids);
@@ -479,8 +517,8 @@ static err_code run_perplexity(engine *e, const char *path) {
         e->n_tokens = 0;
         int end = start + e->ctx < n ? start + e->ctx : n;
         for (int i = start; i + 1 < end && !rc; i++) {
-            const float *logits;
-            if ((rc = engine_feed(e, ids + i, 1, &logits))) break;
+            if ((rc = engine_feed(e, ids + i, 1))) break;
+            const float *logits = e->logits;
             float max = logits[0];
             for (int v = 1; v < MODEL_VOCAB_SIZE; v++) max = logits[v] > max ? logits[v] : max;
             double sum = 0.0;
@@ -495,58 +533,73 @@ static err_code run_perplexity(engine *e, const char *path) {
     return ERR_OK;
 }
 
-/* Prompt and decode speed. Decode at depth d first fills the cache with d prompt tokens; GB/s
- * counts the weights and the KV cache that each step reads. */
+/* Prompt and decode speed. On the CPU, decode at depth d first fills the cache with d prompt
+ * tokens; on the GPU the cache up to d is filled with random values (decode speed depends on how
+ * much cache it reads, not on what the cache holds; prefilling 32k tokens one by one would take
+ * minutes). GB/s counts the weights and the KV cache each step reads; the share is of the read
+ * bandwidth the probe measured in this run on the same device. */
 static err_code run_bench(engine *e, const options *o) {
     static const char text[] =
         "The history of computing is a story of machines that read and write memory. Every step of a language "
         "model's decoding reads all of its weights once, so the speed of one stream is set by memory bandwidth. ";
-    int *base, nb;
-    err_code rc = encode(e, text, 0, &base, &nb);
-    if (rc) return rc;
-    int max_depth = 0, depths[16], n_depths = 0;
+    int n_decode = o->n_tokens < 0 ? 64 : o->n_tokens, n_prompt = 128;
+    int depths[16], n_depths = 0, max_depth = 0;
     for (const char *p = o->bench_depths; *p && n_depths < 16;) {
         char *end;
         long d = strtol(p, &end, 10);
-        if (end == p || d < 0 || d >= e->ctx) { free(base); return err_set(ERR_ARG, "--bench-depths %s: expected depths in 0..%d", o->bench_depths, e->ctx - 1); }
+        if (end == p || (*end && *end != ',') || d < 0)
+            return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated non-negative integers", o->bench_depths);
+        p = *end == ',' ? end + 1 : end;
+        if (d + n_decode + 1 > e->ctx) continue; /* deeper than the context allows: skipped, and said so below */
         depths[n_depths++] = (int)d;
         max_depth = d > max_depth ? (int)d : max_depth;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') { free(base); return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated integers", o->bench_depths); }
     }
-    int n_decode = o->n_tokens < 0 ? 64 : o->n_tokens, n_prompt = 128;
-    if (n_prompt + n_decode > e->ctx || max_depth + n_decode > e->ctx) {
-        free(base);
-        return err_set(ERR_ARG, "--bench needs %d tokens of context, --ctx is %d", (max_depth > n_prompt ? max_depth : n_prompt) + n_decode, e->ctx);
-    }
-    int fill_len = max_depth > n_prompt ? max_depth : n_prompt;
+    if (n_depths == 0 || n_prompt + n_decode > e->ctx)
+        return err_set(ERR_ARG, "--bench needs at least %d tokens of context, --ctx is %d", n_prompt + n_decode, e->ctx);
+    int *base, nb;
+    err_code rc = encode(e, text, 0, &base, &nb);
+    if (rc) return rc;
+    int fill_len = (e->gpu ? 0 : max_depth) > n_prompt ? max_depth : n_prompt;
     int *fill = malloc((size_t)fill_len * sizeof(int));
     if (!fill) { free(base); return err_set(ERR_NOMEM, "bench prompt"); }
     for (int i = 0; i < fill_len; i++) fill[i] = base[i % nb];
     free(base);
 
     double probe;
-    if ((rc = probe_cpu_read_bandwidth((size_t)1 << 30, o->n_threads, &probe))) { free(fill); return rc; }
+    char device[256] = "cpu";
+#ifdef INGOT_CUDA
+    if (e->gpu) rc = probe_cuda_read_bandwidth((size_t)4 << 30, &probe, device, sizeof device);
+    else
+#endif
+        rc = probe_cpu_read_bandwidth((size_t)1 << 30, o->n_threads, &probe);
+    if (rc) { free(fill); return rc; }
 
-    const float *logits;
     e->n_tokens = 0;
     double t0 = time_now();
-    rc = engine_feed(e, fill, n_prompt, &logits);
+    rc = engine_feed(e, fill, n_prompt);
     double prompt_s = time_now() - t0;
 
     sampler_config greedy = o->sampling;
     greedy.temperature = 0.0f;
+    greedy.repeat_penalty = 1.0f;
     sampler s;
     if (!rc) rc = sampler_init(&s, &greedy, MODEL_VOCAB_SIZE);
     if (rc) { free(fill); return rc; }
     double tok_s[16], gbs[16];
     for (int d = 0; d < n_depths && !rc; d++) {
         e->n_tokens = 0;
-        if (depths[d] > 0) rc = engine_feed(e, fill, depths[d], &logits);
-        else rc = engine_feed(e, fill, 1, &logits); /* decode starts after one token */
+#ifdef INGOT_CUDA
+        if (e->gpu && depths[d] > 0) {
+            rc = model_cuda_fill_cache(e->gpu, depths[d]);
+            for (int i = 0; i < depths[d]; i++) e->tokens[i] = fill[i % n_prompt];
+            e->n_tokens = depths[d];
+        } else
+#endif
+            if (depths[d] > 0) rc = engine_feed(e, fill, depths[d]);
+        if (!rc) rc = engine_feed(e, fill, 1); /* decode continues after one more token */
         int start = e->n_tokens, produced = 0, full;
         t0 = time_now();
-        if (!rc) rc = engine_generate(e, &s, logits, n_decode, NULL, &produced, &full);
+        if (!rc) rc = engine_generate(e, &s, n_decode, NULL, &produced, &full);
         double dt = time_now() - t0;
         /* Step i reads the weights and the cache up to position start + i. */
         double bytes = (double)MODEL_WEIGHT_BYTES_PER_TOKEN * produced +
@@ -558,21 +611,26 @@ static err_code run_bench(engine *e, const options *o) {
     free(fill);
     if (rc) return rc;
     double prompt_tok_s = n_prompt / prompt_s;
+    const char *dev = e->gpu ? "cuda" : "cpu";
     if (o->json) {
-        printf("{\"model\": \"%s\", \"device\": \"cpu\", \"threads\": %d, \"weight_bytes_per_token\": %llu, "
-               "\"probe_gb_s\": %.2f, \"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"decode\": [",
-               MODEL_NAME, o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, probe / 1e9, n_prompt, prompt_tok_s);
+        printf("{\"model\": \"%s\", \"device\": \"%s\", \"device_name\": \"%s\", \"threads\": %d, "
+               "\"weight_bytes_per_token\": %llu, \"kv_bytes_per_position\": %llu, \"probe_gb_s\": %.2f, "
+               "\"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"decode\": [",
+               MODEL_NAME, dev, device, e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, MODEL_KV_BYTES_PER_POS,
+               probe / 1e9, n_prompt, prompt_tok_s);
         for (int d = 0; d < n_depths; d++)
-            printf("%s{\"depth\": %d, \"tokens\": %d, \"tok_s\": %.2f, \"us_per_token\": %.1f, \"gb_s\": %.2f, \"share_of_probe\": %.4f}",
+            printf("%s{\"depth\": %d, \"tokens\": %d, \"tok_s\": %.2f, \"us_per_token\": %.1f, \"gb_s\": %.2f, "
+                   "\"share_of_probe\": %.4f}",
                    d ? ", " : "", depths[d], n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], gbs[d] * 1e9 / probe);
         printf("]}\n");
     } else {
-        printf("bench: %s on cpu, %d threads, %.1f MB of weights read per token\n", MODEL_NAME, o->n_threads,
-               MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
+        printf("bench: %s on %s", MODEL_NAME, e->gpu ? device : "cpu");
+        if (!e->gpu) printf(", %d threads", o->n_threads);
+        printf(", %.1f MB of weights read per token\n", MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
         printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);
-        printf("  prompt: %d tokens, %.1f tok/s\n", n_prompt, prompt_tok_s);
+        printf("  prompt: %d tokens, %.1f tok/s (token by token)\n", n_prompt, prompt_tok_s);
         for (int d = 0; d < n_depths; d++)
-            printf("  decode at depth %d: %d tokens, %.1f tok/s, %.0f us/token, %.1f GB/s = %.0f%% of probe\n", depths[d],
+            printf("  decode at depth %d: %d tokens, %.1f tok/s, %.0f us/token, %.1f GB/s = %.1f%% of probe\n", depths[d],
                    n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], 100.0 * gbs[d] * 1e9 / probe);
     }
     return ERR_OK;

@@ -10,6 +10,10 @@
 #include "model_config.h"
 #include "safetensors.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The tensors the model needs, in table order: HF name, dtype, shape (model_tensors.c). */
 extern const st_tensor_spec model_tensor_specs[MODEL_N_TENSORS];
 
@@ -36,5 +40,27 @@ err_code model_cpu_init(model_cpu **out, const model_weights *w, int ctx, int n_
 const float *model_cpu_forward(model_cpu *m, int token, int pos);
 
 void model_cpu_free(model_cpu *m);
+
+/* ---------------------------------------------------------------------------------------------
+ * The CUDA decode step (forward_cuda.cu), in builds with INGOT_CUDA */
+typedef struct model_cuda model_cuda;
+
+/* Uploads the weights (data[i]: model_tensor_specs[i]'s bytes on the host) and allocates a KV cache
+ * of ctx tokens on device 0; refuses with ERR_DEVICE when there is no device or they do not fit. */
+err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx);
+
+/* One decode step on the GPU: token at position pos. *next (if not NULL) gets the greedy choice
+ * made on the device; *logits (if not NULL) the logits copied to the host, valid until the next
+ * step. Only the token id crosses back when logits is NULL. */
+err_code model_cuda_step(model_cuda *m, int token, int pos, int *next, const float **logits);
+
+/* Random keys and values for positions [0, n_pos): benchmarks at a context depth. */
+err_code model_cuda_fill_cache(model_cuda *m, int n_pos);
+
+void model_cuda_free(model_cuda *m);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

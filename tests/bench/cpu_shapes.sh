@@ -1,17 +1,11 @@
 #!/usr/bin/env bash
 # CPU decode speed on synthesized full-size shapes (Llama-3.2-1B, Mistral-7B, bf16 random weights,
 # the tiny test tokenizer), for both matvec stream counts, as run on the GPU machine's 16 cores for
-# PERFORMANCE.md. Uses the machine's own python3 packages (no network there): .venv/bin/python is a
-# wrapper around the system python3 (itself a venv, which a symlink would lose); nothing is installed.
+# PERFORMANCE.md. Uses the machine's own python3 packages (tests/gpu_env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|L3" || true
-if [ ! -e .venv/.installed ]; then
-    mkdir -p .venv/bin
-    printf '#!/bin/sh\nexec python3 "$@"\n' >.venv/bin/python
-    chmod +x .venv/bin/python
-fi
-touch .venv/.installed # newer than requirements.txt: make must not try to pip install here
+. tests/gpu_env.sh
 models=${MODELS:-llama-3.2-1b-instruct mistral-7b-instruct-v0.2}
 for m in $models; do
     t0=$(date +%s.%N)

@@ -94,10 +94,15 @@ typedef struct {
 #define MODEL_N_CONFIG_CHECKS 6
 
 /* ---------------------------------------------------------------------------------------------
- * What the kernels rely on */
-_Static_assert(MODEL_N_HEADS % MODEL_N_KV_HEADS == 0, "GQA groups must be whole");
-_Static_assert(MODEL_HEAD_DIM % 2 == 0, "RoPE rotates pairs");
-_Static_assert(MODEL_Q_DIM == MODEL_N_HEADS * MODEL_HEAD_DIM, "q_dim");
-_Static_assert(MODEL_KV_DIM == MODEL_N_KV_HEADS * MODEL_HEAD_DIM, "kv_dim");
+ * What the kernels rely on (this header is also compiled as CUDA C++) */
+#ifdef __cplusplus
+#define MODEL_STATIC_ASSERT static_assert
+#else
+#define MODEL_STATIC_ASSERT _Static_assert
+#endif
+MODEL_STATIC_ASSERT(MODEL_N_HEADS % MODEL_N_KV_HEADS == 0, "GQA groups must be whole");
+MODEL_STATIC_ASSERT(MODEL_HEAD_DIM % 2 == 0, "RoPE rotates pairs");
+MODEL_STATIC_ASSERT(MODEL_Q_DIM == MODEL_N_HEADS * MODEL_HEAD_DIM, "q_dim");
+MODEL_STATIC_ASSERT(MODEL_KV_DIM == MODEL_N_KV_HEADS * MODEL_HEAD_DIM, "kv_dim");
 
 #endif

@@ -1,0 +1,478 @@
+/* cuda_kernels.cuh - the CUDA decode step's kernel bodies.
+ *
+ * Written against the MODEL_* constants of the generated model_config.h and included by the
+ * generated forward_cuda.cu, which launches them with exact grids. Dimensions reach the device
+ * functions as int parameters that are literals at every call, so after inlining every loop has a
+ * constant trip count and the register arrays have constant indices; a generic build would pass
+ * run-time values to the same code.
+ *
+ * The shape of every matvec: a warp per output row (a block of MV_WARPS warps, rows striding over
+ * the grid), 16-byte weight loads (8 bf16/fp16 values), all of a lane's loads for a row issued
+ * before the first is used, fp32 accumulation, a warp shuffle reduction. Weights do not depend on
+ * the previous kernel, so each warp loads its first row before waiting for the previous kernel to
+ * finish (programmatic dependent launch, sm_90): the next kernel's weight stream overlaps the tail
+ * of the current one. */
+#ifndef INGOT_CUDA_KERNELS_CUH
+#define INGOT_CUDA_KERNELS_CUH
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define WARP_SIZE 32
+#define MV_WARPS 8                      /* warps per matvec block */
+#define MV_THREADS (MV_WARPS * WARP_SIZE)
+#define MV_UNROLL 16                    /* 16-byte chunks a lane holds in flight per row step */
+#define ATT_THREADS 256                 /* attention block */
+#define ATT_TILE 1024                   /* most positions one attention block scores at once */
+#define ARGMAX_THREADS 1024
+
+// ---------------------------------------------------------------------------------------------
+// Programmatic dependent launch: the next kernel may start before this one ends; it must wait
+// before it reads anything this one writes.
+
+__device__ __forceinline__ void pdl_wait(void) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents(void) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights: 8 values of the storage dtype in a uint4, to fp32
+
+__device__ __forceinline__ void w8_to_f32(uint4 u, float f[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+#else /* fp16 */
+        __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
+        float2 v = __half22float2(h);
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+#endif
+    }
+}
+
+__device__ __forceinline__ float w_to_f32(uint16_t u) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    return __uint_as_float((uint32_t)u << 16);
+#else
+    return __half2float(__ushort_as_half(u));
+#endif
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+/* Streaming loads: each weight is read once per step, keep it out of L1. */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
+
+// ---------------------------------------------------------------------------------------------
+// The matvec core: a lane's share of one row's dot product with x (K floats), optionally with the
+// RMSNorm weight applied to x on the fly (norm_w != NULL), plus the lane's share of sum(x^2).
+//
+// row: the weight row (K), as uint4 chunks; chunk c covers elements 8c .. 8c+7 and lane l takes
+// chunks l, l + 32, ... The row is read in steps of MV_UNROLL chunks per lane, all loads of a step
+// issued before the first multiply. first[] may hold the first step, loaded early (prefetch).
+
+struct row_chunks {
+    uint4 v[MV_UNROLL];
+};
+
+__device__ __forceinline__ void load_step(row_chunks *r, const uint4 *row, int K, int step, int lane) {
+#pragma unroll
+    for (int u = 0; u < MV_UNROLL; u++) {
+        int c = (step * MV_UNROLL + u) * WARP_SIZE + lane;
+        if (c < K / 8) r->v[u] = ld_stream(row + c);
+    }
+}
+
+__device__ __forceinline__ void dot_step(const row_chunks *r, const float *x, const uint16_t *norm_w, int K, int step,
+                                         int lane, float *acc, float *ss) {
+#pragma unroll
+    for (int u = 0; u < MV_UNROLL; u++) {
+        int c = (step * MV_UNROLL + u) * WARP_SIZE + lane;
+        if (c < K / 8) {
+            float w[8], xv[8];
+            w8_to_f32(r->v[u], w);
+            float4 a = *reinterpret_cast<const float4 *>(x + 8 * c);
+            float4 b = *reinterpret_cast<const float4 *>(x + 8 * c + 4);
+            xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+            xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+            if (norm_w) {
+                float nw[8];
+                w8_to_f32(*reinterpret_cast<const uint4 *>(norm_w + 8 * c), nw);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    *ss += xv[i] * xv[i];
+                    xv[i] *= nw[i];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) *acc += w[i] * xv[i];
+        }
+    }
+}
+
+/* Steps of MV_UNROLL chunks per lane that a row of K needs. */
+#define MV_STEPS(K) (((K) / 8 + MV_UNROLL * WARP_SIZE - 1) / (MV_UNROLL * WARP_SIZE))
+
+/* The full dot product of row (K) with x, the first step already in *first. Returns the warp's sum
+ * in every lane; *ss_out (if norm_w) gets sum(x^2) over K, also in every lane. */
+__device__ __forceinline__ float row_dot(const row_chunks *first, const uint4 *row, const float *x,
+                                         const uint16_t *norm_w, int K, int lane, float *ss_out) {
+    float acc = 0.0f, ss = 0.0f;
+    dot_step(first, x, norm_w, K, 0, lane, &acc, &ss);
+#pragma unroll 1
+    for (int step = 1; step < MV_STEPS(K); step++) {
+        row_chunks r;
+        load_step(&r, row, K, step, lane);
+        dot_step(&r, x, norm_w, K, step, lane, &acc, &ss);
+    }
+    if (norm_w) *ss_out = warp_sum(ss);
+    return warp_sum(acc);
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+
+/* This warp's index in the grid and the number of warps in it. */
+__device__ __forceinline__ int grid_warp(void) { return (int)(blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE); }
+__device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (blockDim.x / WARP_SIZE)); }
+
+// ---------------------------------------------------------------------------------------------
+// Stage bodies. The generated forward_cuda.cu wraps each in a __global__ kernel that passes the
+// model's constants. io: {token, pos, next token} in device memory, written by the graph's copy
+// from pinned host memory and by the argmax.
+
+#define IO_TOKEN 0
+#define IO_POS 1
+#define IO_NEXT 2
+
+/* x (dim) = embed[token] */
+__device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io, float *x, int dim) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const uint16_t *row = embed + (size_t)io[IO_TOKEN] * dim;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
+}
+
+/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store. A warp per item: an item is
+ * a row pair (i, i + head_dim/2) of one Q or K head, rotated together, or two V rows. */
+__device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
+                                                      const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
+                                                      const uint16_t *bv, const float *x, float *q, uint16_t *kc,
+                                                      uint16_t *vc, const int *io, const float *inv_freq, int dim,
+                                                      int q_dim, int kv_dim, int head_dim, float eps) {
+    const int half = head_dim / 2, q_items = q_dim / 2, k_items = kv_dim / 2, items = q_items + k_items + kv_dim / 2;
+    const int lane = threadIdx.x % WARP_SIZE;
+    int item = grid_warp();
+    row_chunks a, b;
+    const uint4 *ra = NULL, *rb = NULL;
+    int r0 = 0, r1 = 0, kind = 0; /* 0: Q, 1: K, 2: V */
+#define QKV_ROWS(it)                                                                     \
+    do {                                                                                 \
+        int p = (it);                                                                    \
+        kind = p < q_items ? 0 : p < q_items + k_items ? 1 : 2;                          \
+        if (kind == 2) {                                                                 \
+            r0 = 2 * (p - q_items - k_items);                                            \
+            r1 = r0 + 1;                                                                 \
+        } else {                                                                         \
+            p -= kind ? q_items : 0;                                                     \
+            r0 = (p / half) * head_dim + p % half;                                       \
+            r1 = r0 + half;                                                              \
+        }                                                                                \
+        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;                       \
+        ra = reinterpret_cast<const uint4 *>(wm + (size_t)r0 * dim);                     \
+        rb = reinterpret_cast<const uint4 *>(wm + (size_t)r1 * dim);                     \
+    } while (0)
+    if (item < items) {
+        QKV_ROWS(item);
+        load_step(&a, ra, dim, 0, lane);
+        load_step(&b, rb, dim, 0, lane);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    const int pos = io[IO_POS];
+    for (bool first = true; item < items; item += grid_warps(), first = false) {
+        if (!first) {
+            QKV_ROWS(item);
+            load_step(&a, ra, dim, 0, lane);
+            load_step(&b, rb, dim, 0, lane);
+        }
+        float ss;
+        float va = row_dot(&a, ra, x, norm_w, dim, lane, &ss);
+        float vb = row_dot(&b, rb, x, norm_w, dim, lane, &ss);
+        float scale = rsqrtf(ss / (float)dim + eps);
+        va *= scale;
+        vb *= scale;
+        const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
+        if (bias) {
+            va += w_to_f32(bias[r0]);
+            vb += w_to_f32(bias[r1]);
+        }
+        if (kind < 2) {
+            float s, c;
+            __sincosf((float)pos * inv_freq[r0 % head_dim], &s, &c);
+            float ta = va * c - vb * s, tb = vb * c + va * s;
+            va = ta;
+            vb = tb;
+        }
+        if (lane == 0) {
+            if (kind == 0) {
+                q[r0] = va;
+                q[r1] = vb;
+            } else {
+                uint16_t *cache = (kind == 1 ? kc : vc) + (size_t)pos * kv_dim;
+                cache[r0] = __half_as_ushort(__float2half_rn(va));
+                cache[r1] = __half_as_ushort(__float2half_rn(vb));
+            }
+        }
+    }
+#undef QKV_ROWS
+}
+
+/* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. */
+__device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
+                                                     int rows, int K) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    int row = grid_warp();
+    row_chunks a;
+    if (row < rows) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
+    pdl_wait();
+    pdl_launch_dependents();
+    for (bool first = true; row < rows; row += grid_warps(), first = false) {
+        const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
+        if (!first) load_step(&a, r, K, 0, lane);
+        float v = row_dot(&a, r, in, NULL, K, lane, NULL);
+        if (lane == 0) out[row] += v + (bias ? w_to_f32(bias[row]) : 0.0f);
+    }
+}
+
+/* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn). */
+__device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
+                                                          const float *x, float *hb, int dim, int hidden, float eps) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    int row = grid_warp();
+    row_chunks a, b;
+    if (row < hidden) {
+        load_step(&a, reinterpret_cast<const uint4 *>(wg + (size_t)row * dim), dim, 0, lane);
+        load_step(&b, reinterpret_cast<const uint4 *>(wu + (size_t)row * dim), dim, 0, lane);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    for (bool first = true; row < hidden; row += grid_warps(), first = false) {
+        const uint4 *rg = reinterpret_cast<const uint4 *>(wg + (size_t)row * dim);
+        const uint4 *ru = reinterpret_cast<const uint4 *>(wu + (size_t)row * dim);
+        if (!first) {
+            load_step(&a, rg, dim, 0, lane);
+            load_step(&b, ru, dim, 0, lane);
+        }
+        float ss;
+        float g = row_dot(&a, rg, x, norm_w, dim, lane, &ss);
+        float u = row_dot(&b, ru, x, norm_w, dim, lane, &ss);
+        float scale = rsqrtf(ss / (float)dim + eps);
+        if (lane == 0) hb[row] = silu(g * scale) * (u * scale);
+    }
+}
+
+/* model.norm + LM head: logits (vocab) = W . xn, and the greedy choice: each block keeps its best
+ * (value, lowest id), the last block to finish reduces them into io[IO_NEXT]. */
+__device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm_w, const uint16_t *w, const float *x,
+                                                            float *logits, float2 *block_best, unsigned *counter,
+                                                            int *io, int dim, int vocab, float eps) {
+    __shared__ float best_v[MV_WARPS];
+    __shared__ int best_i[MV_WARPS];
+    __shared__ bool last;
+    const int lane = threadIdx.x % WARP_SIZE, wib = threadIdx.x / WARP_SIZE;
+    int row = grid_warp();
+    row_chunks a;
+    if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
+    pdl_wait();
+    pdl_launch_dependents();
+    float bv = -INFINITY;
+    int bi = 0x7FFFFFFF;
+    for (bool first = true; row < vocab; row += grid_warps(), first = false) {
+        const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * dim);
+        if (!first) load_step(&a, r, dim, 0, lane);
+        float ss;
+        float v = row_dot(&a, r, x, norm_w, dim, lane, &ss);
+        v *= rsqrtf(ss / (float)dim + eps);
+        if (lane == 0) logits[row] = v;
+        if (v > bv || (v == bv && row < bi)) { bv = v; bi = row; }
+    }
+    if (lane == 0) { best_v[wib] = bv; best_i[wib] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < MV_WARPS; i++)
+            if (best_v[i] > bv || (best_v[i] == bv && best_i[i] < bi)) { bv = best_v[i]; bi = best_i[i]; }
+        block_best[blockIdx.x] = make_float2(bv, __int_as_float(bi));
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    /* The last block: reduce every block's best, lowest id on ties, as the CPU sampler does. */
+    __threadfence();
+    bv = -INFINITY;
+    bi = 0x7FFFFFFF;
+    for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) {
+        float2 p = __ldcg(&block_best[i]);
+        int pi = __float_as_int(p.y);
+        if (p.x > bv || (p.x == bv && pi < bi)) { bv = p.x; bi = pi; }
+    }
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o /= 2) {
+        float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, o);
+        int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) { best_v[wib] = bv; best_i[wib] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < MV_WARPS; i++)
+            if (best_v[i] > bv || (best_v[i] == bv && best_i[i] < bi)) { bv = best_v[i]; bi = best_i[i]; }
+        io[IO_NEXT] = bi;
+        *counter = 0;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention: split-K flash decoding. Block (kv head, split) scores its slice of the positions
+// for all kv_mul query heads of the group, so each KV head is read once per group; the last block
+// of a KV head to finish combines the splits' partial softmax sums in split order (deterministic).
+
+#define ATT_MAX_GROUP 8
+
+/* Dynamic shared memory of attention_body, in bytes. */
+#define ATT_SMEM_BYTES(kv_mul, head_dim) \
+    ((size_t)((kv_mul) * (head_dim) + (kv_mul) * ATT_TILE + 2 * (kv_mul)) * sizeof(float))
+
+__device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+                                               float *part_acc, float *part_ml, unsigned *counters, float *out,
+                                               int n_kv_heads, int head_dim, int kv_mul, int n_splits) {
+    extern __shared__ float smem[];
+    float *sq = smem;                             /* (kv_mul, head_dim) the group's queries */
+    float *sc = sq + kv_mul * head_dim;           /* (kv_mul, ATT_TILE) scores, then probabilities */
+    float *sml = sc + kv_mul * ATT_TILE;          /* (kv_mul, 2) max and sum */
+    __shared__ bool last;
+    const int kvh = blockIdx.x, split = blockIdx.y, tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+    const int kv_dim = n_kv_heads * head_dim;
+    pdl_wait();
+    pdl_launch_dependents();
+    const int n = io[IO_POS] + 1, chunk = (n + n_splits - 1) / n_splits;
+    const int start = min(n, split * chunk), len = min(n, start + chunk) - start;
+    const float scale = rsqrtf((float)head_dim);
+
+    for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) sq[i] = q[kvh * kv_mul * head_dim + i];
+    __syncthreads();
+
+    /* scores: a thread per position, all kv_mul heads */
+    for (int j = tid; j < len; j += blockDim.x) {
+        const uint4 *kr = reinterpret_cast<const uint4 *>(kc + (size_t)(start + j) * kv_dim + kvh * head_dim);
+        float s[ATT_MAX_GROUP];
+#pragma unroll
+        for (int h = 0; h < ATT_MAX_GROUP; h++) s[h] = 0.0f;
+        for (int c = 0; c < head_dim / 8; c++) {
+            uint4 u = kr[c];
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+            float k[8];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
+                k[2 * i] = v.x;
+                k[2 * i + 1] = v.y;
+            }
+#pragma unroll
+            for (int h = 0; h < ATT_MAX_GROUP; h++)
+                if (h < kv_mul)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) s[h] += k[i] * sq[h * head_dim + 8 * c + i];
+        }
+#pragma unroll
+        for (int h = 0; h < ATT_MAX_GROUP; h++)
+            if (h < kv_mul) sc[h * ATT_TILE + j] = s[h] * scale;
+    }
+    __syncthreads();
+
+    /* softmax pieces per head: warp h finds the max, exponentiates, sums */
+    if (wid < kv_mul) {
+        float *row = sc + wid * ATT_TILE, m = -INFINITY, l = 0.0f;
+        for (int j = lane; j < len; j += WARP_SIZE) m = fmaxf(m, row[j]);
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        for (int j = lane; j < len; j += WARP_SIZE) {
+            float p = __expf(row[j] - m);
+            row[j] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) { sml[2 * wid] = m; sml[2 * wid + 1] = l; }
+    }
+    __syncthreads();
+
+    /* weighted values: thread (d, slice) sums positions slice, slice + slices, ... for every head */
+    const int slices = blockDim.x / head_dim, d = tid % head_dim, slice = tid / head_dim;
+    float acc[ATT_MAX_GROUP];
+#pragma unroll
+    for (int h = 0; h < ATT_MAX_GROUP; h++) acc[h] = 0.0f;
+    if (slice < slices)
+        for (int j = slice; j < len; j += slices) {
+            float v = __half2float(__ushort_as_half(vc[(size_t)(start + j) * kv_dim + kvh * head_dim + d]));
+#pragma unroll
+            for (int h = 0; h < ATT_MAX_GROUP; h++)
+                if (h < kv_mul) acc[h] += sc[h * ATT_TILE + j] * v;
+        }
+    __syncthreads(); /* sc is reused below for the slices' sums */
+    float *red = sc; /* (slices, kv_mul, head_dim) */
+    if (slice < slices)
+#pragma unroll
+        for (int h = 0; h < ATT_MAX_GROUP; h++)
+            if (h < kv_mul) red[(slice * kv_mul + h) * head_dim + d] = acc[h];
+    __syncthreads();
+    for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
+        float v = 0.0f;
+        for (int s2 = 0; s2 < slices; s2++) v += red[s2 * kv_mul * head_dim + i];
+        int h = kvh * kv_mul + i / head_dim;
+        part_acc[((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
+    }
+    if (tid < kv_mul) {
+        int h = kvh * kv_mul + tid;
+        part_ml[((size_t)h * n_splits + split) * 2] = len > 0 ? sml[2 * tid] : -INFINITY;
+        part_ml[((size_t)h * n_splits + split) * 2 + 1] = len > 0 ? sml[2 * tid + 1] : 0.0f;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
+        int h = kvh * kv_mul + i / head_dim, dd = i % head_dim;
+        const float *ml = part_ml + (size_t)h * n_splits * 2;
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < n_splits; s2++) M = fmaxf(M, __ldcg(&ml[2 * s2]));
+        float num = 0.0f, den = 0.0f;
+        for (int s2 = 0; s2 < n_splits; s2++) {
+            float m = __ldcg(&ml[2 * s2]);
+            if (m == -INFINITY) continue;
+            float f = __expf(m - M);
+            num += f * __ldcg(&part_acc[((size_t)h * n_splits + s2) * head_dim + dd]);
+            den += f * __ldcg(&ml[2 * s2 + 1]);
+        }
+        out[h * head_dim + dd] = num / den;
+    }
+    if (tid == 0) counters[kvh] = 0;
+}
+
+#endif

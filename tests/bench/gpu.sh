@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU checks and decode benchmarks in one call on the GPU machine:
+#   bash tests/bench/gpu.sh [test|bench|all]   (default all)
+# test: make test-gpu (GPU against CPU and transformers on the tiny models, memcheck; the default
+# model's checks too when its weights are staged). bench: --bench on random-weight shapes of
+# SmolLM2-135M, Llama-3.2-1B and Mistral-7B (bf16), synthesized there, into build/bench-models/.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. tests/gpu_env.sh
+what=${1:-all}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+if [ "$what" = test ] || [ "$what" = all ]; then
+    make -s test-gpu 2>&1 | tail -25
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+    for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
+        d=build/bench-models/$m
+        mkdir -p "$d"
+        cp "models/$m/config.json" "$d/"
+        sed -i 's/"float16"/"bfloat16"/' "$d/config.json"
+        cp tests/models/tiny-tokenizer/tokenizer.json "$d/"
+        [ -e "$d/model.safetensors" ] || [ -e "$d/model.safetensors.index.json" ] ||
+            .venv/bin/python -m codegen.synth "$d" --dtype bf16 >/dev/null || exit 1
+        make -s MODEL="$d" >/dev/null || exit 1
+        timeout 300 "build/$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
+    done
+fi
