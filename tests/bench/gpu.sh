@@ -14,7 +14,7 @@ if [ "$what" = test ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
-        d=build/bench-models/$m
+        d=build/bench-models/bench-$m
         mkdir -p "$d"
         cp "models/$m/config.json" "$d/"
         sed -i 's/"float16"/"bfloat16"/' "$d/config.json"
@@ -22,6 +22,6 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
         [ -e "$d/model.safetensors" ] || [ -e "$d/model.safetensors.index.json" ] ||
             .venv/bin/python -m codegen.synth "$d" --dtype bf16 >/dev/null || exit 1
         make -s MODEL="$d" >/dev/null || exit 1
-        timeout 300 "build/$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
+        timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
     done
 fi
