@@ -32,7 +32,7 @@ CUDA_ARCH ?= 90
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Iruntime \
-	-Xcompiler -Wall,-Wextra -Werror all-warnings -Xptxas -warn-spills
+	-Xcompiler -Wall,-Wextra -Werror all-warnings
 CFLAGS += -DINGOT_CUDA
 CUDA_OBJS = $(OUT)/forward_cuda.o build/runtime/probe_cuda.o
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++

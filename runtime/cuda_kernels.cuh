@@ -24,6 +24,7 @@
 #define MV_UNROLL 16                    /* 16-byte chunks a lane holds in flight per row step */
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
+#define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */
 #define ARGMAX_THREADS 1024
 
 // ---------------------------------------------------------------------------------------------
@@ -370,8 +371,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     const int kv_dim = n_kv_heads * head_dim;
     pdl_wait();
     pdl_launch_dependents();
-    const int n = io[IO_POS] + 1, chunk = (n + n_splits - 1) / n_splits;
-    const int start = min(n, split * chunk), len = min(n, start + chunk) - start;
+    /* Positions [0, n) in chunks of at least ATT_MIN_CHUNK: a short context keeps few blocks busy
+     * and the combine short; blocks past the last chunk have nothing to do. */
+    const int n = io[IO_POS] + 1, chunk = max((n + n_splits - 1) / n_splits, ATT_MIN_CHUNK);
+    const int n_active = (n + chunk - 1) / chunk;
+    if (split >= n_active) return;
+    const int start = split * chunk, len = min(n, start + chunk) - start;
     const float scale = rsqrtf((float)head_dim);
 
     for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) sq[i] = q[kvh * kv_mul * head_dim + i];
@@ -448,29 +453,36 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     if (tid < kv_mul) {
         int h = kvh * kv_mul + tid;
-        part_ml[((size_t)h * n_splits + split) * 2] = len > 0 ? sml[2 * tid] : -INFINITY;
-        part_ml[((size_t)h * n_splits + split) * 2 + 1] = len > 0 ? sml[2 * tid + 1] : 0.0f;
+        part_ml[((size_t)h * n_splits + split) * 2] = sml[2 * tid];
+        part_ml[((size_t)h * n_splits + split) * 2 + 1] = sml[2 * tid + 1];
     }
     __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
+    if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_active - 1;
     __syncthreads();
     if (!last) return;
+    /* The last block of this KV head: per head, warp h finds the global max and the rescaled sum
+     * over the active splits (lanes over splits), then every thread one (head, dim) output. */
     __threadfence();
+    if (wid < kv_mul) {
+        const float *ml = part_ml + (size_t)(kvh * kv_mul + wid) * n_splits * 2;
+        float M = -INFINITY, den = 0.0f;
+        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, __ldcg(&ml[2 * s2]));
+#pragma unroll
+        for (int o = WARP_SIZE / 2; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
+        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) den += __expf(__ldcg(&ml[2 * s2]) - M) * __ldcg(&ml[2 * s2 + 1]);
+        den = warp_sum(den);
+        if (lane == 0) { sml[2 * wid] = M; sml[2 * wid + 1] = den; }
+    }
+    __syncthreads();
     for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
-        int h = kvh * kv_mul + i / head_dim, dd = i % head_dim;
+        int hl = i / head_dim, h = kvh * kv_mul + hl, dd = i % head_dim;
         const float *ml = part_ml + (size_t)h * n_splits * 2;
-        float M = -INFINITY;
-        for (int s2 = 0; s2 < n_splits; s2++) M = fmaxf(M, __ldcg(&ml[2 * s2]));
-        float num = 0.0f, den = 0.0f;
-        for (int s2 = 0; s2 < n_splits; s2++) {
-            float m = __ldcg(&ml[2 * s2]);
-            if (m == -INFINITY) continue;
-            float f = __expf(m - M);
-            num += f * __ldcg(&part_acc[((size_t)h * n_splits + s2) * head_dim + dd]);
-            den += f * __ldcg(&ml[2 * s2 + 1]);
-        }
-        out[h * head_dim + dd] = num / den;
+        const float *acc_h = part_acc + (size_t)h * n_splits * head_dim + dd;
+        float M = sml[2 * hl], num = 0.0f;
+#pragma unroll 4
+        for (int s2 = 0; s2 < n_active; s2++) num += __expf(__ldcg(&ml[2 * s2]) - M) * __ldcg(&acc_h[(size_t)s2 * head_dim]);
+        out[h * head_dim + dd] = num / sml[2 * hl + 1];
     }
     if (tid == 0) counters[kvh] = 0;
 }
