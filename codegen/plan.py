@@ -5,9 +5,10 @@ side in the matvecs. Measured on the 16-core Emerald Rapids slice of the GPU mac
 (PERFORMANCE.md, tests/bench/cpu_shapes.sh): Llama-3.2-1B shape 34.5 tok/s with one stream against
 31.2 with four; Mistral-7B shape 5.5 against 7.5. Until a model in between tells us where the
 crossover really lies, four streams are used from 4 GB of weights per token up.
-The GPU plan: grids for the target GPU (its multiprocessor count), so that every matvec is one
-wave of resident blocks (warps stride over the rows), which lets the next kernel's blocks start
-early under programmatic dependent launch; and the least number of attention splits.
+The GPU plan: the blocks each matvec needs (a warp per row); the runtime caps them at one wave of
+resident blocks from the occupancy the compiled kernel allows (warps then stride over the rows),
+which lets the next kernel's blocks start early under programmatic dependent launch; and the least
+number of attention splits, from the target GPU's multiprocessor count.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ CPU_MULTI_STREAM_FROM_BYTES = 4 * 10**9
 
 GPU_SMS = {"90": 132, "89": 128, "80": 108}  # H100/H200 SXM, RTX 4090 / L40, A100
 MV_WARPS = 8  # warps per matvec block (runtime/cuda_kernels.cuh)
-MV_BLOCKS_PER_SM = 2  # resident matvec blocks per SM the grids are sized for
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Plan:
 
 
 def _grid(warps_needed: int, sms: int) -> int:
-    return max(1, min(-(-warps_needed // MV_WARPS), sms * MV_BLOCKS_PER_SM))
+    return max(1, -(-warps_needed // MV_WARPS))
 
 
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:

@@ -134,12 +134,18 @@ __device__ __forceinline__ void dot_step(const row_chunks *r, const float *x, co
 __device__ __forceinline__ float row_dot(const row_chunks *first, const uint4 *row, const float *x,
                                          const uint16_t *norm_w, int K, int lane, float *ss_out) {
     float acc = 0.0f, ss = 0.0f;
-    dot_step(first, x, norm_w, K, 0, lane, &acc, &ss);
+    if (MV_STEPS(K) == 1) {
+        dot_step(first, x, norm_w, K, 0, lane, &acc, &ss);
+    } else {
+        /* Double-buffered: the next step's loads are in flight while this step multiplies. */
+        row_chunks cur = *first;
 #pragma unroll 1
-    for (int step = 1; step < MV_STEPS(K); step++) {
-        row_chunks r;
-        load_step(&r, row, K, step, lane);
-        dot_step(&r, x, norm_w, K, step, lane, &acc, &ss);
+        for (int step = 0; step < MV_STEPS(K); step++) {
+            row_chunks nxt;
+            if (step + 1 < MV_STEPS(K)) load_step(&nxt, row, K, step + 1, lane);
+            dot_step(&cur, x, norm_w, K, step, lane, &acc, &ss);
+            cur = nxt;
+        }
     }
     if (norm_w) *ss_out = warp_sum(ss);
     return warp_sum(acc);
@@ -426,28 +432,60 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     __syncthreads();
 
-    /* weighted values: thread (d, slice) sums positions slice, slice + slices, ... for every head */
-    const int slices = blockDim.x / head_dim, d = tid % head_dim, slice = tid / head_dim;
-    float acc[ATT_MAX_GROUP];
+    /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
+     * slice + slices, ..., four positions' loads in flight at once. The slices' sums are reduced in
+     * a fixed order (shuffles within a warp, then warps in order), so results do not vary run to
+     * run. */
+    const int chunks = head_dim / 8, slices = blockDim.x / chunks, c = tid % chunks, slice = tid / chunks;
+    float acc[ATT_MAX_GROUP][8];
 #pragma unroll
-    for (int h = 0; h < ATT_MAX_GROUP; h++) acc[h] = 0.0f;
-    if (slice < slices)
-        for (int j = slice; j < len; j += slices) {
-            float v = __half2float(__ushort_as_half(vc[(size_t)(start + j) * kv_dim + kvh * head_dim + d]));
+    for (int h = 0; h < ATT_MAX_GROUP; h++)
 #pragma unroll
-            for (int h = 0; h < ATT_MAX_GROUP; h++)
-                if (h < kv_mul) acc[h] += sc[h * ATT_TILE + j] * v;
+        for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
+    const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + (size_t)start * kv_dim + kvh * head_dim) + c;
+    const size_t vstride = kv_dim / 8; /* uint4s from one position to the next */
+    for (int j0 = slice; j0 < len; j0 += 4 * slices) {
+        uint4 u[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (j0 + k * slices < len) u[k] = vbase[(size_t)(j0 + k * slices) * vstride];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int j = j0 + k * slices;
+            if (j < len) {
+                const uint32_t w[4] = {u[k].x, u[k].y, u[k].z, u[k].w};
+                float v[8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
+                    v[2 * i] = f.x;
+                    v[2 * i + 1] = f.y;
+                }
+#pragma unroll
+                for (int h = 0; h < ATT_MAX_GROUP; h++)
+                    if (h < kv_mul) {
+                        float p = sc[h * ATT_TILE + j];
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[h][i] += p * v[i];
+                    }
+            }
         }
-    __syncthreads(); /* sc is reused below for the slices' sums */
-    float *red = sc; /* (slices, kv_mul, head_dim) */
-    if (slice < slices)
+    }
+    __syncthreads(); /* sc is reused below for the warps' sums */
+    float *red = sc; /* (warps, kv_mul, head_dim) */
 #pragma unroll
-        for (int h = 0; h < ATT_MAX_GROUP; h++)
-            if (h < kv_mul) red[(slice * kv_mul + h) * head_dim + d] = acc[h];
+    for (int h = 0; h < ATT_MAX_GROUP; h++)
+        if (h < kv_mul)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float v = acc[h][i];
+                for (int o = chunks; o < WARP_SIZE; o *= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+                if (lane < chunks) red[(wid * kv_mul + h) * head_dim + 8 * c + i] = v;
+            }
     __syncthreads();
     for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
         float v = 0.0f;
-        for (int s2 = 0; s2 < slices; s2++) v += red[s2 * kv_mul * head_dim + i];
+        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * kv_mul * head_dim + i];
         int h = kvh * kv_mul + i / head_dim;
         part_acc[((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }

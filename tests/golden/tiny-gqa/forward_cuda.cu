@@ -20,12 +20,13 @@
 #if !defined(MODEL_WEIGHT_DTYPE_F32)
 MODEL_STATIC_ASSERT(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0,
                     "matvec rows are read in 16-byte chunks of 8 weights");
-MODEL_STATIC_ASSERT(MODEL_HEAD_DIM % 8 == 0 && MODEL_HEAD_DIM <= ATT_THREADS && ATT_THREADS % MODEL_HEAD_DIM == 0,
-                    "attention reads keys in 8-value chunks and maps threads to (dim, slice)");
+MODEL_STATIC_ASSERT(MODEL_HEAD_DIM >= 16 && MODEL_HEAD_DIM <= 128 && (MODEL_HEAD_DIM & (MODEL_HEAD_DIM - 1)) == 0,
+                    "attention: 8-value chunks of a head, a power of two of them within a warp, the warps' sums in "
+                    "the score tile");
 MODEL_STATIC_ASSERT(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS / WARP_SIZE,
                     "a GQA group's heads fit one attention block");
 
-/* Launch shapes from codegen/plan.py for sm_90 (132 SMs): one wave of MV_THREADS-thread blocks. */
+/* Blocks each matvec needs, a warp per row (codegen/plan.py); model_cuda_init caps them at one wave. */
 #define GRID_QKV 8
 #define GRID_O 8
 #define GRID_GATE_UP 20
@@ -111,6 +112,7 @@ __global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t seed) {
 
 struct model_cuda {
     int ctx, n_splits;
+    int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head; /* blocks: needed, at most one wave */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
@@ -133,6 +135,14 @@ struct model_cuda {
 };
 
 #if defined(MODEL_WEIGHT_DTYPE_F32)
+/* needed blocks of a matvec kernel, capped at what the GPU holds resident at once */
+static int one_wave(const void *kernel, int needed, int sms) {
+    int per_sm = 1;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, 0));
+    int wave = (per_sm > 0 ? per_sm : 1) * sms;
+    return needed < wave ? needed : wave;
+}
+
 extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx) {
     (void)out, (void)data, (void)ctx;
     return err_set(ERR_DEVICE, "--device cuda: fp32 weights are not supported on the GPU; convert the model to bf16 or fp16");
@@ -172,14 +182,14 @@ static void enqueue_step(model_cuda *m, int copy_logits) {
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(rmsnorm_qkv_rope_kernel, GRID_QKV, 1, MV_THREADS, 0, m->stream, *lw, m->x, m->q, kc, vc, m->io);
+        launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, 0, m->stream, *lw, m->x, m->q, kc, vc, m->io);
         launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
-        launch(o_proj_residual_kernel, GRID_O, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
-        launch(rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, 1, MV_THREADS, 0, m->stream, *lw, m->x, m->hb);
-        launch(down_residual_kernel, GRID_DOWN, 1, MV_THREADS, 0, m->stream, *lw, m->hb, m->x);
+        launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
+        launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, 0, m->stream, *lw, m->x, m->hb);
+        launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, 0, m->stream, *lw, m->hb, m->x);
     }
-    launch(rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, 1, MV_THREADS, 0, m->stream, m->w.final_norm, m->w.lm_head,
+    launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, 0, m->stream, m->w.final_norm, m->w.lm_head,
            m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
     CUDA_CHECK(cudaMemcpyAsync(m->io_host + IO_NEXT, m->io + IO_NEXT, sizeof(int), cudaMemcpyDeviceToHost, m->stream));
     if (copy_logits)
@@ -236,6 +246,14 @@ static err_code upload(model_cuda *m, const void *const data[MODEL_N_TENSORS], c
     return ERR_OK;
 }
 
+/* needed blocks of a matvec kernel, capped at what the GPU holds resident at once */
+static int one_wave(const void *kernel, int needed, int sms) {
+    int per_sm = 1;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, 0));
+    int wave = (per_sm > 0 ? per_sm : 1) * sms;
+    return needed < wave ? needed : wave;
+}
+
 extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx) {
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -249,6 +267,11 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     model_cuda *m = (model_cuda *)calloc(1, sizeof *m);
     if (!m) return err_set(ERR_NOMEM, "CUDA state");
     m->ctx = ctx;
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, prop.multiProcessorCount);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, prop.multiProcessorCount);
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, prop.multiProcessorCount);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, prop.multiProcessorCount);
+    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, prop.multiProcessorCount);
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
 
