@@ -43,6 +43,7 @@ typedef struct {
     int bench;
     const char *bench_depths; /* comma-separated context depths, tokens */
     int json;
+    int bench_kernels;
     int tokenize;
     int n_threads;
     int ctx;
@@ -69,6 +70,7 @@ static void usage(FILE *f) {
             "      --bench             prompt and decode speed, GB/s and share of measured read bandwidth\n"
             "      --bench-depths LIST context depths for --bench decode (default: cpu 0, cuda 0,4096,16384,32768)\n"
             "      --json              --bench: print one JSON object\n"
+            "      --bench-kernels     --bench on cuda: also time each kernel stage at each depth\n"
             "      --tokenize          print the prompt's token ids and exit\n"
             "  -m, --model DIR         model directory (default %s)\n"
             "      --threads N         CPU threads (default: physical cores)\n"
@@ -158,6 +160,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--bench", "--bench")) o->bench = 1;
         else if (FLAG("--bench-depths", "--bench-depths")) { NEEDS_VALUE(); o->bench_depths = v; }
         else if (FLAG("--json", "--json")) o->json = 1;
+        else if (FLAG("--bench-kernels", "--bench-kernels")) o->bench_kernels = 1;
         else if (FLAG("--tokenize", "--tokenize")) o->tokenize = 1;
         else if (FLAG("--threads", "--threads")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, 1024, &n); o->n_threads = (int)n; }
         else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, MODEL_SEQ_LEN, &n); o->ctx = (int)n; }
@@ -598,6 +601,9 @@ static err_code run_bench(engine *e, const options *o) {
             if (depths[d] > 0) rc = engine_feed(e, fill, depths[d]);
         if (!rc) rc = engine_feed(e, fill, 1); /* decode continues after one more token */
         int start = e->n_tokens, produced = 0, full;
+#ifdef INGOT_CUDA
+        if (e->gpu && o->bench_kernels && !rc) rc = model_cuda_kernel_bench(e->gpu, start, 20, stdout);
+#endif
         t0 = time_now();
         if (!rc) rc = engine_generate(e, &s, n_decode, NULL, &produced, &full);
         double dt = time_now() - t0;

@@ -6,6 +6,8 @@
 #ifndef INGOT_MODEL_H
 #define INGOT_MODEL_H
 
+#include <stdio.h>
+
 #include "errors.h"
 #include "model_config.h"
 #include "safetensors.h"
@@ -56,6 +58,10 @@ err_code model_cuda_step(model_cuda *m, int token, int pos, int *next, const flo
 
 /* Random keys and values for positions [0, n_pos): benchmarks at a context depth. */
 err_code model_cuda_fill_cache(model_cuda *m, int n_pos);
+
+/* Times each stage of a step at position pos (kernels launched one by one, best of reps) and prints
+ * a table to out: the kernel benchmark behind --bench-kernels. */
+err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FILE *out);
 
 void model_cuda_free(model_cuda *m);
 

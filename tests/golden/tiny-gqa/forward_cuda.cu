@@ -149,6 +149,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
 }
 extern "C" err_code model_cuda_step(model_cuda *, int, int, int *, const float **) { return ERR_DEVICE; }
 extern "C" err_code model_cuda_fill_cache(model_cuda *, int) { return ERR_DEVICE; }
+extern "C" err_code model_cuda_kernel_bench(model_cuda *, int, int, FILE *) { return ERR_DEVICE; }
 extern "C" void model_cuda_free(model_cuda *) {}
 #else
 
@@ -174,34 +175,59 @@ static void launch(void (*kernel)(Params...), int grid_x, int grid_y, int block,
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
 }
 
-/* The decode step's launches, in order. */
-static void enqueue_step(model_cuda *m, int copy_logits) {
+/* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
+enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };
+static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
+                                                  "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head_argmax"};
+
+/* The decode step's launches, in order. With marks (kernel benchmark, outside a graph) an event is
+ * recorded after each launch and *stage_of says which stage it closed. */
+static void enqueue_step(model_cuda *m, int copy_logits, cudaEvent_t *marks, int *stage_of) {
+    int k = 0;
+#define MARK(stage)                                                        \
+    do {                                                                   \
+        if (marks) {                                                       \
+            CUDA_CHECK(cudaEventRecord(marks[k + 1], m->stream));          \
+            stage_of[k++] = (stage);                                       \
+        }                                                                  \
+    } while (0)
     CUDA_CHECK(cudaMemcpyAsync(m->io, m->io_host, 2 * sizeof(int), cudaMemcpyHostToDevice, m->stream));
+    if (marks) CUDA_CHECK(cudaEventRecord(marks[0], m->stream));
     launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x);
+    MARK(ST_EMBED);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, 0, m->stream, *lw, m->x, m->q, kc, vc, m->io);
+        MARK(ST_QKV);
         launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
+        MARK(ST_ATT);
         launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
+        MARK(ST_O);
         launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, 0, m->stream, *lw, m->x, m->hb);
+        MARK(ST_GATE_UP);
         launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, 0, m->stream, *lw, m->hb, m->x);
+        MARK(ST_DOWN);
     }
     launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, 0, m->stream, m->w.final_norm, m->w.lm_head,
            m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
+    MARK(ST_LM_HEAD);
+#undef MARK
     CUDA_CHECK(cudaMemcpyAsync(m->io_host + IO_NEXT, m->io + IO_NEXT, sizeof(int), cudaMemcpyDeviceToHost, m->stream));
     if (copy_logits)
         CUDA_CHECK(cudaMemcpyAsync(m->logits_host, m->logits, MODEL_VOCAB_SIZE * sizeof(float), cudaMemcpyDeviceToHost,
                                    m->stream));
 }
 
+#define STEP_LAUNCHES (2 + 5 * MODEL_N_LAYERS)
+
 static err_code capture(model_cuda *m, int copy_logits, cudaGraphExec_t *exec) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    enqueue_step(m, copy_logits);
+    enqueue_step(m, copy_logits, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -330,6 +356,54 @@ extern "C" err_code model_cuda_step(model_cuda *m, int token, int pos, int *next
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (next) *next = m->io_host[IO_NEXT];
     if (logits) *logits = m->logits_host;
+    return ERR_OK;
+}
+
+/* Times every stage of the step at position pos, launch by launch with events between them (so no
+ * overlap between kernels, unlike the graph), best of reps per launch, and prints per stage: launches,
+ * microseconds per token, bytes read and GB/s. */
+extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FILE *out) {
+    static const double bytes[ST_COUNT] = {
+        MODEL_DIM * 2.0,
+        (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * 2.0,
+        0.0, /* attention: the cache, below */
+        (double)MODEL_DIM * MODEL_Q_DIM * 2.0,
+        2.0 * MODEL_HIDDEN_DIM * MODEL_DIM * 2.0,
+        (double)MODEL_DIM * MODEL_HIDDEN_DIM * 2.0,
+        (double)MODEL_VOCAB_SIZE * MODEL_DIM * 2.0,
+    };
+    cudaEvent_t marks[STEP_LAUNCHES + 1];
+    int stage_of[STEP_LAUNCHES];
+    float best[STEP_LAUNCHES];
+    for (int i = 0; i <= STEP_LAUNCHES; i++) CUDA_CHECK(cudaEventCreate(&marks[i]));
+    for (int i = 0; i < STEP_LAUNCHES; i++) best[i] = 1e30f;
+    m->io_host[IO_TOKEN] = 1;
+    m->io_host[IO_POS] = pos;
+    for (int r = 0; r < reps; r++) {
+        enqueue_step(m, 0, marks, stage_of);
+        CUDA_CHECK(cudaStreamSynchronize(m->stream));
+        for (int i = 0; i < STEP_LAUNCHES; i++) {
+            float ms;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i], marks[i + 1]));
+            if (ms < best[i]) best[i] = ms;
+        }
+    }
+    double us[ST_COUNT] = {0}, total = 0;
+    int calls[ST_COUNT] = {0};
+    for (int i = 0; i < STEP_LAUNCHES; i++) {
+        us[stage_of[i]] += best[i] * 1e3;
+        calls[stage_of[i]]++;
+        total += best[i] * 1e3;
+    }
+    fprintf(out, "kernels at depth %d (launched one by one, best of %d):\n", pos, reps);
+    fprintf(out, "  %-24s %8s %12s %10s %8s\n", "stage", "launches", "us/token", "MB/token", "GB/s");
+    for (int st = 0; st < ST_COUNT; st++) {
+        double b = st == ST_ATT ? 2.0 * (pos + 1) * MODEL_KV_DIM * 2.0 : bytes[st];
+        b *= calls[st];
+        fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", stage_names[st], calls[st], us[st], b / 1e6, b / (us[st] * 1e3));
+    }
+    fprintf(out, "  %-24s %8d %12.1f\n", "total", STEP_LAUNCHES, total);
+    for (int i = 0; i <= STEP_LAUNCHES; i++) cudaEventDestroy(marks[i]);
     return ERR_OK;
 }
 
