@@ -25,7 +25,6 @@
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */
-#define ARGMAX_THREADS 1024
 
 // ---------------------------------------------------------------------------------------------
 // Programmatic dependent launch: the next kernel may start before this one ends; it must wait
@@ -80,16 +79,17 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
 
 // ---------------------------------------------------------------------------------------------
-// The matvec core: a lane's share of one row's dot product with x (K floats), optionally with the
-// RMSNorm weight applied to x on the fly (norm_w != NULL), plus the lane's share of sum(x^2).
-//
-// row: the weight row (K), as uint4 chunks; chunk c covers elements 8c .. 8c+7 and lane l takes
-// chunks l, l + 32, ... The row is read in steps of MV_UNROLL chunks per lane, all loads of a step
-// issued before the first multiply. first[] may hold the first step, loaded early (prefetch).
+// The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
+// as x * norm_w / rms(x): every block computes the same sum of squares, from L2), then each warp
+// takes one weight row at a time: lane l reads 16-byte chunks l, l + 32, ... (8 weights each),
+// MV_UNROLL chunks in flight per step, and the warp's partial sums meet in a shuffle reduction.
 
 struct row_chunks {
     uint4 v[MV_UNROLL];
 };
+
+/* Steps of MV_UNROLL chunks per lane that a row of K needs. */
+#define MV_STEPS(K) (((K) / 8 + MV_UNROLL * WARP_SIZE - 1) / (MV_UNROLL * WARP_SIZE))
 
 __device__ __forceinline__ void load_step(row_chunks *r, const uint4 *row, int K, int step, int lane) {
 #pragma unroll
@@ -99,57 +99,62 @@ __device__ __forceinline__ void load_step(row_chunks *r, const uint4 *row, int K
     }
 }
 
-__device__ __forceinline__ void dot_step(const row_chunks *r, const float *x, const uint16_t *norm_w, int K, int step,
-                                         int lane, float *acc, float *ss) {
+__device__ __forceinline__ float dot_step(const row_chunks *r, const float *sx, int K, int step, int lane) {
+    float acc = 0.0f;
 #pragma unroll
     for (int u = 0; u < MV_UNROLL; u++) {
         int c = (step * MV_UNROLL + u) * WARP_SIZE + lane;
         if (c < K / 8) {
-            float w[8], xv[8];
+            float w[8];
             w8_to_f32(r->v[u], w);
-            float4 a = *reinterpret_cast<const float4 *>(x + 8 * c);
-            float4 b = *reinterpret_cast<const float4 *>(x + 8 * c + 4);
-            xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
-            xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-            if (norm_w) {
-                float nw[8];
-                w8_to_f32(*reinterpret_cast<const uint4 *>(norm_w + 8 * c), nw);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    *ss += xv[i] * xv[i];
-                    xv[i] *= nw[i];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 8; i++) *acc += w[i] * xv[i];
+            float4 a = *reinterpret_cast<const float4 *>(sx + 8 * c);
+            float4 b = *reinterpret_cast<const float4 *>(sx + 8 * c + 4);
+            acc += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
         }
     }
+    return acc;
 }
 
-/* Steps of MV_UNROLL chunks per lane that a row of K needs. */
-#define MV_STEPS(K) (((K) / 8 + MV_UNROLL * WARP_SIZE - 1) / (MV_UNROLL * WARP_SIZE))
-
-/* The full dot product of row (K) with x, the first step already in *first. Returns the warp's sum
- * in every lane; *ss_out (if norm_w) gets sum(x^2) over K, also in every lane. */
-__device__ __forceinline__ float row_dot(const row_chunks *first, const uint4 *row, const float *x,
-                                         const uint16_t *norm_w, int K, int lane, float *ss_out) {
-    float acc = 0.0f, ss = 0.0f;
-    if (MV_STEPS(K) == 1) {
-        dot_step(first, x, norm_w, K, 0, lane, &acc, &ss);
-    } else {
-        /* Double-buffered: the next step's loads are in flight while this step multiplies. */
-        row_chunks cur = *first;
+/* row (K) . sx (K, shared memory), the first step already in *first; the warp's sum in every lane.
+ * Later steps load and then multiply: other warps on the SM keep memory busy meanwhile (double
+ * buffering the steps doubled the registers and halved the resident warps). */
+__device__ __forceinline__ float row_dot(row_chunks *first, const uint4 *row, const float *sx, int K, int lane) {
+    float acc = dot_step(first, sx, K, 0, lane);
 #pragma unroll 1
-        for (int step = 0; step < MV_STEPS(K); step++) {
-            row_chunks nxt;
-            if (step + 1 < MV_STEPS(K)) load_step(&nxt, row, K, step + 1, lane);
-            dot_step(&cur, x, norm_w, K, step, lane, &acc, &ss);
-            cur = nxt;
-        }
+    for (int step = 1; step < MV_STEPS(K); step++) {
+        load_step(first, row, K, step, lane);
+        acc += dot_step(first, sx, K, step, lane);
     }
-    if (norm_w) *ss_out = warp_sum(ss);
     return warp_sum(acc);
 }
+
+/* sx (K, shared) = x, or x * norm_w / sqrt(mean(x^2) + eps) when norm_w is given (HF's RMSNorm).
+ * Called by the whole block after pdl_wait; ends with a barrier. */
+__device__ __forceinline__ void stage_input(float *sx, const float *x, const uint16_t *norm_w, int K, float eps) {
+    __shared__ float partial[MV_WARPS];
+    if (norm_w) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < K; i += blockDim.x) {
+            float v = x[i];
+            sx[i] = v;
+            ss += v * v;
+        }
+        ss = warp_sum(ss);
+        if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
+        __syncthreads();
+        ss = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
+        float scale = rsqrtf(ss / (float)K + eps);
+        for (int i = threadIdx.x; i < K; i += blockDim.x) sx[i] = sx[i] * scale * w_to_f32(norm_w[i]);
+    } else {
+        for (int i = threadIdx.x; i < K; i += blockDim.x) sx[i] = x[i];
+    }
+    __syncthreads();
+}
+
+/* Dynamic shared memory of a matvec kernel whose input has K values. */
+#define MV_SMEM_BYTES(K) ((size_t)(K) * sizeof(float))
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
@@ -174,68 +179,69 @@ __device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io,
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
 }
 
-/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store. A warp per item: an item is
- * a row pair (i, i + head_dim/2) of one Q or K head, rotated together, or two V rows. */
+/* The pairs that the paired kernels hand out: in each round a block takes MV_WARPS / 2 pairs, the
+ * pair's two rows going to warps 2k and 2k + 1; every warp of the block runs the same rounds, so
+ * the block can meet at a barrier to combine the pair. */
+#define PAIRS_PER_BLOCK (MV_WARPS / 2)
+
+/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store. A pair is rows
+ * (i, i + head_dim/2) of one Q or K head, rotated together, or two V rows. */
 __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
                                                       const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
                                                       const uint16_t *bv, const float *x, float *q, uint16_t *kc,
                                                       uint16_t *vc, const int *io, const float *inv_freq, int dim,
                                                       int q_dim, int kv_dim, int head_dim, float eps) {
-    const int half = head_dim / 2, q_items = q_dim / 2, k_items = kv_dim / 2, items = q_items + k_items + kv_dim / 2;
-    const int lane = threadIdx.x % WARP_SIZE;
-    int item = grid_warp();
-    row_chunks a, b;
-    const uint4 *ra = NULL, *rb = NULL;
-    int r0 = 0, r1 = 0, kind = 0; /* 0: Q, 1: K, 2: V */
-#define QKV_ROWS(it)                                                                     \
-    do {                                                                                 \
-        int p = (it);                                                                    \
-        kind = p < q_items ? 0 : p < q_items + k_items ? 1 : 2;                          \
-        if (kind == 2) {                                                                 \
-            r0 = 2 * (p - q_items - k_items);                                            \
-            r1 = r0 + 1;                                                                 \
-        } else {                                                                         \
-            p -= kind ? q_items : 0;                                                     \
-            r0 = (p / half) * head_dim + p % half;                                       \
-            r1 = r0 + half;                                                              \
-        }                                                                                \
-        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;                       \
-        ra = reinterpret_cast<const uint4 *>(wm + (size_t)r0 * dim);                     \
-        rb = reinterpret_cast<const uint4 *>(wm + (size_t)r1 * dim);                     \
+    extern __shared__ float sx[];
+    __shared__ float pair_val[MV_WARPS];
+    const int half = head_dim / 2, q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
+    const int lane = threadIdx.x % WARP_SIZE, wib = threadIdx.x / WARP_SIZE, side = wib & 1;
+    /* the row of pair p this warp computes, its kind (0 Q, 1 K, 2 V) and its matrix */
+#define QKV_ROW(p, row, kind, wm)                                                           \
+    do {                                                                                    \
+        int p_ = (p);                                                                       \
+        kind = p_ < q_pairs ? 0 : p_ < q_pairs + k_pairs ? 1 : 2;                           \
+        if (kind == 2) {                                                                    \
+            row = 2 * (p_ - q_pairs - k_pairs) + side;                                      \
+        } else {                                                                            \
+            p_ -= kind ? q_pairs : 0;                                                       \
+            row = (p_ / half) * head_dim + p_ % half + side * half;                         \
+        }                                                                                   \
+        wm = kind == 0 ? wq : kind == 1 ? wk : wv;                                          \
     } while (0)
-    if (item < items) {
-        QKV_ROWS(item);
-        load_step(&a, ra, dim, 0, lane);
-        load_step(&b, rb, dim, 0, lane);
+    int p = blockIdx.x * PAIRS_PER_BLOCK + wib / 2, row = 0, kind = 0;
+    const uint16_t *wm = wq;
+    row_chunks a;
+    if (p < pairs) {
+        QKV_ROW(p, row, kind, wm);
+        load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)row * dim), dim, 0, lane);
     }
     pdl_wait();
     pdl_launch_dependents();
+    stage_input(sx, x, norm_w, dim, eps);
     const int pos = io[IO_POS];
-    for (bool first = true; item < items; item += grid_warps(), first = false) {
-        if (!first) {
-            QKV_ROWS(item);
-            load_step(&a, ra, dim, 0, lane);
-            load_step(&b, rb, dim, 0, lane);
+    for (int base = blockIdx.x * PAIRS_PER_BLOCK; base < pairs; base += gridDim.x * PAIRS_PER_BLOCK) {
+        p = base + wib / 2;
+        if (p < pairs) {
+            if (base != (int)blockIdx.x * PAIRS_PER_BLOCK) {
+                QKV_ROW(p, row, kind, wm);
+                load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)row * dim), dim, 0, lane);
+            }
+            float v = row_dot(&a, reinterpret_cast<const uint4 *>(wm + (size_t)row * dim), sx, dim, lane);
+            const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
+            if (bias) v += w_to_f32(bias[row]);
+            if (lane == 0) pair_val[wib] = v;
         }
-        float ss;
-        float va = row_dot(&a, ra, x, norm_w, dim, lane, &ss);
-        float vb = row_dot(&b, rb, x, norm_w, dim, lane, &ss);
-        float scale = rsqrtf(ss / (float)dim + eps);
-        va *= scale;
-        vb *= scale;
-        const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
-        if (bias) {
-            va += w_to_f32(bias[r0]);
-            vb += w_to_f32(bias[r1]);
-        }
-        if (kind < 2) {
-            float s, c;
-            __sincosf((float)pos * inv_freq[r0 % head_dim], &s, &c);
-            float ta = va * c - vb * s, tb = vb * c + va * s;
-            va = ta;
-            vb = tb;
-        }
-        if (lane == 0) {
+        __syncthreads();
+        if (p < pairs && side == 0 && lane == 0) {
+            float va = pair_val[wib], vb = pair_val[wib + 1];
+            int r0 = row, r1 = kind == 2 ? row + 1 : row + half;
+            if (kind < 2) {
+                float sn, cs;
+                __sincosf((float)pos * inv_freq[r0 % head_dim], &sn, &cs);
+                float ta = va * cs - vb * sn, tb = vb * cs + va * sn;
+                va = ta;
+                vb = tb;
+            }
             if (kind == 0) {
                 q[r0] = va;
                 q[r1] = vb;
@@ -245,51 +251,55 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                 cache[r1] = __half_as_ushort(__float2half_rn(vb));
             }
         }
+        __syncthreads(); /* pair_val is reused next round */
     }
-#undef QKV_ROWS
+#undef QKV_ROW
 }
 
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. */
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K) {
+    extern __shared__ float sx[];
     const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
     row_chunks a;
     if (row < rows) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
     pdl_wait();
     pdl_launch_dependents();
+    stage_input(sx, in, NULL, K, 0.0f);
     for (bool first = true; row < rows; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         if (!first) load_step(&a, r, K, 0, lane);
-        float v = row_dot(&a, r, in, NULL, K, lane, NULL);
+        float v = row_dot(&a, r, sx, K, lane);
         if (lane == 0) out[row] += v + (bias ? w_to_f32(bias[row]) : 0.0f);
     }
 }
 
-/* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn). */
+/* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
+ * gate row i on warp 2k, up row i on warp 2k + 1. */
 __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
                                                           const float *x, float *hb, int dim, int hidden, float eps) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    int row = grid_warp();
-    row_chunks a, b;
-    if (row < hidden) {
-        load_step(&a, reinterpret_cast<const uint4 *>(wg + (size_t)row * dim), dim, 0, lane);
-        load_step(&b, reinterpret_cast<const uint4 *>(wu + (size_t)row * dim), dim, 0, lane);
-    }
+    extern __shared__ float sx[];
+    __shared__ float pair_val[MV_WARPS];
+    const int lane = threadIdx.x % WARP_SIZE, wib = threadIdx.x / WARP_SIZE, side = wib & 1;
+    const uint16_t *wm = side ? wu : wg;
+    int i = blockIdx.x * PAIRS_PER_BLOCK + wib / 2;
+    row_chunks a;
+    if (i < hidden) load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)i * dim), dim, 0, lane);
     pdl_wait();
     pdl_launch_dependents();
-    for (bool first = true; row < hidden; row += grid_warps(), first = false) {
-        const uint4 *rg = reinterpret_cast<const uint4 *>(wg + (size_t)row * dim);
-        const uint4 *ru = reinterpret_cast<const uint4 *>(wu + (size_t)row * dim);
-        if (!first) {
-            load_step(&a, rg, dim, 0, lane);
-            load_step(&b, ru, dim, 0, lane);
+    stage_input(sx, x, norm_w, dim, eps);
+    for (int base = blockIdx.x * PAIRS_PER_BLOCK; base < hidden; base += gridDim.x * PAIRS_PER_BLOCK) {
+        i = base + wib / 2;
+        if (i < hidden) {
+            const uint4 *r = reinterpret_cast<const uint4 *>(wm + (size_t)i * dim);
+            if (base != (int)blockIdx.x * PAIRS_PER_BLOCK) load_step(&a, r, dim, 0, lane);
+            float v = row_dot(&a, r, sx, dim, lane);
+            if (lane == 0) pair_val[wib] = v;
         }
-        float ss;
-        float g = row_dot(&a, rg, x, norm_w, dim, lane, &ss);
-        float u = row_dot(&b, ru, x, norm_w, dim, lane, &ss);
-        float scale = rsqrtf(ss / (float)dim + eps);
-        if (lane == 0) hb[row] = silu(g * scale) * (u * scale);
+        __syncthreads();
+        if (i < hidden && side == 0 && lane == 0) hb[i] = silu(pair_val[wib]) * pair_val[wib + 1];
+        __syncthreads();
     }
 }
 
@@ -298,6 +308,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm_w, const uint16_t *w, const float *x,
                                                             float *logits, float2 *block_best, unsigned *counter,
                                                             int *io, int dim, int vocab, float eps) {
+    extern __shared__ float sx[];
     __shared__ float best_v[MV_WARPS];
     __shared__ int best_i[MV_WARPS];
     __shared__ bool last;
@@ -307,14 +318,13 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
     pdl_wait();
     pdl_launch_dependents();
+    stage_input(sx, x, norm_w, dim, eps);
     float bv = -INFINITY;
     int bi = 0x7FFFFFFF;
     for (bool first = true; row < vocab; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * dim);
         if (!first) load_step(&a, r, dim, 0, lane);
-        float ss;
-        float v = row_dot(&a, r, x, norm_w, dim, lane, &ss);
-        v *= rsqrtf(ss / (float)dim + eps);
+        float v = row_dot(&a, r, sx, dim, lane);
         if (lane == 0) logits[row] = v;
         if (v > bv || (v == bv && row < bi)) { bv = v; bi = row; }
     }
@@ -487,8 +497,10 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         float v = 0.0f;
         for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * kv_mul * head_dim + i];
         int h = kvh * kv_mul + i / head_dim;
-        part_acc[((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
+        if (n_active == 1) out[h * head_dim + i % head_dim] = v / sml[2 * (i / head_dim) + 1]; /* one split: done */
+        else part_acc[((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
+    if (n_active == 1) return;
     if (tid < kv_mul) {
         int h = kvh * kv_mul + tid;
         part_ml[((size_t)h * n_splits + split) * 2] = sml[2 * tid];

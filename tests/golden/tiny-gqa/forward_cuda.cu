@@ -27,9 +27,10 @@ MODEL_STATIC_ASSERT(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS
                     "a GQA group's heads fit one attention block");
 
 /* Blocks each matvec needs, a warp per row (codegen/plan.py); model_cuda_init caps them at one wave. */
-#define GRID_QKV 8
+MODEL_STATIC_ASSERT(MODEL_HIDDEN_DIM * sizeof(float) <= 200 * 1024, "down_proj stages its input in shared memory");
+#define GRID_QKV 16
 #define GRID_O 8
-#define GRID_GATE_UP 20
+#define GRID_GATE_UP 40
 #define GRID_DOWN 8
 #define GRID_LM_HEAD 50
 #define ATT_MIN_SPLITS 132
@@ -135,10 +136,12 @@ struct model_cuda {
 };
 
 #if defined(MODEL_WEIGHT_DTYPE_F32)
-/* needed blocks of a matvec kernel, capped at what the GPU holds resident at once */
-static int one_wave(const void *kernel, int needed, int sms) {
+/* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
+ * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
+static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
     int wave = (per_sm > 0 ? per_sm : 1) * sms;
     return needed < wave ? needed : wave;
 }
@@ -199,19 +202,19 @@ static void enqueue_step(model_cuda *m, int copy_logits, cudaEvent_t *marks, int
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, 0, m->stream, *lw, m->x, m->q, kc, vc, m->io);
+        launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
         MARK(ST_QKV);
         launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
         MARK(ST_ATT);
-        launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
+        launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
         MARK(ST_O);
-        launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, 0, m->stream, *lw, m->x, m->hb);
+        launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
         MARK(ST_GATE_UP);
-        launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, 0, m->stream, *lw, m->hb, m->x);
+        launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
         MARK(ST_DOWN);
     }
-    launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, 0, m->stream, m->w.final_norm, m->w.lm_head,
+    launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
            m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
     MARK(ST_LM_HEAD);
 #undef MARK
@@ -272,10 +275,12 @@ static err_code upload(model_cuda *m, const void *const data[MODEL_N_TENSORS], c
     return ERR_OK;
 }
 
-/* needed blocks of a matvec kernel, capped at what the GPU holds resident at once */
-static int one_wave(const void *kernel, int needed, int sms) {
+/* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
+ * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
+static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
     int wave = (per_sm > 0 ? per_sm : 1) * sms;
     return needed < wave ? needed : wave;
 }
@@ -293,11 +298,12 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     model_cuda *m = (model_cuda *)calloc(1, sizeof *m);
     if (!m) return err_set(ERR_NOMEM, "CUDA state");
     m->ctx = ctx;
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, prop.multiProcessorCount);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, prop.multiProcessorCount);
-    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, prop.multiProcessorCount);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, prop.multiProcessorCount);
-    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, prop.multiProcessorCount);
+    const int sms = prop.multiProcessorCount;
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
+    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
 
