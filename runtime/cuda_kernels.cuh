@@ -128,6 +128,28 @@ __device__ __forceinline__ float row_dot(row_chunks *first, const uint4 *row, co
     return warp_sum(acc);
 }
 
+/* The same with x read from global memory (L1/L2) chunk by chunk instead of a staged copy, and the
+ * next step's loads in flight while this one multiplies: for the kernels whose input needs no
+ * norm, where staging would put a block-wide barrier before the first multiply (measured: o_proj
+ * 2170 -> 1840 GB/s, down 3080 -> 2620 GB/s with staging and single buffering, Mistral-7B shape). */
+__device__ __forceinline__ float row_dot_direct(const row_chunks *first, const uint4 *row, const float *x, int K, int lane) {
+    float acc;
+    if (MV_STEPS(K) == 1) {
+        acc = dot_step(first, x, K, 0, lane);
+    } else {
+        acc = 0.0f;
+        row_chunks cur = *first;
+#pragma unroll 1
+        for (int step = 0; step < MV_STEPS(K); step++) {
+            row_chunks nxt;
+            if (step + 1 < MV_STEPS(K)) load_step(&nxt, row, K, step + 1, lane);
+            acc += dot_step(&cur, x, K, step, lane);
+            cur = nxt;
+        }
+    }
+    return warp_sum(acc);
+}
+
 /* sx (K, shared) = x, or x * norm_w / sqrt(mean(x^2) + eps) when norm_w is given (HF's RMSNorm).
  * Called by the whole block after pdl_wait; ends with a barrier. */
 __device__ __forceinline__ void stage_input(float *sx, const float *x, const uint16_t *norm_w, int K, float eps) {
@@ -256,21 +278,20 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
 #undef QKV_ROW
 }
 
-/* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. */
+/* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add; the input
+ * is read from global memory (row_dot_direct). */
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K) {
-    extern __shared__ float sx[];
     const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
     row_chunks a;
     if (row < rows) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
     pdl_wait();
     pdl_launch_dependents();
-    stage_input(sx, in, NULL, K, 0.0f);
     for (bool first = true; row < rows; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         if (!first) load_step(&a, r, K, 0, lane);
-        float v = row_dot(&a, r, sx, K, lane);
+        float v = row_dot_direct(&a, r, in, K, lane);
         if (lane == 0) out[row] += v + (bias ? w_to_f32(bias[row]) : 0.0f);
     }
 }

@@ -27,7 +27,7 @@ MODEL_STATIC_ASSERT(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS
                     "a GQA group's heads fit one attention block");
 
 /* Blocks each matvec needs, a warp per row (codegen/plan.py); model_cuda_init caps them at one wave. */
-MODEL_STATIC_ASSERT(MODEL_HIDDEN_DIM * sizeof(float) <= 200 * 1024, "down_proj stages its input in shared memory");
+MODEL_STATIC_ASSERT(MODEL_DIM * sizeof(float) <= 200 * 1024, "the norm'd matvecs stage their input in shared memory");
 #define GRID_QKV 16
 #define GRID_O 8
 #define GRID_GATE_UP 40
@@ -207,11 +207,11 @@ static void enqueue_step(model_cuda *m, int copy_logits, cudaEvent_t *marks, int
         launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
         MARK(ST_ATT);
-        launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
+        launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
         MARK(ST_O);
         launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
         MARK(ST_GATE_UP);
-        launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
+        launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, 0, m->stream, *lw, m->hb, m->x);
         MARK(ST_DOWN);
     }
     launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
@@ -300,9 +300,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     m->ctx = ctx;
     const int sms = prop.multiProcessorCount;
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, 0, sms);
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, 0, sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
