@@ -27,7 +27,7 @@ LDLIBS := -lm
 
 # CUDA, when nvcc is on the PATH (CI has it too, without a GPU: the sources must compile there).
 # CUDA_ARCH: 90 (H100/H200, the default), 89 or 80; a binary refuses GPUs older than it was built for.
-NVCC ?= $(shell command -v nvcc 2>/dev/null)
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
 CUDA_ARCH ?= 90
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
