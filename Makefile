@@ -103,7 +103,7 @@ $(OUT)/ingot: $(OUT)/main.o $(OUT)/forward_cpu.o $(OUT)/model_tensors.o $(CUDA_O
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LIBS)
 
 # C unit tests: tests/test_<module>.c against the runtime objects; each ends with "N passed, N failed".
-build/tests/%: tests/%.c $(RUNTIME_OBJS) $(RUNTIME_HDRS)
+build/tests/%: tests/%.c tests/check.h $(RUNTIME_OBJS) $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $< $(RUNTIME_OBJS) -o $@ $(LDLIBS)
 

@@ -45,20 +45,28 @@ __device__ __forceinline__ void pdl_launch_dependents(void) {
 // ---------------------------------------------------------------------------------------------
 // Weights: 8 values of the storage dtype in a uint4, to fp32
 
-__device__ __forceinline__ void w8_to_f32(uint4 u, float f[8]) {
+/* 8 fp16 values (the KV cache) in a uint4, to fp32 */
+__device__ __forceinline__ void h8_to_f32(uint4 u, float f[8]) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-#if defined(MODEL_WEIGHT_DTYPE_BF16)
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-#else /* fp16 */
-        __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
-        float2 v = __half22float2(h);
+        float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
         f[2 * i] = v.x;
         f[2 * i + 1] = v.y;
-#endif
     }
+}
+
+__device__ __forceinline__ void w8_to_f32(uint4 u, float f[8]) {
+#if !defined(MODEL_WEIGHT_DTYPE_BF16)
+    h8_to_f32(u, f);
+#else
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+#endif
 }
 
 __device__ __forceinline__ float w_to_f32(uint16_t u) {
@@ -426,15 +434,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #pragma unroll
         for (int h = 0; h < ATT_MAX_GROUP; h++) s[h] = 0.0f;
         for (int c = 0; c < head_dim / 8; c++) {
-            uint4 u = kr[c];
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
             float k[8];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
-                k[2 * i] = v.x;
-                k[2 * i + 1] = v.y;
-            }
+            h8_to_f32(kr[c], k);
 #pragma unroll
             for (int h = 0; h < ATT_MAX_GROUP; h++)
                 if (h < kv_mul)
@@ -484,14 +485,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         for (int k = 0; k < 4; k++) {
             int j = j0 + k * slices;
             if (j < len) {
-                const uint32_t w[4] = {u[k].x, u[k].y, u[k].z, u[k].w};
                 float v[8];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
-                    v[2 * i] = f.x;
-                    v[2 * i + 1] = f.y;
-                }
+                h8_to_f32(u[k], v);
 #pragma unroll
                 for (int h = 0; h < ATT_MAX_GROUP; h++)
                     if (h < kv_mul) {

@@ -9,15 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "check.h"
 #include "cpu_kernels.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                     \
-    do {                                                     \
-        if (cond) passed++;                                  \
-        else { failed++; printf("FAIL: " __VA_ARGS__); printf("\n"); } \
-    } while (0)
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -123,6 +117,5 @@ int main(void) {
     test_dots();
     test_attention();
     test_rope();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_summary();
 }

@@ -13,21 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "safetensors.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
 
 // ------------------------------------------------------------------------------------------------
 // scratch files: every path created is remembered and removed at exit, newest first
@@ -491,6 +479,5 @@ int main(void) {
     test_sharded();
 
     cleanup();
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail != 0;
+    return check_summary();
 }

@@ -10,21 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "sampler.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
 
 /* Everything off; tests switch on what they test. */
 static sampler_config plain(float temperature, uint64_t seed) {
@@ -478,6 +466,5 @@ int main(void) {
     test_top_k();
     test_penalty();
     test_init_rejects();
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail != 0;
+    return check_summary();
 }

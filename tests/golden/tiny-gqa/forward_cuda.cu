@@ -237,6 +237,14 @@ static err_code capture(model_cuda *m, int copy_logits, cudaGraphExec_t *exec) {
     return e == cudaSuccess ? ERR_OK : cuda_fail(e, "CUDA graph instantiation");
 }
 
+/* Bytes of model_tensor_specs[t]. */
+static size_t tensor_bytes(int t) {
+    const st_tensor_spec *s = &model_tensor_specs[t];
+    size_t bytes = sizeof(model_weight_t);
+    for (int d = 0; d < s->ndim; d++) bytes *= (size_t)s->shape[d];
+    return bytes;
+}
+
 /* Copies every tensor into the arena through two pinned staging buffers, so the copy of one chunk
  * overlaps the reading of the next from the mapped file. A bar on a terminal for large models. */
 static err_code upload(model_cuda *m, const void *const data[MODEL_N_TENSORS], const size_t *offsets, size_t total) {
@@ -251,9 +259,7 @@ static err_code upload(model_cuda *m, const void *const data[MODEL_N_TENSORS], c
     int bar = isatty(STDERR_FILENO) && total > ((size_t)1 << 30), slot = 0, shown = -1;
     size_t sent = 0;
     for (int t = 0; t < MODEL_N_TENSORS; t++) {
-        const st_tensor_spec *s = &model_tensor_specs[t];
-        size_t bytes = sizeof(model_weight_t);
-        for (int d = 0; d < s->ndim; d++) bytes *= (size_t)s->shape[d];
+        size_t bytes = tensor_bytes(t);
         for (size_t off = 0; off < bytes; off += chunk, slot ^= 1) {
             size_t n = bytes - off < chunk ? bytes - off : chunk;
             CUDA_CHECK(cudaEventSynchronize(done[slot])); /* the buffer's previous copy is finished */
@@ -309,9 +315,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
 
     size_t offsets[MODEL_N_TENSORS], total = 0;
     for (int t = 0; t < MODEL_N_TENSORS; t++) {
-        const st_tensor_spec *s = &model_tensor_specs[t];
-        size_t bytes = sizeof(model_weight_t);
-        for (int d = 0; d < s->ndim; d++) bytes *= (size_t)s->shape[d];
+        size_t bytes = tensor_bytes(t);
         offsets[t] = total;
         total += (bytes + 255) / 256 * 256; /* every tensor 256-byte aligned: 16-byte loads everywhere */
     }
