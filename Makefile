@@ -31,7 +31,8 @@ NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/c
 CUDA_ARCH ?= 90
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
-NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Iruntime \
+EXTRA_NVCCFLAGS ?=
+NVCCFLAGS := $(EXTRA_NVCCFLAGS) -O3 -std=c++17 -gencode=arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Iruntime \
 	-Xcompiler -Wall,-Wextra -Werror all-warnings
 CFLAGS += -DINGOT_CUDA
 CUDA_OBJS = $(OUT)/forward_cuda.o build/runtime/probe_cuda.o
