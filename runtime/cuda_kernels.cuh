@@ -21,7 +21,9 @@
 #define WARP_SIZE 32
 #define MV_WARPS 8                      /* warps per matvec block */
 #define MV_THREADS (MV_WARPS * WARP_SIZE)
+#ifndef MV_UNROLL
 #define MV_UNROLL 16                    /* 16-byte chunks a lane holds in flight per row step */
+#endif
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */

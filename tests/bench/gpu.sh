@@ -23,12 +23,14 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
             .venv/bin/python -m codegen.synth "$d" --dtype bf16 >/dev/null || exit 1
         make -s MODEL="$d" >/dev/null || exit 1
         timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
-        if [ -n "${VARIANT_NVCCFLAGS:-}" ]; then # the same model built with other kernel flags, same run
+        # the same model built with other kernel flags, in the same run: VARIANTS="-DA=1|-DB=2"
+        IFS='|' read -ra variants <<<"${VARIANTS:-}"
+        for v in "${variants[@]}"; do
             rm -f "build/bench-$m/forward_cuda.o"
-            make -s MODEL="$d" EXTRA_NVCCFLAGS="$VARIANT_NVCCFLAGS" >/dev/null || exit 1
-            echo "== variant: $VARIANT_NVCCFLAGS"
+            make -s MODEL="$d" EXTRA_NVCCFLAGS="$v" >/dev/null || exit 1
+            echo "== variant: $v"
             timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
             rm -f "build/bench-$m/forward_cuda.o"
-        fi
+        done
     done
 fi
