@@ -16,7 +16,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "smollm2-135m-instruct"
-TINY_VARIANTS = ("tiny-llama", "tiny-gqa", "tiny-qwen2", "tiny-llama3")
+# tiny-wide: rows long enough (hidden 2176, FFN 4352, head_dim 128, q_dim != hidden) that the GPU
+# matvecs take several steps per row and attention runs with 128-wide heads.
+TINY_VARIANTS = ("tiny-llama", "tiny-gqa", "tiny-qwen2", "tiny-llama3", "tiny-wide")
 TINY_TOKENIZER = REPO / "tests" / "models" / "tiny-tokenizer"
 
 
