@@ -75,7 +75,7 @@ def test_tiny_gpu_matches_transformers(tiny_gpu, tmp_path):
 @pytest.fixture(scope="module")
 def default_gpu():
     if not (DEFAULT_MODEL / "model.safetensors").exists():
-        pytest.skip("default model not on this machine: stage it (PERFORMANCE.md, 'GPU checks') to run these")
+        pytest.skip("default model not on this machine: stage it (README.md, 'GPU') to run these")
     return build_model(DEFAULT_MODEL)
 
 
