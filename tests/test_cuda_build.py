@@ -23,6 +23,26 @@ def test_default_binary_has_cuda(default_binary):
     assert "--bench-kernels" in r.stdout
 
 
+def test_fp32_model_cuda_compiles_to_a_refusal(tmp_path):
+    """fp32 weights have no GPU kernels: the generated file must still compile, to an init that
+    refuses with a message."""
+    import json
+
+    cfg = json.loads((REPO / "tests" / "models" / "tiny-gqa" / "config.json").read_text())
+    cfg["torch_dtype"] = "float32"
+    model = tmp_path / "tiny-f32"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(cfg))
+    gen = tmp_path / "gen"
+    r = subprocess.run([sys.executable, "-m", "codegen", str(model), "--out", str(gen)], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([NVCC, "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-Iruntime", f"-I{gen}", "-Werror",
+                        "all-warnings", "-c", str(gen / "forward_cuda.cu"), "-o", str(tmp_path / "f.o")],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fp32 weights are not supported on the GPU" in (gen / "forward_cuda.cu").read_text()
+
+
 @pytest.mark.parametrize("arch", ["80", "89", "90"])
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-qwen2", "tiny-llama3"])
 def test_generated_cuda_compiles(tmp_path, variant, arch):

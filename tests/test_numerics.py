@@ -60,6 +60,35 @@ def test_four_stream_matvecs_match_reference(tmp_path):
     assert err < TOLERANCE, f"CPU_STREAMS=4: max relative logit error {err:.2e}"
 
 
+@pytest.mark.parametrize("torch_dtype", ["float32", "float16"])
+def test_weight_dtypes_match_reference(tmp_path, torch_dtype):
+    """The same check with fp32 and fp16 weights (the tiny models above are bf16)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO, TINY_TOKENIZER
+
+    name = f"tiny-gqa-{torch_dtype}"
+    model_dir = REPO / "build" / "test-models" / name
+    cfg = json.loads((REPO / "tests" / "models" / "tiny-gqa" / "config.json").read_text())
+    cfg["torch_dtype"] = torch_dtype
+    text = json.dumps(cfg, indent=2)
+    if not (model_dir / "model.safetensors").exists() or (model_dir / "config.json").read_text() != text:
+        shutil.rmtree(model_dir, ignore_errors=True)
+        model_dir.mkdir(parents=True)
+        (model_dir / "config.json").write_text(text)
+        subprocess.run([sys.executable, "-m", "codegen.synth", str(model_dir), "--seed", "3", "--tokenizer", str(TINY_TOKENIZER)],
+                       cwd=REPO, check=True, capture_output=True)
+    binary = build_model(model_dir)
+    ref = load_model(model_dir, kv_dtype=np.float16)
+    ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TINY_PROMPT).ids
+    got = dump_logits(binary, model_dir, TINY_PROMPT, tmp_path / "logits.bin", ref.config["vocab_size"])
+    err = compare_logits(got, ref.forward(ids))
+    assert err < TOLERANCE, f"{torch_dtype} weights: max relative logit error {err:.2e}"
+
+
 SMOL_PROMPTS = ["The history of the Roman Empire", "def fibonacci(n):", "Once upon a time, in a small village,"]
 GREEDY_TOKENS = 32
 

@@ -136,16 +136,6 @@ struct model_cuda {
 };
 
 #if defined(MODEL_WEIGHT_DTYPE_F32)
-/* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
- * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
-static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int per_sm = 1;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
-    int wave = (per_sm > 0 ? per_sm : 1) * sms; /* half a wave, leaving room for the next kernel: -20% */
-    return needed < wave ? needed : wave;
-}
-
 extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx) {
     (void)out, (void)data, (void)ctx;
     return err_set(ERR_DEVICE, "--device cuda: fp32 weights are not supported on the GPU; convert the model to bf16 or fp16");
@@ -287,7 +277,8 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
-    int wave = (per_sm > 0 ? per_sm : 1) * sms; /* half a wave, leaving room for the next kernel: -20% */
+    /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower. */
+    int wave = (per_sm > 0 ? per_sm : 1) * sms;
     return needed < wave ? needed : wave;
 }
 
