@@ -553,7 +553,11 @@ static err_code run_bench(engine *e, const options *o) {
         if (end == p || (*end && *end != ',') || d < 0)
             return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated non-negative integers", o->bench_depths);
         p = *end == ',' ? end + 1 : end;
-        if (d + n_decode + 1 > e->ctx) continue; /* deeper than the context allows: skipped, and said so below */
+        if (d + n_decode + 1 > e->ctx) { /* deeper than the context allows */
+            fprintf(stderr, "ingot: --bench: depth %ld skipped: %ld + %d decoded tokens exceed the context of %d\n", d, d,
+                    n_decode, e->ctx);
+            continue;
+        }
         depths[n_depths++] = (int)d;
         max_depth = d > max_depth ? (int)d : max_depth;
     }
@@ -562,7 +566,8 @@ static err_code run_bench(engine *e, const options *o) {
     int *base, nb;
     err_code rc = encode(e, text, 0, &base, &nb);
     if (rc) return rc;
-    int fill_len = (e->gpu ? 0 : max_depth) > n_prompt ? max_depth : n_prompt;
+    int fill_len = n_prompt; /* the CPU prefills its depths with real tokens, the GPU fills the cache */
+    if (!e->gpu && max_depth > fill_len) fill_len = max_depth;
     int *fill = malloc((size_t)fill_len * sizeof(int));
     if (!fill) { free(base); return err_set(ERR_NOMEM, "bench prompt"); }
     for (int i = 0; i < fill_len; i++) fill[i] = base[i % nb];
