@@ -465,7 +465,7 @@ static err_code run_chat(engine *e, const options *o, const char *one_turn) {
             ssize_t len = getline(&line, &cap, stdin);
             if (len < 0) break;
             while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
-            if (len == 0) continue;
+            if (len == 0) break; /* an empty line ends the conversation, as Ctrl-D does */
             rc = chat_answer(e, &s, o, o->system, line, first, &full);
             first = 0;
         }
