@@ -13,17 +13,17 @@ for m in $models; do
         .venv/bin/python -m codegen.synth "models/$m" --dtype bf16 >/dev/null
     cp tests/models/tiny-tokenizer/tokenizer.json "models/$m/" # speed work only: no chat template
     t1=$(date +%s.%N)
-    for s in 1 4; do
+    for s in ${STREAMS:-1 4}; do # CPU_STREAMS, or "matvec/paired" for CPU_STREAMS/CPU_PAIRED_STREAMS
         rm -rf build/runtime "build/$m" # the objects do not depend on EXTRA_CFLAGS
-        make -s MODEL="models/$m" EXTRA_CFLAGS="-DCPU_STREAMS=$s" >/dev/null
-        mkdir -p build/variants && cp "build/$m/ingot" "build/variants/$m.streams$s"
+        make -s MODEL="models/$m" NVCC= EXTRA_CFLAGS="-DCPU_STREAMS=${s%/*} -DCPU_PAIRED_STREAMS=${s#*/}" >/dev/null
+        mkdir -p build/variants && cp "build/$m/ingot" "build/variants/$m.streams${s/\//-}"
     done
     t2=$(date +%s.%N)
     echo "$m: synth $(python3 -c "print(round($t1 - $t0, 1))") s, two builds $(python3 -c "print(round($t2 - $t1, 1))") s"
 done
 for m in $models; do
-    for s in 1 4; do
-        echo "== $m, CPU_STREAMS=$s"
-        "build/variants/$m.streams$s" --bench --threads "${THREADS:-16}" -n 32
+    for s in ${STREAMS:-1 4}; do
+        echo "== $m, CPU_STREAMS/CPU_PAIRED_STREAMS=$s"
+        "build/variants/$m.streams${s/\//-}" --bench --threads "${THREADS:-16}" -n 32
     done
 done

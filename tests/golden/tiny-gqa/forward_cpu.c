@@ -85,11 +85,16 @@ static inline void rmsnorm(float *xb, const float *x, const model_weight_t *weig
 #ifndef CPU_STREAMS
 #define CPU_STREAMS 1
 #endif
+/* The q/k/v and gate/up passes (row pairs) may take another count: -DCPU_PAIRED_STREAMS=1 or 4. */
+#ifndef CPU_PAIRED_STREAMS
+#define CPU_PAIRED_STREAMS CPU_STREAMS
+#endif
 _Static_assert(CPU_STREAMS == 1 || CPU_STREAMS == 4, "CPU_STREAMS is 1 or 4");
+_Static_assert(CPU_PAIRED_STREAMS == 1 || CPU_PAIRED_STREAMS == 4, "CPU_PAIRED_STREAMS is 1 or 4");
 
-/* o[r] = ws[r] . xb for four rows of dim: side by side with CPU_STREAMS 4, one after another with 1. */
+/* o[r] = ws[r] . xb for four rows of dim: side by side with 4 paired streams, one after another with 1. */
 static inline void dot_rows(const model_weight_t *const ws[4], const float *xb, float o[4]) {
-    if (CPU_STREAMS == 4) dot4_w(ws, xb, MODEL_DIM, o);
+    if (CPU_PAIRED_STREAMS == 4) dot4_w(ws, xb, MODEL_DIM, o);
     else for (int r = 0; r < 4; r++) o[r] = dot_w(ws[r], xb, MODEL_DIM);
 }
 
@@ -190,7 +195,7 @@ const float *model_cpu_forward(model_cpu *m, int token, int pos) {
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, b = lo + q + j;
                     const model_weight_t *ws[4] = {lw->w_gate + (size_t)a * MODEL_DIM, lw->w_up + (size_t)a * MODEL_DIM,
