@@ -272,8 +272,10 @@ typedef struct {
     int n_stop;
 } engine;
 
+#ifdef INGOT_CUDA
 /* Greedy without a repetition penalty needs no logits on the host: the device picks the token. */
 static int sampling_is_greedy(const sampler_config *c) { return c->temperature == 0.0f && c->repeat_penalty == 1.0f; }
+#endif
 
 static err_code engine_open(engine *e, const options *o) {
     memset(e, 0, sizeof *e);
