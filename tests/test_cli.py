@@ -126,3 +126,12 @@ def test_perplexity(tiny_llama, tmp_path):
     ppl = float(r.stdout.split()[1])
     # random weights: perplexity near the vocabulary size (400), certainly not below 10 or NaN
     assert 10 < ppl < 10000
+
+
+def test_build_without_cuda():
+    """A machine without nvcc builds a CPU-only binary, which says so when asked for the GPU."""
+    d = tiny_model_dir("tiny-llama", name="tiny-llama-nocuda")
+    binary = build_model(d, "NVCC=")
+    assert not (binary.parent / "forward_cuda.o").exists()
+    assert run(binary, "-p", "Hello", "-n", "4", "--temp", "0").stdout.startswith(b"Hello")
+    fails_with(binary, "-p", "x", "--device", "cuda", message="built without CUDA")
