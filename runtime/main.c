@@ -234,7 +234,11 @@ static err_code check_config(const char *dir) {
     json_doc doc;
     rc = json_parse(text, len, &doc);
     free(text);
-    if (rc) return err_set(ERR_CONFIG, "%s: %s", path, err_detail());
+    if (rc) {
+        char why[256]; /* err_set writes the buffer err_detail() reads: copy it first */
+        snprintf(why, sizeof why, "%s", err_detail());
+        return err_set(ERR_CONFIG, "%s: %s", path, why);
+    }
     for (int i = 0; i < MODEL_N_CONFIG_CHECKS && !rc; i++) {
         const model_config_check *c = &model_config_checks[i];
         const json_value *v = json_get(doc.root, c->key);

@@ -135,3 +135,9 @@ def test_build_without_cuda():
     assert not (binary.parent / "forward_cuda.o").exists()
     assert run(binary, "-p", "Hello", "-n", "4", "--temp", "0").stdout.startswith(b"Hello")
     fails_with(binary, "-p", "x", "--device", "cuda", message="built without CUDA")
+
+
+def test_malformed_config(tiny_llama, tmp_path):
+    d = copy_model(tiny_llama[0], tmp_path / "m")
+    (d / "config.json").write_text('{"hidden_size": 64,')
+    fails_with(tiny_llama[1], "-m", str(d), "-p", "x", message="config.json: at byte")
