@@ -335,19 +335,24 @@ static err_code engine_feed(engine *e, const int *ids, int n) {
     if (e->n_tokens + n > e->ctx)
         return err_set(ERR_CONTEXT, "%d tokens do not fit: %d already in a context of %d (raise --ctx, at most %d)",
                        n, e->n_tokens, e->ctx, MODEL_SEQ_LEN);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= MODEL_VOCAB_SIZE) return err_set(ERR_ARG, "token id %d is outside the vocabulary", ids[i]);
+    if (n == 0) return ERR_OK;
 #ifdef INGOT_CUDA
-        if (e->gpu) {
+    if (e->gpu) {
+        for (int i = 0; i < n; i++) {
             /* Only the last token's logits are needed (dump and perplexity feed one at a time). */
             int want_logits = !e->device_argmax && i == n - 1;
             err_code rc = model_cuda_step(e->gpu, ids[i], e->n_tokens, &e->next, want_logits ? &e->logits : NULL);
             if (rc) return rc;
-        } else
-#endif
-            e->logits = model_cpu_forward(e->cpu, ids[i], e->n_tokens);
-        e->tokens[e->n_tokens++] = ids[i];
+            e->tokens[e->n_tokens++] = ids[i];
+        }
+        return ERR_OK;
     }
+#endif
+    e->logits = n == 1 ? model_cpu_forward(e->cpu, ids[0], e->n_tokens) : model_cpu_prefill(e->cpu, ids, n, e->n_tokens);
+    memcpy(e->tokens + e->n_tokens, ids, (size_t)n * sizeof(int));
+    e->n_tokens += n;
     return ERR_OK;
 }
 
@@ -645,7 +650,7 @@ static err_code run_bench(engine *e, const options *o) {
         if (!e->gpu) printf(", %d threads", o->n_threads);
         printf(", %.1f MB of weights read per token\n", MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
         printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);
-        printf("  prompt: %d tokens, %.1f tok/s (token by token)\n", n_prompt, prompt_tok_s);
+        printf("  prompt: %d tokens, %.1f tok/s%s\n", n_prompt, prompt_tok_s, e->gpu ? " (token by token)" : "");
         for (int d = 0; d < n_depths; d++)
             printf("  decode at depth %d: %d tokens, %.1f tok/s, %.0f us/token, %.1f GB/s = %.1f%% of probe\n", depths[d],
                    n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], 100.0 * gbs[d] * 1e9 / probe);

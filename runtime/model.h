@@ -41,6 +41,10 @@ err_code model_cpu_init(model_cpu **out, const model_weights *w, int ctx, int n_
  * the cache, and returns the logits (vocab) for the next token, valid until the next call. */
 const float *model_cpu_forward(model_cpu *m, int token, int pos);
 
+/* The same for tokens[0..n) at positions pos0 .. pos0 + n - 1 (n >= 1), several at a time: the
+ * logits after the last one, and the same cache as n calls of model_cpu_forward. */
+const float *model_cpu_prefill(model_cpu *m, const int *tokens, int n, int pos0);
+
 void model_cpu_free(model_cpu *m);
 
 /* ---------------------------------------------------------------------------------------------

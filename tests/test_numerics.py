@@ -48,6 +48,22 @@ def test_tiny_logits_match_reference(tiny, tmp_path):
     assert np.array_equal(got.argmax(-1), want.argmax(-1)) or err < 1e-4
 
 
+def test_tiny_prefill_then_greedy_matches_reference(tiny):
+    """A long prompt goes through the CPU prefill in batches (PREFILL_BATCH = 16 tokens, the last
+    batch partial); the greedy tokens after it must be the reference's."""
+    model_dir, binary = tiny
+    ref = load_model(model_dir, kv_dtype=np.float16)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = tok.encode(TINY_PROMPT).ids
+    assert len(ids) % 16 != 0
+    want = ref.greedy(ids, 8)
+    eos = ref.config["eos_token_id"]
+    if eos in want:
+        want = want[: want.index(eos)]
+    r = run(binary, "-m", str(model_dir), "-p", TINY_PROMPT, "-n", "8", "--temp", "0", "--threads", "2", "--device", "cpu")
+    assert r.stdout.decode(errors="replace") == TINY_PROMPT + tok.decode(want, skip_special_tokens=False) + "\n"
+
+
 def test_four_stream_matvecs_match_reference(tmp_path):
     """The plan picks four weight streams per thread only for large models; the same check on a
     tiny model built with that choice forced."""
