@@ -1351,23 +1351,30 @@ static err_code load_added(const loader *L, const json_value *added) {
     return ERR_OK;
 }
 
+/* A "Sequence" component: each entry of its array `key`, loaded in order by load_one with a path
+ * like "pre_tokenizer.pretokenizers[2]" for error messages. */
+typedef err_code (*component_loader)(const loader *L, const json_value *v, const char *where);
+static err_code load_sequence(const loader *L, const json_value *v, const char *where, const char *key,
+                              component_loader load_one) {
+    const json_value *list = json_get(v, key);
+    if (!list || list->type != JSON_ARRAY) return fail(L, where, "Sequence needs a \"%s\" array", key);
+    int k = 0;
+    json_for_each(it, list) {
+        char sub[96];
+        snprintf(sub, sizeof sub, "%s.%s[%d]", where, key, k++);
+        err_code rc = load_one(L, it, sub);
+        if (rc) return rc;
+    }
+    return ERR_OK;
+}
+
 static err_code load_normalizer(const loader *L, const json_value *n, const char *where) {
     tokenizer *t = L->t;
     const char *type = NULL;
     err_code rc;
     if (!n || n->type == JSON_NULL) return ERR_OK;
     if ((rc = get_type(L, n, where, &type))) return rc;
-    if (!strcmp(type, "Sequence")) {
-        const json_value *list = json_get(n, "normalizers");
-        if (!list || list->type != JSON_ARRAY) return fail(L, where, "Sequence needs a \"normalizers\" array");
-        int k = 0;
-        json_for_each(it, list) {
-            char sub[96];
-            snprintf(sub, sizeof sub, "%s.normalizers[%d]", where, k++);
-            if ((rc = load_normalizer(L, it, sub))) return rc;
-        }
-        return ERR_OK;
-    }
+    if (!strcmp(type, "Sequence")) return load_sequence(L, n, where, "normalizers", load_normalizer);
     if (t->n_norm == MAX_STEPS) return fail(L, where, "more than %d normalizers", MAX_STEPS);
     norm_step *st = &t->norm[t->n_norm];
     if (!strcmp(type, "Prepend")) {
@@ -1397,17 +1404,7 @@ static err_code load_pre_tokenizer(const loader *L, const json_value *p, const c
     err_code rc;
     if (!p || p->type == JSON_NULL) return ERR_OK;
     if ((rc = get_type(L, p, where, &type))) return rc;
-    if (!strcmp(type, "Sequence")) {
-        const json_value *list = json_get(p, "pretokenizers");
-        if (!list || list->type != JSON_ARRAY) return fail(L, where, "Sequence needs a \"pretokenizers\" array");
-        int k = 0;
-        json_for_each(it, list) {
-            char sub[96];
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", where, k++);
-            if ((rc = load_pre_tokenizer(L, it, sub))) return rc;
-        }
-        return ERR_OK;
-    }
+    if (!strcmp(type, "Sequence")) return load_sequence(L, p, where, "pretokenizers", load_pre_tokenizer);
     if (t->n_pre == MAX_STEPS) return fail(L, where, "more than %d pre-tokenizers", MAX_STEPS);
     pre_step *st = &t->pre[t->n_pre];
     if (!strcmp(type, "ByteLevel")) {
@@ -1471,17 +1468,7 @@ static err_code load_post_processor(const loader *L, const json_value *p, const 
     err_code rc;
     if (!p || p->type == JSON_NULL) return ERR_OK;
     if ((rc = get_type(L, p, where, &type))) return rc;
-    if (!strcmp(type, "Sequence")) {
-        const json_value *list = json_get(p, "processors");
-        if (!list || list->type != JSON_ARRAY) return fail(L, where, "Sequence needs a \"processors\" array");
-        int k = 0;
-        json_for_each(it, list) {
-            char sub[96];
-            snprintf(sub, sizeof sub, "%s.processors[%d]", where, k++);
-            if ((rc = load_post_processor(L, it, sub))) return rc;
-        }
-        return ERR_OK;
-    }
+    if (!strcmp(type, "Sequence")) return load_sequence(L, p, where, "processors", load_post_processor);
     if (!strcmp(type, "ByteLevel")) return ERR_OK; /* it only trims offsets */
     if (!strcmp(type, "TemplateProcessing")) {
         if (t->n_prefix || t->n_suffix) return fail(L, where, "a second template is not supported");
@@ -1531,17 +1518,7 @@ static err_code load_decoder(const loader *L, const json_value *d, const char *w
     err_code rc;
     if (!d || d->type == JSON_NULL) return ERR_OK;
     if ((rc = get_type(L, d, where, &type))) return rc;
-    if (!strcmp(type, "Sequence")) {
-        const json_value *list = json_get(d, "decoders");
-        if (!list || list->type != JSON_ARRAY) return fail(L, where, "Sequence needs a \"decoders\" array");
-        int k = 0;
-        json_for_each(it, list) {
-            char sub[96];
-            snprintf(sub, sizeof sub, "%s.decoders[%d]", where, k++);
-            if ((rc = load_decoder(L, it, sub))) return rc;
-        }
-        return ERR_OK;
-    }
+    if (!strcmp(type, "Sequence")) return load_sequence(L, d, where, "decoders", load_decoder);
     if (t->n_dec == MAX_STEPS) return fail(L, where, "more than %d decoders", MAX_STEPS);
     dec_step *st = &t->dec[t->n_dec];
     if (!strcmp(type, "ByteLevel")) {
