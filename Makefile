@@ -4,6 +4,7 @@
 #   make test                     set up and run every test
 #   make MODEL=<dir-or-name>      build build/<name>/ingot for a Hugging Face model directory
 #   make bench MODEL=...          prompt and decode speed with bandwidth share
+#   make compare MODEL=...        specialized against generic build: table and chart in build/compare/<name>/
 #   make generate MODEL=...       only regenerate generated/<name>/
 #
 # Everything Python runs in .venv, created here from the pinned requirements.txt.
@@ -47,7 +48,7 @@ RUNTIME_HDRS := $(wildcard runtime/*.h)
 GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h
 CODEGEN_SRCS := $(wildcard codegen/*.py) $(wildcard templates/*.j2)
 
-.PHONY: all run test test-gpu bench generate venv clean
+.PHONY: all run test test-gpu bench compare generate venv clean
 .DELETE_ON_ERROR:
 
 all: $(OUT)/ingot
@@ -124,6 +125,13 @@ run: $(OUT)/ingot $(MODEL_DIR)/model.safetensors
 
 bench: $(OUT)/ingot
 	$(OUT)/ingot --bench $(BENCH_FLAGS)
+
+# Both builds on the same weights (tests/bench/compare.py, which times a clean rebuild of each);
+# COMPARE_FLAGS passes its options, e.g. COMPARE_FLAGS="--repeats 5 --cpu-depths 0,2048".
+compare: $(OUT)/ingot $(VENV)/.installed
+	$(MAKE) MODEL=$(MODEL) GENERIC=1
+	@test -x build/generic/ingot || { echo "make compare: make GENERIC=1 did not build build/generic/ingot" >&2; exit 1; }
+	$(PY) tests/bench/compare.py $(MODEL_DIR) --rebuild $(COMPARE_FLAGS)
 
 test: $(VENV)/.installed $(DEFAULT_MODEL)/model.safetensors $(OUT)/ingot
 	$(PY) -m pytest -q tests
