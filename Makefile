@@ -109,6 +109,12 @@ build/tests/%: tests/%.c tests/check.h $(RUNTIME_OBJS) $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $< $(RUNTIME_OBJS) -o $@ $(LDLIBS)
 
+# The GPU sampler against the CPU one on the same logits (run by tests/test_gpu.py on a GPU).
+build/tests/cuda_sampler_test: tests/cuda_sampler_test.cu runtime/cuda_sampler.cuh runtime/cuda_kernels.cuh \
+		build/runtime/sampler.o build/runtime/errors.o
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $< build/runtime/sampler.o build/runtime/errors.o -o $@
+
 # ---------------------------------------------------------------------------------------------
 # Using it
 

@@ -44,6 +44,49 @@ __device__ __forceinline__ void pdl_launch_dependents(void) {
 #endif
 }
 
+/* How a stage body waits for the previous stage, after issuing the loads that do not depend on
+ * it. Each body calls its wait exactly once, in every block, whether the block has rows or not. */
+
+/* In the step's graph, one kernel per stage: programmatic dependent launch. */
+struct wait_pdl {
+    __device__ __forceinline__ void operator()() const {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+};
+
+/* In the persistent kernel, every stage in one launch: a barrier across the grid, whose blocks are
+ * all resident (a cooperative launch). count and generation live in device memory, zeroed once;
+ * the last block to arrive resets count and advances generation, the others spin on it. Writes
+ * before the barrier are visible to every block after it (fences on both sides of the arrival, as
+ * cooperative groups' grid sync). */
+struct wait_grid {
+    unsigned *count, *generation;
+    __device__ __forceinline__ void operator()() const {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            volatile unsigned *gen = generation;
+            unsigned g = *gen;
+            __threadfence();
+            if (atomicAdd(count, 1u) == gridDim.x - 1) {
+                *count = 0;
+                __threadfence();
+                atomicAdd(generation, 1u);
+            } else {
+                while (*gen == g) {
+                }
+            }
+            __threadfence();
+        }
+        __syncthreads();
+    }
+};
+
+/* Nothing to wait for (the caller has already waited). */
+struct wait_none {
+    __device__ __forceinline__ void operator()() const {}
+};
+
 // ---------------------------------------------------------------------------------------------
 // Weights: 8 values of the storage dtype in a uint4, to fp32
 
@@ -161,7 +204,7 @@ __device__ __forceinline__ float row_dot_direct(const row_chunks *first, const u
 }
 
 /* sx (K, shared) = x, or x * norm_w / sqrt(mean(x^2) + eps) when norm_w is given (HF's RMSNorm).
- * Called by the whole block after pdl_wait; ends with a barrier. */
+ * Called by the whole block after its wait; ends with a barrier. */
 __device__ __forceinline__ void stage_input(float *sx, const float *x, const uint16_t *norm_w, int K, float eps) {
     __shared__ float partial[MV_WARPS];
     if (norm_w) {
@@ -203,10 +246,11 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 #define IO_POS 1
 #define IO_NEXT 2
 
-/* x (dim) = embed[token] */
-__device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io, float *x, int dim) {
-    pdl_wait();
-    pdl_launch_dependents();
+/* x (dim) = embed[token]; history[pos] = token, for the sampler's repetition penalty */
+template <typename Wait>
+__device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io, float *x, int *history, int dim, Wait wait) {
+    wait();
+    if (blockIdx.x == 0 && threadIdx.x == 0) history[io[IO_POS]] = io[IO_TOKEN];
     const uint16_t *row = embed + (size_t)io[IO_TOKEN] * dim;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
 }
@@ -218,11 +262,12 @@ __device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io,
 
 /* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store. A pair is rows
  * (i, i + head_dim/2) of one Q or K head, rotated together, or two V rows. */
+template <typename Wait>
 __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
                                                       const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
                                                       const uint16_t *bv, const float *x, float *q, uint16_t *kc,
                                                       uint16_t *vc, const int *io, const float *inv_freq, int dim,
-                                                      int q_dim, int kv_dim, int head_dim, float eps) {
+                                                      int q_dim, int kv_dim, int head_dim, float eps, Wait wait) {
     extern __shared__ float sx[];
     __shared__ float pair_val[MV_WARPS];
     const int half = head_dim / 2, q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
@@ -247,8 +292,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         QKV_ROW(p, row, kind, wm);
         load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)row * dim), dim, 0, lane);
     }
-    pdl_wait();
-    pdl_launch_dependents();
+    wait();
     stage_input(sx, x, norm_w, dim, eps);
     const int pos = io[IO_POS];
     for (int base = blockIdx.x * PAIRS_PER_BLOCK; base < pairs; base += gridDim.x * PAIRS_PER_BLOCK) {
@@ -290,14 +334,14 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
 
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add; the input
  * is read from global memory (row_dot_direct). */
+template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
-                                                     int rows, int K) {
+                                                     int rows, int K, Wait wait) {
     const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
     row_chunks a;
     if (row < rows) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
-    pdl_wait();
-    pdl_launch_dependents();
+    wait();
     for (bool first = true; row < rows; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         if (!first) load_step(&a, r, K, 0, lane);
@@ -308,8 +352,10 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
 
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
  * gate row i on warp 2k, up row i on warp 2k + 1. */
+template <typename Wait>
 __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
-                                                          const float *x, float *hb, int dim, int hidden, float eps) {
+                                                          const float *x, float *hb, int dim, int hidden, float eps,
+                                                          Wait wait) {
     extern __shared__ float sx[];
     __shared__ float pair_val[MV_WARPS];
     const int lane = threadIdx.x % WARP_SIZE, wib = threadIdx.x / WARP_SIZE, side = wib & 1;
@@ -317,8 +363,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     int i = blockIdx.x * PAIRS_PER_BLOCK + wib / 2;
     row_chunks a;
     if (i < hidden) load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)i * dim), dim, 0, lane);
-    pdl_wait();
-    pdl_launch_dependents();
+    wait();
     stage_input(sx, x, norm_w, dim, eps);
     for (int base = blockIdx.x * PAIRS_PER_BLOCK; base < hidden; base += gridDim.x * PAIRS_PER_BLOCK) {
         i = base + wib / 2;
@@ -336,9 +381,10 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 
 /* model.norm + LM head: logits (vocab) = W . xn, and the greedy choice: each block keeps its best
  * (value, lowest id), the last block to finish reduces them into io[IO_NEXT]. */
+template <typename Wait>
 __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm_w, const uint16_t *w, const float *x,
                                                             float *logits, float2 *block_best, unsigned *counter,
-                                                            int *io, int dim, int vocab, float eps) {
+                                                            int *io, int dim, int vocab, float eps, Wait wait) {
     extern __shared__ float sx[];
     __shared__ float best_v[MV_WARPS];
     __shared__ int best_i[MV_WARPS];
@@ -347,8 +393,7 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     int row = grid_warp();
     row_chunks a;
     if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
-    pdl_wait();
-    pdl_launch_dependents();
+    wait();
     stage_input(sx, x, norm_w, dim, eps);
     float bv = -INFINITY;
     int bi = 0x7FFFFFFF;
@@ -406,18 +451,19 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
 #define ATT_SMEM_BYTES(kv_mul, head_dim) \
     ((size_t)((kv_mul) * (head_dim) + (kv_mul) * ATT_TILE + 2 * (kv_mul)) * sizeof(float))
 
+template <typename Wait>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                float *part_acc, float *part_ml, unsigned *counters, float *out,
-                                               int n_kv_heads, int head_dim, int kv_mul, int n_splits) {
+                                               int n_kv_heads, int head_dim, int kv_mul, int n_splits, int kvh, int split,
+                                               Wait wait) {
     extern __shared__ float smem[];
     float *sq = smem;                             /* (kv_mul, head_dim) the group's queries */
     float *sc = sq + kv_mul * head_dim;           /* (kv_mul, ATT_TILE) scores, then probabilities */
     float *sml = sc + kv_mul * ATT_TILE;          /* (kv_mul, 2) max and sum */
     __shared__ bool last;
-    const int kvh = blockIdx.x, split = blockIdx.y, tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
     const int kv_dim = n_kv_heads * head_dim;
-    pdl_wait();
-    pdl_launch_dependents();
+    wait();
     /* Positions [0, n) in chunks of at least ATT_MIN_CHUNK: a short context keeps few blocks busy
      * and the combine short; blocks past the last chunk have nothing to do. */
     const int n = io[IO_POS] + 1, chunk = max((n + n_splits - 1) / n_splits, ATT_MIN_CHUNK);

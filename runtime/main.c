@@ -48,6 +48,7 @@ typedef struct {
     int n_threads;
     int ctx;
     const char *device;
+    int gpu_persistent;       /* --gpu-step persistent */
     const char *dump_logits;  /* testing aid: the prompt's logits, float32 (n_tokens, vocab) */
 } options;
 
@@ -76,6 +77,9 @@ static void usage(FILE *f) {
             "      --threads N         CPU threads (default: physical cores)\n"
             "      --ctx N             context length in tokens (default %d, the model's)\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
+            "      --gpu-step graph|persistent\n"
+            "                          the GPU step as a CUDA graph of a kernel per stage (default), or as\n"
+            "                          one persistent kernel with grid barriers between the stages\n"
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit\n"
             "  -h, --help              this text\n",
             MODEL_NAME, MODEL_ARCHITECTURE, INGOT_MODEL_DIR, MODEL_SEQ_LEN);
@@ -164,6 +168,12 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--tokenize", "--tokenize")) o->tokenize = 1;
         else if (FLAG("--threads", "--threads")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, 1024, &n); o->n_threads = (int)n; }
         else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, MODEL_SEQ_LEN, &n); o->ctx = (int)n; }
+        else if (FLAG("--gpu-step", "--gpu-step")) {
+            NEEDS_VALUE();
+            if (strcmp(v, "graph") != 0 && strcmp(v, "persistent") != 0)
+                return err_set(ERR_ARG, "--gpu-step %s: expected graph or persistent", v);
+            o->gpu_persistent = strcmp(v, "persistent") == 0;
+        }
         else if (FLAG("--device", "--device")) {
             NEEDS_VALUE();
             if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) return err_set(ERR_ARG, "--device %s: expected cpu or cuda", v);
@@ -264,22 +274,17 @@ typedef struct {
     tokenizer *tok;
     model_cpu *cpu;       /* one of cpu and gpu runs the model */
     model_cuda *gpu;
-    int device_argmax;    /* the GPU makes the greedy choice: only token ids cross to the host */
+    int device_sampling;  /* the GPU picks the next token: only token ids cross to the host */
     int ctx;
     int *tokens;          /* (ctx) ids in the KV cache, oldest first */
     int n_tokens;
-    const float *logits;  /* (vocab) after the last token fed, unless device_argmax */
-    int next;             /* the device's greedy choice after the last token fed, if device_argmax */
+    const float *logits;  /* (vocab) after the last token fed, unless device_sampling */
+    int next;             /* the device's choice after the last token fed, if device_sampling */
     char *piece;          /* (piece_cap) the bytes of one decoded token */
     int piece_cap;
     int stop_ids[MODEL_N_EOS + MODEL_CHAT_N_STOP];
     int n_stop;
 } engine;
-
-#ifdef INGOT_CUDA
-/* Greedy without a repetition penalty needs no logits on the host: the device picks the token. */
-static int sampling_is_greedy(const sampler_config *c) { return c->temperature == 0.0f && c->repeat_penalty == 1.0f; }
-#endif
 
 static err_code engine_open(engine *e, const options *o) {
     memset(e, 0, sizeof *e);
@@ -305,8 +310,9 @@ static err_code engine_open(engine *e, const options *o) {
     if (!e->tokens) return err_set(ERR_NOMEM, "token history for %d tokens", e->ctx);
     if (strcmp(o->device, "cuda") == 0) {
 #ifdef INGOT_CUDA
-        e->device_argmax = (o->bench || sampling_is_greedy(&o->sampling)) && !o->dump_logits && !o->perplexity_file;
-        return model_cuda_init(&e->gpu, data, e->ctx);
+        /* Only logits dumps and perplexity need the logits on the host. */
+        e->device_sampling = !o->dump_logits && !o->perplexity_file;
+        return model_cuda_init(&e->gpu, data, e->ctx, o->gpu_persistent);
 #endif
     }
     return model_cpu_init(&e->cpu, &e->w, e->ctx, o->n_threads);
@@ -341,9 +347,11 @@ static err_code engine_feed(engine *e, const int *ids, int n) {
 #ifdef INGOT_CUDA
     if (e->gpu) {
         for (int i = 0; i < n; i++) {
-            /* Only the last token's logits are needed (dump and perplexity feed one at a time). */
-            int want_logits = !e->device_argmax && i == n - 1;
-            err_code rc = model_cuda_step(e->gpu, ids[i], e->n_tokens, &e->next, want_logits ? &e->logits : NULL);
+            /* Only the last token's choice or logits are needed (dump and perplexity feed one at a
+             * time); the others only extend the cache. */
+            int last = i == n - 1;
+            err_code rc = model_cuda_step(e->gpu, ids[i], e->n_tokens, e->device_sampling && last ? &e->next : NULL,
+                                          !e->device_sampling && last ? &e->logits : NULL);
             if (rc) return rc;
             e->tokens[e->n_tokens++] = ids[i];
         }
@@ -354,6 +362,17 @@ static err_code engine_feed(engine *e, const int *ids, int n) {
     memcpy(e->tokens + e->n_tokens, ids, (size_t)n * sizeof(int));
     e->n_tokens += n;
     return ERR_OK;
+}
+
+/* sampler_init, and on the GPU the same settings and seed for the device's draws. */
+static err_code engine_sampler_init(engine *e, sampler *s, const sampler_config *cfg) {
+    err_code rc = sampler_init(s, cfg, MODEL_VOCAB_SIZE);
+#ifdef INGOT_CUDA
+    if (!rc && e->gpu && (rc = model_cuda_set_sampler(e->gpu, s))) sampler_free(s);
+#else
+    (void)e;
+#endif
+    return rc;
 }
 
 static err_code encode(const engine *e, const char *text, int add_special, int **ids, int *n) {
@@ -369,7 +388,7 @@ static err_code engine_generate(engine *e, sampler *s, int max_new, FILE *out, i
     int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1;
     while (max_new < 0 || produced < max_new) {
         int id;
-        if (e->device_argmax) {
+        if (e->device_sampling) {
             id = e->next;
         } else {
             memcpy(buf, e->logits, sizeof buf);
@@ -401,11 +420,11 @@ static err_code run_completion(engine *e, const options *o, const char *text) {
         return err_set(ERR_CONTEXT, "the prompt is %d tokens, the context %d; nothing would be left to generate (raise --ctx, at most %d)",
                        n, e->ctx, MODEL_SEQ_LEN);
     }
+    sampler s;
+    if ((rc = engine_sampler_init(e, &s, &o->sampling))) { free(ids); return rc; }
     rc = engine_feed(e, ids, n);
     free(ids);
-    if (rc) return rc;
-    sampler s;
-    if ((rc = sampler_init(&s, &o->sampling, MODEL_VOCAB_SIZE))) return rc;
+    if (rc) { sampler_free(&s); return rc; }
     fputs(text, stdout);
     int full;
     rc = engine_generate(e, &s, o->n_tokens < 0 ? 256 : o->n_tokens, stdout, NULL, &full);
@@ -461,7 +480,7 @@ static err_code run_chat(engine *e, const options *o, const char *one_turn) {
     if (o->system && !MODEL_CHAT_HAS_SYSTEM)
         return err_set(ERR_ARG, "--system: this model's chat template has no system role");
     sampler s;
-    err_code rc = sampler_init(&s, &o->sampling, MODEL_VOCAB_SIZE);
+    err_code rc = engine_sampler_init(e, &s, &o->sampling);
     if (rc) return rc;
     int full = 0;
     if (one_turn) {
@@ -602,7 +621,7 @@ static err_code run_bench(engine *e, const options *o) {
     greedy.temperature = 0.0f;
     greedy.repeat_penalty = 1.0f;
     sampler s;
-    if (!rc) rc = sampler_init(&s, &greedy, MODEL_VOCAB_SIZE);
+    if (!rc) rc = engine_sampler_init(e, &s, &greedy);
     if (rc) { free(fill); return rc; }
     double tok_s[16], gbs[16];
     for (int d = 0; d < n_depths && !rc; d++) {
@@ -635,10 +654,10 @@ static err_code run_bench(engine *e, const options *o) {
     double prompt_tok_s = n_prompt / prompt_s;
     const char *dev = e->gpu ? "cuda" : "cpu";
     if (o->json) {
-        printf("{\"model\": \"%s\", \"device\": \"%s\", \"device_name\": \"%s\", \"threads\": %d, "
+        printf("{\"model\": \"%s\", \"device\": \"%s\", \"device_name\": \"%s\", \"gpu_step\": \"%s\", \"threads\": %d, "
                "\"weight_bytes_per_token\": %llu, \"kv_bytes_per_position\": %llu, \"probe_gb_s\": %.2f, "
                "\"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"decode\": [",
-               MODEL_NAME, dev, device, e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, MODEL_KV_BYTES_PER_POS,
+               MODEL_NAME, dev, device, e->gpu ? (o->gpu_persistent ? "persistent" : "graph") : "none", e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, MODEL_KV_BYTES_PER_POS,
                probe / 1e9, n_prompt, prompt_tok_s);
         for (int d = 0; d < n_depths; d++)
             printf("%s{\"depth\": %d, \"tokens\": %d, \"tok_s\": %.2f, \"us_per_token\": %.1f, \"gb_s\": %.2f, "
@@ -647,6 +666,7 @@ static err_code run_bench(engine *e, const options *o) {
         printf("]}\n");
     } else {
         printf("bench: %s on %s", MODEL_NAME, e->gpu ? device : "cpu");
+        if (e->gpu) printf(", step: %s", o->gpu_persistent ? "persistent kernel" : "CUDA graph");
         if (!e->gpu) printf(", %d threads", o->n_threads);
         printf(", %.1f MB of weights read per token\n", MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
         printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);

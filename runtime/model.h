@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "model_config.h"
 #include "safetensors.h"
+#include "sampler.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,13 +53,22 @@ void model_cpu_free(model_cpu *m);
 typedef struct model_cuda model_cuda;
 
 /* Uploads the weights (data[i]: model_tensor_specs[i]'s bytes on the host) and allocates a KV cache
- * of ctx tokens on device 0; refuses with ERR_DEVICE when there is no device or they do not fit. */
-err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx);
+ * of ctx tokens on device 0; refuses with ERR_DEVICE when there is no device or they do not fit.
+ * persistent: run each step as one persistent kernel with grid barriers between its stages, instead
+ * of a CUDA graph of a kernel per stage (--gpu-step). */
+err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx, int persistent);
 
-/* One decode step on the GPU: token at position pos. *next (if not NULL) gets the greedy choice
- * made on the device; *logits (if not NULL) the logits copied to the host, valid until the next
- * step. Only the token id crosses back when logits is NULL. */
+/* One decode step on the GPU: token at position pos. *next (if not NULL) gets the token chosen
+ * on the device (see model_cuda_set_sampler); *logits (if not NULL) the logits copied to the host, valid until the next
+ * step. Only the token id crosses back when logits is NULL. With next == NULL and logits == NULL
+ * the step only extends the cache (a prompt token). */
 err_code model_cuda_step(model_cuda *m, int token, int pos, int *next, const float **logits);
+
+/* The sampler whose settings and generator state (as sampler_init left them) later steps use to
+ * draw *next on the device (runtime/cuda_sampler.cuh); until it is called, *next is the argmax.
+ * Greedy without a repetition penalty keeps the LM head's argmax. Steps with next == NULL (prompt
+ * tokens) neither draw nor advance the generator, as on the CPU. */
+err_code model_cuda_set_sampler(model_cuda *m, const sampler *s);
 
 /* Random keys and values for positions [0, n_pos): benchmarks at a context depth. */
 err_code model_cuda_fill_cache(model_cuda *m, int n_pos);

@@ -23,7 +23,7 @@ typedef struct {
 
 typedef struct {
     candidate *cand;     /* (vocab_size) */
-    unsigned char *seen; /* (vocab_size) marks for the penalty, all zero between calls */
+    unsigned char *seen; /* (vocab_size) marks for the penalty and the draw, all zero between calls */
 } scratch;
 
 // ------------------------------------------------------------------------------------------------
@@ -282,16 +282,24 @@ int sampler_sample(sampler *s, float *logits, const int *history, int n_history)
         n = m;
     }
 
+    /* The draw walks the survivors in id order, whatever order the stages left them in: a
+     * canonical order that the GPU's sampler (runtime/cuda_sampler.cuh) walks too, so the same seed
+     * and logits give the same token on both. The weights are recomputed from x exactly as above. */
+    unsigned char *kept = ((scratch *)s->scratch)->seen;
+    for (int j = 0; j < n; j++) kept[cand[j].id] = 1;
     double total = 0;
-    for (int j = 0; j < n; j++) total += cand[j].w;
+    for (int i = 0; i < V; i++)
+        if (kept[i]) total += expf(logits[i] - x_max);
     double r = random_unit(&s->rng_state) * total, acc = 0;
-    for (int j = 0; j < n; j++) {
-        acc += cand[j].w;
-        if (r < acc) return cand[j].id;
+    int pick = -1, last = -1;
+    for (int i = 0; i < V; i++) {
+        if (!kept[i]) continue;
+        kept[i] = 0;
+        float w = expf(logits[i] - x_max);
+        acc += w;
+        if (w > 0) last = i;
+        if (pick < 0 && r < acc) pick = i;
     }
-    /* Rounding left r at the very top: the last candidate with weight. */
-    for (int j = n - 1; j >= 0; j--) {
-        if (cand[j].w > 0) return cand[j].id;
-    }
-    return top;
+    /* Rounding left r at the very top: the last survivor with weight. */
+    return pick >= 0 ? pick : last >= 0 ? last : top;
 }

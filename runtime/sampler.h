@@ -12,6 +12,10 @@
 
 #include "errors.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     float temperature;    /* 0: greedy */
     int top_k;            /* 0: off */
@@ -38,5 +42,9 @@ err_code sampler_init(sampler *s, const sampler_config *cfg, int vocab_size);
 int sampler_sample(sampler *s, float *logits, const int *history, int n_history);
 
 void sampler_free(sampler *s);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -54,3 +54,9 @@ def test_generated_cuda_compiles(tmp_path, variant, arch):
                         "-Werror", "all-warnings", "-c", str(gen / "forward_cuda.cu"), "-o", str(tmp_path / "f.o")],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_gpu_sampler_test_compiles():
+    """tests/cuda_sampler_test.cu (run by test_gpu.py on a GPU) builds here too."""
+    r = subprocess.run(["make", "-s", "build/tests/cuda_sampler_test"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]

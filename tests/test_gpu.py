@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import DEFAULT_MODEL, TINY_VARIANTS, build_model, run, tiny_model_dir
+from conftest import DEFAULT_MODEL, REPO, TINY_VARIANTS, build_model, run, tiny_model_dir
 from reference import compare_logits
 from test_numerics import TINY_PROMPT
 
@@ -38,9 +38,10 @@ GPU_CPU_TOLERANCE = 1e-3
 GPU_HF_TOLERANCE = 5e-3
 
 
-def logits_of(binary, model_dir, device, prompt, tmp_path, vocab):
-    out = tmp_path / f"logits-{device}.bin"
-    run(binary, "-m", str(model_dir), "--device", device, "--dump-logits", str(out), "-p", prompt, "--threads", "4")
+def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
+    out = tmp_path / f"logits-{device}-{step}.bin"
+    run(binary, "-m", str(model_dir), "--device", device, "--gpu-step", step, "--dump-logits", str(out), "-p", prompt,
+        "--threads", "4")
     return np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
 
 
@@ -50,13 +51,38 @@ def tiny_gpu(request):
     return d, build_model(d)
 
 
-def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path):
+@pytest.mark.parametrize("step", ["graph", "persistent"])
+def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path, step):
     d, binary = tiny_gpu
     vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    gpu = logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab)
+    gpu = logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab, step)
     cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
     err = compare_logits(gpu, cpu)
-    assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
+    assert err < GPU_CPU_TOLERANCE, f"{d.name}, --gpu-step {step}: GPU against CPU {err:.2e}"
+
+
+def test_gpu_sampler_draws_what_the_cpu_sampler_draws():
+    """runtime/cuda_sampler.cuh against runtime/sampler.c on the same logits and seeds, every path
+    (tests/cuda_sampler_test.cu): the same token on every draw."""
+    subprocess.run(["make", "-s", "build/tests/cuda_sampler_test"], cwd=REPO, check=True)
+    r = subprocess.run([str(REPO / "build/tests/cuda_sampler_test")], capture_output=True, text=True, timeout=600)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " 0 mismatches" in r.stdout
+
+
+def test_gpu_sampling_end_to_end():
+    """Sampling on the device: the same seed gives the same text, another seed other text, with
+    either step; top-k 1 is greedy."""
+    d = tiny_model_dir("tiny-gqa")
+    binary = build_model(d)
+    args = ["-m", str(d), "--device", "cuda", "-p", "Hello there", "-n", "48", "--temp", "1.5", "--top-p", "1", "--min-p", "0"]
+    first = run(binary, *args, "--seed", "5").stdout
+    assert run(binary, *args, "--seed", "5").stdout == first
+    assert run(binary, *args, "--seed", "5", "--gpu-step", "persistent").stdout == first
+    assert run(binary, *args, "--seed", "6").stdout != first
+    greedy = run(binary, *args[:-6], "--temp", "0").stdout
+    assert run(binary, *args[:-6], "--temp", "1", "--top-k", "1").stdout == greedy
 
 
 def test_tiny_gpu_matches_transformers(tiny_gpu, tmp_path):
@@ -95,17 +121,25 @@ def test_default_model_greedy_64_tokens_equal_cpu(default_gpu, prompt):
     assert gpu == cpu
 
 
+def test_default_model_penalty_greedy_equals_cpu(default_gpu):
+    """The repetition penalty applied on the device, greedy: the same 64 tokens as the CPU."""
+    args = ["-p", "The history of the Roman Empire", "-n", "64", "--temp", "0", "--repeat-penalty", "1.3", "--threads", "8"]
+    assert run(default_gpu, *args, "--device", "cuda").stdout == run(default_gpu, *args, "--device", "cpu").stdout
+
+
 def test_default_model_chat_on_gpu(default_gpu):
     r = run(default_gpu, "--device", "cuda", "--chat", "-p", "What is the capital of France?", "--temp", "0")
     assert "Paris" in r.stdout.decode()
 
 
-def test_memcheck_clean(tmp_path):
+@pytest.mark.parametrize("step", ["graph", "persistent"])
+def test_memcheck_clean(tmp_path, step):
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
     d = tiny_model_dir("tiny-gqa")
     binary = build_model(d)
     r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", str(binary), "-m", str(d),
-                        "--device", "cuda", "-p", "Hello there", "-n", "8", "--temp", "0"],
+                        "--device", "cuda", "--gpu-step", step, "-p", "Hello there", "-n", "8", "--temp", "0.8",
+                        "--repeat-penalty", "1.2"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]

@@ -3,7 +3,8 @@
 #   bash tests/bench/gpu.sh [test|bench|all]   (default all)
 # test: make test-gpu (GPU against CPU and transformers on the tiny models, memcheck; the default
 # model's checks too when its weights are staged). bench: --bench on random-weight shapes of
-# SmolLM2-135M, Llama-3.2-1B and Mistral-7B (bf16), synthesized there, into build/bench-models/.
+# SmolLM2-135M, Llama-3.2-1B and Mistral-7B (bf16), synthesized there, into build/bench-models/,
+# with each --gpu-step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
@@ -22,14 +23,20 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
         [ -e "$d/model.safetensors" ] || [ -e "$d/model.safetensors.index.json" ] ||
             .venv/bin/python -m codegen.synth "$d" --dtype bf16 >/dev/null || exit 1
         make -s MODEL="$d" >/dev/null || exit 1
-        timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
+        # each way of running the step (GPU_STEPS="graph persistent"), in the same run
+        for step in ${GPU_STEPS:-graph persistent}; do
+            echo "== --gpu-step $step"
+            timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --gpu-step "$step" --bench -n 128 ${BENCH_FLAGS:-}
+        done
         # the same model built with other kernel flags, in the same run: VARIANTS="-DA=1|-DB=2"
         IFS='|' read -ra variants <<<"${VARIANTS:-}"
         for v in "${variants[@]}"; do
             rm -f "build/bench-$m/forward_cuda.o"
             make -s MODEL="$d" EXTRA_NVCCFLAGS="$v" >/dev/null || exit 1
-            echo "== variant: $v"
-            timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
+            for step in ${VARIANT_STEPS:-${GPU_STEPS:-graph persistent}}; do
+                echo "== variant: $v, --gpu-step $step"
+                timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --gpu-step "$step" --bench -n 128 ${BENCH_FLAGS:-}
+            done
             rm -f "build/bench-$m/forward_cuda.o"
         done
     done

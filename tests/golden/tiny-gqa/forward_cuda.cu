@@ -16,6 +16,7 @@
 
 #include "model.h"
 #include "cuda_kernels.cuh"
+#include "cuda_sampler.cuh"
 
 #if !defined(MODEL_WEIGHT_DTYPE_F32)
 MODEL_STATIC_ASSERT(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0,
@@ -50,8 +51,8 @@ __constant__ float rope_inv_freq[MODEL_HEAD_DIM / 2];
 // ---------------------------------------------------------------------------------------------
 // The kernels: each stage body with this model's constants
 
-__global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x) {
-    embed_body(embed, io, x, MODEL_DIM);
+__global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, int *history) {
+    embed_body(embed, io, x, history, MODEL_DIM, wait_pdl{});
 }
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(MV_THREADS) rmsnorm_qkv_rope_kernel(model_laye
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           NULL, NULL, NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM,
-                          MODEL_NORM_EPS);
+                          MODEL_NORM_EPS, wait_pdl{});
 }
 
 /* split-K attention over the cache, one block per (KV head, split) */
@@ -68,22 +69,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, 
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int n_splits) {
     attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM, MODEL_KV_MUL,
-                   n_splits);
+                   n_splits, blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
 /* self_attn.o_proj (+ bias) + residual */
 __global__ void __launch_bounds__(MV_THREADS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
-    matvec_residual_body(w.wo, NULL, att, x, MODEL_DIM, MODEL_Q_DIM);
+    matvec_residual_body(w.wo, NULL, att, x, MODEL_DIM, MODEL_Q_DIM, wait_pdl{});
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 __global__ void __launch_bounds__(MV_THREADS) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb) {
-    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS);
+    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
 }
 
 /* mlp.down_proj + residual */
 __global__ void __launch_bounds__(MV_THREADS) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
-    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM);
+    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, wait_pdl{});
 }
 
 /* model.norm, the LM head and the greedy choice */
@@ -91,7 +92,58 @@ __global__ void __launch_bounds__(MV_THREADS) rmsnorm_lm_head_argmax_kernel(cons
                                                                            const float *x, float *logits,
                                                                            float2 *block_best, unsigned *counter, int *io) {
     rmsnorm_lm_head_argmax_body(norm_w, w, x, logits, block_best, counter, io, MODEL_DIM, MODEL_VOCAB_SIZE,
-                                MODEL_NORM_EPS);
+                                MODEL_NORM_EPS, wait_pdl{});
+}
+
+/* What the persistent step reads and writes: device pointers, fixed for the model's lifetime. */
+struct step_buffers {
+    const model_weights *w; /* in device memory */
+    float *x, *q, *att, *hb, *logits;
+    uint16_t *key_cache, *value_cache;
+    float *part_acc, *part_ml;
+    unsigned *counters;
+    float2 *block_best;
+    int *io, *history;
+    unsigned *barrier; /* {count, generation} */
+    int ctx, n_splits;
+};
+
+/* The whole step in one launch: every stage above in order, the grid (one wave, all resident)
+ * meeting at a barrier between stages instead of a kernel boundary. Each block issues its first
+ * weight loads of the next stage before it arrives at the barrier, as the kernels above do before
+ * their programmatic-dependent-launch wait. */
+#ifndef PERSISTENT_MIN_BLOCKS
+#define PERSISTENT_MIN_BLOCKS 1 /* blocks per SM the register budget must allow (-DPERSISTENT_MIN_BLOCKS=2) */
+#endif
+__global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) persistent_step_kernel(step_buffers b) {
+    const wait_grid sync = {b.barrier, b.barrier + 1};
+    embed_body(b.w->embed, b.io, b.x, b.history, MODEL_DIM, wait_none{});
+    for (int l = 0; l < MODEL_N_LAYERS; l++) {
+        const model_layer_weights *w = &b.w->layers[l];
+        uint16_t *kc = b.key_cache + (size_t)l * b.ctx * MODEL_KV_DIM;
+        uint16_t *vc = b.value_cache + (size_t)l * b.ctx * MODEL_KV_DIM;
+        rmsnorm_qkv_rope_body(w->attn_norm, w->wq, w->wk, w->wv,
+                              NULL, NULL, NULL,
+                              b.x, b.q, kc, vc, b.io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM,
+                              MODEL_NORM_EPS, sync);
+        sync();
+        for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
+            attention_body(b.q, kc, vc, b.io, b.part_acc, b.part_ml, b.counters, b.att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM,
+                           MODEL_KV_MUL, b.n_splits, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
+            __syncthreads(); /* shared memory is reused by the next (head, split) */
+        }
+        matvec_residual_body(w->wo, NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, sync);
+        rmsnorm_gate_up_silu_body(w->ffn_norm, w->w_gate, w->w_up, b.x, b.hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, sync);
+        matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, sync);
+    }
+    rmsnorm_lm_head_argmax_body(b.w->final_norm, b.w->lm_head, b.x, b.logits, b.block_best, b.counters + MODEL_N_KV_HEADS,
+                                b.io, MODEL_DIM, MODEL_VOCAB_SIZE, MODEL_NORM_EPS, sync);
+}
+
+/* the next token from the logits, with the sampler's settings (cuda_sampler.cuh) */
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *logits, const int *history, int *first_seen, int *io,
+                                                                const sample_params *params, unsigned long long *rng) {
+    sample_body(logits, MODEL_VOCAB_SIZE, history, first_seen, io, params, rng);
 }
 
 /* Random fp16 keys and values in [-1, 1) for positions [0, n_pos) of every layer: --bench at a
@@ -113,6 +165,10 @@ __global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t seed) {
 
 struct model_cuda {
     int ctx, n_splits;
+    int persistent;           /* the step is persistent_step_kernel, not a kernel per stage */
+    int grid_persistent;      /* its blocks: one wave */
+    model_weights *w_device;  /* m->w, in device memory, for the persistent kernel */
+    unsigned *barrier;        /* its grid barrier: {count, generation} */
     int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head; /* blocks: needed, at most one wave */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
@@ -128,19 +184,26 @@ struct model_cuda {
     unsigned *counters;       /* (n_kv_heads + 1) blocks done: attention per KV head, then argmax */
     float2 *block_best;       /* (GRID_LM_HEAD) each LM-head block's best logit and id */
     int *io;                  /* {token, pos, next} on the device */
+    int *history;             /* (ctx) the token at each position, for the repetition penalty */
+    int *first_seen;          /* (vocab) the sampler's scratch, 0x7F7F7F7F between steps */
+    sample_params *params;    /* the sampler's settings */
+    unsigned long long *rng;  /* its generator's state */
+    int sampling;             /* steps that return a token use step_sample */
     int *io_host;             /* the same, pinned */
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
     cudaGraphExec_t step;     /* one decode step, ending with the next token id in io_host */
     cudaGraphExec_t step_logits; /* the same, also copying the logits to logits_host */
+    cudaGraphExec_t step_sample; /* the same, the token drawn by the sampler instead of the argmax */
 };
 
 #if defined(MODEL_WEIGHT_DTYPE_F32)
-extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx) {
-    (void)out, (void)data, (void)ctx;
+extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx, int persistent) {
+    (void)out, (void)data, (void)ctx, (void)persistent;
     return err_set(ERR_DEVICE, "--device cuda: fp32 weights are not supported on the GPU; convert the model to bf16 or fp16");
 }
 extern "C" err_code model_cuda_step(model_cuda *, int, int, int *, const float **) { return ERR_DEVICE; }
+extern "C" err_code model_cuda_set_sampler(model_cuda *, const sampler *) { return ERR_DEVICE; }
 extern "C" err_code model_cuda_fill_cache(model_cuda *, int) { return ERR_DEVICE; }
 extern "C" err_code model_cuda_kernel_bench(model_cuda *, int, int, FILE *) { return ERR_DEVICE; }
 extern "C" void model_cuda_free(model_cuda *) {}
@@ -168,6 +231,28 @@ static void launch(void (*kernel)(Params...), int grid_x, int grid_y, int block,
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
 }
 
+/* A launch whose blocks are guaranteed to be resident together (the persistent kernel's barrier
+ * needs every block running). */
+template <typename... Params, typename... Args>
+static void launch_cooperative(void (*kernel)(Params...), int grid, int block, size_t smem, cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+}
+
+/* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
+#define PERSISTENT_SMEM_BYTES \
+    (MV_SMEM_BYTES(MODEL_DIM) > ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM) ? MV_SMEM_BYTES(MODEL_DIM) \
+                                                                            : ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
+
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
@@ -175,7 +260,9 @@ static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "
 
 /* The decode step's launches, in order. With marks (kernel benchmark, outside a graph) an event is
  * recorded after each launch and *stage_of says which stage it closed. */
-static void enqueue_step(model_cuda *m, int copy_logits, cudaEvent_t *marks, int *stage_of) {
+enum { STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE };
+
+static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage_of) {
     int k = 0;
 #define MARK(stage)                                                        \
     do {                                                                   \
@@ -186,41 +273,49 @@ static void enqueue_step(model_cuda *m, int copy_logits, cudaEvent_t *marks, int
     } while (0)
     CUDA_CHECK(cudaMemcpyAsync(m->io, m->io_host, 2 * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     if (marks) CUDA_CHECK(cudaEventRecord(marks[0], m->stream));
-    launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x);
-    MARK(ST_EMBED);
-    for (int l = 0; l < MODEL_N_LAYERS; l++) {
-        const model_layer_weights *lw = &m->w.layers[l];
-        uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
-        MARK(ST_QKV);
-        launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
-               m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
-        MARK(ST_ATT);
-        launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
-        MARK(ST_O);
-        launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
-        MARK(ST_GATE_UP);
-        launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, 0, m->stream, *lw, m->hb, m->x);
-        MARK(ST_DOWN);
+    if (m->persistent && !marks) {
+        step_buffers b = {m->w_device, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
+                          m->part_ml, m->counters, m->block_best, m->io, m->history, m->barrier, m->ctx, m->n_splits};
+        launch_cooperative(persistent_step_kernel, m->grid_persistent, MV_THREADS, PERSISTENT_SMEM_BYTES, m->stream, b);
+    } else {
+        launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
+        MARK(ST_EMBED);
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const model_layer_weights *lw = &m->w.layers[l];
+            uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
+            uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
+            MARK(ST_QKV);
+            launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                   m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
+            MARK(ST_ATT);
+            launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
+            MARK(ST_O);
+            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
+            MARK(ST_GATE_UP);
+            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, 0, m->stream, *lw, m->hb, m->x);
+            MARK(ST_DOWN);
+        }
+        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
+               m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
+        MARK(ST_LM_HEAD);
     }
-    launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
-           m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
-    MARK(ST_LM_HEAD);
+    if (kind == STEP_SAMPLE)
+        launch(sample_kernel, 1, 1, SAMPLE_THREADS, 0, m->stream, m->logits, m->history, m->first_seen, m->io, m->params, m->rng);
 #undef MARK
     CUDA_CHECK(cudaMemcpyAsync(m->io_host + IO_NEXT, m->io + IO_NEXT, sizeof(int), cudaMemcpyDeviceToHost, m->stream));
-    if (copy_logits)
+    if (kind == STEP_LOGITS)
         CUDA_CHECK(cudaMemcpyAsync(m->logits_host, m->logits, MODEL_VOCAB_SIZE * sizeof(float), cudaMemcpyDeviceToHost,
                                    m->stream));
 }
 
 #define STEP_LAUNCHES (2 + 5 * MODEL_N_LAYERS)
 
-static err_code capture(model_cuda *m, int copy_logits, cudaGraphExec_t *exec) {
+static err_code capture(model_cuda *m, int kind, cudaGraphExec_t *exec) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    enqueue_step(m, copy_logits, NULL, NULL);
+    enqueue_step(m, kind, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -282,7 +377,7 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     return needed < wave ? needed : wave;
 }
 
-extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx) {
+extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx, int persistent) {
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev == 0)
@@ -295,7 +390,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     model_cuda *m = (model_cuda *)calloc(1, sizeof *m);
     if (!m) return err_set(ERR_NOMEM, "CUDA state");
     m->ctx = ctx;
+    m->persistent = persistent;
     const int sms = prop.multiProcessorCount;
+    m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, 0, sms);
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
@@ -328,6 +425,10 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     const void *dev[MODEL_N_TENSORS];
     for (int t = 0; t < MODEL_N_TENSORS; t++) dev[t] = (const char *)m->arena + offsets[t];
     model_weights_bind(&m->w, dev);
+    CUDA_CHECK(cudaMalloc(&m->w_device, sizeof m->w));
+    CUDA_CHECK(cudaMemcpy(m->w_device, &m->w, sizeof m->w, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&m->barrier, 2 * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(m->barrier, 0, 2 * sizeof(unsigned)));
 
     CUDA_CHECK(cudaMalloc(&m->x, MODEL_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->q, MODEL_Q_DIM * sizeof(float)));
@@ -343,17 +444,37 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     CUDA_CHECK(cudaMalloc(&m->block_best, GRID_LM_HEAD * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->io, 3 * sizeof(int)));
     CUDA_CHECK(cudaHostAlloc(&m->io_host, 3 * sizeof(int), cudaHostAllocDefault));
+    CUDA_CHECK(cudaMalloc(&m->history, (size_t)ctx * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&m->first_seen, MODEL_VOCAB_SIZE * sizeof(int)));
+    CUDA_CHECK(cudaMemset(m->first_seen, 0x7F, MODEL_VOCAB_SIZE * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&m->params, sizeof(sample_params)));
+    CUDA_CHECK(cudaMalloc(&m->rng, sizeof(unsigned long long)));
     CUDA_CHECK(cudaHostAlloc(&m->logits_host, MODEL_VOCAB_SIZE * sizeof(float), cudaHostAllocDefault));
     CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, sizeof model_rope_inv_freq));
-    if ((rc = capture(m, 0, &m->step)) || (rc = capture(m, 1, &m->step_logits))) { model_cuda_free(m); return rc; }
+    if ((rc = capture(m, STEP_ARGMAX, &m->step)) || (rc = capture(m, STEP_LOGITS, &m->step_logits)) ||
+        (rc = capture(m, STEP_SAMPLE, &m->step_sample))) {
+        model_cuda_free(m);
+        return rc;
+    }
     *out = m;
+    return ERR_OK;
+}
+
+extern "C" err_code model_cuda_set_sampler(model_cuda *m, const sampler *s) {
+    const sampler_config *c = &s->cfg;
+    m->sampling = !(c->temperature == 0.0f && c->repeat_penalty == 1.0f); /* else the LM head's argmax is the answer */
+    sample_params p = {c->temperature > 0 ? 1.0f / c->temperature : 0.0f, c->top_k, c->top_p, c->min_p, c->repeat_penalty,
+                       c->repeat_last_n};
+    unsigned long long rng = s->rng_state;
+    CUDA_CHECK(cudaMemcpy(m->params, &p, sizeof p, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m->rng, &rng, sizeof rng, cudaMemcpyHostToDevice));
     return ERR_OK;
 }
 
 extern "C" err_code model_cuda_step(model_cuda *m, int token, int pos, int *next, const float **logits) {
     m->io_host[IO_TOKEN] = token;
     m->io_host[IO_POS] = pos;
-    CUDA_CHECK(cudaGraphLaunch(logits ? m->step_logits : m->step, m->stream));
+    CUDA_CHECK(cudaGraphLaunch(logits ? m->step_logits : next && m->sampling ? m->step_sample : m->step, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (next) *next = m->io_host[IO_NEXT];
     if (logits) *logits = m->logits_host;
@@ -381,7 +502,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     m->io_host[IO_TOKEN] = 1;
     m->io_host[IO_POS] = pos;
     for (int r = 0; r < reps; r++) {
-        enqueue_step(m, 0, marks, stage_of);
+        enqueue_step(m, STEP_ARGMAX, marks, stage_of);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));
         for (int i = 0; i < STEP_LAUNCHES; i++) {
             float ms;
@@ -423,8 +544,9 @@ extern "C" void model_cuda_free(model_cuda *m) {
     if (!m) return;
     if (m->step) cudaGraphExecDestroy(m->step);
     if (m->step_logits) cudaGraphExecDestroy(m->step_logits);
+    if (m->step_sample) cudaGraphExecDestroy(m->step_sample);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
-                   m->part_ml, m->counters, m->block_best, m->io};
+                   m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->io_host);
     cudaFreeHost(m->logits_host);

@@ -1,0 +1,158 @@
+/* cuda_sampler_test.cu - the GPU sampler (runtime/cuda_sampler.cuh) against the CPU sampler
+ * (runtime/sampler.c) on the same logits, history and seed: the same token, draw after draw.
+ *
+ * Cases cross vocabulary sizes (5 to 151936), logit shapes (peaked, flat, heavy ties, NaN and
+ * -inf) and settings that take every path: greedy with a penalty, the CLI's defaults (top-k 40,
+ * top-p 0.95, min-p 0.05), top-p alone (the bisection path), top-k above SAMPLE_SORT_MAX, top-p 0,
+ * min-p alone. Each seed draws three times in a row, so the generator's state must carry over.
+ * Prints mismatches and the kernel's time on the defaults; exits 1 on any mismatch.
+ * Built by `make build/tests/cuda_sampler_test`; run by tests/test_gpu.py. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "cuda_kernels.cuh"
+#include "cuda_sampler.cuh"
+#include "sampler.h"
+
+#define CHECK_CUDA(call)                                                                    \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+            exit(2);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *logits, int vocab, const int *history,
+                                                                int *first_seen, int *io, const sample_params *params,
+                                                                unsigned long long *rng) {
+    sample_body(logits, vocab, history, first_seen, io, params, rng);
+}
+
+/* The test's own generator, independent of both samplers'. */
+static uint64_t lcg = 88172645463325252ULL;
+static double unit(void) {
+    lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(lcg >> 11) * 0x1.0p-53;
+}
+static double normal(void) { return sqrt(-2.0 * log(unit() + 1e-300)) * cos(6.283185307179586 * unit()); }
+
+enum { PEAKED, FLAT, TIES, SPECIALS, N_SHAPES };
+static const char *const shape_names[N_SHAPES] = {"peaked", "flat", "ties", "specials"};
+
+static void make_logits(float *l, int V, int shape) {
+    for (int i = 0; i < V; i++) {
+        double g = normal();
+        l[i] = shape == PEAKED ? (float)(3.0 * g) : shape == FLAT ? (float)(0.05 * g) : shape == TIES ? (float)round(2.0 * g) : (float)g;
+    }
+    if (shape == SPECIALS)
+        for (int i = 0; i < V; i += 7) l[i] = i % 3 == 0 ? NAN : -INFINITY;
+}
+
+struct setting {
+    const char *name;
+    sampler_config cfg;
+};
+
+int main(void) {
+    const int vocabs[] = {5, 1000, 49152, 151936};
+    const setting settings[] = {
+        {"greedy+penalty", {0.0f, 0, 1.0f, 0.0f, 1.3f, 64, 0}},
+        {"defaults", {0.7f, 40, 0.95f, 0.05f, 1.0f, 64, 0}},
+        {"defaults+penalty", {0.7f, 40, 0.95f, 0.05f, 1.2f, 64, 0}},
+        {"temperature", {1.0f, 0, 1.0f, 0.0f, 1.0f, 64, 0}},
+        {"top-k 1", {1.0f, 1, 1.0f, 0.0f, 1.0f, 64, 0}},
+        {"top-p 0.5", {1.0f, 0, 0.5f, 0.0f, 1.0f, 64, 0}},
+        {"top-p 0", {1.0f, 0, 0.0f, 0.0f, 1.0f, 64, 0}},
+        {"top-k 5000 top-p 0.9", {0.8f, 5000, 0.9f, 0.0f, 1.0f, 64, 0}},
+        {"top-k 2000 top-p 0.99", {1.0f, 2000, 0.99f, 0.0f, 1.0f, 64, 0}},
+        {"min-p 0.1", {1.5f, 0, 1.0f, 0.1f, 1.0f, 64, 0}},
+    };
+    const int n_seeds = 12, draws = 3, n_hist = 200;
+    const int vmax = vocabs[sizeof vocabs / sizeof *vocabs - 1];
+
+    float *logits = (float *)malloc(vmax * sizeof(float)), *work = (float *)malloc(vmax * sizeof(float));
+    int history[n_hist];
+    float *d_logits;
+    int *d_history, *d_first_seen, *d_io;
+    sample_params *d_params;
+    unsigned long long *d_rng;
+    CHECK_CUDA(cudaMalloc(&d_logits, vmax * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&d_history, n_hist * sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&d_first_seen, vmax * sizeof(int)));
+    CHECK_CUDA(cudaMemset(d_first_seen, 0x7F, vmax * sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&d_io, 3 * sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&d_params, sizeof(sample_params)));
+    CHECK_CUDA(cudaMalloc(&d_rng, sizeof(unsigned long long)));
+
+    int cases = 0, mismatches = 0;
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+        const int V = vocabs[vi];
+        for (int shape = 0; shape < N_SHAPES; shape++) {
+            make_logits(logits, V, shape);
+            for (int i = 0; i < n_hist; i++) history[i] = (int)(unit() * V * 0.01); /* repeats, low ids */
+            CHECK_CUDA(cudaMemcpy(d_history, history, sizeof history, cudaMemcpyHostToDevice));
+            for (size_t si = 0; si < sizeof settings / sizeof *settings; si++) {
+                for (int seed = 1; seed <= n_seeds; seed++) {
+                    sampler_config cfg = settings[si].cfg;
+                    cfg.seed = (uint64_t)seed * 7919;
+                    sampler s;
+                    if (sampler_init(&s, &cfg, V) != ERR_OK) { fprintf(stderr, "sampler_init failed\n"); return 2; }
+                    sample_params p = {cfg.temperature > 0 ? 1.0f / cfg.temperature : 0.0f, s.cfg.top_k, cfg.top_p,
+                                       cfg.min_p, cfg.repeat_penalty, cfg.repeat_last_n};
+                    unsigned long long rng = s.rng_state;
+                    CHECK_CUDA(cudaMemcpy(d_params, &p, sizeof p, cudaMemcpyHostToDevice));
+                    CHECK_CUDA(cudaMemcpy(d_rng, &rng, sizeof rng, cudaMemcpyHostToDevice));
+                    for (int d = 0; d < draws; d++) {
+                        int pos = n_hist - 1 - d * 50, io[3] = {0, pos, -1};
+                        memcpy(work, logits, V * sizeof(float));
+                        int want = sampler_sample(&s, work, history, pos + 1);
+                        CHECK_CUDA(cudaMemcpy(d_logits, logits, V * sizeof(float), cudaMemcpyHostToDevice));
+                        CHECK_CUDA(cudaMemcpy(d_io, io, sizeof io, cudaMemcpyHostToDevice));
+                        sample_kernel<<<1, SAMPLE_THREADS>>>(d_logits, V, d_history, d_first_seen, d_io, d_params, d_rng);
+                        CHECK_CUDA(cudaGetLastError());
+                        CHECK_CUDA(cudaMemcpy(io, d_io, sizeof io, cudaMemcpyDeviceToHost));
+                        cases++;
+                        if (io[2] != want) {
+                            if (mismatches++ < 20)
+                                printf("mismatch: V %d, %s logits, %s, seed %d, draw %d: GPU %d, CPU %d\n", V, shape_names[shape],
+                                       settings[si].name, seed, d, io[2], want);
+                        }
+                    }
+                    sampler_free(&s);
+                }
+            }
+        }
+    }
+
+    /* The kernel's time on the CLI's defaults, peaked logits, per vocabulary size. */
+    for (size_t vi = 1; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+        const int V = vocabs[vi];
+        make_logits(logits, V, PEAKED);
+        sample_params p = {1.0f / 0.7f, 40, 0.95f, 0.05f, 1.0f, 64};
+        int io[3] = {0, n_hist - 1, -1};
+        CHECK_CUDA(cudaMemcpy(d_params, &p, sizeof p, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(d_io, io, sizeof io, cudaMemcpyHostToDevice));
+        cudaEvent_t a, b;
+        CHECK_CUDA(cudaEventCreate(&a));
+        CHECK_CUDA(cudaEventCreate(&b));
+        float best = 1e30f;
+        for (int r = 0; r < 20; r++) {
+            CHECK_CUDA(cudaMemcpy(d_logits, logits, V * sizeof(float), cudaMemcpyHostToDevice));
+            CHECK_CUDA(cudaEventRecord(a));
+            sample_kernel<<<1, SAMPLE_THREADS>>>(d_logits, V, d_history, d_first_seen, d_io, d_params, d_rng);
+            CHECK_CUDA(cudaEventRecord(b));
+            CHECK_CUDA(cudaEventSynchronize(b));
+            float ms;
+            CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+            best = ms < best ? ms : best;
+        }
+        printf("sample kernel, defaults, vocab %d: %.1f us\n", V, best * 1e3);
+    }
+    printf("%d draws, %d mismatches\n", cases, mismatches);
+    return mismatches ? 1 : 0;
+}
