@@ -141,5 +141,6 @@ def test_memcheck_clean(tmp_path, step):
     r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", str(binary), "-m", str(d),
                         "--device", "cuda", "--gpu-step", step, "-p", "Hello there", "-n", "8", "--temp", "0.8",
                         "--repeat-penalty", "1.2"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+                       capture_output=True, timeout=600)
+    out = (r.stdout + r.stderr).decode(errors="replace")  # sampled text of a random model: any bytes
+    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
