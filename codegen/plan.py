@@ -28,9 +28,11 @@ class Plan:
     cpu_streams: int  # sequential weight streams per thread in the CPU matvecs: 1 or 4
     cuda_arch: str  # "90", ...
     gpu_sms: int
-    grid_qkv: int  # blocks of rmsnorm_qkv_rope_kernel
+    grid_qkv: int  # blocks of rmsnorm_qkv_rope_kernel, a row per warp
+    grid_qkv_pairs: int  # the same, a pair of rows per warp (MV_PAIR_IN_WARP)
     grid_o: int  # o_proj_residual_kernel
-    grid_gate_up: int  # rmsnorm_gate_up_silu_kernel
+    grid_gate_up: int  # rmsnorm_gate_up_silu_kernel, a row per warp
+    grid_gate_up_pairs: int  # the same, a pair of rows (gate and up) per warp
     grid_down: int  # down_residual_kernel
     grid_lm_head: int  # rmsnorm_lm_head_argmax_kernel
     att_min_splits: int  # attention splits per KV head, at least; more for long contexts
@@ -47,8 +49,10 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         cuda_arch=cuda_arch,
         gpu_sms=sms,
         grid_qkv=_grid(spec.q_dim + 2 * spec.kv_dim, sms),
+        grid_qkv_pairs=_grid((spec.q_dim + 2 * spec.kv_dim) // 2, sms),
         grid_o=_grid(spec.dim, sms),
         grid_gate_up=_grid(2 * spec.hidden_dim, sms),
+        grid_gate_up_pairs=_grid(spec.hidden_dim, sms),
         grid_down=_grid(spec.dim, sms),
         grid_lm_head=_grid(spec.vocab_size, sms),
         att_min_splits=max(1, -(-2 * sms // spec.n_kv_heads)),

@@ -131,6 +131,22 @@ __device__ __forceinline__ float warp_sum(float v) {
 /* Streaming loads: each weight is read once per step, keep it out of L1. */
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
 
+/* Most bytes a kernel prefetches into L2 for the next one (the H200's L2 holds 50 MB); 0 turns
+ * the prefetching off. */
+#ifndef L2_PREFETCH_BYTES
+#define L2_PREFETCH_BYTES ((size_t)24 << 20)
+#endif
+
+/* Slice `slot` of `slots` of the first min(bytes, L2_PREFETCH_BYTES) at p into L2, a 128-byte line
+ * per thread per step: fire and forget, nothing waits for it. */
+__device__ __forceinline__ void prefetch_l2_slice(const void *p, size_t bytes, int slot, int slots) {
+    bytes = bytes < L2_PREFETCH_BYTES ? bytes : L2_PREFETCH_BYTES;
+    const size_t lines = bytes / 128, per = (lines + slots - 1) / slots;
+    const char *base = static_cast<const char *>(p);
+    for (size_t l = slot * per + threadIdx.x; l < min(lines, (slot + 1) * per); l += blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + 128 * l));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
 // as x * norm_w / rms(x): every block computes the same sum of squares, from L2), then each warp
@@ -179,6 +195,22 @@ __device__ __forceinline__ float row_dot(row_chunks *first, const uint4 *row, co
         acc += dot_step(first, sx, K, step, lane);
     }
     return warp_sum(acc);
+}
+
+/* Two rows (a, b) of K dotted with sx at once, both rows' loads in flight together, the first
+ * steps already in *fa and *fb: the paired kernels' core (a pair on one warp needs no barrier to
+ * meet its other half). */
+__device__ __forceinline__ float2 row_dot2(row_chunks *fa, row_chunks *fb, const uint4 *ra, const uint4 *rb, const float *sx,
+                                           int K, int lane) {
+    float acc_a = dot_step(fa, sx, K, 0, lane), acc_b = dot_step(fb, sx, K, 0, lane);
+#pragma unroll 1
+    for (int step = 1; step < MV_STEPS(K); step++) {
+        load_step(fa, ra, K, step, lane);
+        load_step(fb, rb, K, step, lane);
+        acc_a += dot_step(fa, sx, K, step, lane);
+        acc_b += dot_step(fb, sx, K, step, lane);
+    }
+    return make_float2(warp_sum(acc_a), warp_sum(acc_b));
 }
 
 /* The same with x read from global memory (L1/L2) chunk by chunk instead of a staged copy, and the
@@ -255,6 +287,82 @@ __device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io,
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
 }
 
+/* How the paired kernels (q/k/v with RoPE, gate/up with SiLU) split a pair of rows: on one warp,
+ * both rows' loads in flight together (1), or on two warps of a block that meet at a barrier every
+ * round (0, the first version; kept for the A/B in PERFORMANCE.md). */
+#ifndef MV_PAIR_IN_WARP
+#define MV_PAIR_IN_WARP 1
+#endif
+
+#if MV_PAIR_IN_WARP
+/* The rows of q/k/v pair p: (i, i + head_dim/2) of one Q or K head, rotated together, or V rows
+ * (2i, 2i + 1); kind 0 Q, 1 K, 2 V. */
+__device__ __forceinline__ void qkv_pair(int p, int q_pairs, int k_pairs, int head_dim, int *row_a, int *row_b, int *kind) {
+    const int half = head_dim / 2;
+    *kind = p < q_pairs ? 0 : p < q_pairs + k_pairs ? 1 : 2;
+    if (*kind == 2) {
+        *row_a = 2 * (p - q_pairs - k_pairs);
+        *row_b = *row_a + 1;
+    } else {
+        p -= *kind ? q_pairs : 0;
+        *row_a = (p / half) * head_dim + p % half;
+        *row_b = *row_a + half;
+    }
+}
+
+/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store, a pair per warp. */
+template <typename Wait>
+__device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
+                                                      const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
+                                                      const uint16_t *bv, const float *x, float *q, uint16_t *kc,
+                                                      uint16_t *vc, const int *io, const float *inv_freq, int dim,
+                                                      int q_dim, int kv_dim, int head_dim, float eps, Wait wait) {
+    extern __shared__ float sx[];
+    const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
+    const int lane = threadIdx.x % WARP_SIZE;
+    int p = grid_warp(), ra = 0, rb = 0, kind = 0;
+    row_chunks a, b;
+    if (p < pairs) {
+        qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
+        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane);
+        load_step(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane);
+    }
+    wait();
+    stage_input(sx, x, norm_w, dim, eps);
+    const int pos = io[IO_POS];
+    for (bool first = true; p < pairs; p += grid_warps(), first = false) {
+        qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
+        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        const uint4 *rows_a = reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim);
+        const uint4 *rows_b = reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim);
+        if (!first) {
+            load_step(&a, rows_a, dim, 0, lane);
+            load_step(&b, rows_b, dim, 0, lane);
+        }
+        float2 v = row_dot2(&a, &b, rows_a, rows_b, sx, dim, lane);
+        if (lane == 0) {
+            const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
+            float va = v.x + (bias ? w_to_f32(bias[ra]) : 0.0f), vb = v.y + (bias ? w_to_f32(bias[rb]) : 0.0f);
+            if (kind < 2) {
+                float sn, cs;
+                __sincosf((float)pos * inv_freq[ra % head_dim], &sn, &cs);
+                float ta = va * cs - vb * sn, tb = vb * cs + va * sn;
+                va = ta;
+                vb = tb;
+            }
+            if (kind == 0) {
+                q[ra] = va;
+                q[rb] = vb;
+            } else {
+                uint16_t *cache = (kind == 1 ? kc : vc) + (size_t)pos * kv_dim;
+                cache[ra] = __half_as_ushort(__float2half_rn(va));
+                cache[rb] = __half_as_ushort(__float2half_rn(vb));
+            }
+        }
+    }
+}
+#else
 /* The pairs that the paired kernels hand out: in each round a block takes MV_WARPS / 2 pairs, the
  * pair's two rows going to warps 2k and 2k + 1; every warp of the block runs the same rounds, so
  * the block can meet at a barrier to combine the pair. */
@@ -332,6 +440,8 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
 #undef QKV_ROW
 }
 
+#endif
+
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add; the input
  * is read from global memory (row_dot_direct). */
 template <typename Wait>
@@ -350,6 +460,35 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     }
 }
 
+#if MV_PAIR_IN_WARP
+/* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
+ * both rows of i on one warp. */
+template <typename Wait>
+__device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
+                                                          const float *x, float *hb, int dim, int hidden, float eps,
+                                                          Wait wait) {
+    extern __shared__ float sx[];
+    const int lane = threadIdx.x % WARP_SIZE;
+    int i = grid_warp();
+    row_chunks a, b;
+    if (i < hidden) {
+        load_step(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane);
+        load_step(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane);
+    }
+    wait();
+    stage_input(sx, x, norm_w, dim, eps);
+    for (bool first = true; i < hidden; i += grid_warps(), first = false) {
+        const uint4 *rg = reinterpret_cast<const uint4 *>(wg + (size_t)i * dim);
+        const uint4 *ru = reinterpret_cast<const uint4 *>(wu + (size_t)i * dim);
+        if (!first) {
+            load_step(&a, rg, dim, 0, lane);
+            load_step(&b, ru, dim, 0, lane);
+        }
+        float2 v = row_dot2(&a, &b, rg, ru, sx, dim, lane);
+        if (lane == 0) hb[i] = silu(v.x) * v.y;
+    }
+}
+#else
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
  * gate row i on warp 2k, up row i on warp 2k + 1. */
 template <typename Wait>
@@ -378,6 +517,8 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         __syncthreads();
     }
 }
+
+#endif
 
 /* model.norm + LM head: logits (vocab) = W . xn, and the greedy choice: each block keeps its best
  * (value, lowest id), the last block to finish reduces them into io[IO_NEXT]. */
@@ -455,7 +596,7 @@ template <typename Wait>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int n_kv_heads, int head_dim, int kv_mul, int n_splits, int kvh, int split,
-                                               Wait wait) {
+                                               const void *next_w, size_t next_bytes, Wait wait) {
     extern __shared__ float smem[];
     float *sq = smem;                             /* (kv_mul, head_dim) the group's queries */
     float *sc = sq + kv_mul * head_dim;           /* (kv_mul, ATT_TILE) scores, then probabilities */
@@ -468,7 +609,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
      * and the combine short; blocks past the last chunk have nothing to do. */
     const int n = io[IO_POS] + 1, chunk = max((n + n_splits - 1) / n_splits, ATT_MIN_CHUNK);
     const int n_active = (n + chunk - 1) / chunk;
-    if (split >= n_active) return;
+    if (split >= n_active) {
+        /* An idle block (a short context) pulls a slice of the next stage's weights into L2. */
+        const int idle = (n_splits - n_active) * n_kv_heads, slot = (split - n_active) * n_kv_heads + kvh;
+        prefetch_l2_slice(next_w, next_bytes, slot, idle);
+        return;
+    }
     const int start = split * chunk, len = min(n, start + chunk) - start;
     const float scale = rsqrtf((float)head_dim);
 
