@@ -140,7 +140,8 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
 /* Slice `slot` of `slots` of the first min(bytes, L2_PREFETCH_BYTES) at p into L2, a 128-byte line
  * per thread per step: fire and forget, nothing waits for it. */
 __device__ __forceinline__ void prefetch_l2_slice(const void *p, size_t bytes, int slot, int slots) {
-    bytes = bytes < L2_PREFETCH_BYTES ? bytes : L2_PREFETCH_BYTES;
+    const size_t cap = L2_PREFETCH_BYTES;
+    if (bytes > cap) bytes = cap;
     const size_t lines = bytes / 128, per = (lines + slots - 1) / slots;
     const char *base = static_cast<const char *>(p);
     for (size_t l = slot * per + threadIdx.x; l < min(lines, (slot + 1) * per); l += blockDim.x)
