@@ -5,7 +5,7 @@ side in the matvecs. Measured on the 16-core Emerald Rapids slice of the GPU mac
 (PERFORMANCE.md, tests/bench/cpu_shapes.sh): Llama-3.2-1B shape 34.5 tok/s with one stream against
 31.2 with four; Mistral-7B shape 5.5 against 7.5. Until a model in between tells us where the
 crossover really lies, four streams are used from 4 GB of weights per token up.
-The GPU plan: the blocks each matvec needs (a warp per row); the runtime caps them at one wave of
+The GPU plan: the blocks each matvec needs (a warp per row, or per pair of rows); the runtime caps them at one wave of
 resident blocks from the occupancy the compiled kernel allows (warps then stride over the rows),
 which lets the next kernel's blocks start early under programmatic dependent launch; and the least
 number of attention splits, from the target GPU's multiprocessor count.
@@ -28,11 +28,9 @@ class Plan:
     cpu_streams: int  # sequential weight streams per thread in the CPU matvecs: 1 or 4
     cuda_arch: str  # "90", ...
     gpu_sms: int
-    grid_qkv: int  # blocks of rmsnorm_qkv_rope_kernel, a row per warp
-    grid_qkv_pairs: int  # the same, a pair of rows per warp (MV_PAIR_IN_WARP)
+    grid_qkv: int  # blocks of rmsnorm_qkv_rope_kernel (a pair of rows per warp)
     grid_o: int  # o_proj_residual_kernel
-    grid_gate_up: int  # rmsnorm_gate_up_silu_kernel, a row per warp
-    grid_gate_up_pairs: int  # the same, a pair of rows (gate and up) per warp
+    grid_gate_up: int  # rmsnorm_gate_up_silu_kernel (a gate row and an up row per warp)
     grid_down: int  # down_residual_kernel
     grid_lm_head: int  # rmsnorm_lm_head_argmax_kernel
     att_min_splits: int  # attention splits per KV head, at least; more for long contexts
@@ -48,11 +46,9 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         cpu_streams=4 if spec.weight_bytes >= CPU_MULTI_STREAM_FROM_BYTES else 1,
         cuda_arch=cuda_arch,
         gpu_sms=sms,
-        grid_qkv=_grid(spec.q_dim + 2 * spec.kv_dim, sms),
-        grid_qkv_pairs=_grid((spec.q_dim + 2 * spec.kv_dim) // 2, sms),
+        grid_qkv=_grid((spec.q_dim + 2 * spec.kv_dim) // 2, sms),
         grid_o=_grid(spec.dim, sms),
-        grid_gate_up=_grid(2 * spec.hidden_dim, sms),
-        grid_gate_up_pairs=_grid(spec.hidden_dim, sms),
+        grid_gate_up=_grid(spec.hidden_dim, sms),
         grid_down=_grid(spec.dim, sms),
         grid_lm_head=_grid(spec.vocab_size, sms),
         att_min_splits=max(1, -(-2 * sms // spec.n_kv_heads)),

@@ -131,22 +131,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 /* Streaming loads: each weight is read once per step, keep it out of L1. */
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
 
-/* Most bytes a kernel prefetches into L2 for the next one (the H200's L2 holds 50 MB); 0 turns
- * the prefetching off. */
-#ifndef L2_PREFETCH_BYTES
-#define L2_PREFETCH_BYTES ((size_t)24 << 20)
-#endif
-
-/* Slice `slot` of `slots` of the first min(bytes, L2_PREFETCH_BYTES) at p into L2, a 128-byte line
- * per thread per step: fire and forget, nothing waits for it. */
-__device__ __forceinline__ void prefetch_l2_slice(const void *p, size_t bytes, int slot, int slots) {
-    const size_t cap = L2_PREFETCH_BYTES;
-    if (bytes > cap) bytes = cap;
-    const size_t lines = bytes / 128, per = (lines + slots - 1) / slots;
-    const char *base = static_cast<const char *>(p);
-    for (size_t l = slot * per + threadIdx.x; l < min(lines, (slot + 1) * per); l += blockDim.x)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + 128 * l));
-}
 
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
@@ -288,14 +272,10 @@ __device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io,
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
 }
 
-/* How the paired kernels (q/k/v with RoPE, gate/up with SiLU) split a pair of rows: on one warp,
- * both rows' loads in flight together (1), or on two warps of a block that meet at a barrier every
- * round (0, the first version; kept for the A/B in PERFORMANCE.md). */
-#ifndef MV_PAIR_IN_WARP
-#define MV_PAIR_IN_WARP 1
-#endif
+/* The paired kernels (q/k/v with RoPE, gate/up with SiLU) put both rows of a pair on one warp,
+ * their loads in flight together: 4.5% faster end to end than a pair on two warps meeting at a
+ * block barrier every round (PERFORMANCE.md). */
 
-#if MV_PAIR_IN_WARP
 /* The rows of q/k/v pair p: (i, i + head_dim/2) of one Q or K head, rotated together, or V rows
  * (2i, 2i + 1); kind 0 Q, 1 K, 2 V. */
 __device__ __forceinline__ void qkv_pair(int p, int q_pairs, int k_pairs, int head_dim, int *row_a, int *row_b, int *kind) {
@@ -363,85 +343,6 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         }
     }
 }
-#else
-/* The pairs that the paired kernels hand out: in each round a block takes MV_WARPS / 2 pairs, the
- * pair's two rows going to warps 2k and 2k + 1; every warp of the block runs the same rounds, so
- * the block can meet at a barrier to combine the pair. */
-#define PAIRS_PER_BLOCK (MV_WARPS / 2)
-
-/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store. A pair is rows
- * (i, i + head_dim/2) of one Q or K head, rotated together, or two V rows. */
-template <typename Wait>
-__device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
-                                                      const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
-                                                      const uint16_t *bv, const float *x, float *q, uint16_t *kc,
-                                                      uint16_t *vc, const int *io, const float *inv_freq, int dim,
-                                                      int q_dim, int kv_dim, int head_dim, float eps, Wait wait) {
-    extern __shared__ float sx[];
-    __shared__ float pair_val[MV_WARPS];
-    const int half = head_dim / 2, q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
-    const int lane = threadIdx.x % WARP_SIZE, wib = threadIdx.x / WARP_SIZE, side = wib & 1;
-    /* the row of pair p this warp computes, its kind (0 Q, 1 K, 2 V) and its matrix */
-#define QKV_ROW(p, row, kind, wm)                                                           \
-    do {                                                                                    \
-        int p_ = (p);                                                                       \
-        kind = p_ < q_pairs ? 0 : p_ < q_pairs + k_pairs ? 1 : 2;                           \
-        if (kind == 2) {                                                                    \
-            row = 2 * (p_ - q_pairs - k_pairs) + side;                                      \
-        } else {                                                                            \
-            p_ -= kind ? q_pairs : 0;                                                       \
-            row = (p_ / half) * head_dim + p_ % half + side * half;                         \
-        }                                                                                   \
-        wm = kind == 0 ? wq : kind == 1 ? wk : wv;                                          \
-    } while (0)
-    int p = blockIdx.x * PAIRS_PER_BLOCK + wib / 2, row = 0, kind = 0;
-    const uint16_t *wm = wq;
-    row_chunks a;
-    if (p < pairs) {
-        QKV_ROW(p, row, kind, wm);
-        load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)row * dim), dim, 0, lane);
-    }
-    wait();
-    stage_input(sx, x, norm_w, dim, eps);
-    const int pos = io[IO_POS];
-    for (int base = blockIdx.x * PAIRS_PER_BLOCK; base < pairs; base += gridDim.x * PAIRS_PER_BLOCK) {
-        p = base + wib / 2;
-        if (p < pairs) {
-            if (base != (int)blockIdx.x * PAIRS_PER_BLOCK) {
-                QKV_ROW(p, row, kind, wm);
-                load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)row * dim), dim, 0, lane);
-            }
-            float v = row_dot(&a, reinterpret_cast<const uint4 *>(wm + (size_t)row * dim), sx, dim, lane);
-            const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
-            if (bias) v += w_to_f32(bias[row]);
-            if (lane == 0) pair_val[wib] = v;
-        }
-        __syncthreads();
-        if (p < pairs && side == 0 && lane == 0) {
-            float va = pair_val[wib], vb = pair_val[wib + 1];
-            int r0 = row, r1 = kind == 2 ? row + 1 : row + half;
-            if (kind < 2) {
-                float sn, cs;
-                __sincosf((float)pos * inv_freq[r0 % head_dim], &sn, &cs);
-                float ta = va * cs - vb * sn, tb = vb * cs + va * sn;
-                va = ta;
-                vb = tb;
-            }
-            if (kind == 0) {
-                q[r0] = va;
-                q[r1] = vb;
-            } else {
-                uint16_t *cache = (kind == 1 ? kc : vc) + (size_t)pos * kv_dim;
-                cache[r0] = __half_as_ushort(__float2half_rn(va));
-                cache[r1] = __half_as_ushort(__float2half_rn(vb));
-            }
-        }
-        __syncthreads(); /* pair_val is reused next round */
-    }
-#undef QKV_ROW
-}
-
-#endif
 
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add; the input
  * is read from global memory (row_dot_direct). */
@@ -461,7 +362,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     }
 }
 
-#if MV_PAIR_IN_WARP
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
  * both rows of i on one warp. */
 template <typename Wait>
@@ -489,37 +389,6 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         if (lane == 0) hb[i] = silu(v.x) * v.y;
     }
 }
-#else
-/* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
- * gate row i on warp 2k, up row i on warp 2k + 1. */
-template <typename Wait>
-__device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
-                                                          const float *x, float *hb, int dim, int hidden, float eps,
-                                                          Wait wait) {
-    extern __shared__ float sx[];
-    __shared__ float pair_val[MV_WARPS];
-    const int lane = threadIdx.x % WARP_SIZE, wib = threadIdx.x / WARP_SIZE, side = wib & 1;
-    const uint16_t *wm = side ? wu : wg;
-    int i = blockIdx.x * PAIRS_PER_BLOCK + wib / 2;
-    row_chunks a;
-    if (i < hidden) load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)i * dim), dim, 0, lane);
-    wait();
-    stage_input(sx, x, norm_w, dim, eps);
-    for (int base = blockIdx.x * PAIRS_PER_BLOCK; base < hidden; base += gridDim.x * PAIRS_PER_BLOCK) {
-        i = base + wib / 2;
-        if (i < hidden) {
-            const uint4 *r = reinterpret_cast<const uint4 *>(wm + (size_t)i * dim);
-            if (base != (int)blockIdx.x * PAIRS_PER_BLOCK) load_step(&a, r, dim, 0, lane);
-            float v = row_dot(&a, r, sx, dim, lane);
-            if (lane == 0) pair_val[wib] = v;
-        }
-        __syncthreads();
-        if (i < hidden && side == 0 && lane == 0) hb[i] = silu(pair_val[wib]) * pair_val[wib + 1];
-        __syncthreads();
-    }
-}
-
-#endif
 
 /* model.norm + LM head: logits (vocab) = W . xn, and the greedy choice: each block keeps its best
  * (value, lowest id), the last block to finish reduces them into io[IO_NEXT]. */
@@ -597,7 +466,7 @@ template <typename Wait>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int n_kv_heads, int head_dim, int kv_mul, int n_splits, int kvh, int split,
-                                               const void *next_w, size_t next_bytes, Wait wait) {
+                                               Wait wait) {
     extern __shared__ float smem[];
     float *sq = smem;                             /* (kv_mul, head_dim) the group's queries */
     float *sc = sq + kv_mul * head_dim;           /* (kv_mul, ATT_TILE) scores, then probabilities */
@@ -610,12 +479,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
      * and the combine short; blocks past the last chunk have nothing to do. */
     const int n = io[IO_POS] + 1, chunk = max((n + n_splits - 1) / n_splits, ATT_MIN_CHUNK);
     const int n_active = (n + chunk - 1) / chunk;
-    if (split >= n_active) {
-        /* An idle block (a short context) pulls a slice of the next stage's weights into L2. */
-        const int idle = (n_splits - n_active) * n_kv_heads, slot = (split - n_active) * n_kv_heads + kvh;
-        prefetch_l2_slice(next_w, next_bytes, slot, idle);
-        return;
-    }
+    if (split >= n_active) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
     const float scale = rsqrtf((float)head_dim);
 

@@ -29,14 +29,9 @@ MODEL_STATIC_ASSERT(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS
 
 /* Blocks each matvec needs, a warp per row (codegen/plan.py); model_cuda_init caps them at one wave. */
 MODEL_STATIC_ASSERT(MODEL_DIM * sizeof(float) <= 200 * 1024, "the norm'd matvecs stage their input in shared memory");
-#if MV_PAIR_IN_WARP /* a pair of rows per warp */
 #define GRID_QKV 8
-#define GRID_GATE_UP 20
-#else /* a row per warp */
-#define GRID_QKV 16
-#define GRID_GATE_UP 40
-#endif
 #define GRID_O 8
+#define GRID_GATE_UP 20
 #define GRID_DOWN 8
 #define GRID_LM_HEAD 50
 #define ATT_MIN_SPLITS 132
@@ -69,13 +64,12 @@ __global__ void __launch_bounds__(MV_THREADS) rmsnorm_qkv_rope_kernel(model_laye
                           MODEL_NORM_EPS, wait_pdl{});
 }
 
-/* split-K attention over the cache, one block per (KV head, split); idle blocks prefetch o_proj's weights */
+/* split-K attention over the cache, one block per (KV head, split) */
 __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
-                                                                unsigned *counters, float *att, int n_splits,
-                                                                const uint16_t *wo) {
+                                                                unsigned *counters, float *att, int n_splits) {
     attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM, MODEL_KV_MUL,
-                   n_splits, blockIdx.x, blockIdx.y, wo, (size_t)MODEL_DIM * MODEL_Q_DIM * sizeof(uint16_t), wait_pdl{});
+                   n_splits, blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
 /* self_attn.o_proj (+ bias) + residual */
@@ -135,7 +129,7 @@ __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) persistent_
         sync();
         for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
             attention_body(b.q, kc, vc, b.io, b.part_acc, b.part_ml, b.counters, b.att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM,
-                           MODEL_KV_MUL, b.n_splits, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, NULL, 0, wait_none{});
+                           MODEL_KV_MUL, b.n_splits, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
         matvec_residual_body(w->wo, NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, sync);
@@ -293,7 +287,7 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
             MARK(ST_QKV);
             launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
-                   m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits, lw->wo);
+                   m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
             MARK(ST_ATT);
             launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
             MARK(ST_O);
