@@ -182,7 +182,8 @@ struct model_cuda {
     float *part_acc;          /* (n_heads, n_splits, head_dim) attention partial sums */
     float *part_ml;           /* (n_heads, n_splits, 2) their max and sum */
     unsigned *counters;       /* (n_kv_heads + 1) blocks done: attention per KV head, then argmax */
-    float2 *block_best;       /* (GRID_LM_HEAD) each LM-head block's best logit and id */
+    float2 *block_best;       /* (lm_head_blocks) each LM-head block's best logit and id */
+    int lm_head_blocks;       /* the most blocks that run the LM head: its kernel's or the persistent grid */
     int *io;                  /* {token, pos, next} on the device */
     int *history;             /* (ctx) the token at each position, for the repetition penalty */
     int *first_seen;          /* (vocab) the sampler's scratch, 0x7F7F7F7F between steps */
@@ -398,6 +399,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, 0, sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
 
@@ -409,7 +411,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     }
     size_t cache = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
     size_t scratch = (size_t)(MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM + MODEL_VOCAB_SIZE) * sizeof(float) +
-                     (size_t)MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + GRID_LM_HEAD * sizeof(float2);
+                     (size_t)MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     size_t need = total + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
@@ -441,7 +443,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     CUDA_CHECK(cudaMalloc(&m->part_ml, (size_t)MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->counters, (MODEL_N_KV_HEADS + 1) * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->counters, 0, (MODEL_N_KV_HEADS + 1) * sizeof(unsigned)));
-    CUDA_CHECK(cudaMalloc(&m->block_best, GRID_LM_HEAD * sizeof(float2)));
+    CUDA_CHECK(cudaMalloc(&m->block_best, m->lm_head_blocks * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->io, 3 * sizeof(int)));
     CUDA_CHECK(cudaHostAlloc(&m->io_host, 3 * sizeof(int), cudaHostAllocDefault));
     CUDA_CHECK(cudaMalloc(&m->history, (size_t)ctx * sizeof(int)));
