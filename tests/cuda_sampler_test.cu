@@ -2,11 +2,16 @@
  * (runtime/sampler.c) on the same logits, history and seed: the same token, draw after draw.
  *
  * Cases cross vocabulary sizes (5 to 151936), logit shapes (peaked, flat, heavy ties, NaN and
- * -inf) and settings that take every path: greedy with a penalty, the CLI's defaults (top-k 40,
- * top-p 0.95, min-p 0.05), top-p alone (the bisection path), top-k above SAMPLE_SORT_MAX, top-p 0,
- * min-p alone. Each seed draws three times in a row, so the generator's state must carry over.
- * Prints mismatches and the kernel's time on the defaults; exits 1 on any mismatch.
- * Built by `make build/tests/cuda_sampler_test`; run by tests/test_gpu.py. */
+ * -inf, and striped: logits that repeat every 4096 ids, so that each GPU thread reads near-equal
+ * values and the floor from the threads' best lets many tokens through) and settings that take
+ * every path: greedy with a penalty, the CLI's defaults (top-k 40, top-p 0.95, min-p 0.05), top-k
+ * alone (gathered above the floor, a tie group larger than SAMPLE_SORT_MAX, more than
+ * SAMPLE_SORT_MAX), top-p alone (select passes), top-p 0, min-p alone (gathered, or drawn over the
+ * whole vocabulary when flat). Each seed draws
+ * three times in a row, so the generator's state must carry over. Prints mismatches, then the
+ * kernel's time per setting and vocabulary (best of 20, peaked logits unless named); exits 1 on
+ * any mismatch. `--time` only times. Built by `make build/tests/cuda_sampler_test`; run by
+ * tests/test_gpu.py. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,13 +46,16 @@ static double unit(void) {
 }
 static double normal(void) { return sqrt(-2.0 * log(unit() + 1e-300)) * cos(6.283185307179586 * unit()); }
 
-enum { PEAKED, FLAT, TIES, SPECIALS, N_SHAPES };
-static const char *const shape_names[N_SHAPES] = {"peaked", "flat", "ties", "specials"};
+enum { PEAKED, FLAT, TIES, SPECIALS, STRIPED, N_SHAPES };
+static const char *const shape_names[N_SHAPES] = {"peaked", "flat", "ties", "specials", "striped"};
 
 static void make_logits(float *l, int V, int shape) {
+    static float stripe[4096];
+    for (int i = 0; i < 4096; i++) stripe[i] = (float)(3.0 * normal());
     for (int i = 0; i < V; i++) {
         double g = normal();
-        l[i] = shape == PEAKED ? (float)(3.0 * g) : shape == FLAT ? (float)(0.05 * g) : shape == TIES ? (float)round(2.0 * g) : (float)g;
+        l[i] = shape == PEAKED ? (float)(3.0 * g) : shape == FLAT ? (float)(0.05 * g) : shape == TIES ? (float)round(2.0 * g)
+             : shape == STRIPED ? stripe[i % 4096] + (float)(0.01 * g) : (float)g;
     }
     if (shape == SPECIALS)
         for (int i = 0; i < V; i += 7) l[i] = i % 3 == 0 ? NAN : -INFINITY;
@@ -58,7 +66,8 @@ struct setting {
     sampler_config cfg;
 };
 
-int main(void) {
+int main(int argc, char **argv) {
+    const int time_only = argc > 1 && strcmp(argv[1], "--time") == 0;
     const int vocabs[] = {5, 1000, 49152, 151936};
     const setting settings[] = {
         {"greedy+penalty", {0.0f, 0, 1.0f, 0.0f, 1.3f, 64, 0}},
@@ -71,6 +80,10 @@ int main(void) {
         {"top-k 5000 top-p 0.9", {0.8f, 5000, 0.9f, 0.0f, 1.0f, 64, 0}},
         {"top-k 2000 top-p 0.99", {1.0f, 2000, 0.99f, 0.0f, 1.0f, 64, 0}},
         {"min-p 0.1", {1.5f, 0, 1.0f, 0.1f, 1.0f, 64, 0}},
+        {"top-k 200 top-p 0.9", {1.2f, 200, 0.9f, 0.0f, 1.0f, 64, 0}},
+        {"top-k 3000", {1.0f, 3000, 1.0f, 0.0f, 1.0f, 64, 0}},
+        {"top-k 20000 min-p 0.02", {1.0f, 20000, 1.0f, 0.02f, 1.0f, 64, 0}},
+        {"top-p 0.95 min-p 0.02", {0.9f, 0, 0.95f, 0.02f, 1.0f, 64, 0}},
     };
     const int n_seeds = 12, draws = 3, n_hist = 200;
     const int vmax = vocabs[sizeof vocabs / sizeof *vocabs - 1];
@@ -90,7 +103,7 @@ int main(void) {
     CHECK_CUDA(cudaMalloc(&d_rng, sizeof(unsigned long long)));
 
     int cases = 0, mismatches = 0;
-    for (size_t vi = 0; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+    for (size_t vi = 0; vi < (time_only ? 0 : sizeof vocabs / sizeof *vocabs); vi++) {
         const int V = vocabs[vi];
         for (int shape = 0; shape < N_SHAPES; shape++) {
             make_logits(logits, V, shape);
@@ -129,29 +142,51 @@ int main(void) {
         }
     }
 
-    /* The kernel's time on the CLI's defaults, peaked logits, per vocabulary size. */
-    for (size_t vi = 1; vi < sizeof vocabs / sizeof *vocabs; vi++) {
-        const int V = vocabs[vi];
-        make_logits(logits, V, PEAKED);
-        sample_params p = {1.0f / 0.7f, 40, 0.95f, 0.05f, 1.0f, 64};
-        int io[3] = {0, n_hist - 1, -1};
-        CHECK_CUDA(cudaMemcpy(d_params, &p, sizeof p, cudaMemcpyHostToDevice));
-        CHECK_CUDA(cudaMemcpy(d_io, io, sizeof io, cudaMemcpyHostToDevice));
-        cudaEvent_t a, b;
-        CHECK_CUDA(cudaEventCreate(&a));
-        CHECK_CUDA(cudaEventCreate(&b));
-        float best = 1e30f;
-        for (int r = 0; r < 20; r++) {
-            CHECK_CUDA(cudaMemcpy(d_logits, logits, V * sizeof(float), cudaMemcpyHostToDevice));
-            CHECK_CUDA(cudaEventRecord(a));
-            sample_kernel<<<1, SAMPLE_THREADS>>>(d_logits, V, d_history, d_first_seen, d_io, d_params, d_rng);
-            CHECK_CUDA(cudaEventRecord(b));
-            CHECK_CUDA(cudaEventSynchronize(b));
-            float ms;
-            CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-            best = ms < best ? ms : best;
+    /* The kernel's time per setting and vocabulary: logits fresh in L2 (just copied), best of 20. */
+    struct timed {
+        const char *name;
+        int shape;
+        sample_params p;
+    };
+    const timed timings[] = {
+        {"defaults", PEAKED, {1.0f / 0.7f, 40, 0.95f, 0.05f, 1.0f, 64}},
+        {"top-k 40", PEAKED, {1.0f, 40, 1.0f, 0.0f, 1.0f, 64}},
+        {"top-p 0.9", PEAKED, {1.0f, 0, 0.9f, 0.0f, 1.0f, 64}},
+        {"min-p 0.05", PEAKED, {1.0f, 0, 1.0f, 0.05f, 1.0f, 64}},
+        {"temperature", PEAKED, {1.0f, 0, 1.0f, 0.0f, 1.0f, 64}},
+        {"greedy", PEAKED, {0.0f, 0, 1.0f, 0.0f, 1.0f, 64}},
+        {"defaults, striped", STRIPED, {1.0f / 0.7f, 40, 0.95f, 0.05f, 1.0f, 64}},
+        {"top-p 0.9, flat", FLAT, {1.0f, 0, 0.9f, 0.0f, 1.0f, 64}},
+        {"min-p 0.05, flat", FLAT, {1.0f, 0, 1.0f, 0.05f, 1.0f, 64}},
+    };
+    const unsigned long long rng0 = 0x9e3779b97f4a7c15ULL;
+    CHECK_CUDA(cudaMemcpy(d_rng, &rng0, sizeof rng0, cudaMemcpyHostToDevice));
+    cudaEvent_t a, b;
+    CHECK_CUDA(cudaEventCreate(&a));
+    CHECK_CUDA(cudaEventCreate(&b));
+    printf("%-20s %10s %10s %10s   (us)\n", "sample kernel", "1000", "49152", "151936");
+    for (size_t ti = 0; ti < sizeof timings / sizeof *timings; ti++) {
+        printf("%-20s", timings[ti].name);
+        for (size_t vi = 1; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+            const int V = vocabs[vi];
+            make_logits(logits, V, timings[ti].shape);
+            int io[3] = {0, n_hist - 1, -1};
+            CHECK_CUDA(cudaMemcpy(d_params, &timings[ti].p, sizeof(sample_params), cudaMemcpyHostToDevice));
+            CHECK_CUDA(cudaMemcpy(d_io, io, sizeof io, cudaMemcpyHostToDevice));
+            float best = 1e30f;
+            for (int r = 0; r < 20; r++) {
+                CHECK_CUDA(cudaMemcpy(d_logits, logits, V * sizeof(float), cudaMemcpyHostToDevice));
+                CHECK_CUDA(cudaEventRecord(a));
+                sample_kernel<<<1, SAMPLE_THREADS>>>(d_logits, V, d_history, d_first_seen, d_io, d_params, d_rng);
+                CHECK_CUDA(cudaEventRecord(b));
+                CHECK_CUDA(cudaEventSynchronize(b));
+                float ms;
+                CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+                best = ms < best ? ms : best;
+            }
+            printf(" %10.1f", best * 1e3);
         }
-        printf("sample kernel, defaults, vocab %d: %.1f us\n", V, best * 1e3);
+        printf("\n");
     }
     printf("%d draws, %d mismatches\n", cases, mismatches);
     return mismatches ? 1 : 0;
