@@ -42,7 +42,7 @@ endif
 
 # Model-agnostic runtime, compiled once for every model.
 RUNTIME_SRCS := runtime/errors.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
-	runtime/unicode_data.c runtime/sampler.c runtime/probe.c
+	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c
 RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)
 GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h

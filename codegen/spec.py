@@ -154,6 +154,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[st
     if kind == "default":
         return "none", tuple(base)
     if kind == "linear":
+        if "factor" not in scaling:
+            raise SpecError("config.json: rope_scaling (linear) lacks 'factor'")
         factor = float(scaling["factor"])
         return "linear", tuple(f / factor for f in base)
     if kind == "llama3":

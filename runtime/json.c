@@ -199,6 +199,7 @@ static err_code parse_number(parser *p, size_t self) {
     memcpy(buf, p->s + p->pos, n);
     buf[n] = '\0';
     p->nodes[self].num = strtod(buf, NULL);
+    p->nodes[self].n = memchr(buf, '.', n) == NULL && memchr(buf, 'e', n) == NULL && memchr(buf, 'E', n) == NULL;
     p->pos = i;
     return ERR_OK;
 }

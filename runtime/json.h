@@ -16,7 +16,8 @@ typedef enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUMBER, JSON_STRING, JSON_
 
 typedef struct json_value {
     json_type type;
-    int n;                   /* STRING: decoded byte length; ARRAY/OBJECT: number of children */
+    int n;                   /* STRING: decoded byte length; ARRAY/OBJECT: number of children;
+                              * NUMBER: 1 when written as an integer (no fraction, no exponent) */
     const char *str;         /* STRING: decoded text, NUL-terminated */
     double num;              /* NUMBER */
     const char *key;         /* member of an OBJECT: its decoded key, NUL-terminated */

@@ -1,0 +1,512 @@
+/* model_spec.c - config.json into a model_spec, line by line as codegen/spec.py does it.
+ *
+ * Same checks in the same order, so the first problem reported is the one spec.py reports, with
+ * its words: values are quoted as Python's repr() prints them. Floating-point values are computed
+ * in double with the operations in spec.py's order (the RoPE frequencies through libm's pow, as
+ * CPython's ** does), then rounded once to float where the kernels want float. */
+#include "model_spec.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+
+// ----------------------------------------------------------------------------------------------
+// Values as Python's repr() prints them, for the messages
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+} text;
+
+static void put(text *t, const char *s, size_t n) {
+    if (t->len + n + 1 > t->cap) n = t->cap > t->len + 1 ? t->cap - t->len - 1 : 0; /* truncate */
+    memcpy(t->s + t->len, s, n);
+    t->len += n;
+    t->s[t->len] = '\0';
+}
+static void puts_(text *t, const char *s) { put(t, s, strlen(s)); }
+
+/* repr(float): the shortest digits that read back as the same double; positional notation for
+ * exponents -4..15, scientific otherwise ("1e-05", "10000.0", "1e+16"). */
+static void repr_float(text *t, double x) {
+    char buf[64];
+    if (isnan(x)) { puts_(t, "nan"); return; }
+    if (isinf(x)) { puts_(t, x < 0 ? "-inf" : "inf"); return; }
+    int prec = 1;
+    for (; prec < 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*e", prec - 1, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    snprintf(buf, sizeof buf, "%.*e", prec - 1, x);
+    /* buf: [-]d.ddde[+-]XX -> sign, digits, decimal exponent */
+    const char *p = buf;
+    char sign[2] = "";
+    if (*p == '-') { sign[0] = '-'; p++; }
+    char digits[32];
+    int nd = 0;
+    for (; *p && *p != 'e'; p++)
+        if (*p != '.') digits[nd++] = *p;
+    digits[nd] = '\0';
+    int exp10 = atoi(p + 1);
+    puts_(t, sign);
+    if (exp10 >= -4 && exp10 < 16) {
+        if (exp10 < 0) {
+            puts_(t, "0.");
+            for (int i = -1; i > exp10; i--) puts_(t, "0");
+            puts_(t, digits);
+        } else {
+            for (int i = 0; i <= exp10; i++) put(t, i < nd ? &digits[i] : "0", 1);
+            puts_(t, ".");
+            puts_(t, nd > exp10 + 1 ? digits + exp10 + 1 : "0");
+        }
+    } else {
+        put(t, digits, 1);
+        if (nd > 1) { puts_(t, "."); puts_(t, digits + 1); }
+        snprintf(buf, sizeof buf, "e%c%02d", exp10 < 0 ? '-' : '+', abs(exp10));
+        puts_(t, buf);
+    }
+}
+
+static void repr(text *t, const json_value *v) {
+    char buf[64];
+    switch (v ? v->type : JSON_NULL) {
+    case JSON_NULL: puts_(t, "None"); break;
+    case JSON_TRUE: puts_(t, "True"); break;
+    case JSON_FALSE: puts_(t, "False"); break;
+    case JSON_NUMBER:
+        if (v->n) { /* an integer literal */
+            snprintf(buf, sizeof buf, "%.0f", v->num);
+            puts_(t, buf);
+        } else {
+            repr_float(t, v->num);
+        }
+        break;
+    case JSON_STRING: {
+        /* single quotes unless the text holds ' and no " */
+        char q = memchr(v->str, '\'', (size_t)v->n) && !memchr(v->str, '"', (size_t)v->n) ? '"' : '\'';
+        put(t, &q, 1);
+        for (int i = 0; i < v->n; i++) {
+            unsigned char c = (unsigned char)v->str[i];
+            if (c == '\\' || c == (unsigned char)q) { put(t, "\\", 1); put(t, (const char *)&c, 1); }
+            else if (c == '\n') puts_(t, "\\n");
+            else if (c == '\t') puts_(t, "\\t");
+            else if (c == '\r') puts_(t, "\\r");
+            else if (c < 0x20 || c == 0x7F) { snprintf(buf, sizeof buf, "\\x%02x", c); puts_(t, buf); }
+            else put(t, (const char *)&c, 1);
+        }
+        put(t, &q, 1);
+        break;
+    }
+    case JSON_ARRAY:
+    case JSON_OBJECT: {
+        int obj = v->type == JSON_OBJECT, first = 1;
+        puts_(t, obj ? "{" : "[");
+        json_for_each(c, v) {
+            if (!first) puts_(t, ", ");
+            first = 0;
+            if (obj) {
+                json_value key = {.type = JSON_STRING, .str = c->key, .n = c->key_len};
+                repr(t, &key);
+                puts_(t, ": ");
+            }
+            repr(t, c);
+        }
+        puts_(t, obj ? "}" : "]");
+        break;
+    }
+    }
+}
+
+/* The repr of v in a static buffer: for one message at a time. */
+static const char *r(const json_value *v) {
+    static _Thread_local char buf[256];
+    text t = {buf, 0, sizeof buf};
+    buf[0] = '\0';
+    repr(&t, v);
+    return buf;
+}
+
+static const char *r_float(double x) {
+    static _Thread_local char buf[64];
+    text t = {buf, 0, sizeof buf};
+    buf[0] = '\0';
+    repr_float(&t, x);
+    return buf;
+}
+
+/* Python's truth value of a JSON value (absent: false). */
+static int truthy(const json_value *v) {
+    if (!v) return 0;
+    switch (v->type) {
+    case JSON_NULL:
+    case JSON_FALSE: return 0;
+    case JSON_TRUE: return 1;
+    case JSON_NUMBER: return v->num != 0.0;
+    case JSON_STRING:
+    case JSON_ARRAY:
+    case JSON_OBJECT: return v->n > 0;
+    }
+    return 0;
+}
+
+static int is_null(const json_value *v) { return !v || v->type == JSON_NULL; }
+static int is_number(const json_value *v) { return v && v->type == JSON_NUMBER; }
+static int is_int(const json_value *v) { return is_number(v) && v->n; }
+static int is_str(const json_value *v, const char *s) { return v && v->type == JSON_STRING && strcmp(v->str, s) == 0; }
+
+// ----------------------------------------------------------------------------------------------
+// spec.py's _get
+
+typedef struct {
+    const char *path; /* for messages */
+    const json_value *cfg;
+} reader;
+
+static err_code refuse(const reader *rd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static err_code refuse(const reader *rd, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return err_set(ERR_CONFIG, "%s: %s", rd->path, msg);
+}
+
+enum { REQUIRED, OPTIONAL };
+
+/* An integer key, positive (bos/eos aside); *out unchanged when absent and optional. Integers
+ * beyond int are refused: no dimension that large fits in memory anyway. */
+static err_code get_int(const reader *rd, const char *key, int optional, int *out) {
+    const json_value *v = json_get(rd->cfg, key);
+    if (is_null(v)) return optional ? ERR_OK : refuse(rd, "missing key '%s'", key);
+    if (!is_int(v)) return refuse(rd, "'%s' = %s, expected an integer", key, r(v));
+    if (v->num <= 0) return refuse(rd, "'%s' = %s, expected a positive value", key, r(v));
+    if (v->num > 2147483647.0) return refuse(rd, "'%s' = %s, too large", key, r(v));
+    *out = (int)v->num;
+    return ERR_OK;
+}
+
+static err_code get_float(const reader *rd, const char *key, double *out) {
+    const json_value *v = json_get(rd->cfg, key);
+    if (is_null(v)) return ERR_OK; /* spec.py's only float key has a default */
+    if (!is_number(v)) return refuse(rd, "'%s' = %s, expected a number", key, r(v));
+    if (v->num <= 0) return refuse(rd, "'%s' = %s, expected a positive value", key, r(v));
+    *out = v->num;
+    return ERR_OK;
+}
+
+static err_code get_bool(const reader *rd, const char *key, int *out) {
+    const json_value *v = json_get(rd->cfg, key);
+    if (is_null(v)) return ERR_OK;
+    if (v->type != JSON_TRUE && v->type != JSON_FALSE) return refuse(rd, "'%s' = %s, expected true or false", key, r(v));
+    *out = v->type == JSON_TRUE;
+    return ERR_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// RoPE: spec.py's rope_inv_freq
+
+/* A number member of a rope_scaling object for the given type; Python's KeyError message when
+ * absent. */
+static err_code scaling_number(const reader *rd, const json_value *scaling, const char *kind, const char *key, double *out) {
+    const json_value *v = json_get(scaling, key);
+    if (!v) return refuse(rd, "rope_scaling (%s) lacks '%s'", kind, key);
+    if (!is_number(v)) return refuse(rd, "rope_scaling (%s): '%s' = %s, expected a number", kind, key, r(v));
+    *out = v->num;
+    return ERR_OK;
+}
+
+static err_code rope_inv_freq(const reader *rd, model_spec *s, const json_value *scaling) {
+    int n = s->head_dim / 2;
+    double *f = s->rope_inv_freq_f64;
+    for (int i = 0; i < n; i++) f[i] = 1.0 / pow(s->rope_theta, (double)(2 * i) / s->head_dim);
+    s->rope_scaling = "none";
+    if (truthy(scaling)) {
+        const json_value *kind = json_get(scaling, "rope_type");
+        if (!kind) kind = json_get(scaling, "type");
+        if (is_str(kind, "default")) {
+        } else if (is_str(kind, "linear")) {
+            double factor;
+            err_code rc = scaling_number(rd, scaling, "linear", "factor", &factor);
+            if (rc) return rc;
+            for (int i = 0; i < n; i++) f[i] = f[i] / factor;
+            s->rope_scaling = "linear";
+        } else if (is_str(kind, "llama3")) {
+            double factor, low, high, old_ctx;
+            err_code rc;
+            if ((rc = scaling_number(rd, scaling, "llama3", "factor", &factor)) ||
+                (rc = scaling_number(rd, scaling, "llama3", "low_freq_factor", &low)) ||
+                (rc = scaling_number(rd, scaling, "llama3", "high_freq_factor", &high)) ||
+                (rc = scaling_number(rd, scaling, "llama3", "original_max_position_embeddings", &old_ctx)))
+                return rc;
+            double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+            for (int i = 0; i < n; i++) {
+                double wavelen = 2 * M_PI / f[i];
+                if (wavelen < high_wavelen) {
+                } else if (wavelen > low_wavelen) {
+                    f[i] = f[i] / factor;
+                } else {
+                    double smooth = (old_ctx / wavelen - low) / (high - low);
+                    f[i] = (1 - smooth) * f[i] / factor + smooth * f[i];
+                }
+            }
+            s->rope_scaling = "llama3";
+        } else {
+            return refuse(rd, "rope_scaling type %s is not supported (supported: default, linear, llama3)", r(kind));
+        }
+    }
+    for (int i = 0; i < n; i++) s->rope_inv_freq[i] = (float)f[i];
+    return ERR_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// The tensor table: spec.py's Spec.tensors
+
+/* Appends one tensor: its name (printf format, into storage at *used) and shape. */
+static void add_tensor(model_spec *s, size_t *used, size_t cap, int ndim, long long rows, long long cols,
+                       const char *fmt, int layer) {
+    st_tensor_spec *t = &s->tensors[s->n_tensors++];
+    char *name = s->storage + *used;
+    int n = snprintf(name, cap - *used, fmt, layer);
+    *used += (size_t)n + 1;
+    t->name = name;
+    t->dtype = s->dtype;
+    t->ndim = ndim;
+    t->shape[0] = rows;
+    t->shape[1] = cols;
+}
+
+static err_code build_tensors(model_spec *s, const char *name) {
+    const int per_layer = 9 + 3 * s->qkv_bias + s->o_bias;
+    s->layer_tensors = per_layer;
+    size_t max_tensors = 3 + (size_t)s->n_layers * per_layer;
+    size_t cap = strlen(name) + 1 + max_tensors * 64; /* the longest name is 51 bytes with layer 2^31 */
+    s->tensors = calloc(max_tensors, sizeof *s->tensors);
+    s->storage = malloc(cap);
+    if (!s->tensors || !s->storage) return err_set(ERR_NOMEM, "tensor table of %zu tensors", max_tensors);
+    size_t used = 0;
+    memcpy(s->storage, name, strlen(name) + 1);
+    s->name = s->storage;
+    used += strlen(name) + 1;
+    const long long d = s->dim, q = s->q_dim, kv = s->kv_dim, h = s->hidden_dim, v = s->vocab_size;
+    add_tensor(s, &used, cap, 2, v, d, "model.embed_tokens.weight", 0);
+    for (int l = 0; l < s->n_layers; l++) {
+        add_tensor(s, &used, cap, 1, d, 0, "model.layers.%d.input_layernorm.weight", l);
+        add_tensor(s, &used, cap, 2, q, d, "model.layers.%d.self_attn.q_proj.weight", l);
+        add_tensor(s, &used, cap, 2, kv, d, "model.layers.%d.self_attn.k_proj.weight", l);
+        add_tensor(s, &used, cap, 2, kv, d, "model.layers.%d.self_attn.v_proj.weight", l);
+        if (s->qkv_bias) {
+            add_tensor(s, &used, cap, 1, q, 0, "model.layers.%d.self_attn.q_proj.bias", l);
+            add_tensor(s, &used, cap, 1, kv, 0, "model.layers.%d.self_attn.k_proj.bias", l);
+            add_tensor(s, &used, cap, 1, kv, 0, "model.layers.%d.self_attn.v_proj.bias", l);
+        }
+        add_tensor(s, &used, cap, 2, d, q, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (s->o_bias) add_tensor(s, &used, cap, 1, d, 0, "model.layers.%d.self_attn.o_proj.bias", l);
+        add_tensor(s, &used, cap, 1, d, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        add_tensor(s, &used, cap, 2, h, d, "model.layers.%d.mlp.gate_proj.weight", l);
+        add_tensor(s, &used, cap, 2, h, d, "model.layers.%d.mlp.up_proj.weight", l);
+        add_tensor(s, &used, cap, 2, d, h, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+    add_tensor(s, &used, cap, 1, d, 0, "model.norm.weight", 0);
+    if (!s->tied_embeddings) add_tensor(s, &used, cap, 2, v, d, "lm_head.weight", 0);
+
+    /* weight_bytes: every tensor but the embedding table, plus one row of it (all of it when tied) */
+    unsigned long long elems = s->tied_embeddings ? (unsigned long long)v * d : (unsigned long long)d;
+    for (int i = 1; i < s->n_tensors; i++) {
+        const st_tensor_spec *t = &s->tensors[i];
+        elems += (unsigned long long)t->shape[0] * (t->ndim == 2 ? (unsigned long long)t->shape[1] : 1);
+    }
+    s->weight_bytes = elems * (unsigned long long)s->dtype_bytes;
+    s->kv_bytes_per_pos = (unsigned long long)s->n_layers * 2 * s->kv_dim * 2;
+    return ERR_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// spec.py's spec_from_config
+
+static const char *const ARCHITECTURES[][2] = {
+    {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"}};
+
+static err_code from_config(const reader *rd, model_spec *s) {
+    const json_value *cfg = rd->cfg;
+    err_code rc;
+
+    const json_value *archs = json_get(cfg, "architectures");
+    json_value empty = {.type = JSON_ARRAY};
+    if (!truthy(archs)) archs = &empty;
+    int a = -1;
+    if (archs->type == JSON_ARRAY && archs->n == 1 && archs->child->type == JSON_STRING)
+        for (int i = 0; i < 3; i++)
+            if (strcmp(archs->child->str, ARCHITECTURES[i][0]) == 0) a = i;
+    if (a < 0)
+        return refuse(rd, "'architectures' = %s, expected one of ['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM']",
+                      r(archs));
+    s->architecture = ARCHITECTURES[a][0];
+    s->family = ARCHITECTURES[a][1];
+    int qwen2 = strcmp(s->family, "qwen2") == 0;
+
+    const json_value *act = json_get(cfg, "hidden_act");
+    if (act && !is_str(act, "silu")) return refuse(rd, "'hidden_act' = %s, only 'silu' is supported", r(act));
+    if (truthy(json_get(cfg, "mlp_bias"))) return refuse(rd, "'mlp_bias' = true is not supported");
+    if (qwen2) {
+        s->qkv_bias = 1;
+        if (truthy(json_get(cfg, "use_sliding_window"))) return refuse(rd, "'use_sliding_window' = true is not supported");
+    } else {
+        s->qkv_bias = 0;
+        if ((rc = get_bool(rd, "attention_bias", &s->qkv_bias))) return rc;
+    }
+    s->o_bias = s->qkv_bias && !qwen2;
+
+    if ((rc = get_int(rd, "hidden_size", REQUIRED, &s->dim))) return rc;
+    if ((rc = get_int(rd, "num_attention_heads", REQUIRED, &s->n_heads))) return rc;
+    s->n_kv_heads = s->n_heads;
+    if ((rc = get_int(rd, "num_key_value_heads", OPTIONAL, &s->n_kv_heads))) return rc;
+    if (s->n_heads % s->n_kv_heads)
+        return refuse(rd, "'num_attention_heads' = %d is not a multiple of 'num_key_value_heads' = %d", s->n_heads, s->n_kv_heads);
+    if (!is_null(json_get(cfg, "head_dim"))) {
+        if ((rc = get_int(rd, "head_dim", REQUIRED, &s->head_dim))) return rc;
+    } else {
+        if (s->dim % s->n_heads)
+            return refuse(rd, "'hidden_size' = %d is not a multiple of 'num_attention_heads' = %d", s->dim, s->n_heads);
+        s->head_dim = s->dim / s->n_heads;
+    }
+    if (s->head_dim % 2) return refuse(rd, "head dimension %d is odd; RoPE needs pairs", s->head_dim);
+    if ((rc = get_int(rd, "max_position_embeddings", REQUIRED, &s->seq_len))) return rc;
+
+    const json_value *window = json_get(cfg, "sliding_window");
+    if (strcmp(s->family, "mistral") == 0 && !is_null(window)) {
+        if (!is_number(window)) return refuse(rd, "'sliding_window' = %s, expected a number or null", r(window));
+        if (window->num < s->seq_len)
+            return refuse(rd, "'sliding_window' = %s is smaller than the context %d; sliding-window attention is not supported",
+                          r(window), s->seq_len);
+    }
+
+    /* transformers >= 4.56 may keep theta and scaling under "rope_parameters" */
+    const json_value *rope_params = json_get(cfg, "rope_parameters");
+    if (!rope_params || rope_params->type != JSON_OBJECT) rope_params = NULL;
+    const json_value *theta = rope_params ? json_get(rope_params, "rope_theta") : NULL;
+    if (!theta) theta = json_get(cfg, "rope_theta");
+    s->rope_theta = 10000.0;
+    if (theta) {
+        if (!is_number(theta)) return refuse(rd, "'rope_theta' = %s, expected a number", r(theta));
+        s->rope_theta = theta->num;
+    }
+    if (s->rope_theta <= 0) return refuse(rd, "'rope_theta' = %s, expected a positive value", r_float(s->rope_theta));
+    const json_value *scaling = json_get(cfg, "rope_scaling");
+    if (!truthy(scaling)) {
+        const json_value *kind = rope_params ? json_get(rope_params, "rope_type") : NULL;
+        scaling = !is_null(kind) && !is_str(kind, "default") ? rope_params : NULL;
+    }
+    if (!is_null(scaling) && scaling->type != JSON_OBJECT)
+        return refuse(rd, "'rope_scaling' = %s, expected an object or null", r(scaling));
+    s->rope_inv_freq = malloc((size_t)(s->head_dim / 2) * sizeof *s->rope_inv_freq);
+    s->rope_inv_freq_f64 = malloc((size_t)(s->head_dim / 2) * sizeof *s->rope_inv_freq_f64);
+    if (!s->rope_inv_freq || !s->rope_inv_freq_f64) return err_set(ERR_NOMEM, "RoPE table of %d", s->head_dim / 2);
+    if ((rc = rope_inv_freq(rd, s, is_null(scaling) ? NULL : scaling))) return rc;
+
+    const json_value *torch_dtype = json_get(cfg, "torch_dtype");
+    if (!torch_dtype) torch_dtype = json_get(cfg, "dtype");
+    if (!torch_dtype) s->dtype = DT_BF16;
+    else if (is_str(torch_dtype, "bfloat16")) s->dtype = DT_BF16;
+    else if (is_str(torch_dtype, "float16")) s->dtype = DT_F16;
+    else if (is_str(torch_dtype, "float32")) s->dtype = DT_F32;
+    else return refuse(rd, "'torch_dtype' = %s, expected one of ['bfloat16', 'float16', 'float32']", r(torch_dtype));
+    s->dtype_bytes = (int)st_dtype_size(s->dtype);
+
+    const json_value *eos = json_get(cfg, "eos_token_id");
+    int n_eos = is_null(eos) ? 0 : eos->type == JSON_ARRAY ? eos->n : 1;
+    s->eos_ids = malloc((size_t)(n_eos ? n_eos : 1) * sizeof *s->eos_ids);
+    if (!s->eos_ids) return err_set(ERR_NOMEM, "eos ids");
+    s->n_eos = 0;
+    if (!is_null(eos)) {
+        const json_value *e = eos->type == JSON_ARRAY ? eos->child : eos;
+        for (; e; e = eos->type == JSON_ARRAY ? e->next : NULL) {
+            if (!is_int(e) || e->num < 0 || e->num > 2147483647.0)
+                return refuse(rd, "'eos_token_id' = %s, expected an id or a list of ids", r(eos));
+            s->eos_ids[s->n_eos++] = (int)e->num;
+        }
+    }
+    const json_value *bos = json_get(cfg, "bos_token_id");
+    s->bos_id = is_int(bos) && fabs(bos->num) <= 2147483647.0 ? (int)bos->num : -1;
+
+    if ((rc = get_int(rd, "vocab_size", REQUIRED, &s->vocab_size))) return rc;
+    if ((rc = get_int(rd, "intermediate_size", REQUIRED, &s->hidden_dim))) return rc;
+    if ((rc = get_int(rd, "num_hidden_layers", REQUIRED, &s->n_layers))) return rc;
+    s->norm_eps = 1e-6;
+    if ((rc = get_float(rd, "rms_norm_eps", &s->norm_eps))) return rc;
+    s->tied_embeddings = 0;
+    if ((rc = get_bool(rd, "tie_word_embeddings", &s->tied_embeddings))) return rc;
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos_ids[i] >= s->vocab_size)
+            return refuse(rd, "'eos_token_id' %d is outside the vocabulary (%d)", s->eos_ids[i], s->vocab_size);
+
+    s->q_dim = s->n_heads * s->head_dim;
+    s->kv_dim = s->n_kv_heads * s->head_dim;
+    s->kv_mul = s->n_heads / s->n_kv_heads;
+    return ERR_OK;
+}
+
+static const char *basename_of(const char *dir, char *buf, size_t cap) {
+    char *real = realpath(dir, NULL);
+    const char *p = real ? real : dir;
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') n--;
+    size_t start = n;
+    while (start > 0 && p[start - 1] != '/') start--;
+    snprintf(buf, cap, "%.*s", (int)(n - start), p + start);
+    free(real);
+    return buf;
+}
+
+err_code model_spec_load(model_spec *s, const char *dir) {
+    memset(s, 0, sizeof *s);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            char *nb = realloc(buf, cap = cap ? 2 * cap : 1 << 16);
+            if (!nb) { free(buf); fclose(f); return err_set(ERR_NOMEM, "%s: reading", path); }
+            buf = nb;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) { free(buf); return err_set(ERR_IO, "%s: read error", path); }
+    json_doc doc;
+    err_code rc = json_parse(buf, len, &doc);
+    free(buf);
+    if (rc) {
+        char why[256]; /* err_set writes the buffer err_detail() reads: copy it first */
+        snprintf(why, sizeof why, "%s", err_detail());
+        return err_set(ERR_CONFIG, "%s: %s", path, why);
+    }
+    reader rd = {path, doc.root};
+    if (doc.root->type != JSON_OBJECT) rc = err_set(ERR_CONFIG, "%s: expected a JSON object", path);
+    else rc = from_config(&rd, s);
+    json_free(&doc);
+    char name[1024];
+    if (!rc) rc = build_tensors(s, basename_of(dir, name, sizeof name));
+    if (rc) model_spec_free(s);
+    return rc;
+}
+
+void model_spec_free(model_spec *s) {
+    free(s->eos_ids);
+    free(s->rope_inv_freq);
+    free(s->rope_inv_freq_f64);
+    free(s->tensors);
+    free(s->storage);
+    memset(s, 0, sizeof *s);
+}

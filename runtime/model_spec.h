@@ -1,0 +1,70 @@
+/* model_spec.h - a Hugging Face config.json read at run time: the C twin of codegen/spec.py.
+ *
+ * The generic build (make GENERIC=1) does at run time what the generator does at build time: it
+ * reads config.json into the same fields, with the same derived values (q_dim, RoPE frequencies
+ * with Llama-3 or linear scaling, bytes read per token, the tensor table), and refuses what the
+ * engine cannot run with the same one-line message, naming the key. tests/test_model_spec.py keeps
+ * the two in step on every config the project knows and on every refusal. Field names are
+ * spec.py's, so the generated code's MODEL_DIM is `(model_rt.dim)` in a generic build.
+ *
+ * This header is also compiled as CUDA C++ (a generic build's forward_cuda.cu copies the struct
+ * into __constant__ memory for its kernels). */
+#ifndef INGOT_MODEL_SPEC_H
+#define INGOT_MODEL_SPEC_H
+
+#include "errors.h"
+#include "safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int dim;              /* hidden_size */
+    int hidden_dim;       /* intermediate_size */
+    int n_layers;         /* num_hidden_layers */
+    int n_heads;          /* num_attention_heads */
+    int n_kv_heads;       /* num_key_value_heads */
+    int head_dim;         /* head_dim, or hidden_size / num_attention_heads */
+    int q_dim;            /* n_heads * head_dim */
+    int kv_dim;           /* n_kv_heads * head_dim */
+    int kv_mul;           /* n_heads / n_kv_heads */
+    int vocab_size;       /* vocab_size */
+    int seq_len;          /* max_position_embeddings */
+    double norm_eps;      /* rms_norm_eps */
+    double rope_theta;    /* rope_theta */
+    int qkv_bias;         /* Qwen2 always; Llama's attention_bias */
+    int o_bias;           /* Llama's attention_bias also biases o_proj */
+    int tied_embeddings;  /* tie_word_embeddings */
+    st_dtype dtype;       /* of every weight, from torch_dtype */
+    int dtype_bytes;
+    int bos_id;           /* bos_token_id, -1 if none */
+    int n_eos;
+    int *eos_ids;         /* (n_eos) eos_token_id */
+    unsigned long long weight_bytes;     /* bytes of weights one decode step reads (spec.py weight_bytes) */
+    unsigned long long kv_bytes_per_pos; /* fp16 KV cache per position: n_layers * 2 * kv_dim * 2 */
+    float *rope_inv_freq;        /* (head_dim / 2) the kernels' frequencies: rope_inv_freq_f64 rounded */
+    double *rope_inv_freq_f64;   /* (head_dim / 2) theta^(-2i/head_dim), scaling applied */
+    int n_tensors;               /* in tensors */
+    int layer_tensors;           /* tensors per layer */
+    st_tensor_spec *tensors;     /* (n_tensors) every weight, in spec.py's order */
+    const char *name;            /* the model directory's basename */
+    const char *architecture;    /* "LlamaForCausalLM", ... */
+    const char *family;          /* "llama", "mistral", "qwen2" */
+    const char *rope_scaling;    /* "none", "linear" or "llama3" */
+    char *storage;               /* name and tensor names */
+} model_spec;
+
+/* Reads dir/config.json into *s. On a config the engine cannot run, returns ERR_CONFIG with
+ * codegen/spec.py's message after the file's path ("models/x/config.json: missing key
+ * 'hidden_size'"); a file that is not JSON gives ERR_JSON's detail the same way. *s needs
+ * model_spec_free only after success. */
+err_code model_spec_load(model_spec *s, const char *dir);
+
+void model_spec_free(model_spec *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,52 @@
+/* spec_cli.c - a command-line driver of the run-time spec, for the tests (tests/test_model_spec.py).
+ *
+ *   spec_cli MODEL_DIR    prints MODEL_DIR/config.json's model_spec as one JSON object
+ *
+ * Errors print one line, "<err_name>: <detail>", on stderr and exit 1. */
+#include <stdio.h>
+
+#include "../runtime/model_spec.h"
+
+static void print_ints(const char *key, const int *v, int n) {
+    printf("\"%s\": [", key);
+    for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", v[i]);
+    printf("], ");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: spec_cli MODEL_DIR\n");
+        return 2;
+    }
+    model_spec s;
+    err_code rc = model_spec_load(&s, argv[1]);
+    if (rc) {
+        fprintf(stderr, "%s: %s\n", err_name(rc), err_detail());
+        return 1;
+    }
+    printf("{\"name\": \"%s\", \"architecture\": \"%s\", \"family\": \"%s\", ", s.name, s.architecture, s.family);
+    printf("\"dim\": %d, \"hidden_dim\": %d, \"n_layers\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, ",
+           s.dim, s.hidden_dim, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim);
+    printf("\"q_dim\": %d, \"kv_dim\": %d, \"kv_mul\": %d, \"vocab_size\": %d, \"seq_len\": %d, ", s.q_dim, s.kv_dim,
+           s.kv_mul, s.vocab_size, s.seq_len);
+    printf("\"norm_eps\": %.17g, \"rope_theta\": %.17g, \"rope_scaling\": \"%s\", ", s.norm_eps, s.rope_theta, s.rope_scaling);
+    printf("\"qkv_bias\": %s, \"o_bias\": %s, \"tied_embeddings\": %s, ", s.qkv_bias ? "true" : "false",
+           s.o_bias ? "true" : "false", s.tied_embeddings ? "true" : "false");
+    printf("\"dtype\": \"%s\", \"dtype_bytes\": %d, \"bos_id\": %d, ", st_dtype_name(s.dtype), s.dtype_bytes, s.bos_id);
+    print_ints("eos_ids", s.eos_ids, s.n_eos);
+    printf("\"weight_bytes\": %llu, \"kv_bytes_per_pos\": %llu, ", s.weight_bytes, s.kv_bytes_per_pos);
+    printf("\"rope_inv_freq\": [");
+    for (int i = 0; i < s.head_dim / 2; i++) printf("%s%.17g", i ? ", " : "", s.rope_inv_freq_f64[i]);
+    printf("], \"rope_inv_freq_f32\": [");
+    for (int i = 0; i < s.head_dim / 2; i++) printf("%s%.9e", i ? ", " : "", (double)s.rope_inv_freq[i]);
+    printf("], \"layer_tensors\": %d, \"tensors\": [", s.layer_tensors);
+    for (int t = 0; t < s.n_tensors; t++) {
+        const st_tensor_spec *ts = &s.tensors[t];
+        printf("%s[\"%s\", \"%s\", [", t ? ", " : "", ts->name, st_dtype_name(ts->dtype));
+        for (int d = 0; d < ts->ndim; d++) printf("%s%lld", d ? ", " : "", (long long)ts->shape[d]);
+        printf("]]");
+    }
+    printf("]}\n");
+    model_spec_free(&s);
+    return 0;
+}

@@ -1,0 +1,190 @@
+"""The run-time spec of the generic build (runtime/model_spec.c) against the generator's
+(codegen/spec.py): every config the project knows and variants of them, field by field, and every
+refusal with the same message. Driven through build/tests/spec_cli, which prints the C spec as JSON.
+
+Tolerance: the RoPE frequencies are computed in double in both, with the same operations in the
+same order and the same libm pow; we allow 1e-7 relative (float32 rounding is 6e-8), and require
+the float32 values the kernels use to be equal, since a generic build must give the specialized
+build's logits."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codegen.spec import SpecError, load_spec
+from conftest import REPO, make
+
+SPEC_CLI = REPO / "build" / "tests" / "spec_cli"
+CONFIGS = sorted(REPO.glob("models/*/config.json")) + sorted(REPO.glob("tests/models/*/config.json"))
+
+
+@pytest.fixture(scope="module")
+def spec_cli():
+    make("build/tests/spec_cli")
+    return SPEC_CLI
+
+
+def c_spec(spec_cli, model_dir: Path):
+    """(the C spec as a dict, None) or (None, its one-line error)."""
+    r = subprocess.run([str(spec_cli), str(model_dir)], capture_output=True, text=True, timeout=60)
+    if r.returncode == 0:
+        return json.loads(r.stdout), None
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    return None, r.stderr.strip()
+
+
+def assert_same(c: dict, py) -> None:
+    for field in ("name", "architecture", "family", "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                  "q_dim", "kv_dim", "kv_mul", "vocab_size", "seq_len", "rope_scaling", "qkv_bias", "o_bias",
+                  "tied_embeddings", "dtype", "dtype_bytes", "bos_id", "weight_bytes", "kv_bytes_per_pos"):
+        assert c[field] == getattr(py, field), f"{field}: C {c[field]!r}, spec.py {getattr(py, field)!r}"
+    assert c["norm_eps"] == py.norm_eps and c["rope_theta"] == py.rope_theta
+    assert tuple(c["eos_ids"]) == py.eos_ids
+    want = np.array(py.rope_inv_freq)
+    got = np.array(c["rope_inv_freq"])
+    assert got.shape == want.shape and np.all(np.abs(got - want) <= 1e-7 * np.abs(want))
+    assert np.array_equal(np.array(c["rope_inv_freq_f32"], dtype=np.float32), want.astype(np.float32))
+    assert c["layer_tensors"] == len(py.layer_fields)
+    assert [(n, tuple(s)) for n, _, s in c["tensors"]] == [(t.name, t.shape) for t in py.tensors]
+    assert {dt for _, dt, _ in c["tensors"]} == {py.dtype}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
+def test_known_configs_match_spec_py(spec_cli, config):
+    c, err = c_spec(spec_cli, config.parent)
+    assert err is None, err
+    assert_same(c, load_spec(config, name=config.parent.name))
+
+
+def base():
+    return json.loads((REPO / "tests" / "models" / "tiny-llama" / "config.json").read_text())
+
+
+def llama_1b():
+    return json.loads((REPO / "models" / "llama-3.2-1b-instruct" / "config.json").read_text())
+
+
+def with_(cfg, **changes):
+    cfg = copy.deepcopy(cfg)
+    for k, v in changes.items():
+        if v is ...:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    return cfg
+
+
+# Configs both must accept, with the same spec: what the known ones do not cover.
+VARIANTS = {
+    "linear-rope": with_(base(), rope_scaling={"type": "linear", "factor": 4.0}),
+    "default-rope-type": with_(base(), rope_scaling={"rope_type": "default"}),
+    "rope-parameters": with_(base(), rope_theta=..., rope_parameters={"rope_theta": 500000.0, "rope_type": "llama3",
+                                                                      "factor": 8.0, "low_freq_factor": 1.0,
+                                                                      "high_freq_factor": 4.0,
+                                                                      "original_max_position_embeddings": 64}),
+    "no-head-dim-no-kv-heads": with_(base(), head_dim=..., num_key_value_heads=...),
+    "head-dim-null": with_(base(), head_dim=None),
+    "eos-list-no-bos": with_(base(), eos_token_id=[2, 1], bos_token_id=None),
+    "eos-null": with_(base(), eos_token_id=None),
+    "attention-bias": with_(base(), attention_bias=True),
+    "fp16": with_(base(), torch_dtype="float16"),
+    "fp32-dtype-key": with_(base(), torch_dtype=..., dtype="float32"),
+    "no-eps-no-theta-no-act": with_(base(), rms_norm_eps=..., rope_theta=..., hidden_act=...),
+    "mistral-window-null": with_(base(), architectures=["MistralForCausalLM"], sliding_window=None),
+    "mistral-window-large": with_(base(), architectures=["MistralForCausalLM"], sliding_window=4096),
+    "llama3-1b": llama_1b(),
+    "integer-theta-and-eps": with_(base(), rope_theta=10000, rms_norm_eps=1),
+    "empty-rope-scaling": with_(base(), rope_scaling={}),
+}
+
+# Configs both must refuse, with spec.py's message.
+REFUSALS = {
+    "architectures": with_(base(), architectures=["GPT2LMHeadModel"]),
+    "architectures-missing": with_(base(), architectures=...),
+    "architectures-two": with_(base(), architectures=["LlamaForCausalLM", "MistralForCausalLM"]),
+    "architectures-string": with_(base(), architectures="LlamaForCausalLM"),
+    "hidden-act": with_(base(), hidden_act="gelu"),
+    "hidden-act-null": with_(base(), hidden_act=None),
+    "mlp-bias": with_(base(), mlp_bias=True),
+    "qwen2-sliding": with_(base(), architectures=["Qwen2ForCausalLM"], use_sliding_window=True),
+    "attention-bias-string": with_(base(), attention_bias="yes"),
+    "hidden-size-string": with_(base(), hidden_size="64"),
+    "hidden-size-float": with_(base(), hidden_size=64.0),
+    "hidden-size-bool": with_(base(), hidden_size=True),
+    "hidden-size-missing": with_(base(), hidden_size=...),
+    "heads-zero": with_(base(), num_attention_heads=0),
+    "kv-heads-negative": with_(base(), num_key_value_heads=-2),
+    "kv-heads-not-divisor": with_(base(), num_key_value_heads=3),
+    "hidden-not-multiple": with_(base(), head_dim=..., hidden_size=66),
+    "head-dim-odd": with_(base(), head_dim=15),
+    "context-missing": with_(base(), max_position_embeddings=None),
+    "mistral-window": with_(base(), architectures=["MistralForCausalLM"], sliding_window=128),
+    "theta-negative": with_(base(), rope_theta=-1.5),
+    "theta-zero-in-parameters": with_(base(), rope_parameters={"rope_theta": 0}),
+    "rope-scaling-list": with_(base(), rope_scaling=[1, 2]),
+    "rope-yarn": with_(base(), rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+    "rope-type-missing": with_(base(), rope_scaling={"factor": 4.0}),
+    "linear-no-factor": with_(base(), rope_scaling={"type": "linear"}),
+    "llama3-no-low": with_(llama_1b(), rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+    "llama3-no-original": with_(llama_1b(), rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                          "high_freq_factor": 4.0}),
+    "dtype-int8": with_(base(), torch_dtype="int8"),
+    "dtype-null": with_(base(), torch_dtype=None),
+    "eos-negative": with_(base(), eos_token_id=[2, -1]),
+    "eos-string": with_(base(), eos_token_id="2"),
+    "eos-outside-vocab": with_(base(), eos_token_id=100000),
+    "vocab-missing": with_(base(), vocab_size=...),
+    "intermediate-float": with_(base(), intermediate_size=160.5),
+    "layers-zero": with_(base(), num_hidden_layers=0),
+    "eps-zero": with_(base(), rms_norm_eps=0.0),
+    "eps-string": with_(base(), rms_norm_eps="1e-5"),
+    "eps-tiny-negative": with_(base(), rms_norm_eps=-1e-5),
+    "eps-large-negative": with_(base(), rms_norm_eps=-1e20),
+    "tied-string": with_(base(), tie_word_embeddings="true"),
+}
+
+
+def write_config(tmp_path, name, cfg) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variants_match_spec_py(spec_cli, tmp_path, name):
+    d = write_config(tmp_path, name, VARIANTS[name])
+    c, err = c_spec(spec_cli, d)
+    assert err is None, err
+    assert_same(c, load_spec(d / "config.json", name=name))
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_refusals_match_spec_py(spec_cli, tmp_path, name):
+    d = write_config(tmp_path, name, REFUSALS[name])
+    with pytest.raises(SpecError) as e:
+        load_spec(d / "config.json")
+    py = str(e.value)
+    assert py.startswith("config.json: ")
+    c, err = c_spec(spec_cli, d)
+    assert c is None, f"C accepted what spec.py refuses: {py}"
+    assert err == f"config does not match this binary: {d}/config.json: {py[len('config.json: '):]}"
+
+
+def test_unreadable_and_malformed(spec_cli, tmp_path):
+    _, err = c_spec(spec_cli, tmp_path / "nowhere")
+    assert err.startswith("cannot read file: ") and "nowhere/config.json" in err
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text('{"hidden_size": 64,')
+    _, err = c_spec(spec_cli, d)
+    assert f"{d}/config.json: at byte" in err
+    (d / "config.json").write_text("[1, 2]")
+    _, err = c_spec(spec_cli, d)
+    assert err.endswith(f"{d}/config.json: expected a JSON object")
