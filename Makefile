@@ -3,6 +3,8 @@
 #   make run                      set up, build and chat with the default model (SmolLM2-135M-Instruct)
 #   make test                     set up and run every test
 #   make MODEL=<dir-or-name>      build build/<name>/ingot for a Hugging Face model directory
+#   make GENERIC=1                build build/generic/ingot, which runs any supported directory (-m DIR);
+#                                 with MODEL=..., run and bench pass it that model
 #   make bench MODEL=...          prompt and decode speed with bandwidth share
 #   make compare MODEL=...        specialized against generic build: table and chart in build/compare/<name>/
 #   make generate MODEL=...       only regenerate generated/<name>/
@@ -14,8 +16,17 @@ MODEL ?= $(DEFAULT_MODEL)
 # A name without a slash is a folder under models/.
 MODEL_DIR := $(patsubst %/,%,$(if $(findstring /,$(MODEL)),$(MODEL),models/$(MODEL)))
 NAME := $(notdir $(abspath $(MODEL_DIR)))
+# GENERIC=1: the same sources with the dimensions read at run time, one binary for every model.
+GENERIC ?=
+ifeq ($(GENERIC),)
 GEN := generated/$(NAME)
 OUT := build/$(NAME)
+MODEL_FLAG :=
+else
+GEN := generated/generic
+OUT := build/generic
+MODEL_FLAG := -m $(MODEL_DIR)
+endif
 
 PYTHON ?= python3
 VENV := .venv
@@ -36,17 +47,29 @@ EXTRA_NVCCFLAGS ?=
 NVCCFLAGS := $(EXTRA_NVCCFLAGS) -O3 -std=c++17 -gencode=arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Iruntime \
 	-Xcompiler -Wall,-Wextra -Werror all-warnings
 CFLAGS += -DINGOT_CUDA
-CUDA_OBJS = $(OUT)/forward_cuda.o build/runtime/probe_cuda.o
+CUDA_OBJS = $(if $(GENERIC),$(GENERIC_DTYPES:%=$(OUT)/forward_cuda_%.o),$(OUT)/forward_cuda.o) build/runtime/probe_cuda.o
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
 # Model-agnostic runtime, compiled once for every model.
 RUNTIME_SRCS := runtime/errors.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
-	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c
+	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c
 RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)
-GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h
 CODEGEN_SRCS := $(wildcard codegen/*.py) $(wildcard templates/*.j2)
+ifeq ($(GENERIC),)
+GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h
+MODEL_OBJS = $(OUT)/forward_cpu.o $(OUT)/model_tensors.o
+else
+GEN_FILES := $(GEN)/model_config.h $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h
+# The forward code once per weight dtype; model_generic.o picks the copy for the model at run time.
+GENERIC_DTYPES := bf16 f16 f32
+MODEL_OBJS = $(GENERIC_DTYPES:%=$(OUT)/forward_cpu_%.o) $(OUT)/model_generic.o
+# The chat templates the generic binary knows (codegen/chat.py known_templates): the model cards',
+# the tiny test models' and the published ones kept as test fixtures.
+CHAT_TEMPLATES := $(sort $(wildcard models/*/tokenizer_config.json)) tests/models/tiny-tokenizer/tokenizer_config.json \
+	$(sort $(wildcard tests/fixtures/chat/*.jinja))
+endif
 
 .PHONY: all run test test-gpu bench compare generate venv clean
 .DELETE_ON_ERROR:
@@ -72,10 +95,17 @@ $(DEFAULT_MODEL)/model.safetensors: | $(VENV)/.installed
 # Generated sources
 
 generate: $(GEN)/.stamp-sm$(CUDA_ARCH)
+ifeq ($(GENERIC),)
 $(GEN)/.stamp-sm$(CUDA_ARCH): $(MODEL_DIR)/config.json $(wildcard $(MODEL_DIR)/tokenizer_config.json) $(CODEGEN_SRCS) | $(VENV)/.installed
 	$(PY) -m codegen $(MODEL_DIR) --out $(GEN) --cuda-arch $(CUDA_ARCH)
 	rm -f $(GEN)/.stamp-sm*
 	touch $@
+else
+$(GEN)/.stamp-sm$(CUDA_ARCH): $(CHAT_TEMPLATES) $(CODEGEN_SRCS) | $(VENV)/.installed
+	$(PY) -m codegen --generic --out $(GEN) --cuda-arch $(CUDA_ARCH) --chat-templates $(CHAT_TEMPLATES)
+	rm -f $(GEN)/.stamp-sm*
+	touch $@
+endif
 $(GEN_FILES): $(GEN)/.stamp-sm$(CUDA_ARCH) ;
 
 # ---------------------------------------------------------------------------------------------
@@ -89,9 +119,27 @@ $(OUT)/%.o: $(GEN)/%.c $(GEN_FILES) $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -I$(GEN) -c $< -o $@
 
+# The default -m: the model it was built for; the generic binary's is the default model.
 $(OUT)/main.o: runtime/main.c $(GEN_FILES) $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -I$(GEN) -DINGOT_MODEL_DIR='"$(abspath $(MODEL_DIR))"' -c $< -o $@
+	$(CC) $(CFLAGS) -I$(GEN) -DINGOT_MODEL_DIR='"$(abspath $(if $(GENERIC),$(DEFAULT_MODEL),$(MODEL_DIR)))"' -c $< -o $@
+
+# The generic build's glue and its forward code, once per weight dtype (model_config.h names each
+# copy's entry points after its dtype).
+$(OUT)/model_generic.o: runtime/model_generic.c $(GEN_FILES) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -I$(GEN) -c $< -o $@
+
+DTYPE_MACRO_bf16 := BF16
+DTYPE_MACRO_f16 := F16
+DTYPE_MACRO_f32 := F32
+$(OUT)/forward_cpu_%.o: $(GEN)/forward_cpu.c $(GEN_FILES) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -I$(GEN) -DMODEL_WEIGHT_DTYPE_$(DTYPE_MACRO_$*) -c $< -o $@
+
+$(OUT)/forward_cuda_%.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) runtime/cuda_kernels.cuh runtime/cuda_sampler.cuh
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -I$(GEN) -DMODEL_WEIGHT_DTYPE_$(DTYPE_MACRO_$*) -c $< -o $@
 
 $(OUT)/forward_cuda.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) runtime/cuda_kernels.cuh
 	@mkdir -p $(@D)
@@ -101,7 +149,7 @@ build/runtime/probe_cuda.o: runtime/probe_cuda.cu runtime/probe_cuda.h runtime/e
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(OUT)/ingot: $(OUT)/main.o $(OUT)/forward_cpu.o $(OUT)/model_tensors.o $(CUDA_OBJS) $(RUNTIME_OBJS)
+$(OUT)/ingot: $(OUT)/main.o $(MODEL_OBJS) $(CUDA_OBJS) $(RUNTIME_OBJS)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LIBS)
 
 # C unit tests: tests/test_<module>.c against the runtime objects; each ends with "N passed, N failed".
@@ -123,14 +171,14 @@ SAMPLE_QUESTION := What is the capital of France?
 run: $(OUT)/ingot $(MODEL_DIR)/model.safetensors
 	@if [ -t 0 ]; then \
 		echo "Chatting with $(NAME); an empty line or Ctrl-D ends."; \
-		$(OUT)/ingot --chat; \
+		$(OUT)/ingot $(MODEL_FLAG) --chat; \
 	else \
 		echo "> $(SAMPLE_QUESTION)"; \
-		$(OUT)/ingot --chat -p "$(SAMPLE_QUESTION)" --temp 0; \
+		$(OUT)/ingot $(MODEL_FLAG) --chat -p "$(SAMPLE_QUESTION)" --temp 0; \
 	fi
 
 bench: $(OUT)/ingot
-	$(OUT)/ingot --bench $(BENCH_FLAGS)
+	$(OUT)/ingot $(MODEL_FLAG) --bench $(BENCH_FLAGS)
 
 # Both builds on the same weights (tests/bench/compare.py, which times a clean rebuild of each);
 # COMPARE_FLAGS passes its options, e.g. COMPARE_FLAGS="--repeats 5 --cpu-depths 0,2048".

@@ -1,8 +1,13 @@
 """ingot's generator: python -m codegen MODEL_DIR --out generated/<name>
+                      python -m codegen --generic --out generated/generic [--chat-templates FILE...]
 
 Reads MODEL_DIR/config.json (and the chat template in tokenizer_config.json), derives the spec
 and renders one file per template into the output folder. Exits 1 with one line naming the
 problem when the model cannot be built.
+
+With --generic it renders the same templates for no model in particular: the dimensions become
+values the binary reads from a model's config.json at run time, and the chat strings a table of
+the templates given with --chat-templates (tokenizer_config.json or .jinja files).
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .chat import ChatError, load_chat_strings
-from .plan import make_plan
+from .chat import ChatError, known_templates, load_chat_strings
+from .plan import make_generic_plan, make_plan
 from .render import GENERATOR_VERSION, REPO_ROOT, make_env, write_if_changed
 from .spec import SpecError, load_spec
 
@@ -25,6 +30,8 @@ OUTPUTS = {
     "forward_cuda.cu.j2": "forward_cuda.cu",
     "model_chat.h.j2": "model_chat.h",
 }
+# A generic build reads its tensor table from the run-time spec (runtime/model_spec.c).
+GENERIC_OUTPUTS = {t: o for t, o in OUTPUTS.items() if o != "model_tensors.c"}
 
 
 def display_path(p: Path) -> str:
@@ -37,6 +44,18 @@ def display_path(p: Path) -> str:
         return str(p)
 
 
+def render_all(outputs: dict, out_dir: Path, **context) -> list[Path]:
+    env = make_env()
+    changed = []
+    for template, output in outputs.items():
+        text = env.get_template(template).render(template=template, output=output, generator_version=GENERATOR_VERSION,
+                                                 **context)
+        path = out_dir / output
+        if write_if_changed(path, text):
+            changed.append(path)
+    return changed
+
+
 def generate(model_dir: Path, out_dir: Path, cuda_arch: str = "90") -> list[Path]:
     """Renders every template for the model; returns the files that changed."""
     model_path = display_path(model_dir)
@@ -46,34 +65,38 @@ def generate(model_dir: Path, out_dir: Path, cuda_arch: str = "90") -> list[Path
         chat = load_chat_strings(model_dir)
     except ChatError as e:
         raise SpecError(str(e)) from None
-    env = make_env()
-    changed = []
-    for template, output in OUTPUTS.items():
-        text = env.get_template(template).render(
-            spec=spec,
-            plan=make_plan(spec, cuda_arch),
-            chat=chat,
-            template=template,
-            output=output,
-            generator_version=GENERATOR_VERSION,
-            regenerate=f"make generate MODEL={model_path}",
-        )
-        path = out_dir / output
-        if write_if_changed(path, text):
-            changed.append(path)
-    return changed
+    return render_all(OUTPUTS, out_dir, generic=False, spec=spec, plan=make_plan(spec, cuda_arch), chat=chat,
+                      regenerate=f"make generate MODEL={model_path}")
+
+
+def generate_generic(out_dir: Path, cuda_arch: str = "90", chat_templates: list | None = None) -> list[Path]:
+    """Renders the templates of the generic build; returns the files that changed."""
+    try:
+        known = known_templates(chat_templates or [], display=display_path)
+    except (ChatError, OSError) as e:
+        raise SpecError(str(e)) from None
+    return render_all(GENERIC_OUTPUTS, out_dir, generic=True, spec=None, plan=make_generic_plan(cuda_arch),
+                      chat=None, known_chats=known, regenerate="make generate GENERIC=1")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m codegen", description=__doc__.splitlines()[0])
-    ap.add_argument("model_dir", type=Path, help="Hugging Face model directory (config.json, tokenizer files)")
+    ap.add_argument("model_dir", type=Path, nargs="?", help="Hugging Face model directory (config.json, tokenizer files)")
     ap.add_argument("--out", type=Path, required=True, help="output folder, e.g. generated/<name>")
     ap.add_argument("--cuda-arch", default="90", choices=["80", "89", "90"], help="GPU target (default 90)")
+    ap.add_argument("--generic", action="store_true", help="the generic build's sources, for any model (no MODEL_DIR)")
+    ap.add_argument("--chat-templates", type=Path, nargs="*", default=[],
+                    help="--generic: the chat templates it knows (tokenizer_config.json or .jinja files)")
     args = ap.parse_args(argv)
+    if args.generic == (args.model_dir is not None):
+        ap.error("give either MODEL_DIR or --generic")
     try:
-        changed = generate(args.model_dir, args.out, args.cuda_arch)
+        if args.generic:
+            changed = generate_generic(args.out, args.cuda_arch, args.chat_templates)
+        else:
+            changed = generate(args.model_dir, args.out, args.cuda_arch)
     except SpecError as e:
-        print(f"codegen: {args.model_dir}: {e}", file=sys.stderr)
+        print(f"codegen: {args.model_dir or 'generic'}: {e}", file=sys.stderr)
         return 1
     for p in changed:
         print(f"codegen: wrote {display_path(p)}")

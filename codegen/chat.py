@@ -353,3 +353,101 @@ def load_chat_strings(model_dir: str | Path, name: str | None = None,
     stop_ids = tuple(sorted(ids))
     return replace(cs, end_of_turn=end_of_turn, stop_token_ids=stop_ids,
                    stop_tokens=tuple(by_id[i] for i in stop_ids))
+
+
+# ------------------------------------------------------------------------------------------------
+# The generic build's table of known templates
+
+# What a generic build's table holds where a template writes a special token: the runtime
+# (runtime/chat_template.c) pastes in the model's own, from its tokenizer_config.json, or "" when it
+# has none, as transformers renders an undefined variable.
+TOKEN_PLACEHOLDERS = {"bos_token": "@@BOS_TOKEN@@", "eos_token": "@@EOS_TOKEN@@",
+                      "unk_token": "@@UNK_TOKEN@@", "pad_token": "@@PAD_TOKEN@@"}
+
+# Token sets on which pasting into the placeholders must give what rendering with the tokens gives:
+# all present, some absent, none.
+_CHECK_TOKENS = [
+    {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+    {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    {},
+]
+
+_STRING_FIELDS = ("bos", "system_prefix", "system_suffix", "no_system_prefix", "user_prefix", "user_suffix",
+                  "assistant_prefix", "assistant_lead", "assistant_suffix")
+
+
+def paste_tokens(cs: ChatStrings, tokens: dict) -> ChatStrings:
+    """cs with each placeholder replaced by tokens' value for it ("" when absent)."""
+    def paste(s):
+        for key, placeholder in TOKEN_PLACEHOLDERS.items():
+            s = s.replace(placeholder, tokens.get(key) or "")
+        return s
+    fields = {f: paste(getattr(cs, f)) for f in _STRING_FIELDS}
+    if cs.default_system is not None:
+        fields["default_system"] = paste(cs.default_system)
+    return replace(cs, **fields)
+
+
+def required_tokens(template: str, name: str) -> tuple:
+    """The special tokens without which the template fails to render (written as bos_token + ...,
+    where an undefined one raises): a model lacking one cannot chat, as a specialized build of it
+    cannot be generated."""
+    full = _CHECK_TOKENS[0]
+    out = []
+    for key in TOKEN_PLACEHOLDERS:
+        try:
+            decompose(template, name, {k: v for k, v in full.items() if k != key})
+        except ChatError:
+            out.append(key)
+    return tuple(out)
+
+
+def decompose_with_placeholders(template: str, name: str) -> tuple:
+    """(ChatStrings with placeholders for the template's special tokens, the tokens it requires): a
+    generic build's table entry, checked: for every token set of _CHECK_TOKENS (with the required
+    ones added), pasting the tokens in gives exactly what decompose gives with them. A template that
+    treats its tokens as more than text fails the check."""
+    cs = decompose(template, name, TOKEN_PLACEHOLDERS)
+    required = required_tokens(template, name)
+    for tokens in _CHECK_TOKENS:
+        tokens = {k: _CHECK_TOKENS[0][k] for k in required} | tokens
+        want = decompose(template, name, tokens)
+        if paste_tokens(cs, tokens) != want:
+            raise ChatError(f"{name}: with special tokens {tokens}, the chat template renders other "
+                            "strings than its placeholders give")
+    return cs, required
+
+
+def read_template(path: Path) -> str | None:
+    """The chat template of a tokenizer_config.json (as load_chat_strings picks it), or a .jinja
+    file's text."""
+    path = Path(path)
+    if path.suffix == ".jinja":
+        return path.read_text(encoding="utf-8")
+    template = _load_json(path).get("chat_template")
+    if isinstance(template, list):
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template or None
+
+
+@dataclass(frozen=True)
+class KnownTemplate:
+    source: str          # where it was read, for the generated comment
+    template: str        # the chat_template text, exactly
+    strings: ChatStrings  # with placeholders
+    required: tuple      # the special tokens it cannot render without, e.g. ("bos_token",)
+
+
+def known_templates(sources: list, display=str) -> list:
+    """The generic build's table: each distinct template among sources (tokenizer_config.json or
+    .jinja files), in the order given, decomposed with placeholders."""
+    out, seen = [], set()
+    for path in sources:
+        template = read_template(path)
+        if template is None or template in seen:
+            continue
+        seen.add(template)
+        strings, required = decompose_with_placeholders(template, display(Path(path)))
+        out.append(KnownTemplate(display(Path(path)), template, strings, required))
+    return out

@@ -53,3 +53,24 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         grid_lm_head=_grid(spec.vocab_size, sms),
         att_min_splits=max(1, -(-2 * sms // spec.n_kv_heads)),
     )
+
+
+def make_generic_plan(cuda_arch: str = "90") -> Plan:
+    """The same choices for a generic build, whose dimensions are known only at run time: each field
+    the C expression of make_plan's formula over the generated MODEL_* names."""
+    sms = GPU_SMS.get(cuda_arch, 132)
+
+    def grid(warps: str) -> str:  # _grid; warps >= 1, so at least one block
+        return f"(({warps} + MV_WARPS - 1) / MV_WARPS)"
+
+    return Plan(
+        cpu_streams=f"(MODEL_WEIGHT_BYTES_PER_TOKEN >= {CPU_MULTI_STREAM_FROM_BYTES}ULL ? 4 : 1)",
+        cuda_arch=cuda_arch,
+        gpu_sms=sms,
+        grid_qkv=grid("MODEL_Q_DIM + 2 * MODEL_KV_DIM"),
+        grid_o=grid("MODEL_DIM"),
+        grid_gate_up=grid("2 * MODEL_HIDDEN_DIM"),
+        grid_down=grid("MODEL_DIM"),
+        grid_lm_head=grid("MODEL_VOCAB_SIZE"),
+        att_min_splits=f"((2 * {sms} + MODEL_N_KV_HEADS - 1) / MODEL_N_KV_HEADS)",
+    )

@@ -43,6 +43,12 @@ def c_string(s: str) -> str:
     return "".join(out)
 
 
+def c_string_lines(s: str, indent: str = "    ") -> str:
+    """s as adjacent C string literals, one per line of s, so that long text stays readable."""
+    lines = s.splitlines(keepends=True) or [""]
+    return ("\n" + indent).join(c_string(line) for line in lines)
+
+
 def c_float(x: float) -> str:
     """A float literal that rounds to the same float32 as x: 9 significant digits suffice."""
     if not math.isfinite(x):
@@ -61,6 +67,7 @@ def make_env() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["c_string"] = c_string
+    env.filters["c_string_lines"] = c_string_lines
     env.filters["c_float"] = c_float
     env.filters["json"] = lambda v: json.dumps(v, sort_keys=True)
     return env

@@ -5,8 +5,10 @@
  * hostile header cannot overflow the stack. */
 #include "json.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -287,6 +289,37 @@ err_code json_parse(const char *text, size_t len, json_doc *doc) {
     doc->strings = p.strings;
     doc->root = &p.nodes[root];
     return ERR_OK;
+}
+
+err_code json_parse_file(const char *path, json_doc *doc) {
+    memset(doc, 0, sizeof *doc);
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            char *nb = realloc(buf, cap = cap ? 2 * cap : 1 << 16);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return err_set(ERR_NOMEM, "%s: reading", path);
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return err_set(ERR_IO, "%s: read error", path);
+    }
+    err_code rc = json_parse(buf, len, doc);
+    free(buf);
+    return rc;
 }
 
 void json_free(json_doc *doc) {

@@ -38,6 +38,10 @@ typedef struct {
 err_code json_parse(const char *text, size_t len, json_doc *doc);
 void json_free(json_doc *doc);
 
+/* Reads the file at path and parses it: ERR_IO naming the path when it cannot be read (errno is
+ * left as the failed call set it, so ENOENT tells a missing file), else json_parse's result. */
+err_code json_parse_file(const char *path, json_doc *doc);
+
 /* The member of obj named key, or NULL if obj is not an object or has no such member.
  * Linear in the number of members: index large objects once instead of calling this in a loop. */
 const json_value *json_get(const json_value *obj, const char *key);

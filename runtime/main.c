@@ -1,10 +1,13 @@
 /* main.c - ingot's command line: completion, chat, perplexity, tokenize and bench for the one model
- * this binary was generated for.
+ * this binary was generated for, or, in the generic build, for the model directory given with -m.
  *
- * Compiled once per model against generated/<model>/ (model_config.h, model_chat.h). Everything
- * the user can get wrong is checked before the first token: flags, the model directory's
- * config.json against the built-in one, every weight's name, dtype and shape, the tokenizer, the
- * prompt's UTF-8 and its length against the context. Errors end in one line on stderr and exit 1. */
+ * Compiled once per model against generated/<model>/ (model_config.h, model_chat.h), or once
+ * against generated/generic/, where the MODEL_* values are read from the model's config.json
+ * before the flags that depend on them are checked. Everything the user can get wrong is checked
+ * before the first token: flags, the model directory's config.json against the built-in one (or
+ * against what the generic build supports), every weight's name, dtype and shape, the tokenizer,
+ * the prompt's UTF-8 and its length against the context. Errors end in one line on stderr and
+ * exit 1. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -47,14 +50,24 @@ typedef struct {
     int tokenize;
     int n_threads;
     int ctx;
+    const char *top_k_arg;    /* --top-k and --ctx, checked against the model once it is known */
+    const char *ctx_arg;
     const char *device;
     int gpu_persistent;       /* --gpu-step persistent */
     const char *dump_logits;  /* testing aid: the prompt's logits, float32 (n_tokens, vocab) */
 } options;
 
 static void usage(FILE *f) {
+    char built_for[512], ctx_default[64];
+    if (MODEL_GENERIC) {
+        snprintf(built_for, sizeof built_for, "generic build: any supported model directory");
+        snprintf(ctx_default, sizeof ctx_default, "the model's");
+    } else {
+        snprintf(built_for, sizeof built_for, "built for %s, %s", MODEL_NAME, MODEL_ARCHITECTURE);
+        snprintf(ctx_default, sizeof ctx_default, "%d, the model's", MODEL_SEQ_LEN);
+    }
     fprintf(f,
-            "usage: ingot [options]   (built for %s, %s)\n"
+            "usage: ingot [options]   (%s)\n"
             "\n"
             "  -p, --prompt TEXT       complete TEXT (or, with --chat, answer it as one user turn)\n"
             "  -f, --file FILE         read the prompt from FILE (default: stdin when it is not a terminal)\n"
@@ -71,18 +84,18 @@ static void usage(FILE *f) {
             "      --bench             prompt and decode speed, GB/s and share of measured read bandwidth\n"
             "      --bench-depths LIST context depths for --bench decode (default: cpu 0, cuda 0,4096,16384,32768)\n"
             "      --json              --bench: print one JSON object\n"
-            "      --bench-kernels     --bench on cuda: also time each kernel stage at each depth\n"
-            "      --tokenize          print the prompt's token ids and exit\n"
+            "      --bench-kernels     --bench: also time each stage of the decode step at each depth\n"
+            "      --tokenize          print the prompt's token ids (with --chat: its chat turn's) and exit\n"
             "  -m, --model DIR         model directory (default %s)\n"
             "      --threads N         CPU threads (default: physical cores)\n"
-            "      --ctx N             context length in tokens (default %d, the model's)\n"
+            "      --ctx N             context length in tokens (default %s)\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
             "      --gpu-step graph|persistent\n"
             "                          the GPU step as a CUDA graph of a kernel per stage (default), or as\n"
             "                          one persistent kernel with grid barriers between the stages\n"
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit\n"
             "  -h, --help              this text\n",
-            MODEL_NAME, MODEL_ARCHITECTURE, INGOT_MODEL_DIR, MODEL_SEQ_LEN);
+            built_for, INGOT_MODEL_DIR, ctx_default);
 }
 
 static err_code parse_long(const char *flag, const char *s, long lo, long hi, long *out) {
@@ -130,7 +143,6 @@ static err_code parse_args(int argc, char **argv, options *o) {
         .sampling = {.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
                      .repeat_penalty = 1.0f, .repeat_last_n = 64},
         .n_threads = physical_cores(),
-        .ctx = MODEL_SEQ_LEN,
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -145,7 +157,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("-m", "--model")) { NEEDS_VALUE(); o->model_dir = v; }
         else if (FLAG("-n", "--n-tokens")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, INT_MAX, &n); o->n_tokens = (int)n; }
         else if (FLAG("--temp", "--temperature")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 100.0f, &o->sampling.temperature); }
-        else if (FLAG("--top-k", "--top-k")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, MODEL_VOCAB_SIZE, &n); o->sampling.top_k = (int)n; }
+        else if (FLAG("--top-k", "--top-k")) { NEEDS_VALUE(); o->top_k_arg = v; }
         else if (FLAG("--top-p", "--top-p")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 1.0f, &o->sampling.top_p); }
         else if (FLAG("--min-p", "--min-p")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 1.0f, &o->sampling.min_p); }
         else if (FLAG("--repeat-penalty", "--repeat-penalty")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.01f, 100.0f, &o->sampling.repeat_penalty); }
@@ -167,7 +179,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--bench-kernels", "--bench-kernels")) o->bench_kernels = 1;
         else if (FLAG("--tokenize", "--tokenize")) o->tokenize = 1;
         else if (FLAG("--threads", "--threads")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, 1024, &n); o->n_threads = (int)n; }
-        else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, MODEL_SEQ_LEN, &n); o->ctx = (int)n; }
+        else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); o->ctx_arg = v; }
         else if (FLAG("--gpu-step", "--gpu-step")) {
             NEEDS_VALUE();
             if (strcmp(v, "graph") != 0 && strcmp(v, "persistent") != 0)
@@ -186,8 +198,8 @@ static err_code parse_args(int argc, char **argv, options *o) {
 #undef NEEDS_VALUE
     }
     if (o->prompt && o->prompt_file) return err_set(ERR_ARG, "-p and -f both given; use one");
-    int modes = !!o->bench + !!o->perplexity_file + !!o->tokenize + !!o->dump_logits + !!o->chat;
-    if (modes > 1) return err_set(ERR_ARG, "--chat, --bench, --perplexity, --tokenize and --dump-logits exclude each other");
+    int modes = !!o->bench + !!o->perplexity_file + !!(o->tokenize || o->chat) + !!o->dump_logits;
+    if (modes > 1) return err_set(ERR_ARG, "--chat (or --tokenize), --bench, --perplexity and --dump-logits exclude each other");
     if (o->system && !o->chat) return err_set(ERR_ARG, "--system needs --chat");
 #ifdef INGOT_CUDA
     int gpus = cuda_device_count();
@@ -201,6 +213,23 @@ static err_code parse_args(int argc, char **argv, options *o) {
 #endif
     if (!o->bench_depths) o->bench_depths = strcmp(o->device, "cuda") == 0 ? "0,4096,16384,32768" : "0";
     if (!o->seed_given) o->sampling.seed = (uint64_t)(time_now() * 1e6);
+    return ERR_OK;
+}
+
+/* The flags whose ranges are the model's, checked once its dimensions are known (in a generic
+ * build, after its config.json is read). */
+static err_code check_model_args(options *o) {
+    long n;
+    err_code rc;
+    o->ctx = MODEL_SEQ_LEN;
+    if (o->ctx_arg) {
+        if ((rc = parse_long("--ctx", o->ctx_arg, 1, MODEL_SEQ_LEN, &n))) return rc;
+        o->ctx = (int)n;
+    }
+    if (o->top_k_arg) {
+        if ((rc = parse_long("--top-k", o->top_k_arg, 0, MODEL_VOCAB_SIZE, &n))) return rc;
+        o->sampling.top_k = (int)n;
+    }
     return ERR_OK;
 }
 
@@ -233,7 +262,9 @@ static err_code read_file(const char *path, char **out, size_t *len) {
     return ERR_OK;
 }
 
-/* The model directory's config.json must describe the model this binary was built for. */
+#if !MODEL_GENERIC
+/* The model directory's config.json must describe the model this binary was built for (a generic
+ * binary reads it instead: model_generic_load). */
 static err_code check_config(const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -261,6 +292,7 @@ static err_code check_config(const char *dir) {
     json_free(&doc);
     return rc;
 }
+#endif
 
 /* Exporters sometimes leave RoPE buffers in the weights; they are derived, never read. */
 static int ignore_tensor(const char *name) { return strstr(name, "rotary_emb.inv_freq") != NULL; }
@@ -270,7 +302,6 @@ static int ignore_tensor(const char *name) { return strstr(name, "rotary_emb.inv
 
 typedef struct {
     st_model *st;
-    model_weights w;
     tokenizer *tok;
     model_cpu *cpu;       /* one of cpu and gpu runs the model */
     model_cuda *gpu;
@@ -282,18 +313,20 @@ typedef struct {
     int next;             /* the device's choice after the last token fed, if device_sampling */
     char *piece;          /* (piece_cap) the bytes of one decoded token */
     int piece_cap;
-    int stop_ids[MODEL_N_EOS + MODEL_CHAT_N_STOP];
+    int *stop_ids;        /* (n_stop) eos ids and the chat template's end-of-turn ids */
     int n_stop;
+    float *scratch;       /* (vocab) the sampler's working copy of the logits */
 } engine;
 
 static err_code engine_open(engine *e, const options *o) {
     memset(e, 0, sizeof *e);
-    err_code rc = check_config(o->model_dir);
-    if (rc) return rc;
+    err_code rc = ERR_OK;
+#if !MODEL_GENERIC
+    if ((rc = check_config(o->model_dir))) return rc;
+#endif
     if ((rc = st_model_open(&e->st, o->model_dir))) return rc;
     const void *data[MODEL_N_TENSORS];
     if ((rc = st_model_bind(e->st, model_tensor_specs, MODEL_N_TENSORS, data, ignore_tensor))) return rc;
-    model_weights_bind(&e->w, data);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     if ((rc = tok_load(&e->tok, path))) return rc;
@@ -302,8 +335,13 @@ static err_code engine_open(engine *e, const options *o) {
     e->piece_cap = tok_max_piece_bytes(e->tok);
     e->piece = malloc((size_t)e->piece_cap);
     if (!e->piece) return err_set(ERR_NOMEM, "token text buffer");
-    static const int eos[] = MODEL_EOS_IDS;
-    for (int i = 0; i < MODEL_N_EOS; i++) e->stop_ids[e->n_stop++] = eos[i];
+#if MODEL_GENERIC
+    if ((rc = model_generic_load_chat(o->model_dir, e->tok))) return rc; /* the chat strings, found at run time */
+#endif
+    e->stop_ids = malloc((size_t)(MODEL_N_EOS + MODEL_CHAT_N_STOP + 1) * sizeof *e->stop_ids);
+    e->scratch = malloc((size_t)MODEL_VOCAB_SIZE * sizeof *e->scratch);
+    if (!e->stop_ids || !e->scratch) return err_set(ERR_NOMEM, "stop ids and sampler scratch");
+    for (int i = 0; i < MODEL_N_EOS; i++) e->stop_ids[e->n_stop++] = model_eos_ids[i];
     for (int i = 0; i < MODEL_CHAT_N_STOP; i++) e->stop_ids[e->n_stop++] = model_chat_stop_ids[i];
     e->ctx = o->ctx;
     e->tokens = malloc((size_t)e->ctx * sizeof(int));
@@ -315,7 +353,7 @@ static err_code engine_open(engine *e, const options *o) {
         return model_cuda_init(&e->gpu, data, e->ctx, o->gpu_persistent);
 #endif
     }
-    return model_cpu_init(&e->cpu, &e->w, e->ctx, o->n_threads);
+    return model_cpu_init(&e->cpu, data, e->ctx, o->n_threads);
 }
 
 static void engine_close(engine *e) {
@@ -327,6 +365,8 @@ static void engine_close(engine *e) {
     st_model_close(e->st);
     free(e->tokens);
     free(e->piece);
+    free(e->stop_ids);
+    free(e->scratch);
 }
 
 static int is_stop(const engine *e, int id) {
@@ -383,7 +423,6 @@ static err_code encode(const engine *e, const char *text, int add_special, int *
  * stops at an end-of-turn token (not fed back, not printed). *full is set when the context ran out
  * first. */
 static err_code engine_generate(engine *e, sampler *s, int max_new, FILE *out, int *n_out, int *full) {
-    static float buf[MODEL_VOCAB_SIZE];
     *full = 0;
     int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1;
     while (max_new < 0 || produced < max_new) {
@@ -391,8 +430,8 @@ static err_code engine_generate(engine *e, sampler *s, int max_new, FILE *out, i
         if (e->device_sampling) {
             id = e->next;
         } else {
-            memcpy(buf, e->logits, sizeof buf);
-            id = sampler_sample(s, buf, e->tokens, e->n_tokens);
+            memcpy(e->scratch, e->logits, (size_t)MODEL_VOCAB_SIZE * sizeof *e->scratch);
+            id = sampler_sample(s, e->scratch, e->tokens, e->n_tokens);
         }
         if (is_stop(e, id)) break;
         int len = tok_decode_piece(e->tok, prev, id, e->piece, (size_t)e->piece_cap);
@@ -474,14 +513,19 @@ static err_code chat_answer(engine *e, sampler *s, const options *o, const char 
     return rc;
 }
 
-static err_code run_chat(engine *e, const options *o, const char *one_turn) {
-    if (!MODEL_CHAT_AVAILABLE)
-        return err_set(ERR_ARG, "--chat: %s has no chat template (tokenizer_config.json has no chat_template)", MODEL_NAME);
+/* Whether the model can chat as asked. */
+static err_code chat_check(const options *o) {
+    if (!MODEL_CHAT_AVAILABLE) return err_set(ERR_ARG, "--chat: %s %s", MODEL_NAME, MODEL_CHAT_REFUSAL);
     if (o->system && !MODEL_CHAT_HAS_SYSTEM)
         return err_set(ERR_ARG, "--system: this model's chat template has no system role");
-    sampler s;
-    err_code rc = engine_sampler_init(e, &s, &o->sampling);
+    return ERR_OK;
+}
+
+static err_code run_chat(engine *e, const options *o, const char *one_turn) {
+    err_code rc = chat_check(o);
     if (rc) return rc;
+    sampler s;
+    if ((rc = engine_sampler_init(e, &s, &o->sampling))) return rc;
     int full = 0;
     if (one_turn) {
         rc = chat_answer(e, &s, o, o->system, one_turn, 1, &full);
@@ -506,9 +550,20 @@ static err_code run_chat(engine *e, const options *o, const char *one_turn) {
     return rc;
 }
 
-static err_code run_tokenize(engine *e, const char *text) {
+/* The prompt's token ids; with --chat, those of the first chat turn that holds it (what --chat
+ * feeds the model). */
+static err_code run_tokenize(engine *e, const options *o, const char *text) {
     int *ids, n;
-    err_code rc = encode(e, text, 1, &ids, &n);
+    err_code rc;
+    if (o->chat) {
+        if ((rc = chat_check(o))) return rc;
+        char *turn = chat_turn(o->system, text, 1);
+        if (!turn) return err_set(ERR_NOMEM, "chat turn");
+        rc = encode(e, turn, 0, &ids, &n);
+        free(turn);
+    } else {
+        rc = encode(e, text, 1, &ids, &n);
+    }
     if (rc) return rc;
     for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
@@ -525,7 +580,7 @@ static err_code run_dump_logits(engine *e, const char *text, const char *path) {
     if (!f) { free(ids); return err_set(ERR_IO, "%s: %s", path, strerror(errno)); }
     for (int i = 0; i < n && !rc; i++) {
         rc = engine_feed(e, ids + i, 1);
-        if (!rc && fwrite(e->logits, sizeof(float), MODEL_VOCAB_SIZE, f) != MODEL_VOCAB_SIZE) rc = err_set(ERR_IO, "%s: write failed", path);
+        if (!rc && fwrite(e->logits, sizeof(float), (size_t)MODEL_VOCAB_SIZE, f) != (size_t)MODEL_VOCAB_SIZE) rc = err_set(ERR_IO, "%s: write failed", path);
     }
     if (fclose(f) && !rc) rc = err_set(ERR_IO, "%s: write failed", path);
     free(ids);
@@ -639,6 +694,7 @@ static err_code run_bench(engine *e, const options *o) {
 #ifdef INGOT_CUDA
         if (e->gpu && o->bench_kernels && !rc) rc = model_cuda_kernel_bench(e->gpu, start, 20, stdout);
 #endif
+        if (e->cpu && o->bench_kernels && !rc) rc = model_cpu_stage_bench(e->cpu, start, 20, stdout);
         t0 = time_now();
         if (!rc) rc = engine_generate(e, &s, n_decode, NULL, &produced, &full);
         double dt = time_now() - t0;
@@ -689,11 +745,15 @@ int main(int argc, char **argv) {
     options o;
     err_code rc = parse_args(argc, argv, &o);
     if (rc) return fail(rc);
+#if MODEL_GENERIC
+    if ((rc = model_generic_load(o.model_dir))) return fail(rc); /* the MODEL_* values, from config.json */
+#endif
+    if ((rc = check_model_args(&o))) return fail(rc);
 
     /* The prompt: -p, -f, or stdin when it is not a terminal (not for interactive chat). */
     char *text = NULL;
     size_t len = 0;
-    int needs_text = !o.bench && !(o.chat && !o.prompt && !o.prompt_file) && !o.perplexity_file;
+    int needs_text = !o.bench && !(o.chat && !o.tokenize && !o.prompt && !o.prompt_file) && !o.perplexity_file;
     if (o.prompt) {
         text = strdup(o.prompt);
         len = strlen(text);
@@ -712,7 +772,7 @@ int main(int argc, char **argv) {
     engine e;
     rc = engine_open(&e, &o);
     if (!rc) {
-        if (o.tokenize) rc = run_tokenize(&e, text);
+        if (o.tokenize) rc = run_tokenize(&e, &o, text);
         else if (o.dump_logits) rc = run_dump_logits(&e, text, o.dump_logits);
         else if (o.perplexity_file) rc = run_perplexity(&e, o.perplexity_file);
         else if (o.bench) rc = run_bench(&e, &o);
@@ -721,5 +781,8 @@ int main(int argc, char **argv) {
     }
     engine_close(&e);
     free(text);
+#if MODEL_GENERIC
+    model_generic_free();
+#endif
     return rc ? fail(rc) : 0;
 }

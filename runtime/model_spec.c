@@ -6,7 +6,6 @@
  * CPython's ** does), then rounded once to float where the kernels want float. */
 #include "model_spec.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -467,26 +466,9 @@ err_code model_spec_load(model_spec *s, const char *dir) {
     memset(s, 0, sizeof *s);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            char *nb = realloc(buf, cap = cap ? 2 * cap : 1 << 16);
-            if (!nb) { free(buf); fclose(f); return err_set(ERR_NOMEM, "%s: reading", path); }
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    int failed = ferror(f);
-    fclose(f);
-    if (failed) { free(buf); return err_set(ERR_IO, "%s: read error", path); }
     json_doc doc;
-    err_code rc = json_parse(buf, len, &doc);
-    free(buf);
+    err_code rc = json_parse_file(path, &doc);
+    if (rc == ERR_IO || rc == ERR_NOMEM) return rc;
     if (rc) {
         char why[256]; /* err_set writes the buffer err_detail() reads: copy it first */
         snprintf(why, sizeof why, "%s", err_detail());

@@ -1058,11 +1058,22 @@ int tok_max_piece_bytes(const tokenizer *t) { return t->max_piece; }
 
 int tok_vocab_size(const tokenizer *t) { return t->n_ids; }
 
+int tok_find_added(const tokenizer *t, const char *s, size_t n) {
+    for (int k = 0; k < t->n_added; k++)
+        if ((size_t)t->added[k].content.len == n && memcmp(t->added[k].content.s, s, n) == 0) return t->added[k].id;
+    return -1;
+}
+
+int tok_is_added(const tokenizer *t, int id) {
+    for (int k = 0; k < t->n_added; k++)
+        if (t->added[k].id == id) return 1;
+    return 0;
+}
+
 int tok_find(const tokenizer *t, const char *str) {
     size_t n = strlen(str);
-    for (int k = 0; k < t->n_added; k++)
-        if ((size_t)t->added[k].content.len == n && memcmp(t->added[k].content.s, str, n) == 0) return t->added[k].id;
-    return vocab_find(t, str, n);
+    int id = tok_find_added(t, str, n);
+    return id >= 0 ? id : vocab_find(t, str, n);
 }
 
 // ----------------------------------------------------------------------------

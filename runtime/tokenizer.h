@@ -43,4 +43,10 @@ int tok_max_piece_bytes(const tokenizer *t);
 /* Id of the token whose content is exactly str (vocab or added tokens), or -1. */
 int tok_find(const tokenizer *t, const char *str);
 
+/* Id of the added token (tokenizer.json's added_tokens) whose content is exactly s[0..n), or -1. */
+int tok_find_added(const tokenizer *t, const char *s, size_t n);
+
+/* Whether id is an added token's. */
+int tok_is_added(const tokenizer *t, int id);
+
 #endif

@@ -8,6 +8,7 @@
  */
 
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -21,37 +22,78 @@
 #define QKV_Q_QUADS (MODEL_Q_DIM / 4)
 #define QKV_K_QUADS (MODEL_KV_DIM / 4)
 #define QKV_ITEMS (QKV_Q_QUADS + 2 * QKV_K_QUADS)
-_Static_assert(MODEL_HEAD_DIM % 4 == 0, "q/k/v quads pair rows i, i+1 with i + head_dim/2, i + 1 + head_dim/2");
+
+/* Sequential weight streams each thread walks side by side in the matvecs (codegen/plan.py says
+ * how it is chosen); -DCPU_STREAMS=1 or 4 overrides it for experiments. */
+#ifndef CPU_STREAMS
+#define CPU_STREAMS 1
+#endif
+/* The q/k/v and gate/up passes (row pairs) may take another count: -DCPU_PAIRED_STREAMS=1 or 4. */
+#ifndef CPU_PAIRED_STREAMS
+#define CPU_PAIRED_STREAMS CPU_STREAMS
+#endif
 
 /* Prompt tokens go through the layers PREFILL_BATCH at a time: each weight row, once in cache,
  * serves the whole batch, so prefill is bound by arithmetic rather than by memory. */
 #define PREFILL_BATCH 16
 
+/* Activations start on cache lines: the kernels' 64-byte vector loads of them must not split. In a
+ * specialized build they are arrays inside the state, whose sizes and separateness the compiler
+ * knows; in a generic one, pointers into one allocation. */
+#if MODEL_GENERIC
+#define ACTIVATION(name, n) float *name
+#else
+#define ACTIVATION(name, n) _Alignas(64) float name[n]
+#endif
+
+/* Stages of a decode step, for the stage benchmark (--bench-kernels): each ends at a barrier. */
+enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };
+#define STEP_STAGES (2 + 5 * MODEL_N_LAYERS)
+
 struct model_cpu {
-    const model_weights *w;
+    model_weights w;
     int ctx;       /* tokens the KV cache holds */
     int n_threads;
-    /* Activations start on cache lines: the kernels' 64-byte vector loads of them must not split. */
-    _Alignas(64) float x[PREFILL_BATCH][MODEL_DIM];          /* residual stream */
-    _Alignas(64) float q[PREFILL_BATCH][MODEL_Q_DIM];        /* queries, RoPE applied */
-    _Alignas(64) float xb2[PREFILL_BATCH][MODEL_Q_DIM];      /* attention output, input of o_proj */
-    _Alignas(64) float hb[PREFILL_BATCH][MODEL_HIDDEN_DIM];  /* silu(gate) * up, input of down_proj */
-    _Alignas(64) float logits[MODEL_VOCAB_SIZE];             /* of the batch's last token */
+    ACTIVATION(x, PREFILL_BATCH * MODEL_DIM);         /* (batch, dim) residual stream */
+    ACTIVATION(q, PREFILL_BATCH * MODEL_Q_DIM);       /* (batch, q_dim) queries, RoPE applied */
+    ACTIVATION(xb2, PREFILL_BATCH * MODEL_Q_DIM);     /* (batch, q_dim) attention output, input of o_proj */
+    ACTIVATION(hb, PREFILL_BATCH * MODEL_HIDDEN_DIM); /* (batch, hidden_dim) silu(gate) * up, input of down_proj */
+    ACTIVATION(logits, MODEL_VOCAB_SIZE);             /* (vocab) of the batch's last token */
     float *xb;                    /* (n_threads, PREFILL_BATCH, dim) each thread's normalized x */
     float *att;                   /* (n_threads, ctx) each thread's attention scores */
     uint16_t *key_cache;          /* (n_layers, ctx, kv_dim) fp16 */
     uint16_t *value_cache;        /* (n_layers, ctx, kv_dim) fp16 */
     size_t cache_bytes;           /* of each of key_cache and value_cache */
+    double *stage_s;              /* (STEP_STAGES) seconds of each stage of the last timed step */
 };
 
-err_code model_cpu_init(model_cpu **out, const model_weights *w, int ctx, int n_threads) {
+/* Floats of each activation, rounded up to whole cache lines. */
+static inline size_t activation_floats(size_t n) { return (n + 15) / 16 * 16; }
+
+err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n_threads) {
+    MODEL_REQUIRE(MODEL_HEAD_DIM % 4 == 0, ERR_CONFIG,
+                  "the CPU decode step needs head_dim % 4 == 0: q/k/v quads pair rows i, i+1 with i + head_dim/2, i + 1 + head_dim/2");
+    MODEL_REQUIRE(CPU_STREAMS == 1 || CPU_STREAMS == 4, ERR_CONFIG, "CPU_STREAMS is 1 or 4");
+    MODEL_REQUIRE(CPU_PAIRED_STREAMS == 1 || CPU_PAIRED_STREAMS == 4, ERR_CONFIG, "CPU_PAIRED_STREAMS is 1 or 4");
     if (ctx < 1 || ctx > MODEL_SEQ_LEN)
         return err_set(ERR_ARG, "--ctx %d: expected 1..%d (max_position_embeddings)", ctx, MODEL_SEQ_LEN);
     if (n_threads < 1) return err_set(ERR_ARG, "--threads %d: expected at least 1", n_threads);
     model_cpu *m = aligned_alloc(64, (sizeof *m + 63) / 64 * 64);
     if (!m) return err_set(ERR_NOMEM, "CPU state: %zu bytes", sizeof *m);
     memset(m, 0, sizeof *m);
-    m->w = w;
+#if MODEL_GENERIC
+    size_t sizes[5] = {activation_floats(PREFILL_BATCH * MODEL_DIM), activation_floats(PREFILL_BATCH * MODEL_Q_DIM),
+                       activation_floats(PREFILL_BATCH * MODEL_Q_DIM), activation_floats(PREFILL_BATCH * MODEL_HIDDEN_DIM),
+                       activation_floats(MODEL_VOCAB_SIZE)};
+    float *act = aligned_alloc(64, (sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]) * sizeof(float));
+    if (!act) { free(m); return err_set(ERR_NOMEM, "CPU activations"); }
+    m->x = act;
+    m->q = m->x + sizes[0];
+    m->xb2 = m->q + sizes[1];
+    m->hb = m->xb2 + sizes[2];
+    m->logits = m->hb + sizes[3];
+#endif
+    model_weights_bind(&m->w, data);
     m->ctx = ctx;
     m->n_threads = n_threads;
     /* The cache is reserved, not committed: pages appear as positions are written, so a long
@@ -66,6 +108,9 @@ err_code model_cpu_init(model_cpu **out, const model_weights *w, int ctx, int n_
         if (vc != MAP_FAILED) munmap(vc, m->cache_bytes);
         free(m->att);
         free(m->xb);
+#if MODEL_GENERIC
+        free(m->x);
+#endif
         free(m);
         return err_set(ERR_NOMEM, "KV cache for %d tokens: 2 x %zu bytes", ctx, (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * 2);
     }
@@ -81,6 +126,9 @@ void model_cpu_free(model_cpu *m) {
     munmap(m->value_cache, m->cache_bytes);
     free(m->att);
     free(m->xb);
+#if MODEL_GENERIC
+    free(m->x);
+#endif
     free(m);
 }
 
@@ -91,17 +139,6 @@ static inline __attribute__((always_inline)) void rmsnorm(float *xb, const float
     for (int i = 0; i < MODEL_DIM; i++) xb[i] = x[i] * s * w_to_f32(weight[i]);
 }
 
-/* Sequential weight streams each thread walks side by side in the matvecs (codegen/plan.py says
- * how it is chosen); -DCPU_STREAMS=1 or 4 overrides it for experiments. */
-#ifndef CPU_STREAMS
-#define CPU_STREAMS 1
-#endif
-/* The q/k/v and gate/up passes (row pairs) may take another count: -DCPU_PAIRED_STREAMS=1 or 4. */
-#ifndef CPU_PAIRED_STREAMS
-#define CPU_PAIRED_STREAMS CPU_STREAMS
-#endif
-_Static_assert(CPU_STREAMS == 1 || CPU_STREAMS == 4, "CPU_STREAMS is 1 or 4");
-_Static_assert(CPU_PAIRED_STREAMS == 1 || CPU_PAIRED_STREAMS == 4, "CPU_PAIRED_STREAMS is 1 or 4");
 
 /* o[r] = ws[r] . xb for four rows of dim: side by side with 4 paired streams, one after another with 1. */
 static inline __attribute__((always_inline)) void dot_rows(const model_weight_t *const ws[4], const float *xb, float o[4]) {
@@ -149,9 +186,9 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
  * exactly one, so the batch loops vanish (OpenMP outlines the parallel region into its own
  * function, where a batch size passed in would no longer be a constant). */
 static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
-    const model_weights *w = m->w;
+    const model_weights *w = &m->w;
     for (int b = 0; b < 1; b++)
-        for (int i = 0; i < MODEL_DIM; i++) m->x[b][i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
+        for (int i = 0; i < MODEL_DIM; i++) m->x[(size_t)b * MODEL_DIM + i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
 
     /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
      * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
@@ -166,7 +203,7 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
-            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x[b], lw->attn_norm);
+            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
 #pragma omp for schedule(static)
             for (int item = 0; item < QKV_ITEMS; item++) {
                 float o[4];
@@ -180,15 +217,15 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                     for (int b = 0; b < 1; b++) {
                         int pos = pos0 + b;
                         dot_rows(ws, xb[b], o);
-#if MODEL_QKV_BIAS
-                        const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                        for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
-#endif
+                        if (MODEL_QKV_BIAS) {
+                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                        }
                         rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
                         rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
                         for (int r = 0; r < 4; r++) {
                             if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
-                            else m->q[b][rows[r]] = o[r];
+                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
                         }
                     }
                 } else {
@@ -198,9 +235,7 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                     for (int b = 0; b < 1; b++) {
                         dot_rows(ws, xb[b], o);
                         for (int r = 0; r < 4; r++) {
-#if MODEL_QKV_BIAS
-                            o[r] += w_to_f32(lw->bv[r0 + r]);
-#endif
+                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                             vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
                         }
                     }
@@ -211,17 +246,16 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
 #pragma omp for schedule(static)
             for (int bh = 0; bh < 1 * MODEL_N_HEADS; bh++) {
                 int b = bh / MODEL_N_HEADS, h = bh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
-                attention_head(m->xb2[b] + h * MODEL_HEAD_DIM, m->q[b] + h * MODEL_HEAD_DIM, kc + kvh * MODEL_HEAD_DIM,
-                               vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
+                attention_head(m->xb2 + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM, m->q + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM,
+                               kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
             }
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x[0], MODEL_DIM, lw->wo, NULL, m->xb2[0], MODEL_Q_DIM, 1, MODEL_DIM,
-                   MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
-            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x[b], lw->ffn_norm);
+            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
@@ -233,24 +267,24 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                     for (int b = 0; b < 1; b++) {
                         float o[4];
                         dot4_w(ws, xb[b], MODEL_DIM, o);
-                        m->hb[b][a] = silu(o[0]) * o[1];
-                        m->hb[b][c] = silu(o[2]) * o[3];
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++)
                     for (int b = 0; b < 1; b++)
-                        m->hb[b][i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM)) *
-                                      dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM)) *
+                                                                  dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM);
             }
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x[0], MODEL_DIM, lw->w_down, NULL, m->hb[0], MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
-            rmsnorm(xb[0], m->x[1 - 1], w->final_norm);
+            rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
             matvec(m->logits, 0, w->lm_head, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
         }
     }
@@ -259,9 +293,9 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
 /* tokens[0..nb) at positions pos0.. through every layer, appending their keys and values to the
  * cache; the logits of the last one when want_logits: prompt prefill. */
 static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits) {
-    const model_weights *w = m->w;
+    const model_weights *w = &m->w;
     for (int b = 0; b < nb; b++)
-        for (int i = 0; i < MODEL_DIM; i++) m->x[b][i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
+        for (int i = 0; i < MODEL_DIM; i++) m->x[(size_t)b * MODEL_DIM + i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
 
     /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
      * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
@@ -275,7 +309,7 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
-            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x[b], lw->attn_norm);
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
 #pragma omp for schedule(static)
             for (int item = 0; item < QKV_ITEMS; item++) {
                 float o[4];
@@ -289,15 +323,15 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     for (int b = 0; b < nb; b++) {
                         int pos = pos0 + b;
                         dot_rows(ws, xb[b], o);
-#if MODEL_QKV_BIAS
-                        const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                        for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
-#endif
+                        if (MODEL_QKV_BIAS) {
+                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                        }
                         rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
                         rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
                         for (int r = 0; r < 4; r++) {
                             if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
-                            else m->q[b][rows[r]] = o[r];
+                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
                         }
                     }
                 } else {
@@ -307,9 +341,7 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     for (int b = 0; b < nb; b++) {
                         dot_rows(ws, xb[b], o);
                         for (int r = 0; r < 4; r++) {
-#if MODEL_QKV_BIAS
-                            o[r] += w_to_f32(lw->bv[r0 + r]);
-#endif
+                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                             vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
                         }
                     }
@@ -320,17 +352,16 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
 #pragma omp for schedule(static)
             for (int bh = 0; bh < nb * MODEL_N_HEADS; bh++) {
                 int b = bh / MODEL_N_HEADS, h = bh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
-                attention_head(m->xb2[b] + h * MODEL_HEAD_DIM, m->q[b] + h * MODEL_HEAD_DIM, kc + kvh * MODEL_HEAD_DIM,
-                               vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
+                attention_head(m->xb2 + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM, m->q + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM,
+                               kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
             }
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x[0], MODEL_DIM, lw->wo, NULL, m->xb2[0], MODEL_Q_DIM, nb, MODEL_DIM,
-                   MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
-            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x[b], lw->ffn_norm);
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
@@ -342,25 +373,142 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     for (int b = 0; b < nb; b++) {
                         float o[4];
                         dot4_w(ws, xb[b], MODEL_DIM, o);
-                        m->hb[b][a] = silu(o[0]) * o[1];
-                        m->hb[b][c] = silu(o[2]) * o[3];
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++)
                     for (int b = 0; b < nb; b++)
-                        m->hb[b][i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM)) *
-                                      dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM)) *
+                                                                  dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM);
             }
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x[0], MODEL_DIM, lw->w_down, NULL, m->hb[0], MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (want_logits) {
-            rmsnorm(xb[0], m->x[nb - 1], w->final_norm);
+            rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
             matvec(m->logits, 0, w->lm_head, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+        }
+    }
+}
+
+/* The decode step with thread 0 reading the clock after every barrier: each stage's seconds (from
+ * the end of the previous stage, so a stage includes the norm it starts with and the wait for the
+ * slowest thread) go to m->stage_s, in launch order. */
+static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
+    const model_weights *w = &m->w;
+    double t_last = omp_get_wtime();
+    int k = 0;
+    for (int b = 0; b < 1; b++)
+        for (int i = 0; i < MODEL_DIM; i++) m->x[(size_t)b * MODEL_DIM + i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
+
+    /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
+     * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
+#pragma omp parallel num_threads(m->n_threads)
+    {
+        _Alignas(64) float xb[1][MODEL_DIM]; /* this thread's normalized x: on the stack, where the compiler
+                                              * knows nothing else points (8% faster decode than the heap) */
+        float *att = m->att + (size_t)omp_get_thread_num() * m->ctx;
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const model_layer_weights *lw = &w->layers[l];
+            uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
+
+            /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
+            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+#pragma omp for schedule(static)
+            for (int item = 0; item < QKV_ITEMS; item++) {
+                float o[4];
+                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                    const model_weight_t *wm = is_k ? lw->wk : lw->wq;
+                    const model_weight_t *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = wm + (size_t)rows[r] * MODEL_DIM;
+                    for (int b = 0; b < 1; b++) {
+                        int pos = pos0 + b;
+                        dot_rows(ws, xb[b], o);
+                        if (MODEL_QKV_BIAS) {
+                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                        }
+                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                        for (int r = 0; r < 4; r++) {
+                            if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
+                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                        }
+                    }
+                } else {
+                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                    const model_weight_t *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = lw->wv + (size_t)(r0 + r) * MODEL_DIM;
+                    for (int b = 0; b < 1; b++) {
+                        dot_rows(ws, xb[b], o);
+                        for (int r = 0; r < 4; r++) {
+                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                            vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
+                        }
+                    }
+                }
+            }
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.layers.{l}: input_layernorm, q/k/v, RoPE */
+
+            /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
+#pragma omp for schedule(static)
+            for (int bh = 0; bh < 1 * MODEL_N_HEADS; bh++) {
+                int b = bh / MODEL_N_HEADS, h = bh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
+                attention_head(m->xb2 + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM, m->q + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM,
+                               kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
+            }
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
+
+            /* self_attn.o_proj (+ bias) + residual */
+            matvec(m->x, MODEL_DIM, lw->wo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
+
+            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
+             * of its rows side by side in both matrices, four sequential streams */
+            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
+            {
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                for (int j = 0; j < q; j++) {
+                    int a = lo + j, c = lo + q + j;
+                    const model_weight_t *ws[4] = {lw->w_gate + (size_t)a * MODEL_DIM, lw->w_up + (size_t)a * MODEL_DIM,
+                                                   lw->w_gate + (size_t)c * MODEL_DIM, lw->w_up + (size_t)c * MODEL_DIM};
+                    for (int b = 0; b < 1; b++) {
+                        float o[4];
+                        dot4_w(ws, xb[b], MODEL_DIM, o);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
+                    }
+                }
+                for (int i = lo + 2 * q; i < hi; i++)
+                    for (int b = 0; b < 1; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM)) *
+                                                                  dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM);
+            }
+#pragma omp barrier
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
+
+            /* mlp.down_proj + residual */
+            matvec(m->x, MODEL_DIM, lw->w_down, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
+        }
+
+        /* model.norm and the LM head, for the last token only */
+        if (1) {
+            rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
+            matvec(m->logits, 0, w->lm_head, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
     }
 }
@@ -376,4 +524,58 @@ const float *model_cpu_prefill(model_cpu *m, const int *tokens, int n, int pos0)
         forward_prefill(m, tokens + i, nb, pos0 + i, i + nb == n);
     }
     return m->logits;
+}
+
+/* Times each stage of the decode step at position pos (token 1 there, as the GPU's kernel
+ * benchmark does; the next real step at pos overwrites its cache entry), best of reps per stage of
+ * each layer, and prints the table model_cuda_kernel_bench prints: --bench-kernels on the CPU. */
+err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
+    static const char *const names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
+                                                "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head"};
+    const double wb = (double)sizeof(model_weight_t); /* bytes per weight */
+    const double bytes[ST_COUNT] = {
+        MODEL_DIM * wb,
+        (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * wb,
+        2.0 * (pos + 1) * MODEL_KV_DIM * 2.0, /* attention: keys and values up to pos, fp16 */
+        (double)MODEL_DIM * MODEL_Q_DIM * wb,
+        2.0 * MODEL_HIDDEN_DIM * MODEL_DIM * wb,
+        (double)MODEL_DIM * MODEL_HIDDEN_DIM * wb,
+        (double)MODEL_VOCAB_SIZE * MODEL_DIM * wb,
+    };
+    if (pos < 0 || pos >= m->ctx) return err_set(ERR_ARG, "stage benchmark at position %d: expected 0..%d", pos, m->ctx - 1);
+    double *best = malloc(STEP_STAGES * sizeof *best);
+    m->stage_s = malloc(STEP_STAGES * sizeof *m->stage_s);
+    if (!best || !m->stage_s) {
+        free(best);
+        free(m->stage_s);
+        m->stage_s = NULL;
+        return err_set(ERR_NOMEM, "stage benchmark");
+    }
+    for (int i = 0; i < STEP_STAGES; i++) best[i] = 1e30;
+    const int token = 1;
+    for (int r = 0; r < reps; r++) {
+        forward_decode_timed(m, &token, pos);
+        for (int i = 0; i < STEP_STAGES; i++)
+            if (m->stage_s[i] < best[i]) best[i] = m->stage_s[i];
+    }
+    double us[ST_COUNT] = {0}, total = 0;
+    int calls[ST_COUNT] = {0};
+    for (int i = 0; i < STEP_STAGES; i++) {
+        int st = i == 0 ? ST_EMBED : i == STEP_STAGES - 1 ? ST_LM_HEAD : ST_QKV + (i - 1) % 5;
+        us[st] += best[i] * 1e6;
+        calls[st]++;
+        total += best[i] * 1e6;
+    }
+    fprintf(out, "kernels at depth %d (CPU, %d threads: stages timed at the decode step's barriers, best of %d):\n", pos,
+            m->n_threads, reps);
+    fprintf(out, "  %-24s %8s %12s %10s %8s\n", "stage", "launches", "us/token", "MB/token", "GB/s");
+    for (int st = 0; st < ST_COUNT; st++) {
+        double b = bytes[st] * calls[st];
+        fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", names[st], calls[st], us[st], b / 1e6, b / (us[st] * 1e3));
+    }
+    fprintf(out, "  %-24s %8d %12.1f\n", "total", STEP_STAGES, total);
+    free(best);
+    free(m->stage_s);
+    m->stage_s = NULL;
+    return ERR_OK;
 }

@@ -19,16 +19,7 @@
 #include "cuda_sampler.cuh"
 
 #if !defined(MODEL_WEIGHT_DTYPE_F32)
-MODEL_STATIC_ASSERT(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0,
-                    "matvec rows are read in 16-byte chunks of 8 weights");
-MODEL_STATIC_ASSERT(MODEL_HEAD_DIM >= 16 && MODEL_HEAD_DIM <= 128 && (MODEL_HEAD_DIM & (MODEL_HEAD_DIM - 1)) == 0,
-                    "attention: 8-value chunks of a head, a power of two of them within a warp, the warps' sums in "
-                    "the score tile");
-MODEL_STATIC_ASSERT(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS / WARP_SIZE,
-                    "a GQA group's heads fit one attention block");
-
 /* Blocks each matvec needs, a warp per row (codegen/plan.py); model_cuda_init caps them at one wave. */
-MODEL_STATIC_ASSERT(MODEL_DIM * sizeof(float) <= 200 * 1024, "the norm'd matvecs stage their input in shared memory");
 #define GRID_QKV 8
 #define GRID_O 8
 #define GRID_GATE_UP 20
@@ -46,26 +37,27 @@ MODEL_STATIC_ASSERT(MODEL_DIM * sizeof(float) <= 200 * 1024, "the norm'd matvecs
         }                                                                                              \
     } while (0)
 
-__constant__ float rope_inv_freq[MODEL_HEAD_DIM / 2];
+static __constant__ float rope_inv_freq[MODEL_MAX_HEAD_DIM / 2];
 
 // ---------------------------------------------------------------------------------------------
-// The kernels: each stage body with this model's constants
+// The kernels: each stage body with this model's constants. Everything here is static: a generic
+// build links one copy of this file per weight dtype.
 
-__global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, int *history) {
+static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, int *history) {
     embed_body(embed, io, x, history, MODEL_DIM, wait_pdl{});
 }
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
-__global__ void __launch_bounds__(MV_THREADS) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
+static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
                                                                      uint16_t *kc, uint16_t *vc, const int *io) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
-                          NULL, NULL, NULL,
+                          MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM,
                           MODEL_NORM_EPS, wait_pdl{});
 }
 
 /* split-K attention over the cache, one block per (KV head, split) */
-__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int n_splits) {
     attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM, MODEL_KV_MUL,
@@ -73,22 +65,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, 
 }
 
 /* self_attn.o_proj (+ bias) + residual */
-__global__ void __launch_bounds__(MV_THREADS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
-    matvec_residual_body(w.wo, NULL, att, x, MODEL_DIM, MODEL_Q_DIM, wait_pdl{});
+static __global__ void __launch_bounds__(MV_THREADS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
+    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, wait_pdl{});
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
-__global__ void __launch_bounds__(MV_THREADS) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb) {
+static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb) {
     rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
 }
 
 /* mlp.down_proj + residual */
-__global__ void __launch_bounds__(MV_THREADS) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
+static __global__ void __launch_bounds__(MV_THREADS) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
     matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, wait_pdl{});
 }
 
 /* model.norm, the LM head and the greedy choice */
-__global__ void __launch_bounds__(MV_THREADS) rmsnorm_lm_head_argmax_kernel(const uint16_t *norm_w, const uint16_t *w,
+static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_lm_head_argmax_kernel(const uint16_t *norm_w, const uint16_t *w,
                                                                            const float *x, float *logits,
                                                                            float2 *block_best, unsigned *counter, int *io) {
     rmsnorm_lm_head_argmax_body(norm_w, w, x, logits, block_best, counter, io, MODEL_DIM, MODEL_VOCAB_SIZE,
@@ -115,7 +107,7 @@ struct step_buffers {
 #ifndef PERSISTENT_MIN_BLOCKS
 #define PERSISTENT_MIN_BLOCKS 1 /* blocks per SM the register budget must allow (-DPERSISTENT_MIN_BLOCKS=2) */
 #endif
-__global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) persistent_step_kernel(step_buffers b) {
+static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) persistent_step_kernel(step_buffers b) {
     const wait_grid sync = {b.barrier, b.barrier + 1};
     embed_body(b.w->embed, b.io, b.x, b.history, MODEL_DIM, wait_none{});
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
@@ -123,7 +115,7 @@ __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) persistent_
         uint16_t *kc = b.key_cache + (size_t)l * b.ctx * MODEL_KV_DIM;
         uint16_t *vc = b.value_cache + (size_t)l * b.ctx * MODEL_KV_DIM;
         rmsnorm_qkv_rope_body(w->attn_norm, w->wq, w->wk, w->wv,
-                              NULL, NULL, NULL,
+                              MODEL_QKV_BIAS ? w->bq : NULL, MODEL_QKV_BIAS ? w->bk : NULL, MODEL_QKV_BIAS ? w->bv : NULL,
                               b.x, b.q, kc, vc, b.io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM,
                               MODEL_NORM_EPS, sync);
         sync();
@@ -132,7 +124,7 @@ __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) persistent_
                            MODEL_KV_MUL, b.n_splits, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
-        matvec_residual_body(w->wo, NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, sync);
+        matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, sync);
         rmsnorm_gate_up_silu_body(w->ffn_norm, w->w_gate, w->w_up, b.x, b.hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, sync);
         matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, sync);
     }
@@ -141,7 +133,7 @@ __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) persistent_
 }
 
 /* the next token from the logits, with the sampler's settings (cuda_sampler.cuh) */
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *logits, const int *history, int *first_seen, int *io,
+static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *logits, const int *history, int *first_seen, int *io,
                                                                 const sample_params *params, unsigned long long *rng) {
     sample_body(logits, MODEL_VOCAB_SIZE, history, first_seen, io, params, rng);
 }
@@ -149,7 +141,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *logits, c
 /* Random fp16 keys and values in [-1, 1) for positions [0, n_pos) of every layer: --bench at a
  * context depth without prefilling it token by token (decode speed depends on how much cache is
  * read, not on what it holds). */
-__global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t seed) {
+static __global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
         h ^= h >> 15;
@@ -199,7 +191,7 @@ struct model_cuda {
 };
 
 #if defined(MODEL_WEIGHT_DTYPE_F32)
-extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx, int persistent) {
+extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent) {
     (void)out, (void)data, (void)ctx, (void)persistent;
     return err_set(ERR_DEVICE, "--device cuda: fp32 weights are not supported on the GPU; convert the model to bf16 or fp16");
 }
@@ -333,7 +325,7 @@ static size_t tensor_bytes(int t) {
 
 /* Copies every tensor into the arena through two pinned staging buffers, so the copy of one chunk
  * overlaps the reading of the next from the mapped file. A bar on a terminal for large models. */
-static err_code upload(model_cuda *m, const void *const data[MODEL_N_TENSORS], const size_t *offsets, size_t total) {
+static err_code upload(model_cuda *m, const void *const *data, const size_t *offsets, size_t total) {
     const size_t chunk = (size_t)64 << 20;
     void *stage[2];
     cudaEvent_t done[2];
@@ -378,7 +370,17 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     return needed < wave ? needed : wave;
 }
 
-extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MODEL_N_TENSORS], int ctx, int persistent) {
+extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent) {
+    MODEL_REQUIRE(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0, ERR_DEVICE,
+                  "--device cuda: needs hidden_size, intermediate_size and q_dim multiples of 8 (matvec rows are read in "
+                  "16-byte chunks of 8 weights)");
+    MODEL_REQUIRE(MODEL_HEAD_DIM >= 16 && MODEL_HEAD_DIM <= 128 && (MODEL_HEAD_DIM & (MODEL_HEAD_DIM - 1)) == 0, ERR_DEVICE,
+                  "--device cuda: needs head_dim a power of two in 16..128 (attention: 8-value chunks of a head, a power "
+                  "of two of them within a warp, the warps' sums in the score tile)");
+    MODEL_REQUIRE(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS / WARP_SIZE, ERR_DEVICE,
+                  "--device cuda: needs at most 8 query heads per KV head (a GQA group's heads fit one attention block)");
+    MODEL_REQUIRE(MODEL_DIM * sizeof(float) <= 200 * 1024, ERR_DEVICE,
+                  "--device cuda: needs hidden_size at most 51200 (the norm'd matvecs stage their input in shared memory)");
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev == 0)
@@ -452,7 +454,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const data[MOD
     CUDA_CHECK(cudaMalloc(&m->params, sizeof(sample_params)));
     CUDA_CHECK(cudaMalloc(&m->rng, sizeof(unsigned long long)));
     CUDA_CHECK(cudaHostAlloc(&m->logits_host, MODEL_VOCAB_SIZE * sizeof(float), cudaHostAllocDefault));
-    CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, sizeof model_rope_inv_freq));
+    CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
     if ((rc = capture(m, STEP_ARGMAX, &m->step)) || (rc = capture(m, STEP_LOGITS, &m->step_logits)) ||
         (rc = capture(m, STEP_SAMPLE, &m->step_sample))) {
         model_cuda_free(m);
@@ -487,7 +489,7 @@ extern "C" err_code model_cuda_step(model_cuda *m, int token, int pos, int *next
  * overlap between kernels, unlike the graph), best of reps per launch, and prints per stage: launches,
  * microseconds per token, bytes read and GB/s. */
 extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FILE *out) {
-    static const double bytes[ST_COUNT] = {
+    const double bytes[ST_COUNT] = {
         MODEL_DIM * 2.0,
         (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * 2.0,
         0.0, /* attention: the cache, below */

@@ -13,6 +13,7 @@
 /* The model directory has no chat template (tokenizer_config.json lacks chat_template): --chat is
  * refused, completion works. */
 #define MODEL_CHAT_AVAILABLE 0
+#define MODEL_CHAT_REFUSAL "has no chat template (tokenizer_config.json has no chat_template)"
 #define MODEL_CHAT_HAS_SYSTEM 0
 #define MODEL_CHAT_SYSTEM_IN_FIRST_USER 0
 #define MODEL_CHAT_BOS ""

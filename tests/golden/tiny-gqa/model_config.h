@@ -20,6 +20,11 @@
 #error "generated code is stale for this runtime: regenerate it with `make generate MODEL=tests/models/tiny-gqa`"
 #endif
 
+#include "errors.h"
+
+/* A specialized build: every MODEL_* value below is a literal (make GENERIC=1 builds the generic
+ * binary, in which they are read at run time). */
+#define MODEL_GENERIC 0
 #define MODEL_NAME "tiny-gqa"
 #define MODEL_ARCHITECTURE "LlamaForCausalLM"
 
@@ -42,7 +47,11 @@
 #define MODEL_TIED_EMBEDDINGS 1 /* tie_word_embeddings */
 #define MODEL_BOS_ID 0 /* bos_token_id (-1: none) */
 #define MODEL_N_EOS 1 /* eos_token_id */
-#define MODEL_EOS_IDS { 2 }
+static const int model_eos_ids[1] = { 2 };
+/* Upper bounds for arrays sized at compile time: the values themselves in a specialized build; in
+ * a generic one, what it can hold (model_generic.c refuses models beyond them). */
+#define MODEL_MAX_LAYERS MODEL_N_LAYERS
+#define MODEL_MAX_HEAD_DIM MODEL_HEAD_DIM
 
 /* Weights are used in the dtype they are stored in: BF16 (torch_dtype). */
 #define MODEL_WEIGHT_DTYPE DT_BF16
@@ -69,13 +78,18 @@ static const float model_rope_inv_freq[MODEL_HEAD_DIM / 2] = {
 };
 
 /* ---------------------------------------------------------------------------------------------
- * Weights: pointers into the mapped safetensors files, shapes as in the files (rows, cols). */
+ * Weights: pointers into the mapped safetensors files, shapes as in the files (rows, cols). The
+ * biases are NULL in models without them. */
 typedef struct {
     const model_weight_t *attn_norm; /* (dim) input_layernorm */
     const model_weight_t *wq;        /* (q_dim, dim) self_attn.q_proj */
     const model_weight_t *wk;        /* (kv_dim, dim) self_attn.k_proj */
     const model_weight_t *wv;        /* (kv_dim, dim) self_attn.v_proj */
+    const model_weight_t *bq;        /* (q_dim) self_attn.q_proj.bias */
+    const model_weight_t *bk;        /* (kv_dim) self_attn.k_proj.bias */
+    const model_weight_t *bv;        /* (kv_dim) self_attn.v_proj.bias */
     const model_weight_t *wo;        /* (dim, q_dim) self_attn.o_proj */
+    const model_weight_t *bo;        /* (dim) self_attn.o_proj.bias */
     const model_weight_t *ffn_norm;  /* (dim) post_attention_layernorm */
     const model_weight_t *w_gate;    /* (hidden_dim, dim) mlp.gate_proj */
     const model_weight_t *w_up;      /* (hidden_dim, dim) mlp.up_proj */
@@ -84,10 +98,36 @@ typedef struct {
 
 typedef struct {
     const model_weight_t *embed;      /* (vocab, dim) model.embed_tokens */
-    model_layer_weights layers[MODEL_N_LAYERS];
+    model_layer_weights layers[MODEL_MAX_LAYERS];
     const model_weight_t *final_norm; /* (dim) model.norm */
-    const model_weight_t *lm_head;    /* (vocab, dim) = embed (tied) */
+    const model_weight_t *lm_head;    /* (vocab, dim) lm_head, or embed when tied */
 } model_weights;
+
+/* Fills w from the tensors' bytes: data[i] holds tensor i of the table (model_tensor_specs), whose
+ * order is codegen/spec.py's Spec.tensors and runtime/model_spec.c's. */
+static inline void model_weights_bind(model_weights *w, const void *const *data) {
+#define MODEL_NEXT_TENSOR ((const model_weight_t *)*data++)
+    w->embed = MODEL_NEXT_TENSOR; /* model.embed_tokens.weight */
+    for (int l = 0; l < MODEL_N_LAYERS; l++) { /* model.layers.{l}.* */
+        model_layer_weights *lw = &w->layers[l];
+        lw->attn_norm = MODEL_NEXT_TENSOR;
+        lw->wq = MODEL_NEXT_TENSOR;
+        lw->wk = MODEL_NEXT_TENSOR;
+        lw->wv = MODEL_NEXT_TENSOR;
+        lw->bq = MODEL_QKV_BIAS ? MODEL_NEXT_TENSOR : NULL;
+        lw->bk = MODEL_QKV_BIAS ? MODEL_NEXT_TENSOR : NULL;
+        lw->bv = MODEL_QKV_BIAS ? MODEL_NEXT_TENSOR : NULL;
+        lw->wo = MODEL_NEXT_TENSOR;
+        lw->bo = MODEL_O_BIAS ? MODEL_NEXT_TENSOR : NULL;
+        lw->ffn_norm = MODEL_NEXT_TENSOR;
+        lw->w_gate = MODEL_NEXT_TENSOR;
+        lw->w_up = MODEL_NEXT_TENSOR;
+        lw->w_down = MODEL_NEXT_TENSOR;
+    }
+    w->final_norm = MODEL_NEXT_TENSOR; /* model.norm.weight */
+    w->lm_head = MODEL_TIED_EMBEDDINGS ? w->embed : MODEL_NEXT_TENSOR; /* lm_head.weight */
+#undef MODEL_NEXT_TENSOR
+}
 
 #define MODEL_N_TENSORS 29 /* in model_tensor_specs */
 #define MODEL_LAYER_TENSORS 9 /* per layer */
@@ -100,6 +140,9 @@ typedef struct {
 #else
 #define MODEL_STATIC_ASSERT _Static_assert
 #endif
+/* MODEL_REQUIRE(cond, code, why), inside an init function: a compile-time assertion here, a check
+ * that refuses the model at run time in a generic build. */
+#define MODEL_REQUIRE(cond, code, why) MODEL_STATIC_ASSERT(cond, why)
 MODEL_STATIC_ASSERT(MODEL_N_HEADS % MODEL_N_KV_HEADS == 0, "GQA groups must be whole");
 MODEL_STATIC_ASSERT(MODEL_HEAD_DIM % 2 == 0, "RoPE rotates pairs");
 MODEL_STATIC_ASSERT(MODEL_Q_DIM == MODEL_N_HEADS * MODEL_HEAD_DIM, "q_dim");
