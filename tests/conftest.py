@@ -3,6 +3,10 @@
 Binaries are built through the Makefile exactly as a user builds them, so the tests cover the
 generator, the build and the runtime together. Tiny models live in build/test-models/<variant>/:
 the checked-in config from tests/models/<variant>/, the shared tiny tokenizer and random weights.
+
+Every test that runs a binary runs both builds of the same sources (BUILDS): the specialized one,
+generated for its model (build/<name>/ingot), and the generic one (build/generic/ingot, made once
+for all models), which is told the model with -m. A Binary holds either, with its model.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +25,7 @@ DEFAULT_MODEL = REPO / "models" / "smollm2-135m-instruct"
 # matvecs take several steps per row and attention runs with 128-wide heads.
 TINY_VARIANTS = ("tiny-llama", "tiny-gqa", "tiny-qwen2", "tiny-llama3", "tiny-wide")
 TINY_TOKENIZER = REPO / "tests" / "models" / "tiny-tokenizer"
+BUILDS = ("specialized", "generic")
 
 
 def make(*args: str) -> None:
@@ -33,6 +39,38 @@ def build_model(model_dir: Path, *make_vars: str) -> Path:
     """Generates and builds build/<name>/ingot for model_dir; returns the binary."""
     make(f"MODEL={model_dir}", *make_vars)
     return REPO / "build" / model_dir.name / "ingot"
+
+
+def build_generic(*make_vars: str, out: str | None = None) -> Path:
+    """Builds the generic binary, build/generic/ingot (or in out, for a variant built with other
+    make_vars); returns it."""
+    make("GENERIC=1", *make_vars, *([f"OUT={out}"] if out else []))
+    return REPO / (out or "build/generic") / "ingot"
+
+
+@dataclass(frozen=True)
+class Binary:
+    """A built ingot and the model directory it runs: the specialized binary runs its own model
+    unless told otherwise, the generic one is always given it with -m (a later -m overrides)."""
+    path: Path
+    model_dir: Path
+    generic: bool
+
+    @property
+    def build(self) -> str:
+        return "generic" if self.generic else "specialized"
+
+    def argv(self, *args: str) -> list[str]:
+        return [str(self.path), *(["-m", str(self.model_dir)] if self.generic else []), *args]
+
+
+def binary_for(model_dir: Path, build: str, *make_vars: str, out: str | None = None) -> Binary:
+    """The build ("specialized" or "generic") of model_dir. make_vars (EXTRA_CFLAGS=..., NVCC=)
+    need a build of their own: for the generic one, give out (build/generic-<what>)."""
+    if build == "generic":
+        assert not make_vars or out, "a generic build with other make variables needs its own out"
+        return Binary(build_generic(*make_vars, out=out), model_dir, True)
+    return Binary(build_model(model_dir, *make_vars), model_dir, False)
 
 
 def tiny_model_dir(variant: str, seed: int = 1, name: str | None = None) -> Path:
@@ -49,10 +87,11 @@ def tiny_model_dir(variant: str, seed: int = 1, name: str | None = None) -> Path
     return d
 
 
-def run(binary: Path, *args: str, input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(binary), *args], input=input, capture_output=True, timeout=600)
+def run(binary: Path | Binary, *args: str, input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    argv = binary.argv(*args) if isinstance(binary, Binary) else [str(binary), *args]
+    r = subprocess.run(argv, input=input, capture_output=True, timeout=600)
     if check and r.returncode != 0:
-        raise AssertionError(f"{binary.name} {' '.join(args)} exited {r.returncode}: {r.stderr.decode(errors='replace')}")
+        raise AssertionError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.decode(errors='replace')}")
     return r
 
 
@@ -68,8 +107,15 @@ def default_binary(default_model: Path) -> Path:
     return build_model(default_model)
 
 
-@pytest.fixture(scope="session", params=TINY_VARIANTS)
-def tiny(request) -> tuple[Path, Path]:
-    """(model dir, binary) for each tiny variant."""
-    d = tiny_model_dir(request.param)
-    return d, build_model(d)
+@pytest.fixture(scope="session", params=BUILDS)
+def default_build(request, default_model: Path) -> Binary:
+    """The default model's binary, each build."""
+    return binary_for(default_model, request.param)
+
+
+@pytest.fixture(scope="session", params=[(v, b) for v in TINY_VARIANTS for b in BUILDS], ids=lambda p: f"{p[0]}-{p[1]}")
+def tiny(request) -> tuple[Path, Binary]:
+    """(model dir, binary) for each tiny variant and each build."""
+    variant, build = request.param
+    d = tiny_model_dir(variant)
+    return d, binary_for(d, build)

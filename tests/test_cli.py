@@ -1,5 +1,6 @@
 """The binary's command line: every bad input ends in one line on stderr naming the problem and a
-non-zero exit; good input behaves as --help says. Runs on the tiny-llama model (fast to build)."""
+non-zero exit; good input behaves as --help says. Runs on the tiny-llama model (fast to build), with
+both builds: the generic one gets -m first, so a test's own -m overrides it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import shutil
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import build_model, run, tiny_model_dir
+from conftest import BUILDS, binary_for, run, tiny_model_dir
 
 
-@pytest.fixture(scope="module")
-def tiny_llama():
+@pytest.fixture(scope="module", params=BUILDS)
+def tiny_llama(request):
     d = tiny_model_dir("tiny-llama")
-    return d, build_model(d)
+    return d, binary_for(d, request.param)
 
 
 def fails_with(binary, *args, message, input=None):
@@ -53,7 +54,8 @@ def test_bad_flags(tiny_llama, args, message):
 
 def test_help(tiny_llama):
     r = run(tiny_llama[1], "--help")
-    assert b"--perplexity FILE" in r.stdout and b"tiny-llama" in r.stdout
+    built_for = b"generic build: any supported model directory" if tiny_llama[1].generic else b"built for tiny-llama"
+    assert b"--perplexity FILE" in r.stdout and built_for in r.stdout
 
 
 def test_prompt_longer_than_context(tiny_llama):
@@ -89,8 +91,13 @@ def test_corrupt_header(tiny_llama, tmp_path):
 
 
 def test_config_of_another_model(tiny_llama):
-    fails_with(tiny_llama[1], "-m", str(tiny_model_dir("tiny-gqa")), "-p", "x",
-               message="'num_hidden_layers' is 3, this binary was built for 2")
+    """A specialized binary refuses another model's directory; the generic one runs it."""
+    if tiny_llama[1].generic:
+        r = run(tiny_llama[1], "-m", str(tiny_model_dir("tiny-gqa")), "-p", "x", "-n", "2", "--temp", "0")
+        assert r.stdout.startswith(b"x")
+    else:
+        fails_with(tiny_llama[1], "-m", str(tiny_model_dir("tiny-gqa")), "-p", "x",
+                   message="'num_hidden_layers' is 3, this binary was built for 2")
 
 
 def test_weights_of_another_model(tiny_llama, tmp_path):
@@ -128,11 +135,12 @@ def test_perplexity(tiny_llama, tmp_path):
     assert 10 < ppl < 10000
 
 
-def test_build_without_cuda():
+@pytest.mark.parametrize("build", BUILDS)
+def test_build_without_cuda(build):
     """A machine without nvcc builds a CPU-only binary, which says so when asked for the GPU."""
     d = tiny_model_dir("tiny-llama", name="tiny-llama-nocuda")
-    binary = build_model(d, "NVCC=")
-    assert not (binary.parent / "forward_cuda.o").exists()
+    binary = binary_for(d, build, "NVCC=", out="build/generic-nocuda")
+    assert not list(binary.path.parent.glob("forward_cuda*.o"))
     assert run(binary, "-p", "Hello", "-n", "4", "--temp", "0").stdout.startswith(b"Hello")
     fails_with(binary, "-p", "x", "--device", "cuda", message="built without CUDA")
 
@@ -141,3 +149,32 @@ def test_malformed_config(tiny_llama, tmp_path):
     d = copy_model(tiny_llama[0], tmp_path / "m")
     (d / "config.json").write_text('{"hidden_size": 64,')
     fails_with(tiny_llama[1], "-m", str(d), "-p", "x", message="config.json: at byte")
+
+
+def test_bench_kernels_on_cpu(tiny_llama):
+    """--bench-kernels on the CPU: per depth, a table of the decode step's stages in the format the
+    GPU prints and make compare reads (tests/bench/compare.py), launches as the step runs them, every
+    stage timed; the JSON line stays the last line starting with '{'."""
+    import json
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    import compare
+
+    r = run(tiny_llama[1], "--bench", "--json", "--bench-kernels", "--bench-depths", "0,32", "-n", "8", "--threads", "1")
+    out = r.stdout.decode()
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert [d["depth"] for d in result["decode"]] == [0, 32]
+    tables = compare.parse_kernel_tables(out)
+    assert sorted(tables) == [1, 33]  # the position of the first decoded token at each depth
+    for t in tables.values():
+        stages = {s["stage"]: s for s in t["stages"]}
+        assert list(stages) == ["embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual", "rmsnorm_gate_up_silu",
+                                "down_residual", "rmsnorm_lm_head"]
+        assert [s["launches"] for s in t["stages"]] == [1, 2, 2, 2, 2, 2, 1]  # tiny-llama: 2 layers
+        assert all(s["us_per_token"] > 0 for s in t["stages"] if s["stage"] != "embed")  # embed: 64 values, < 0.05 us
+        assert t["total"]["launches"] == 12
+        assert t["total"]["us_per_token"] == pytest.approx(sum(s["us_per_token"] for s in t["stages"]), rel=0.01, abs=0.3)
+    assert tables[33]["stages"][2]["mb_per_token"] > tables[1]["stages"][2]["mb_per_token"]  # attention reads more cache

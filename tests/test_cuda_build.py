@@ -1,6 +1,7 @@
 """The CUDA sources compile wherever nvcc is, GPU or not (CI has no GPU): the default model's
-binary links the CUDA backend, and the generated kernels of every tiny variant compile for each
-supported target (sm_90, the default; sm_80 and sm_89 at least compile)."""
+binary and the generic one link the CUDA backend, and the generated kernels of every tiny variant,
+and the generic build's for each weight dtype, compile for each supported target (sm_90, the
+default; sm_80 and sm_89 at least compile)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, build_generic
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not installed: the CUDA backend is not built here")
@@ -21,6 +22,12 @@ def test_default_binary_has_cuda(default_binary):
     assert (default_binary.parent / "forward_cuda.o").exists()
     r = subprocess.run([str(default_binary), "--help"], capture_output=True, text=True)
     assert "--bench-kernels" in r.stdout
+
+
+def test_generic_binary_has_cuda_for_each_dtype():
+    binary = build_generic()
+    assert sorted(p.name for p in binary.parent.glob("forward_cuda_*.o")) == [
+        "forward_cuda_bf16.o", "forward_cuda_f16.o", "forward_cuda_f32.o"]
 
 
 def test_fp32_model_cuda_compiles_to_a_refusal(tmp_path):
@@ -59,4 +66,18 @@ def test_generated_cuda_compiles(tmp_path, variant, arch):
 def test_gpu_sampler_test_compiles():
     """tests/cuda_sampler_test.cu (run by test_gpu.py on a GPU) builds here too."""
     r = subprocess.run(["make", "-s", "build/tests/cuda_sampler_test"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("arch, dtype", [("80", "BF16"), ("89", "F16")])
+def test_generic_cuda_compiles(tmp_path, arch, dtype):
+    """The generic build's forward_cuda.cu for the other targets (make GENERIC=1 compiles it for
+    sm_90 once per weight dtype: test_generic_binary_has_cuda_for_each_dtype)."""
+    gen = tmp_path / "gen"
+    r = subprocess.run([sys.executable, "-m", "codegen", "--generic", "--out", str(gen), "--cuda-arch", arch],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([NVCC, "-O1", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Iruntime", f"-I{gen}",
+                        f"-DMODEL_WEIGHT_DTYPE_{dtype}", "-Werror", "all-warnings", "-c", str(gen / "forward_cuda.cu"),
+                        "-o", str(tmp_path / "f.o")], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]

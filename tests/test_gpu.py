@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import DEFAULT_MODEL, REPO, TINY_VARIANTS, build_model, run, tiny_model_dir
+from conftest import BUILDS, DEFAULT_MODEL, REPO, TINY_VARIANTS, binary_for, run, tiny_model_dir
 from reference import compare_logits
 from test_numerics import TINY_PROMPT
 
@@ -45,10 +45,12 @@ def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
     return np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
 
 
-@pytest.fixture(scope="module", params=TINY_VARIANTS)
+@pytest.fixture(scope="module", params=[(v, b) for v in TINY_VARIANTS for b in BUILDS], ids=lambda p: f"{p[0]}-{p[1]}")
 def tiny_gpu(request):
-    d = tiny_model_dir(request.param)
-    return d, build_model(d)
+    """(model dir, binary) for each tiny variant and each build (specialized, generic)."""
+    variant, build = request.param
+    d = tiny_model_dir(variant)
+    return d, binary_for(d, build)
 
 
 @pytest.mark.parametrize("step", ["graph", "persistent"])
@@ -61,6 +63,19 @@ def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path, step):
     assert err < GPU_CPU_TOLERANCE, f"{d.name}, --gpu-step {step}: GPU against CPU {err:.2e}"
 
 
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_generic_gpu_logits_equal_specialized(variant, tmp_path):
+    """The generic build's GPU step against the specialized build's: the same kernel bodies with
+    run-time dimensions, so the same sums in the same order; printed: whether bit for bit."""
+    d = tiny_model_dir(variant)
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    got = {b: logits_of(binary_for(d, b), d, "cuda", TINY_PROMPT, tmp_path, vocab) for b in BUILDS}
+    diff = np.abs(got["generic"] - got["specialized"]).max()
+    print(f"{variant}: generic against specialized on the GPU, max |diff| {diff:.3e}, bitwise equal: {diff == 0}")
+    err = compare_logits(got["generic"], got["specialized"])
+    assert err < GPU_CPU_TOLERANCE, f"{variant}: generic against specialized GPU logits {err:.2e}"
+
+
 def test_gpu_sampler_draws_what_the_cpu_sampler_draws():
     """runtime/cuda_sampler.cuh against runtime/sampler.c on the same logits and seeds, every path
     (tests/cuda_sampler_test.cu): the same token on every draw."""
@@ -71,11 +86,12 @@ def test_gpu_sampler_draws_what_the_cpu_sampler_draws():
     assert " 0 mismatches" in r.stdout
 
 
-def test_gpu_sampling_end_to_end():
+@pytest.mark.parametrize("build", BUILDS)
+def test_gpu_sampling_end_to_end(build):
     """Sampling on the device: the same seed gives the same text, another seed other text, with
     either step; top-k 1 is greedy."""
     d = tiny_model_dir("tiny-gqa")
-    binary = build_model(d)
+    binary = binary_for(d, build)
     args = ["-m", str(d), "--device", "cuda", "-p", "Hello there", "-n", "48", "--temp", "1.5", "--top-p", "1", "--min-p", "0"]
     first = run(binary, *args, "--seed", "5").stdout
     assert run(binary, *args, "--seed", "5").stdout == first
@@ -98,11 +114,11 @@ def test_tiny_gpu_matches_transformers(tiny_gpu, tmp_path):
     assert err < GPU_HF_TOLERANCE, f"{d.name}: GPU against transformers {err:.2e}"
 
 
-@pytest.fixture(scope="module")
-def default_gpu():
+@pytest.fixture(scope="module", params=BUILDS)
+def default_gpu(request):
     if not (DEFAULT_MODEL / "model.safetensors").exists():
         pytest.skip("default model not on this machine: stage it (README.md, 'GPU') to run these")
-    return build_model(DEFAULT_MODEL)
+    return binary_for(DEFAULT_MODEL, request.param)
 
 
 def test_default_model_gpu_matches_cpu(default_gpu, tmp_path):
@@ -132,13 +148,14 @@ def test_default_model_chat_on_gpu(default_gpu):
     assert "Paris" in r.stdout.decode()
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("step", ["graph", "persistent"])
-def test_memcheck_clean(tmp_path, step):
+def test_memcheck_clean(tmp_path, step, build):
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
     d = tiny_model_dir("tiny-gqa")
-    binary = build_model(d)
-    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", str(binary), "-m", str(d),
+    binary = binary_for(d, build)
+    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
                         "--device", "cuda", "--gpu-step", step, "-p", "Hello there", "-n", "8", "--temp", "0.8",
                         "--repeat-penalty", "1.2"],
                        capture_output=True, timeout=600)

@@ -8,6 +8,11 @@ the rare K/V element whose float32 value lands on the other side of an fp16 roun
 (2^-11 relative on that element). Measured: below 1e-4 on the tiny models. We assert 1e-3: ten
 times the worst seen, and a hundred times below what one wrong index, bias or RoPE pair gives
 (errors of order 1).
+
+Both builds run every check here. The generic build runs the specialized build's code with the
+dimensions read at run time; with the same operations in the same order (no -ffast-math, no FMA
+contraction under -std=c11) its logits are bitwise those of the specialized build, which
+test_generic_logits_equal_specialized asserts.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import build_model, run, tiny_model_dir
+from conftest import BUILDS, TINY_VARIANTS, binary_for, run, tiny_model_dir
 from reference import compare_logits, load_model
 
 TOLERANCE = 1e-3
@@ -64,11 +69,12 @@ def test_tiny_prefill_then_greedy_matches_reference(tiny):
     assert r.stdout.decode(errors="replace") == TINY_PROMPT + tok.decode(want, skip_special_tokens=False) + "\n"
 
 
-def test_four_stream_matvecs_match_reference(tmp_path):
+@pytest.mark.parametrize("build", BUILDS)
+def test_four_stream_matvecs_match_reference(tmp_path, build):
     """The plan picks four weight streams per thread only for large models; the same check on a
     tiny model built with that choice forced."""
     model_dir = tiny_model_dir("tiny-qwen2", name="tiny-qwen2-streams4")
-    binary = build_model(model_dir, "EXTRA_CFLAGS=-DCPU_STREAMS=4")
+    binary = binary_for(model_dir, build, "EXTRA_CFLAGS=-DCPU_STREAMS=4", out="build/generic-streams4")
     ref = load_model(model_dir, kv_dtype=np.float16)
     ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TINY_PROMPT).ids
     got = dump_logits(binary, model_dir, TINY_PROMPT, tmp_path / "logits.bin", ref.config["vocab_size"])
@@ -76,9 +82,8 @@ def test_four_stream_matvecs_match_reference(tmp_path):
     assert err < TOLERANCE, f"CPU_STREAMS=4: max relative logit error {err:.2e}"
 
 
-@pytest.mark.parametrize("torch_dtype", ["float32", "float16"])
-def test_weight_dtypes_match_reference(tmp_path, torch_dtype):
-    """The same check with fp32 and fp16 weights (the tiny models above are bf16)."""
+def dtype_model_dir(torch_dtype):
+    """tiny-gqa with weights of another dtype (the tiny models above are bf16)."""
     import json
     import shutil
     import subprocess
@@ -97,7 +102,15 @@ def test_weight_dtypes_match_reference(tmp_path, torch_dtype):
         (model_dir / "config.json").write_text(text)
         subprocess.run([sys.executable, "-m", "codegen.synth", str(model_dir), "--seed", "3", "--tokenizer", str(TINY_TOKENIZER)],
                        cwd=REPO, check=True, capture_output=True)
-    binary = build_model(model_dir)
+    return model_dir
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("torch_dtype", ["float32", "float16"])
+def test_weight_dtypes_match_reference(tmp_path, torch_dtype, build):
+    """The same check with fp32 and fp16 weights (the tiny models above are bf16)."""
+    model_dir = dtype_model_dir(torch_dtype)
+    binary = binary_for(model_dir, build)
     ref = load_model(model_dir, kv_dtype=np.float16)
     ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TINY_PROMPT).ids
     got = dump_logits(binary, model_dir, TINY_PROMPT, tmp_path / "logits.bin", ref.config["vocab_size"])
@@ -109,22 +122,40 @@ SMOL_PROMPTS = ["The history of the Roman Empire", "def fibonacci(n):", "Once up
 GREEDY_TOKENS = 32
 
 
-def test_smollm2_logits_match_reference(default_binary, default_model, tmp_path):
+def test_smollm2_logits_match_reference(default_build, default_model, tmp_path):
     ref = load_model(default_model, dtype=np.float32, kv_dtype=np.float16)
     prompt = SMOL_PROMPTS[0]
     ids = Tokenizer.from_file(str(default_model / "tokenizer.json")).encode(prompt).ids
-    got = dump_logits(default_binary, default_model, prompt, tmp_path / "logits.bin", ref.config["vocab_size"])
+    got = dump_logits(default_build, default_model, prompt, tmp_path / "logits.bin", ref.config["vocab_size"])
     err = compare_logits(got, ref.forward(ids))
     assert err < TOLERANCE, f"SmolLM2: max relative logit error {err:.2e}"
 
 
 @pytest.mark.parametrize("prompt", SMOL_PROMPTS)
-def test_smollm2_greedy_matches_reference(default_binary, default_model, prompt):
+def test_smollm2_greedy_matches_reference(default_build, default_model, prompt):
     """The binary's greedy continuation equals the reference's for GREEDY_TOKENS tokens (the
     prompts are chosen so that the model does not end its text sooner), compared as text."""
     tok = Tokenizer.from_file(str(default_model / "tokenizer.json"))
     ref = load_model(default_model, dtype=np.float32, kv_dtype=np.float16)
     ids = ref.greedy(tok.encode(prompt).ids, GREEDY_TOKENS)
     assert ref.config["eos_token_id"] not in ids, "the reference ended the text early: pick another prompt"
-    r = run(default_binary, "-p", prompt, "-n", str(GREEDY_TOKENS), "--temp", "0", "--threads", "2")
+    r = run(default_build, "-p", prompt, "-n", str(GREEDY_TOKENS), "--temp", "0", "--threads", "2")
     assert r.stdout.decode() == prompt + tok.decode(ids, skip_special_tokens=False) + "\n"
+
+
+@pytest.mark.parametrize("model", [*TINY_VARIANTS, "tiny-gqa-float32", "tiny-gqa-float16", "smollm2"])
+def test_generic_logits_equal_specialized(model, default_model, tmp_path):
+    """The generic build's logits are the specialized build's, bit for bit, on every variant and
+    weight dtype (bf16 tiny models, fp32 and fp16 tiny-gqa, fp16 SmolLM2)."""
+    if model == "smollm2":
+        model_dir, prompt = default_model, SMOL_PROMPTS[0]
+    elif model.startswith("tiny-gqa-float"):
+        model_dir, prompt = dtype_model_dir(model.rsplit("-", 1)[1]), TINY_PROMPT
+    else:
+        model_dir, prompt = tiny_model_dir(model), TINY_PROMPT
+    import json
+
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    logits = [dump_logits(binary_for(model_dir, b), model_dir, prompt, tmp_path / f"{b}.bin", vocab) for b in BUILDS]
+    assert logits[0].shape == logits[1].shape and logits[0].shape[0] > 1
+    assert np.array_equal(logits[0], logits[1]), f"{model}: max |generic - specialized| {np.abs(logits[0] - logits[1]).max():.3e}"
