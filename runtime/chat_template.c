@@ -24,12 +24,7 @@ static err_code load_optional(const char *dir, const char *name, json_doc *doc, 
     err_code rc = json_parse_file(path, doc);
     *found = rc == ERR_OK;
     if (rc == ERR_IO && errno == ENOENT) return ERR_OK;
-    if (rc && rc != ERR_IO) {
-        char why[256]; /* err_set writes the buffer err_detail() reads: copy it first */
-        snprintf(why, sizeof why, "%s", err_detail());
-        return err_set(ERR_CONFIG, "%s: unreadable (%s)", path, why);
-    }
-    return rc;
+    return rc == ERR_JSON ? ERR_CONFIG : rc; /* the detail names the file and the byte */
 }
 
 /* A special token of tokenizer_config.json: a string, or an AddedToken object's "content". */

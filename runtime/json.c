@@ -319,6 +319,11 @@ err_code json_parse_file(const char *path, json_doc *doc) {
     }
     err_code rc = json_parse(buf, len, doc);
     free(buf);
+    if (rc == ERR_JSON) {
+        char why[256]; /* err_set writes the buffer err_detail() reads: copy it first */
+        snprintf(why, sizeof why, "%s", err_detail());
+        return err_set(rc, "%s: %s", path, why);
+    }
     return rc;
 }
 

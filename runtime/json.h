@@ -39,7 +39,8 @@ err_code json_parse(const char *text, size_t len, json_doc *doc);
 void json_free(json_doc *doc);
 
 /* Reads the file at path and parses it: ERR_IO naming the path when it cannot be read (errno is
- * left as the failed call set it, so ENOENT tells a missing file), else json_parse's result. */
+ * left as the failed call set it, so ENOENT tells a missing file), else json_parse's result, its
+ * detail after the path ("config.json: at byte 12: expected ..."). */
 err_code json_parse_file(const char *path, json_doc *doc);
 
 /* The member of obj named key, or NULL if obj is not an object or has no such member.

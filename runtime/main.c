@@ -268,18 +268,10 @@ static err_code read_file(const char *path, char **out, size_t *len) {
 static err_code check_config(const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text;
-    size_t len;
-    err_code rc = read_file(path, &text, &len);
-    if (rc) return rc;
     json_doc doc;
-    rc = json_parse(text, len, &doc);
-    free(text);
-    if (rc) {
-        char why[256]; /* err_set writes the buffer err_detail() reads: copy it first */
-        snprintf(why, sizeof why, "%s", err_detail());
-        return err_set(ERR_CONFIG, "%s: %s", path, why);
-    }
+    err_code rc = json_parse_file(path, &doc);
+    if (rc == ERR_JSON) return ERR_CONFIG; /* the detail names the file and the byte */
+    if (rc) return rc;
     for (int i = 0; i < MODEL_N_CONFIG_CHECKS && !rc; i++) {
         const model_config_check *c = &model_config_checks[i];
         const json_value *v = json_get(doc.root, c->key);

@@ -468,12 +468,8 @@ err_code model_spec_load(model_spec *s, const char *dir) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_doc doc;
     err_code rc = json_parse_file(path, &doc);
-    if (rc == ERR_IO || rc == ERR_NOMEM) return rc;
-    if (rc) {
-        char why[256]; /* err_set writes the buffer err_detail() reads: copy it first */
-        snprintf(why, sizeof why, "%s", err_detail());
-        return err_set(ERR_CONFIG, "%s: %s", path, why);
-    }
+    if (rc == ERR_JSON) return ERR_CONFIG; /* the detail names the file and the byte */
+    if (rc) return rc;
     reader rd = {path, doc.root};
     if (doc.root->type != JSON_OBJECT) rc = err_set(ERR_CONFIG, "%s: expected a JSON object", path);
     else rc = from_config(&rd, s);

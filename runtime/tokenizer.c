@@ -19,7 +19,6 @@
  * ERR_TOKENIZER naming the JSON key and value, so encoding has no error path but bad UTF-8. */
 #include "tokenizer.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1637,39 +1636,9 @@ static err_code load_root(const loader *L, const json_value *root) {
 
 err_code tok_load(tokenizer **out, const char *path) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 1 << 20;
-            char *p = realloc(text, cap);
-            if (!p) {
-                free(text);
-                fclose(f);
-                return err_set(ERR_NOMEM, "%s: %zu bytes", path, cap);
-            }
-            text = p;
-        }
-        size_t got = fread(text + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    int read_error = ferror(f);
-    fclose(f);
-    if (read_error) {
-        free(text);
-        return err_set(ERR_IO, "%s: read error", path);
-    }
     json_doc doc;
-    err_code rc = json_parse(text, len, &doc);
-    free(text);
-    if (rc) {
-        char detail[256];
-        snprintf(detail, sizeof detail, "%s", err_detail());
-        return err_set(rc, "%s: %s", path, detail);
-    }
+    err_code rc = json_parse_file(path, &doc);
+    if (rc) return rc;
     tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         json_free(&doc);

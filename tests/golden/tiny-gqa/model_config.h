@@ -49,7 +49,8 @@
 #define MODEL_N_EOS 1 /* eos_token_id */
 static const int model_eos_ids[1] = { 2 };
 /* Upper bounds for arrays sized at compile time: the values themselves in a specialized build; in
- * a generic one, what it can hold (model_generic.c refuses models beyond them). */
+ * a generic one, what it can hold (model_generic.c refuses more layers; the GPU step, the one user
+ * of the head bound, refuses heads wider than 128). */
 #define MODEL_MAX_LAYERS MODEL_N_LAYERS
 #define MODEL_MAX_HEAD_DIM MODEL_HEAD_DIM
 
