@@ -11,6 +11,7 @@ for all models), which is told the model with -m. A Binary holds either, with it
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -26,11 +27,15 @@ DEFAULT_MODEL = REPO / "models" / "smollm2-135m-instruct"
 TINY_VARIANTS = ("tiny-llama", "tiny-gqa", "tiny-qwen2", "tiny-llama3", "tiny-wide")
 TINY_TOKENIZER = REPO / "tests" / "models" / "tiny-tokenizer"
 BUILDS = ("specialized", "generic")
+# One more generic binary, without CUDA and with four weight streams per CPU thread forced, for the
+# tests of both (a generic build costs more than a specialized one: three weight dtypes).
+GENERIC_CPU_STREAMS4 = "build/generic-cpu-streams4"
 
 
 def make(*args: str) -> None:
-    """Runs make in the repo; a failure shows make's own output."""
-    r = subprocess.run(["make", "-s", *args], cwd=REPO, capture_output=True, text=True)
+    """Runs make in the repo, a job per core (a build compiles its CPU and CUDA sources side by
+    side); a failure shows make's own output."""
+    r = subprocess.run(["make", "-s", f"-j{os.cpu_count() or 1}", *args], cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise AssertionError(f"make {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
 

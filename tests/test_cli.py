@@ -9,7 +9,7 @@ import shutil
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import BUILDS, binary_for, run, tiny_model_dir
+from conftest import BUILDS, GENERIC_CPU_STREAMS4, binary_for, run, tiny_model_dir
 
 
 @pytest.fixture(scope="module", params=BUILDS)
@@ -139,7 +139,8 @@ def test_perplexity(tiny_llama, tmp_path):
 def test_build_without_cuda(build):
     """A machine without nvcc builds a CPU-only binary, which says so when asked for the GPU."""
     d = tiny_model_dir("tiny-llama", name="tiny-llama-nocuda")
-    binary = binary_for(d, build, "NVCC=", out="build/generic-nocuda")
+    make_vars = ("NVCC=",) if build == "specialized" else ("EXTRA_CFLAGS=-DCPU_STREAMS=4", "NVCC=")
+    binary = binary_for(d, build, *make_vars, out=GENERIC_CPU_STREAMS4)
     assert not list(binary.path.parent.glob("forward_cuda*.o"))
     assert run(binary, "-p", "Hello", "-n", "4", "--temp", "0").stdout.startswith(b"Hello")
     fails_with(binary, "-p", "x", "--device", "cuda", message="built without CUDA")

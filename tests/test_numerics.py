@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import BUILDS, TINY_VARIANTS, binary_for, run, tiny_model_dir
+from conftest import BUILDS, GENERIC_CPU_STREAMS4, TINY_VARIANTS, binary_for, run, tiny_model_dir
 from reference import compare_logits, load_model
 
 TOLERANCE = 1e-3
@@ -74,7 +74,7 @@ def test_four_stream_matvecs_match_reference(tmp_path, build):
     """The plan picks four weight streams per thread only for large models; the same check on a
     tiny model built with that choice forced."""
     model_dir = tiny_model_dir("tiny-qwen2", name="tiny-qwen2-streams4")
-    binary = binary_for(model_dir, build, "EXTRA_CFLAGS=-DCPU_STREAMS=4", "NVCC=", out="build/generic-streams4")
+    binary = binary_for(model_dir, build, "EXTRA_CFLAGS=-DCPU_STREAMS=4", "NVCC=", out=GENERIC_CPU_STREAMS4)
     ref = load_model(model_dir, kv_dtype=np.float16)
     ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TINY_PROMPT).ids
     got = dump_logits(binary, model_dir, TINY_PROMPT, tmp_path / "logits.bin", ref.config["vocab_size"])
