@@ -314,7 +314,7 @@ __device__ __forceinline__ void for_each_group(const float *x, int vocab, F f) {
 /* Sorts the candidates [0, n) by rank (key descending, then id) or by id; n <= SAMPLE_SORT_MAX.
  * Starts after a barrier that follows their writes and ends with one. Up to 128 by counting (a
  * candidate's place is how many come before it, counted by a group of lanes), else bitonic. */
-__device__ __noinline__ void sort_candidates(int n, bool by_id) {
+static __device__ __noinline__ void sort_candidates(int n, bool by_id) {
     sample_shared &sh = sample_sh;
     const int tid = threadIdx.x;
     if (n <= 1) return;
@@ -375,7 +375,7 @@ __device__ __noinline__ void sort_candidates(int n, bool by_id) {
 
 /* The tokens f takes, into the candidates in no particular order; returns how many (only
  * SAMPLE_SORT_MAX are stored). One pass. */
-__device__ __noinline__ int gather(const float *x, int vocab, token_filter f) {
+static __device__ __noinline__ int gather(const float *x, int vocab, token_filter f) {
     if (threadIdx.x == 0) sample_sh.count = 0;
     __syncthreads();
     for_each_group<4>(x, vocab, [&](float4 v, int base, int n) {
@@ -395,7 +395,7 @@ __device__ __noinline__ int gather(const float *x, int vocab, token_filter f) {
 /* Top-p over the candidates [0, n) in rank order: how many stay, at least one. Candidate j stays
  * while above0 + (the weight of [0, j)) < target; target < 0: top_p times the candidates' own
  * weight (top-k's candidates: sampler.c's z). */
-__device__ __noinline__ int smem_top_p(int n, float x_max, double above0, double target, float top_p) {
+static __device__ __noinline__ int smem_top_p(int n, float x_max, double above0, double target, float top_p) {
     sample_shared &sh = sample_sh;
     constexpr int PER = SAMPLE_SORT_MAX / SAMPLE_THREADS;
     const int j0 = PER * (int)threadIdx.x;
@@ -422,7 +422,7 @@ __device__ __noinline__ int smem_top_p(int n, float x_max, double above0, double
 
 /* The draw over the candidates [0, n) (any order) that min-p keeps, in id order, with sh.u:
  * io[IO_NEXT], and the generator's new state to rng. */
-__device__ __noinline__ void smem_draw(int n, float x_max, float min_p, int top, int *io, unsigned long long *rng) {
+static __device__ __noinline__ void smem_draw(int n, float x_max, float min_p, int top, int *io, unsigned long long *rng) {
     sample_shared &sh = sample_sh;
     constexpr int PER = SAMPLE_SORT_MAX / SAMPLE_THREADS;
     const int j0 = PER * (int)threadIdx.x;
@@ -495,7 +495,7 @@ __device__ __forceinline__ int first_of_pairs(unsigned b0, unsigned b1) {
  * draw in id order with sh.u, into io[IO_NEXT] and the generator's state to rng. Lane L holds
  * positions 2L and 2L + 1; ranks are counted, and the candidates reordered through shared memory
  * (past the first 64: rank order at RANKED, id order at DRAWN). */
-__device__ __noinline__ void warp_finish(int n, int k, float top_p, float min_p, float x_max, int top, int *io,
+static __device__ __noinline__ void warp_finish(int n, int k, float top_p, float min_p, float x_max, int top, int *io,
                                          unsigned long long *rng) {
     sample_shared &sh = sample_sh;
     constexpr int RANKED = SAMPLE_SORT_MAX / 2, DRAWN = RANKED + 2 * WARP_SIZE;
@@ -592,7 +592,7 @@ __device__ __noinline__ void warp_finish(int n, int k, float top_p, float min_p,
  * float4's weights summed in float, then in double; a block scan places the chunks; warp 0 walks
  * the chunk that holds r in id order, in double. When rounding leaves r past that chunk's end: its
  * last token with weight, which for r >= total is the last of all, as in sampler.c. */
-__device__ __noinline__ int pick_in_id_order(const float *x, int vocab, token_filter f, double r, bool draw) {
+static __device__ __noinline__ int pick_in_id_order(const float *x, int vocab, token_filter f, double r, bool draw) {
     sample_shared &sh = sample_sh;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
     const int span = SAMPLE_CHUNK * ((vocab + SAMPLE_CHUNK * SAMPLE_THREADS - 1) / (SAMPLE_CHUNK * SAMPLE_THREADS));
@@ -747,7 +747,7 @@ struct select_result {
  * (lo, hi] that holds the crossing, and the next pass looks inside the split that holds it, until
  * everything above the crossing or the band fits in shared memory, or the band is one value
  * (ties: the crossing is in id order among them). */
-__device__ __noinline__ select_result select_rank(const float *x, int vocab, float x_max, int top, rank_cut c, int k,
+static __device__ __noinline__ select_result select_rank(const float *x, int vocab, float x_max, int top, rank_cut c, int k,
                                                   float top_p, int n_in, bool mass) {
     sample_shared &sh = sample_sh;
     constexpr int S = SAMPLE_SPLITS;
