@@ -36,8 +36,49 @@ class Plan:
     att_min_splits: int  # attention splits per KV head, at least; more for long contexts
 
 
-def _grid(warps_needed: int, sms: int) -> int:
-    return max(1, -(-warps_needed // MV_WARPS))
+class CExpr:
+    """A C expression over the generated MODEL_* names, built with +, * and // as the plan's
+    formulas are (a generic build's plan: the same formulas written as C, evaluated at run time).
+    // of positive values is C's /."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def _op(self, op: str, other, swap: bool = False) -> "CExpr":
+        a, b = (other, self) if swap else (self, other)
+        return CExpr(f"({a} {op} {b})")
+
+    def __add__(self, o): return self._op("+", o)
+    def __radd__(self, o): return self._op("+", o, True)
+    def __sub__(self, o): return self._op("-", o)
+    def __mul__(self, o): return self._op("*", o)
+    def __rmul__(self, o): return self._op("*", o, True)
+    def __floordiv__(self, o): return self._op("/", o)
+    def __rfloordiv__(self, o): return self._op("/", o, True)
+    def __str__(self): return self.text
+
+
+class _GenericDims:
+    """The spec's fields a plan reads, as C expressions: spec.dim is MODEL_DIM, ..."""
+
+    def __getattr__(self, field: str) -> CExpr:
+        return CExpr(f"MODEL_{field.upper()}")
+
+
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+def _gpu_plan(d, sms: int) -> dict:
+    """The GPU plan's formulas over d, a Spec or _GenericDims; every operand is positive."""
+    return dict(
+        grid_qkv=_ceil_div((d.q_dim + 2 * d.kv_dim) // 2, MV_WARPS),  # a pair of rows per warp
+        grid_o=_ceil_div(d.dim, MV_WARPS),
+        grid_gate_up=_ceil_div(d.hidden_dim, MV_WARPS),  # a gate row and an up row per warp
+        grid_down=_ceil_div(d.dim, MV_WARPS),
+        grid_lm_head=_ceil_div(d.vocab_size, MV_WARPS),
+        att_min_splits=_ceil_div(2 * sms, d.n_kv_heads),
+    )
 
 
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
@@ -46,31 +87,17 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         cpu_streams=4 if spec.weight_bytes >= CPU_MULTI_STREAM_FROM_BYTES else 1,
         cuda_arch=cuda_arch,
         gpu_sms=sms,
-        grid_qkv=_grid((spec.q_dim + 2 * spec.kv_dim) // 2, sms),
-        grid_o=_grid(spec.dim, sms),
-        grid_gate_up=_grid(spec.hidden_dim, sms),
-        grid_down=_grid(spec.dim, sms),
-        grid_lm_head=_grid(spec.vocab_size, sms),
-        att_min_splits=max(1, -(-2 * sms // spec.n_kv_heads)),
+        **_gpu_plan(spec, sms),
     )
 
 
 def make_generic_plan(cuda_arch: str = "90") -> Plan:
-    """The same choices for a generic build, whose dimensions are known only at run time: each field
+    """The same plan for a generic build, whose dimensions are known only at run time: each value
     the C expression of make_plan's formula over the generated MODEL_* names."""
     sms = GPU_SMS.get(cuda_arch, 132)
-
-    def grid(warps: str) -> str:  # _grid; warps >= 1, so at least one block
-        return f"(({warps} + MV_WARPS - 1) / MV_WARPS)"
-
     return Plan(
         cpu_streams=f"(MODEL_WEIGHT_BYTES_PER_TOKEN >= {CPU_MULTI_STREAM_FROM_BYTES}ULL ? 4 : 1)",
         cuda_arch=cuda_arch,
         gpu_sms=sms,
-        grid_qkv=grid("MODEL_Q_DIM + 2 * MODEL_KV_DIM"),
-        grid_o=grid("MODEL_DIM"),
-        grid_gate_up=grid("2 * MODEL_HIDDEN_DIM"),
-        grid_down=grid("MODEL_DIM"),
-        grid_lm_head=grid("MODEL_VOCAB_SIZE"),
-        att_min_splits=f"((2 * {sms} + MODEL_N_KV_HEADS - 1) / MODEL_N_KV_HEADS)",
+        **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -9,6 +9,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,23 @@ def test_version_lock(tmp_path):
     r = subprocess.run(["gcc", "-fsyntax-only", f"-I{tmp_path}", str(GOLDEN / "model_config.h")],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode != 0 and "make generate MODEL=tests/models/tiny-gqa" in r.stderr
+
+
+def test_generic_plan_is_the_plan_at_run_time():
+    """The generic build's plan (C expressions over MODEL_*) gives every known model the numbers
+    make_plan gives it: the two builds launch the same grids."""
+    import glob
+
+    from codegen.plan import make_generic_plan, make_plan
+
+    for arch in ("80", "90"):
+        generic = make_generic_plan(arch)
+        for path in sorted(glob.glob(str(REPO / "models/*/config.json"))) + sorted(glob.glob(str(REPO / "tests/models/*/config.json"))):
+            spec = spec_of(load(Path(path)))
+            plan = make_plan(spec, arch)
+            for field in ("grid_qkv", "grid_o", "grid_gate_up", "grid_down", "grid_lm_head", "att_min_splits"):
+                expr = re.sub(r"MODEL_([A-Z_]+)", lambda m: str(getattr(spec, m.group(1).lower())), getattr(generic, field))
+                assert eval(expr.replace("/", "//")) == getattr(plan, field), (path, arch, field, expr)
+            cpu = getattr(generic, "cpu_streams").replace("MODEL_WEIGHT_BYTES_PER_TOKEN", str(spec.weight_bytes))
+            cond, four_one = cpu.strip("()").replace("ULL", "").split("?")
+            assert (4 if eval(cond) else 1) == plan.cpu_streams and four_one.strip() == "4 : 1"
