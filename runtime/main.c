@@ -18,6 +18,7 @@
 
 #include "json.h"
 #include "model.h"
+#include "model_spec.h"
 #ifdef INGOT_CUDA
 #include "probe_cuda.h"
 #endif
@@ -267,10 +268,8 @@ static err_code read_file(const char *path, char **out, size_t *len) {
  * binary reads it instead: model_generic_load). */
 static err_code check_config(const char *dir) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     json_doc doc;
-    err_code rc = json_parse_file(path, &doc);
-    if (rc == ERR_JSON) return ERR_CONFIG; /* the detail names the file and the byte */
+    err_code rc = model_config_parse(dir, &doc, path, sizeof path);
     if (rc) return rc;
     for (int i = 0; i < MODEL_N_CONFIG_CHECKS && !rc; i++) {
         const model_config_check *c = &model_config_checks[i];

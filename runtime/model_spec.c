@@ -462,13 +462,17 @@ static const char *basename_of(const char *dir, char *buf, size_t cap) {
     return buf;
 }
 
+err_code model_config_parse(const char *dir, json_doc *doc, char *path, size_t path_cap) {
+    snprintf(path, path_cap, "%s/config.json", dir);
+    err_code rc = json_parse_file(path, doc);
+    return rc == ERR_JSON ? ERR_CONFIG : rc; /* the detail names the file and the byte */
+}
+
 err_code model_spec_load(model_spec *s, const char *dir) {
     memset(s, 0, sizeof *s);
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     json_doc doc;
-    err_code rc = json_parse_file(path, &doc);
-    if (rc == ERR_JSON) return ERR_CONFIG; /* the detail names the file and the byte */
+    err_code rc = model_config_parse(dir, &doc, path, sizeof path);
     if (rc) return rc;
     reader rd = {path, doc.root};
     if (doc.root->type != JSON_OBJECT) rc = err_set(ERR_CONFIG, "%s: expected a JSON object", path);

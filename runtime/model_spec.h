@@ -12,7 +12,10 @@
 #ifndef INGOT_MODEL_SPEC_H
 #define INGOT_MODEL_SPEC_H
 
+#include <stddef.h>
+
 #include "errors.h"
+#include "json.h"
 #include "safetensors.h"
 
 #ifdef __cplusplus
@@ -62,6 +65,10 @@ typedef struct {
 err_code model_spec_load(model_spec *s, const char *dir);
 
 void model_spec_free(model_spec *s);
+
+/* dir/config.json parsed into *doc, its path written to path (path_cap bytes): ERR_IO when it
+ * cannot be read, ERR_CONFIG naming the byte where it is not JSON. */
+err_code model_config_parse(const char *dir, json_doc *doc, char *path, size_t path_cap);
 
 #ifdef __cplusplus
 }
