@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and decode benchmarks in one call on the GPU machine:
-#   bash tests/bench/gpu.sh [test|bench|all]   (default all)
+#   bash tests/bench/gpu.sh [test|bench|all|compare]   (default all: test and bench)
 # test: make test-gpu (GPU against CPU and transformers on the tiny models, memcheck; the default
 # model's checks too when its weights are staged). bench: --bench on random-weight shapes of
 # SmolLM2-135M, Llama-3.2-1B and Mistral-7B (bf16), synthesized there, into build/bench-models/,
@@ -13,16 +13,21 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 if [ "$what" = test ] || [ "$what" = all ]; then
     make -s test-gpu 2>&1 | tail -25
 fi
+# The random-weight bf16 shape of models/$1 in build/bench-models/bench-$1, and its binary.
+bench_model() {
+    local d=build/bench-models/bench-$1
+    mkdir -p "$d"
+    cp "models/$1/config.json" "$d/"
+    sed -i 's/"float16"/"bfloat16"/' "$d/config.json"
+    cp tests/models/tiny-tokenizer/tokenizer.json "$d/"
+    [ -e "$d/model.safetensors" ] || [ -e "$d/model.safetensors.index.json" ] ||
+        .venv/bin/python -m codegen.synth "$d" --dtype bf16 >/dev/null || return 1
+    make -s MODEL="$d" >/dev/null
+}
 if [ "$what" = bench ] || [ "$what" = all ]; then
     for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
         d=build/bench-models/bench-$m
-        mkdir -p "$d"
-        cp "models/$m/config.json" "$d/"
-        sed -i 's/"float16"/"bfloat16"/' "$d/config.json"
-        cp tests/models/tiny-tokenizer/tokenizer.json "$d/"
-        [ -e "$d/model.safetensors" ] || [ -e "$d/model.safetensors.index.json" ] ||
-            .venv/bin/python -m codegen.synth "$d" --dtype bf16 >/dev/null || exit 1
-        make -s MODEL="$d" >/dev/null || exit 1
+        bench_model "$m" || exit 1
         # each way of running the step (GPU_STEPS="graph persistent"), in the same run
         for step in ${GPU_STEPS:-graph persistent}; do
             echo "== --gpu-step $step"
@@ -39,5 +44,14 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
             done
             rm -f "build/bench-$m/forward_cuda.o"
         done
+    done
+fi
+# compare: the specialized and the generic build on the GPU, each shape (tests/bench/compare.py),
+# tables and charts in build/compare/bench-<model>/; COMPARE_FLAGS adds to compare.py's flags.
+if [ "$what" = compare ]; then
+    make -s GENERIC=1 >/dev/null || exit 1
+    for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
+        bench_model "$m" || exit 1
+        .venv/bin/python tests/bench/compare.py "build/bench-models/bench-$m" --devices cuda ${COMPARE_FLAGS:-}
     done
 fi
