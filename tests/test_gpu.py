@@ -137,9 +137,13 @@ def test_default_model_greedy_64_tokens_equal_cpu(default_gpu, prompt):
     assert gpu == cpu
 
 
-def test_default_model_penalty_greedy_equals_cpu(default_gpu):
-    """The repetition penalty applied on the device, greedy: the same 64 tokens as the CPU."""
-    args = ["-p", "The history of the Roman Empire", "-n", "64", "--temp", "0", "--repeat-penalty", "1.3", "--threads", "8"]
+@pytest.mark.parametrize("prompt", ["Once upon a time", "def fibonacci(n):"])
+def test_default_model_penalty_greedy_equals_cpu(default_gpu, prompt):
+    """The repetition penalty applied on the device, greedy: the same 64 tokens as the CPU. Not every
+    prompt can show it: after "The history of the Roman Empire" the 36th choice is a near tie on the
+    CPU ('8' 26.89411 against '1' 26.89338 after the penalty, 3e-5 apart), below the GPU's rounding
+    differences (1e-4), and the two paths part there (measured on the H200)."""
+    args = ["-p", prompt, "-n", "64", "--temp", "0", "--repeat-penalty", "1.3", "--threads", "8"]
     assert run(default_gpu, *args, "--device", "cuda").stdout == run(default_gpu, *args, "--device", "cpu").stdout
 
 
