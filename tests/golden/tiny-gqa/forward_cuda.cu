@@ -206,6 +206,20 @@ static err_code cuda_fail(cudaError_t e, const char *what) {
     return err_set(ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
 }
 
+/* One launch with one launch attribute. */
+template <typename... Params, typename... Args>
+static void launch_with(cudaLaunchAttribute attr, void (*kernel)(Params...), dim3 grid, int block, size_t smem,
+                        cudaStream_t stream, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+}
+
 /* Launches with programmatic stream serialization: the kernel may start while the previous one
  * finishes, and waits (griddepcontrol.wait) before touching its results. */
 template <typename... Params, typename... Args>
@@ -214,14 +228,7 @@ static void launch(void (*kernel)(Params...), int grid_x, int grid_y, int block,
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid_x, grid_y);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+    launch_with(attr, kernel, dim3(grid_x, grid_y), block, smem, stream, args...);
 }
 
 /* A launch whose blocks are guaranteed to be resident together (the persistent kernel's barrier
@@ -231,14 +238,7 @@ static void launch_cooperative(void (*kernel)(Params...), int grid, int block, s
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeCooperative;
     attr.val.cooperative = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
+    launch_with(attr, kernel, dim3(grid), block, smem, stream, args...);
 }
 
 /* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
