@@ -198,6 +198,17 @@ __device__ __forceinline__ float2 row_dot2(row_chunks *fa, row_chunks *fb, const
     return make_float2(warp_sum(acc_a), warp_sum(acc_b));
 }
 
+/* A paired kernel's round: rows ra and rb dotted with sx, their first steps loaded here unless
+ * this is the warp's first round (loaded before the wait). */
+__device__ __forceinline__ float2 pair_round(bool first, row_chunks *fa, row_chunks *fb, const uint4 *ra, const uint4 *rb,
+                                             const float *sx, int K, int lane) {
+    if (!first) {
+        load_step(fa, ra, K, 0, lane);
+        load_step(fb, rb, K, 0, lane);
+    }
+    return row_dot2(fa, fb, ra, rb, sx, K, lane);
+}
+
 /* The same with x read from global memory (L1/L2) chunk by chunk instead of a staged copy, and the
  * next step's loads in flight while this one multiplies: for the kernels whose input needs no
  * norm, where staging would put a block-wide barrier before the first multiply (measured: o_proj
@@ -315,13 +326,8 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     for (bool first = true; p < pairs; p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        const uint4 *rows_a = reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim);
-        const uint4 *rows_b = reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim);
-        if (!first) {
-            load_step(&a, rows_a, dim, 0, lane);
-            load_step(&b, rows_b, dim, 0, lane);
-        }
-        float2 v = row_dot2(&a, &b, rows_a, rows_b, sx, dim, lane);
+        float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
+                              reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane);
         if (lane == 0) {
             const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
             float va = v.x + (bias ? w_to_f32(bias[ra]) : 0.0f), vb = v.y + (bias ? w_to_f32(bias[rb]) : 0.0f);
@@ -379,13 +385,8 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     wait();
     stage_input(sx, x, norm_w, dim, eps);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
-        const uint4 *rg = reinterpret_cast<const uint4 *>(wg + (size_t)i * dim);
-        const uint4 *ru = reinterpret_cast<const uint4 *>(wu + (size_t)i * dim);
-        if (!first) {
-            load_step(&a, rg, dim, 0, lane);
-            load_step(&b, ru, dim, 0, lane);
-        }
-        float2 v = row_dot2(&a, &b, rg, ru, sx, dim, lane);
+        float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+                              reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
         if (lane == 0) hb[i] = silu(v.x) * v.y;
     }
 }
