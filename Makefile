@@ -56,6 +56,7 @@ RUNTIME_SRCS := runtime/errors.c runtime/json.c runtime/safetensors.c runtime/to
 	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c
 RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)
+CUDA_HDRS := $(wildcard runtime/*.cuh)
 CODEGEN_SRCS := $(wildcard codegen/*.py) $(wildcard templates/*.j2)
 ifeq ($(GENERIC),)
 GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h
@@ -137,11 +138,11 @@ $(OUT)/forward_cpu_%.o: $(GEN)/forward_cpu.c $(GEN_FILES) $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -I$(GEN) -DMODEL_WEIGHT_DTYPE_$(DTYPE_MACRO_$*) -c $< -o $@
 
-$(OUT)/forward_cuda_%.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) runtime/cuda_kernels.cuh runtime/cuda_sampler.cuh
+$(OUT)/forward_cuda_%.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -I$(GEN) -DMODEL_WEIGHT_DTYPE_$(DTYPE_MACRO_$*) -c $< -o $@
 
-$(OUT)/forward_cuda.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) runtime/cuda_kernels.cuh
+$(OUT)/forward_cuda.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -I$(GEN) -c $< -o $@
 

@@ -47,11 +47,16 @@ __device__ __forceinline__ void pdl_launch_dependents(void) {
 /* How a stage body waits for the previous stage, after issuing the loads that do not depend on
  * it. Each body calls its wait exactly once, in every block, whether the block has rows or not. */
 
-/* In the step's graph, one kernel per stage: programmatic dependent launch. */
+/* In the step's graph, one kernel per stage: programmatic dependent launch. -DPDL_TRIGGER_FIRST=1
+ * lets the next kernel launch before this one's wait instead of after it. */
+#ifndef PDL_TRIGGER_FIRST
+#define PDL_TRIGGER_FIRST 0
+#endif
 struct wait_pdl {
     __device__ __forceinline__ void operator()() const {
+        if (PDL_TRIGGER_FIRST) pdl_launch_dependents();
         pdl_wait();
-        pdl_launch_dependents();
+        if (!PDL_TRIGGER_FIRST) pdl_launch_dependents();
     }
 };
 
@@ -209,11 +214,10 @@ __device__ __forceinline__ float2 pair_round(bool first, row_chunks *fa, row_chu
     return row_dot2(fa, fb, ra, rb, sx, K, lane);
 }
 
-/* The same with x read from global memory (L1/L2) chunk by chunk instead of a staged copy, and the
- * next step's loads in flight while this one multiplies: for the kernels whose input needs no
- * norm, where staging would put a block-wide barrier before the first multiply (measured: o_proj
- * 2170 -> 1840 GB/s, down 3080 -> 2620 GB/s with staging and single buffering, Mistral-7B shape). */
-__device__ __forceinline__ float row_dot_direct(const row_chunks *first, const uint4 *row, const float *x, int K, int lane) {
+/* row . sx as row_dot, with the next step's loads in flight while this one multiplies (double
+ * buffering): for the single-row kernels (o_proj, down), whose registers allow it; on the 7B shape
+ * it beat single buffering by 15-18% (PERFORMANCE.md). */
+__device__ __forceinline__ float row_dot_buffered(const row_chunks *first, const uint4 *row, const float *x, int K, int lane) {
     float acc;
     if (MV_STEPS(K) == 1) {
         acc = dot_step(first, x, K, 0, lane);
@@ -231,33 +235,85 @@ __device__ __forceinline__ float row_dot_direct(const row_chunks *first, const u
     return warp_sum(acc);
 }
 
-/* sx (K, shared) = x, or x * norm_w / sqrt(mean(x^2) + eps) when norm_w is given (HF's RMSNorm).
- * Called by the whole block after its wait; ends with a barrier. */
-__device__ __forceinline__ void stage_input(float *sx, const float *x, const uint16_t *norm_w, int K, float eps) {
-    __shared__ float partial[MV_WARPS];
-    if (norm_w) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < K; i += blockDim.x) {
-            float v = x[i];
-            sx[i] = v;
-            ss += v * v;
+// ---------------------------------------------------------------------------------------------
+// Staging the input vector in shared memory. Each of the block's MV_THREADS threads owns the
+// float4 groups g = tid, tid + MV_THREADS, ... and touches only those until the final barrier.
+// The loads come STAGE_VEC groups at a time, all in flight together: the step's weight traffic
+// queues ahead of them, so a loop of one load per round trip cost ~5 us per kernel on the 7B shape
+// (PERFORMANCE.md).
+
+#define STAGE_VEC 4 /* float4 groups a thread loads at once */
+#define STAGE_ROUNDS(K) (((K) / 4 + STAGE_VEC * MV_THREADS - 1) / (STAGE_VEC * MV_THREADS))
+
+/* snorm (K, shared) = norm_w as fp32: before the wait, since norm weights do not depend on the
+ * previous kernel. */
+__device__ __forceinline__ void stage_norm(float *snorm, const uint16_t *norm_w, int K) {
+    const uint2 *n4 = reinterpret_cast<const uint2 *>(norm_w);
+    float4 *s4 = reinterpret_cast<float4 *>(snorm);
+#pragma unroll 1
+    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
+        uint2 w[STAGE_VEC];
+#pragma unroll
+        for (int j = 0; j < STAGE_VEC; j++) {
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            if (g < K / 4) w[j] = n4[g];
         }
+#pragma unroll
+        for (int j = 0; j < STAGE_VEC; j++) {
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            if (g < K / 4)
+                s4[g] = make_float4(w_to_f32(w[j].x & 0xFFFF), w_to_f32(w[j].x >> 16), w_to_f32(w[j].y & 0xFFFF),
+                                    w_to_f32(w[j].y >> 16));
+        }
+    }
+}
+
+/* sx (K, shared) = x, or (x / sqrt(mean(x^2) + eps)) * norm (HF's RMSNorm) when snorm (staged by
+ * stage_norm in the same threads) is given. Called by the whole block after its wait; ends with a
+ * barrier. */
+__device__ __forceinline__ void stage_input(float *sx, const float *x, const float *snorm, int K, float eps) {
+    __shared__ float partial[MV_WARPS];
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    float4 *s4 = reinterpret_cast<float4 *>(sx);
+    float ss = 0.0f;
+#pragma unroll 1
+    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
+        float4 v[STAGE_VEC];
+#pragma unroll
+        for (int j = 0; j < STAGE_VEC; j++) {
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            if (g < K / 4) v[j] = x4[g];
+        }
+#pragma unroll
+        for (int j = 0; j < STAGE_VEC; j++) {
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            if (g < K / 4) {
+                s4[g] = v[j];
+                ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+            }
+        }
+    }
+    if (snorm) {
         ss = warp_sum(ss);
         if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
         __syncthreads();
         ss = 0.0f;
 #pragma unroll
         for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
-        float scale = rsqrtf(ss / (float)K + eps);
-        for (int i = threadIdx.x; i < K; i += blockDim.x) sx[i] = sx[i] * scale * w_to_f32(norm_w[i]);
-    } else {
-        for (int i = threadIdx.x; i < K; i += blockDim.x) sx[i] = x[i];
+        const float scale = rsqrtf(ss / (float)K + eps);
+        const float4 *n4 = reinterpret_cast<const float4 *>(snorm);
+        for (int g = threadIdx.x; g < K / 4; g += MV_THREADS) {
+            float4 v = s4[g], n = n4[g];
+            s4[g] = make_float4(v.x * scale * n.x, v.y * scale * n.y, v.z * scale * n.z, v.w * scale * n.w);
+        }
     }
     __syncthreads();
 }
 
-/* Dynamic shared memory of a matvec kernel whose input has K values. */
+/* Dynamic shared memory of a matvec kernel whose input has K values: the input, and for the norm'd
+ * kernels the norm weights. */
 #define MV_SMEM_BYTES(K) ((size_t)(K) * sizeof(float))
+#define MV_NORM_SMEM_BYTES(K) ((size_t)(K) * 2 * sizeof(float))
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
@@ -320,8 +376,9 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane);
         load_step(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane);
     }
+    stage_norm(sx + dim, norm_w, dim);
     wait();
-    stage_input(sx, x, norm_w, dim, eps);
+    stage_input(sx, x, sx + dim, dim, eps);
     const int pos = io[IO_POS];
     for (bool first = true; p < pairs; p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -350,8 +407,9 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     }
 }
 
-/* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add; the input
- * is read from global memory (row_dot_direct). */
+/* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. The input
+ * is staged in shared memory like the norm'd kernels' (measured against reading it from L1 chunk by
+ * chunk: +4.1% on the 7B shape, +0.7% on the 1B). */
 template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, Wait wait) {
@@ -359,11 +417,13 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     int row = grid_warp();
     row_chunks a;
     if (row < rows) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
+    extern __shared__ float sx[];
     wait();
+    stage_input(sx, in, NULL, K, 0.0f);
     for (bool first = true; row < rows; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         if (!first) load_step(&a, r, K, 0, lane);
-        float v = row_dot_direct(&a, r, in, K, lane);
+        float v = row_dot_buffered(&a, r, sx, K, lane);
         if (lane == 0) out[row] += v + (bias ? w_to_f32(bias[row]) : 0.0f);
     }
 }
@@ -382,8 +442,9 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         load_step(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane);
         load_step(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane);
     }
+    stage_norm(sx + dim, norm_w, dim);
     wait();
-    stage_input(sx, x, norm_w, dim, eps);
+    stage_input(sx, x, sx + dim, dim, eps);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                               reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
@@ -405,8 +466,9 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     int row = grid_warp();
     row_chunks a;
     if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
+    stage_norm(sx + dim, norm_w, dim);
     wait();
-    stage_input(sx, x, norm_w, dim, eps);
+    stage_input(sx, x, sx + dim, dim, eps);
     float bv = -INFINITY;
     int bi = 0x7FFFFFFF;
     for (bool first = true; row < vocab; row += grid_warps(), first = false) {

@@ -13,17 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 if [ "$what" = test ] || [ "$what" = all ]; then
     make -s test-gpu 2>&1 | tail -25
 fi
-# The random-weight bf16 shape of models/$1 in build/bench-models/bench-$1, and its binary.
-bench_model() {
-    local d=build/bench-models/bench-$1
-    mkdir -p "$d"
-    cp "models/$1/config.json" "$d/"
-    sed -i 's/"float16"/"bfloat16"/' "$d/config.json"
-    cp tests/models/tiny-tokenizer/tokenizer.json "$d/"
-    [ -e "$d/model.safetensors" ] || [ -e "$d/model.safetensors.index.json" ] ||
-        .venv/bin/python -m codegen.synth "$d" --dtype bf16 >/dev/null || return 1
-    make -s MODEL="$d" >/dev/null
-}
+. tests/bench/bench_model.sh
 if [ "$what" = bench ] || [ "$what" = all ]; then
     for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
         d=build/bench-models/bench-$m

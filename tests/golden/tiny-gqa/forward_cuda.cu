@@ -48,7 +48,7 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 }
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
-static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
+static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
                                                                      uint16_t *kc, uint16_t *vc, const int *io) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
@@ -65,17 +65,17 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const flo
 }
 
 /* self_attn.o_proj (+ bias) + residual */
-static __global__ void __launch_bounds__(MV_THREADS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
+static __global__ void __launch_bounds__(MV_THREADS, 2) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, wait_pdl{});
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
-static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb) {
+static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb) {
     rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
 }
 
 /* mlp.down_proj + residual */
-static __global__ void __launch_bounds__(MV_THREADS) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
+static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
     matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, wait_pdl{});
 }
 
@@ -125,8 +125,10 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
         matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, sync);
+        __syncthreads(); /* the staged input is read to the end before the next stage stages its norm weights */
         rmsnorm_gate_up_silu_body(w->ffn_norm, w->w_gate, w->w_up, b.x, b.hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, sync);
         matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, sync);
+        __syncthreads();
     }
     rmsnorm_lm_head_argmax_body(b.w->final_norm, b.w->lm_head, b.x, b.logits, b.block_best, b.counters + MODEL_N_KV_HEADS,
                                 b.io, MODEL_DIM, MODEL_VOCAB_SIZE, MODEL_NORM_EPS, sync);
@@ -242,9 +244,10 @@ static void launch_cooperative(void (*kernel)(Params...), int grid, int block, s
 }
 
 /* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
-#define PERSISTENT_SMEM_BYTES \
-    (MV_SMEM_BYTES(MODEL_DIM) > ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM) ? MV_SMEM_BYTES(MODEL_DIM) \
-                                                                            : ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
+static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
+#define PERSISTENT_SMEM_BYTES                                                                                   \
+    bytes_max(bytes_max(MV_NORM_SMEM_BYTES(MODEL_DIM), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)),                        \
+              bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)))
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };
@@ -277,19 +280,19 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_NORM_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
             MARK(ST_QKV);
             launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                    m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
             MARK(ST_ATT);
-            launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, 0, m->stream, *lw, m->att, m->x);
+            launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
             MARK(ST_O);
-            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
+            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_NORM_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
             MARK(ST_GATE_UP);
-            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, 0, m->stream, *lw, m->hb, m->x);
+            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
             MARK(ST_DOWN);
         }
-        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
+        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_NORM_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
                m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
         MARK(ST_LM_HEAD);
     }
@@ -379,8 +382,10 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "of two of them within a warp, the warps' sums in the score tile)");
     MODEL_REQUIRE(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS / WARP_SIZE, ERR_DEVICE,
                   "--device cuda: needs at most 8 query heads per KV head (a GQA group's heads fit one attention block)");
-    MODEL_REQUIRE(MODEL_DIM * sizeof(float) <= 200 * 1024, ERR_DEVICE,
-                  "--device cuda: needs hidden_size at most 51200 (the norm'd matvecs stage their input in shared memory)");
+    MODEL_REQUIRE(MV_NORM_SMEM_BYTES(MODEL_DIM) <= 200 * 1024, ERR_DEVICE,
+                  "--device cuda: needs hidden_size at most 25600 (the norm'd matvecs stage their input and norm weights in shared memory)");
+    MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
+                  "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev == 0)
@@ -396,11 +401,11 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->persistent = persistent;
     const int sms = prop.multiProcessorCount;
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, 0, sms);
-    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, 0, sms);
-    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_NORM_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_NORM_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
+    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_NORM_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
