@@ -47,19 +47,15 @@ __device__ __forceinline__ void pdl_launch_dependents(void) {
 /* How a stage body waits for the previous stage, after issuing the loads that do not depend on
  * it. Each body calls its wait exactly once, in every block, whether the block has rows or not. */
 
-/* In the step's graph, one kernel per stage: programmatic dependent launch. -DPDL_TRIGGER_FIRST=1
- * lets the next kernel launch before this one's wait instead of after it. */
-#ifndef PDL_TRIGGER_FIRST
-#define PDL_TRIGGER_FIRST 0
-#endif
+/* In the step's graph, one kernel per stage: programmatic dependent launch. The next kernel may
+ * launch once every block of this one is past its wait (letting it launch before the wait lost 1%
+ * on the 1B shape and 9% on SmolLM2: PERFORMANCE.md). */
 struct wait_pdl {
     __device__ __forceinline__ void operator()() const {
-        if (PDL_TRIGGER_FIRST) pdl_launch_dependents();
         pdl_wait();
-        if (!PDL_TRIGGER_FIRST) pdl_launch_dependents();
+        pdl_launch_dependents();
     }
 };
-
 /* In the persistent kernel, every stage in one launch: a barrier across the grid, whose blocks are
  * all resident (a cooperative launch). count and generation live in device memory, zeroed once;
  * the last block to arrive resets count and advances generation, the others spin on it. Writes
