@@ -56,12 +56,12 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
                           MODEL_NORM_EPS, wait_pdl{});
 }
 
-/* split-K attention over the cache, one block per (KV head, split) */
+/* split-K attention over the cache, one block per (KV head, split); it lets o_proj launch itself */
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int n_splits) {
     attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM, MODEL_KV_MUL,
-                   n_splits, blockIdx.x, blockIdx.y, wait_pdl{});
+                   n_splits, blockIdx.x, blockIdx.y, wait_pdl_hold{});
 }
 
 /* self_attn.o_proj (+ bias) + residual */
