@@ -247,27 +247,33 @@ __device__ __forceinline__ float row_dot_buffered(const row_chunks *first, const
 #define STAGE_VEC 4 /* float4 groups a thread loads at once */
 #define STAGE_ROUNDS(K) (((K) / 4 + STAGE_VEC * MV_THREADS - 1) / (STAGE_VEC * MV_THREADS))
 
+/* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
+ * at a time. */
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_group(const T *src, int K, F f) {
+#pragma unroll 1
+    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
+        T v[STAGE_VEC];
+#pragma unroll
+        for (int j = 0; j < STAGE_VEC; j++) {
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            if (g < K / 4) v[j] = src[g];
+        }
+#pragma unroll
+        for (int j = 0; j < STAGE_VEC; j++) {
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            if (g < K / 4) f(g, v[j]);
+        }
+    }
+}
+
 /* snorm (K, shared) = norm_w as fp32: before the wait, since norm weights do not depend on the
  * previous kernel. */
 __device__ __forceinline__ void stage_norm(float *snorm, const uint16_t *norm_w, int K) {
-    const uint2 *n4 = reinterpret_cast<const uint2 *>(norm_w);
     float4 *s4 = reinterpret_cast<float4 *>(snorm);
-#pragma unroll 1
-    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
-        uint2 w[STAGE_VEC];
-#pragma unroll
-        for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
-            if (g < K / 4) w[j] = n4[g];
-        }
-#pragma unroll
-        for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
-            if (g < K / 4)
-                s4[g] = make_float4(w_to_f32(w[j].x & 0xFFFF), w_to_f32(w[j].x >> 16), w_to_f32(w[j].y & 0xFFFF),
-                                    w_to_f32(w[j].y >> 16));
-        }
-    }
+    for_each_group(reinterpret_cast<const uint2 *>(norm_w), K, [&](int g, uint2 w) {
+        s4[g] = make_float4(w_to_f32(w.x & 0xFFFF), w_to_f32(w.x >> 16), w_to_f32(w.y & 0xFFFF), w_to_f32(w.y >> 16));
+    });
 }
 
 /* sx (K, shared) = x, or (x / sqrt(mean(x^2) + eps)) * norm (HF's RMSNorm) when snorm (staged by
@@ -275,26 +281,12 @@ __device__ __forceinline__ void stage_norm(float *snorm, const uint16_t *norm_w,
  * barrier. */
 __device__ __forceinline__ void stage_input(float *sx, const float *x, const float *snorm, int K, float eps) {
     __shared__ float partial[MV_WARPS];
-    const float4 *x4 = reinterpret_cast<const float4 *>(x);
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     float ss = 0.0f;
-#pragma unroll 1
-    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
-        float4 v[STAGE_VEC];
-#pragma unroll
-        for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
-            if (g < K / 4) v[j] = x4[g];
-        }
-#pragma unroll
-        for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
-            if (g < K / 4) {
-                s4[g] = v[j];
-                ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-            }
-        }
-    }
+    for_each_group(reinterpret_cast<const float4 *>(x), K, [&](int g, float4 v) {
+        s4[g] = v;
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    });
     if (snorm) {
         ss = warp_sum(ss);
         if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
