@@ -45,7 +45,9 @@ __device__ __forceinline__ void pdl_launch_dependents(void) {
 }
 
 /* How a stage body waits for the previous stage, after issuing the loads that do not depend on
- * it. Each body calls its wait exactly once, in every block, whether the block has rows or not. */
+ * it. Each matvec body calls its wait exactly once, in every block, whether the block has rows or
+ * not (a grid barrier needs every block); attention, never given a barrier, leaves before its wait
+ * when its block has no positions. */
 
 /* In the step's graph, one kernel per stage: programmatic dependent launch. The next kernel may
  * launch once every block of this one is past its wait (letting it launch before the wait lost 1%
@@ -56,6 +58,7 @@ struct wait_pdl {
         pdl_launch_dependents();
     }
 };
+
 /* In the persistent kernel, every stage in one launch: a barrier across the grid, whose blocks are
  * all resident (a cooperative launch). count and generation live in device memory, zeroed once;
  * the last block to arrive resets count and advances generation, the others spin on it. Writes
@@ -217,8 +220,7 @@ __device__ __forceinline__ float2 pair_round(bool first, row_chunks *fa, row_chu
 }
 
 /* row . sx as row_dot, with the next step's loads in flight while this one multiplies (double
- * buffering): for the single-row kernels (o_proj, down), whose registers allow it; on the 7B shape
- * it beat single buffering by 15-18% (PERFORMANCE.md). */
+ * buffering): for the single-row kernels (o_proj, down), whose registers allow it. */
 __device__ __forceinline__ float row_dot_buffered(const row_chunks *first, const uint4 *row, const float *x, int K, int lane) {
     float acc;
     if (MV_STEPS(K) == 1) {
