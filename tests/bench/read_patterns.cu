@@ -4,10 +4,13 @@
  * arithmetic in the way (the loaded words are XORed), how the read pattern and the bytes in flight
  * per SM bound that:
  *   probe   every thread reads 16-byte words grid-stride, 8 in flight (the --bench probe);
- *   rows    a warp per row of 8 KB (4096 bf16), 8 words per lane in flight per row, R rows at a
- *           time, rows striding over the grid's warps (the matvec kernels' pattern);
+ *   rows    a warp per row of 8 KB (4096 bf16), 8 words per lane in flight per row (16 in the 768-
+ *           thread blocks), R rows at a time, rows striding over the grid's warps (the matvec
+ *           kernels' pattern);
  *   tma     a warp per row too, through a ring of S 4 KB slots per warp in shared memory filled by
  *           the bulk-copy engine (cp.async.bulk, completing on mbarriers).
+ *   alt     launches alternating between a bulk-copy kernel and a register-heavy row kernel, sized
+ *           so that an SM can hold one of each but never two of one kind.
  * Two sizes: one launch over 4 GiB (steady state), and a CUDA graph of 40 launches that each read
  * a region the size of one matvec (different regions, so L2 holds none), with and without
  * programmatic dependent launch (the first loads issued before griddepcontrol.wait, as the decode
@@ -60,21 +63,21 @@ __global__ void probe_kernel(const uint4 *p, size_t n, unsigned *sink, int pdl) 
 }
 
 // ---------------------------------------------------------------------------------------------
-// rows: a warp per R rows at a time, 8 words per lane per row in flight
+// rows: a warp per R rows at a time, U words per lane per row in flight
 
-template <int R>
-__global__ void __launch_bounds__(256) rows_kernel(const uint4 *p, int rows, unsigned *sink, int pdl) {
+template <int R, int THREADS, int U = 8>
+__global__ void __launch_bounds__(THREADS) rows_kernel(const uint4 *p, int rows, unsigned *sink, int pdl) {
     const int lane = threadIdx.x % 32, G = gridDim.x * (blockDim.x / 32);
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     unsigned acc = 0;
-    uint4 v[R][8];
+    uint4 v[R][U];
     bool first = true;
     auto load = [&](int r0, int step) {
 #pragma unroll
         for (int r = 0; r < R; r++)
             if (r0 + r * G < rows)
 #pragma unroll
-                for (int u = 0; u < 8; u++) v[r][u] = __ldcs(p + (size_t)(r0 + r * G) * ROW_WORDS + (step * 8 + u) * 32 + lane);
+                for (int u = 0; u < U; u++) v[r][u] = __ldcs(p + (size_t)(r0 + r * G) * ROW_WORDS + (step * U + u) * 32 + lane);
     };
     if (row < rows) load(row, 0);
     if (pdl) {
@@ -82,13 +85,13 @@ __global__ void __launch_bounds__(256) rows_kernel(const uint4 *p, int rows, uns
         pdl_trigger();
     }
     for (; row < rows; row += R * G, first = false) {
-        for (int step = 0; step < ROW_WORDS / 256; step++) {
+        for (int step = 0; step < ROW_WORDS / (32 * U); step++) {
             if (step > 0 || !first) load(row, step);
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (row + r * G < rows)
 #pragma unroll
-                    for (int u = 0; u < 8; u++) acc ^= fold(v[r][u]);
+                    for (int u = 0; u < U; u++) acc ^= fold(v[r][u]);
         }
     }
     if (acc == MAGIC) *sink = acc;
@@ -155,10 +158,11 @@ __global__ void __launch_bounds__(256) tma_kernel(const char *p, int rows, int s
 
 struct pattern {
     const char *name;
-    int kind;          /* 0 probe, 1 rows R=1, 2 rows R=2, 3 tma */
+    int kind;          /* 0 probe, 1 rows R=1, 2 rows R=2, 3 tma, 4 rows R=1 in blocks of 768 threads */
     int blocks_per_sm; /* grid: this times the SMs */
     int threads;
     int slots;         /* tma */
+    int alt;           /* >= 0: every other launch of the graphs is patterns[alt] instead (index) */
 };
 
 static unsigned *sink;
@@ -181,19 +185,23 @@ static void launch(const pattern &pt, const char *base, size_t bytes, int pdl, c
     const uint4 *p4 = reinterpret_cast<const uint4 *>(base);
     switch (pt.kind) {
     case 0: CHECK(cudaLaunchKernelEx(&cfg, probe_kernel, p4, bytes / 16, sink, pdl)); break;
-    case 1: CHECK(cudaLaunchKernelEx(&cfg, rows_kernel<1>, p4, rows, sink, pdl)); break;
-    case 2: CHECK(cudaLaunchKernelEx(&cfg, rows_kernel<2>, p4, rows, sink, pdl)); break;
+    case 1: CHECK(cudaLaunchKernelEx(&cfg, rows_kernel<1, 256>, p4, rows, sink, pdl)); break;
+    case 2: CHECK(cudaLaunchKernelEx(&cfg, rows_kernel<2, 256>, p4, rows, sink, pdl)); break;
+    case 4: CHECK(cudaLaunchKernelEx(&cfg, rows_kernel<1, 768, 16>, p4, rows, sink, pdl)); break;
     default: CHECK(cudaLaunchKernelEx(&cfg, tma_kernel, base, rows, pt.slots, sink, pdl)); break;
     }
 }
 
 /* GB/s of n launches over consecutive regions of bytes each (wrapping in the buffer), captured in
- * a graph, best of 5 replays. */
-static double measure(const pattern &pt, const char *buf, size_t buf_bytes, size_t bytes, int n, int pdl, cudaStream_t st) {
+ * a graph, best of 5 replays; every other launch is alt's when it is given. */
+static double measure(const pattern &pt, const pattern *alt, const char *buf, size_t buf_bytes, size_t bytes, int n, int pdl,
+                      cudaStream_t st) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < n; i++) launch(pt, buf + ((size_t)i * bytes) % (buf_bytes - bytes + 1) / ROW_BYTES * ROW_BYTES, bytes, pdl, st);
+    for (int i = 0; i < n; i++)
+        launch(alt && i % 2 ? *alt : pt, buf + ((size_t)i * bytes) % (buf_bytes - bytes + 1) / ROW_BYTES * ROW_BYTES, bytes, pdl,
+               st);
     CHECK(cudaStreamEndCapture(st, &graph));
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
     cudaEvent_t t0, t1;
@@ -236,11 +244,17 @@ int main(void) {
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
     const pattern patterns[] = {
-        {"probe 4x512", 0, 4, 512, 0},  {"probe 2x256", 0, 2, 256, 0},  {"probe 1x256", 0, 1, 256, 0},
-        {"rows R1 2x256", 1, 2, 256, 0}, {"rows R1 4x256", 1, 4, 256, 0}, {"rows R1 8x256", 1, 8, 256, 0},
-        {"rows R2 1x256", 2, 1, 256, 0}, {"rows R2 2x256", 2, 2, 256, 0}, {"rows R2 4x256", 2, 4, 256, 0},
-        {"tma 1x256 S3", 3, 1, 256, 3},  {"tma 1x256 S6", 3, 1, 256, 6},  {"tma 2x256 S3", 3, 2, 256, 3},
-        {"tma 1x256 S2", 3, 1, 256, 2},
+        {"probe 4x512", 0, 4, 512, 0, -1},  {"probe 2x256", 0, 2, 256, 0, -1},  {"probe 1x256", 0, 1, 256, 0, -1},
+        {"rows R1 2x256", 1, 2, 256, 0, -1}, {"rows R1 4x256", 1, 4, 256, 0, -1}, {"rows R1 8x256", 1, 8, 256, 0, -1},
+        {"rows R2 1x256", 2, 1, 256, 0, -1}, {"rows R2 2x256", 2, 2, 256, 0, -1}, {"rows R2 4x256", 2, 4, 256, 0, -1},
+        {"tma 1x256 S3", 3, 1, 256, 3, -1},  {"tma 1x256 S6", 3, 1, 256, 6, -1},  {"tma 2x256 S3", 3, 2, 256, 3, -1},
+        {"tma 1x256 S2", 3, 1, 256, 2, -1},
+        /* Alternating kernels that can share an SM but never hold two blocks of one kind: the bulk-copy
+         * kernel takes more than half the shared memory, the 768-thread row kernel more than half the
+         * registers (both printed below). Then the next kernel's blocks, launched early by PDL, land
+         * one per SM beside the running kernel's, and prefetch there. */
+        {"tma 1x256 S4", 3, 1, 256, 4, -1},      {"rows R1 1x768 U16", 4, 1, 768, 0, -1},
+        {"alt S4 / R1x768", 3, 1, 256, 4, 14},
     };
     /* region sizes: Llama-3.2-1B o_proj, Mistral-7B QKV, Mistral-7B gate+up */
     const size_t sizes[] = {(size_t)2048 * 2048 * 2, (size_t)6144 * 4096 * 2, (size_t)2 * 14336 * 4096 * 2};
@@ -248,16 +262,25 @@ int main(void) {
     printf("%-16s %9s %10s", "pattern", "KB/SM", "4 GiB");
     for (size_t s : sizes) printf(" %9.1fMB %9s", s / 1e6, "+PDL");
     printf("\n");
+    cudaFuncAttributes fa;
+    CHECK(cudaFuncGetAttributes(&fa, tma_kernel));
+    int per_sm;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tma_kernel, 256, 8 * 4 * (PIECE + 8)));
+    printf("tma S4: %d registers, %zu B shared, %d block(s)/SM alone; ", fa.numRegs, (size_t)8 * 4 * (PIECE + 8), per_sm);
+    CHECK(cudaFuncGetAttributes(&fa, rows_kernel<1, 768, 16>));
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rows_kernel<1, 768, 16>, 768, 0));
+    printf("rows 768: %d registers (%d per block of 65536), %d block(s)/SM alone\n", fa.numRegs, fa.numRegs * 768, per_sm);
     double top = 0;
     for (const pattern &pt : patterns) {
+        const pattern *alt = pt.alt >= 0 ? &patterns[pt.alt] : NULL;
         double inflight = pt.kind == 0   ? pt.blocks_per_sm * pt.threads * 8 * 16
                           : pt.kind == 3 ? pt.blocks_per_sm * (pt.threads / 32) * pt.slots * PIECE
-                                         : pt.blocks_per_sm * pt.threads * 8 * 16 * (pt.kind == 2 ? 2 : 1);
-        double big = measure(pt, buf, buf_bytes, buf_bytes, 1, 0, st);
+                                         : pt.blocks_per_sm * pt.threads * (pt.kind == 4 ? 16 : 8) * 16 * (pt.kind == 2 ? 2 : 1);
+        double big = measure(pt, NULL, buf, buf_bytes, buf_bytes, 1, 0, st);
         if (big > top) top = big;
         printf("%-16s %9.0f %10.0f", pt.name, inflight / 1024, big);
         for (size_t s : sizes) {
-            double a = measure(pt, buf, buf_bytes, s, 40, 0, st), b = measure(pt, buf, buf_bytes, s, 40, 1, st);
+            double a = measure(pt, alt, buf, buf_bytes, s, 40, 0, st), b = measure(pt, alt, buf, buf_bytes, s, 40, 1, st);
             printf(" %7.0f(%2.0f) %6.0f(%2.0f)", a, 100 * a / top, b, 100 * b / top);
         }
         printf("\n");
