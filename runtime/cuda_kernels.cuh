@@ -448,6 +448,22 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     }
 }
 
+/* Each warp's best (value, id) in lane 0, folded into thread 0's (bv, bi): larger value, lower id
+ * on ties, as the CPU sampler chooses. Called by the whole block (one barrier). */
+__device__ __forceinline__ void block_best_to_thread0(float *best_v, int *best_i, float *bv, int *bi) {
+    if (threadIdx.x % WARP_SIZE == 0) {
+        best_v[threadIdx.x / WARP_SIZE] = *bv;
+        best_i[threadIdx.x / WARP_SIZE] = *bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int i = 1; i < MV_WARPS; i++)
+            if (best_v[i] > *bv || (best_v[i] == *bv && best_i[i] < *bi)) {
+                *bv = best_v[i];
+                *bi = best_i[i];
+            }
+}
+
 /* model.norm + LM head: logits (vocab) = W . xn, and the greedy choice: each block keeps its best
  * (value, lowest id), the last block to finish reduces them into io[IO_NEXT]. */
 template <typename Wait>
@@ -458,7 +474,7 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     __shared__ float best_v[MV_WARPS];
     __shared__ int best_i[MV_WARPS];
     __shared__ bool last;
-    const int lane = threadIdx.x % WARP_SIZE, wib = threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
     row_chunks a;
     if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
@@ -474,11 +490,8 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
         if (lane == 0) logits[row] = v;
         if (v > bv || (v == bv && row < bi)) { bv = v; bi = row; }
     }
-    if (lane == 0) { best_v[wib] = bv; best_i[wib] = bi; }
-    __syncthreads();
+    block_best_to_thread0(best_v, best_i, &bv, &bi);
     if (threadIdx.x == 0) {
-        for (int i = 1; i < MV_WARPS; i++)
-            if (best_v[i] > bv || (best_v[i] == bv && best_i[i] < bi)) { bv = best_v[i]; bi = best_i[i]; }
         block_best[blockIdx.x] = make_float2(bv, __int_as_float(bi));
         __threadfence();
         last = atomicAdd(counter, 1u) == gridDim.x - 1;
@@ -500,11 +513,8 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
         int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
         if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
     }
-    if (lane == 0) { best_v[wib] = bv; best_i[wib] = bi; }
-    __syncthreads();
+    block_best_to_thread0(best_v, best_i, &bv, &bi);
     if (threadIdx.x == 0) {
-        for (int i = 1; i < MV_WARPS; i++)
-            if (best_v[i] > bv || (best_v[i] == bv && best_i[i] < bi)) { bv = best_v[i]; bi = best_i[i]; }
         io[IO_NEXT] = bi;
         *counter = 0;
     }
