@@ -269,47 +269,45 @@ __device__ __forceinline__ void for_each_group(const T *src, int K, F f) {
     }
 }
 
-/* snorm (K, shared) = norm_w as fp32: before the wait, since norm weights do not depend on the
- * previous kernel. */
-__device__ __forceinline__ void stage_norm(float *snorm, const uint16_t *norm_w, int K) {
-    float4 *s4 = reinterpret_cast<float4 *>(snorm);
+/* sx (K, shared) = norm_w as fp32: before the wait, since norm weights do not depend on the previous
+ * kernel; stage_input multiplies the input into it. */
+__device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, int K) {
+    float4 *s4 = reinterpret_cast<float4 *>(sx);
     for_each_group(reinterpret_cast<const uint2 *>(norm_w), K, [&](int g, uint2 w) {
         s4[g] = make_float4(w_to_f32(w.x & 0xFFFF), w_to_f32(w.x >> 16), w_to_f32(w.y & 0xFFFF), w_to_f32(w.y >> 16));
     });
 }
 
-/* sx (K, shared) = x, or (x / sqrt(mean(x^2) + eps)) * norm (HF's RMSNorm) when snorm (staged by
- * stage_norm in the same threads) is given. Called by the whole block after its wait; ends with a
- * barrier. */
-__device__ __forceinline__ void stage_input(float *sx, const float *x, const float *snorm, int K, float eps) {
+/* sx (K, shared) = x, or x * norm when stage_norm staged the norm weights there in the same threads;
+ * returns RMSNorm's scale 1 / sqrt(mean(x^2) + eps) (1 without a norm), which the caller applies to
+ * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
+ * of squares meets at the barrier staging needs anyway). Called by the whole block after its wait. */
+__device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps) {
     __shared__ float partial[MV_WARPS];
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     float ss = 0.0f;
     for_each_group(reinterpret_cast<const float4 *>(x), K, [&](int g, float4 v) {
-        s4[g] = v;
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        if (norm) {
+            const float4 n = s4[g];
+            v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
+        }
+        s4[g] = v;
     });
-    if (snorm) {
+    if (norm) {
         ss = warp_sum(ss);
         if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
-        __syncthreads();
-        ss = 0.0f;
-#pragma unroll
-        for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
-        const float scale = rsqrtf(ss / (float)K + eps);
-        const float4 *n4 = reinterpret_cast<const float4 *>(snorm);
-        for (int g = threadIdx.x; g < K / 4; g += MV_THREADS) {
-            float4 v = s4[g], n = n4[g];
-            s4[g] = make_float4(v.x * scale * n.x, v.y * scale * n.y, v.z * scale * n.z, v.w * scale * n.w);
-        }
     }
     __syncthreads();
+    if (!norm) return 1.0f;
+    ss = 0.0f;
+#pragma unroll
+    for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
+    return rsqrtf(ss / (float)K + eps);
 }
 
-/* Dynamic shared memory of a matvec kernel whose input has K values: the input, and for the norm'd
- * kernels the norm weights. */
+/* Dynamic shared memory of a matvec kernel whose input has K values. */
 #define MV_SMEM_BYTES(K) ((size_t)(K) * sizeof(float))
-#define MV_NORM_SMEM_BYTES(K) ((size_t)(K) * 2 * sizeof(float))
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
@@ -372,9 +370,9 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane);
         load_step(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane);
     }
-    stage_norm(sx + dim, norm_w, dim);
+    stage_norm(sx, norm_w, dim);
     wait();
-    stage_input(sx, x, sx + dim, dim, eps);
+    const float scale = stage_input(sx, x, true, dim, eps);
     const int pos = io[IO_POS];
     for (bool first = true; p < pairs; p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -383,7 +381,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                               reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane);
         if (lane == 0) {
             const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
-            float va = v.x + (bias ? w_to_f32(bias[ra]) : 0.0f), vb = v.y + (bias ? w_to_f32(bias[rb]) : 0.0f);
+            float va = v.x * scale + (bias ? w_to_f32(bias[ra]) : 0.0f), vb = v.y * scale + (bias ? w_to_f32(bias[rb]) : 0.0f);
             if (kind < 2) {
                 float sn, cs;
                 __sincosf((float)pos * inv_freq[ra % head_dim], &sn, &cs);
@@ -415,7 +413,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     if (row < rows) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
     extern __shared__ float sx[];
     wait();
-    stage_input(sx, in, NULL, K, 0.0f);
+    stage_input(sx, in, false, K, 0.0f);
     for (bool first = true; row < rows; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         if (!first) load_step(&a, r, K, 0, lane);
@@ -438,13 +436,13 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         load_step(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane);
         load_step(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane);
     }
-    stage_norm(sx + dim, norm_w, dim);
+    stage_norm(sx, norm_w, dim);
     wait();
-    stage_input(sx, x, sx + dim, dim, eps);
+    const float scale = stage_input(sx, x, true, dim, eps);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                               reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
-        if (lane == 0) hb[i] = silu(v.x) * v.y;
+        if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
     }
 }
 
@@ -478,15 +476,15 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     int row = grid_warp();
     row_chunks a;
     if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
-    stage_norm(sx + dim, norm_w, dim);
+    stage_norm(sx, norm_w, dim);
     wait();
-    stage_input(sx, x, sx + dim, dim, eps);
+    const float scale = stage_input(sx, x, true, dim, eps);
     float bv = -INFINITY;
     int bi = 0x7FFFFFFF;
     for (bool first = true; row < vocab; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * dim);
         if (!first) load_step(&a, r, dim, 0, lane);
-        float v = row_dot(&a, r, sx, dim, lane);
+        float v = row_dot(&a, r, sx, dim, lane) * scale;
         if (lane == 0) logits[row] = v;
         if (v > bv || (v == bv && row < bi)) { bv = v; bi = row; }
     }

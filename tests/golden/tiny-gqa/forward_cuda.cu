@@ -246,7 +246,7 @@ static void launch_cooperative(void (*kernel)(Params...), int grid, int block, s
 /* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
 static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
 #define PERSISTENT_SMEM_BYTES                                                                                   \
-    bytes_max(bytes_max(MV_NORM_SMEM_BYTES(MODEL_DIM), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)),                        \
+    bytes_max(bytes_max(MV_SMEM_BYTES(MODEL_DIM), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)),                        \
               bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)))
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
@@ -280,19 +280,19 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_NORM_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
             MARK(ST_QKV);
             launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                    m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
             MARK(ST_ATT);
             launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
             MARK(ST_O);
-            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_NORM_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
+            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
             MARK(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
             MARK(ST_DOWN);
         }
-        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_NORM_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
+        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
                m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
         MARK(ST_LM_HEAD);
     }
@@ -382,8 +382,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "of two of them within a warp, the warps' sums in the score tile)");
     MODEL_REQUIRE(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS / WARP_SIZE, ERR_DEVICE,
                   "--device cuda: needs at most 8 query heads per KV head (a GQA group's heads fit one attention block)");
-    MODEL_REQUIRE(MV_NORM_SMEM_BYTES(MODEL_DIM) <= 200 * 1024, ERR_DEVICE,
-                  "--device cuda: needs hidden_size at most 25600 (the norm'd matvecs stage their input and norm weights in shared memory)");
+    MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_DIM) <= 200 * 1024, ERR_DEVICE,
+                  "--device cuda: needs hidden_size at most 51200 (the norm'd matvecs stage their input in shared memory)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
     int n_dev = 0;
@@ -401,11 +401,11 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->persistent = persistent;
     const int sms = prop.multiProcessorCount;
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_NORM_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
-    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_NORM_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
-    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_NORM_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
