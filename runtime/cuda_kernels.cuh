@@ -171,8 +171,8 @@ __device__ __forceinline__ float dot_step(const row_chunks *r, const float *sx, 
         if (c < K / 8) {
             float w[8];
             w8_to_f32(r->v[u], w);
-            float4 a = *reinterpret_cast<const float4 *>(sx + 8 * c);
-            float4 b = *reinterpret_cast<const float4 *>(sx + 8 * c + 4);
+            float4 a = reinterpret_cast<const float4 *>(sx)[c];
+            float4 b = reinterpret_cast<const float4 *>(sx)[K / 8 + c];
             acc += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
         }
     }
@@ -245,6 +245,14 @@ __device__ __forceinline__ float row_dot_buffered(const row_chunks *first, const
 // The loads come STAGE_VEC groups at a time, all in flight together: the step's weight traffic
 // queues ahead of them, so a loop of one load per round trip cost ~5 us per kernel on the 7B shape
 // (PERFORMANCE.md).
+//
+// The staged vector is split in halves: chunk c's inputs x[8c..8c+3] are float4 c, x[8c+4..8c+7]
+// float4 K/8 + c. A warp's lanes, reading chunks c..c+31, then read consecutive float4s: no two
+// lanes of a quarter-warp in one bank (the plain layout put lanes 32 bytes apart, two wavefronts
+// per read).
+
+/* The float4 of the split layout that holds x's float4 group g (x[4g..4g+3]). */
+__device__ __forceinline__ int sx_group(int g, int K) { return (g % 2) * (K / 8) + g / 2; }
 
 #define STAGE_VEC 4 /* float4 groups a thread loads at once */
 #define STAGE_ROUNDS(K) (((K) / 4 + STAGE_VEC * MV_THREADS - 1) / (STAGE_VEC * MV_THREADS))
@@ -274,7 +282,7 @@ __device__ __forceinline__ void for_each_group(const T *src, int K, F f) {
 __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, int K) {
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     for_each_group(reinterpret_cast<const uint2 *>(norm_w), K, [&](int g, uint2 w) {
-        s4[g] = make_float4(w_to_f32(w.x & 0xFFFF), w_to_f32(w.x >> 16), w_to_f32(w.y & 0xFFFF), w_to_f32(w.y >> 16));
+        s4[sx_group(g, K)] = make_float4(w_to_f32(w.x & 0xFFFF), w_to_f32(w.x >> 16), w_to_f32(w.y & 0xFFFF), w_to_f32(w.y >> 16));
     });
 }
 
@@ -289,10 +297,10 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
     for_each_group(reinterpret_cast<const float4 *>(x), K, [&](int g, float4 v) {
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         if (norm) {
-            const float4 n = s4[g];
+            const float4 n = s4[sx_group(g, K)];
             v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
         }
-        s4[g] = v;
+        s4[sx_group(g, K)] = v;
     });
     if (norm) {
         ss = warp_sum(ss);
