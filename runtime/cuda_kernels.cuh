@@ -27,6 +27,7 @@
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */
+#define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
 
 // ---------------------------------------------------------------------------------------------
 // Programmatic dependent launch: the next kernel may start before this one ends; it must wait
@@ -667,28 +668,44 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_active - 1;
     __syncthreads();
     if (!last) return;
-    /* The last block of this KV head: per head, warp h finds the global max and the rescaled sum
-     * over the active splits (lanes over splits), then every thread one (head, dim) output. */
     __threadfence();
+    /* The last block of this KV head: every split's (max, sum) of each head loaded at once into
+     * shared memory, turned into the splits' weights by warp h for head h, then each thread one
+     * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
+     * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
+    float *sm = sc, *sl = sc + kv_mul * n_active;
+    for (int i = tid; i < kv_mul * n_active; i += blockDim.x) {
+        const float *ml = part_ml + ((size_t)(kvh * kv_mul + i / n_active) * n_splits + i % n_active) * 2;
+        const float2 v = __ldcg(reinterpret_cast<const float2 *>(ml));
+        sm[i] = v.x;
+        sl[i] = v.y;
+    }
+    __syncthreads();
     if (wid < kv_mul) {
-        const float *ml = part_ml + (size_t)(kvh * kv_mul + wid) * n_splits * 2;
         float M = -INFINITY, den = 0.0f;
-        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, __ldcg(&ml[2 * s2]));
+        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
 #pragma unroll
         for (int o = WARP_SIZE / 2; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
-        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) den += __expf(__ldcg(&ml[2 * s2]) - M) * __ldcg(&ml[2 * s2 + 1]);
+        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) den += __expf(sm[wid * n_active + s2] - M) * sl[wid * n_active + s2];
         den = warp_sum(den);
-        if (lane == 0) { sml[2 * wid] = M; sml[2 * wid + 1] = den; }
+        __syncwarp();
+        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
     }
     __syncthreads();
     for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
-        int hl = i / head_dim, h = kvh * kv_mul + hl, dd = i % head_dim;
-        const float *ml = part_ml + (size_t)h * n_splits * 2;
+        const int hl = i / head_dim, h = kvh * kv_mul + hl, dd = i % head_dim;
         const float *acc_h = part_acc + (size_t)h * n_splits * head_dim + dd;
-        float M = sml[2 * hl], num = 0.0f;
-#pragma unroll 4
-        for (int s2 = 0; s2 < n_active; s2++) num += __expf(__ldcg(&ml[2 * s2]) - M) * __ldcg(&acc_h[(size_t)s2 * head_dim]);
-        out[h * head_dim + dd] = num / sml[2 * hl + 1];
+        float num = 0.0f;
+        for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
+            float a[ATT_COMBINE_VEC];
+#pragma unroll
+            for (int k = 0; k < ATT_COMBINE_VEC; k++)
+                if (s0 + k < n_active) a[k] = __ldcg(&acc_h[(size_t)(s0 + k) * head_dim]);
+#pragma unroll
+            for (int k = 0; k < ATT_COMBINE_VEC; k++)
+                if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
+        }
+        out[h * head_dim + dd] = num;
     }
     if (tid == 0) counters[kvh] = 0;
 }
