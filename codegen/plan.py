@@ -33,7 +33,7 @@ class Plan:
     grid_gate_up: int  # rmsnorm_gate_up_silu_kernel (a gate row and an up row per warp)
     grid_down: int  # down_residual_kernel
     grid_lm_head: int  # rmsnorm_lm_head_argmax_kernel
-    att_min_splits: int  # attention splits per KV head, at least; more for long contexts
+    att_min_splits: int  # attention splits per KV head up to depth ATT_TILE * this (two blocks an SM); more past it
 
 
 class CExpr:

@@ -28,6 +28,7 @@
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
+#define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
 
 // ---------------------------------------------------------------------------------------------
 // Programmatic dependent launch: the next kernel may start before this one ends; it must wait
@@ -141,7 +142,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 /* Streaming loads: each weight is read once per step, keep it out of L1. */
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
-
 
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
@@ -536,16 +536,15 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
 
 /* Dynamic shared memory of attention_body, in bytes. */
 #define ATT_SMEM_BYTES(kv_mul, head_dim) \
-    ((size_t)((kv_mul) * (head_dim) + (kv_mul) * ATT_TILE + 2 * (kv_mul)) * sizeof(float))
+    ((size_t)((kv_mul) * ATT_TILE + 2 * (kv_mul)) * sizeof(float))
 
 template <typename Wait>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                float *part_acc, float *part_ml, unsigned *counters, float *out,
-                                               int n_kv_heads, int head_dim, int kv_mul, int n_splits, int kvh, int split,
-                                               Wait wait) {
+                                               int n_kv_heads, int head_dim, int kv_mul, int n_splits, int min_splits,
+                                               int kvh, int split, Wait wait) {
     extern __shared__ float smem[];
-    float *sq = smem;                             /* (kv_mul, head_dim) the group's queries */
-    float *sc = sq + kv_mul * head_dim;           /* (kv_mul, ATT_TILE) scores, then probabilities */
+    float *sc = smem;                             /* (kv_mul, ATT_TILE) scores, then probabilities */
     float *sml = sc + kv_mul * ATT_TILE;          /* (kv_mul, 2) max and sum */
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
@@ -553,34 +552,59 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     /* Positions [0, n) in chunks of at least ATT_MIN_CHUNK: a short context keeps few blocks busy
      * and the combine short; blocks past the last chunk have nothing to do. The position is read
      * before the wait, from L2: the host copied it before the step's first kernel started. */
-    const int n = __ldcg(&io[IO_POS]) + 1, chunk = max((n + n_splits - 1) / n_splits, ATT_MIN_CHUNK);
+    const int n = __ldcg(&io[IO_POS]) + 1;
+    /* min_splits blocks per KV head (a wave of the GPU), more only when a split would pass a tile:
+     * splits sized by the context allocated left short contexts many tiny blocks in several waves
+     * (1B shape, 131072 allocated, depth 4096: 1000 blocks of 33 positions; PERFORMANCE.md) */
+    const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
+    const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK);
     const int n_active = (n + chunk - 1) / chunk;
     if (split >= n_active) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
     const float scale = rsqrtf((float)head_dim);
     wait();
 
-    for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) sq[i] = q[kvh * kv_mul * head_dim + i];
-    __syncthreads();
-
-    /* scores: a thread per position, all kv_mul heads */
-    for (int j = tid; j < len; j += blockDim.x) {
-        const uint4 *kr = reinterpret_cast<const uint4 *>(kc + (size_t)(start + j) * kv_dim + kvh * head_dim);
-        float s[ATT_MAX_GROUP];
-#pragma unroll
-        for (int h = 0; h < ATT_MAX_GROUP; h++) s[h] = 0.0f;
-        for (int c = 0; c < head_dim / 8; c++) {
-            float k[8];
-            h8_to_f32(kr[c], k);
-#pragma unroll
-            for (int h = 0; h < ATT_MAX_GROUP; h++)
-                if (h < kv_mul)
-#pragma unroll
-                    for (int i = 0; i < 8; i++) s[h] += k[i] * sq[h * head_dim + 8 * c + i];
-        }
+    const int chunks = head_dim / 8, slices = blockDim.x / chunks, c = tid % chunks, slice = tid / chunks;
+    const size_t vstride = kv_dim / 8; /* uint4s from one position to the next */
+    /* scores: thread (c, slice) takes chunk c (8 dims) of the keys of positions slice, slice +
+     * slices, ..., as the value pass below, its query chunks in registers: a warp's loads cover
+     * whole lines (against a thread per position, 32 lines a load: +1.6% on the 7B shape at depth
+     * 16384, PERFORMANCE.md). A position's `chunks` lanes meet in a shuffle; the loop runs the same
+     * trips in every lane, so the shuffles are whole-warp. */
+    {
+        float qc[ATT_MAX_GROUP][8];
 #pragma unroll
         for (int h = 0; h < ATT_MAX_GROUP; h++)
-            if (h < kv_mul) sc[h * ATT_TILE + j] = s[h] * scale;
+            if (h < kv_mul) {
+                const float4 *qh = reinterpret_cast<const float4 *>(q + (kvh * kv_mul + h) * head_dim + 8 * c);
+                const float4 a = qh[0], b = qh[1];
+                qc[h][0] = a.x, qc[h][1] = a.y, qc[h][2] = a.z, qc[h][3] = a.w;
+                qc[h][4] = b.x, qc[h][5] = b.y, qc[h][6] = b.z, qc[h][7] = b.w;
+            }
+        const uint4 *kbase = reinterpret_cast<const uint4 *>(kc + (size_t)start * kv_dim + kvh * head_dim) + c;
+        for (int jb = 0; jb < len; jb += ATT_UNROLL * slices) {
+            uint4 u[ATT_UNROLL];
+#pragma unroll
+            for (int k = 0; k < ATT_UNROLL; k++) {
+                const int j = jb + slice + k * slices;
+                u[k] = j < len ? kbase[(size_t)j * vstride] : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int k = 0; k < ATT_UNROLL; k++) {
+                const int j = jb + slice + k * slices;
+                float kf[8];
+                h8_to_f32(u[k], kf);
+#pragma unroll
+                for (int h = 0; h < ATT_MAX_GROUP; h++)
+                    if (h < kv_mul) {
+                        float d = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < 8; i++) d += kf[i] * qc[h][i];
+                        for (int o = 1; o < chunks; o *= 2) d += __shfl_xor_sync(0xFFFFFFFFu, d, o);
+                        if (c == 0 && j < len) sc[h * ATT_TILE + j] = d * scale;
+                    }
+            }
+        }
     }
     __syncthreads();
 
@@ -601,24 +625,22 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     __syncthreads();
 
     /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
-     * slice + slices, ..., four positions' loads in flight at once. The slices' sums are reduced in
+     * slice + slices, ..., ATT_UNROLL positions' loads in flight at once. The slices' sums are reduced in
      * a fixed order (shuffles within a warp, then warps in order), so results do not vary run to
      * run. */
-    const int chunks = head_dim / 8, slices = blockDim.x / chunks, c = tid % chunks, slice = tid / chunks;
     float acc[ATT_MAX_GROUP][8];
 #pragma unroll
     for (int h = 0; h < ATT_MAX_GROUP; h++)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
     const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + (size_t)start * kv_dim + kvh * head_dim) + c;
-    const size_t vstride = kv_dim / 8; /* uint4s from one position to the next */
-    for (int j0 = slice; j0 < len; j0 += 4 * slices) {
-        uint4 u[4];
+    for (int j0 = slice; j0 < len; j0 += ATT_UNROLL * slices) {
+        uint4 u[ATT_UNROLL];
 #pragma unroll
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < ATT_UNROLL; k++)
             if (j0 + k * slices < len) u[k] = vbase[(size_t)(j0 + k * slices) * vstride];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < ATT_UNROLL; k++) {
             int j = j0 + k * slices;
             if (j < len) {
                 float v[8];

@@ -61,7 +61,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const flo
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int n_splits) {
     attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM, MODEL_KV_MUL,
-                   n_splits, blockIdx.x, blockIdx.y, wait_pdl_hold{});
+                   n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl_hold{});
 }
 
 /* self_attn.o_proj (+ bias) + residual */
@@ -121,7 +121,7 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
         sync();
         for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
             attention_body(b.q, kc, vc, b.io, b.part_acc, b.part_ml, b.counters, b.att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM,
-                           MODEL_KV_MUL, b.n_splits, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
+                           MODEL_KV_MUL, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
         matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, sync);
