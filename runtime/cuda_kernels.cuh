@@ -100,6 +100,54 @@ struct wait_none {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Tracing (only in a build with EXTRA_NVCCFLAGS=-DINGOT_TRACE; tests/bench/gpu.sh trace): each block of a stage kernel stamps the
+// global timer when it starts, when its wait returns, when its input is staged and when its last
+// warp is done, into trace_buf[stage][n-th block of that stage to start]. A stage's kernels run
+// one after another, so the n-th block belongs to layer n / grid. The host resets the counts
+// before each step and writes the last step's records out (tests/bench/trace.py reads them).
+
+/* The step's stages, in launch order. */
+enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };
+
+#define TRACE_STAGES ST_COUNT
+#define TRACE_BLOCKS 65536 /* records kept per stage and step */
+enum { TRACE_ENTERED, TRACE_WAITED, TRACE_STAGED, TRACE_DONE };
+struct trace_block {
+    unsigned long long t[4];
+};
+#if defined(INGOT_TRACE)
+__device__ unsigned trace_count[TRACE_STAGES];
+__device__ trace_block trace_buf[TRACE_STAGES][TRACE_BLOCKS];
+
+__device__ __forceinline__ unsigned long long global_ns(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Thread 0 takes the block's record and stamps its start; every thread gets the record through
+ * shared memory after the body's first barrier. */
+__device__ __forceinline__ trace_block **trace_begin(int stage) {
+    __shared__ trace_block *rec;
+    if (threadIdx.x == 0) {
+        const unsigned n = atomicAdd(&trace_count[stage], 1u);
+        rec = n < TRACE_BLOCKS ? &trace_buf[stage][n] : NULL;
+        if (rec) rec->t[TRACE_ENTERED] = global_ns(), rec->t[TRACE_DONE] = 0;
+    }
+    return &rec;
+}
+#define TRACE_BEGIN(stage) trace_block **trace_rec_ = trace_begin(stage)
+#define TRACE_AT(i) \
+    do { if (threadIdx.x == 0 && *trace_rec_) (*trace_rec_)->t[i] = global_ns(); } while (0)
+#define TRACE_END() \
+    do { if (threadIdx.x % WARP_SIZE == 0 && *trace_rec_) atomicMax(&(*trace_rec_)->t[TRACE_DONE], global_ns()); } while (0)
+#else
+#define TRACE_BEGIN(stage) do { } while (0)
+#define TRACE_AT(i) do { } while (0)
+#define TRACE_END() do { } while (0)
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Weights: 8 values of the storage dtype in a uint4, to fp32
 
 /* 8 fp16 values (the KV cache) in a uint4, to fp32 */
@@ -372,6 +420,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
     const int lane = threadIdx.x % WARP_SIZE;
     int p = grid_warp(), ra = 0, rb = 0, kind = 0;
+    TRACE_BEGIN(ST_QKV);
     row_chunks a, b;
     if (p < pairs) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -381,7 +430,9 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     }
     stage_norm(sx, norm_w, dim);
     wait();
+    TRACE_AT(TRACE_WAITED);
     const float scale = stage_input(sx, x, true, dim, eps);
+    TRACE_AT(TRACE_STAGED);
     const int pos = io[IO_POS];
     for (bool first = true; p < pairs; p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -408,6 +459,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
             }
         }
     }
+    TRACE_END();
 }
 
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. The input
@@ -415,20 +467,25 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
  * chunk: +4.1% on the 7B shape, +0.7% on the 1B). */
 template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
-                                                     int rows, int K, Wait wait) {
+                                                     int rows, int K, int stage, Wait wait) {
     const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
+    TRACE_BEGIN(stage);
+    (void)stage;
     row_chunks a;
     if (row < rows) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
     extern __shared__ float sx[];
     wait();
+    TRACE_AT(TRACE_WAITED);
     stage_input(sx, in, false, K, 0.0f);
+    TRACE_AT(TRACE_STAGED);
     for (bool first = true; row < rows; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         if (!first) load_step(&a, r, K, 0, lane);
         float v = row_dot_buffered(&a, r, sx, K, lane);
         if (lane == 0) out[row] += v + (bias ? w_to_f32(bias[row]) : 0.0f);
     }
+    TRACE_END();
 }
 
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
@@ -440,6 +497,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     extern __shared__ float sx[];
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
+    TRACE_BEGIN(ST_GATE_UP);
     row_chunks a, b;
     if (i < hidden) {
         load_step(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane);
@@ -447,12 +505,15 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     }
     stage_norm(sx, norm_w, dim);
     wait();
+    TRACE_AT(TRACE_WAITED);
     const float scale = stage_input(sx, x, true, dim, eps);
+    TRACE_AT(TRACE_STAGED);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                               reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
     }
+    TRACE_END();
 }
 
 /* Each warp's best (value, id) in lane 0, folded into thread 0's (bv, bi): larger value, lower id
@@ -483,11 +544,14 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     __shared__ bool last;
     const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
+    TRACE_BEGIN(ST_LM_HEAD);
     row_chunks a;
     if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
     stage_norm(sx, norm_w, dim);
     wait();
+    TRACE_AT(TRACE_WAITED);
     const float scale = stage_input(sx, x, true, dim, eps);
+    TRACE_AT(TRACE_STAGED);
     float bv = -INFINITY;
     int bi = 0x7FFFFFFF;
     for (bool first = true; row < vocab; row += grid_warps(), first = false) {
@@ -497,6 +561,7 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
         if (lane == 0) logits[row] = v;
         if (v > bv || (v == bv && row < bi)) { bv = v; bi = row; }
     }
+    TRACE_END();
     block_best_to_thread0(best_v, best_i, &bv, &bi);
     if (threadIdx.x == 0) {
         block_best[blockIdx.x] = make_float2(bv, __int_as_float(bi));
@@ -562,7 +627,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     if (split >= n_active) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
     const float scale = rsqrtf((float)head_dim);
+    TRACE_BEGIN(ST_ATT);
     wait();
+    TRACE_AT(TRACE_WAITED);
 
     const int chunks = head_dim / 8, slices = blockDim.x / chunks, c = tid % chunks, slice = tid / chunks;
     const size_t vstride = kv_dim / 8; /* uint4s from one position to the next */
@@ -607,6 +674,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         }
     }
     __syncthreads();
+    TRACE_AT(TRACE_STAGED); /* the scores */
 
     /* softmax pieces per head: warp h finds the max, exponentiates, sums */
     if (wid < kv_mul) {
@@ -660,6 +728,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
      * 7B +0.6%, and against triggering at exit: +4% / +1%). Blocks that leave earlier count as
      * triggered when they exit. */
     pdl_launch_dependents();
+    TRACE_END(); /* its loads are in; the combine comes after */
     __syncthreads(); /* sc is reused below for the warps' sums */
     float *red = sc; /* (warps, kv_mul, head_dim) */
 #pragma unroll

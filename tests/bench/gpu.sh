@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks and decode benchmarks in one call on the GPU machine:
-#   bash tests/bench/gpu.sh [test|bench|all|compare]   (default all: test and bench)
+#   bash tests/bench/gpu.sh [test|bench|all|compare|trace]   (default all: test and bench)
 # test: make test-gpu (GPU against CPU and transformers on the tiny models, memcheck; the default
 # model's checks too when its weights are staged). bench: --bench on random-weight shapes of
 # SmolLM2-135M, Llama-3.2-1B and Mistral-7B (bf16), synthesized there, into build/bench-models/,
@@ -34,6 +34,22 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
             done
             rm -f "build/bench-$m/forward_cuda.o"
         done
+    done
+fi
+# trace: each model built with -DINGOT_TRACE, one decode step at depth TRACE_DEPTH (default 0) timed
+# block by block (tests/bench/trace.py), then built again without it.
+if [ "$what" = trace ]; then
+    for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
+        d=build/bench-models/bench-$m
+        bench_model "$m" || exit 1
+        rm -f "build/bench-$m/forward_cuda.o"
+        make -s MODEL="$d" EXTRA_NVCCFLAGS="-DINGOT_TRACE ${EXTRA_NVCCFLAGS:-}" >/dev/null || exit 1
+        echo "== trace: $m at depth ${TRACE_DEPTH:-0}"
+        INGOT_TRACE_FILE=/tmp/trace-$m.bin timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 8 \
+            --bench-depths "${TRACE_DEPTH:-0}" | grep "decode at"
+        .venv/bin/python tests/bench/trace.py /tmp/trace-$m.bin --config "$d/config.json"
+        rm -f "build/bench-$m/forward_cuda.o"
+        make -s MODEL="$d" >/dev/null || exit 1
     done
 fi
 # compare: the specialized and the generic build on the GPU, each shape (tests/bench/compare.py),

@@ -1,0 +1,88 @@
+"""Reads the trace of one decode step (a binary built with EXTRA_NVCCFLAGS=-DINGOT_TRACE, run with
+INGOT_TRACE_FILE=PATH) and prints, per stage and averaged over the layers but the first, when its
+blocks started, passed their wait, had their input staged and finished, in microseconds after the
+previous stage's last block finished; with --config, each stage's weight bytes over its time.
+
+    python3 tests/bench/trace.py PATH [--config MODEL_DIR/config.json]
+"""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+STAGES = ["embed", "qkv", "attention", "o_proj", "gate_up", "down", "lm_head"]
+ENTERED, WAITED, STAGED, DONE = range(4)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n_layers, n_stages = np.frombuffer(data, np.int32, 2)
+    counts = np.frombuffer(data, np.uint32, n_stages, 8).astype(np.int64)
+    off, recs = 8 + 4 * int(n_stages), []
+    for n in counts:
+        recs.append(np.frombuffer(data, np.uint64, 4 * int(n), off).reshape(-1, 4).astype(np.int64))
+        off += 32 * int(n)
+    return int(n_layers), recs
+
+
+def weight_bytes(cfg):
+    dim, hidden = cfg["hidden_size"], cfg["intermediate_size"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    hd = cfg.get("head_dim", dim // heads)
+    return {"qkv": 2 * dim * (heads + 2 * kv) * hd, "o_proj": 2 * heads * hd * dim, "gate_up": 4 * dim * hidden,
+            "down": 2 * hidden * dim, "lm_head": 2 * dim * cfg["vocab_size"]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("path")
+    ap.add_argument("--config")
+    args = ap.parse_args()
+    n_layers, recs = read(args.path)
+    bytes_of = weight_bytes(json.load(open(args.config))) if args.config else {}
+    # (layer, stage) -> records, in launch order
+    seq = []
+    for layer in range(n_layers):
+        for st in range(1, 6):
+            r = recs[st]
+            per = len(r) // n_layers
+            if per == 0:
+                sys.exit(f"trace.py: no records of {STAGES[st]}: was the binary built with -DINGOT_TRACE?")
+            seq.append((layer, st, r[layer * per:(layer + 1) * per]))
+    if len(recs[6]):
+        seq.append((n_layers, 6, recs[6]))
+    rows = {}
+    for i in range(1, len(seq)):
+        layer, st, r = seq[i]
+        if layer == 0:
+            continue
+        prev_end = seq[i - 1][2][:, DONE].max()
+        rel = (r - prev_end) / 1e3
+        done = rel[:, DONE]
+        row = [rel[:, ENTERED].min(), np.median(rel[:, ENTERED]), rel[:, ENTERED].max(), rel[:, WAITED].min(),
+               rel[:, WAITED].max(), np.median(rel[:, STAGED]), rel[:, STAGED].max(), np.median(done),
+               np.percentile(done, 90), done.max(), len(r)]
+        rows.setdefault(st, []).append(row)
+    hdr = ("stage", "blocks", "enter min", "med", "max", "waited min", "max", "staged med", "max", "done med", "p90",
+           "max", "GB/s")
+    print("us after the previous stage's last block finished, mean over layers 1..%d" % (n_layers - 1))
+    print("%-10s %6s | %9s %6s %6s | %10s %6s | %10s %6s | %8s %6s %6s | %6s" % hdr)
+    total = 0.0
+    for st in sorted(rows):
+        m = np.mean(np.array(rows[st]), axis=0)
+        total += m[9] * (n_layers - 1 if st < 6 else 1)
+        b = bytes_of.get(STAGES[st])
+        gbs = "%6.0f" % (b / (m[9] * 1e3)) if b else "%6s" % "-"
+        print("%-10s %6d | %9.2f %6.2f %6.2f | %10.2f %6.2f | %10.2f %6.2f | %8.2f %6.2f %6.2f | %s"
+              % (STAGES[st], m[10], *m[:10], gbs))
+    first = seq[0][2][:, ENTERED].min()
+    last = seq[-1][2][:, DONE].max()
+    print("step: %.1f us from the first QKV block's start to the last block's end" % ((last - first) / 1e3))
+
+
+if __name__ == "__main__":
+    main()
