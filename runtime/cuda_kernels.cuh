@@ -53,7 +53,8 @@ __device__ __forceinline__ void pdl_launch_dependents(void) {
 
 /* In the step's graph, one kernel per stage: programmatic dependent launch. The next kernel may
  * launch once every block of this one is past its wait (letting it launch before the wait lost 1%
- * on the 1B shape and 9% on SmolLM2: PERFORMANCE.md). */
+ * on the 1B shape and 9% on SmolLM2; attention letting o_proj launch only after its loads: 1B at
+ * depth 4096 -2.4%, depth 0 +0.7%: PERFORMANCE.md). A block that leaves early counts as past it. */
 struct wait_pdl {
     __device__ __forceinline__ void operator()() const {
         pdl_wait();
@@ -86,12 +87,6 @@ struct wait_grid {
         }
         __syncthreads();
     }
-};
-
-/* Programmatic dependent launch where the body lets the next kernel launch itself, later than the
- * wait (attention: after its loads, so that o_proj's weight prefetch does not queue ahead of them). */
-struct wait_pdl_hold {
-    __device__ __forceinline__ void operator()() const { pdl_wait(); }
 };
 
 /* Nothing to wait for (the caller has already waited). */
@@ -303,7 +298,7 @@ __device__ __forceinline__ float row_dot_buffered(const row_chunks *first, const
 /* The float4 of the split layout that holds x's float4 group g (x[4g..4g+3]). */
 __device__ __forceinline__ int sx_group(int g, int K) { return (g % 2) * (K / 8) + g / 2; }
 
-#define STAGE_VEC 4 /* float4 groups a thread loads at once */
+#define STAGE_VEC 4 /* float4 groups a thread loads at once (8: -1% on the 7B shape) */
 #define STAGE_ROUNDS(K) (((K) / 4 + STAGE_VEC * MV_THREADS - 1) / (STAGE_VEC * MV_THREADS))
 
 /* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
@@ -723,11 +718,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             }
         }
     }
-    /* The loads on this block's critical path are in: the next kernel may launch (its weight loads
-     * would have queued ahead of ours; measured against triggering after the wait: SmolLM2 +1.4%,
-     * 7B +0.6%, and against triggering at exit: +4% / +1%). Blocks that leave earlier count as
-     * triggered when they exit. */
-    pdl_launch_dependents();
     TRACE_END(); /* its loads are in; the combine comes after */
     __syncthreads(); /* sc is reused below for the warps' sums */
     float *red = sc; /* (warps, kv_mul, head_dim) */

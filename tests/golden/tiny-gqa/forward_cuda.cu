@@ -56,17 +56,17 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
                           MODEL_NORM_EPS, wait_pdl{});
 }
 
-/* split-K attention over the cache, one block per (KV head, split); it lets o_proj launch itself */
+/* split-K attention over the cache, one block per (KV head, split) */
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int n_splits) {
     attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM, MODEL_KV_MUL,
-                   n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl_hold{});
+                   n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
 /* self_attn.o_proj (+ bias) + residual */
 static __global__ void __launch_bounds__(MV_THREADS, 2) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
-    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, wait_pdl{});
+    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, ST_O, wait_pdl{});
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
@@ -76,7 +76,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 
 /* mlp.down_proj + residual */
 static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
-    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, wait_pdl{});
+    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, ST_DOWN, wait_pdl{});
 }
 
 /* model.norm, the LM head and the greedy choice */
@@ -124,10 +124,10 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
                            MODEL_KV_MUL, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
-        matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, sync);
+        matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, ST_O, sync);
         __syncthreads(); /* the staged input is read to the end before the next stage stages its norm weights */
         rmsnorm_gate_up_silu_body(w->ffn_norm, w->w_gate, w->w_up, b.x, b.hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, sync);
-        matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, sync);
+        matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, ST_DOWN, sync);
         __syncthreads();
     }
     rmsnorm_lm_head_argmax_body(b.w->final_norm, b.w->lm_head, b.x, b.logits, b.block_best, b.counters + MODEL_N_KV_HEADS,
@@ -250,7 +250,6 @@ static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
               bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)))
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
-enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
                                                   "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head_argmax"};
 
@@ -480,9 +479,35 @@ extern "C" err_code model_cuda_set_sampler(model_cuda *m, const sampler *s) {
     return ERR_OK;
 }
 
+#if defined(INGOT_TRACE)
+/* The last step's trace records into $INGOT_TRACE_FILE: int32 n_layers, ST_COUNT, the stages' block
+ * counts, then each stage's records (4 uint64 ns each; tests/bench/trace.py). */
+static void trace_write(void) {
+    const char *path = getenv("INGOT_TRACE_FILE");
+    unsigned count[TRACE_STAGES];
+    if (!path || cudaMemcpyFromSymbol(count, trace_count, sizeof count) != cudaSuccess) return;
+    FILE *f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "ingot: %s: cannot write the trace\n", path); return; }
+    const int head[2] = {MODEL_N_LAYERS, TRACE_STAGES};
+    fwrite(head, sizeof head, 1, f);
+    fwrite(count, sizeof count, 1, f);
+    static trace_block recs[TRACE_BLOCKS];
+    for (int st = 0; st < TRACE_STAGES; st++) {
+        unsigned n = count[st] < TRACE_BLOCKS ? count[st] : TRACE_BLOCKS;
+        CUDA_CHECK(cudaMemcpyFromSymbol(recs, trace_buf, n * sizeof(trace_block), (size_t)st * TRACE_BLOCKS * sizeof(trace_block)));
+        fwrite(recs, sizeof(trace_block), n, f);
+    }
+    fclose(f);
+}
+#endif
+
 extern "C" err_code model_cuda_step(model_cuda *m, int token, int pos, int *next, const float **logits) {
     m->io_host[IO_TOKEN] = token;
     m->io_host[IO_POS] = pos;
+#if defined(INGOT_TRACE)
+    static const unsigned zero[TRACE_STAGES] = {0};
+    CUDA_CHECK(cudaMemcpyToSymbolAsync(trace_count, zero, sizeof zero, 0, cudaMemcpyHostToDevice, m->stream));
+#endif
     CUDA_CHECK(cudaGraphLaunch(logits ? m->step_logits : next && m->sampling ? m->step_sample : m->step, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (next) *next = m->io_host[IO_NEXT];
@@ -551,6 +576,9 @@ extern "C" err_code model_cuda_fill_cache(model_cuda *m, int n_pos) {
 
 extern "C" void model_cuda_free(model_cuda *m) {
     if (!m) return;
+#if defined(INGOT_TRACE)
+    trace_write();
+#endif
     if (m->step) cudaGraphExecDestroy(m->step);
     if (m->step_logits) cudaGraphExecDestroy(m->step_logits);
     if (m->step_sample) cudaGraphExecDestroy(m->step_sample);
