@@ -23,8 +23,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "smollm2-135m-instruct"
 # tiny-wide: rows long enough (hidden 2176, FFN 4352, head_dim 128, q_dim != hidden) that the GPU
-# matvecs take several steps per row and attention runs with 128-wide heads.
-TINY_VARIANTS = ("tiny-llama", "tiny-gqa", "tiny-qwen2", "tiny-llama3", "tiny-wide")
+# matvecs take several steps per row and attention runs with 128-wide heads. tiny-group3: the
+# attention of SmolLM2 and Llama-3.2-1B (64-wide heads, 8 lanes a key on the GPU) with SmolLM2's
+# three query heads per KV head, tied embeddings.
+TINY_VARIANTS = ("tiny-llama", "tiny-gqa", "tiny-qwen2", "tiny-llama3", "tiny-wide", "tiny-group3")
 TINY_TOKENIZER = REPO / "tests" / "models" / "tiny-tokenizer"
 BUILDS = ("specialized", "generic")
 # One more generic binary, without CUDA and with four weight streams per CPU thread forced, for the
