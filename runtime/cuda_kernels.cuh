@@ -111,8 +111,8 @@ struct trace_block {
     unsigned long long t[4];
 };
 #if defined(INGOT_TRACE)
-__device__ unsigned trace_count[TRACE_STAGES];
-__device__ trace_block trace_buf[TRACE_STAGES][TRACE_BLOCKS];
+static __device__ unsigned trace_count[TRACE_STAGES];
+static __device__ trace_block trace_buf[TRACE_STAGES][TRACE_BLOCKS];
 
 __device__ __forceinline__ unsigned long long global_ns(void) {
     unsigned long long t;
