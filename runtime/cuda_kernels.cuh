@@ -99,7 +99,7 @@ struct wait_none {
 // global timer when it starts, when its wait returns, when its input is staged and when its last
 // warp is done, into trace_buf[stage][n-th block of that stage to start]. A stage's kernels run
 // one after another, so the n-th block belongs to layer n / grid. The host resets the counts
-// before each step and writes the last step's records out (tests/bench/trace.py reads them).
+// before each step and writes the last step's records out (tests/bench/step_trace.py reads them).
 
 /* The step's stages, in launch order. */
 enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };

@@ -37,7 +37,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     done
 fi
 # trace: each model built with -DINGOT_TRACE, one decode step at depth TRACE_DEPTH (default 0) timed
-# block by block (tests/bench/trace.py), then built again without it.
+# block by block (tests/bench/step_trace.py), then built again without it.
 if [ "$what" = trace ]; then
     for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
         d=build/bench-models/bench-$m
@@ -47,7 +47,7 @@ if [ "$what" = trace ]; then
         echo "== trace: $m at depth ${TRACE_DEPTH:-0}"
         INGOT_TRACE_FILE=/tmp/trace-$m.bin timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 8 \
             --bench-depths "${TRACE_DEPTH:-0}" | grep "decode at"
-        .venv/bin/python tests/bench/trace.py /tmp/trace-$m.bin --config "$d/config.json"
+        .venv/bin/python tests/bench/step_trace.py /tmp/trace-$m.bin --config "$d/config.json"
         rm -f "build/bench-$m/forward_cuda.o"
         make -s MODEL="$d" >/dev/null || exit 1
     done

@@ -481,7 +481,7 @@ extern "C" err_code model_cuda_set_sampler(model_cuda *m, const sampler *s) {
 
 #if defined(INGOT_TRACE)
 /* The last step's trace records into $INGOT_TRACE_FILE: int32 n_layers, ST_COUNT, the stages' block
- * counts, then each stage's records (4 uint64 ns each; tests/bench/trace.py). */
+ * counts, then each stage's records (4 uint64 ns each; tests/bench/step_trace.py). */
 static void trace_write(void) {
     const char *path = getenv("INGOT_TRACE_FILE");
     unsigned count[TRACE_STAGES];

@@ -3,7 +3,7 @@ INGOT_TRACE_FILE=PATH) and prints, per stage and averaged over the layers but th
 blocks started, passed their wait, had their input staged and finished, in microseconds after the
 previous stage's last block finished; with --config, each stage's weight bytes over its time.
 
-    python3 tests/bench/trace.py PATH [--config MODEL_DIR/config.json]
+    python3 tests/bench/step_trace.py PATH [--config MODEL_DIR/config.json]
 """
 
 import argparse
@@ -37,15 +37,11 @@ def weight_bytes(cfg):
             "down": 2 * hidden * dim, "lm_head": 2 * dim * cfg["vocab_size"]}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("path")
-    ap.add_argument("--config")
-    args = ap.parse_args()
-    n_layers, recs = read(args.path)
-    bytes_of = weight_bytes(json.load(open(args.config))) if args.config else {}
-    # (layer, stage) -> records, in launch order
-    seq = []
+def summarize(n_layers, recs):
+    """{stage: (means over layers 1..L-1 of: start min, median, max; waited min, max; staged median,
+    max; done median, p90, max; blocks)}, times in us after the previous stage's last block was done,
+    and the step's span in us (first QKV block's start to the last block's end)."""
+    seq = []  # (layer, stage, records), in launch order
     for layer in range(n_layers):
         for st in range(1, 6):
             r = recs[st]
@@ -63,25 +59,33 @@ def main():
         prev_end = seq[i - 1][2][:, DONE].max()
         rel = (r - prev_end) / 1e3
         done = rel[:, DONE]
-        row = [rel[:, ENTERED].min(), np.median(rel[:, ENTERED]), rel[:, ENTERED].max(), rel[:, WAITED].min(),
-               rel[:, WAITED].max(), np.median(rel[:, STAGED]), rel[:, STAGED].max(), np.median(done),
-               np.percentile(done, 90), done.max(), len(r)]
-        rows.setdefault(st, []).append(row)
+        rows.setdefault(st, []).append([rel[:, ENTERED].min(), np.median(rel[:, ENTERED]), rel[:, ENTERED].max(),
+                                        rel[:, WAITED].min(), rel[:, WAITED].max(), np.median(rel[:, STAGED]),
+                                        rel[:, STAGED].max(), np.median(done), np.percentile(done, 90), done.max(),
+                                        len(r)])
+    span = (seq[-1][2][:, DONE].max() - seq[0][2][:, ENTERED].min()) / 1e3
+    return {st: np.mean(np.array(v), axis=0) for st, v in rows.items()}, span
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("path")
+    ap.add_argument("--config")
+    args = ap.parse_args()
+    n_layers, recs = read(args.path)
+    bytes_of = weight_bytes(json.load(open(args.config))) if args.config else {}
+    rows, span = summarize(n_layers, recs)
     hdr = ("stage", "blocks", "enter min", "med", "max", "waited min", "max", "staged med", "max", "done med", "p90",
            "max", "GB/s")
     print("us after the previous stage's last block finished, mean over layers 1..%d" % (n_layers - 1))
     print("%-10s %6s | %9s %6s %6s | %10s %6s | %10s %6s | %8s %6s %6s | %6s" % hdr)
-    total = 0.0
     for st in sorted(rows):
-        m = np.mean(np.array(rows[st]), axis=0)
-        total += m[9] * (n_layers - 1 if st < 6 else 1)
+        m = rows[st]
         b = bytes_of.get(STAGES[st])
         gbs = "%6.0f" % (b / (m[9] * 1e3)) if b else "%6s" % "-"
         print("%-10s %6d | %9.2f %6.2f %6.2f | %10.2f %6.2f | %10.2f %6.2f | %8.2f %6.2f %6.2f | %s"
               % (STAGES[st], m[10], *m[:10], gbs))
-    first = seq[0][2][:, ENTERED].min()
-    last = seq[-1][2][:, DONE].max()
-    print("step: %.1f us from the first QKV block's start to the last block's end" % ((last - first) / 1e3))
+    print("step: %.1f us from the first QKV block's start to the last block's end" % span)
 
 
 if __name__ == "__main__":
