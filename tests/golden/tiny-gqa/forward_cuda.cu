@@ -408,6 +408,12 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
+    if (m->n_splits > ATT_TILE / 2) { /* the combining block keeps two floats a split and head in its score tile */
+        const int splits = m->n_splits;
+        free(m);
+        return err_set(ERR_DEVICE, "--device cuda: a context of %d tokens needs %d attention splits, at most %d fit (--ctx %d at most)",
+                       ctx, splits, ATT_TILE / 2, ATT_TILE / 2 * ATT_TILE);
+    }
 
     size_t offsets[MODEL_N_TENSORS], total = 0;
     for (int t = 0; t < MODEL_N_TENSORS; t++) {
