@@ -95,11 +95,12 @@ struct wait_none {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Tracing (only in a build with EXTRA_NVCCFLAGS=-DINGOT_TRACE; tests/bench/gpu.sh trace): each block of a stage kernel stamps the
-// global timer when it starts, when its wait returns, when its input is staged and when its last
-// warp is done, into trace_buf[stage][n-th block of that stage to start]. A stage's kernels run
-// one after another, so the n-th block belongs to layer n / grid. The host resets the counts
-// before each step and writes the last step's records out (tests/bench/step_trace.py reads them).
+// Tracing, only in a build with EXTRA_NVCCFLAGS=-DINGOT_TRACE (tests/bench/gpu.sh trace): each block
+// of a stage kernel stamps the global timer when it starts, when its wait returns, when its input
+// is staged and when its last warp is done, into trace_buf[stage][n-th block of that stage to
+// start]. A stage's kernels run one after another, so the n-th block belongs to layer n / (blocks
+// a layer). The host resets the counts before each step and writes the last step's records out
+// (tests/bench/step_trace.py reads them).
 
 /* The step's stages, in launch order. */
 enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };
@@ -688,9 +689,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     __syncthreads();
 
     /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
-     * slice + slices, ..., ATT_UNROLL positions' loads in flight at once. The slices' sums are reduced in
-     * a fixed order (shuffles within a warp, then warps in order), so results do not vary run to
-     * run. */
+     * slice + slices, ..., ATT_UNROLL positions' loads in flight at once. The slices' sums are
+     * reduced in a fixed order (shuffles within a warp, then warps in order), so results do not vary
+     * run to run. */
     float acc[ATT_MAX_GROUP][8];
 #pragma unroll
     for (int h = 0; h < ATT_MAX_GROUP; h++)
