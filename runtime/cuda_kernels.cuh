@@ -28,6 +28,9 @@
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
+#ifndef KV_HEAD_MAJOR
+#define KV_HEAD_MAJOR 1 /* the KV cache as (kv head, position, head_dim) per layer; 0: (position, kv_dim) */
+#endif
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
 
 // ---------------------------------------------------------------------------------------------
@@ -142,6 +145,15 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
 #define TRACE_AT(i) do { } while (0)
 #define TRACE_END() do { } while (0)
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// The KV cache of a layer: (kv head, position, head_dim), so that an attention block's keys and
+// values are one contiguous run (position-major put a head's 128 or 256 bytes of each position
+// kv_dim * 2 bytes apart). The element where position pos of KV head kvh starts:
+
+__host__ __device__ __forceinline__ size_t kv_at(int pos, int kvh, int ctx, int kv_dim, int head_dim) {
+    return KV_HEAD_MAJOR ? ((size_t)kvh * ctx + pos) * head_dim : (size_t)pos * kv_dim + (size_t)kvh * head_dim;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Weights: 8 values of the storage dtype in a uint4, to fp32
@@ -411,7 +423,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                                                       const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
                                                       const uint16_t *bv, const float *x, float *q, uint16_t *kc,
                                                       uint16_t *vc, const int *io, const float *inv_freq, int dim,
-                                                      int q_dim, int kv_dim, int head_dim, float eps, Wait wait) {
+                                                      int q_dim, int kv_dim, int head_dim, int ctx, float eps, Wait wait) {
     extern __shared__ float sx[];
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -449,9 +461,9 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                 q[ra] = va;
                 q[rb] = vb;
             } else {
-                uint16_t *cache = (kind == 1 ? kc : vc) + (size_t)pos * kv_dim;
-                cache[ra] = __half_as_ushort(__float2half_rn(va));
-                cache[rb] = __half_as_ushort(__float2half_rn(vb));
+                uint16_t *cache = kind == 1 ? kc : vc;
+                cache[kv_at(pos, ra / head_dim, ctx, kv_dim, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(va));
+                cache[kv_at(pos, rb / head_dim, ctx, kv_dim, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(vb));
             }
         }
     }
@@ -602,8 +614,8 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
 template <typename Wait>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                float *part_acc, float *part_ml, unsigned *counters, float *out,
-                                               int n_kv_heads, int head_dim, int kv_mul, int n_splits, int min_splits,
-                                               int kvh, int split, Wait wait) {
+                                               int n_kv_heads, int head_dim, int kv_mul, int ctx, int n_splits,
+                                               int min_splits, int kvh, int split, Wait wait) {
     extern __shared__ float smem[];
     float *sc = smem;                             /* (kv_mul, ATT_TILE) scores, then probabilities */
     float *sml = sc + kv_mul * ATT_TILE;          /* (kv_mul, 2) max and sum */
@@ -628,7 +640,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     TRACE_AT(TRACE_WAITED);
 
     const int chunks = head_dim / 8, slices = blockDim.x / chunks, c = tid % chunks, slice = tid / chunks;
-    const size_t vstride = kv_dim / 8; /* uint4s from one position to the next */
+    const size_t vstride = (KV_HEAD_MAJOR ? head_dim : kv_dim) / 8; /* uint4s from one position to the next */
     /* scores: thread (c, slice) takes chunk c (8 dims) of the keys of positions slice, slice +
      * slices, ..., as the value pass below, its query chunks in registers: a warp's loads cover
      * whole lines (against a thread per position, 32 lines a load: +1.6% on the 7B shape at depth
@@ -644,7 +656,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 qc[h][0] = a.x, qc[h][1] = a.y, qc[h][2] = a.z, qc[h][3] = a.w;
                 qc[h][4] = b.x, qc[h][5] = b.y, qc[h][6] = b.z, qc[h][7] = b.w;
             }
-        const uint4 *kbase = reinterpret_cast<const uint4 *>(kc + (size_t)start * kv_dim + kvh * head_dim) + c;
+        const uint4 *kbase = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, kv_dim, head_dim)) + c;
         for (int jb = 0; jb < len; jb += ATT_UNROLL * slices) {
             uint4 u[ATT_UNROLL];
 #pragma unroll
@@ -697,7 +709,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     for (int h = 0; h < ATT_MAX_GROUP; h++)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
-    const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + (size_t)start * kv_dim + kvh * head_dim) + c;
+    const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, kv_dim, head_dim)) + c;
     for (int j0 = slice; j0 < len; j0 += ATT_UNROLL * slices) {
         uint4 u[ATT_UNROLL];
 #pragma unroll
