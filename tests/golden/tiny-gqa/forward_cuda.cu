@@ -25,7 +25,9 @@
 #define GRID_GATE_UP 20
 #define GRID_DOWN 8
 #define GRID_LM_HEAD 50
+#ifndef ATT_MIN_SPLITS /* experiment knob: -DATT_MIN_SPLITS=50 fills 3 attention blocks an SM on 8 KV heads */
 #define ATT_MIN_SPLITS 132
+#endif
 
 #define CUDA_CHECK(call)                                                                               \
     do {                                                                                               \
