@@ -28,6 +28,9 @@
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
+#ifndef ATT_EARLY_LOADS
+#define ATT_EARLY_LOADS 1 /* attention loads its first round of keys (1), and of values (2), before its wait */
+#endif
 #ifndef KV_HEAD_MAJOR
 #define KV_HEAD_MAJOR 1 /* the KV cache as (kv head, position, head_dim) per layer; 0: (position, kv_dim) */
 #endif
@@ -636,11 +639,32 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     const int start = split * chunk, len = min(n, start + chunk) - start;
     const float scale = rsqrtf((float)head_dim);
     TRACE_BEGIN(ST_ATT);
-    wait();
-    TRACE_AT(TRACE_WAITED);
-
     const int chunks = head_dim / 8, slices = blockDim.x / chunks, c = tid % chunks, slice = tid / chunks;
     const size_t vstride = (KV_HEAD_MAJOR ? head_dim : kv_dim) / 8; /* uint4s from one position to the next */
+    const uint4 *kbase = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, kv_dim, head_dim)) + c;
+    const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, kv_dim, head_dim)) + c;
+    /* Thread (c, slice)'s first round of keys and values (positions slice + k * slices) before the
+     * wait: every position but the newest, n - 1, which the QKV kernel writes in this step, is in
+     * the cache already; the newest is read after the wait. Every cache load bypasses L1 (ld.cg),
+     * so a line read before the wait never answers a read after it. */
+    uint4 k0[ATT_UNROLL], v0[ATT_UNROLL];
+#pragma unroll
+    for (int k = 0; k < ATT_UNROLL; k++) {
+        const int j = slice + k * slices;
+        const bool early = j < len && start + j != n - 1;
+        k0[k] = ATT_EARLY_LOADS >= 1 && early ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
+        v0[k] = ATT_EARLY_LOADS >= 2 && early ? __ldcg(vbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
+    }
+    wait();
+    TRACE_AT(TRACE_WAITED);
+#pragma unroll
+    for (int k = 0; k < ATT_UNROLL; k++) {
+        const int j = slice + k * slices;
+        const bool late = j < len && start + j == n - 1;
+        if (late || (j < len && ATT_EARLY_LOADS < 1)) k0[k] = __ldcg(kbase + (size_t)j * vstride);
+        if (late && ATT_EARLY_LOADS >= 2) v0[k] = __ldcg(vbase + (size_t)j * vstride);
+    }
+
     /* scores: thread (c, slice) takes chunk c (8 dims) of the keys of positions slice, slice +
      * slices, ..., as the value pass below, its query chunks in registers: a warp's loads cover
      * whole lines (against a thread per position, 32 lines a load: +1.6% on the 7B shape at depth
@@ -656,13 +680,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 qc[h][0] = a.x, qc[h][1] = a.y, qc[h][2] = a.z, qc[h][3] = a.w;
                 qc[h][4] = b.x, qc[h][5] = b.y, qc[h][6] = b.z, qc[h][7] = b.w;
             }
-        const uint4 *kbase = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, kv_dim, head_dim)) + c;
         for (int jb = 0; jb < len; jb += ATT_UNROLL * slices) {
             uint4 u[ATT_UNROLL];
 #pragma unroll
             for (int k = 0; k < ATT_UNROLL; k++) {
                 const int j = jb + slice + k * slices;
-                u[k] = j < len ? kbase[(size_t)j * vstride] : make_uint4(0, 0, 0, 0);
+                u[k] = jb == 0 ? k0[k] : j < len ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int k = 0; k < ATT_UNROLL; k++) {
@@ -709,12 +732,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     for (int h = 0; h < ATT_MAX_GROUP; h++)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
-    const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, kv_dim, head_dim)) + c;
     for (int j0 = slice; j0 < len; j0 += ATT_UNROLL * slices) {
         uint4 u[ATT_UNROLL];
 #pragma unroll
         for (int k = 0; k < ATT_UNROLL; k++)
-            if (j0 + k * slices < len) u[k] = vbase[(size_t)(j0 + k * slices) * vstride];
+            if (j0 == slice && ATT_EARLY_LOADS >= 2) u[k] = v0[k];
+            else if (j0 + k * slices < len) u[k] = __ldcg(vbase + (size_t)(j0 + k * slices) * vstride);
 #pragma unroll
         for (int k = 0; k < ATT_UNROLL; k++) {
             int j = j0 + k * slices;
