@@ -49,18 +49,18 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
-                                                                     uint16_t *kc, uint16_t *vc, const int *io) {
+                                                                     uint16_t *kc, uint16_t *vc, const int *io, int ctx) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
-                          x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM,
+                          x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
 }
 
 /* split-K attention over the cache, one block per (KV head, split) */
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
-                                                                unsigned *counters, float *att, int n_splits) {
-    attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM, MODEL_KV_MUL,
+                                                                unsigned *counters, float *att, int ctx, int n_splits) {
+    attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                    n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
@@ -116,12 +116,12 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
         uint16_t *vc = b.value_cache + (size_t)l * b.ctx * MODEL_KV_DIM;
         rmsnorm_qkv_rope_body(w->attn_norm, w->wq, w->wk, w->wv,
                               MODEL_QKV_BIAS ? w->bq : NULL, MODEL_QKV_BIAS ? w->bk : NULL, MODEL_QKV_BIAS ? w->bv : NULL,
-                              b.x, b.q, kc, vc, b.io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM,
+                              b.x, b.q, kc, vc, b.io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, b.ctx,
                               MODEL_NORM_EPS, sync);
         sync();
         for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
-            attention_body(b.q, kc, vc, b.io, b.part_acc, b.part_ml, b.counters, b.att, MODEL_N_KV_HEADS, MODEL_HEAD_DIM,
-                           MODEL_KV_MUL, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
+            attention_body(b.q, kc, vc, b.io, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
+                           MODEL_KV_MUL, b.ctx, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
         matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, ST_O, sync);
@@ -171,8 +171,8 @@ struct model_cuda {
     float *att;               /* (q_dim) attention output */
     float *hb;                /* (hidden_dim) */
     float *logits;            /* (vocab) */
-    uint16_t *key_cache;      /* (n_layers, ctx, kv_dim) fp16 */
-    uint16_t *value_cache;    /* (n_layers, ctx, kv_dim) fp16 */
+    uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_kernels.cuh: kv_at) */
+    uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
     float *part_acc;          /* (n_heads, n_splits, head_dim) attention partial sums */
     float *part_ml;           /* (n_heads, n_splits, 2) their max and sum */
     unsigned *counters;       /* (n_kv_heads + 1) blocks done: attention per KV head, then argmax */
@@ -279,10 +279,10 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io);
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx);
             MARK(ST_QKV);
             launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
-                   m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->n_splits);
+                   m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, m->n_splits);
             MARK(ST_ATT);
             launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
             MARK(ST_O);
@@ -570,11 +570,15 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
 }
 
 extern "C" err_code model_cuda_fill_cache(model_cuda *m, int n_pos) {
-    for (int l = 0; l < MODEL_N_LAYERS; l++) {
-        size_t off = (size_t)l * m->ctx * MODEL_KV_DIM, n = (size_t)n_pos * MODEL_KV_DIM;
-        fill_cache_kernel<<<1024, 256, 0, m->stream>>>(m->key_cache + off, n, 2 * l + 1);
-        fill_cache_kernel<<<1024, 256, 0, m->stream>>>(m->value_cache + off, n, 2 * l + 2);
-    }
+    /* positions [0, n_pos) are one run per KV head of a layer */
+    const size_t n = (size_t)n_pos * MODEL_HEAD_DIM;
+    for (int l = 0; l < MODEL_N_LAYERS; l++)
+        for (int h = 0; h < MODEL_N_KV_HEADS; h++) {
+            size_t off = (size_t)l * m->ctx * MODEL_KV_DIM + kv_at(0, h, m->ctx, MODEL_HEAD_DIM);
+            uint32_t seed = 2 * (l * MODEL_N_KV_HEADS + h);
+            fill_cache_kernel<<<1024, 256, 0, m->stream>>>(m->key_cache + off, n, seed + 1);
+            fill_cache_kernel<<<1024, 256, 0, m->stream>>>(m->value_cache + off, n, seed + 2);
+        }
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     return ERR_OK;
