@@ -21,6 +21,7 @@ CPU_MULTI_STREAM_FROM_BYTES = 4 * 10**9
 
 GPU_SMS = {"90": 132, "89": 128, "80": 108}  # H100/H200 SXM, RTX 4090 / L40, A100
 MV_WARPS = 8  # warps per matvec block (runtime/cuda_kernels.cuh)
+MV_STEP_VALUES = 8 * 32 * 8  # weights a warp's row step covers: MV_UNROLL chunks of 8 per lane (runtime/cuda_kernels.cuh)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class Plan:
     grid_down: int  # down_residual_kernel
     grid_lm_head: int  # rmsnorm_lm_head_argmax_kernel
     att_min_splits: int  # attention splits per KV head up to depth ATT_TILE * this (two blocks an SM); more past it
+    o_proj_min_blocks: int  # blocks an SM o_proj's registers must allow: 4 when its rows take one step (64 registers,
+    # no spill), so that a gate/up block fits beside its two; 2 otherwise (the double-buffered rows need ~126)
 
 
 class CExpr:
@@ -81,12 +84,17 @@ def _gpu_plan(d, sms: int) -> dict:
     )
 
 
+def _o_proj_min_blocks(q_dim: int) -> int:
+    return 4 if q_dim <= MV_STEP_VALUES else 2
+
+
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     return Plan(
         cpu_streams=4 if spec.weight_bytes >= CPU_MULTI_STREAM_FROM_BYTES else 1,
         cuda_arch=cuda_arch,
         gpu_sms=sms,
+        o_proj_min_blocks=_o_proj_min_blocks(spec.q_dim),
         **_gpu_plan(spec, sms),
     )
 
@@ -99,5 +107,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         cpu_streams=f"(MODEL_WEIGHT_BYTES_PER_TOKEN >= {CPU_MULTI_STREAM_FROM_BYTES}ULL ? 4 : 1)",
         cuda_arch=cuda_arch,
         gpu_sms=sms,
+        o_proj_min_blocks=2,  # a launch bound is a literal; the generic build keeps the double-buffered rows
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

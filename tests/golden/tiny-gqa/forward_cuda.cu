@@ -64,8 +64,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const flo
                    n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
-/* self_attn.o_proj (+ bias) + residual */
-static __global__ void __launch_bounds__(MV_THREADS, 2) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
+/* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
+static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, ST_O, wait_pdl{});
 }
 
