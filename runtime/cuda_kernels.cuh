@@ -380,20 +380,39 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 
 // ---------------------------------------------------------------------------------------------
 // Stage bodies. The generated forward_cuda.cu wraps each in a __global__ kernel that passes the
-// model's constants. io: {token, pos, next token} in device memory, written by the graph's copy
-// from pinned host memory and by the argmax.
+// model's constants. io: {position, chosen token} in device memory: the position of the step's
+// token, which the host sets when it feeds tokens and each step's end advances, and the token the
+// argmax or the sampler chose. history holds the token at each position: the host uploads fed
+// tokens there, and each step's end writes its choice after its own position, so a step needs
+// nothing from the host to run on the previous step's choice.
 
-#define IO_TOKEN 0
-#define IO_POS 1
-#define IO_NEXT 2
+#define IO_POS 0
+#define IO_NEXT 1
+#define IO_INTS 2
 
-/* x (dim) = embed[token]; history[pos] = token, for the sampler's repetition penalty */
+/* x (dim) = embed[history[pos]] */
 template <typename Wait>
-__device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io, float *x, int *history, int dim, Wait wait) {
+__device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io, float *x, const int *history, int dim, Wait wait) {
     wait();
-    if (blockIdx.x == 0 && threadIdx.x == 0) history[io[IO_POS]] = io[IO_TOKEN];
-    const uint16_t *row = embed + (size_t)io[IO_TOKEN] * dim;
+    const uint16_t *row = embed + (size_t)history[io[IO_POS]] * dim;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
+}
+
+/* The step's end, after every stage that reads the position: with emit, the chosen token into the
+ * host's chosen[pos] (mapped host memory) and into history[pos + 1], the next step's input; then
+ * the position advanced. A step queued after this one runs on the choice without the host. */
+template <typename Wait>
+__device__ __forceinline__ void step_end_body(int *io, int *history, int *chosen, int ctx, int emit, Wait wait) {
+    wait();
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        const int pos = io[IO_POS];
+        if (emit) {
+            const int next = io[IO_NEXT];
+            chosen[pos] = next;
+            if (pos + 1 < ctx) history[pos + 1] = next;
+        }
+        io[IO_POS] = pos + 1;
+    }
 }
 
 /* The paired kernels (q/k/v with RoPE, gate/up with SiLU) put both rows of a pair on one warp,

@@ -903,8 +903,10 @@ static __device__ __noinline__ select_result select_rank(const float *x, int voc
 // the sampler
 
 /* logits (vocab) -> io[IO_NEXT]; logits are modified in place (penalty, then x = logit / T).
- * history holds the ids at positions 0..pos (the embed step writes them); first_seen (vocab) is
- * scratch that must hold 0x7F7F7F7F everywhere between calls; rng the xorshift state. */
+ * history holds the ids at positions 0..pos (fed by the host or chosen by earlier steps);
+ * first_seen (vocab) is scratch that must hold 0x7F7F7F7F everywhere between calls; rng[0] the
+ * xorshift state, rng[1] gets the state this call started from (a host that drops the step puts
+ * it back). */
 __device__ __forceinline__ void sample_body(float *logits, int vocab, const int *history, int *first_seen, int *io,
                                             const sample_params *params, unsigned long long *rng) {
     sample_shared &sh = sample_sh;
@@ -914,6 +916,7 @@ __device__ __forceinline__ void sample_body(float *logits, int vocab, const int 
     const int tid = threadIdx.x;
     if (tid == 0) { /* the draw's uniform now, its state stored only if a draw happens */
         unsigned long long state = *rng;
+        rng[1] = state;
         sh.u = sample_unit(&state);
         sh.rng_next = state;
     }

@@ -377,15 +377,12 @@ static err_code engine_feed(engine *e, const int *ids, int n) {
     if (n == 0) return ERR_OK;
 #ifdef INGOT_CUDA
     if (e->gpu) {
-        for (int i = 0; i < n; i++) {
-            /* Only the last token's choice or logits are needed (dump and perplexity feed one at a
-             * time); the others only extend the cache. */
-            int last = i == n - 1;
-            err_code rc = model_cuda_step(e->gpu, ids[i], e->n_tokens, e->device_sampling && last ? &e->next : NULL,
-                                          !e->device_sampling && last ? &e->logits : NULL);
-            if (rc) return rc;
-            e->tokens[e->n_tokens++] = ids[i];
-        }
+        /* queued on the device at once; only the last token's choice or logits come back */
+        err_code rc = model_cuda_feed(e->gpu, ids, n, e->n_tokens, e->device_sampling ? CUDA_OUT_TOKEN : CUDA_OUT_LOGITS);
+        if (!rc) rc = model_cuda_take(e->gpu, &e->next, e->device_sampling ? NULL : &e->logits);
+        if (rc) return rc;
+        memcpy(e->tokens + e->n_tokens, ids, (size_t)n * sizeof(int));
+        e->n_tokens += n;
         return ERR_OK;
     }
 #endif
@@ -410,11 +407,42 @@ static err_code encode(const engine *e, const char *text, int add_special, int *
     return tok_encode(e->tok, text, strlen(text), add_special, ids, n);
 }
 
+/* engine_generate when the GPU chooses the tokens: the step on each token is queued before the host
+ * has read that token, so the device runs on while the host prints; a step queued on an
+ * end-of-turn token, which is not fed, is dropped. */
+#ifdef INGOT_CUDA
+static err_code engine_generate_gpu(engine *e, int max_new, FILE *out, int *n_out, int *full) {
+    int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1, id = e->next, ahead = 0;
+    err_code rc = ERR_OK;
+    while (!rc && (max_new < 0 || produced < max_new)) {
+        if (is_stop(e, id)) break;
+        int len = tok_decode_piece(e->tok, prev, id, e->piece, (size_t)e->piece_cap);
+        if (out && len > 0) { fwrite(e->piece, 1, (size_t)len, out); fflush(out); }
+        prev = id;
+        produced++;
+        if (e->n_tokens == e->ctx) { *full = 1; break; }
+        if (!ahead && (rc = model_cuda_feed(e->gpu, &id, 1, e->n_tokens, CUDA_OUT_TOKEN))) break; /* its step */
+        e->tokens[e->n_tokens++] = id;
+        /* the step on id's successor, queued before the host knows it, where that token would be fed */
+        ahead = (max_new < 0 || produced < max_new) && e->n_tokens < e->ctx;
+        if (ahead && (rc = model_cuda_feed_choice(e->gpu))) break;
+        rc = model_cuda_take(e->gpu, &id, NULL);
+    }
+    if (!rc && ahead) rc = model_cuda_unqueue(e->gpu); /* queued on a token not fed */
+    e->next = id;
+    if (n_out) *n_out = produced;
+    return rc;
+}
+#endif
+
 /* Samples up to max_new tokens (-1: no limit) after what was fed, streaming their text to out;
  * stops at an end-of-turn token (not fed back, not printed). *full is set when the context ran out
  * first. */
 static err_code engine_generate(engine *e, sampler *s, int max_new, FILE *out, int *n_out, int *full) {
     *full = 0;
+#ifdef INGOT_CUDA
+    if (e->gpu && e->device_sampling) return engine_generate_gpu(e, max_new, out, n_out, full);
+#endif
     int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1;
     while (max_new < 0 || produced < max_new) {
         int id;
@@ -717,7 +745,7 @@ static err_code run_bench(engine *e, const options *o) {
         if (!e->gpu) printf(", %d threads", o->n_threads);
         printf(", %.1f MB of weights read per token\n", MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
         printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);
-        printf("  prompt: %d tokens, %.1f tok/s%s\n", n_prompt, prompt_tok_s, e->gpu ? " (token by token)" : "");
+        printf("  prompt: %d tokens, %.1f tok/s%s\n", n_prompt, prompt_tok_s, e->gpu ? " (token by token, queued)" : "");
         for (int d = 0; d < n_depths; d++)
             printf("  decode at depth %d: %d tokens, %.1f tok/s, %.0f us/token, %.1f GB/s = %.1f%% of probe\n", depths[d],
                    n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], 100.0 * gbs[d] * 1e9 / probe);

@@ -73,16 +73,36 @@ typedef struct model_cuda model_cuda;
  * of a CUDA graph of a kernel per stage (--gpu-step). */
 err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent);
 
-/* One decode step on the GPU: token at position pos. *next (if not NULL) gets the token chosen
- * on the device (see model_cuda_set_sampler); *logits (if not NULL) the logits copied to the host, valid until the next
- * step. Only the token id crosses back when logits is NULL. With next == NULL and logits == NULL
- * the step only extends the cache (a prompt token). */
-err_code model_cuda_step(model_cuda *m, int token, int pos, int *next, const float **logits);
+/* The GPU decode steps run in a queue on the device: the host queues steps without waiting and
+ * takes the chosen tokens in order, so the device never waits on the host between steps. A step
+ * runs on the token at its position in the device's history: fed by the host, or chosen by the
+ * step before it. Only the token id crosses back, unless logits are asked for. */
+enum { CUDA_OUT_NONE, CUDA_OUT_TOKEN, CUDA_OUT_LOGITS };
+
+/* Queues tokens[0..n) at positions pos .. pos + n - 1 (n >= 1, every step taken), after which the
+ * cache holds pos + n tokens. out says what the last step leaves: nothing but the cache
+ * (CUDA_OUT_NONE), the token chosen on the device (CUDA_OUT_TOKEN; see model_cuda_set_sampler), or
+ * that and the logits (CUDA_OUT_LOGITS). Steps before the last skip the LM head. */
+err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int pos, int out);
+
+/* Queues a step on the token that the last queued step chose, at the position after it, before
+ * the host knows the token: a step ahead of the host. At most 4 steps queued and not taken. */
+err_code model_cuda_feed_choice(model_cuda *m);
+
+/* Waits for the oldest queued step whose token was not taken, and returns it in *next; *logits
+ * (if not NULL) gets the logits on the host when that step was fed with CUDA_OUT_LOGITS, else
+ * NULL, valid until the next step. */
+err_code model_cuda_take(model_cuda *m, int *next, const float **logits);
+
+/* Drops the newest queued step, not taken (a step queued ahead on a token the host will not feed,
+ * such as an end-of-turn): waits for it and puts the device's position and sampler state back as
+ * they were before it. Its cache entry is overwritten by whatever is fed next. */
+err_code model_cuda_unqueue(model_cuda *m);
 
 /* The sampler whose settings and generator state (as sampler_init left them) later steps use to
- * draw *next on the device (runtime/cuda_sampler.cuh); until it is called, *next is the argmax.
- * Greedy without a repetition penalty keeps the LM head's argmax. Steps with next == NULL (prompt
- * tokens) neither draw nor advance the generator, as on the CPU. */
+ * draw tokens on the device (runtime/cuda_sampler.cuh); until it is called, steps choose the argmax.
+ * Greedy without a repetition penalty keeps the LM head's argmax. Steps that choose no token
+ * (prompt tokens) neither draw nor advance the generator, as on the CPU. */
 err_code model_cuda_set_sampler(model_cuda *m, const sampler *s);
 
 /* Random keys and values for positions [0, n_pos): benchmarks at a context depth. */

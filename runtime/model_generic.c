@@ -62,7 +62,10 @@ void model_cpu_free(model_cpu *m) { BY_DTYPE(model_cpu_free, m); }
 #ifdef INGOT_CUDA
 #define DECLARE_CUDA(dt)                                                                             \
     err_code model_cuda_init_##dt(model_cuda **out, const void *const *data, int ctx, int persistent); \
-    err_code model_cuda_step_##dt(model_cuda *m, int token, int pos, int *next, const float **logits); \
+    err_code model_cuda_feed_##dt(model_cuda *m, const int *tokens, int n, int pos, int out);       \
+    err_code model_cuda_feed_choice_##dt(model_cuda *m);                                            \
+    err_code model_cuda_take_##dt(model_cuda *m, int *next, const float **logits);                  \
+    err_code model_cuda_unqueue_##dt(model_cuda *m);                                                \
     err_code model_cuda_set_sampler_##dt(model_cuda *m, const sampler *s);                          \
     err_code model_cuda_fill_cache_##dt(model_cuda *m, int n_pos);                                  \
     err_code model_cuda_kernel_bench_##dt(model_cuda *m, int pos, int reps, FILE *out);             \
@@ -74,9 +77,12 @@ DECLARE_CUDA(f32)
 err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent) {
     return BY_DTYPE(model_cuda_init, out, data, ctx, persistent);
 }
-err_code model_cuda_step(model_cuda *m, int token, int pos, int *next, const float **logits) {
-    return BY_DTYPE(model_cuda_step, m, token, pos, next, logits);
+err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int pos, int out) {
+    return BY_DTYPE(model_cuda_feed, m, tokens, n, pos, out);
 }
+err_code model_cuda_feed_choice(model_cuda *m) { return BY_DTYPE(model_cuda_feed_choice, m); }
+err_code model_cuda_take(model_cuda *m, int *next, const float **logits) { return BY_DTYPE(model_cuda_take, m, next, logits); }
+err_code model_cuda_unqueue(model_cuda *m) { return BY_DTYPE(model_cuda_unqueue, m); }
 err_code model_cuda_set_sampler(model_cuda *m, const sampler *s) { return BY_DTYPE(model_cuda_set_sampler, m, s); }
 err_code model_cuda_fill_cache(model_cuda *m, int n_pos) { return BY_DTYPE(model_cuda_fill_cache, m, n_pos); }
 err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FILE *out) {

@@ -98,9 +98,9 @@ int main(int argc, char **argv) {
     CHECK_CUDA(cudaMalloc(&d_history, n_hist * sizeof(int)));
     CHECK_CUDA(cudaMalloc(&d_first_seen, vmax * sizeof(int)));
     CHECK_CUDA(cudaMemset(d_first_seen, 0x7F, vmax * sizeof(int)));
-    CHECK_CUDA(cudaMalloc(&d_io, 3 * sizeof(int)));
+    CHECK_CUDA(cudaMalloc(&d_io, IO_INTS * sizeof(int)));
     CHECK_CUDA(cudaMalloc(&d_params, sizeof(sample_params)));
-    CHECK_CUDA(cudaMalloc(&d_rng, sizeof(unsigned long long)));
+    CHECK_CUDA(cudaMalloc(&d_rng, 2 * sizeof(unsigned long long))); /* the state, the state before the draw */
 
     int cases = 0, mismatches = 0;
     for (size_t vi = 0; vi < (time_only ? 0 : sizeof vocabs / sizeof *vocabs); vi++) {
@@ -121,7 +121,8 @@ int main(int argc, char **argv) {
                     CHECK_CUDA(cudaMemcpy(d_params, &p, sizeof p, cudaMemcpyHostToDevice));
                     CHECK_CUDA(cudaMemcpy(d_rng, &rng, sizeof rng, cudaMemcpyHostToDevice));
                     for (int d = 0; d < draws; d++) {
-                        int pos = n_hist - 1 - d * 50, io[3] = {0, pos, -1};
+                        int pos = n_hist - 1 - d * 50, io[IO_INTS];
+                        io[IO_POS] = pos, io[IO_NEXT] = -1;
                         memcpy(work, logits, V * sizeof(float));
                         int want = sampler_sample(&s, work, history, pos + 1);
                         CHECK_CUDA(cudaMemcpy(d_logits, logits, V * sizeof(float), cudaMemcpyHostToDevice));
@@ -130,10 +131,10 @@ int main(int argc, char **argv) {
                         CHECK_CUDA(cudaGetLastError());
                         CHECK_CUDA(cudaMemcpy(io, d_io, sizeof io, cudaMemcpyDeviceToHost));
                         cases++;
-                        if (io[2] != want) {
+                        if (io[IO_NEXT] != want) {
                             if (mismatches++ < 20)
                                 printf("mismatch: V %d, %s logits, %s, seed %d, draw %d: GPU %d, CPU %d\n", V, shape_names[shape],
-                                       settings[si].name, seed, d, io[2], want);
+                                       settings[si].name, seed, d, io[IO_NEXT], want);
                         }
                     }
                     sampler_free(&s);
@@ -170,7 +171,8 @@ int main(int argc, char **argv) {
         for (size_t vi = 1; vi < sizeof vocabs / sizeof *vocabs; vi++) {
             const int V = vocabs[vi];
             make_logits(logits, V, timings[ti].shape);
-            int io[3] = {0, n_hist - 1, -1};
+            int io[IO_INTS];
+            io[IO_POS] = n_hist - 1, io[IO_NEXT] = -1;
             CHECK_CUDA(cudaMemcpy(d_params, &timings[ti].p, sizeof(sample_params), cudaMemcpyHostToDevice));
             CHECK_CUDA(cudaMemcpy(d_io, io, sizeof io, cudaMemcpyHostToDevice));
             float best = 1e30f;

@@ -43,7 +43,7 @@ static __constant__ float rope_inv_freq[MODEL_MAX_HEAD_DIM / 2];
 // The kernels: each stage body with this model's constants. Everything here is static: a generic
 // build links one copy of this file per weight dtype.
 
-static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, int *history) {
+static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, const int *history) {
     embed_body(embed, io, x, history, MODEL_DIM, wait_pdl{});
 }
 
@@ -134,6 +134,11 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
                                 b.io, MODEL_DIM, MODEL_VOCAB_SIZE, MODEL_NORM_EPS, sync);
 }
 
+/* the chosen token to the host and to the next step's input; the position advanced */
+static __global__ void __launch_bounds__(WARP_SIZE) step_end_kernel(int *io, int *history, int *chosen, int ctx, int emit) {
+    step_end_body(io, history, chosen, ctx, emit, wait_pdl{});
+}
+
 /* the next token from the logits, with the sampler's settings (cuda_sampler.cuh) */
 static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *logits, const int *history, int *first_seen, int *io,
                                                                 const sample_params *params, unsigned long long *rng) {
@@ -157,6 +162,11 @@ static __global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t see
 // ---------------------------------------------------------------------------------------------
 // State
 
+/* What a step leaves: the cache only (a prompt token; no LM head), the argmax, the argmax and the
+ * logits on the host, or the sampler's draw. */
+enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
+#define STEP_RING 4 /* choosing steps queued at once, at most (model_cuda_take drains the oldest) */
+
 struct model_cuda {
     int ctx, n_splits;
     int persistent;           /* the step is persistent_step_kernel, not a kernel per stage */
@@ -178,18 +188,23 @@ struct model_cuda {
     unsigned *counters;       /* (n_kv_heads + 1) blocks done: attention per KV head, then argmax */
     float2 *block_best;       /* (lm_head_blocks) each LM-head block's best logit and id */
     int lm_head_blocks;       /* the most blocks that run the LM head: its kernel's or the persistent grid */
-    int *io;                  /* {token, pos, next} on the device */
-    int *history;             /* (ctx) the token at each position, for the repetition penalty */
+    int *io;                  /* {pos, next} on the device (cuda_kernels.cuh: IO_*) */
+    int *history;             /* (ctx) the token at each position: fed by the host, or chosen by a step */
     int *first_seen;          /* (vocab) the sampler's scratch, 0x7F7F7F7F between steps */
     sample_params *params;    /* the sampler's settings */
-    unsigned long long *rng;  /* its generator's state */
-    int sampling;             /* steps that return a token use step_sample */
-    int *io_host;             /* the same, pinned */
+    unsigned long long *rng;  /* its generator's state, and the state before the last draw */
+    int sampling;             /* steps that return a token use STEP_SAMPLE */
+    int *chosen;              /* (ctx) mapped host memory: chosen[pos] is the token the step at pos chose */
+    int *chosen_dev;          /* the same, as the device addresses it */
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
-    cudaGraphExec_t step;     /* one decode step, ending with the next token id in io_host */
-    cudaGraphExec_t step_logits; /* the same, also copying the logits to logits_host */
-    cudaGraphExec_t step_sample; /* the same, the token drawn by the sampler instead of the argmax */
+    cudaGraphExec_t graphs[STEP_KINDS]; /* one decode step of each kind */
+    /* The steps queued and not yet taken (model_cuda_take): positions [taken, queued) of the steps
+     * that choose a token, each with its kind and an event recorded after it. */
+    int queued, taken;
+    int chose_last;           /* the last step queued chose a token, so a step can follow on it */
+    int kind_at[STEP_RING];
+    cudaEvent_t done[STEP_RING];
 };
 
 #if defined(MODEL_WEIGHT_DTYPE_F32)
@@ -197,7 +212,10 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     (void)out, (void)data, (void)ctx, (void)persistent;
     return err_set(ERR_DEVICE, "--device cuda: fp32 weights are not supported on the GPU; convert the model to bf16 or fp16");
 }
-extern "C" err_code model_cuda_step(model_cuda *, int, int, int *, const float **) { return ERR_DEVICE; }
+extern "C" err_code model_cuda_feed(model_cuda *, const int *, int, int, int) { return ERR_DEVICE; }
+extern "C" err_code model_cuda_feed_choice(model_cuda *) { return ERR_DEVICE; }
+extern "C" err_code model_cuda_take(model_cuda *, int *, const float **) { return ERR_DEVICE; }
+extern "C" err_code model_cuda_unqueue(model_cuda *) { return ERR_DEVICE; }
 extern "C" err_code model_cuda_set_sampler(model_cuda *, const sampler *) { return ERR_DEVICE; }
 extern "C" err_code model_cuda_fill_cache(model_cuda *, int) { return ERR_DEVICE; }
 extern "C" err_code model_cuda_kernel_bench(model_cuda *, int, int, FILE *) { return ERR_DEVICE; }
@@ -253,10 +271,9 @@ static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
                                                   "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head_argmax"};
 
-/* The decode step's launches, in order. With marks (kernel benchmark, outside a graph) an event is
- * recorded after each launch and *stage_of says which stage it closed. */
-enum { STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE };
-
+/* The decode step's launches, in order: on the token at history[pos], pos read from io on the
+ * device. With marks (kernel benchmark, outside a graph) an event is recorded after each launch and
+ * *stage_of says which stage it closed. */
 static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage_of) {
     int k = 0;
 #define MARK(stage)                                                        \
@@ -266,7 +283,6 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             stage_of[k++] = (stage);                                       \
         }                                                                  \
     } while (0)
-    CUDA_CHECK(cudaMemcpyAsync(m->io, m->io_host, 2 * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     if (marks) CUDA_CHECK(cudaEventRecord(marks[0], m->stream));
     if (m->persistent && !marks) {
         step_buffers b = {m->w_device, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
@@ -291,14 +307,16 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
             MARK(ST_DOWN);
         }
-        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm, m->w.lm_head,
-               m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
-        MARK(ST_LM_HEAD);
+        if (kind != STEP_PROMPT) {
+            launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm,
+                   m->w.lm_head, m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
+            MARK(ST_LM_HEAD);
+        }
     }
     if (kind == STEP_SAMPLE)
         launch(sample_kernel, 1, 1, SAMPLE_THREADS, 0, m->stream, m->logits, m->history, m->first_seen, m->io, m->params, m->rng);
 #undef MARK
-    CUDA_CHECK(cudaMemcpyAsync(m->io_host + IO_NEXT, m->io + IO_NEXT, sizeof(int), cudaMemcpyDeviceToHost, m->stream));
+    launch(step_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io, m->history, m->chosen_dev, m->ctx, (int)(kind != STEP_PROMPT));
     if (kind == STEP_LOGITS)
         CUDA_CHECK(cudaMemcpyAsync(m->logits_host, m->logits, MODEL_VOCAB_SIZE * sizeof(float), cudaMemcpyDeviceToHost,
                                    m->stream));
@@ -456,20 +474,25 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->counters, (MODEL_N_KV_HEADS + 1) * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->counters, 0, (MODEL_N_KV_HEADS + 1) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&m->block_best, m->lm_head_blocks * sizeof(float2)));
-    CUDA_CHECK(cudaMalloc(&m->io, 3 * sizeof(int)));
-    CUDA_CHECK(cudaHostAlloc(&m->io_host, 3 * sizeof(int), cudaHostAllocDefault));
+    CUDA_CHECK(cudaMalloc(&m->io, IO_INTS * sizeof(int)));
+    CUDA_CHECK(cudaMemset(m->io, 0, IO_INTS * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&m->history, (size_t)ctx * sizeof(int)));
+    CUDA_CHECK(cudaMemset(m->history, 0, (size_t)ctx * sizeof(int)));
+    CUDA_CHECK(cudaHostAlloc(&m->chosen, (size_t)ctx * sizeof(int), cudaHostAllocMapped));
+    CUDA_CHECK(cudaHostGetDevicePointer(&m->chosen_dev, m->chosen, 0));
+    for (int i = 0; i < STEP_RING; i++) CUDA_CHECK(cudaEventCreateWithFlags(&m->done[i], cudaEventDisableTiming));
     CUDA_CHECK(cudaMalloc(&m->first_seen, MODEL_VOCAB_SIZE * sizeof(int)));
     CUDA_CHECK(cudaMemset(m->first_seen, 0x7F, MODEL_VOCAB_SIZE * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&m->params, sizeof(sample_params)));
-    CUDA_CHECK(cudaMalloc(&m->rng, sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMalloc(&m->rng, 2 * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemset(m->rng, 0, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaHostAlloc(&m->logits_host, MODEL_VOCAB_SIZE * sizeof(float), cudaHostAllocDefault));
     CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
-    if ((rc = capture(m, STEP_ARGMAX, &m->step)) || (rc = capture(m, STEP_LOGITS, &m->step_logits)) ||
-        (rc = capture(m, STEP_SAMPLE, &m->step_sample))) {
-        model_cuda_free(m);
-        return rc;
-    }
+    for (int kind = 0; kind < STEP_KINDS; kind++)
+        if ((rc = capture(m, kind, &m->graphs[kind]))) {
+            model_cuda_free(m);
+            return rc;
+        }
     *out = m;
     return ERR_OK;
 }
@@ -507,17 +530,65 @@ static void trace_write(void) {
 }
 #endif
 
-extern "C" err_code model_cuda_step(model_cuda *m, int token, int pos, int *next, const float **logits) {
-    m->io_host[IO_TOKEN] = token;
-    m->io_host[IO_POS] = pos;
+/* Queues one step of the given kind at position m->queued (the device's io[IO_POS] by then). */
+static void queue_step(model_cuda *m, int kind) {
 #if defined(INGOT_TRACE)
     static const unsigned zero[TRACE_STAGES] = {0};
     CUDA_CHECK(cudaMemcpyToSymbolAsync(trace_count, zero, sizeof zero, 0, cudaMemcpyHostToDevice, m->stream));
 #endif
-    CUDA_CHECK(cudaGraphLaunch(logits ? m->step_logits : next && m->sampling ? m->step_sample : m->step, m->stream));
+    CUDA_CHECK(cudaGraphLaunch(m->graphs[kind], m->stream));
+    if (kind != STEP_PROMPT) {
+        m->kind_at[m->queued % STEP_RING] = kind;
+        CUDA_CHECK(cudaEventRecord(m->done[m->queued % STEP_RING], m->stream));
+    }
+    m->chose_last = kind != STEP_PROMPT;
+    m->queued++;
+}
+
+/* Callers' mistakes in the queue's use: a one-line error, nothing queued. */
+#define QUEUE_REQUIRE(cond, code, ...) \
+    do { if (!(cond)) return err_set(code, __VA_ARGS__); } while (0)
+
+extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int pos, int out) {
+    QUEUE_REQUIRE(m->taken == m->queued, ERR_ARG, "model_cuda_feed: %d queued steps not taken", m->queued - m->taken);
+    QUEUE_REQUIRE(n >= 1 && pos >= 0 && pos + n <= m->ctx, ERR_CONTEXT, "model_cuda_feed: %d tokens at position %d do not fit a context of %d",
+                  n, pos, m->ctx);
+    /* from pageable memory: both copies have read their source when the calls return */
+    CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
+    m->queued = m->taken = pos;
+    for (int i = 0; i < n - 1; i++) queue_step(m, STEP_PROMPT);
+    queue_step(m, out == CUDA_OUT_LOGITS ? STEP_LOGITS : out == CUDA_OUT_TOKEN ? (m->sampling ? STEP_SAMPLE : STEP_ARGMAX) : STEP_PROMPT);
+    if (out == CUDA_OUT_NONE) m->taken = m->queued;
+    return ERR_OK;
+}
+
+extern "C" err_code model_cuda_feed_choice(model_cuda *m) {
+    QUEUE_REQUIRE(m->chose_last, ERR_ARG, "model_cuda_feed_choice: the last step queued chose no token");
+    QUEUE_REQUIRE(m->queued - m->taken < STEP_RING, ERR_ARG, "model_cuda_feed_choice: %d steps queued, at most %d",
+                  m->queued - m->taken, STEP_RING);
+    QUEUE_REQUIRE(m->queued < m->ctx, ERR_CONTEXT, "model_cuda_feed_choice: the context of %d is full", m->ctx);
+    queue_step(m, m->sampling ? STEP_SAMPLE : STEP_ARGMAX);
+    return ERR_OK;
+}
+
+extern "C" err_code model_cuda_take(model_cuda *m, int *next, const float **logits) {
+    QUEUE_REQUIRE(m->taken < m->queued, ERR_ARG, "model_cuda_take: no step queued");
+    const int pos = m->taken++;
+    CUDA_CHECK(cudaEventSynchronize(m->done[pos % STEP_RING]));
+    *next = ((volatile int *)m->chosen)[pos];
+    if (logits) *logits = m->kind_at[pos % STEP_RING] == STEP_LOGITS ? m->logits_host : NULL;
+    return ERR_OK;
+}
+
+extern "C" err_code model_cuda_unqueue(model_cuda *m) {
+    QUEUE_REQUIRE(m->taken < m->queued, ERR_ARG, "model_cuda_unqueue: no step queued");
+    const int pos = --m->queued;
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    if (next) *next = m->io_host[IO_NEXT];
-    if (logits) *logits = m->logits_host;
+    if (m->kind_at[pos % STEP_RING] == STEP_SAMPLE) /* its draw never happened: the generator as before it */
+        CUDA_CHECK(cudaMemcpy(m->rng, m->rng + 1, sizeof *m->rng, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
+    m->chose_last = 0; /* the next step needs its token fed */
     return ERR_OK;
 }
 
@@ -539,9 +610,10 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     float best[STEP_LAUNCHES];
     for (int i = 0; i <= STEP_LAUNCHES; i++) CUDA_CHECK(cudaEventCreate(&marks[i]));
     for (int i = 0; i < STEP_LAUNCHES; i++) best[i] = 1e30f;
-    m->io_host[IO_TOKEN] = 1;
-    m->io_host[IO_POS] = pos;
+    const int token = 1;
+    CUDA_CHECK(cudaMemcpy(m->history + pos, &token, sizeof token, cudaMemcpyHostToDevice));
     for (int r = 0; r < reps; r++) {
+        CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice)); /* each step advances it */
         enqueue_step(m, STEP_ARGMAX, marks, stage_of);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));
         for (int i = 0; i < STEP_LAUNCHES; i++) {
@@ -589,13 +661,14 @@ extern "C" void model_cuda_free(model_cuda *m) {
 #if defined(INGOT_TRACE)
     trace_write();
 #endif
-    if (m->step) cudaGraphExecDestroy(m->step);
-    if (m->step_logits) cudaGraphExecDestroy(m->step_logits);
-    if (m->step_sample) cudaGraphExecDestroy(m->step_sample);
+    for (int kind = 0; kind < STEP_KINDS; kind++)
+        if (m->graphs[kind]) cudaGraphExecDestroy(m->graphs[kind]);
+    for (int i = 0; i < STEP_RING; i++)
+        if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-    cudaFreeHost(m->io_host);
+    cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
     if (m->stream) cudaStreamDestroy(m->stream);
     free(m);
