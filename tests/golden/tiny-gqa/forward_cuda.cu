@@ -556,8 +556,9 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     /* from pageable memory: both copies have read their source when the calls return */
     CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
-    m->queued = m->taken = pos;
+    m->queued = pos;
     for (int i = 0; i < n - 1; i++) queue_step(m, STEP_PROMPT);
+    m->taken = m->queued; /* only the last step can have a token to take */
     queue_step(m, out == CUDA_OUT_LOGITS ? STEP_LOGITS : out == CUDA_OUT_TOKEN ? (m->sampling ? STEP_SAMPLE : STEP_ARGMAX) : STEP_PROMPT);
     if (out == CUDA_OUT_NONE) m->taken = m->queued;
     return ERR_OK;
