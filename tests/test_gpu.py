@@ -101,6 +101,17 @@ def test_gpu_sampling_end_to_end(build):
     assert run(binary, *args[:-6], "--temp", "1", "--top-k", "1").stdout == greedy
 
 
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_tiny_gpu_greedy_equals_cpu(variant):
+    """Greedy text on the device, where the prompt's tokens are queued at once (the last layer cut
+    short for all but the last) and each step is queued before the host has read the token it runs
+    on, against the CPU's, token by token."""
+    d = tiny_model_dir(variant)
+    binary = binary_for(d, "specialized")
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 def test_tiny_gpu_matches_transformers(tiny_gpu, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

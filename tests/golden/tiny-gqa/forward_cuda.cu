@@ -297,6 +297,8 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx);
             MARK(ST_QKV);
+            /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
+            if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
             launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                    m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, m->n_splits);
             MARK(ST_ATT);
