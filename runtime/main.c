@@ -745,7 +745,7 @@ static err_code run_bench(engine *e, const options *o) {
         if (!e->gpu) printf(", %d threads", o->n_threads);
         printf(", %.1f MB of weights read per token\n", MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
         printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);
-        printf("  prompt: %d tokens, %.1f tok/s%s\n", n_prompt, prompt_tok_s, e->gpu ? " (token by token, queued)" : "");
+        printf("  prompt: %d tokens, %.1f tok/s\n", n_prompt, prompt_tok_s);
         for (int d = 0; d < n_depths; d++)
             printf("  decode at depth %d: %d tokens, %.1f tok/s, %.0f us/token, %.1f GB/s = %.1f%% of probe\n", depths[d],
                    n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], 100.0 * gbs[d] * 1e9 / probe);

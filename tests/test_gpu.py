@@ -103,9 +103,9 @@ def test_gpu_sampling_end_to_end(build):
 
 @pytest.mark.parametrize("variant", TINY_VARIANTS)
 def test_tiny_gpu_greedy_equals_cpu(variant):
-    """Greedy text on the device, where the prompt's tokens are queued at once (the last layer cut
-    short for all but the last) and each step is queued before the host has read the token it runs
-    on, against the CPU's, token by token."""
+    """Greedy text on the device, where the prompt's tokens go through the prefill kernels 8 at a
+    time (the rest one at a time, the last layer cut short for all but the last) and each step is
+    queued before the host has read the token it runs on, against the CPU's."""
     d = tiny_model_dir(variant)
     binary = binary_for(d, "specialized")
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
@@ -171,7 +171,7 @@ def test_memcheck_clean(tmp_path, step, build):
     d = tiny_model_dir("tiny-gqa")
     binary = binary_for(d, build)
     r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
-                        "--device", "cuda", "--gpu-step", step, "-p", "Hello there", "-n", "8", "--temp", "0.8",
+                        "--device", "cuda", "--gpu-step", step, "-p", TINY_PROMPT, "-n", "8", "--temp", "0.8",
                         "--repeat-penalty", "1.2"],
                        capture_output=True, timeout=600)
     out = (r.stdout + r.stderr).decode(errors="replace")  # sampled text of a random model: any bytes

@@ -60,7 +60,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
-    attention_body(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
+    attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                    n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
@@ -120,7 +120,7 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
                               MODEL_NORM_EPS, sync);
         sync();
         for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
-            attention_body(b.q, kc, vc, b.io, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
+            attention_body(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
                            MODEL_KV_MUL, b.ctx, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
@@ -144,6 +144,51 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
                                                                 const sample_params *params, unsigned long long *rng) {
     sample_body(logits, MODEL_VOCAB_SIZE, history, first_seen, io, params, rng);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: PF_BATCH prompt tokens through each stage at once (cuda_kernels.cuh), a kernel per
+// stage as in the step, the norms' scales in a kernel of their own.
+
+static __global__ void __launch_bounds__(256) pf_embed_kernel(const uint16_t *embed, const int *io, float *x, const int *history) {
+    pf_embed_body(embed, io, x, history, MODEL_DIM);
+}
+
+static __global__ void __launch_bounds__(MV_THREADS) pf_rms_scales_kernel(const float *x, float *scale) {
+    pf_rms_scales_body(x, scale, MODEL_DIM, MODEL_NORM_EPS);
+}
+
+static __global__ void __launch_bounds__(MV_THREADS) pf_qkv_kernel(model_layer_weights w, const float *x, const float *scale, float *q,
+                                                              uint16_t *kc, uint16_t *vc, const int *io, int ctx) {
+    pf_qkv_body(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
+                MODEL_QKV_BIAS ? w.bv : NULL, x, scale, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM,
+                MODEL_HEAD_DIM, ctx);
+}
+
+/* token blockIdx.z of the batch, at io[IO_POS] + blockIdx.z, with its own partial sums and counters */
+static __global__ void __launch_bounds__(ATT_THREADS) pf_attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+                                                                   const int *io, float *part_acc, float *part_ml,
+                                                                   unsigned *counters, float *att, int ctx, int n_splits) {
+    const int t = blockIdx.z;
+    const size_t parts = (size_t)MODEL_N_HEADS * n_splits;
+    attention_body(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM, part_ml + t * parts * 2,
+                   counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
+                   ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
+}
+
+static __global__ void __launch_bounds__(MV_THREADS) pf_o_proj_kernel(model_layer_weights w, const float *att, float *x) {
+    pf_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM);
+}
+
+static __global__ void __launch_bounds__(MV_THREADS) pf_gate_up_kernel(model_layer_weights w, const float *x, const float *scale,
+                                                                  float *hb) {
+    pf_gate_up_body(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
+}
+
+static __global__ void __launch_bounds__(MV_THREADS) pf_down_kernel(model_layer_weights w, const float *hb, float *x) {
+    pf_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM);
+}
+
+static __global__ void __launch_bounds__(WARP_SIZE) pf_end_kernel(int *io) { pf_end_body(io); }
 
 /* Random fp16 keys and values in [-1, 1) for positions [0, n_pos) of every layer: --bench at a
  * context depth without prefilling it token by token (decode speed depends on how much cache is
@@ -199,6 +244,10 @@ struct model_cuda {
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
     cudaGraphExec_t graphs[STEP_KINDS]; /* one decode step of each kind */
+    cudaGraphExec_t prefill;  /* PF_BATCH prompt tokens at once */
+    float *pf_scale;          /* (PF_BATCH) the batch's RMSNorm scales */
+    float *pf_part_acc, *pf_part_ml; /* (PF_BATCH, n_heads, n_splits, ...) attention partial sums of the batch */
+    unsigned *pf_counters;    /* (PF_BATCH, n_kv_heads) */
     /* The steps queued and not yet taken (model_cuda_take): positions [taken, queued) of the steps
      * that choose a token, each with its kind and an event recorded after it. */
     int queued, taken;
@@ -243,12 +292,16 @@ static void launch_with(cudaLaunchAttribute attr, void (*kernel)(Params...), dim
 /* Launches with programmatic stream serialization: the kernel may start while the previous one
  * finishes, and waits (griddepcontrol.wait) before touching its results. */
 template <typename... Params, typename... Args>
-static void launch(void (*kernel)(Params...), int grid_x, int grid_y, int block, size_t smem, cudaStream_t stream,
-                   Args... args) {
+static void launch_grid(void (*kernel)(Params...), dim3 grid, int block, size_t smem, cudaStream_t stream, Args... args) {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
-    launch_with(attr, kernel, dim3(grid_x, grid_y), block, smem, stream, args...);
+    launch_with(attr, kernel, grid, block, smem, stream, args...);
+}
+template <typename... Params, typename... Args>
+static void launch(void (*kernel)(Params...), int grid_x, int grid_y, int block, size_t smem, cudaStream_t stream,
+                   Args... args) {
+    launch_grid(kernel, dim3(grid_x, grid_y), block, smem, stream, args...);
 }
 
 /* A launch whose blocks are guaranteed to be resident together (the persistent kernel's barrier
@@ -326,11 +379,39 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
 
 #define STEP_LAUNCHES (2 + 5 * MODEL_N_LAYERS)
 
+/* Blocks of a prefill matvec: a pair of rows a warp. */
+#define PF_GRID(pairs) (((pairs) + MV_WARPS - 1) / MV_WARPS)
+
+/* PF_BATCH prompt tokens at positions io[IO_POS] on, then the position past them. As a prompt step,
+ * the last layer stops after its keys and values. */
+static void enqueue_prefill(model_cuda *m) {
+    launch(pf_embed_kernel, (MODEL_DIM + 255) / 256, PF_BATCH, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
+    for (int l = 0; l < MODEL_N_LAYERS; l++) {
+        const model_layer_weights *lw = &m->w.layers[l];
+        uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
+        uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
+        launch(pf_rms_scales_kernel, PF_BATCH, 1, MV_THREADS, 0, m->stream, m->x, m->pf_scale);
+        launch(pf_qkv_kernel, PF_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, PF_SMEM_BYTES, m->stream, *lw, m->x,
+               m->pf_scale, m->q, kc, vc, m->io, m->ctx);
+        if (l == MODEL_N_LAYERS - 1) break;
+        launch_grid(pf_attention_kernel, dim3(MODEL_N_KV_HEADS, m->n_splits, PF_BATCH), ATT_THREADS,
+                    ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->pf_part_acc, m->pf_part_ml,
+                    m->pf_counters, m->att, m->ctx, m->n_splits);
+        launch(pf_o_proj_kernel, PF_GRID(MODEL_DIM / 2), 1, MV_THREADS, PF_SMEM_BYTES, m->stream, *lw, m->att, m->x);
+        launch(pf_rms_scales_kernel, PF_BATCH, 1, MV_THREADS, 0, m->stream, m->x, m->pf_scale);
+        launch(pf_gate_up_kernel, PF_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, PF_SMEM_BYTES, m->stream, *lw, m->x, m->pf_scale, m->hb);
+        launch(pf_down_kernel, PF_GRID(MODEL_DIM / 2), 1, MV_THREADS, PF_SMEM_BYTES, m->stream, *lw, m->hb, m->x);
+    }
+    launch(pf_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
+}
+
+/* kind: a STEP_* step, or STEP_KINDS for a prefill batch */
 static err_code capture(model_cuda *m, int kind, cudaGraphExec_t *exec) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    enqueue_step(m, kind, NULL, NULL);
+    if (kind == STEP_KINDS) enqueue_prefill(m);
+    else enqueue_step(m, kind, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -442,8 +523,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
         total += (bytes + 255) / 256 * 256; /* every tensor 256-byte aligned: 16-byte loads everywhere */
     }
     size_t cache = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
-    size_t scratch = (size_t)(MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM + MODEL_VOCAB_SIZE) * sizeof(float) +
-                     (size_t)MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2);
+    size_t scratch = (size_t)(PF_BATCH * (MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM) + MODEL_VOCAB_SIZE) * sizeof(float) +
+                     (size_t)(1 + PF_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     size_t need = total + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
@@ -464,10 +545,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->barrier, 2 * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->barrier, 0, 2 * sizeof(unsigned)));
 
-    CUDA_CHECK(cudaMalloc(&m->x, MODEL_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->q, MODEL_Q_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->att, MODEL_Q_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->hb, MODEL_HIDDEN_DIM * sizeof(float)));
+    /* PF_BATCH rows each for a prefill batch; a decode step uses the first */
+    CUDA_CHECK(cudaMalloc(&m->x, (size_t)PF_BATCH * MODEL_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->q, (size_t)PF_BATCH * MODEL_Q_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->att, (size_t)PF_BATCH * MODEL_Q_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PF_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->pf_scale, PF_BATCH * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->pf_part_acc, (size_t)PF_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->pf_part_ml, (size_t)PF_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->pf_counters, (size_t)PF_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(m->pf_counters, 0, (size_t)PF_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&m->logits, MODEL_VOCAB_SIZE * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->key_cache, cache));
     CUDA_CHECK(cudaMalloc(&m->value_cache, cache));
@@ -490,8 +577,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMemset(m->rng, 0, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaHostAlloc(&m->logits_host, MODEL_VOCAB_SIZE * sizeof(float), cudaHostAllocDefault));
     CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
-    for (int kind = 0; kind < STEP_KINDS; kind++)
-        if ((rc = capture(m, kind, &m->graphs[kind]))) {
+    for (int kind = 0; kind <= STEP_KINDS; kind++)
+        if ((rc = capture(m, kind, kind < STEP_KINDS ? &m->graphs[kind] : &m->prefill))) {
             model_cuda_free(m);
             return rc;
         }
@@ -559,7 +646,12 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
-    for (int i = 0; i < n - 1; i++) queue_step(m, STEP_PROMPT);
+    int i = 0;
+    for (; n - 1 - i >= PF_BATCH; i += PF_BATCH) { /* all but the last token: PF_BATCH at once, then one at a time */
+        CUDA_CHECK(cudaGraphLaunch(m->prefill, m->stream));
+        m->queued += PF_BATCH;
+    }
+    for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
     m->taken = m->queued; /* only the last step can have a token to take */
     queue_step(m, out == CUDA_OUT_LOGITS ? STEP_LOGITS : out == CUDA_OUT_TOKEN ? (m->sampling ? STEP_SAMPLE : STEP_ARGMAX) : STEP_PROMPT);
     if (out == CUDA_OUT_NONE) m->taken = m->queued;
@@ -666,10 +758,12 @@ extern "C" void model_cuda_free(model_cuda *m) {
 #endif
     for (int kind = 0; kind < STEP_KINDS; kind++)
         if (m->graphs[kind]) cudaGraphExecDestroy(m->graphs[kind]);
+    if (m->prefill) cudaGraphExecDestroy(m->prefill);
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
-                   m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier};
+                   m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
+                   m->pf_scale, m->pf_part_acc, m->pf_part_ml, m->pf_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
