@@ -407,6 +407,16 @@ static err_code encode(const engine *e, const char *text, int add_special, int *
     return tok_encode(e->tok, text, strlen(text), add_special, ids, n);
 }
 
+/* A chosen token, unless it ends the turn (then 0): its text streamed to out, counted. */
+static int engine_emit(engine *e, int id, int *prev, FILE *out, int *produced) {
+    if (is_stop(e, id)) return 0;
+    int len = tok_decode_piece(e->tok, *prev, id, e->piece, (size_t)e->piece_cap);
+    if (out && len > 0) { fwrite(e->piece, 1, (size_t)len, out); fflush(out); }
+    *prev = id;
+    (*produced)++;
+    return 1;
+}
+
 /* engine_generate when the GPU chooses the tokens: the step on each token is queued before the host
  * has read that token, so the device runs on while the host prints; a step queued on an
  * end-of-turn token, which is not fed, is dropped. */
@@ -415,11 +425,7 @@ static err_code engine_generate_gpu(engine *e, int max_new, FILE *out, int *n_ou
     int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1, id = e->next, ahead = 0;
     err_code rc = ERR_OK;
     while (!rc && (max_new < 0 || produced < max_new)) {
-        if (is_stop(e, id)) break;
-        int len = tok_decode_piece(e->tok, prev, id, e->piece, (size_t)e->piece_cap);
-        if (out && len > 0) { fwrite(e->piece, 1, (size_t)len, out); fflush(out); }
-        prev = id;
-        produced++;
+        if (!engine_emit(e, id, &prev, out, &produced)) break;
         if (e->n_tokens == e->ctx) { *full = 1; break; }
         if (!ahead && (rc = model_cuda_feed(e->gpu, &id, 1, e->n_tokens, CUDA_OUT_TOKEN))) break; /* its step */
         e->tokens[e->n_tokens++] = id;
@@ -441,22 +447,13 @@ static err_code engine_generate_gpu(engine *e, int max_new, FILE *out, int *n_ou
 static err_code engine_generate(engine *e, sampler *s, int max_new, FILE *out, int *n_out, int *full) {
     *full = 0;
 #ifdef INGOT_CUDA
-    if (e->gpu && e->device_sampling) return engine_generate_gpu(e, max_new, out, n_out, full);
+    if (e->device_sampling) return engine_generate_gpu(e, max_new, out, n_out, full);
 #endif
     int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1;
     while (max_new < 0 || produced < max_new) {
-        int id;
-        if (e->device_sampling) {
-            id = e->next;
-        } else {
-            memcpy(e->scratch, e->logits, (size_t)MODEL_VOCAB_SIZE * sizeof *e->scratch);
-            id = sampler_sample(s, e->scratch, e->tokens, e->n_tokens);
-        }
-        if (is_stop(e, id)) break;
-        int len = tok_decode_piece(e->tok, prev, id, e->piece, (size_t)e->piece_cap);
-        if (out && len > 0) { fwrite(e->piece, 1, (size_t)len, out); fflush(out); }
-        prev = id;
-        produced++;
+        memcpy(e->scratch, e->logits, (size_t)MODEL_VOCAB_SIZE * sizeof *e->scratch);
+        int id = sampler_sample(s, e->scratch, e->tokens, e->n_tokens);
+        if (!engine_emit(e, id, &prev, out, &produced)) break;
         if (e->n_tokens == e->ctx) { *full = 1; break; }
         err_code rc = engine_feed(e, &id, 1);
         if (rc) return rc;
