@@ -839,20 +839,20 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: PF_BATCH prompt tokens at positions io[IO_POS] .. + PF_BATCH - 1 through every stage at
-// once, so each weight row is read once for all of them. Activations are (PF_BATCH, n) row-major.
+// Prefill: PREFILL_BATCH prompt tokens at positions io[IO_POS] .. + PREFILL_BATCH - 1 through every stage at
+// once, so each weight row is read once for all of them. Activations are (PREFILL_BATCH, n) row-major.
 // A block of MV_WARPS warps takes MV_WARPS pairs of rows (a pair per warp, as the decode kernels'
 // pairs: RoPE partners, gate and up, or two rows of o_proj / down) and walks K in tiles of
-// PF_TILE, staging the tile of all PF_BATCH inputs in shared memory (times the norm weights and
+// PREFILL_TILE, staging the tile of all PREFILL_BATCH inputs in shared memory (times the norm weights and
 // each token's RMSNorm scale where the stage has a norm) between two block barriers. Grids are as
 // many blocks as the pairs need (several waves): the prompt is not latency-bound.
 
-#define PF_BATCH 8   /* prompt tokens a prefill step takes */
-#define PF_TILE 1024 /* input values a prefill tile stages per token */
-#define PF_SMEM_BYTES ((size_t)PF_BATCH * PF_TILE * sizeof(float))
+#define PREFILL_BATCH 8   /* prompt tokens a prefill step takes */
+#define PREFILL_TILE 1024 /* input values a prefill tile stages per token */
+#define PREFILL_SMEM_BYTES ((size_t)PREFILL_BATCH * PREFILL_TILE * sizeof(float))
 
 /* scale[b] = 1 / sqrt(mean(x[b]^2) + eps), block b. */
-__device__ __forceinline__ void pf_rms_scales_body(const float *x, float *scale, int dim, float eps) {
+__device__ __forceinline__ void prefill_rms_scales_body(const float *x, float *scale, int dim, float eps) {
     __shared__ float partial[MV_WARPS];
     pdl_wait();
     pdl_launch_dependents();
@@ -870,33 +870,34 @@ __device__ __forceinline__ void pf_rms_scales_body(const float *x, float *scale,
 }
 
 /* x[b] = embed[history[pos + b]], block (i, b). */
-__device__ __forceinline__ void pf_embed_body(const uint16_t *embed, const int *io, float *x, const int *history, int dim) {
+__device__ __forceinline__ void prefill_embed_body(const uint16_t *embed, const int *io, float *x, const int *history, int dim) {
     pdl_wait();
     pdl_launch_dependents();
     const int b = blockIdx.y;
     const uint16_t *row = embed + (size_t)history[io[IO_POS] + b] * dim;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[(size_t)b * dim + i] = w_to_f32(row[i]);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x)
+        x[(size_t)b * dim + i] = w_to_f32(row[i]);
 }
 
 /* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
- * store(p, va, vb) gets their products with the PF_BATCH inputs in (PF_BATCH, K), each input times
+ * store(p, va, vb) gets their products with the PREFILL_BATCH inputs in (PREFILL_BATCH, K), each input times
  * norm_w and scale[b] first when norm_w is not NULL. */
 template <typename Pair, typename Store>
-__device__ __forceinline__ void pf_pairs_body(int n_pairs, int K, const float *in, const uint16_t *norm_w, const float *scale,
-                                              Pair pair, Store store) {
-    extern __shared__ float sx[]; /* (PF_BATCH, PF_TILE) */
+__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const float *in, const uint16_t *norm_w,
+                                                   const float *scale, Pair pair, Store store) {
+    extern __shared__ float sx[]; /* (PREFILL_BATCH, PREFILL_TILE) */
     const int lane = threadIdx.x % WARP_SIZE, p = blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE;
     const uint4 *ra = NULL, *rb = NULL;
     if (p < n_pairs) pair(p, &ra, &rb);
-    float acc_a[PF_BATCH], acc_b[PF_BATCH];
+    float acc_a[PREFILL_BATCH], acc_b[PREFILL_BATCH];
 #pragma unroll
-    for (int b = 0; b < PF_BATCH; b++) acc_a[b] = acc_b[b] = 0.0f;
+    for (int b = 0; b < PREFILL_BATCH; b++) acc_a[b] = acc_b[b] = 0.0f;
     pdl_wait();
     pdl_launch_dependents();
-    for (int k0 = 0; k0 < K; k0 += PF_TILE) {
-        const int kt = min(PF_TILE, K - k0);
+    for (int k0 = 0; k0 < K; k0 += PREFILL_TILE) {
+        const int kt = min(PREFILL_TILE, K - k0);
         __syncthreads(); /* the previous tile is read */
-        for (int i = threadIdx.x; i < PF_BATCH * kt / 4; i += blockDim.x) {
+        for (int i = threadIdx.x; i < PREFILL_BATCH * kt / 4; i += blockDim.x) {
             const int b = i / (kt / 4), g = i % (kt / 4);
             float4 v = __ldcg(reinterpret_cast<const float4 *>(in + (size_t)b * K + k0) + g);
             if (norm_w) {
@@ -905,15 +906,15 @@ __device__ __forceinline__ void pf_pairs_body(int n_pairs, int K, const float *i
                 v = make_float4(v.x * sc * w_to_f32(norm_w[k]), v.y * sc * w_to_f32(norm_w[k + 1]),
                                 v.z * sc * w_to_f32(norm_w[k + 2]), v.w * sc * w_to_f32(norm_w[k + 3]));
             }
-            reinterpret_cast<float4 *>(sx + b * PF_TILE)[g] = v;
+            reinterpret_cast<float4 *>(sx + b * PREFILL_TILE)[g] = v;
         }
         __syncthreads();
         if (p >= n_pairs) continue;
         /* lane l takes chunks l, l + 32, ... of the tile (8 weights each), all of both rows' loads
          * in flight at once, then each chunk against the 8 inputs of every token */
-        uint4 ua[PF_TILE / 8 / WARP_SIZE], ub[PF_TILE / 8 / WARP_SIZE];
+        uint4 ua[PREFILL_TILE / 8 / WARP_SIZE], ub[PREFILL_TILE / 8 / WARP_SIZE];
 #pragma unroll
-        for (int j = 0; j < PF_TILE / 8 / WARP_SIZE; j++) {
+        for (int j = 0; j < PREFILL_TILE / 8 / WARP_SIZE; j++) {
             const int c = j * WARP_SIZE + lane;
             if (c < kt / 8) {
                 ua[j] = ld_stream(ra + (k0 / 8 + c));
@@ -921,26 +922,26 @@ __device__ __forceinline__ void pf_pairs_body(int n_pairs, int K, const float *i
             }
         }
 #pragma unroll
-        for (int j = 0; j < PF_TILE / 8 / WARP_SIZE; j++) {
+        for (int j = 0; j < PREFILL_TILE / 8 / WARP_SIZE; j++) {
             const int c = j * WARP_SIZE + lane;
             if (c >= kt / 8) break;
             float wa[8], wb[8];
             w8_to_f32(ua[j], wa);
             w8_to_f32(ub[j], wb);
 #pragma unroll
-            for (int b = 0; b < PF_BATCH; b++) {
-                const float4 x0 = reinterpret_cast<const float4 *>(sx + b * PF_TILE)[2 * c];
-                const float4 x1 = reinterpret_cast<const float4 *>(sx + b * PF_TILE)[2 * c + 1];
-                acc_a[b] += wa[0] * x0.x + wa[1] * x0.y + wa[2] * x0.z + wa[3] * x0.w + wa[4] * x1.x + wa[5] * x1.y + wa[6] * x1.z +
-                            wa[7] * x1.w;
-                acc_b[b] += wb[0] * x0.x + wb[1] * x0.y + wb[2] * x0.z + wb[3] * x0.w + wb[4] * x1.x + wb[5] * x1.y + wb[6] * x1.z +
-                            wb[7] * x1.w;
+            for (int b = 0; b < PREFILL_BATCH; b++) {
+                const float4 x0 = reinterpret_cast<const float4 *>(sx + b * PREFILL_TILE)[2 * c];
+                const float4 x1 = reinterpret_cast<const float4 *>(sx + b * PREFILL_TILE)[2 * c + 1];
+                acc_a[b] += wa[0] * x0.x + wa[1] * x0.y + wa[2] * x0.z + wa[3] * x0.w + wa[4] * x1.x + wa[5] * x1.y +
+                            wa[6] * x1.z + wa[7] * x1.w;
+                acc_b[b] += wb[0] * x0.x + wb[1] * x0.y + wb[2] * x0.z + wb[3] * x0.w + wb[4] * x1.x + wb[5] * x1.y +
+                            wb[6] * x1.z + wb[7] * x1.w;
             }
         }
     }
     if (p >= n_pairs) return;
 #pragma unroll
-    for (int b = 0; b < PF_BATCH; b++) {
+    for (int b = 0; b < PREFILL_BATCH; b++) {
         acc_a[b] = warp_sum(acc_a[b]);
         acc_b[b] = warp_sum(acc_b[b]);
     }
@@ -948,12 +949,13 @@ __device__ __forceinline__ void pf_pairs_body(int n_pairs, int K, const float *i
 }
 
 /* input_layernorm + q/k/v (+ bias) + RoPE + KV-cache store for the batch: the pairs of qkv_pair. */
-__device__ __forceinline__ void pf_qkv_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk, const uint16_t *wv,
-                                            const uint16_t *bq, const uint16_t *bk, const uint16_t *bv, const float *x,
-                                            const float *scale, float *q, uint16_t *kc, uint16_t *vc, const int *io,
-                                            const float *inv_freq, int dim, int q_dim, int kv_dim, int head_dim, int ctx) {
+__device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
+                                                      const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
+                                                      const uint16_t *bv, const float *x, const float *scale, float *q,
+                                                      uint16_t *kc, uint16_t *vc, const int *io, const float *inv_freq, int dim,
+                                                      int q_dim, int kv_dim, int head_dim, int ctx) {
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
-    pf_pairs_body(
+    prefill_pairs_body(
         pairs, dim, x, norm_w, scale,
         [&](int p, const uint4 **a, const uint4 **b) {
             int ra, rb, kind;
@@ -968,7 +970,7 @@ __device__ __forceinline__ void pf_qkv_body(const uint16_t *norm_w, const uint16
             const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
             const float ba = bias ? w_to_f32(bias[ra]) : 0.0f, bb = bias ? w_to_f32(bias[rb]) : 0.0f;
             const int pos0 = io[IO_POS];
-            for (int t = 0; t < PF_BATCH; t++) {
+            for (int t = 0; t < PREFILL_BATCH; t++) {
                 float a = va[t] + ba, b = vb[t] + bb;
                 if (kind < 2) {
                     float sn, cs;
@@ -989,11 +991,12 @@ __device__ __forceinline__ void pf_qkv_body(const uint16_t *norm_w, const uint16
         });
 }
 
-/* out (PF_BATCH, rows) += W (rows, K) . in (PF_BATCH, K) [+ bias]: rows (i, i + rows / 2) a pair
+/* out (PREFILL_BATCH, rows) += W (rows, K) . in (PREFILL_BATCH, K) [+ bias]: rows (i, i + rows / 2) a pair
  * (rows even). */
-__device__ __forceinline__ void pf_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out, int rows, int K) {
+__device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
+                                                      int rows, int K) {
     const int half = rows / 2;
-    pf_pairs_body(
+    prefill_pairs_body(
         half, K, in, NULL, NULL,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
@@ -1001,31 +1004,31 @@ __device__ __forceinline__ void pf_residual_body(const uint16_t *w, const uint16
         },
         [&](int p, const float *va, const float *vb) {
             const float ba = bias ? w_to_f32(bias[p]) : 0.0f, bb = bias ? w_to_f32(bias[p + half]) : 0.0f;
-            for (int t = 0; t < PF_BATCH; t++) {
+            for (int t = 0; t < PREFILL_BATCH; t++) {
                 out[(size_t)t * rows + p] += va[t] + ba;
                 out[(size_t)t * rows + p + half] += vb[t] + bb;
             }
         });
 }
 
-/* post_attention_layernorm + gate and up + SiLU: hb (PF_BATCH, hidden) = silu(gate . x) * (up . x). */
-__device__ __forceinline__ void pf_gate_up_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu, const float *x,
-                                                const float *scale, float *hb, int dim, int hidden) {
-    pf_pairs_body(
+/* post_attention_layernorm + gate and up + SiLU: hb (PREFILL_BATCH, hidden) = silu(gate . x) * (up . x). */
+__device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
+                                                          const float *x, const float *scale, float *hb, int dim, int hidden) {
+    prefill_pairs_body(
         hidden, dim, x, norm_w, scale,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
             *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);
         },
         [&](int p, const float *va, const float *vb) {
-            for (int t = 0; t < PF_BATCH; t++) hb[(size_t)t * hidden + p] = silu(va[t]) * vb[t];
+            for (int t = 0; t < PREFILL_BATCH; t++) hb[(size_t)t * hidden + p] = silu(va[t]) * vb[t];
         });
 }
 
 /* The batch's end: the position past its last token. */
-__device__ __forceinline__ void pf_end_body(int *io) {
+__device__ __forceinline__ void prefill_end_body(int *io) {
     pdl_wait();
-    if (blockIdx.x == 0 && threadIdx.x == 0) io[IO_POS] += PF_BATCH;
+    if (blockIdx.x == 0 && threadIdx.x == 0) io[IO_POS] += PREFILL_BATCH;
 }
 
 #endif

@@ -146,28 +146,31 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: PF_BATCH prompt tokens through each stage at once (cuda_kernels.cuh), a kernel per
+// Prefill: PREFILL_BATCH prompt tokens through each stage at once (cuda_kernels.cuh), a kernel per
 // stage as in the step, the norms' scales in a kernel of their own.
 
-static __global__ void __launch_bounds__(256) pf_embed_kernel(const uint16_t *embed, const int *io, float *x, const int *history) {
-    pf_embed_body(embed, io, x, history, MODEL_DIM);
+static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_t *embed, const int *io, float *x,
+                                                                   const int *history) {
+    prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) pf_rms_scales_kernel(const float *x, float *scale) {
-    pf_rms_scales_body(x, scale, MODEL_DIM, MODEL_NORM_EPS);
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_scales_kernel(const float *x, float *scale) {
+    prefill_rms_scales_body(x, scale, MODEL_DIM, MODEL_NORM_EPS);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) pf_qkv_kernel(model_layer_weights w, const float *x, const float *scale, float *q,
-                                                              uint16_t *kc, uint16_t *vc, const int *io, int ctx) {
-    pf_qkv_body(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
-                MODEL_QKV_BIAS ? w.bv : NULL, x, scale, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM,
-                MODEL_HEAD_DIM, ctx);
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
+                                                                                 const float *scale, float *q, uint16_t *kc,
+                                                                                 uint16_t *vc, const int *io, int ctx) {
+    prefill_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
+                          MODEL_QKV_BIAS ? w.bv : NULL, x, scale, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
+                          MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
 }
 
 /* token blockIdx.z of the batch, at io[IO_POS] + blockIdx.z, with its own partial sums and counters */
-static __global__ void __launch_bounds__(ATT_THREADS) pf_attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
-                                                                   const int *io, float *part_acc, float *part_ml,
-                                                                   unsigned *counters, float *att, int ctx, int n_splits) {
+static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(const float *q, const uint16_t *kc,
+                                                                           const uint16_t *vc, const int *io, float *part_acc,
+                                                                           float *part_ml, unsigned *counters, float *att,
+                                                                           int ctx, int n_splits) {
     const int t = blockIdx.z;
     const size_t parts = (size_t)MODEL_N_HEADS * n_splits;
     attention_body(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM, part_ml + t * parts * 2,
@@ -175,20 +178,22 @@ static __global__ void __launch_bounds__(ATT_THREADS) pf_attention_kernel(const 
                    ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) pf_o_proj_kernel(model_layer_weights w, const float *att, float *x) {
-    pf_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM);
+static __global__ void __launch_bounds__(MV_THREADS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
+                                                                                float *x) {
+    prefill_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) pf_gate_up_kernel(model_layer_weights w, const float *x, const float *scale,
-                                                                  float *hb) {
-    pf_gate_up_body(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
+                                                                                     const float *scale, float *hb) {
+    prefill_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) pf_down_kernel(model_layer_weights w, const float *hb, float *x) {
-    pf_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM);
+static __global__ void __launch_bounds__(MV_THREADS) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
+                                                                              float *x) {
+    prefill_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
-static __global__ void __launch_bounds__(WARP_SIZE) pf_end_kernel(int *io) { pf_end_body(io); }
+static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io) { prefill_end_body(io); }
 
 /* Random fp16 keys and values in [-1, 1) for positions [0, n_pos) of every layer: --bench at a
  * context depth without prefilling it token by token (decode speed depends on how much cache is
@@ -244,10 +249,11 @@ struct model_cuda {
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
     cudaGraphExec_t graphs[STEP_KINDS]; /* one decode step of each kind */
-    cudaGraphExec_t prefill;  /* PF_BATCH prompt tokens at once */
-    float *pf_scale;          /* (PF_BATCH) the batch's RMSNorm scales */
-    float *pf_part_acc, *pf_part_ml; /* (PF_BATCH, n_heads, n_splits, ...) attention partial sums of the batch */
-    unsigned *pf_counters;    /* (PF_BATCH, n_kv_heads) */
+    cudaGraphExec_t prefill;  /* PREFILL_BATCH prompt tokens at once */
+    float *prefill_scale;     /* (PREFILL_BATCH) the batch's RMSNorm scales */
+    float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
+    float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
+    unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
     /* The steps queued and not yet taken (model_cuda_take): positions [taken, queued) of the steps
      * that choose a token, each with its kind and an event recorded after it. */
     int queued, taken;
@@ -380,29 +386,31 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
 #define STEP_LAUNCHES (2 + 5 * MODEL_N_LAYERS)
 
 /* Blocks of a prefill matvec: a pair of rows a warp. */
-#define PF_GRID(pairs) (((pairs) + MV_WARPS - 1) / MV_WARPS)
+#define PREFILL_GRID(pairs) (((pairs) + MV_WARPS - 1) / MV_WARPS)
 
-/* PF_BATCH prompt tokens at positions io[IO_POS] on, then the position past them. As a prompt step,
- * the last layer stops after its keys and values. */
+/* PREFILL_BATCH prompt tokens at positions io[IO_POS] on, then the position past them. As a prompt
+ * step, the last layer stops after its keys and values. */
 static void enqueue_prefill(model_cuda *m) {
-    launch(pf_embed_kernel, (MODEL_DIM + 255) / 256, PF_BATCH, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
+    const size_t smem = PREFILL_SMEM_BYTES;
+    launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, PREFILL_BATCH, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(pf_rms_scales_kernel, PF_BATCH, 1, MV_THREADS, 0, m->stream, m->x, m->pf_scale);
-        launch(pf_qkv_kernel, PF_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, PF_SMEM_BYTES, m->stream, *lw, m->x,
-               m->pf_scale, m->q, kc, vc, m->io, m->ctx);
+        launch(prefill_rms_scales_kernel, PREFILL_BATCH, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
+        launch(prefill_rmsnorm_qkv_rope_kernel, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
+               *lw, m->x, m->prefill_scale, m->q, kc, vc, m->io, m->ctx);
         if (l == MODEL_N_LAYERS - 1) break;
-        launch_grid(pf_attention_kernel, dim3(MODEL_N_KV_HEADS, m->n_splits, PF_BATCH), ATT_THREADS,
-                    ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->pf_part_acc, m->pf_part_ml,
-                    m->pf_counters, m->att, m->ctx, m->n_splits);
-        launch(pf_o_proj_kernel, PF_GRID(MODEL_DIM / 2), 1, MV_THREADS, PF_SMEM_BYTES, m->stream, *lw, m->att, m->x);
-        launch(pf_rms_scales_kernel, PF_BATCH, 1, MV_THREADS, 0, m->stream, m->x, m->pf_scale);
-        launch(pf_gate_up_kernel, PF_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, PF_SMEM_BYTES, m->stream, *lw, m->x, m->pf_scale, m->hb);
-        launch(pf_down_kernel, PF_GRID(MODEL_DIM / 2), 1, MV_THREADS, PF_SMEM_BYTES, m->stream, *lw, m->hb, m->x);
+        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, m->n_splits, PREFILL_BATCH), ATT_THREADS,
+                    ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+                    m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, m->n_splits);
+        launch(prefill_o_proj_residual_kernel, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->att, m->x);
+        launch(prefill_rms_scales_kernel, PREFILL_BATCH, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
+        launch(prefill_rmsnorm_gate_up_silu_kernel, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw, m->x,
+               m->prefill_scale, m->hb);
+        launch(prefill_down_residual_kernel, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->hb, m->x);
     }
-    launch(pf_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
+    launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
 }
 
 /* kind: a STEP_* step, or STEP_KINDS for a prefill batch */
@@ -523,8 +531,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
         total += (bytes + 255) / 256 * 256; /* every tensor 256-byte aligned: 16-byte loads everywhere */
     }
     size_t cache = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
-    size_t scratch = (size_t)(PF_BATCH * (MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM) + MODEL_VOCAB_SIZE) * sizeof(float) +
-                     (size_t)(1 + PF_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2);
+    size_t scratch = (size_t)(PREFILL_BATCH * (MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM) + MODEL_VOCAB_SIZE) * sizeof(float) +
+                     (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     size_t need = total + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
@@ -545,16 +553,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->barrier, 2 * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->barrier, 0, 2 * sizeof(unsigned)));
 
-    /* PF_BATCH rows each for a prefill batch; a decode step uses the first */
-    CUDA_CHECK(cudaMalloc(&m->x, (size_t)PF_BATCH * MODEL_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->q, (size_t)PF_BATCH * MODEL_Q_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->att, (size_t)PF_BATCH * MODEL_Q_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PF_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->pf_scale, PF_BATCH * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->pf_part_acc, (size_t)PF_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->pf_part_ml, (size_t)PF_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->pf_counters, (size_t)PF_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
-    CUDA_CHECK(cudaMemset(m->pf_counters, 0, (size_t)PF_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
+    /* PREFILL_BATCH rows each for a prefill batch; a decode step uses the first */
+    CUDA_CHECK(cudaMalloc(&m->x, (size_t)PREFILL_BATCH * MODEL_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->q, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->att, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_scale, PREFILL_BATCH * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(m->prefill_counters, 0, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&m->logits, MODEL_VOCAB_SIZE * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->key_cache, cache));
     CUDA_CHECK(cudaMalloc(&m->value_cache, cache));
@@ -647,9 +655,9 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
     int i = 0;
-    for (; n - 1 - i >= PF_BATCH; i += PF_BATCH) { /* all but the last token: PF_BATCH at once, then one at a time */
+    for (; n - 1 - i >= PREFILL_BATCH; i += PREFILL_BATCH) { /* all but the last token: PREFILL_BATCH at once, then one at a time */
         CUDA_CHECK(cudaGraphLaunch(m->prefill, m->stream));
-        m->queued += PF_BATCH;
+        m->queued += PREFILL_BATCH;
     }
     for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
     m->taken = m->queued; /* only the last step can have a token to take */
@@ -763,7 +771,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
-                   m->pf_scale, m->pf_part_acc, m->pf_part_ml, m->pf_counters};
+                   m->prefill_scale, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
