@@ -97,7 +97,8 @@ err_code model_cuda_take(model_cuda *m, int *next, const float **logits);
 
 /* Drops the newest queued step, not taken (a step queued ahead on a token the host will not feed,
  * such as an end-of-turn): waits for it and puts the device's position and sampler state back as
- * they were before it. Its cache entry is overwritten by whatever is fed next. */
+ * they were before it. Its cache entry is overwritten by whatever is fed next. One step only: the
+ * next step must be fed. */
 err_code model_cuda_unqueue(model_cuda *m);
 
 /* The sampler whose settings and generator state (as sampler_init left them) later steps use to

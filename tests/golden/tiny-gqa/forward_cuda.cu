@@ -655,7 +655,8 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
     int i = 0;
-    for (; n - 1 - i >= PREFILL_BATCH; i += PREFILL_BATCH) { /* all but the last token: PREFILL_BATCH at once, then one at a time */
+    /* all but the last token: PREFILL_BATCH at once, what is left of them one at a time */
+    for (; n - 1 - i >= PREFILL_BATCH; i += PREFILL_BATCH) {
         CUDA_CHECK(cudaGraphLaunch(m->prefill, m->stream));
         m->queued += PREFILL_BATCH;
     }
@@ -686,6 +687,8 @@ extern "C" err_code model_cuda_take(model_cuda *m, int *next, const float **logi
 
 extern "C" err_code model_cuda_unqueue(model_cuda *m) {
     QUEUE_REQUIRE(m->taken < m->queued, ERR_ARG, "model_cuda_unqueue: no step queued");
+    /* the sampler keeps one earlier state: only a step that chose, and the newest, can be dropped */
+    QUEUE_REQUIRE(m->chose_last, ERR_ARG, "model_cuda_unqueue: the newest step chose no token or was dropped already");
     const int pos = --m->queued;
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (m->kind_at[pos % STEP_RING] == STEP_SAMPLE) /* its draw never happened: the generator as before it */
