@@ -16,6 +16,7 @@
 #define INGOT_CUDA_KERNELS_CUH
 
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 #include <stdint.h>
 
 #define WARP_SIZE 32
@@ -839,17 +840,18 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: PREFILL_BATCH prompt tokens at positions io[IO_POS] .. + PREFILL_BATCH - 1 through every stage at
-// once, so each weight row is read once for all of them. Activations are (PREFILL_BATCH, n) row-major.
-// A block of MV_WARPS warps takes MV_WARPS pairs of rows (a pair per warp, as the decode kernels'
-// pairs: RoPE partners, gate and up, or two rows of o_proj / down) and walks K in tiles of
-// PREFILL_TILE, staging the tile of all PREFILL_BATCH inputs in shared memory (times the norm weights and
-// each token's RMSNorm scale where the stage has a norm) between two block barriers. Grids are as
-// many blocks as the pairs need (several waves): the prompt is not latency-bound.
+// Prefill: PREFILL_BATCH prompt tokens at positions io[IO_POS] .. + PREFILL_BATCH - 1 through every
+// stage at once, so each weight row is read once for all of them. Activations are
+// (PREFILL_BATCH, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight rows
+// against the 8 tokens, fp32 sums): a block takes 8 pairs of rows (as the decode kernels' pairs:
+// RoPE partners, gate and up, or two rows of o_proj / down), the pair's rows in the tile's rows g
+// and g + 8, and its warps split K. Each input is rounded to the weights' dtype (bf16 or fp16)
+// for the multiply, after the norm. Grids are as many blocks as the pairs need (several waves):
+// the prompt is not latency-bound.
 
-#define PREFILL_BATCH 8   /* prompt tokens a prefill step takes */
-#define PREFILL_TILE 1024 /* input values a prefill tile stages per token */
-#define PREFILL_SMEM_BYTES ((size_t)PREFILL_BATCH * PREFILL_TILE * sizeof(float))
+#define PREFILL_BATCH 8       /* prompt tokens a prefill step takes: the mma's n */
+#define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
+#define PREFILL_UNROLL 4      /* 32-value chunks of K a warp holds in flight */
 
 /* scale[b] = 1 / sqrt(mean(x[b]^2) + eps), block b. */
 __device__ __forceinline__ void prefill_rms_scales_body(const float *x, float *scale, int dim, float eps) {
@@ -879,73 +881,98 @@ __device__ __forceinline__ void prefill_embed_body(const uint16_t *embed, const 
         x[(size_t)b * dim + i] = w_to_f32(row[i]);
 }
 
+/* Two fp32 values as the weights' 16-bit type, packed low then high (an mma operand register). */
+__device__ __forceinline__ uint32_t pack_w2(float lo, float hi) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+#else
+    const __half2 v = __floats2half2_rn(lo, hi);
+#endif
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+
+/* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), in the weights' type. */
+__device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                            uint32_t b1) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
 /* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
- * store(p, va, vb) gets their products with the PREFILL_BATCH inputs in (PREFILL_BATCH, K), each input times
- * norm_w and scale[b] first when norm_w is not NULL. */
+ * store(p, va, vb) gets their products with the PREFILL_BATCH inputs in (PREFILL_BATCH, K), each
+ * input times norm_w and scale[t] first when norm_w is not NULL.
+ *
+ * The mma's fragments (PTX ISA, m16n8k16, 16-bit types): lane (g = lane / 4, q = lane % 4) holds
+ * A's rows g and g + 8 at columns 2q, 2q + 1, 2q + 8, 2q + 9, B's column (token) g at the same
+ * rows, and C's rows g, g + 8 at tokens 2q, 2q + 1. The sum over K does not care which 16 values
+ * of K a step takes as long as A and B agree, so step s of a 32-value chunk gives lane q's four
+ * columns the values 8q + 4s .. 8q + 4s + 3: a lane reads 16 contiguous bytes of each of its two
+ * rows (pair g's) and 8 inputs of its token, for two steps. */
 template <typename Pair, typename Store>
 __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const float *in, const uint16_t *norm_w,
                                                    const float *scale, Pair pair, Store store) {
-    extern __shared__ float sx[]; /* (PREFILL_BATCH, PREFILL_TILE) */
-    const int lane = threadIdx.x % WARP_SIZE, p = blockIdx.x * MV_WARPS + threadIdx.x / WARP_SIZE;
-    const uint4 *ra = NULL, *rb = NULL;
-    if (p < n_pairs) pair(p, &ra, &rb);
-    float acc_a[PREFILL_BATCH], acc_b[PREFILL_BATCH];
-#pragma unroll
-    for (int b = 0; b < PREFILL_BATCH; b++) acc_a[b] = acc_b[b] = 0.0f;
+    __shared__ float red[MV_WARPS][WARP_SIZE][4]; /* the warps' parts of K, summed in warp order */
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
+    const int p = blockIdx.x * PREFILL_BLOCK_PAIRS + g;
+    const uint4 *ra, *rb;
+    pair(min(p, n_pairs - 1), &ra, &rb); /* past the last pair: its rows again, not stored */
+    const float *x = in + (size_t)g * K;
+    const int chunks = (K + 31) / 32;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     pdl_wait();
     pdl_launch_dependents();
-    for (int k0 = 0; k0 < K; k0 += PREFILL_TILE) {
-        const int kt = min(PREFILL_TILE, K - k0);
-        __syncthreads(); /* the previous tile is read */
-        for (int i = threadIdx.x; i < PREFILL_BATCH * kt / 4; i += blockDim.x) {
-            const int b = i / (kt / 4), g = i % (kt / 4);
-            float4 v = __ldcg(reinterpret_cast<const float4 *>(in + (size_t)b * K + k0) + g);
+    const float sc = norm_w ? scale[g] : 1.0f;
+    for (int i0 = wid; i0 < chunks; i0 += MV_WARPS * PREFILL_UNROLL) {
+        uint4 wa[PREFILL_UNROLL], wb[PREFILL_UNROLL], nw[PREFILL_UNROLL];
+        float4 x0[PREFILL_UNROLL], x1[PREFILL_UNROLL];
+#pragma unroll
+        for (int u = 0; u < PREFILL_UNROLL; u++) {
+            const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
+            const bool in_k = i0 + u * MV_WARPS < chunks && k < K;
+            wa[u] = in_k ? ld_stream(ra + k / 8) : make_uint4(0, 0, 0, 0);
+            wb[u] = in_k ? ld_stream(rb + k / 8) : make_uint4(0, 0, 0, 0);
+            x0[u] = in_k ? __ldcg(reinterpret_cast<const float4 *>(x + k)) : make_float4(0, 0, 0, 0);
+            x1[u] = in_k ? __ldcg(reinterpret_cast<const float4 *>(x + k) + 1) : make_float4(0, 0, 0, 0);
+            nw[u] = in_k && norm_w ? *reinterpret_cast<const uint4 *>(norm_w + k) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < PREFILL_UNROLL; u++) {
+            float xf[8] = {x0[u].x, x0[u].y, x0[u].z, x0[u].w, x1[u].x, x1[u].y, x1[u].z, x1[u].w};
             if (norm_w) {
-                const float sc = scale[b];
-                const int k = k0 + 4 * g;
-                v = make_float4(v.x * sc * w_to_f32(norm_w[k]), v.y * sc * w_to_f32(norm_w[k + 1]),
-                                v.z * sc * w_to_f32(norm_w[k + 2]), v.w * sc * w_to_f32(norm_w[k + 3]));
-            }
-            reinterpret_cast<float4 *>(sx + b * PREFILL_TILE)[g] = v;
-        }
-        __syncthreads();
-        if (p >= n_pairs) continue;
-        /* lane l takes chunks l, l + 32, ... of the tile (8 weights each), all of both rows' loads
-         * in flight at once, then each chunk against the 8 inputs of every token */
-        uint4 ua[PREFILL_TILE / 8 / WARP_SIZE], ub[PREFILL_TILE / 8 / WARP_SIZE];
+                float n[8];
+                w8_to_f32(nw[u], n);
 #pragma unroll
-        for (int j = 0; j < PREFILL_TILE / 8 / WARP_SIZE; j++) {
-            const int c = j * WARP_SIZE + lane;
-            if (c < kt / 8) {
-                ua[j] = ld_stream(ra + (k0 / 8 + c));
-                ub[j] = ld_stream(rb + (k0 / 8 + c));
+                for (int j = 0; j < 8; j++) xf[j] *= sc * n[j];
             }
-        }
-#pragma unroll
-        for (int j = 0; j < PREFILL_TILE / 8 / WARP_SIZE; j++) {
-            const int c = j * WARP_SIZE + lane;
-            if (c >= kt / 8) break;
-            float wa[8], wb[8];
-            w8_to_f32(ua[j], wa);
-            w8_to_f32(ub[j], wb);
-#pragma unroll
-            for (int b = 0; b < PREFILL_BATCH; b++) {
-                const float4 x0 = reinterpret_cast<const float4 *>(sx + b * PREFILL_TILE)[2 * c];
-                const float4 x1 = reinterpret_cast<const float4 *>(sx + b * PREFILL_TILE)[2 * c + 1];
-                acc_a[b] += wa[0] * x0.x + wa[1] * x0.y + wa[2] * x0.z + wa[3] * x0.w + wa[4] * x1.x + wa[5] * x1.y +
-                            wa[6] * x1.z + wa[7] * x1.w;
-                acc_b[b] += wb[0] * x0.x + wb[1] * x0.y + wb[2] * x0.z + wb[3] * x0.w + wb[4] * x1.x + wb[5] * x1.y +
-                            wb[6] * x1.z + wb[7] * x1.w;
-            }
+            mma_16x8x16(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(xf[0], xf[1]), pack_w2(xf[2], xf[3]));
+            mma_16x8x16(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(xf[4], xf[5]), pack_w2(xf[6], xf[7]));
         }
     }
-    if (p >= n_pairs) return;
 #pragma unroll
-    for (int b = 0; b < PREFILL_BATCH; b++) {
-        acc_a[b] = warp_sum(acc_a[b]);
-        acc_b[b] = warp_sum(acc_b[b]);
+    for (int i = 0; i < 4; i++) red[wid][lane][i] = c[i];
+    __syncthreads();
+    if (wid != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        c[i] = 0.0f;
+        for (int w = 0; w < MV_WARPS; w++) c[i] += red[w][lane][i];
     }
-    if (lane == 0) store(p, acc_a, acc_b);
+    /* c: rows g (pair g's a) and g + 8 (its b) at tokens 2q, 2q + 1; lane q == 0 gathers all 8 */
+    float va[PREFILL_BATCH], vb[PREFILL_BATCH];
+#pragma unroll
+    for (int t = 0; t < PREFILL_BATCH; t++) {
+        const int src = (lane & ~3) | (t / 2);
+        va[t] = __shfl_sync(0xFFFFFFFFu, c[t % 2], src);
+        vb[t] = __shfl_sync(0xFFFFFFFFu, c[2 + t % 2], src);
+    }
+    if (q == 0 && p < n_pairs) store(p, va, vb);
 }
 
 /* input_layernorm + q/k/v (+ bias) + RoPE + KV-cache store for the batch: the pairs of qkv_pair. */

@@ -385,13 +385,13 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
 
 #define STEP_LAUNCHES (2 + 5 * MODEL_N_LAYERS)
 
-/* Blocks of a prefill matvec: a pair of rows a warp. */
-#define PREFILL_GRID(pairs) (((pairs) + MV_WARPS - 1) / MV_WARPS)
+/* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
+#define PREFILL_GRID(pairs) (((pairs) + PREFILL_BLOCK_PAIRS - 1) / PREFILL_BLOCK_PAIRS)
 
 /* PREFILL_BATCH prompt tokens at positions io[IO_POS] on, then the position past them. As a prompt
  * step, the last layer stops after its keys and values. */
 static void enqueue_prefill(model_cuda *m) {
-    const size_t smem = PREFILL_SMEM_BYTES;
+    const size_t smem = 0; /* the matvecs' shared memory is static */
     launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, PREFILL_BATCH, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
         const model_layer_weights *lw = &m->w.layers[l];
