@@ -845,8 +845,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // (PREFILL_BATCH, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight rows
 // against the 8 tokens, fp32 sums): a block takes 8 pairs of rows (as the decode kernels' pairs:
 // RoPE partners, gate and up, or two rows of o_proj / down), the pair's rows in the tile's rows g
-// and g + 8, and its warps split K. Each input is rounded to the weights' dtype (bf16 or fp16)
-// for the multiply, after the norm. Grids are as many blocks as the pairs need (several waves):
+// and g + 8, and its warps split K. Each input, after the norm, goes in as PREFILL_TERMS values
+// of the weights' dtype (bf16 or fp16) that sum to it. Grids are as many blocks as the pairs need (several waves):
 // the prompt is not latency-bound.
 
 #define PREFILL_BATCH 8       /* prompt tokens a prefill step takes: the mma's n */
@@ -881,15 +881,26 @@ __device__ __forceinline__ void prefill_embed_body(const uint16_t *embed, const 
         x[(size_t)b * dim + i] = w_to_f32(row[i]);
 }
 
-/* Two fp32 values as the weights' 16-bit type, packed low then high (an mma operand register). */
-__device__ __forceinline__ uint32_t pack_w2(float lo, float hi) {
+/* Two fp32 values as the weights' 16-bit type, packed low then high (an mma operand register);
+ * *rest_lo and *rest_hi get what the rounding left out. */
+__device__ __forceinline__ uint32_t pack_w2(float *rest_lo, float *rest_hi) {
 #if defined(MODEL_WEIGHT_DTYPE_BF16)
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    const __nv_bfloat162 v = __floats2bfloat162_rn(*rest_lo, *rest_hi);
+    const float2 back = __bfloat1622float2(v);
 #else
-    const __half2 v = __floats2half2_rn(lo, hi);
+    const __half2 v = __floats2half2_rn(*rest_lo, *rest_hi);
+    const float2 back = __half22float2(v);
 #endif
+    *rest_lo -= back.x;
+    *rest_hi -= back.y;
     return *reinterpret_cast<const uint32_t *>(&v);
 }
+
+/* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 + t2,
+ * each the rounding of what the previous left, so W.x keeps about 24 bits of x (bf16: 8 + 8 + 8)
+ * and the prefill's products match the decode kernels' fp32 ones to their rounding. One term
+ * (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. */
+#define PREFILL_TERMS 3
 
 /* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), in the weights' type. */
 __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -951,8 +962,11 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const flo
 #pragma unroll
                 for (int j = 0; j < 8; j++) xf[j] *= sc * n[j];
             }
-            mma_16x8x16(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(xf[0], xf[1]), pack_w2(xf[2], xf[3]));
-            mma_16x8x16(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(xf[4], xf[5]), pack_w2(xf[6], xf[7]));
+#pragma unroll
+            for (int t = 0; t < PREFILL_TERMS; t++) {
+                mma_16x8x16(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(&xf[0], &xf[1]), pack_w2(&xf[2], &xf[3]));
+                mma_16x8x16(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(&xf[4], &xf[5]), pack_w2(&xf[6], &xf[7]));
+            }
         }
     }
 #pragma unroll
