@@ -381,15 +381,17 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 
 // ---------------------------------------------------------------------------------------------
 // Stage bodies. The generated forward_cuda.cu wraps each in a __global__ kernel that passes the
-// model's constants. io: {position, chosen token} in device memory: the position of the step's
-// token, which the host sets when it feeds tokens and each step's end advances, and the token the
-// argmax or the sampler chose. history holds the token at each position: the host uploads fed
+// model's constants. io: {position, chosen token, batch} in device memory: the position of the
+// step's token, which the host sets when it feeds tokens and each step's end advances, the token the
+// argmax or the sampler chose, and how many of a prefill batch's PREFILL_BATCH tokens are the
+// prompt's (the host sets it before each batch). history holds the token at each position: the host uploads fed
 // tokens there, and each step's end writes its choice after its own position, so a step needs
 // nothing from the host to run on the previous step's choice.
 
 #define IO_POS 0
 #define IO_NEXT 1
-#define IO_INTS 2
+#define IO_COUNT 2
+#define IO_INTS 3
 
 /* x (dim) = embed[history[pos]] */
 template <typename Wait>
@@ -871,12 +873,13 @@ __device__ __forceinline__ void prefill_rms_scales_body(const float *x, float *s
     }
 }
 
-/* x[b] = embed[history[pos + b]], block (i, b). */
+/* x[b] = embed[history[pos + b]], block (i, b); the rows past the batch's tokens repeat its last
+ * (their results are never stored in the cache or read). */
 __device__ __forceinline__ void prefill_embed_body(const uint16_t *embed, const int *io, float *x, const int *history, int dim) {
     pdl_wait();
     pdl_launch_dependents();
     const int b = blockIdx.y;
-    const uint16_t *row = embed + (size_t)history[io[IO_POS] + b] * dim;
+    const uint16_t *row = embed + (size_t)history[io[IO_POS] + min(b, io[IO_COUNT] - 1)] * dim;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x)
         x[(size_t)b * dim + i] = w_to_f32(row[i]);
 }
@@ -1010,8 +1013,9 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, co
             qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
             const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
             const float ba = bias ? w_to_f32(bias[ra]) : 0.0f, bb = bias ? w_to_f32(bias[rb]) : 0.0f;
-            const int pos0 = io[IO_POS];
+            const int pos0 = io[IO_POS], count = io[IO_COUNT];
             for (int t = 0; t < PREFILL_BATCH; t++) {
+                if (kind != 0 && t >= count) break; /* past the batch's tokens: nothing into the cache */
                 float a = va[t] + ba, b = vb[t] + bb;
                 if (kind < 2) {
                     float sn, cs;
@@ -1069,7 +1073,7 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *norm_w
 /* The batch's end: the position past its last token. */
 __device__ __forceinline__ void prefill_end_body(int *io) {
     pdl_wait();
-    if (blockIdx.x == 0 && threadIdx.x == 0) io[IO_POS] += PREFILL_BATCH;
+    if (blockIdx.x == 0 && threadIdx.x == 0) io[IO_POS] += io[IO_COUNT];
 }
 
 #endif

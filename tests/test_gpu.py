@@ -104,8 +104,8 @@ def test_gpu_sampling_end_to_end(build):
 @pytest.mark.parametrize("variant", TINY_VARIANTS)
 def test_tiny_gpu_greedy_equals_cpu(variant):
     """Greedy text on the device, where the prompt's tokens go through the prefill kernels 8 at a
-    time (the rest one at a time, the last layer cut short for all but the last) and each step is
-    queued before the host has read the token it runs on, against the CPU's."""
+    time (TINY_PROMPT's ~150 tokens end in a partial batch) and each step is queued before the
+    host has read the token it runs on, against the CPU's."""
     d = tiny_model_dir(variant)
     binary = binary_for(d, "specialized")
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]

@@ -166,12 +166,14 @@ static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_qkv_rope_ke
                           MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
 }
 
-/* token blockIdx.z of the batch, at io[IO_POS] + blockIdx.z, with its own partial sums and counters */
+/* token blockIdx.z of the batch, at io[IO_POS] + blockIdx.z, with its own partial sums and counters;
+ * none past the batch's tokens (io, set before the graph, is read before the wait) */
 static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(const float *q, const uint16_t *kc,
                                                                            const uint16_t *vc, const int *io, float *part_acc,
                                                                            float *part_ml, unsigned *counters, float *att,
                                                                            int ctx, int n_splits) {
     const int t = blockIdx.z;
+    if (t >= __ldcg(&io[IO_COUNT])) return;
     const size_t parts = (size_t)MODEL_N_HEADS * n_splits;
     attention_body(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM, part_ml + t * parts * 2,
                    counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
@@ -388,8 +390,8 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
 /* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
 #define PREFILL_GRID(pairs) (((pairs) + PREFILL_BLOCK_PAIRS - 1) / PREFILL_BLOCK_PAIRS)
 
-/* PREFILL_BATCH prompt tokens at positions io[IO_POS] on, then the position past them. As a prompt
- * step, the last layer stops after its keys and values. */
+/* io[IO_COUNT] prompt tokens (at most PREFILL_BATCH) at positions io[IO_POS] on, then the position
+ * past them. As a prompt step, the last layer stops after its keys and values. */
 static void enqueue_prefill(model_cuda *m) {
     const size_t smem = 0; /* the matvecs' shared memory is static */
     launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, PREFILL_BATCH, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
@@ -654,13 +656,15 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
-    int i = 0;
-    /* all but the last token: PREFILL_BATCH at once, what is left of them one at a time */
-    for (; n - 1 - i >= PREFILL_BATCH; i += PREFILL_BATCH) {
+    /* all but the last token, PREFILL_BATCH at once: a batch costs what a full one does however few
+     * of its tokens are the prompt's, and as much as two or three decode steps */
+    for (int i = 0; i < n - 1; i += PREFILL_BATCH) {
+        const int count = n - 1 - i < PREFILL_BATCH ? n - 1 - i : PREFILL_BATCH;
+        if (i == 0 || count != PREFILL_BATCH)
+            CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
         CUDA_CHECK(cudaGraphLaunch(m->prefill, m->stream));
-        m->queued += PREFILL_BATCH;
+        m->queued += count;
     }
-    for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
     m->taken = m->queued; /* only the last step can have a token to take */
     queue_step(m, out == CUDA_OUT_LOGITS ? STEP_LOGITS : out == CUDA_OUT_TOKEN ? (m->sampling ? STEP_SAMPLE : STEP_ARGMAX) : STEP_PROMPT);
     if (out == CUDA_OUT_NONE) m->taken = m->queued;
