@@ -845,15 +845,18 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // Prefill: PREFILL_BATCH prompt tokens at positions io[IO_POS] .. + PREFILL_BATCH - 1 through every
 // stage at once, so each weight row is read once for all of them. Activations are
 // (PREFILL_BATCH, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight rows
-// against the 8 tokens, fp32 sums): a block takes 8 pairs of rows (as the decode kernels' pairs:
+// against 8 tokens, a tile of 8 tokens at a time, fp32 sums): a block takes 8 pairs of rows (as the decode kernels' pairs:
 // RoPE partners, gate and up, or two rows of o_proj / down), the pair's rows in the tile's rows g
 // and g + 8, and its warps split K. Each input, after the norm, goes in as PREFILL_TERMS values
 // of the weights' dtype (bf16 or fp16) that sum to it. Grids are as many blocks as the pairs need (several waves):
 // the prompt is not latency-bound.
 
-#define PREFILL_BATCH 8       /* prompt tokens a prefill step takes: the mma's n */
+#ifndef PREFILL_BATCH
+#define PREFILL_BATCH 8       /* prompt tokens a prefill step takes: a multiple of the mma's n, 8 */
+#endif
+#define PREFILL_TILES (PREFILL_BATCH / 8) /* the mma's 8-token tiles a batch takes */
 #define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
-#define PREFILL_UNROLL 4      /* 32-value chunks of K a warp holds in flight */
+#define PREFILL_UNROLL (PREFILL_TILES == 1 ? 4 : 2) /* 32-value chunks of K a warp holds in flight */
 
 /* scale[b] = 1 / sqrt(mean(x[b]^2) + eps), block b. */
 __device__ __forceinline__ void prefill_rms_scales_body(const float *x, float *scale, int dim, float eps) {
@@ -928,66 +931,81 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
  * rows, and C's rows g, g + 8 at tokens 2q, 2q + 1. The sum over K does not care which 16 values
  * of K a step takes as long as A and B agree, so step s of a 32-value chunk gives lane q's four
  * columns the values 8q + 4s .. 8q + 4s + 3: a lane reads 16 contiguous bytes of each of its two
- * rows (pair g's) and 8 inputs of its token, for two steps. */
+ * rows (pair g's) and 8 inputs of its token, for two steps; with several tiles of 8 tokens, the
+ * same weights meet each tile's token g + 8 j in a tile's own mma. */
 template <typename Pair, typename Store>
 __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const float *in, const uint16_t *norm_w,
                                                    const float *scale, Pair pair, Store store) {
-    __shared__ float red[MV_WARPS][WARP_SIZE][4]; /* the warps' parts of K, summed in warp order */
+    __shared__ float red[MV_WARPS][WARP_SIZE][4 * PREFILL_TILES]; /* the warps' parts of K, summed in warp order */
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
     const int p = blockIdx.x * PREFILL_BLOCK_PAIRS + g;
     const uint4 *ra, *rb;
     pair(min(p, n_pairs - 1), &ra, &rb); /* past the last pair: its rows again, not stored */
-    const float *x = in + (size_t)g * K;
     const int chunks = (K + 31) / 32;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float c[PREFILL_TILES][4];
+#pragma unroll
+    for (int j = 0; j < PREFILL_TILES; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
     pdl_wait();
     pdl_launch_dependents();
-    const float sc = norm_w ? scale[g] : 1.0f;
+    float sc[PREFILL_TILES]; /* tile j's token for this lane: g + 8 j */
+#pragma unroll
+    for (int j = 0; j < PREFILL_TILES; j++) sc[j] = norm_w ? scale[g + 8 * j] : 1.0f;
     for (int i0 = wid; i0 < chunks; i0 += MV_WARPS * PREFILL_UNROLL) {
         uint4 wa[PREFILL_UNROLL], wb[PREFILL_UNROLL], nw[PREFILL_UNROLL];
-        float4 x0[PREFILL_UNROLL], x1[PREFILL_UNROLL];
+        float4 x0[PREFILL_UNROLL][PREFILL_TILES], x1[PREFILL_UNROLL][PREFILL_TILES];
 #pragma unroll
         for (int u = 0; u < PREFILL_UNROLL; u++) {
             const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
             const bool in_k = i0 + u * MV_WARPS < chunks && k < K;
             wa[u] = in_k ? ld_stream(ra + k / 8) : make_uint4(0, 0, 0, 0);
             wb[u] = in_k ? ld_stream(rb + k / 8) : make_uint4(0, 0, 0, 0);
-            x0[u] = in_k ? __ldcg(reinterpret_cast<const float4 *>(x + k)) : make_float4(0, 0, 0, 0);
-            x1[u] = in_k ? __ldcg(reinterpret_cast<const float4 *>(x + k) + 1) : make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < PREFILL_TILES; j++) {
+                const float4 *x = reinterpret_cast<const float4 *>(in + (size_t)(g + 8 * j) * K + k);
+                x0[u][j] = in_k ? __ldcg(x) : make_float4(0, 0, 0, 0);
+                x1[u][j] = in_k ? __ldcg(x + 1) : make_float4(0, 0, 0, 0);
+            }
             nw[u] = in_k && norm_w ? *reinterpret_cast<const uint4 *>(norm_w + k) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < PREFILL_UNROLL; u++) {
-            float xf[8] = {x0[u].x, x0[u].y, x0[u].z, x0[u].w, x1[u].x, x1[u].y, x1[u].z, x1[u].w};
-            if (norm_w) {
-                float n[8];
-                w8_to_f32(nw[u], n);
+            float n[8];
+            if (norm_w) w8_to_f32(nw[u], n);
 #pragma unroll
-                for (int j = 0; j < 8; j++) xf[j] *= sc * n[j];
-            }
+            for (int j = 0; j < PREFILL_TILES; j++) {
+                float xf[8] = {x0[u][j].x, x0[u][j].y, x0[u][j].z, x0[u][j].w, x1[u][j].x, x1[u][j].y, x1[u][j].z, x1[u][j].w};
+                if (norm_w)
 #pragma unroll
-            for (int t = 0; t < PREFILL_TERMS; t++) {
-                mma_16x8x16(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(&xf[0], &xf[1]), pack_w2(&xf[2], &xf[3]));
-                mma_16x8x16(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(&xf[4], &xf[5]), pack_w2(&xf[6], &xf[7]));
+                    for (int e = 0; e < 8; e++) xf[e] *= sc[j] * n[e];
+#pragma unroll
+                for (int t = 0; t < PREFILL_TERMS; t++) {
+                    mma_16x8x16(c[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(&xf[0], &xf[1]), pack_w2(&xf[2], &xf[3]));
+                    mma_16x8x16(c[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(&xf[4], &xf[5]), pack_w2(&xf[6], &xf[7]));
+                }
             }
         }
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) red[wid][lane][i] = c[i];
+    for (int j = 0; j < PREFILL_TILES; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[wid][lane][4 * j + i] = c[j][i];
     __syncthreads();
     if (wid != 0) return;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        c[i] = 0.0f;
-        for (int w = 0; w < MV_WARPS; w++) c[i] += red[w][lane][i];
-    }
-    /* c: rows g (pair g's a) and g + 8 (its b) at tokens 2q, 2q + 1; lane q == 0 gathers all 8 */
+    for (int j = 0; j < PREFILL_TILES; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            c[j][i] = 0.0f;
+            for (int w = 0; w < MV_WARPS; w++) c[j][i] += red[w][lane][4 * j + i];
+        }
+    /* c[j]: rows g (pair g's a) and g + 8 (its b) at tokens 8 j + 2q, 8 j + 2q + 1; lane q == 0
+     * gathers all of the batch's */
     float va[PREFILL_BATCH], vb[PREFILL_BATCH];
 #pragma unroll
     for (int t = 0; t < PREFILL_BATCH; t++) {
-        const int src = (lane & ~3) | (t / 2);
-        va[t] = __shfl_sync(0xFFFFFFFFu, c[t % 2], src);
-        vb[t] = __shfl_sync(0xFFFFFFFFu, c[2 + t % 2], src);
+        const int src = (lane & ~3) | (t % 8 / 2);
+        va[t] = __shfl_sync(0xFFFFFFFFu, c[t / 8][t % 2], src);
+        vb[t] = __shfl_sync(0xFFFFFFFFu, c[t / 8][2 + t % 2], src);
     }
     if (q == 0 && p < n_pairs) store(p, va, vb);
 }
