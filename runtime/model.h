@@ -83,7 +83,8 @@ enum { CUDA_OUT_NONE, CUDA_OUT_TOKEN, CUDA_OUT_LOGITS };
  * cache holds pos + n tokens. out says what the last step leaves: nothing but the cache
  * (CUDA_OUT_NONE), the token chosen on the device (CUDA_OUT_TOKEN; see model_cuda_set_sampler), or
  * that and the logits (CUDA_OUT_LOGITS). The tokens before the last need no LM head: they go
- * through the prefill kernels 8 at a time, the last batch as few as are left. */
+ * through the prefill kernels 8 at a time, the last batch as few as are left (one or two left go
+ * one at a time, which is faster). */
 err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int pos, int out);
 
 /* Queues a step on the token that the last queued step chose, at the position after it, before

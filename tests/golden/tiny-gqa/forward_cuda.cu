@@ -218,6 +218,9 @@ static __global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t see
  * logits on the host, or the sampler's draw. */
 enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 #define STEP_RING 4 /* choosing steps queued at once, at most (model_cuda_take drains the oldest) */
+/* Fewest prompt tokens worth a prefill batch of their own: a batch costs what a full one does, 2-3
+ * prompt steps (1B shape: ~1.7 ms against ~0.65; 7B ~7 against ~3.6; PERFORMANCE.md) */
+#define PREFILL_MIN_TAIL 3
 
 struct model_cuda {
     int ctx, n_splits;
@@ -656,15 +659,17 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
-    /* all but the last token, PREFILL_BATCH at once: a batch costs what a full one does however few
-     * of its tokens are the prompt's, and as much as two or three decode steps */
-    for (int i = 0; i < n - 1; i += PREFILL_BATCH) {
+    /* all but the last token: PREFILL_BATCH at once, then what is left as one more batch when it is
+     * at least PREFILL_MIN_TAIL tokens, else one prompt step each */
+    int i = 0;
+    for (; n - 1 - i >= PREFILL_MIN_TAIL; i += PREFILL_BATCH) {
         const int count = n - 1 - i < PREFILL_BATCH ? n - 1 - i : PREFILL_BATCH;
         if (i == 0 || count != PREFILL_BATCH)
             CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
         CUDA_CHECK(cudaGraphLaunch(m->prefill, m->stream));
         m->queued += count;
     }
+    for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
     m->taken = m->queued; /* only the last step can have a token to take */
     queue_step(m, out == CUDA_OUT_LOGITS ? STEP_LOGITS : out == CUDA_OUT_TOKEN ? (m->sampling ? STEP_SAMPLE : STEP_ARGMAX) : STEP_PROMPT);
     if (out == CUDA_OUT_NONE) m->taken = m->queued;
