@@ -856,6 +856,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
  * prompt (1B shape) but no gain below ~40 tokens: a batch of 16 costs ~1.7 of 8 (PERFORMANCE.md) */
 #define PREFILL_BATCH 8
 #endif
+static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_BATCH >= 8, "PREFILL_BATCH: a multiple of the mma's 8 tokens");
 #define PREFILL_TILES (PREFILL_BATCH / 8) /* the mma's 8-token tiles a batch takes */
 #define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
 #define PREFILL_UNROLL (PREFILL_TILES == 1 ? 4 : 2) /* 32-value chunks of K a warp holds in flight */
