@@ -382,11 +382,11 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 // ---------------------------------------------------------------------------------------------
 // Stage bodies. The generated forward_cuda.cu wraps each in a __global__ kernel that passes the
 // model's constants. io: {position, chosen token, batch} in device memory: the position of the
-// step's token, which the host sets when it feeds tokens and each step's end advances, the token the
-// argmax or the sampler chose, and how many of a prefill batch's PREFILL_BATCH tokens are the
-// prompt's (the host sets it before each batch). history holds the token at each position: the host uploads fed
-// tokens there, and each step's end writes its choice after its own position, so a step needs
-// nothing from the host to run on the previous step's choice.
+// step's token, which the host sets when it feeds tokens and each step's end advances; the token
+// the argmax or the sampler chose; and how many of a prefill batch's PREFILL_BATCH tokens are the
+// prompt's (the host sets it before each batch). history holds the token at each position: the
+// host uploads fed tokens there, and each step's end writes its choice after its own position, so
+// a step needs nothing from the host to run on the previous step's choice.
 
 #define IO_POS 0
 #define IO_NEXT 1
@@ -842,14 +842,15 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: PREFILL_BATCH prompt tokens at positions io[IO_POS] .. + PREFILL_BATCH - 1 through every
-// stage at once, so each weight row is read once for all of them. Activations are
-// (PREFILL_BATCH, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight rows
-// against 8 tokens, a tile of 8 tokens at a time, fp32 sums): a block takes 8 pairs of rows (as the decode kernels' pairs:
-// RoPE partners, gate and up, or two rows of o_proj / down), the pair's rows in the tile's rows g
-// and g + 8, and its warps split K. Each input, after the norm, goes in as PREFILL_TERMS values
-// of the weights' dtype (bf16 or fp16) that sum to it. Grids are as many blocks as the pairs need (several waves):
-// the prompt is not latency-bound.
+// Prefill: PREFILL_BATCH prompt tokens at positions io[IO_POS] on through every stage at once, so
+// each weight row is read once for all of them; io[IO_COUNT] of them are the prompt's. Activations
+// are (PREFILL_BATCH, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight
+// rows against 8 tokens, each 8-token tile of the batch in an mma of its own, fp32 sums): a block
+// takes 8 pairs of rows (as the decode kernels' pairs: RoPE partners, gate and up, or two rows of
+// o_proj / down), the pair's rows in the tile's rows g and g + 8, and its warps split K. Each
+// input, after the norm, goes in as PREFILL_TERMS values of the weights' dtype (bf16 or fp16) that
+// sum to it. Grids are as many blocks as the pairs need (several waves): the prompt is not
+// latency-bound.
 
 #ifndef PREFILL_BATCH
 /* prompt tokens a prefill step takes: a multiple of the mma's n, 8. 16 is +19% on a 128-token
