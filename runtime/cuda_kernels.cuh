@@ -383,7 +383,7 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 // Stage bodies. The generated forward_cuda.cu wraps each in a __global__ kernel that passes the
 // model's constants. io: {position, chosen token, batch} in device memory: the position of the
 // step's token, which the host sets when it feeds tokens and each step's end advances; the token
-// the argmax or the sampler chose; and how many of a prefill batch's PREFILL_BATCH tokens are the
+// the argmax or the sampler chose; and how many of a prefill batch's tokens (16 or 8) are the
 // prompt's (the host sets it before each batch). history holds the token at each position: the
 // host uploads fed tokens there, and each step's end writes its choice after its own position, so
 // a step needs nothing from the host to run on the previous step's choice.
@@ -842,9 +842,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: PREFILL_BATCH prompt tokens at positions io[IO_POS] on through every stage at once, so
-// each weight row is read once for all of them; io[IO_COUNT] of them are the prompt's. Activations
-// are (PREFILL_BATCH, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight
+// Prefill: a batch of B prompt tokens (16 or 8) at positions io[IO_POS] on through every stage at
+// once, so each weight row is read once for all of them; io[IO_COUNT] of them are the prompt's.
+// Activations are (B, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight
 // rows against 8 tokens, each 8-token tile of the batch in an mma of its own, fp32 sums): a block
 // takes 8 pairs of rows (as the decode kernels' pairs: RoPE partners, gate and up, or two rows of
 // o_proj / down), the pair's rows in the tile's rows g and g + 8, and its warps split K. Each
@@ -852,15 +852,15 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // sum to it. Grids are as many blocks as the pairs need (several waves): the prompt is not
 // latency-bound.
 
-#ifndef PREFILL_BATCH
-/* prompt tokens a prefill step takes: a multiple of the mma's n, 8. 16 is +19% on a 128-token
- * prompt (1B shape) but no gain below ~40 tokens: a batch of 16 costs ~1.7 of 8 (PERFORMANCE.md) */
-#define PREFILL_BATCH 8
-#endif
-static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_BATCH >= 8, "PREFILL_BATCH: a multiple of the mma's 8 tokens");
-#define PREFILL_TILES (PREFILL_BATCH / 8) /* the mma's 8-token tiles a batch takes */
+/* Prompt tokens a prefill batch takes: PREFILL_BATCH while at least PREFILL_LARGE_FROM are left,
+ * else PREFILL_SMALL. A batch of 16 costs ~1.7 of one of 8 (1B shape: +19% on a 128-token prompt),
+ * so the last few tokens go in a batch of 8 (PERFORMANCE.md). Each a multiple of the mma's n, 8. */
+#define PREFILL_BATCH 16
+#define PREFILL_SMALL 8
+#define PREFILL_LARGE_FROM 10 /* 9 left: a batch of 8 and a step beat one of 16 */
+static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches: multiples of the mma's 8 tokens");
 #define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
-#define PREFILL_UNROLL (PREFILL_TILES == 1 ? 4 : 2) /* 32-value chunks of K a warp holds in flight */
+#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : 2) /* 32-value chunks of K a warp holds in flight */
 
 /* scale[b] = 1 / sqrt(mean(x[b]^2) + eps), block b. */
 __device__ __forceinline__ void prefill_rms_scales_body(const float *x, float *scale, int dim, float eps) {
@@ -927,7 +927,7 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
 }
 
 /* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
- * store(p, va, vb) gets their products with the PREFILL_BATCH inputs in (PREFILL_BATCH, K), each
+ * store(p, va, vb) gets their products with the B inputs in (B, K), each
  * input times norm_w and scale[t] first when norm_w is not NULL.
  *
  * The mma's fragments (PTX ISA, m16n8k16, 16-bit types): lane (g = lane / 4, q = lane % 4) holds
@@ -937,34 +937,35 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
  * columns the values 8q + 4s .. 8q + 4s + 3: a lane reads 16 contiguous bytes of each of its two
  * rows (pair g's) and 8 inputs of its token, for two steps; with several tiles of 8 tokens, the
  * same weights meet each tile's token g + 8 j in a tile's own mma. */
-template <typename Pair, typename Store>
+template <int B, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const float *in, const uint16_t *norm_w,
                                                    const float *scale, Pair pair, Store store) {
-    __shared__ float red[MV_WARPS][WARP_SIZE][4 * PREFILL_TILES]; /* the warps' parts of K, summed in warp order */
+    constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B);
+    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles]; /* the warps' parts of K, summed in warp order */
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
     const int p = blockIdx.x * PREFILL_BLOCK_PAIRS + g;
     const uint4 *ra, *rb;
     pair(min(p, n_pairs - 1), &ra, &rb); /* past the last pair: its rows again, not stored */
     const int chunks = (K + 31) / 32;
-    float c[PREFILL_TILES][4];
+    float c[tiles][4];
 #pragma unroll
-    for (int j = 0; j < PREFILL_TILES; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+    for (int j = 0; j < tiles; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
     pdl_wait();
     pdl_launch_dependents();
-    float sc[PREFILL_TILES]; /* tile j's token for this lane: g + 8 j */
+    float sc[tiles]; /* tile j's token for this lane: g + 8 j */
 #pragma unroll
-    for (int j = 0; j < PREFILL_TILES; j++) sc[j] = norm_w ? scale[g + 8 * j] : 1.0f;
-    for (int i0 = wid; i0 < chunks; i0 += MV_WARPS * PREFILL_UNROLL) {
-        uint4 wa[PREFILL_UNROLL], wb[PREFILL_UNROLL], nw[PREFILL_UNROLL];
-        float4 x0[PREFILL_UNROLL][PREFILL_TILES], x1[PREFILL_UNROLL][PREFILL_TILES];
+    for (int j = 0; j < tiles; j++) sc[j] = norm_w ? scale[g + 8 * j] : 1.0f;
+    for (int i0 = wid; i0 < chunks; i0 += MV_WARPS * unroll) {
+        uint4 wa[unroll], wb[unroll], nw[unroll];
+        float4 x0[unroll][tiles], x1[unroll][tiles];
 #pragma unroll
-        for (int u = 0; u < PREFILL_UNROLL; u++) {
+        for (int u = 0; u < unroll; u++) {
             const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
             const bool in_k = i0 + u * MV_WARPS < chunks && k < K;
             wa[u] = in_k ? ld_stream(ra + k / 8) : make_uint4(0, 0, 0, 0);
             wb[u] = in_k ? ld_stream(rb + k / 8) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int j = 0; j < PREFILL_TILES; j++) {
+            for (int j = 0; j < tiles; j++) {
                 const float4 *x = reinterpret_cast<const float4 *>(in + (size_t)(g + 8 * j) * K + k);
                 x0[u][j] = in_k ? __ldcg(x) : make_float4(0, 0, 0, 0);
                 x1[u][j] = in_k ? __ldcg(x + 1) : make_float4(0, 0, 0, 0);
@@ -972,11 +973,11 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const flo
             nw[u] = in_k && norm_w ? *reinterpret_cast<const uint4 *>(norm_w + k) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < PREFILL_UNROLL; u++) {
+        for (int u = 0; u < unroll; u++) {
             float n[8];
             if (norm_w) w8_to_f32(nw[u], n);
 #pragma unroll
-            for (int j = 0; j < PREFILL_TILES; j++) {
+            for (int j = 0; j < tiles; j++) {
                 float xf[8] = {x0[u][j].x, x0[u][j].y, x0[u][j].z, x0[u][j].w, x1[u][j].x, x1[u][j].y, x1[u][j].z, x1[u][j].w};
                 if (norm_w)
 #pragma unroll
@@ -990,13 +991,13 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const flo
         }
     }
 #pragma unroll
-    for (int j = 0; j < PREFILL_TILES; j++)
+    for (int j = 0; j < tiles; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) red[wid][lane][4 * j + i] = c[j][i];
     __syncthreads();
     if (wid != 0) return;
 #pragma unroll
-    for (int j = 0; j < PREFILL_TILES; j++)
+    for (int j = 0; j < tiles; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             c[j][i] = 0.0f;
@@ -1004,9 +1005,9 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const flo
         }
     /* c[j]: rows g (pair g's a) and g + 8 (its b) at tokens 8 j + 2q, 8 j + 2q + 1; lane q == 0
      * gathers all of the batch's */
-    float va[PREFILL_BATCH], vb[PREFILL_BATCH];
+    float va[B], vb[B];
 #pragma unroll
-    for (int t = 0; t < PREFILL_BATCH; t++) {
+    for (int t = 0; t < B; t++) {
         const int src = (lane & ~3) | (t % 8 / 2);
         va[t] = __shfl_sync(0xFFFFFFFFu, c[t / 8][t % 2], src);
         vb[t] = __shfl_sync(0xFFFFFFFFu, c[t / 8][2 + t % 2], src);
@@ -1014,14 +1015,15 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const flo
     if (q == 0 && p < n_pairs) store(p, va, vb);
 }
 
-/* input_layernorm + q/k/v (+ bias) + RoPE + KV-cache store for the batch: the pairs of qkv_pair. */
+/* input_layernorm + q/k/v (+ bias) + RoPE + KV-cache store for a batch of B: the pairs of qkv_pair. */
+template <int B>
 __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
                                                       const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
                                                       const uint16_t *bv, const float *x, const float *scale, float *q,
                                                       uint16_t *kc, uint16_t *vc, const int *io, const float *inv_freq, int dim,
                                                       int q_dim, int kv_dim, int head_dim, int ctx) {
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
-    prefill_pairs_body(
+    prefill_pairs_body<B>(
         pairs, dim, x, norm_w, scale,
         [&](int p, const uint4 **a, const uint4 **b) {
             int ra, rb, kind;
@@ -1036,7 +1038,7 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, co
             const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
             const float ba = bias ? w_to_f32(bias[ra]) : 0.0f, bb = bias ? w_to_f32(bias[rb]) : 0.0f;
             const int pos0 = io[IO_POS], count = io[IO_COUNT];
-            for (int t = 0; t < PREFILL_BATCH; t++) {
+            for (int t = 0; t < B; t++) {
                 if (kind != 0 && t >= count) break; /* past the batch's tokens: nothing into the cache */
                 float a = va[t] + ba, b = vb[t] + bb;
                 if (kind < 2) {
@@ -1058,12 +1060,12 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, co
         });
 }
 
-/* out (PREFILL_BATCH, rows) += W (rows, K) . in (PREFILL_BATCH, K) [+ bias]: rows (i, i + rows / 2) a pair
- * (rows even). */
+/* out (B, rows) += W (rows, K) . in (B, K) [+ bias]: rows (i, i + rows / 2) a pair (rows even). */
+template <int B>
 __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                       int rows, int K) {
     const int half = rows / 2;
-    prefill_pairs_body(
+    prefill_pairs_body<B>(
         half, K, in, NULL, NULL,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
@@ -1071,24 +1073,25 @@ __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const u
         },
         [&](int p, const float *va, const float *vb) {
             const float ba = bias ? w_to_f32(bias[p]) : 0.0f, bb = bias ? w_to_f32(bias[p + half]) : 0.0f;
-            for (int t = 0; t < PREFILL_BATCH; t++) {
+            for (int t = 0; t < B; t++) {
                 out[(size_t)t * rows + p] += va[t] + ba;
                 out[(size_t)t * rows + p + half] += vb[t] + bb;
             }
         });
 }
 
-/* post_attention_layernorm + gate and up + SiLU: hb (PREFILL_BATCH, hidden) = silu(gate . x) * (up . x). */
+/* post_attention_layernorm + gate and up + SiLU: hb (B, hidden) = silu(gate . x) * (up . x). */
+template <int B>
 __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
                                                           const float *x, const float *scale, float *hb, int dim, int hidden) {
-    prefill_pairs_body(
+    prefill_pairs_body<B>(
         hidden, dim, x, norm_w, scale,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
             *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);
         },
         [&](int p, const float *va, const float *vb) {
-            for (int t = 0; t < PREFILL_BATCH; t++) hb[(size_t)t * hidden + p] = silu(va[t]) * vb[t];
+            for (int t = 0; t < B; t++) hb[(size_t)t * hidden + p] = silu(va[t]) * vb[t];
         });
 }
 

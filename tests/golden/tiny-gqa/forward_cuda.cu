@@ -146,8 +146,8 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: PREFILL_BATCH prompt tokens through each stage at once (cuda_kernels.cuh), a kernel per
-// stage as in the step, the norms' scales in a kernel of their own.
+// Prefill: a batch of B prompt tokens (PREFILL_BATCH or PREFILL_SMALL) through each stage at once
+// (cuda_kernels.cuh), a kernel per stage as in the step, the norms' scales in a kernel of their own.
 
 static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_t *embed, const int *io, float *x,
                                                                    const int *history) {
@@ -158,10 +158,11 @@ static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_scales_kernel(c
     prefill_rms_scales_body(x, scale, MODEL_DIM, MODEL_NORM_EPS);
 }
 
+template <int B>
 static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
                                                                                  const float *scale, float *q, uint16_t *kc,
                                                                                  uint16_t *vc, const int *io, int ctx) {
-    prefill_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
+    prefill_qkv_rope_body<B>(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
                           MODEL_QKV_BIAS ? w.bv : NULL, x, scale, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
                           MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
 }
@@ -180,19 +181,22 @@ static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(c
                    ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
+template <int B>
 static __global__ void __launch_bounds__(MV_THREADS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
                                                                                 float *x) {
-    prefill_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM);
+    prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM);
 }
 
+template <int B>
 static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
                                                                                      const float *scale, float *hb) {
-    prefill_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_silu_body<B>(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
+template <int B>
 static __global__ void __launch_bounds__(MV_THREADS) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
                                                                               float *x) {
-    prefill_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_residual_body<B>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io) { prefill_end_body(io); }
@@ -254,7 +258,7 @@ struct model_cuda {
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
     cudaGraphExec_t graphs[STEP_KINDS]; /* one decode step of each kind */
-    cudaGraphExec_t prefill;  /* PREFILL_BATCH prompt tokens at once */
+    cudaGraphExec_t prefill[2]; /* a batch of PREFILL_BATCH prompt tokens, and one of PREFILL_SMALL */
     float *prefill_scale;     /* (PREFILL_BATCH) the batch's RMSNorm scales */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
@@ -393,37 +397,39 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
 /* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
 #define PREFILL_GRID(pairs) (((pairs) + PREFILL_BLOCK_PAIRS - 1) / PREFILL_BLOCK_PAIRS)
 
-/* io[IO_COUNT] prompt tokens (at most PREFILL_BATCH) at positions io[IO_POS] on, then the position
- * past them. As a prompt step, the last layer stops after its keys and values. */
+/* io[IO_COUNT] prompt tokens (at most B) at positions io[IO_POS] on, then the position past them.
+ * As a prompt step, the last layer stops after its keys and values. */
+template <int B>
 static void enqueue_prefill(model_cuda *m) {
     const size_t smem = 0; /* the matvecs' shared memory is static */
-    launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, PREFILL_BATCH, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
+    launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, B, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_scales_kernel, PREFILL_BATCH, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
-        launch(prefill_rmsnorm_qkv_rope_kernel, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
+        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
+        launch(prefill_rmsnorm_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
                *lw, m->x, m->prefill_scale, m->q, kc, vc, m->io, m->ctx);
         if (l == MODEL_N_LAYERS - 1) break;
-        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, m->n_splits, PREFILL_BATCH), ATT_THREADS,
+        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, m->n_splits, B), ATT_THREADS,
                     ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, m->n_splits);
-        launch(prefill_o_proj_residual_kernel, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->att, m->x);
-        launch(prefill_rms_scales_kernel, PREFILL_BATCH, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
-        launch(prefill_rmsnorm_gate_up_silu_kernel, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw, m->x,
+        launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->att, m->x);
+        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
+        launch(prefill_rmsnorm_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw, m->x,
                m->prefill_scale, m->hb);
-        launch(prefill_down_residual_kernel, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->hb, m->x);
+        launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->hb, m->x);
     }
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
 }
 
-/* kind: a STEP_* step, or STEP_KINDS for a prefill batch */
+/* kind: a STEP_* step, or STEP_KINDS (+ 1) for a prefill batch of PREFILL_BATCH (PREFILL_SMALL) */
 static err_code capture(model_cuda *m, int kind, cudaGraphExec_t *exec) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    if (kind == STEP_KINDS) enqueue_prefill(m);
+    if (kind == STEP_KINDS) enqueue_prefill<PREFILL_BATCH>(m);
+    else if (kind == STEP_KINDS + 1) enqueue_prefill<PREFILL_SMALL>(m);
     else enqueue_step(m, kind, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
@@ -590,8 +596,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMemset(m->rng, 0, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaHostAlloc(&m->logits_host, MODEL_VOCAB_SIZE * sizeof(float), cudaHostAllocDefault));
     CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
-    for (int kind = 0; kind <= STEP_KINDS; kind++)
-        if ((rc = capture(m, kind, kind < STEP_KINDS ? &m->graphs[kind] : &m->prefill))) {
+    for (int kind = 0; kind <= STEP_KINDS + 1; kind++)
+        if ((rc = capture(m, kind, kind < STEP_KINDS ? &m->graphs[kind] : &m->prefill[kind - STEP_KINDS]))) {
             model_cuda_free(m);
             return rc;
         }
@@ -659,14 +665,14 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
-    /* all but the last token: PREFILL_BATCH at once, then what is left as one more batch when it is
-     * at least PREFILL_MIN_TAIL tokens, else one prompt step each */
+    /* all but the last token: batches of PREFILL_BATCH while at least PREFILL_LARGE_FROM are left,
+     * of PREFILL_SMALL while at least PREFILL_MIN_TAIL are, then one prompt step each */
     int i = 0;
-    for (; n - 1 - i >= PREFILL_MIN_TAIL; i += PREFILL_BATCH) {
-        const int count = n - 1 - i < PREFILL_BATCH ? n - 1 - i : PREFILL_BATCH;
-        if (i == 0 || count != PREFILL_BATCH)
-            CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaGraphLaunch(m->prefill, m->stream));
+    for (int count; n - 1 - i >= PREFILL_MIN_TAIL; i += count) {
+        const int large = n - 1 - i >= PREFILL_LARGE_FROM, b = large ? PREFILL_BATCH : PREFILL_SMALL;
+        count = n - 1 - i < b ? n - 1 - i : b;
+        CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
+        CUDA_CHECK(cudaGraphLaunch(m->prefill[!large], m->stream));
         m->queued += count;
     }
     for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
@@ -778,7 +784,8 @@ extern "C" void model_cuda_free(model_cuda *m) {
 #endif
     for (int kind = 0; kind < STEP_KINDS; kind++)
         if (m->graphs[kind]) cudaGraphExecDestroy(m->graphs[kind]);
-    if (m->prefill) cudaGraphExecDestroy(m->prefill);
+    for (int b = 0; b < 2; b++)
+        if (m->prefill[b]) cudaGraphExecDestroy(m->prefill[b]);
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
