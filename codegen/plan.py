@@ -37,6 +37,7 @@ class Plan:
     att_min_splits: int  # attention splits per KV head up to depth ATT_TILE * this (two blocks an SM); more past it
     o_proj_min_blocks: int  # blocks an SM o_proj's registers must allow: 4 when its rows take one step (64 registers,
     # no spill), so that a gate/up block fits beside its two; 2 otherwise (the double-buffered rows need ~126)
+    residual_pairs: int  # 1: o_proj and down take their rows in pairs (p, p + dim / 2) a warp (_residual_pairs)
 
 
 class CExpr:
@@ -88,6 +89,15 @@ def _o_proj_min_blocks(q_dim: int) -> int:
     return 4 if q_dim <= MV_STEP_VALUES else 2
 
 
+def _residual_pairs(dim: int, sms: int, o_proj_min_blocks: int) -> int:
+    """Pairs of rows in o_proj and down where their dim rows pass one round of a wave's warps (two
+    blocks an SM): a warp then holds both of its rows' loads at once instead of taking a second row
+    after the first. Measured on the H200 (PERFORMANCE.md, eighth session): Mistral-7B (4096 rows,
+    2112 warps) +1.0%; Llama-3.2-1B (2048 rows, one round already) -15% with them, most of it o_proj
+    spilling at the 64 registers of o_proj_min_blocks 4, which the rule also excludes."""
+    return int(dim % 2 == 0 and dim > 2 * sms * MV_WARPS and o_proj_min_blocks == 2)
+
+
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     return Plan(
@@ -95,6 +105,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         cuda_arch=cuda_arch,
         gpu_sms=sms,
         o_proj_min_blocks=_o_proj_min_blocks(spec.q_dim),
+        residual_pairs=_residual_pairs(spec.dim, sms, _o_proj_min_blocks(spec.q_dim)),
         **_gpu_plan(spec, sms),
     )
 
@@ -108,5 +119,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         cuda_arch=cuda_arch,
         gpu_sms=sms,
         o_proj_min_blocks=2,  # a launch bound is a literal; the generic build keeps the double-buffered rows
+        residual_pairs=0,  # one row a warp: a run-time choice would hold both paths' registers
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

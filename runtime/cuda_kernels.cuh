@@ -492,26 +492,39 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
 
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. The input
  * is staged in shared memory like the norm'd kernels' (measured against reading it from L1 chunk by
- * chunk: +4.1% on the 7B shape, +0.7% on the 1B). */
+ * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
+ * (a constant of the build: codegen/plan.py's residual_pairs), rows p and p + rows / 2 (rows even)
+ * on one warp, both rows' loads in flight together. */
 template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
-                                                     int rows, int K, int stage, Wait wait) {
-    const int lane = threadIdx.x % WARP_SIZE;
+                                                     int rows, int K, bool pairs, int stage, Wait wait) {
+    const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
     int row = grid_warp();
     TRACE_BEGIN(stage);
     (void)stage;
-    row_chunks a;
-    if (row < rows) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
+    row_chunks a, b;
+    if (row < n) {
+        load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
+        if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
+    }
     extern __shared__ float sx[];
     wait();
     TRACE_AT(TRACE_WAITED);
     stage_input(sx, in, false, K, 0.0f);
     TRACE_AT(TRACE_STAGED);
-    for (bool first = true; row < rows; row += grid_warps(), first = false) {
+    for (bool first = true; row < n; row += grid_warps(), first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
-        if (!first) load_step(&a, r, K, 0, lane);
-        float v = row_dot_buffered(&a, r, sx, K, lane);
-        if (lane == 0) out[row] += v + (bias ? w_to_f32(bias[row]) : 0.0f);
+        if (pairs) {
+            const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane);
+            if (lane == 0) {
+                out[row] += v.x + (bias ? w_to_f32(bias[row]) : 0.0f);
+                out[row + half] += v.y + (bias ? w_to_f32(bias[row + half]) : 0.0f);
+            }
+        } else {
+            if (!first) load_step(&a, r, K, 0, lane);
+            const float v = row_dot_buffered(&a, r, sx, K, lane);
+            if (lane == 0) out[row] += v + (bias ? w_to_f32(bias[row]) : 0.0f);
+        }
     }
     TRACE_END();
 }

@@ -113,6 +113,18 @@ def test_plan_streams_follow_model_size():
     assert make_plan(spec_of(load(REPO / "models" / "mistral-7b-instruct-v0.2" / "config.json"))).cpu_streams == 4
 
 
+def test_plan_pairs_residual_rows_past_one_wave():
+    """o_proj and down take pairs of rows where the model's dim passes a wave's warps (2 blocks of 8
+    on each of the H200's 132 SMs: 2112): the 7-8B shapes, not the 1B or SmolLM2."""
+    from codegen.plan import make_plan
+
+    pairs = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).residual_pairs
+             for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2",
+                       "llama-3.1-8b-instruct", "qwen2.5-7b-instruct")}
+    assert pairs == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 0, "mistral-7b-instruct-v0.2": 1,
+                     "llama-3.1-8b-instruct": 1, "qwen2.5-7b-instruct": 1}
+
+
 def test_c_literals():
     assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
     assert c_string("??=") == '"\\077\\077="'

@@ -112,6 +112,21 @@ def test_tiny_gpu_greedy_equals_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+@pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-qwen2"])
+def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
+    """o_proj and down with a pair of rows a warp (the plan takes them where the rows pass a wave's
+    warps, as on the 7B shapes, never on a tiny model), forced with -DRESIDUAL_PAIRS=1 in a build of
+    its own: logits and greedy text against the CPU's."""
+    d = tiny_model_dir(variant, name=f"{variant}-pairs")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DRESIDUAL_PAIRS=1")
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab),
+                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
+    assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 def test_tiny_gpu_matches_transformers(tiny_gpu, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

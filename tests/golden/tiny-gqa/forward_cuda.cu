@@ -26,6 +26,12 @@
 #define GRID_DOWN 8
 #define GRID_LM_HEAD 50
 #define ATT_MIN_SPLITS 132
+#ifndef RESIDUAL_PAIRS
+#define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
+#endif
+#if RESIDUAL_PAIRS
+static_assert(MODEL_DIM % 2 == 0, "RESIDUAL_PAIRS: a warp pairs rows p and p + MODEL_DIM / 2");
+#endif
 
 #define CUDA_CHECK(call)                                                                               \
     do {                                                                                               \
@@ -66,7 +72,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const flo
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
 static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
-    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, ST_O, wait_pdl{});
+    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
@@ -76,7 +82,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 
 /* mlp.down_proj + residual */
 static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
-    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, ST_DOWN, wait_pdl{});
+    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
 }
 
 /* model.norm, the LM head and the greedy choice */
@@ -124,10 +130,11 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
                            MODEL_KV_MUL, b.ctx, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
-        matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, ST_O, sync);
+        /* single rows here: this kernel's registers are full already */
+        matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, false, ST_O, sync);
         __syncthreads(); /* the staged input is read to the end before the next stage stages its norm weights */
         rmsnorm_gate_up_silu_body(w->ffn_norm, w->w_gate, w->w_up, b.x, b.hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, sync);
-        matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, ST_DOWN, sync);
+        matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, false, ST_DOWN, sync);
         __syncthreads();
     }
     rmsnorm_lm_head_argmax_body(b.w->final_norm, b.w->lm_head, b.x, b.logits, b.block_best, b.counters + MODEL_N_KV_HEADS,
