@@ -90,6 +90,28 @@ struct wait_grid {
     }
 };
 
+/* In a kernel whose blocks do two stages (attention and o_proj, ATT_O_GRID): the later stage's
+ * blocks wait until *done reaches target (each earlier block that finishes adds 1 after a fence),
+ * then let the next kernel launch, as wait_pdl. They never call griddepcontrol.wait: the earlier
+ * blocks did, and their count orders everything before them. The acquire load makes their writes
+ * visible to this block's loads after the barrier. */
+struct wait_count {
+    const unsigned *done;
+    unsigned target;
+    __device__ __forceinline__ void operator()() const {
+        if (threadIdx.x == 0) {
+            unsigned v;
+            for (;;) {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done) : "memory");
+                if (v >= target) break;
+                __nanosleep(20);
+            }
+        }
+        __syncthreads();
+        pdl_launch_dependents();
+    }
+};
+
 /* Nothing to wait for (the caller has already waited). */
 struct wait_none {
     __device__ __forceinline__ void operator()() const {}
@@ -497,9 +519,11 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
  * on one warp, both rows' loads in flight together. */
 template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
-                                                     int rows, int K, bool pairs, int stage, Wait wait) {
+                                                     int rows, int K, bool pairs, int stage, Wait wait,
+                                                     int block = (int)blockIdx.x, int blocks = (int)gridDim.x) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
-    int row = grid_warp();
+    const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
+    int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
     TRACE_BEGIN(stage);
     (void)stage;
     row_chunks a, b;
@@ -512,7 +536,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     TRACE_AT(TRACE_WAITED);
     stage_input(sx, in, false, K, 0.0f);
     TRACE_AT(TRACE_STAGED);
-    for (bool first = true; row < n; row += grid_warps(), first = false) {
+    for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         if (pairs) {
             const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane);
@@ -644,11 +668,19 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
 #define ATT_SMEM_BYTES(kv_mul, head_dim) \
     ((size_t)((kv_mul) * ATT_TILE + 2 * (kv_mul)) * sizeof(float))
 
+/* This block's outputs are written: one more to *done (NULL: nobody counts), for wait_count. */
+__device__ __forceinline__ void signal_done(unsigned *done) {
+    if (!done) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(done, 1u);
+}
+
 template <typename Wait>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
-                                               int min_splits, int kvh, int split, Wait wait) {
+                                               int min_splits, int kvh, int split, unsigned *ready, Wait wait) {
     extern __shared__ float smem[];
     float *sc = smem;                             /* (kv_mul, ATT_TILE) scores, then probabilities */
     float *sml = sc + kv_mul * ATT_TILE;          /* (kv_mul, 2) max and sum */
@@ -801,7 +833,10 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         if (n_active == 1) out[h * head_dim + i % head_dim] = v / sml[2 * (i / head_dim) + 1]; /* one split: done */
         else part_acc[((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
-    if (n_active == 1) return;
+    if (n_active == 1) {
+        signal_done(ready);
+        return;
+    }
     if (tid < kv_mul) {
         int h = kvh * kv_mul + tid;
         part_ml[((size_t)h * n_splits + split) * 2] = sml[2 * tid];
@@ -852,6 +887,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         out[h * head_dim + dd] = num;
     }
     if (tid == 0) counters[kvh] = 0;
+    signal_done(ready);
 }
 
 // ---------------------------------------------------------------------------------------------

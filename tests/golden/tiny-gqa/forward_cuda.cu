@@ -26,6 +26,11 @@
 #define GRID_DOWN 8
 #define GRID_LM_HEAD 50
 #define ATT_MIN_SPLITS 132
+/* The step's counters (model_cuda.counters): attention's last-block count per KV head, the LM head's,
+ * and attention_o_proj_kernel's KV groups done. */
+#define CTR_ARGMAX MODEL_N_KV_HEADS
+#define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
+#define CTR_COUNT (MODEL_N_KV_HEADS + 2)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -67,7 +72,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const flo
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
     attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
-                   n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
+                   n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
@@ -75,9 +80,39 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
+#ifndef ATT_O_GRID
+#define ATT_O_GRID 1 /* EXPERIMENT: attention and o_proj in one grid (attention_o_proj_kernel) */
+#endif
+static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
+
+/* Attention and o_proj in one grid, each block one of them: blocks [0, n_kv_heads * n_splits) are
+ * attention_kernel's (kv head, split); the rest take o_proj's rows, whose first loads they issue
+ * before waiting for the n_kv_heads KV groups' outputs (counted in counters[CTR_ATT_DONE], which the
+ * gate/up kernel resets). So o_proj's blocks land with attention's, under QKV's tail, instead of
+ * after attention lets them launch (~2 us a layer in the fifth session's trace). Blocks start in
+ * index order, so every attention block is resident before an o_proj block can wait for it. */
+static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
+                                                                              const uint16_t *vc, const int *io, float *part_acc,
+                                                                              float *part_ml, unsigned *counters, float *att, float *x,
+                                                                              int ctx, int n_splits) {
+    const int att_blocks = MODEL_N_KV_HEADS * n_splits;
+    if ((int)blockIdx.x < att_blocks) {
+        attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
+                       ATT_MIN_SPLITS, blockIdx.x % MODEL_N_KV_HEADS, blockIdx.x / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE,
+                       wait_pdl{});
+        return;
+    }
+    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+                         wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, (int)blockIdx.x - att_blocks,
+                         (int)gridDim.x - att_blocks);
+}
+
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
-static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb) {
+static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
+                                                                                  unsigned *att_done) {
     rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+    /* past the wait: attention_o_proj_kernel has ended, nobody reads its count until the next layer's */
+    if (blockIdx.x == 0 && threadIdx.x == 0) *att_done = 0;
 }
 
 /* mlp.down_proj + residual */
@@ -127,7 +162,7 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
         sync();
         for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
             attention_body(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
-                           MODEL_KV_MUL, b.ctx, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, wait_none{});
+                           MODEL_KV_MUL, b.ctx, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, NULL, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
         /* single rows here: this kernel's registers are full already */
@@ -137,7 +172,7 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
         matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, false, ST_DOWN, sync);
         __syncthreads();
     }
-    rmsnorm_lm_head_argmax_body(b.w->final_norm, b.w->lm_head, b.x, b.logits, b.block_best, b.counters + MODEL_N_KV_HEADS,
+    rmsnorm_lm_head_argmax_body(b.w->final_norm, b.w->lm_head, b.x, b.logits, b.block_best, b.counters + CTR_ARGMAX,
                                 b.io, MODEL_DIM, MODEL_VOCAB_SIZE, MODEL_NORM_EPS, sync);
 }
 
@@ -185,7 +220,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(c
     const size_t parts = (size_t)MODEL_N_HEADS * n_splits;
     attention_body(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM, part_ml + t * parts * 2,
                    counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                   ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, wait_pdl{});
+                   ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
 template <int B>
@@ -240,6 +275,7 @@ struct model_cuda {
     model_weights *w_device;  /* m->w, in device memory, for the persistent kernel */
     unsigned *barrier;        /* its grid barrier: {count, generation} */
     int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head; /* blocks: needed, at most one wave */
+    int grid_att_o;           /* attention_o_proj_kernel's o_proj blocks (after its attention blocks) */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
@@ -251,7 +287,7 @@ struct model_cuda {
     uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
     float *part_acc;          /* (n_heads, n_splits, head_dim) attention partial sums */
     float *part_ml;           /* (n_heads, n_splits, 2) their max and sum */
-    unsigned *counters;       /* (n_kv_heads + 1) blocks done: attention per KV head, then argmax */
+    unsigned *counters;       /* (CTR_COUNT) blocks done: attention per KV head, argmax, KV groups' attention outputs */
     float2 *block_best;       /* (lm_head_blocks) each LM-head block's best logit and id */
     int lm_head_blocks;       /* the most blocks that run the LM head: its kernel's or the persistent grid */
     int *io;                  /* {pos, next} on the device (cuda_kernels.cuh: IO_*) */
@@ -342,6 +378,9 @@ static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
     bytes_max(bytes_max(MV_SMEM_BYTES(MODEL_DIM), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)),                        \
               bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)))
 
+/* Dynamic shared memory of attention_o_proj_kernel: attention's or o_proj's staged input. */
+#define ATT_O_SMEM_BYTES bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
+
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
                                                   "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head_argmax"};
@@ -374,19 +413,26 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             MARK(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
-            launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
-                   m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, m->n_splits);
-            MARK(ST_ATT);
-            launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
-            MARK(ST_O);
-            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb);
+            if (ATT_O_GRID && !marks) { /* the kernel benchmark times the two stages apart */
+                launch(attention_o_proj_kernel, MODEL_N_KV_HEADS * m->n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
+                       m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
+                       m->n_splits);
+            } else {
+                launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                       m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, m->n_splits);
+                MARK(ST_ATT);
+                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
+                MARK(ST_O);
+            }
+            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb,
+                   m->counters + CTR_ATT_DONE);
             MARK(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
             MARK(ST_DOWN);
         }
         if (kind != STEP_PROMPT) {
             launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm,
-                   m->w.lm_head, m->x, m->logits, m->block_best, m->counters + MODEL_N_KV_HEADS, m->io);
+                   m->w.lm_head, m->x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
             MARK(ST_LM_HEAD);
         }
     }
@@ -529,6 +575,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
+    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
@@ -586,8 +633,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->value_cache, cache));
     CUDA_CHECK(cudaMalloc(&m->part_acc, (size_t)MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->part_ml, (size_t)MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->counters, (MODEL_N_KV_HEADS + 1) * sizeof(unsigned)));
-    CUDA_CHECK(cudaMemset(m->counters, 0, (MODEL_N_KV_HEADS + 1) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&m->counters, CTR_COUNT * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(m->counters, 0, CTR_COUNT * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&m->block_best, m->lm_head_blocks * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->io, IO_INTS * sizeof(int)));
     CUDA_CHECK(cudaMemset(m->io, 0, IO_INTS * sizeof(int)));
