@@ -81,7 +81,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 }
 
 #ifndef ATT_O_GRID
-#define ATT_O_GRID 1 /* EXPERIMENT: attention and o_proj in one grid (attention_o_proj_kernel) */
+#define ATT_O_GRID 0 /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
 #endif
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
 
