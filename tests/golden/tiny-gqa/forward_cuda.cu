@@ -89,8 +89,10 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
  * attention_kernel's (kv head, split); the rest take o_proj's rows, whose first loads they issue
  * before waiting for the n_kv_heads KV groups' outputs (counted in counters[CTR_ATT_DONE], which the
  * gate/up kernel resets). So o_proj's blocks land with attention's, under QKV's tail, instead of
- * after attention lets them launch (~2 us a layer in the fifth session's trace). Blocks start in
- * index order, so every attention block is resident before an o_proj block can wait for it. */
+ * after attention lets them launch (~2 us a layer in the fifth session's trace). This relies on a
+ * grid's blocks starting in index order, as they do on the H200 (CUDA does not promise it): every
+ * attention block is then resident before an o_proj block can wait for it. Branch
+ * att-o-grid-arrival takes the roles in arrival order instead, which needs no such promise. */
 static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
                                                                               const uint16_t *vc, const int *io, float *part_acc,
                                                                               float *part_ml, unsigned *counters, float *att, float *x,
