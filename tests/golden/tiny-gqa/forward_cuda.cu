@@ -89,10 +89,11 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
  * attention_kernel's (kv head, split); the rest take o_proj's rows, whose first loads they issue
  * before waiting for the n_kv_heads KV groups' outputs (counted in counters[CTR_ATT_DONE], which the
  * gate/up kernel resets). So o_proj's blocks land with attention's, under QKV's tail, instead of
- * after attention lets them launch (~2 us a layer in the fifth session's trace). This relies on a
- * grid's blocks starting in index order, as they do on the H200 (CUDA does not promise it): every
- * attention block is then resident before an o_proj block can wait for it. Branch
- * att-o-grid-arrival takes the roles in arrival order instead, which needs no such promise. */
+ * after attention lets them launch (~2 us a layer in the fifth session's trace). A grid's blocks
+ * start in index order on the H200, so every attention block is resident before an o_proj block
+ * waits for it. CUDA does not promise that order; without it, o_proj's blocks (one fewer than a
+ * wave: model_cuda_init) still leave a slot for attention's, so a step would be slower, never stuck.
+ * Branch att-o-grid-arrival takes the roles in arrival order instead. */
 static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
                                                                               const uint16_t *vc, const int *io, float *part_acc,
                                                                               float *part_ml, unsigned *counters, float *att, float *x,
@@ -577,7 +578,10 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
-    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
+    /* one block fewer than a wave at most: were the grid's blocks ever to start out of index order,
+     * the o_proj blocks waiting for attention could not take every slot (a slower step, never a hang) */
+    const int att_o_wave = one_wave((const void *)attention_o_proj_kernel, 1 << 30, ATT_O_SMEM_BYTES, sms);
+    m->grid_att_o = GRID_O < att_o_wave - 1 ? GRID_O : (att_o_wave > 1 ? att_o_wave - 1 : 1);
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
