@@ -661,6 +661,8 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
 // Attention: split-K flash decoding. Block (kv head, split) scores its slice of the positions
 // for all kv_mul query heads of the group, so each KV head is read once per group; the last block
 // of a KV head to finish combines the splits' partial softmax sums in split order (deterministic).
+// The block that writes a KV group's output (its only split, or the combining block) adds 1 to
+// *ready when given one: the joined attention/o_proj grid's o_proj blocks wait on that count.
 
 #define ATT_MAX_GROUP 8
 
