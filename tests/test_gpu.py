@@ -127,6 +127,17 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+def test_tiny_gpu_short_attention_graphs_equal_cpu():
+    """tiny-gqa with a context of 262144 (tests/models/tiny-long-context): past ATT_MIN_SPLITS tiles
+    (2 KV heads: 132 splits of 1024 positions), so the binary launches a second set of graphs, with
+    132 attention splits instead of 256, for the steps and prefill batches that read fewer positions
+    (all of these). Greedy text against the CPU's."""
+    d = tiny_model_dir("tiny-long-context")
+    binary = binary_for(d, "specialized")
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 def test_tiny_gpu_matches_transformers(tiny_gpu, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -303,8 +303,11 @@ struct model_cuda {
     int *chosen_dev;          /* the same, as the device addresses it */
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
-    cudaGraphExec_t graphs[STEP_KINDS]; /* one decode step of each kind */
-    cudaGraphExec_t prefill[2]; /* a batch of PREFILL_BATCH prompt tokens, and one of PREFILL_SMALL */
+    /* [0]: attention launched with n_splits blocks a KV head; [1]: with ATT_MIN_SPLITS, for steps
+     * and batches that read at most short_positions (short_att) */
+    cudaGraphExec_t graphs[2][STEP_KINDS]; /* one decode step of each kind */
+    cudaGraphExec_t prefill[2][2]; /* a batch of PREFILL_BATCH prompt tokens, and one of PREFILL_SMALL */
+    int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
     float *prefill_scale;     /* (PREFILL_BATCH) the batch's RMSNorm scales */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
@@ -391,7 +394,7 @@ static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "
 /* The decode step's launches, in order: on the token at history[pos], pos read from io on the
  * device. With marks (kernel benchmark, outside a graph) an event is recorded after each launch and
  * *stage_of says which stage it closed. */
-static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage_of) {
+static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *marks, int *stage_of) {
     int k = 0;
 #define MARK(stage)                                                        \
     do {                                                                   \
@@ -417,12 +420,12 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
             if (ATT_O_GRID && !marks) { /* the kernel benchmark times the two stages apart */
-                launch(attention_o_proj_kernel, MODEL_N_KV_HEADS * m->n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
+                launch(attention_o_proj_kernel, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
-                       m->n_splits);
+                       n_splits);
             } else {
-                launch(attention_kernel, MODEL_N_KV_HEADS, m->n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
-                       m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, m->n_splits);
+                launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                       m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 MARK(ST_ATT);
                 launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
                 MARK(ST_O);
@@ -456,7 +459,7 @@ static void enqueue_step(model_cuda *m, int kind, cudaEvent_t *marks, int *stage
 /* io[IO_COUNT] prompt tokens (at most B) at positions io[IO_POS] on, then the position past them.
  * As a prompt step, the last layer stops after its keys and values. */
 template <int B>
-static void enqueue_prefill(model_cuda *m) {
+static void enqueue_prefill(model_cuda *m, int n_splits) {
     const size_t smem = 0; /* the matvecs' shared memory is static */
     launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, B, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
@@ -467,9 +470,9 @@ static void enqueue_prefill(model_cuda *m) {
         launch(prefill_rmsnorm_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
                *lw, m->x, m->prefill_scale, m->q, kc, vc, m->io, m->ctx);
         if (l == MODEL_N_LAYERS - 1) break;
-        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, m->n_splits, B), ATT_THREADS,
+        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B), ATT_THREADS,
                     ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
-                    m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, m->n_splits);
+                    m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->att, m->x);
         launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
         launch(prefill_rmsnorm_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw, m->x,
@@ -479,14 +482,15 @@ static void enqueue_prefill(model_cuda *m) {
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
 }
 
-/* kind: a STEP_* step, or STEP_KINDS (+ 1) for a prefill batch of PREFILL_BATCH (PREFILL_SMALL) */
-static err_code capture(model_cuda *m, int kind, cudaGraphExec_t *exec) {
+/* kind: a STEP_* step, or STEP_KINDS (+ 1) for a prefill batch of PREFILL_BATCH (PREFILL_SMALL);
+ * attention launched with n_splits blocks a KV head */
+static err_code capture(model_cuda *m, int kind, int n_splits, cudaGraphExec_t *exec) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    if (kind == STEP_KINDS) enqueue_prefill<PREFILL_BATCH>(m);
-    else if (kind == STEP_KINDS + 1) enqueue_prefill<PREFILL_SMALL>(m);
-    else enqueue_step(m, kind, NULL, NULL);
+    if (kind == STEP_KINDS) enqueue_prefill<PREFILL_BATCH>(m, n_splits);
+    else if (kind == STEP_KINDS + 1) enqueue_prefill<PREFILL_SMALL>(m, n_splits);
+    else enqueue_step(m, kind, n_splits, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -656,11 +660,18 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMemset(m->rng, 0, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaHostAlloc(&m->logits_host, MODEL_VOCAB_SIZE * sizeof(float), cudaHostAllocDefault));
     CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
-    for (int kind = 0; kind <= STEP_KINDS + 1; kind++)
-        if ((rc = capture(m, kind, kind < STEP_KINDS ? &m->graphs[kind] : &m->prefill[kind - STEP_KINDS]))) {
-            model_cuda_free(m);
-            return rc;
-        }
+    /* EXPERIMENT: where the context allows more than ATT_MIN_SPLITS splits, a second set of graphs
+     * launches only ATT_MIN_SPLITS a KV head for steps that read at most ATT_MIN_SPLITS tiles: the
+     * attention body takes no more for them anyway, and the rest of the blocks (1B shape: 1016 of
+     * 1024 a layer at depth 0) would each read the position and leave, between QKV and o_proj */
+    m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
+    for (int s = 0; s < (m->short_positions ? 2 : 1); s++)
+        for (int kind = 0; kind <= STEP_KINDS + 1; kind++)
+            if ((rc = capture(m, kind, s ? ATT_MIN_SPLITS : m->n_splits,
+                              kind < STEP_KINDS ? &m->graphs[s][kind] : &m->prefill[s][kind - STEP_KINDS]))) {
+                model_cuda_free(m);
+                return rc;
+            }
     *out = m;
     return ERR_OK;
 }
@@ -698,13 +709,16 @@ static void trace_write(void) {
 }
 #endif
 
+/* 1 where a step or batch whose attention reads at most `positions` takes the [1] graphs */
+static int short_att(const model_cuda *m, int positions) { return positions <= m->short_positions; }
+
 /* Queues one step of the given kind at position m->queued (the device's io[IO_POS] by then). */
 static void queue_step(model_cuda *m, int kind) {
 #if defined(INGOT_TRACE)
     static const unsigned zero[TRACE_STAGES] = {0};
     CUDA_CHECK(cudaMemcpyToSymbolAsync(trace_count, zero, sizeof zero, 0, cudaMemcpyHostToDevice, m->stream));
 #endif
-    CUDA_CHECK(cudaGraphLaunch(m->graphs[kind], m->stream));
+    CUDA_CHECK(cudaGraphLaunch(m->graphs[short_att(m, m->queued + 1)][kind], m->stream));
     if (kind != STEP_PROMPT) {
         m->kind_at[m->queued % STEP_RING] = kind;
         CUDA_CHECK(cudaEventRecord(m->done[m->queued % STEP_RING], m->stream));
@@ -732,7 +746,7 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
         const int large = n - 1 - i >= PREFILL_LARGE_FROM, b = large ? PREFILL_BATCH : PREFILL_SMALL;
         count = n - 1 - i < b ? n - 1 - i : b;
         CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaGraphLaunch(m->prefill[!large], m->stream));
+        CUDA_CHECK(cudaGraphLaunch(m->prefill[short_att(m, m->queued + b)][!large], m->stream));
         m->queued += count;
     }
     for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
@@ -795,7 +809,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     CUDA_CHECK(cudaMemcpy(m->history + pos, &token, sizeof token, cudaMemcpyHostToDevice));
     for (int r = 0; r < reps; r++) {
         CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice)); /* each step advances it */
-        enqueue_step(m, STEP_ARGMAX, marks, stage_of);
+        enqueue_step(m, STEP_ARGMAX, short_att(m, pos + 1) ? ATT_MIN_SPLITS : m->n_splits, marks, stage_of);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));
         for (int i = 0; i < STEP_LAUNCHES; i++) {
             float ms;
@@ -842,10 +856,12 @@ extern "C" void model_cuda_free(model_cuda *m) {
 #if defined(INGOT_TRACE)
     trace_write();
 #endif
-    for (int kind = 0; kind < STEP_KINDS; kind++)
-        if (m->graphs[kind]) cudaGraphExecDestroy(m->graphs[kind]);
-    for (int b = 0; b < 2; b++)
-        if (m->prefill[b]) cudaGraphExecDestroy(m->prefill[b]);
+    for (int s = 0; s < 2; s++) {
+        for (int kind = 0; kind < STEP_KINDS; kind++)
+            if (m->graphs[s][kind]) cudaGraphExecDestroy(m->graphs[s][kind]);
+        for (int b = 0; b < 2; b++)
+            if (m->prefill[s][b]) cudaGraphExecDestroy(m->prefill[s][b]);
+    }
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
