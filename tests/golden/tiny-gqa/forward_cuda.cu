@@ -30,7 +30,8 @@
  * and attention_o_proj_kernel's KV groups done. */
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
-#define CTR_COUNT (MODEL_N_KV_HEADS + 2)
+#define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started (ATT_O_ARRIVAL) */
+#define CTR_COUNT (MODEL_N_KV_HEADS + 3)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -84,6 +85,9 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #define ATT_O_GRID 0 /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
 #endif
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
+#ifndef ATT_O_ARRIVAL
+#define ATT_O_ARRIVAL 1 /* EXPERIMENT: the joined grid's roles by arrival, not by block index */
+#endif
 
 /* Attention and o_proj in one grid, each block one of them: blocks [0, n_kv_heads * n_splits) are
  * attention_kernel's (kv head, split); the rest take o_proj's rows, whose first loads they issue
@@ -99,14 +103,27 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
                                                                               float *part_ml, unsigned *counters, float *att, float *x,
                                                                               int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
-    if ((int)blockIdx.x < att_blocks) {
+#if ATT_O_ARRIVAL
+    /* EXPERIMENT: roles in the order blocks arrive, not by index (CUDA promises no dispatch order):
+     * every attention role is then held by a block already running. The last to arrive puts the
+     * count back to 0 for the next layer's launch. */
+    __shared__ int arrived;
+    if (threadIdx.x == 0) {
+        arrived = (int)atomicAdd(counters + CTR_ARRIVED, 1u);
+        if (arrived == (int)gridDim.x - 1) counters[CTR_ARRIVED] = 0;
+    }
+    __syncthreads();
+    const int b = arrived;
+#else
+    const int b = (int)blockIdx.x;
+#endif
+    if (b < att_blocks) {
         attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                       ATT_MIN_SPLITS, blockIdx.x % MODEL_N_KV_HEADS, blockIdx.x / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE,
-                       wait_pdl{});
+                       ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
         return;
     }
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
-                         wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, (int)blockIdx.x - att_blocks,
+                         wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
                          (int)gridDim.x - att_blocks);
 }
 
