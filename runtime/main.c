@@ -86,6 +86,7 @@ static void usage(FILE *f) {
             "      --bench-depths LIST context depths for --bench decode (default: cpu 0, cuda 0,4096,16384,32768)\n"
             "      --json              --bench: print one JSON object\n"
             "      --bench-kernels     --bench: also time each stage of the decode step at each depth\n"
+            "                          (on the GPU, of a prefill batch too)\n"
             "      --tokenize          print the prompt's token ids (with --chat: its chat turn's) and exit\n"
             "  -m, --model DIR         model directory (default %s)\n"
             "      --threads N         CPU threads (default: physical cores)\n"

@@ -138,6 +138,33 @@ def test_tiny_gpu_short_attention_graphs_equal_cpu():
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+def test_gpu_bench_kernels_times_decode_and_prefill():
+    """--bench-kernels on the GPU: per depth, the decode step's table (as make compare reads it) and a
+    prefill batch's, every stage launched as the batch runs them; the decode that follows still runs."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    import compare
+
+    d = tiny_model_dir("tiny-llama")
+    binary = binary_for(d, "specialized")
+    out = run(binary, "-m", str(d), "--device", "cuda", "--bench", "--bench-kernels", "--bench-depths", "0,32", "-n", "8").stdout
+    out = out.decode() if isinstance(out, bytes) else out
+    assert sorted(compare.parse_kernel_tables(out)) == [1, 33]
+    assert len(re.findall(r"decode at depth \d+: 8 tokens", out)) == 2, out
+    for depth in (1, 33):
+        head = f"a prefill batch of 16 tokens at depth {depth} "
+        assert head in out, out
+        rows = out.split(head, 1)[1].splitlines()[2:11]  # after the header and the column names
+        launches = {r.split()[0]: int(r.split()[1]) for r in rows}
+        # tiny-llama, 2 layers: the last layer's scales and QKV only
+        assert launches == {"prefill_embed": 1, "prefill_rms_scales": 3, "prefill_qkv_rope": 2, "prefill_attention": 1,
+                            "prefill_o_proj": 1, "prefill_gate_up_silu": 1, "prefill_down": 1, "prefill_end": 1,
+                            "total": 11}, rows
+        assert all(float(r.split()[2]) > 0 for r in rows), rows
+
+
 def test_tiny_gpu_matches_transformers(tiny_gpu, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

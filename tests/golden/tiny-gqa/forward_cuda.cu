@@ -408,32 +408,42 @@ static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
                                                   "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head_argmax"};
 
+/* For the kernel benchmark (outside a graph): events[0] before the first launch and events[k + 1]
+ * after launch k, and the stage launch k closed. events NULL: nothing recorded (a captured graph). */
+struct launch_marks {
+    cudaEvent_t *events;
+    int *stage_of;
+    cudaStream_t stream;
+    int n;
+    void begin() {
+        if (events) CUDA_CHECK(cudaEventRecord(events[0], stream));
+    }
+    void operator()(int stage) {
+        if (!events) return;
+        CUDA_CHECK(cudaEventRecord(events[n + 1], stream));
+        stage_of[n++] = stage;
+    }
+};
+
 /* The decode step's launches, in order: on the token at history[pos], pos read from io on the
  * device. With marks (kernel benchmark, outside a graph) an event is recorded after each launch and
  * *stage_of says which stage it closed. */
 static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *marks, int *stage_of) {
-    int k = 0;
-#define MARK(stage)                                                        \
-    do {                                                                   \
-        if (marks) {                                                       \
-            CUDA_CHECK(cudaEventRecord(marks[k + 1], m->stream));          \
-            stage_of[k++] = (stage);                                       \
-        }                                                                  \
-    } while (0)
-    if (marks) CUDA_CHECK(cudaEventRecord(marks[0], m->stream));
+    launch_marks mark = {marks, stage_of, m->stream, 0};
+    mark.begin();
     if (m->persistent && !marks) {
         step_buffers b = {m->w_device, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                           m->part_ml, m->counters, m->block_best, m->io, m->history, m->barrier, m->ctx, m->n_splits};
         launch_cooperative(persistent_step_kernel, m->grid_persistent, MV_THREADS, PERSISTENT_SMEM_BYTES, m->stream, b);
     } else {
         launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
-        MARK(ST_EMBED);
+        mark(ST_EMBED);
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx);
-            MARK(ST_QKV);
+            mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
             if (ATT_O_GRID && !marks) { /* the kernel benchmark times the two stages apart */
@@ -443,25 +453,24 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
             } else {
                 launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                        m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
-                MARK(ST_ATT);
+                mark(ST_ATT);
                 launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
-                MARK(ST_O);
+                mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb,
                    m->counters + CTR_ATT_DONE);
-            MARK(ST_GATE_UP);
+            mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
-            MARK(ST_DOWN);
+            mark(ST_DOWN);
         }
         if (kind != STEP_PROMPT) {
             launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm,
                    m->w.lm_head, m->x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
-            MARK(ST_LM_HEAD);
+            mark(ST_LM_HEAD);
         }
     }
     if (kind == STEP_SAMPLE)
         launch(sample_kernel, 1, 1, SAMPLE_THREADS, 0, m->stream, m->logits, m->history, m->first_seen, m->io, m->params, m->rng);
-#undef MARK
     launch(step_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io, m->history, m->chosen_dev, m->ctx, (int)(kind != STEP_PROMPT));
     if (kind == STEP_LOGITS)
         CUDA_CHECK(cudaMemcpyAsync(m->logits_host, m->logits, MODEL_VOCAB_SIZE * sizeof(float), cudaMemcpyDeviceToHost,
@@ -473,30 +482,49 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
 /* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
 #define PREFILL_GRID(pairs) (((pairs) + PREFILL_BLOCK_PAIRS - 1) / PREFILL_BLOCK_PAIRS)
 
+/* A prefill batch's stages, for the kernel benchmark, and its launches: the last layer's scales and
+ * QKV only. */
+enum { PF_EMBED, PF_SCALES, PF_QKV, PF_ATT, PF_O, PF_GATE_UP, PF_DOWN, PF_END, PF_COUNT };
+static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_rms_scales", "prefill_qkv_rope",
+                                                          "prefill_attention", "prefill_o_proj", "prefill_gate_up_silu",
+                                                          "prefill_down", "prefill_end"};
+#define PREFILL_LAUNCHES (7 * MODEL_N_LAYERS - 3)
+
 /* io[IO_COUNT] prompt tokens (at most B) at positions io[IO_POS] on, then the position past them.
- * As a prompt step, the last layer stops after its keys and values. */
+ * As a prompt step, the last layer stops after its keys and values. With marks: as enqueue_step. */
 template <int B>
-static void enqueue_prefill(model_cuda *m, int n_splits) {
+static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
     const size_t smem = 0; /* the matvecs' shared memory is static */
+    launch_marks mark = {marks, stage_of, m->stream, 0};
+    mark.begin();
     launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, B, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
+    mark(PF_EMBED);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
+        mark(PF_SCALES);
         launch(prefill_rmsnorm_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
                *lw, m->x, m->prefill_scale, m->q, kc, vc, m->io, m->ctx);
+        mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1) break;
         launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B), ATT_THREADS,
                     ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
+        mark(PF_ATT);
         launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->att, m->x);
+        mark(PF_O);
         launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
+        mark(PF_SCALES);
         launch(prefill_rmsnorm_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw, m->x,
                m->prefill_scale, m->hb);
+        mark(PF_GATE_UP);
         launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->hb, m->x);
+        mark(PF_DOWN);
     }
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
+    mark(PF_END);
 }
 
 /* kind: a STEP_* step, or STEP_KINDS (+ 1) for a prefill batch of PREFILL_BATCH (PREFILL_SMALL);
@@ -681,7 +709,10 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * launches only ATT_MIN_SPLITS a KV head for steps that read at most ATT_MIN_SPLITS tiles: the
      * attention body takes no more for them anyway, and the rest of the blocks (1B shape: 1016 of
      * 1024 a layer at depth 0) would each read the position and leave, between QKV and o_proj */
-    m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
+#ifndef ATT_SHORT_GRAPHS
+#define ATT_SHORT_GRAPHS 1 /* EXPERIMENT: 0 captures the n_splits graphs only */
+#endif
+    m->short_positions = ATT_SHORT_GRAPHS && m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
     for (int s = 0; s < (m->short_positions ? 2 : 1); s++)
         for (int kind = 0; kind <= STEP_KINDS + 1; kind++)
             if ((rc = capture(m, kind, s ? ATT_MIN_SPLITS : m->n_splits,
@@ -807,49 +838,84 @@ extern "C" err_code model_cuda_unqueue(model_cuda *m) {
 /* Times every stage of the step at position pos, launch by launch with events between them (so no
  * overlap between kernels, unlike the graph), best of reps per launch, and prints per stage: launches,
  * microseconds per token, bytes read and GB/s. */
-extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FILE *out) {
-    const double bytes[ST_COUNT] = {
-        MODEL_DIM * 2.0,
-        (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * 2.0,
-        0.0, /* attention: the cache, below */
-        (double)MODEL_DIM * MODEL_Q_DIM * 2.0,
-        2.0 * MODEL_HIDDEN_DIM * MODEL_DIM * 2.0,
-        (double)MODEL_DIM * MODEL_HIDDEN_DIM * 2.0,
-        (double)MODEL_VOCAB_SIZE * MODEL_DIM * 2.0,
-    };
-    cudaEvent_t marks[STEP_LAUNCHES + 1];
-    int stage_of[STEP_LAUNCHES];
-    float best[STEP_LAUNCHES];
-    for (int i = 0; i <= STEP_LAUNCHES; i++) CUDA_CHECK(cudaEventCreate(&marks[i]));
-    for (int i = 0; i < STEP_LAUNCHES; i++) best[i] = 1e30f;
-    const int token = 1;
-    CUDA_CHECK(cudaMemcpy(m->history + pos, &token, sizeof token, cudaMemcpyHostToDevice));
+/* enqueue(events, stage_of) reps times, each launch's best time kept, then a table of the stages'
+ * sums: launches, µs, MB (bytes[stage] a launch) and GB/s, "per" what one run of enqueue is. */
+template <typename Enqueue>
+static void stage_table(model_cuda *m, int reps, int n_launches, int n_stages, const char *const *names,
+                        const double *bytes, const char *per, FILE *out, Enqueue enqueue) {
+    cudaEvent_t *events = (cudaEvent_t *)malloc((size_t)(n_launches + 1) * sizeof *events);
+    int *stage_of = (int *)malloc((size_t)n_launches * sizeof *stage_of);
+    float *best = (float *)malloc((size_t)n_launches * sizeof *best);
+    double *us = (double *)calloc((size_t)n_stages, sizeof *us);
+    int *calls = (int *)calloc((size_t)n_stages, sizeof *calls);
+    if (!events || !stage_of || !best || !us || !calls) {
+        fprintf(stderr, "ingot: kernel benchmark: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i <= n_launches; i++) CUDA_CHECK(cudaEventCreate(&events[i]));
+    for (int i = 0; i < n_launches; i++) best[i] = 1e30f;
     for (int r = 0; r < reps; r++) {
-        CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice)); /* each step advances it */
-        enqueue_step(m, STEP_ARGMAX, short_att(m, pos + 1) ? ATT_MIN_SPLITS : m->n_splits, marks, stage_of);
+        enqueue(events, stage_of);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));
-        for (int i = 0; i < STEP_LAUNCHES; i++) {
+        for (int i = 0; i < n_launches; i++) {
             float ms;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i], marks[i + 1]));
+            CUDA_CHECK(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
             if (ms < best[i]) best[i] = ms;
         }
     }
-    double us[ST_COUNT] = {0}, total = 0;
-    int calls[ST_COUNT] = {0};
-    for (int i = 0; i < STEP_LAUNCHES; i++) {
+    double total = 0;
+    for (int i = 0; i < n_launches; i++) {
         us[stage_of[i]] += best[i] * 1e3;
         calls[stage_of[i]]++;
         total += best[i] * 1e3;
     }
-    fprintf(out, "kernels at depth %d (launched one by one, best of %d):\n", pos, reps);
-    fprintf(out, "  %-24s %8s %12s %10s %8s\n", "stage", "launches", "us/token", "MB/token", "GB/s");
-    for (int st = 0; st < ST_COUNT; st++) {
-        double b = st == ST_ATT ? 2.0 * (pos + 1) * MODEL_KV_DIM * 2.0 : bytes[st];
-        b *= calls[st];
-        fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", stage_names[st], calls[st], us[st], b / 1e6, b / (us[st] * 1e3));
+    char us_per[32], mb_per[32];
+    snprintf(us_per, sizeof us_per, "us/%s", per);
+    snprintf(mb_per, sizeof mb_per, "MB/%s", per);
+    fprintf(out, "  %-24s %8s %12s %10s %8s\n", "stage", "launches", us_per, mb_per, "GB/s");
+    for (int st = 0; st < n_stages; st++) {
+        if (!calls[st]) continue; /* a one-layer model's prefill has no attention launch */
+        const double b = bytes[st] * calls[st];
+        fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", names[st], calls[st], us[st], b / 1e6, b / (us[st] * 1e3));
     }
-    fprintf(out, "  %-24s %8d %12.1f\n", "total", STEP_LAUNCHES, total);
-    for (int i = 0; i <= STEP_LAUNCHES; i++) cudaEventDestroy(marks[i]);
+    fprintf(out, "  %-24s %8d %12.1f\n", "total", n_launches, total);
+    for (int i = 0; i <= n_launches; i++) cudaEventDestroy(events[i]);
+    free(events), free(stage_of), free(best), free(us), free(calls);
+}
+
+extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FILE *out) {
+    const double qkv = (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * 2.0, o = (double)MODEL_DIM * MODEL_Q_DIM * 2.0,
+                 gate_up = 2.0 * MODEL_HIDDEN_DIM * MODEL_DIM * 2.0, down = (double)MODEL_DIM * MODEL_HIDDEN_DIM * 2.0;
+    const double kv_pos = 2.0 * MODEL_KV_DIM * 2.0; /* a position's keys and values, one layer */
+    const double bytes[ST_COUNT] = {MODEL_DIM * 2.0, qkv, kv_pos * (pos + 1), o, gate_up, down, (double)MODEL_VOCAB_SIZE * MODEL_DIM * 2.0};
+    const int token = 1;
+    CUDA_CHECK(cudaMemcpy(m->history + pos, &token, sizeof token, cudaMemcpyHostToDevice));
+    fprintf(out, "kernels at depth %d (launched one by one, best of %d):\n", pos, reps);
+    stage_table(m, reps, STEP_LAUNCHES, ST_COUNT, stage_names, bytes, "token", out, [&](cudaEvent_t *ev, int *stage_of) {
+        CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice)); /* each step advances it */
+        enqueue_step(m, STEP_ARGMAX, short_att(m, pos + 1) ? ATT_MIN_SPLITS : m->n_splits, ev, stage_of);
+    });
+    /* A prefill batch of PREFILL_BATCH tokens at positions pos on, where the context has room; the
+     * device's io is put back as it was. Attention reads, for the batch's tokens, pos + 1 .. pos + B
+     * positions. */
+    if (pos + PREFILL_BATCH > m->ctx) return ERR_OK;
+    int io_saved[IO_INTS], tokens[PREFILL_BATCH];
+    for (int i = 0; i < PREFILL_BATCH; i++) tokens[i] = token;
+    CUDA_CHECK(cudaMemcpy(io_saved, m->io, sizeof io_saved, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(m->history + pos, tokens, sizeof tokens, cudaMemcpyHostToDevice));
+    const double pf_bytes[PF_COUNT] = {PREFILL_BATCH * MODEL_DIM * 2.0, 0.0, qkv,
+                                       kv_pos * (PREFILL_BATCH * (pos + 1.0) + PREFILL_BATCH * (PREFILL_BATCH - 1) / 2.0),
+                                       o, gate_up, down, 0.0};
+    fprintf(out, "a prefill batch of %d tokens at depth %d (launched one by one, best of %d):\n", PREFILL_BATCH, pos, reps);
+    stage_table(m, reps, PREFILL_LAUNCHES, PF_COUNT, prefill_stage_names, pf_bytes, "batch", out,
+                [&](cudaEvent_t *ev, int *stage_of) {
+                    const int count = PREFILL_BATCH; /* the batch's end advances the position by it */
+                    CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
+                    CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice));
+                    enqueue_prefill<PREFILL_BATCH>(m, short_att(m, pos + PREFILL_BATCH) ? ATT_MIN_SPLITS : m->n_splits, ev,
+                                                   stage_of);
+                });
+    CUDA_CHECK(cudaMemcpy(m->io, io_saved, sizeof io_saved, cudaMemcpyHostToDevice));
     return ERR_OK;
 }
 
