@@ -95,16 +95,24 @@ struct wait_grid {
  * then let the next kernel launch, as wait_pdl. They never call griddepcontrol.wait: the earlier
  * blocks did, and their count orders everything before them. The acquire load makes their writes
  * visible to this block's loads after the barrier. */
+#define WAIT_COUNT_LIMIT_NS 2000000000ULL /* 2 s: a decode stage takes microseconds */
 struct wait_count {
     const unsigned *done;
     unsigned target;
     __device__ __forceinline__ void operator()() const {
         if (threadIdx.x == 0) {
             unsigned v;
+            unsigned long long t0, t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
             for (;;) {
                 asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done) : "memory");
                 if (v >= target) break;
                 __nanosleep(20);
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                if (t - t0 > WAIT_COUNT_LIMIT_NS) { /* a count that never comes: an error, not a hang */
+                    printf("ingot: a block waited %llu ns for %u of %u (wait_count): stopping\n", t - t0, v, target);
+                    __trap();
+                }
             }
         }
         __syncthreads();
