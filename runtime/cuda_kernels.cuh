@@ -969,7 +969,9 @@ __device__ __forceinline__ uint32_t pack_w2(float *rest_lo, float *rest_hi) {
  * each the rounding of what the previous left, so W.x keeps about 24 bits of x (bf16: 8 + 8 + 8)
  * and the prefill's products match the decode kernels' fp32 ones to their rounding. One term
  * (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. */
+#ifndef PREFILL_TERMS
 #define PREFILL_TERMS 3
+#endif
 
 /* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), in the weights' type. */
 __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,

@@ -30,7 +30,7 @@
  * and attention_o_proj_kernel's KV groups done. */
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
-#define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started (ATT_O_ARRIVAL) */
+#define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
 #define CTR_COUNT (MODEL_N_KV_HEADS + 3)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
@@ -85,28 +85,20 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #define ATT_O_GRID 0 /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
 #endif
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
-#ifndef ATT_O_ARRIVAL
-#define ATT_O_ARRIVAL 1 /* EXPERIMENT: the joined grid's roles by arrival, not by block index */
-#endif
 
-/* Attention and o_proj in one grid, each block one of them: blocks [0, n_kv_heads * n_splits) are
- * attention_kernel's (kv head, split); the rest take o_proj's rows, whose first loads they issue
+/* Attention and o_proj in one grid, each block one of them, by the order blocks arrive (an atomic
+ * count; the last to arrive puts it back to 0 for the next layer): the first n_kv_heads * n_splits
+ * are attention_kernel's (kv head, split); the rest take o_proj's rows, whose first loads they issue
  * before waiting for the n_kv_heads KV groups' outputs (counted in counters[CTR_ATT_DONE], which the
  * gate/up kernel resets). So o_proj's blocks land with attention's, under QKV's tail, instead of
- * after attention lets them launch (~2 us a layer in the fifth session's trace). A grid's blocks
- * start in index order on the H200, so every attention block is resident before an o_proj block
- * waits for it. CUDA does not promise that order; without it, o_proj's blocks (one fewer than a
- * wave: model_cuda_init) still leave a slot for attention's, so a step would be slower, never stuck.
- * Branch att-o-grid-arrival takes the roles in arrival order instead. */
+ * after attention lets them launch (~2 us a layer in the fifth session's trace). Roles by arrival,
+ * not by block index, because CUDA promises no dispatch order: every attention role is held by a
+ * block already running, so a waiting o_proj block never waits on one without a slot. */
 static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
                                                                               const uint16_t *vc, const int *io, float *part_acc,
                                                                               float *part_ml, unsigned *counters, float *att, float *x,
                                                                               int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
-#if ATT_O_ARRIVAL
-    /* EXPERIMENT: roles in the order blocks arrive, not by index (CUDA promises no dispatch order):
-     * every attention role is then held by a block already running. The last to arrive puts the
-     * count back to 0 for the next layer's launch. */
     __shared__ int arrived;
     if (threadIdx.x == 0) {
         arrived = (int)atomicAdd(counters + CTR_ARRIVED, 1u);
@@ -114,9 +106,6 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     }
     __syncthreads();
     const int b = arrived;
-#else
-    const int b = (int)blockIdx.x;
-#endif
     if (b < att_blocks) {
         attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
                        ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
@@ -627,10 +616,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
-    /* one block fewer than a wave at most: were the grid's blocks ever to start out of index order,
-     * the o_proj blocks waiting for attention could not take every slot (a slower step, never a hang) */
-    const int att_o_wave = one_wave((const void *)attention_o_proj_kernel, 1 << 30, ATT_O_SMEM_BYTES, sms);
-    m->grid_att_o = GRID_O < att_o_wave - 1 ? GRID_O : (att_o_wave > 1 ? att_o_wave - 1 : 1);
+    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
@@ -705,14 +691,12 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMemset(m->rng, 0, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaHostAlloc(&m->logits_host, MODEL_VOCAB_SIZE * sizeof(float), cudaHostAllocDefault));
     CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
-    /* EXPERIMENT: where the context allows more than ATT_MIN_SPLITS splits, a second set of graphs
-     * launches only ATT_MIN_SPLITS a KV head for steps that read at most ATT_MIN_SPLITS tiles: the
+    /* Where the context allows more than ATT_MIN_SPLITS splits, a second set of graphs launches only
+     * ATT_MIN_SPLITS a KV head for steps and batches that read at most ATT_MIN_SPLITS tiles: the
      * attention body takes no more for them anyway, and the rest of the blocks (1B shape: 1016 of
-     * 1024 a layer at depth 0) would each read the position and leave, between QKV and o_proj */
-#ifndef ATT_SHORT_GRAPHS
-#define ATT_SHORT_GRAPHS 1 /* EXPERIMENT: 0 captures the n_splits graphs only */
-#endif
-    m->short_positions = ATT_SHORT_GRAPHS && m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
+     * 1024 a layer at depth 0) would each read the position and leave, between QKV and o_proj. 1B:
+     * prompt +16%, decode even (PERFORMANCE.md, ninth session). */
+    m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
     for (int s = 0; s < (m->short_positions ? 2 : 1); s++)
         for (int kind = 0; kind <= STEP_KINDS + 1; kind++)
             if ((rc = capture(m, kind, s ? ATT_MIN_SPLITS : m->n_splits,
