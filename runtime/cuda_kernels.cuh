@@ -919,16 +919,38 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #define PREFILL_LARGE_FROM 10 /* 9 left: a batch of 8 and a step beat one of 16 */
 static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches: multiples of the mma's 8 tokens");
 #define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
-#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : 2) /* 32-value chunks of K a warp holds in flight */
+#ifndef PREFILL_UNROLL_16
+#define PREFILL_UNROLL_16 2
+#endif
+#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : PREFILL_UNROLL_16) /* 32-value chunks of K a warp holds in flight */
+#ifndef PREFILL_MIN_BLOCKS
+#define PREFILL_MIN_BLOCKS 1 /* the prefill matvecs' __launch_bounds__ blocks an SM */
+#endif
 
-/* scale[b] = 1 / sqrt(mean(x[b]^2) + eps), block b. */
-__device__ __forceinline__ void prefill_rms_scales_body(const float *x, float *scale, int dim, float eps) {
+/* Splits of K in o_proj's and down's prefill grids: each block (pairs, split) writes its partial
+ * products to a buffer of its own, and the RMSNorm kernel after them adds the splits to the residual
+ * stream in split order (the same sums every run). Without them the two take a block a 16 rows,
+ * 128 blocks on the 1B shape, under one an SM (ncu: 11% occupancy, down 0.6 TB/s). */
+#ifndef PREFILL_SPLITS
+#define PREFILL_SPLITS 4
+#endif
+
+/* x[b] += the n_parts partial sums part[s][b] (s in order, rows of dim), then
+ * scale[b] = 1 / sqrt(mean(x[b]^2) + eps), block b of the batch's gridDim.x. */
+__device__ __forceinline__ void prefill_rms_scales_body(float *x, const float *part, int n_parts, float *scale, int dim,
+                                                        float eps) {
     __shared__ float partial[MV_WARPS];
     pdl_wait();
     pdl_launch_dependents();
-    const float *xb = x + (size_t)blockIdx.x * dim;
+    float *xb = x + (size_t)blockIdx.x * dim;
+    const size_t stride = (size_t)gridDim.x * dim; /* from one split's (B, dim) to the next */
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xb[i] * xb[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xb[i];
+        for (int s = 0; s < n_parts; s++) v += __ldcg(part + s * stride + (size_t)blockIdx.x * dim + i);
+        if (n_parts) xb[i] = v;
+        ss += v * v;
+    }
     ss = warp_sum(ss);
     if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
     __syncthreads();
@@ -988,8 +1010,8 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
 }
 
 /* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
- * store(p, va, vb) gets their products with the B inputs in (B, K), each
- * input times norm_w and scale[t] first when norm_w is not NULL.
+ * store(p, va, vb) gets their products with the B inputs in (B, K) over K's 32-value chunks
+ * [c0, c1), each input times norm_w and scale[t] first when norm_w is not NULL.
  *
  * The mma's fragments (PTX ISA, m16n8k16, 16-bit types): lane (g = lane / 4, q = lane % 4) holds
  * A's rows g and g + 8 at columns 2q, 2q + 1, 2q + 8, 2q + 9, B's column (token) g at the same
@@ -999,15 +1021,14 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
  * rows (pair g's) and 8 inputs of its token, for two steps; with several tiles of 8 tokens, the
  * same weights meet each tile's token g + 8 j in a tile's own mma. */
 template <int B, typename Pair, typename Store>
-__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const float *in, const uint16_t *norm_w,
-                                                   const float *scale, Pair pair, Store store) {
+__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const float *in,
+                                                   const uint16_t *norm_w, const float *scale, Pair pair, Store store) {
     constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B);
     __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles]; /* the warps' parts of K, summed in warp order */
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
     const int p = blockIdx.x * PREFILL_BLOCK_PAIRS + g;
     const uint4 *ra, *rb;
     pair(min(p, n_pairs - 1), &ra, &rb); /* past the last pair: its rows again, not stored */
-    const int chunks = (K + 31) / 32;
     float c[tiles][4];
 #pragma unroll
     for (int j = 0; j < tiles; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
@@ -1016,13 +1037,13 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, const flo
     float sc[tiles]; /* tile j's token for this lane: g + 8 j */
 #pragma unroll
     for (int j = 0; j < tiles; j++) sc[j] = norm_w ? scale[g + 8 * j] : 1.0f;
-    for (int i0 = wid; i0 < chunks; i0 += MV_WARPS * unroll) {
+    for (int i0 = c0 + wid; i0 < c1; i0 += MV_WARPS * unroll) {
         uint4 wa[unroll], wb[unroll], nw[unroll];
         float4 x0[unroll][tiles], x1[unroll][tiles];
 #pragma unroll
         for (int u = 0; u < unroll; u++) {
             const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
-            const bool in_k = i0 + u * MV_WARPS < chunks && k < K;
+            const bool in_k = i0 + u * MV_WARPS < c1 && k < K;
             wa[u] = in_k ? ld_stream(ra + k / 8) : make_uint4(0, 0, 0, 0);
             wb[u] = in_k ? ld_stream(rb + k / 8) : make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -1085,7 +1106,7 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, co
                                                       int q_dim, int kv_dim, int head_dim, int ctx) {
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
     prefill_pairs_body<B>(
-        pairs, dim, x, norm_w, scale,
+        pairs, dim, 0, (dim + 31) / 32, x, norm_w, scale,
         [&](int p, const uint4 **a, const uint4 **b) {
             int ra, rb, kind;
             qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -1121,13 +1142,17 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, co
         });
 }
 
-/* out (B, rows) += W (rows, K) . in (B, K) [+ bias]: rows (i, i + rows / 2) a pair (rows even). */
+/* part[s] (B, rows) = W (rows, K) . in (B, K) over split s = blockIdx.y of gridDim.y's parts of K
+ * [+ bias, in split 0]: rows (i, i + rows / 2) a pair (rows even). The next RMSNorm kernel adds the
+ * splits to the residual stream (prefill_rms_scales_body). */
 template <int B>
-__device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
+__device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *part,
                                                       int rows, int K) {
-    const int half = rows / 2;
+    const int half = rows / 2, chunks = (K + 31) / 32, s = blockIdx.y, splits = gridDim.y;
+    float *out = part + (size_t)s * B * rows;
+    if (s != 0) bias = NULL;
     prefill_pairs_body<B>(
-        half, K, in, NULL, NULL,
+        half, K, chunks * s / splits, chunks * (s + 1) / splits, in, NULL, NULL,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
             *b = reinterpret_cast<const uint4 *>(w + (size_t)(p + half) * K);
@@ -1135,8 +1160,8 @@ __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const u
         [&](int p, const float *va, const float *vb) {
             const float ba = bias ? w_to_f32(bias[p]) : 0.0f, bb = bias ? w_to_f32(bias[p + half]) : 0.0f;
             for (int t = 0; t < B; t++) {
-                out[(size_t)t * rows + p] += va[t] + ba;
-                out[(size_t)t * rows + p + half] += vb[t] + bb;
+                out[(size_t)t * rows + p] = va[t] + ba;
+                out[(size_t)t * rows + p + half] = vb[t] + bb;
             }
         });
 }
@@ -1146,7 +1171,7 @@ template <int B>
 __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
                                                           const float *x, const float *scale, float *hb, int dim, int hidden) {
     prefill_pairs_body<B>(
-        hidden, dim, x, norm_w, scale,
+        hidden, dim, 0, (dim + 31) / 32, x, norm_w, scale,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
             *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);

@@ -205,12 +205,13 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_
     prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_scales_kernel(const float *x, float *scale) {
-    prefill_rms_scales_body(x, scale, MODEL_DIM, MODEL_NORM_EPS);
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_scales_kernel(float *x, const float *part, int n_parts,
+                                                                          float *scale) {
+    prefill_rms_scales_body(x, part, n_parts, scale, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
+static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
                                                                                  const float *scale, float *q, uint16_t *kc,
                                                                                  uint16_t *vc, const int *io, int ctx) {
     prefill_qkv_rope_body<B>(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
@@ -233,21 +234,21 @@ static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(c
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
-                                                                                float *x) {
-    prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM);
+static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
+                                                                                float *part) {
+    prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
+static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
                                                                                      const float *scale, float *hb) {
     prefill_gate_up_silu_body<B>(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
-                                                                              float *x) {
-    prefill_residual_body<B>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM);
+static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
+                                                                              float *part) {
+    prefill_residual_body<B>(w.w_down, NULL, hb, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io) { prefill_end_body(io); }
@@ -315,6 +316,7 @@ struct model_cuda {
     cudaGraphExec_t prefill[2][2]; /* a batch of PREFILL_BATCH prompt tokens, and one of PREFILL_SMALL */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
     float *prefill_scale;     /* (PREFILL_BATCH) the batch's RMSNorm scales */
+    float *prefill_part_x;    /* (PREFILL_SPLITS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
@@ -492,7 +494,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
+        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, l ? PREFILL_SPLITS : 0,
+               m->prefill_scale);
         mark(PF_SCALES);
         launch(prefill_rmsnorm_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
                *lw, m->x, m->prefill_scale, m->q, kc, vc, m->io, m->ctx);
@@ -502,14 +505,17 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
                     ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
-        launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->att, m->x);
+        launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
+               m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_scale);
+        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, PREFILL_SPLITS,
+               m->prefill_scale);
         mark(PF_SCALES);
         launch(prefill_rmsnorm_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw, m->x,
                m->prefill_scale, m->hb);
         mark(PF_GATE_UP);
-        launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), 1, MV_THREADS, smem, m->stream, *lw, m->hb, m->x);
+        launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
+               m->hb, m->prefill_part_x);
         mark(PF_DOWN);
     }
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
@@ -665,6 +671,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->att, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_scale, PREFILL_BATCH * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_SPLITS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
@@ -933,7 +940,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
-                   m->prefill_scale, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
+                   m->prefill_scale, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
