@@ -919,10 +919,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #define PREFILL_LARGE_FROM 10 /* 9 left: a batch of 8 and a step beat one of 16 */
 static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches: multiples of the mma's 8 tokens");
 #define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
-#ifndef PREFILL_UNROLL_16
-#define PREFILL_UNROLL_16 2
-#endif
-#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : PREFILL_UNROLL_16) /* 32-value chunks of K a warp holds in flight */
+#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : 2) /* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%) */
 #ifndef PREFILL_MIN_BLOCKS
 #define PREFILL_MIN_BLOCKS 1 /* the prefill matvecs' __launch_bounds__ blocks an SM */
 #endif
