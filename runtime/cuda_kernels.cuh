@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <type_traits>
 
 #define WARP_SIZE 32
 #define MV_WARPS 8                      /* warps per matvec block */
@@ -932,19 +933,49 @@ static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches
 #define PREFILL_SPLITS 4
 #endif
 
-/* x[b] += the n_parts partial sums part[s][b] (s in order, rows of dim), then
- * scale[b] = 1 / sqrt(mean(x[b]^2) + eps), block b of the batch's gridDim.x. */
-__device__ __forceinline__ void prefill_rms_scales_body(float *x, const float *part, int n_parts, float *scale, int dim,
-                                                        float eps) {
+/* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 + t2,
+ * each the rounding of what the previous left, so W.x keeps about 24 bits of x (bf16: 8 + 8 + 8)
+ * and the prefill's products match the decode kernels' fp32 ones to their rounding. One term
+ * (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. 2 terms: 1B prompt +7%,
+ * 1: +27% (ninth session). */
+#ifndef PREFILL_TERMS
+#define PREFILL_TERMS 3
+#endif
+
+/* A value of the weights' 16-bit type, round to nearest; *rest gets what the rounding left out. */
+__device__ __forceinline__ uint16_t w_split(float *rest) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    const __nv_bfloat16 v = __float2bfloat16_rn(*rest);
+    *rest -= __bfloat162float(v);
+    return __bfloat16_as_ushort(v);
+#else
+    const __half v = __float2half_rn(*rest);
+    *rest -= __half2float(v);
+    return __half_as_ushort(v);
+#endif
+}
+
+/* v as PREFILL_TERMS terms, at terms[t * stride] (the layout the prefill matvecs read: (term, B, K)) */
+__device__ __forceinline__ void store_terms(uint16_t *terms, size_t stride, float v) {
+#pragma unroll
+    for (int t = 0; t < PREFILL_TERMS; t++) terms[t * stride] = w_split(&v);
+}
+
+/* Block b of the batch's gridDim.x: x[b] += the n_parts partial sums part[s][b] (s in order, rows
+ * of dim); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) * norm_w), as the
+ * PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, dim). */
+__device__ __forceinline__ void prefill_rms_terms_body(float *x, const float *part, int n_parts, const uint16_t *norm_w,
+                                                       uint16_t *terms, int dim, float eps) {
     __shared__ float partial[MV_WARPS];
+    __shared__ float scale;
     pdl_wait();
     pdl_launch_dependents();
     float *xb = x + (size_t)blockIdx.x * dim;
-    const size_t stride = (size_t)gridDim.x * dim; /* from one split's (B, dim) to the next */
+    const size_t split = (size_t)gridDim.x * dim; /* from one split's (B, dim) to the next */
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xb[i];
-        for (int s = 0; s < n_parts; s++) v += __ldcg(part + s * stride + (size_t)blockIdx.x * dim + i);
+        for (int s = 0; s < n_parts; s++) v += __ldcg(part + s * split + (size_t)blockIdx.x * dim + i);
         if (n_parts) xb[i] = v;
         ss += v * v;
     }
@@ -954,8 +985,12 @@ __device__ __forceinline__ void prefill_rms_scales_body(float *x, const float *p
     if (threadIdx.x == 0) {
         float t = 0.0f;
         for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) t += partial[w];
-        scale[blockIdx.x] = rsqrtf(t / (float)dim + eps);
+        scale = rsqrtf(t / (float)dim + eps);
     }
+    __syncthreads();
+    const size_t stride = (size_t)gridDim.x * dim; /* from one term's (B, dim) to the next */
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        store_terms(terms + (size_t)blockIdx.x * dim + i, stride, xb[i] * (scale * w_to_f32(norm_w[i])));
 }
 
 /* x[b] = embed[history[pos + b]], block (i, b); the rows past the batch's tokens repeat its last
@@ -984,13 +1019,6 @@ __device__ __forceinline__ uint32_t pack_w2(float *rest_lo, float *rest_hi) {
     return *reinterpret_cast<const uint32_t *>(&v);
 }
 
-/* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 + t2,
- * each the rounding of what the previous left, so W.x keeps about 24 bits of x (bf16: 8 + 8 + 8)
- * and the prefill's products match the decode kernels' fp32 ones to their rounding. One term
- * (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. */
-#ifndef PREFILL_TERMS
-#define PREFILL_TERMS 3
-#endif
 
 /* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), in the weights' type. */
 __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -1007,8 +1035,11 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
 }
 
 /* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
- * store(p, va, vb) gets their products with the B inputs in (B, K) over K's 32-value chunks
- * [c0, c1), each input times norm_w and scale[t] first when norm_w is not NULL.
+ * store(p, va, vb) gets their products with the B inputs over K's 32-value chunks [c0, c1). The
+ * inputs: fp32 values in (B, K), split into PREFILL_TERMS terms here, in every block; or the terms
+ * themselves, (PREFILL_TERMS, B, K) in the weights' type, split once by the kernel that wrote them
+ * (prefill_rms_terms_body, the gate/up store): the same sums, without the conversions in each of
+ * the grid's blocks.
  *
  * The mma's fragments (PTX ISA, m16n8k16, 16-bit types): lane (g = lane / 4, q = lane % 4) holds
  * A's rows g and g + 8 at columns 2q, 2q + 1, 2q + 8, 2q + 9, B's column (token) g at the same
@@ -1017,10 +1048,12 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
  * columns the values 8q + 4s .. 8q + 4s + 3: a lane reads 16 contiguous bytes of each of its two
  * rows (pair g's) and 8 inputs of its token, for two steps; with several tiles of 8 tokens, the
  * same weights meet each tile's token g + 8 j in a tile's own mma. */
-template <int B, typename Pair, typename Store>
-__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const float *in,
-                                                   const uint16_t *norm_w, const float *scale, Pair pair, Store store) {
+template <int B, typename In, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const In *in, Pair pair, Store store) {
+    constexpr bool terms_in = std::is_same<In, uint16_t>::value;
+    static_assert(terms_in || std::is_same<In, float>::value, "prefill inputs: fp32 values or their 16-bit terms");
     constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B);
+    constexpr int in_regs = terms_in ? PREFILL_TERMS : 2; /* uint4s of a token's 8 inputs: its terms, or 8 floats */
     __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles]; /* the warps' parts of K, summed in warp order */
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
     const int p = blockIdx.x * PREFILL_BLOCK_PAIRS + g;
@@ -1031,12 +1064,8 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
     for (int j = 0; j < tiles; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
     pdl_wait();
     pdl_launch_dependents();
-    float sc[tiles]; /* tile j's token for this lane: g + 8 j */
-#pragma unroll
-    for (int j = 0; j < tiles; j++) sc[j] = norm_w ? scale[g + 8 * j] : 1.0f;
     for (int i0 = c0 + wid; i0 < c1; i0 += MV_WARPS * unroll) {
-        uint4 wa[unroll], wb[unroll], nw[unroll];
-        float4 x0[unroll][tiles], x1[unroll][tiles];
+        uint4 wa[unroll], wb[unroll], xv[unroll][tiles][in_regs];
 #pragma unroll
         for (int u = 0; u < unroll; u++) {
             const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
@@ -1044,30 +1073,36 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
             wa[u] = in_k ? ld_stream(ra + k / 8) : make_uint4(0, 0, 0, 0);
             wb[u] = in_k ? ld_stream(rb + k / 8) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int j = 0; j < tiles; j++) {
-                const float4 *x = reinterpret_cast<const float4 *>(in + (size_t)(g + 8 * j) * K + k);
-                x0[u][j] = in_k ? __ldcg(x) : make_float4(0, 0, 0, 0);
-                x1[u][j] = in_k ? __ldcg(x + 1) : make_float4(0, 0, 0, 0);
-            }
-            nw[u] = in_k && norm_w ? *reinterpret_cast<const uint4 *>(norm_w + k) : make_uint4(0, 0, 0, 0);
+            for (int j = 0; j < tiles; j++)
+#pragma unroll
+                for (int r = 0; r < in_regs; r++) {
+                    const int t = g + 8 * j; /* tile j's token for this lane */
+                    const uint4 *x = terms_in ? reinterpret_cast<const uint4 *>(in + ((size_t)r * B + t) * K + k)
+                                              : reinterpret_cast<const uint4 *>(in + (size_t)t * K + k) + r;
+                    xv[u][j][r] = in_k ? __ldcg(x) : make_uint4(0, 0, 0, 0);
+                }
         }
 #pragma unroll
-        for (int u = 0; u < unroll; u++) {
-            float n[8];
-            if (norm_w) w8_to_f32(nw[u], n);
+        for (int u = 0; u < unroll; u++)
 #pragma unroll
             for (int j = 0; j < tiles; j++) {
-                float xf[8] = {x0[u][j].x, x0[u][j].y, x0[u][j].z, x0[u][j].w, x1[u][j].x, x1[u][j].y, x1[u][j].z, x1[u][j].w};
-                if (norm_w)
+                if constexpr (terms_in) {
 #pragma unroll
-                    for (int e = 0; e < 8; e++) xf[e] *= sc[j] * n[e];
+                    for (int t = 0; t < PREFILL_TERMS; t++) {
+                        mma_16x8x16(c[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[u][j][t].x, xv[u][j][t].y);
+                        mma_16x8x16(c[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[u][j][t].z, xv[u][j][t].w);
+                    }
+                } else {
+                    const uint4 x0 = xv[u][j][0], x1 = xv[u][j][in_regs - 1];
+                    float xf[8] = {__uint_as_float(x0.x), __uint_as_float(x0.y), __uint_as_float(x0.z), __uint_as_float(x0.w),
+                                   __uint_as_float(x1.x), __uint_as_float(x1.y), __uint_as_float(x1.z), __uint_as_float(x1.w)};
 #pragma unroll
-                for (int t = 0; t < PREFILL_TERMS; t++) {
-                    mma_16x8x16(c[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(&xf[0], &xf[1]), pack_w2(&xf[2], &xf[3]));
-                    mma_16x8x16(c[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(&xf[4], &xf[5]), pack_w2(&xf[6], &xf[7]));
+                    for (int t = 0; t < PREFILL_TERMS; t++) {
+                        mma_16x8x16(c[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(&xf[0], &xf[1]), pack_w2(&xf[2], &xf[3]));
+                        mma_16x8x16(c[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(&xf[4], &xf[5]), pack_w2(&xf[6], &xf[7]));
+                    }
                 }
             }
-        }
     }
 #pragma unroll
     for (int j = 0; j < tiles; j++)
@@ -1094,16 +1129,17 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
     if (q == 0 && p < n_pairs) store(p, va, vb);
 }
 
-/* input_layernorm + q/k/v (+ bias) + RoPE + KV-cache store for a batch of B: the pairs of qkv_pair. */
+/* q/k/v (+ bias) + RoPE + KV-cache store for a batch of B, on input_layernorm's output as terms
+ * (prefill_rms_terms_body): the pairs of qkv_pair. */
 template <int B>
-__device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
-                                                      const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
-                                                      const uint16_t *bv, const float *x, const float *scale, float *q,
+__device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *wq, const uint16_t *wk, const uint16_t *wv,
+                                                      const uint16_t *bq, const uint16_t *bk, const uint16_t *bv,
+                                                      const uint16_t *x_terms, float *q,
                                                       uint16_t *kc, uint16_t *vc, const int *io, const float *inv_freq, int dim,
                                                       int q_dim, int kv_dim, int head_dim, int ctx) {
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
     prefill_pairs_body<B>(
-        pairs, dim, 0, (dim + 31) / 32, x, norm_w, scale,
+        pairs, dim, 0, (dim + 31) / 32, x_terms,
         [&](int p, const uint4 **a, const uint4 **b) {
             int ra, rb, kind;
             qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -1139,17 +1175,17 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, co
         });
 }
 
-/* part[s] (B, rows) = W (rows, K) . in (B, K) over split s = blockIdx.y of gridDim.y's parts of K
- * [+ bias, in split 0]: rows (i, i + rows / 2) a pair (rows even). The next RMSNorm kernel adds the
- * splits to the residual stream (prefill_rms_scales_body). */
-template <int B>
-__device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *part,
+/* part[s] (B, rows) = W (rows, K) . in over split s = blockIdx.y of gridDim.y's parts of K [+ bias,
+ * in split 0]: rows (i, i + rows / 2) a pair (rows even); in as prefill_pairs_body takes it. The
+ * next RMSNorm kernel adds the splits to the residual stream (prefill_rms_terms_body). */
+template <int B, typename In>
+__device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const In *in, float *part,
                                                       int rows, int K) {
     const int half = rows / 2, chunks = (K + 31) / 32, s = blockIdx.y, splits = gridDim.y;
     float *out = part + (size_t)s * B * rows;
     if (s != 0) bias = NULL;
     prefill_pairs_body<B>(
-        half, K, chunks * s / splits, chunks * (s + 1) / splits, in, NULL, NULL,
+        half, K, chunks * s / splits, chunks * (s + 1) / splits, in,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
             *b = reinterpret_cast<const uint4 *>(w + (size_t)(p + half) * K);
@@ -1163,18 +1199,19 @@ __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const u
         });
 }
 
-/* post_attention_layernorm + gate and up + SiLU: hb (B, hidden) = silu(gate . x) * (up . x). */
+/* gate and up + SiLU on post_attention_layernorm's output as terms (prefill_rms_terms_body):
+ * hb = silu(gate . x) * (up . x), stored as down's input terms, (PREFILL_TERMS, B, hidden). */
 template <int B>
-__device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
-                                                          const float *x, const float *scale, float *hb, int dim, int hidden) {
+__device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, const uint16_t *wu, const uint16_t *x_terms,
+                                                          uint16_t *hb_terms, int dim, int hidden) {
     prefill_pairs_body<B>(
-        hidden, dim, 0, (dim + 31) / 32, x, norm_w, scale,
+        hidden, dim, 0, (dim + 31) / 32, x_terms,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
             *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);
         },
         [&](int p, const float *va, const float *vb) {
-            for (int t = 0; t < B; t++) hb[(size_t)t * hidden + p] = silu(va[t]) * vb[t];
+            for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
         });
 }
 

@@ -159,7 +159,7 @@ def test_gpu_bench_kernels_times_decode_and_prefill():
         rows = out.split(head, 1)[1].splitlines()[2:11]  # after the header and the column names
         launches = {r.split()[0]: int(r.split()[1]) for r in rows}
         # tiny-llama, 2 layers: the last layer's scales and QKV only
-        assert launches == {"prefill_embed": 1, "prefill_rms_scales": 3, "prefill_qkv_rope": 2, "prefill_attention": 1,
+        assert launches == {"prefill_embed": 1, "prefill_rms_terms": 3, "prefill_qkv_rope": 2, "prefill_attention": 1,
                             "prefill_o_proj": 1, "prefill_gate_up_silu": 1, "prefill_down": 1, "prefill_end": 1,
                             "total": 11}, rows
         assert all(float(r.split()[2]) > 0 for r in rows), rows

@@ -198,25 +198,28 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
 
 // ---------------------------------------------------------------------------------------------
 // Prefill: a batch of B prompt tokens (PREFILL_BATCH or PREFILL_SMALL) through each stage at once
-// (cuda_kernels.cuh), a kernel per stage as in the step, the norms' scales in a kernel of their own.
+// (cuda_kernels.cuh), a kernel per stage as in the step. Each RMSNorm is a kernel of its own: it
+// adds o_proj's or down's split partial sums to the residual stream and writes the norm's output as
+// the bf16/fp16 terms the next matvec's tensor cores take; gate/up writes down's input as terms.
 
 static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_t *embed, const int *io, float *x,
                                                                    const int *history) {
     prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_scales_kernel(float *x, const float *part, int n_parts,
-                                                                          float *scale) {
-    prefill_rms_scales_body(x, part, n_parts, scale, MODEL_DIM, MODEL_NORM_EPS);
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_terms_kernel(float *x, const float *part, int n_parts,
+                                                                         const uint16_t *norm_w, uint16_t *terms) {
+    prefill_rms_terms_body(x, part, n_parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
-                                                                                 const float *scale, float *q, uint16_t *kc,
-                                                                                 uint16_t *vc, const int *io, int ctx) {
-    prefill_qkv_rope_body<B>(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
-                          MODEL_QKV_BIAS ? w.bv : NULL, x, scale, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
-                          MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
+static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_qkv_rope_kernel(model_layer_weights w,
+                                                                                          const uint16_t *x_terms, float *q,
+                                                                                          uint16_t *kc, uint16_t *vc,
+                                                                                          const int *io, int ctx) {
+    prefill_qkv_rope_body<B>(w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
+                             MODEL_QKV_BIAS ? w.bv : NULL, x_terms, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
+                             MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
 }
 
 /* token blockIdx.z of the batch, at io[IO_POS] + blockIdx.z, with its own partial sums and counters;
@@ -240,15 +243,17 @@ static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
-                                                                                     const float *scale, float *hb) {
-    prefill_gate_up_silu_body<B>(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
+static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_gate_up_silu_kernel(model_layer_weights w,
+                                                                                              const uint16_t *x_terms,
+                                                                                              uint16_t *hb_terms) {
+    prefill_gate_up_silu_body<B>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
-                                                                              float *part) {
-    prefill_residual_body<B>(w.w_down, NULL, hb, part, MODEL_DIM, MODEL_HIDDEN_DIM);
+static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_down_residual_kernel(model_layer_weights w,
+                                                                                               const uint16_t *hb_terms,
+                                                                                               float *part) {
+    prefill_residual_body<B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io) { prefill_end_body(io); }
@@ -315,7 +320,8 @@ struct model_cuda {
     cudaGraphExec_t graphs[2][STEP_KINDS]; /* one decode step of each kind */
     cudaGraphExec_t prefill[2][2]; /* a batch of PREFILL_BATCH prompt tokens, and one of PREFILL_SMALL */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
-    float *prefill_scale;     /* (PREFILL_BATCH) the batch's RMSNorm scales */
+    uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
+    uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_SPLITS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
@@ -473,10 +479,10 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
 /* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
 #define PREFILL_GRID(pairs) (((pairs) + PREFILL_BLOCK_PAIRS - 1) / PREFILL_BLOCK_PAIRS)
 
-/* A prefill batch's stages, for the kernel benchmark, and its launches: the last layer's scales and
+/* A prefill batch's stages, for the kernel benchmark, and its launches: the last layer's norm and
  * QKV only. */
 enum { PF_EMBED, PF_SCALES, PF_QKV, PF_ATT, PF_O, PF_GATE_UP, PF_DOWN, PF_END, PF_COUNT };
-static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_rms_scales", "prefill_qkv_rope",
+static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_rms_terms", "prefill_qkv_rope",
                                                           "prefill_attention", "prefill_o_proj", "prefill_gate_up_silu",
                                                           "prefill_down", "prefill_end"};
 #define PREFILL_LAUNCHES (7 * MODEL_N_LAYERS - 3)
@@ -494,11 +500,11 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, l ? PREFILL_SPLITS : 0,
-               m->prefill_scale);
+        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, l ? PREFILL_SPLITS : 0,
+               lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
-        launch(prefill_rmsnorm_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
-               *lw, m->x, m->prefill_scale, m->q, kc, vc, m->io, m->ctx);
+        launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
+               *lw, m->prefill_x_terms, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1) break;
         launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B), ATT_THREADS,
@@ -508,14 +514,14 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
                m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, PREFILL_SPLITS,
-               m->prefill_scale);
+        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, PREFILL_SPLITS,
+               lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
-        launch(prefill_rmsnorm_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw, m->x,
-               m->prefill_scale, m->hb);
+        launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
+               m->prefill_x_terms, m->prefill_hb_terms);
         mark(PF_GATE_UP);
         launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
-               m->hb, m->prefill_part_x);
+               m->prefill_hb_terms, m->prefill_part_x);
         mark(PF_DOWN);
     }
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
@@ -670,7 +676,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->q, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->att, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->prefill_scale, PREFILL_BATCH * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_SPLITS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
@@ -940,7 +947,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
-                   m->prefill_scale, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
+                   m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
