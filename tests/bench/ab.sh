@@ -4,8 +4,9 @@
 #   git archive -o .stage/base.tar REV         (here: .git does not travel to the GPU machine)
 #   bash tests/bench/ab.sh .stage/base.tar [.stage/other.tar ...]   (there, carrying .stage)
 # Each side is named after its archive. BENCH_MODELS and BENCH_FLAGS as in gpu.sh; REPS (default 2).
-# TESTS=1 first runs `make test-gpu` in every side (about 2 minutes each) and prints its summary, so
-# one call can check prepared branches before it measures them.
+# TESTS=1 also runs `make test-gpu` in every side, beside the builds (about 3 minutes), TESTS=this
+# in this tree only, and prints its summary, so one call can check prepared branches before it measures them; a failure stops
+# the script before the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
@@ -19,19 +20,40 @@ for t in "$@"; do
     rm -rf "/tmp/ab-$name" && mkdir -p "/tmp/ab-$name" && tar -xf "$t" -C "/tmp/ab-$name" || exit 1
     sides+=("$name")
 done
-if [ "${TESTS:-0}" = 1 ]; then
-    for side in "${sides[@]}"; do
-        dir=$here
-        [ "$side" = this ] || dir=/tmp/ab-$side
-        echo "== make test-gpu, $side: $( (cd "$dir" && . tests/gpu_env.sh && make -s test-gpu 2>&1) | tail -1)"
-    done
+models=(${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2})
+make -s venv >/dev/null || exit 1
+for m in "${models[@]}"; do bench_model_dir "$m" || exit 1; done
+# Every side's builds (and with TESTS=1 its `make test-gpu`, in a copy of its tree so that it races
+# no build) at once: nvcc compiles one file on one core. The benchmarks wait for all of them.
+tested() { [ "${TESTS:-0}" = 1 ] || { [ "${TESTS:-0}" = this ] && [ "$1" = this ]; }; }
+if tested this; then
+    rm -rf /tmp/ab-this && mkdir -p /tmp/ab-this &&
+        tar --exclude=./build --exclude=./.stage -cf - . | tar -xf - -C /tmp/ab-this || exit 1
 fi
-for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
-    bench_model "$m" || exit 1
+jobs=()
+for side in "${sides[@]}"; do
+    dir=$here
+    [ "$side" = this ] || dir=/tmp/ab-$side
+    (cd "$dir" && . tests/gpu_env.sh && for m in "${models[@]}"; do
+        make -s MODEL="$here/build/bench-models/bench-$m" >/dev/null || exit 1
+    done) &
+    jobs+=($!)
+    if tested "$side"; then
+        tdir=$dir
+        [ "$side" = this ] && tdir=/tmp/ab-this
+        (cd "$tdir" && . tests/gpu_env.sh && make -s test-gpu >"/tmp/ab-tests-$side.log" 2>&1) &
+        jobs+=($!)
+    fi
+done
+failed=0
+for j in "${jobs[@]}"; do wait "$j" || failed=1; done
+for side in "${sides[@]}"; do
+    tested "$side" && echo "== make test-gpu, $side: $(tail -1 "/tmp/ab-tests-$side.log")"
+done
+[ "$failed" = 0 ] || { echo "ab.sh: a build or a test failed" >&2; for side in "${sides[@]}"; do
+    grep -E "FAILED|Error" "/tmp/ab-tests-$side.log" 2>/dev/null | head -20; done; exit 1; }
+for m in "${models[@]}"; do
     d=$here/build/bench-models/bench-$m
-    for side in "${sides[@]:1}"; do
-        (cd "/tmp/ab-$side" && . tests/gpu_env.sh && make -s MODEL="$d" >/dev/null) || exit 1
-    done
     for r in $(seq "${REPS:-2}"); do
         for side in "${sides[@]}"; do
             bin=build/bench-$m/ingot

@@ -211,7 +211,7 @@ static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_scales_kernel(f
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
                                                                                  const float *scale, float *q, uint16_t *kc,
                                                                                  uint16_t *vc, const int *io, int ctx) {
     prefill_qkv_rope_body<B>(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
@@ -234,19 +234,19 @@ static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(c
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
                                                                                 float *part) {
     prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
                                                                                      const float *scale, float *hb) {
     prefill_gate_up_silu_body<B>(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
                                                                               float *part) {
     prefill_residual_body<B>(w.w_down, NULL, hb, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
