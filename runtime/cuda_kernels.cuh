@@ -921,9 +921,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches: multiples of the mma's 8 tokens");
 #define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
 #define PREFILL_UNROLL(B) ((B) == 8 ? 4 : 2) /* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%) */
-#ifndef PREFILL_MIN_BLOCKS
-#define PREFILL_MIN_BLOCKS 1 /* the prefill matvecs' __launch_bounds__ blocks an SM */
-#endif
 
 /* Splits of K in o_proj's and down's prefill grids: each block (pairs, split) writes its partial
  * products to a buffer of its own, and the RMSNorm kernel after them adds the splits to the residual

@@ -213,7 +213,7 @@ static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_terms_kernel(fl
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_qkv_rope_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_qkv_rope_kernel(model_layer_weights w,
                                                                                           const uint16_t *x_terms, float *q,
                                                                                           uint16_t *kc, uint16_t *vc,
                                                                                           const int *io, int ctx) {
@@ -237,20 +237,20 @@ static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(c
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
                                                                                 float *part) {
     prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_gate_up_silu_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_gate_up_silu_kernel(model_layer_weights w,
                                                                                               const uint16_t *x_terms,
                                                                                               uint16_t *hb_terms) {
     prefill_gate_up_silu_body<B>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, PREFILL_MIN_BLOCKS) prefill_down_residual_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_down_residual_kernel(model_layer_weights w,
                                                                                                const uint16_t *hb_terms,
                                                                                                float *part) {
     prefill_residual_body<B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
