@@ -919,7 +919,10 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #define PREFILL_SMALL 8
 #define PREFILL_LARGE_FROM 10 /* 9 left: a batch of 8 and a step beat one of 16 */
 static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches: multiples of the mma's 8 tokens");
-#define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
+#ifndef PREFILL_ROW_TILES
+#define PREFILL_ROW_TILES 2 /* EXPERIMENT: 16-row tiles a warp multiplies with each input it loads */
+#endif
+#define PREFILL_BLOCK_PAIRS (8 * PREFILL_ROW_TILES) /* pairs of rows a block takes: 8 a tile of the mma's 16 rows */
 #define PREFILL_UNROLL(B) ((B) == 8 ? 4 : 2) /* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%) */
 
 /* Splits of K in o_proj's and down's prefill grids: each block (pairs, split) writes its partial
@@ -1049,26 +1052,33 @@ template <int B, typename In, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const In *in, Pair pair, Store store) {
     constexpr bool terms_in = std::is_same<In, uint16_t>::value;
     static_assert(terms_in || std::is_same<In, float>::value, "prefill inputs: fp32 values or their 16-bit terms");
-    constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B);
+    constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B), R = PREFILL_ROW_TILES;
     constexpr int in_regs = terms_in ? PREFILL_TERMS : 2; /* uint4s of a token's 8 inputs: its terms, or 8 floats */
-    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles]; /* the warps' parts of K, summed in warp order */
+    static_assert(R <= MV_WARPS, "a warp a row tile for the sums' gathering");
+    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles * R]; /* the warps' parts of K, summed in warp order */
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
-    const int p = blockIdx.x * PREFILL_BLOCK_PAIRS + g;
-    const uint4 *ra, *rb;
-    pair(min(p, n_pairs - 1), &ra, &rb); /* past the last pair: its rows again, not stored */
-    float c[tiles][4];
+    const uint4 *ra[R], *rb[R];
 #pragma unroll
-    for (int j = 0; j < tiles; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+    for (int rt = 0; rt < R; rt++) /* past the last pair: its rows again, not stored */
+        pair(min((int)blockIdx.x * PREFILL_BLOCK_PAIRS + 8 * rt + g, n_pairs - 1), &ra[rt], &rb[rt]);
+    float c[R][tiles][4];
+#pragma unroll
+    for (int rt = 0; rt < R; rt++)
+#pragma unroll
+        for (int j = 0; j < tiles; j++) c[rt][j][0] = c[rt][j][1] = c[rt][j][2] = c[rt][j][3] = 0.0f;
     pdl_wait();
     pdl_launch_dependents();
     for (int i0 = c0 + wid; i0 < c1; i0 += MV_WARPS * unroll) {
-        uint4 wa[unroll], wb[unroll], xv[unroll][tiles][in_regs];
+        uint4 wa[unroll][R], wb[unroll][R], xv[unroll][tiles][in_regs];
 #pragma unroll
         for (int u = 0; u < unroll; u++) {
             const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
             const bool in_k = i0 + u * MV_WARPS < c1 && k < K;
-            wa[u] = in_k ? ld_stream(ra + k / 8) : make_uint4(0, 0, 0, 0);
-            wb[u] = in_k ? ld_stream(rb + k / 8) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int rt = 0; rt < R; rt++) {
+                wa[u][rt] = in_k ? ld_stream(ra[rt] + k / 8) : make_uint4(0, 0, 0, 0);
+                wb[u][rt] = in_k ? ld_stream(rb[rt] + k / 8) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
             for (int j = 0; j < tiles; j++)
 #pragma unroll
@@ -1085,43 +1095,57 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
             for (int j = 0; j < tiles; j++) {
                 if constexpr (terms_in) {
 #pragma unroll
-                    for (int t = 0; t < PREFILL_TERMS; t++) {
-                        mma_16x8x16(c[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[u][j][t].x, xv[u][j][t].y);
-                        mma_16x8x16(c[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[u][j][t].z, xv[u][j][t].w);
-                    }
+                    for (int t = 0; t < PREFILL_TERMS; t++)
+#pragma unroll
+                        for (int rt = 0; rt < R; rt++) {
+                            const uint4 a = wa[u][rt], b = wb[u][rt], x = xv[u][j][t];
+                            mma_16x8x16(c[rt][j], a.x, b.x, a.y, b.y, x.x, x.y);
+                            mma_16x8x16(c[rt][j], a.z, b.z, a.w, b.w, x.z, x.w);
+                        }
                 } else {
                     const uint4 x0 = xv[u][j][0], x1 = xv[u][j][in_regs - 1];
                     float xf[8] = {__uint_as_float(x0.x), __uint_as_float(x0.y), __uint_as_float(x0.z), __uint_as_float(x0.w),
                                    __uint_as_float(x1.x), __uint_as_float(x1.y), __uint_as_float(x1.z), __uint_as_float(x1.w)};
 #pragma unroll
                     for (int t = 0; t < PREFILL_TERMS; t++) {
-                        mma_16x8x16(c[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(&xf[0], &xf[1]), pack_w2(&xf[2], &xf[3]));
-                        mma_16x8x16(c[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(&xf[4], &xf[5]), pack_w2(&xf[6], &xf[7]));
+                        const uint32_t b00 = pack_w2(&xf[0], &xf[1]), b01 = pack_w2(&xf[2], &xf[3]);
+                        const uint32_t b10 = pack_w2(&xf[4], &xf[5]), b11 = pack_w2(&xf[6], &xf[7]);
+#pragma unroll
+                        for (int rt = 0; rt < R; rt++) {
+                            const uint4 a = wa[u][rt], b = wb[u][rt];
+                            mma_16x8x16(c[rt][j], a.x, b.x, a.y, b.y, b00, b01);
+                            mma_16x8x16(c[rt][j], a.z, b.z, a.w, b.w, b10, b11);
+                        }
                     }
                 }
             }
     }
 #pragma unroll
-    for (int j = 0; j < tiles; j++)
+    for (int rt = 0; rt < R; rt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) red[wid][lane][4 * j + i] = c[j][i];
+        for (int j = 0; j < tiles; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[wid][lane][4 * (tiles * rt + j) + i] = c[rt][j][i];
     __syncthreads();
-    if (wid != 0) return;
+    if (wid >= R) return;
+    const int rt = wid; /* warp rt gathers row tile rt's sums */
+    const int p = (int)blockIdx.x * PREFILL_BLOCK_PAIRS + 8 * rt + g;
+    float s[tiles][4];
 #pragma unroll
     for (int j = 0; j < tiles; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            c[j][i] = 0.0f;
-            for (int w = 0; w < MV_WARPS; w++) c[j][i] += red[w][lane][4 * j + i];
+            s[j][i] = 0.0f;
+            for (int w = 0; w < MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
         }
-    /* c[j]: rows g (pair g's a) and g + 8 (its b) at tokens 8 j + 2q, 8 j + 2q + 1; lane q == 0
+    /* s[j]: rows g (pair g's a) and g + 8 (its b) at tokens 8 j + 2q, 8 j + 2q + 1; lane q == 0
      * gathers all of the batch's */
     float va[B], vb[B];
 #pragma unroll
     for (int t = 0; t < B; t++) {
         const int src = (lane & ~3) | (t % 8 / 2);
-        va[t] = __shfl_sync(0xFFFFFFFFu, c[t / 8][t % 2], src);
-        vb[t] = __shfl_sync(0xFFFFFFFFu, c[t / 8][2 + t % 2], src);
+        va[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][t % 2], src);
+        vb[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][2 + t % 2], src);
     }
     if (q == 0 && p < n_pairs) store(p, va, vb);
 }
