@@ -199,6 +199,9 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
 // ---------------------------------------------------------------------------------------------
 // Prefill: a batch of B prompt tokens (PREFILL_BATCH or PREFILL_SMALL) through each stage at once
 // (cuda_kernels.cuh), a kernel per stage as in the step, the norms' scales in a kernel of their own.
+// The matvecs' launch bounds say 1 block an SM explicitly: ptxas then schedules more of a warp's
+// loads ahead of their use (o_proj and down: 96 registers, 48 without the 1; gate/up, QKV: ~100
+// either way). Measured so (PERFORMANCE.md, ninth session); 48 has not been measured.
 
 static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_t *embed, const int *io, float *x,
                                                                    const int *history) {
@@ -211,7 +214,7 @@ static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_scales_kernel(f
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
+static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
                                                                                  const float *scale, float *q, uint16_t *kc,
                                                                                  uint16_t *vc, const int *io, int ctx) {
     prefill_qkv_rope_body<B>(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
@@ -234,19 +237,19 @@ static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(c
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
+static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
                                                                                 float *part) {
     prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
+static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
                                                                                      const float *scale, float *hb) {
     prefill_gate_up_silu_body<B>(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
+static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
                                                                               float *part) {
     prefill_residual_body<B>(w.w_down, NULL, hb, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
