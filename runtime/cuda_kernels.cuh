@@ -961,36 +961,65 @@ __device__ __forceinline__ void store_terms(uint16_t *terms, size_t stride, floa
     for (int t = 0; t < PREFILL_TERMS; t++) terms[t * stride] = w_split(&v);
 }
 
-/* Block b of the batch's gridDim.x: x[b] += the n_parts partial sums part[s][b] (s in order, rows
- * of dim); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) * norm_w), as the
- * PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, dim). */
-__device__ __forceinline__ void prefill_rms_terms_body(float *x, const float *part, int n_parts, const uint16_t *norm_w,
-                                                       uint16_t *terms, int dim, float eps) {
+/* Block b of the batch's gridDim.x: x[b] += the PREFILL_SPLITS partial sums part[s][b] when
+ * add_parts (s in order, rows of dim); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
+ * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, dim).
+ * The pointers do not alias and the loops are unrolled, so that a thread's loads go out together
+ * (one L2 round trip a pass, not one a value: ncu had this kernel at 11 us with 16 blocks). */
+__device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, bool add_parts,
+                                                       const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
+                                                       int dim, float eps) {
     __shared__ float partial[MV_WARPS];
     __shared__ float scale;
     pdl_wait();
     pdl_launch_dependents();
-    float *xb = x + (size_t)blockIdx.x * dim;
+    constexpr int U = 4; /* values a thread loads before it uses any */
+    float *__restrict__ xb = x + (size_t)blockIdx.x * dim;
+    const float *__restrict__ pb = part + (size_t)blockIdx.x * dim;
     const size_t split = (size_t)gridDim.x * dim; /* from one split's (B, dim) to the next */
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xb[i];
-        for (int s = 0; s < n_parts; s++) v += __ldcg(part + s * split + (size_t)blockIdx.x * dim + i);
-        if (n_parts) xb[i] = v;
-        ss += v * v;
+    for (int i0 = threadIdx.x; i0 < dim; i0 += U * MV_THREADS) {
+        float v[U], p[U][PREFILL_SPLITS];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            v[u] = i < dim ? xb[i] : 0.0f;
+#pragma unroll
+            for (int s = 0; s < PREFILL_SPLITS; s++) p[u][s] = add_parts && i < dim ? __ldcg(pb + s * split + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+#pragma unroll
+            for (int s = 0; s < PREFILL_SPLITS; s++) v[u] += p[u][s];
+            if (add_parts && i < dim) xb[i] = v[u];
+            ss += v[u] * v[u];
+        }
     }
     ss = warp_sum(ss);
     if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
     __syncthreads();
     if (threadIdx.x == 0) {
         float t = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) t += partial[w];
+        for (int w = 0; w < MV_WARPS; w++) t += partial[w];
         scale = rsqrtf(t / (float)dim + eps);
     }
     __syncthreads();
     const size_t stride = (size_t)gridDim.x * dim; /* from one term's (B, dim) to the next */
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        store_terms(terms + (size_t)blockIdx.x * dim + i, stride, xb[i] * (scale * w_to_f32(norm_w[i])));
+    for (int i0 = threadIdx.x; i0 < dim; i0 += U * MV_THREADS) {
+        float v[U], n[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            v[u] = i < dim ? xb[i] : 0.0f;
+            n[u] = i < dim ? w_to_f32(norm_w[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            if (i < dim) store_terms(terms + (size_t)blockIdx.x * dim + i, stride, v[u] * (scale * n[u]));
+        }
+    }
 }
 
 /* x[b] = embed[history[pos + b]], block (i, b); the rows past the batch's tokens repeat its last

@@ -209,9 +209,9 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_
     prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_terms_kernel(float *x, const float *part, int n_parts,
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_terms_kernel(float *x, const float *part, bool add_parts,
                                                                          const uint16_t *norm_w, uint16_t *terms) {
-    prefill_rms_terms_body(x, part, n_parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
+    prefill_rms_terms_body(x, part, add_parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
@@ -502,7 +502,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, l ? PREFILL_SPLITS : 0,
+        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0,
                lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
@@ -516,7 +516,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
                m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, PREFILL_SPLITS,
+        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, true,
                lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
