@@ -192,8 +192,10 @@ test: $(VENV)/.installed $(DEFAULT_MODEL)/model.safetensors $(OUT)/ingot
 	$(PY) -m pytest -q tests
 
 # On a machine with a CUDA GPU: the GPU against the CPU path and against transformers, memcheck.
+# PYTEST_ARGS narrows it, e.g. PYTEST_ARGS='-k greedy' (a quick check on a short device lease).
+PYTEST_ARGS ?=
 test-gpu: $(VENV)/.installed $(OUT)/ingot
-	$(PY) -m pytest -q tests/test_gpu.py
+	$(PY) -m pytest -q tests/test_gpu.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build generated/*/
