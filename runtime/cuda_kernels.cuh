@@ -915,15 +915,20 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 /* Prompt tokens a prefill batch takes: PREFILL_BATCH while at least PREFILL_LARGE_FROM are left,
  * else PREFILL_SMALL. A batch of 16 costs ~1.7 of one of 8 (1B shape: +19% on a 128-token prompt),
  * so the last few tokens go in a batch of 8 (PERFORMANCE.md). Each a multiple of the mma's n, 8. */
-#define PREFILL_BATCH 16
+#ifndef PREFILL_BATCH
+#define PREFILL_BATCH 16 /* EXPERIMENT: -DPREFILL_BATCH=32 (with PREFILL_LARGE_FROM about 20) */
+#endif
 #define PREFILL_SMALL 8
+#ifndef PREFILL_LARGE_FROM
 #define PREFILL_LARGE_FROM 10 /* 9 left: a batch of 8 and a step beat one of 16 */
+#endif
 static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches: multiples of the mma's 8 tokens");
 #ifndef PREFILL_ROW_TILES
 #define PREFILL_ROW_TILES 2 /* EXPERIMENT: 16-row tiles a warp multiplies with each input it loads */
 #endif
 #define PREFILL_BLOCK_PAIRS (8 * PREFILL_ROW_TILES) /* pairs of rows a block takes: 8 a tile of the mma's 16 rows */
-#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : 2) /* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%) */
+/* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%; 32 takes 1 for its registers) */
+#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : (B) == 16 ? 2 : 1)
 
 /* Splits of K in o_proj's and down's prefill grids: each block (pairs, split) writes its partial
  * products to a buffer of its own, and the RMSNorm kernel after them adds the splits to the residual

@@ -127,6 +127,17 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+@pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide"])
+def test_tiny_gpu_prefill_batch_32_equals_cpu(variant):
+    """Prompt batches of 32 (-DPREFILL_BATCH=32, four 8-token tiles in each mma row tile, one chunk
+    of K in flight a warp) in a build of their own: greedy text against the CPU's. TINY_PROMPT's
+    tokens go 32 at a time while at least PREFILL_LARGE_FROM are left, then 8 at a time."""
+    d = tiny_model_dir(variant, name=f"{variant}-b32")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DPREFILL_BATCH=32")
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 def test_tiny_gpu_short_attention_graphs_equal_cpu():
     """tiny-gqa with a context of 262144 (tests/models/tiny-long-context): past ATT_MIN_SPLITS tiles
     (2 KV heads: 132 splits of 1024 positions), so the binary launches a second set of graphs, with
