@@ -4,6 +4,7 @@ both builds: the generic one gets -m first, so a test's own -m overrides it."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -150,6 +151,25 @@ def test_malformed_config(tiny_llama, tmp_path):
     d = copy_model(tiny_llama[0], tmp_path / "m")
     (d / "config.json").write_text('{"hidden_size": 64,')
     fails_with(tiny_llama[1], "-m", str(d), "-p", "x", message="config.json: at byte")
+
+
+def test_bench_times_the_prompt_at_each_depth(tiny_llama):
+    """--bench: the 128-token prompt at depth 0 (the top-level prompt_tok_s) and again after each
+    deeper depth's tokens, in the text and in each JSON decode entry; a depth whose prompt would not
+    fit the context gets null (tiny-llama: 256 positions)."""
+    import json
+
+    r = run(tiny_llama[1], "--bench", "--bench-depths", "0,32", "-n", "8", "--threads", "1")
+    out = r.stdout.decode()
+    assert re.search(r"^  prompt: 128 tokens, [0-9.]+ tok/s$", out, re.M), out
+    assert re.search(r"^  prompt at depth 32: 128 tokens, [0-9.]+ tok/s$", out, re.M), out
+    assert "prompt at depth 0" not in out
+    r = run(tiny_llama[1], "--bench", "--json", "--bench-depths", "0,32,160", "-n", "8", "--threads", "1")
+    result = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    entries = {d["depth"]: d for d in result["decode"]}
+    assert entries[0]["prompt_tok_s"] == result["prompt_tok_s"]
+    assert entries[32]["prompt_tok_s"] > 0
+    assert entries[160]["prompt_tok_s"] is None  # 160 + 128 > 256
 
 
 def test_bench_kernels_on_cpu(tiny_llama):
