@@ -28,7 +28,9 @@
 #endif
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
-#define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */
+#ifndef ATT_MIN_CHUNK
+#define ATT_MIN_CHUNK 32 /* fewest positions an attention block takes (a test builds 5: many splits, odd bounds) */
+#endif
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
 
@@ -687,22 +689,36 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
     if (threadIdx.x == 0) atomicAdd(done, 1u);
 }
 
-template <typename Wait>
+/* TOKENS > 1 (a prefill batch): the block takes TOKENS tokens of the batch, from token `ahead` on
+ * (io[IO_COUNT] of them are the batch's), over the same positions, as TOKENS * kv_mul rows of
+ * queries (row r: token r / kv_mul, query head r % kv_mul of the group), so the keys and values
+ * are read once for all of them. A row scores the positions past its token's as -inf. A token's
+ * query, output and partial sums are q_stride floats and `parts` (n_heads * n_splits) splits
+ * after the previous token's; one counter for the group's KV head. */
+template <int TOKENS, typename Wait>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
-                                               int min_splits, int kvh, int split, unsigned *ready, Wait wait) {
+                                               int min_splits, int kvh, int split, unsigned *ready, Wait wait,
+                                               int q_stride = 0, size_t parts = 0) {
+    static_assert(TOKENS >= 1 && TOKENS <= ATT_MAX_GROUP, "attention rows: TOKENS * kv_mul <= ATT_MAX_GROUP");
     extern __shared__ float smem[];
-    float *sc = smem;                             /* (kv_mul, ATT_TILE) scores, then probabilities */
-    float *sml = sc + kv_mul * ATT_TILE;          /* (kv_mul, 2) max and sum */
+    const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
+    float *sc = smem;                             /* (rows, ATT_TILE) scores, then probabilities */
+    float *sml = sc + rows * ATT_TILE;            /* (rows, 2) max and sum */
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+    /* row r's token (from `ahead`) and query head in the group */
+    auto token_of = [&](int r) { return TOKENS == 1 ? 0 : r / kv_mul; };
+    auto head_of = [&](int r) { return TOKENS == 1 ? r : r % kv_mul; };
     /* Positions [0, n) in chunks of at least ATT_MIN_CHUNK: a short context keeps few blocks busy
      * and the combine short; blocks past the last chunk have nothing to do. The position is read
      * before the wait, from L2: the previous step wrote it, or the host before this step began. This
      * block's query is `ahead` positions after it (a prefill batch's later tokens; 0 in decode), and
      * positions from io[IO_POS] on are written in this step. */
-    const int first_new = __ldcg(&io[IO_POS]), n = first_new + ahead + 1;
+    int tokens = 1; /* the block's tokens that are the batch's: positions up to the last one's are written */
+    if constexpr (TOKENS > 1) tokens = min(TOKENS, __ldcg(&io[IO_COUNT]) - ahead);
+    const int first_new = __ldcg(&io[IO_POS]), n = first_new + ahead + tokens;
     /* min_splits blocks per KV head (a wave of the GPU), more only when a split would pass a tile:
      * splits sized by the context allocated left short contexts many tiny blocks in several waves
      * (1B shape, 131072 allocated, depth 4096: 1000 blocks of 33 positions; PERFORMANCE.md) */
@@ -745,8 +761,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         float qc[ATT_MAX_GROUP][8];
 #pragma unroll
         for (int h = 0; h < ATT_MAX_GROUP; h++)
-            if (h < kv_mul) {
-                const float4 *qh = reinterpret_cast<const float4 *>(q + (kvh * kv_mul + h) * head_dim + 8 * c);
+            if (h < rows) {
+                const float4 *qh = reinterpret_cast<const float4 *>(q + (size_t)token_of(h) * q_stride +
+                                                                    (kvh * kv_mul + head_of(h)) * head_dim + 8 * c);
                 const float4 a = qh[0], b = qh[1];
                 qc[h][0] = a.x, qc[h][1] = a.y, qc[h][2] = a.z, qc[h][3] = a.w;
                 qc[h][4] = b.x, qc[h][5] = b.y, qc[h][6] = b.z, qc[h][7] = b.w;
@@ -765,12 +782,14 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 h8_to_f32(u[k], kf);
 #pragma unroll
                 for (int h = 0; h < ATT_MAX_GROUP; h++)
-                    if (h < kv_mul) {
+                    if (h < rows) {
                         float d = 0.0f;
 #pragma unroll
                         for (int i = 0; i < 8; i++) d += kf[i] * qc[h][i];
                         for (int o = 1; o < chunks; o *= 2) d += __shfl_xor_sync(0xFFFFFFFFu, d, o);
-                        if (c == 0 && j < len) sc[h * ATT_TILE + j] = d * scale;
+                        /* a row sees the positions up to its token's own */
+                        const bool seen = TOKENS == 1 || start + j <= first_new + ahead + token_of(h);
+                        if (c == 0 && j < len) sc[h * ATT_TILE + j] = seen ? d * scale : -INFINITY;
                     }
             }
         }
@@ -778,14 +797,16 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     __syncthreads();
     TRACE_AT(TRACE_STAGED); /* the scores */
 
-    /* softmax pieces per head: warp h finds the max, exponentiates, sums */
-    if (wid < kv_mul) {
+    /* softmax pieces per row: warp h finds the max, exponentiates, sums (a row that sees none of
+     * these positions, TOKENS > 1 only: max -inf, probabilities and sum 0, weight 0 in the combine) */
+    if (wid < rows) {
         float *row = sc + wid * ATT_TILE, m = -INFINITY, l = 0.0f;
         for (int j = lane; j < len; j += WARP_SIZE) m = fmaxf(m, row[j]);
 #pragma unroll
         for (int o = WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        const float shift = TOKENS > 1 && m == -INFINITY ? 0.0f : m;
         for (int j = lane; j < len; j += WARP_SIZE) {
-            float p = __expf(row[j] - m);
+            float p = __expf(row[j] - shift);
             row[j] = p;
             l += p;
         }
@@ -816,7 +837,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 h8_to_f32(u[k], v);
 #pragma unroll
                 for (int h = 0; h < ATT_MAX_GROUP; h++)
-                    if (h < kv_mul) {
+                    if (h < rows) {
                         float p = sc[h * ATT_TILE + j];
 #pragma unroll
                         for (int i = 0; i < 8; i++) acc[h][i] += p * v[i];
@@ -826,32 +847,35 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     TRACE_END(); /* its loads are in; the combine comes after */
     __syncthreads(); /* sc is reused below for the warps' sums */
-    float *red = sc; /* (warps, kv_mul, head_dim) */
+    float *red = sc; /* (warps, rows, head_dim) */
 #pragma unroll
     for (int h = 0; h < ATT_MAX_GROUP; h++)
-        if (h < kv_mul)
+        if (h < rows)
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 float v = acc[h][i];
                 for (int o = chunks; o < WARP_SIZE; o *= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-                if (lane < chunks) red[(wid * kv_mul + h) * head_dim + 8 * c + i] = v;
+                if (lane < chunks) red[(wid * rows + h) * head_dim + 8 * c + i] = v;
             }
     __syncthreads();
-    for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
+    for (int i = tid; i < rows * head_dim; i += blockDim.x) {
         float v = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * kv_mul * head_dim + i];
-        int h = kvh * kv_mul + i / head_dim;
-        if (n_active == 1) out[h * head_dim + i % head_dim] = v / sml[2 * (i / head_dim) + 1]; /* one split: done */
-        else part_acc[((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
+        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];
+        const int r = i / head_dim, t = token_of(r), h = kvh * kv_mul + head_of(r);
+        if (n_active == 1) /* one split: done */
+            out[t * q_stride + h * head_dim + i % head_dim] = v / sml[2 * r + 1];
+        else
+            part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
     if (n_active == 1) {
         signal_done(ready);
         return;
     }
-    if (tid < kv_mul) {
-        int h = kvh * kv_mul + tid;
-        part_ml[((size_t)h * n_splits + split) * 2] = sml[2 * tid];
-        part_ml[((size_t)h * n_splits + split) * 2 + 1] = sml[2 * tid + 1];
+    if (tid < rows) {
+        const int h = kvh * kv_mul + head_of(tid);
+        float *ml = part_ml + (size_t)token_of(tid) * parts * 2 + ((size_t)h * n_splits + split) * 2;
+        ml[0] = sml[2 * tid];
+        ml[1] = sml[2 * tid + 1];
     }
     __threadfence();
     __syncthreads();
@@ -863,15 +887,17 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
      * shared memory, turned into the splits' weights by warp h for head h, then each thread one
      * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
      * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
-    float *sm = sc, *sl = sc + kv_mul * n_active;
-    for (int i = tid; i < kv_mul * n_active; i += blockDim.x) {
-        const float *ml = part_ml + ((size_t)(kvh * kv_mul + i / n_active) * n_splits + i % n_active) * 2;
+    float *sm = sc, *sl = sc + rows * n_active;
+    for (int i = tid; i < rows * n_active; i += blockDim.x) {
+        const int r = i / n_active;
+        const float *ml = part_ml + (size_t)token_of(r) * parts * 2 +
+                          ((size_t)(kvh * kv_mul + head_of(r)) * n_splits + i % n_active) * 2;
         const float2 v = __ldcg(reinterpret_cast<const float2 *>(ml));
         sm[i] = v.x;
         sl[i] = v.y;
     }
     __syncthreads();
-    if (wid < kv_mul) {
+    if (wid < rows) {
         float M = -INFINITY, den = 0.0f;
         for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
 #pragma unroll
@@ -882,9 +908,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
     }
     __syncthreads();
-    for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
-        const int hl = i / head_dim, h = kvh * kv_mul + hl, dd = i % head_dim;
-        const float *acc_h = part_acc + (size_t)h * n_splits * head_dim + dd;
+    for (int i = tid; i < rows * head_dim; i += blockDim.x) {
+        const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
+        const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
         float num = 0.0f;
         for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
             float a[ATT_COMBINE_VEC];
@@ -895,7 +921,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             for (int k = 0; k < ATT_COMBINE_VEC; k++)
                 if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
         }
-        out[h * head_dim + dd] = num;
+        out[t * q_stride + h * head_dim + dd] = num;
     }
     if (tid == 0) counters[kvh] = 0;
     signal_done(ready);

@@ -138,6 +138,18 @@ def test_tiny_gpu_prefill_batch_32_equals_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+def test_tiny_gpu_attention_odd_chunks_equal_cpu():
+    """tiny-gqa with attention chunks of 5 positions (-DATT_MIN_CHUNK=5, in a build of its own): a
+    decode step's attention in many splits, combined; and a prefill attention block's group of
+    tokens (4 here: 2 query heads a KV head, 8 rows) straddling the bounds of the chunks, so a row
+    can see none of a chunk's positions (max -inf, weight 0 in the combine). Greedy text against the
+    CPU's."""
+    d = tiny_model_dir("tiny-gqa", name="tiny-gqa-chunk5")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5")
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 def test_tiny_gpu_short_attention_graphs_equal_cpu():
     """tiny-gqa with a context of 262144 (tests/models/tiny-long-context): past ATT_MIN_SPLITS tiles
     (2 KV heads: 132 splits of 1024 positions), so the binary launches a second set of graphs, with

@@ -72,8 +72,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
-    attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
-                   n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
+    attention_body<1>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
+                      n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
@@ -107,8 +107,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     __syncthreads();
     const int b = arrived;
     if (b < att_blocks) {
-        attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                       ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
+        attention_body<1>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
+                          ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
         return;
     }
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
@@ -170,7 +170,7 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
                               MODEL_NORM_EPS, sync);
         sync();
         for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
-            attention_body(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
+            attention_body<1>(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
                            MODEL_KV_MUL, b.ctx, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, NULL, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
@@ -224,18 +224,28 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(
                              MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
 }
 
-/* token blockIdx.z of the batch, at io[IO_POS] + blockIdx.z, with its own partial sums and counters;
- * none past the batch's tokens (io, set before the graph, is read before the wait) */
+/* Tokens of a prefill batch an attention block takes: their queries are rows of the block beside the
+ * group's heads, so each key and value is read once for all of them (attention_body). At most
+ * ATT_MAX_GROUP rows; the generic build's group size is known only at run time, so 1 there. */
+#ifndef PREFILL_ATT_TOKENS
+#define PREFILL_ATT_TOKENS (ATT_MAX_GROUP / MODEL_KV_MUL < 1 ? 1 : ATT_MAX_GROUP / MODEL_KV_MUL)
+#endif
+static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
+
+/* tokens [t0, t0 + PREFILL_ATT_TOKENS) of the batch, t0 = blockIdx.z * PREFILL_ATT_TOKENS, at
+ * io[IO_POS] + t0 on, their partial sums and counters those of token t0 on; none past the batch's
+ * tokens (io, set before the graph, is read before the wait) */
 static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(const float *q, const uint16_t *kc,
                                                                            const uint16_t *vc, const int *io, float *part_acc,
                                                                            float *part_ml, unsigned *counters, float *att,
                                                                            int ctx, int n_splits) {
-    const int t = blockIdx.z;
+    const int t = blockIdx.z * PREFILL_ATT_TOKENS;
     if (t >= __ldcg(&io[IO_COUNT])) return;
     const size_t parts = (size_t)MODEL_N_HEADS * n_splits;
-    attention_body(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM, part_ml + t * parts * 2,
-                   counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                   ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
+    attention_body<PREFILL_ATT_TOKENS>(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM,
+                                       part_ml + t * parts * 2, counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM,
+                                       MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y,
+                                       NULL, wait_pdl{}, MODEL_Q_DIM, parts);
 }
 
 template <int B>
@@ -509,8 +519,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
                *lw, m->prefill_x_terms, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1) break;
-        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B), ATT_THREADS,
-                    ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / PREFILL_ATT_TOKENS), ATT_THREADS,
+                    ATT_SMEM_BYTES(MODEL_KV_MUL * PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
         launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
