@@ -37,19 +37,19 @@ class Launch:
         except ValueError:
             return None
 
-    def duration_us(self) -> float | None:
-        for unit, scale in TIME_UNITS.items():
-            v = self.number("Duration", unit)
+    def scaled(self, name: str, units: dict[str, float]) -> float | None:
+        """The metric in whichever of units the report gave it, times that unit's scale."""
+        for unit, scale in units.items():
+            v = self.number(name, unit)
             if v is not None:
                 return v * scale
         return None
 
+    def duration_us(self) -> float | None:
+        return self.scaled("Duration", TIME_UNITS)
+
     def memory_gbs(self) -> float | None:
-        for unit, scale in RATE_UNITS.items():
-            v = self.number("Memory Throughput", unit)
-            if v is not None:
-                return v * scale
-        return None
+        return self.scaled("Memory Throughput", RATE_UNITS)
 
 
 def parse(text: str) -> list[Launch]:
