@@ -938,20 +938,20 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // sum to it. Grids are as many blocks as the pairs need (several waves): the prompt is not
 // latency-bound.
 
-/* Prompt tokens a prefill batch takes: PREFILL_BATCH while at least PREFILL_LARGE_FROM are left,
- * else PREFILL_SMALL. A batch of 16 costs ~1.7 of one of 8 (1B shape: +19% on a 128-token prompt),
- * so the last few tokens go in a batch of 8 (PERFORMANCE.md). Each a multiple of the mma's n, 8. */
+/* Prompt tokens a prefill batch takes, at most: batches of PREFILL_BATCH, PREFILL_BATCH / 2, ...
+ * down to 8 (PREFILL_SIZES sizes, a graph each), the largest whose threshold the tokens left reach
+ * (prefill_from in the generated code). A batch of 16 costs ~1.7 of one of 8 and one of 32 ~1.65 of
+ * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). Each a
+ * multiple of the mma's n, 8. */
 #ifndef PREFILL_BATCH
-#define PREFILL_BATCH 16 /* EXPERIMENT: -DPREFILL_BATCH=32 (with PREFILL_LARGE_FROM about 20) */
+#define PREFILL_BATCH 32 /* a test builds 16 */
 #endif
 #define PREFILL_SMALL 8
-#ifndef PREFILL_LARGE_FROM
-#define PREFILL_LARGE_FROM 10 /* 9 left: a batch of 8 and a step beat one of 16 */
-#endif
-static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches: multiples of the mma's 8 tokens");
-#ifndef PREFILL_ROW_TILES
-#define PREFILL_ROW_TILES 2 /* EXPERIMENT: 16-row tiles a warp multiplies with each input it loads */
-#endif
+#define PREFILL_SIZES (PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
+static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32, "prefill batches: 8, 16 or 32 tokens");
+/* 16-row tiles a warp multiplies with each input it loads: a block reads its inputs from L2 once for
+ * 32 rows (1B prompt +26%, 7B +33% against one tile; PERFORMANCE.md, tenth session) */
+#define PREFILL_ROW_TILES 2
 #define PREFILL_BLOCK_PAIRS (8 * PREFILL_ROW_TILES) /* pairs of rows a block takes: 8 a tile of the mma's 16 rows */
 /* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%; 32 takes 1 for its registers) */
 #define PREFILL_UNROLL(B) ((B) == 8 ? 4 : (B) == 16 ? 2 : 1)
@@ -964,13 +964,13 @@ static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches
 #define PREFILL_SPLITS 4
 #endif
 
-/* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 + t2,
- * each the rounding of what the previous left, so W.x keeps about 24 bits of x (bf16: 8 + 8 + 8)
- * and the prefill's products match the decode kernels' fp32 ones to their rounding. One term
- * (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. 2 terms: 1B prompt +7%,
- * 1: +27% (ninth session). */
+/* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 (+ t2),
+ * each the rounding of what the previous left, so W.x keeps 16 bits of x with bf16 terms (8 + 8; fp16
+ * 22), a relative error of at most 2^-17 an input against the decode kernels' fp32 products. One
+ * term (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. Against 3 terms
+ * (fp32's 24 bits): 1B prompt +7%, 7B +12% (PERFORMANCE.md, tenth session); a test builds 3. */
 #ifndef PREFILL_TERMS
-#define PREFILL_TERMS 3
+#define PREFILL_TERMS 2
 #endif
 
 /* A value of the weights' 16-bit type, round to nearest; *rest gets what the rounding left out. */

@@ -127,13 +127,15 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide"])
-def test_tiny_gpu_prefill_batch_32_equals_cpu(variant):
-    """Prompt batches of 32 (-DPREFILL_BATCH=32, four 8-token tiles in each mma row tile, one chunk
-    of K in flight a warp) in a build of their own: greedy text against the CPU's. TINY_PROMPT's
-    tokens go 32 at a time while at least PREFILL_LARGE_FROM are left, then 8 at a time."""
-    d = tiny_model_dir(variant, name=f"{variant}-b32")
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DPREFILL_BATCH=32")
+@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
+                                           ("tiny-group3", "-DPREFILL_TERMS=3")])
+def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
+    """The prefill's build options other than the default, each in a build of its own: batches of
+    at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
+    warp), and inputs as three terms (fp32's 24 bits). Greedy text against the CPU's. (The default
+    build's batches of 32, 16 and 8 all run on TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
+    d = tiny_model_dir(variant, name=f"{variant}-{flags.split('=')[0][2:].lower()}")
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 

@@ -197,7 +197,7 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: a batch of B prompt tokens (PREFILL_BATCH or PREFILL_SMALL) through each stage at once
+// Prefill: a batch of B prompt tokens (PREFILL_BATCH, halved down to 8) through each stage at once
 // (cuda_kernels.cuh), a kernel per stage as in the step. Each RMSNorm is a kernel of its own: it
 // adds o_proj's or down's split partial sums to the residual stream and writes the norm's output as
 // the bf16/fp16 terms the next matvec's tensor cores take; gate/up writes down's input as terms.
@@ -226,9 +226,11 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(
 
 /* Tokens of a prefill batch an attention block takes: their queries are rows of the block beside the
  * group's heads, so each key and value is read once for all of them (attention_body). At most
- * ATT_MAX_GROUP rows; the generic build's group size is known only at run time, so 1 there. */
+ * ATT_MAX_GROUP rows. Heads of 64: 1B prompt +4.4% with 2 tokens against 1; heads of 128 lost 1.3%
+ * (7B shape; PERFORMANCE.md, tenth session), so 1 there; the generic build's group size is known
+ * only at run time, so 1 there too. */
 #ifndef PREFILL_ATT_TOKENS
-#define PREFILL_ATT_TOKENS (ATT_MAX_GROUP / MODEL_KV_MUL < 1 ? 1 : ATT_MAX_GROUP / MODEL_KV_MUL)
+#define PREFILL_ATT_TOKENS (MODEL_HEAD_DIM > 64 || ATT_MAX_GROUP / MODEL_KV_MUL < 1 ? 1 : ATT_MAX_GROUP / MODEL_KV_MUL)
 #endif
 static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
 
@@ -330,7 +332,7 @@ struct model_cuda {
     /* [0]: attention launched with n_splits blocks a KV head; [1]: with ATT_MIN_SPLITS, for steps
      * and batches that read at most short_positions (short_att) */
     cudaGraphExec_t graphs[2][STEP_KINDS]; /* one decode step of each kind */
-    cudaGraphExec_t prefill[2][2]; /* a batch of PREFILL_BATCH prompt tokens, and one of PREFILL_SMALL */
+    cudaGraphExec_t prefill[2][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
@@ -540,14 +542,20 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
     mark(PF_END);
 }
 
-/* kind: a STEP_* step, or STEP_KINDS (+ 1) for a prefill batch of PREFILL_BATCH (PREFILL_SMALL);
- * attention launched with n_splits blocks a KV head */
+/* A prefill batch of B >> s tokens (s < PREFILL_SIZES): one instance of enqueue_prefill a size. */
+template <int B>
+static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
+    if (s == 0) enqueue_prefill<B>(m, n_splits);
+    else if constexpr (B > PREFILL_SMALL) enqueue_prefill_size<B / 2>(m, s - 1, n_splits);
+}
+
+/* kind: a STEP_* step, or STEP_KINDS + s for a prefill batch of PREFILL_BATCH >> s; attention
+ * launched with n_splits blocks a KV head */
 static err_code capture(model_cuda *m, int kind, int n_splits, cudaGraphExec_t *exec) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    if (kind == STEP_KINDS) enqueue_prefill<PREFILL_BATCH>(m, n_splits);
-    else if (kind == STEP_KINDS + 1) enqueue_prefill<PREFILL_SMALL>(m, n_splits);
+    if (kind >= STEP_KINDS) enqueue_prefill_size<PREFILL_BATCH>(m, kind - STEP_KINDS, n_splits);
     else enqueue_step(m, kind, n_splits, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
@@ -724,7 +732,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * prompt +16%, decode even (PERFORMANCE.md, ninth session). */
     m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
     for (int s = 0; s < (m->short_positions ? 2 : 1); s++)
-        for (int kind = 0; kind <= STEP_KINDS + 1; kind++)
+        for (int kind = 0; kind < STEP_KINDS + PREFILL_SIZES; kind++)
             if ((rc = capture(m, kind, s ? ATT_MIN_SPLITS : m->n_splits,
                               kind < STEP_KINDS ? &m->graphs[s][kind] : &m->prefill[s][kind - STEP_KINDS]))) {
                 model_cuda_free(m);
@@ -797,14 +805,21 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
-    /* all but the last token: batches of PREFILL_BATCH while at least PREFILL_LARGE_FROM are left,
-     * of PREFILL_SMALL while at least PREFILL_MIN_TAIL are, then one prompt step each */
+    /* all but the last token: batches of the largest size whose threshold the tokens left reach,
+     * while at least PREFILL_MIN_TAIL are left, then one prompt step each. The thresholds: with a
+     * batch of 16 at ~1.7 of one of 8 and one of 32 at ~1.65 of one of 16, 25-32 left go as 32 (2.8
+     * against 3.4 as 16 + 16), 17-24 as 16 + 8 (2.7 against 2.8), 10-16 as 16 (9: a batch of 8 and a
+     * step beat one of 16). */
+    auto prefill_from = [](int size) { return size >= 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL; };
     int i = 0;
     for (int count; n - 1 - i >= PREFILL_MIN_TAIL; i += count) {
-        const int large = n - 1 - i >= PREFILL_LARGE_FROM, b = large ? PREFILL_BATCH : PREFILL_SMALL;
-        count = n - 1 - i < b ? n - 1 - i : b;
+        const int left = n - 1 - i;
+        int s = 0;
+        while (left < prefill_from(PREFILL_BATCH >> s)) s++; /* ends at 8, whose threshold is PREFILL_MIN_TAIL */
+        const int b = PREFILL_BATCH >> s;
+        count = left < b ? left : b;
         CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaGraphLaunch(m->prefill[short_att(m, m->queued + b)][!large], m->stream));
+        CUDA_CHECK(cudaGraphLaunch(m->prefill[short_att(m, m->queued + b)][s], m->stream));
         m->queued += count;
     }
     for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
@@ -952,7 +967,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     for (int s = 0; s < 2; s++) {
         for (int kind = 0; kind < STEP_KINDS; kind++)
             if (m->graphs[s][kind]) cudaGraphExecDestroy(m->graphs[s][kind]);
-        for (int b = 0; b < 2; b++)
+        for (int b = 0; b < PREFILL_SIZES; b++)
             if (m->prefill[s][b]) cudaGraphExecDestroy(m->prefill[s][b]);
     }
     for (int i = 0; i < STEP_RING; i++)
