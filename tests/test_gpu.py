@@ -178,8 +178,10 @@ def test_gpu_bench_kernels_times_decode_and_prefill():
     out = out.decode() if isinstance(out, bytes) else out
     assert sorted(compare.parse_kernel_tables(out)) == [1, 33]
     assert len(re.findall(r"decode at depth \d+: 8 tokens", out)) == 2, out
+    batch = re.search(r"a prefill batch of (\d+) tokens at depth 1 ", out)
+    assert batch, out
     for depth in (1, 33):
-        head = f"a prefill batch of 16 tokens at depth {depth} "
+        head = f"a prefill batch of {batch[1]} tokens at depth {depth} "
         assert head in out, out
         rows = out.split(head, 1)[1].splitlines()[2:11]  # after the header and the column names
         launches = {r.split()[0]: int(r.split()[1]) for r in rows}
