@@ -523,11 +523,6 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     TRACE_END();
 }
 
-/* EXPERIMENT: 1 loads each row's residual value before its dot product, 0 after it (as before) */
-#ifndef RESIDUAL_EARLY
-#define RESIDUAL_EARLY 1
-#endif
-
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. The input
  * is staged in shared memory like the norm'd kernels' (measured against reading it from L1 chunk by
  * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
@@ -556,16 +551,16 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         /* The residual's old values, loaded before the row's dot product so that the add at its end
          * waits on no L2 round trip (the compiler keeps `out +=` after the dot product: out may alias
-         * for all it knows). Nothing else writes these rows in this stage. */
+         * for all it knows): SmolLM2 +3.7%, 7B +0.4%, 1B -0.3% (PERFORMANCE.md, tenth session).
+         * Nothing else writes these rows in this stage. */
         float res_a = 0.0f, res_b = 0.0f;
-        if (RESIDUAL_EARLY && lane == 0) {
+        if (lane == 0) {
             res_a = __ldcg(out + row);
             if (pairs) res_b = __ldcg(out + row + half);
         }
         if (pairs) {
             const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane);
             if (lane == 0) {
-                if (!RESIDUAL_EARLY) res_a = out[row], res_b = out[row + half];
                 out[row] = res_a + (v.x + (bias ? w_to_f32(bias[row]) : 0.0f));
                 out[row + half] = res_b + (v.y + (bias ? w_to_f32(bias[row + half]) : 0.0f));
             }
@@ -573,7 +568,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             if (!first) load_step(&a, r, K, 0, lane);
             const float v = row_dot_buffered(&a, r, sx, K, lane);
             if (lane == 0) {
-                if (!RESIDUAL_EARLY) res_a = out[row];
                 out[row] = res_a + (v + (bias ? w_to_f32(bias[row]) : 0.0f));
             }
         }
