@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <type_traits>
 
 #define WARP_SIZE 32
 #define MV_WARPS 8                      /* warps per matvec block */
@@ -27,7 +28,9 @@
 #endif
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
-#define ATT_MIN_CHUNK 32                /* fewest positions an attention block takes */
+#ifndef ATT_MIN_CHUNK
+#define ATT_MIN_CHUNK 32 /* fewest positions an attention block takes (a test builds 5: many splits, odd bounds) */
+#endif
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
 
@@ -546,16 +549,27 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
+        /* The residual's old values, loaded before the row's dot product so that the add at its end
+         * waits on no L2 round trip (the compiler keeps `out +=` after the dot product: out may alias
+         * for all it knows): SmolLM2 +3.7%, 7B +0.4%, 1B -0.3% (PERFORMANCE.md, tenth session).
+         * Nothing else writes these rows in this stage. */
+        float res_a = 0.0f, res_b = 0.0f;
+        if (lane == 0) {
+            res_a = __ldcg(out + row);
+            if (pairs) res_b = __ldcg(out + row + half);
+        }
         if (pairs) {
             const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane);
             if (lane == 0) {
-                out[row] += v.x + (bias ? w_to_f32(bias[row]) : 0.0f);
-                out[row + half] += v.y + (bias ? w_to_f32(bias[row + half]) : 0.0f);
+                out[row] = res_a + (v.x + (bias ? w_to_f32(bias[row]) : 0.0f));
+                out[row + half] = res_b + (v.y + (bias ? w_to_f32(bias[row + half]) : 0.0f));
             }
         } else {
             if (!first) load_step(&a, r, K, 0, lane);
             const float v = row_dot_buffered(&a, r, sx, K, lane);
-            if (lane == 0) out[row] += v + (bias ? w_to_f32(bias[row]) : 0.0f);
+            if (lane == 0) {
+                out[row] = res_a + (v + (bias ? w_to_f32(bias[row]) : 0.0f));
+            }
         }
     }
     TRACE_END();
@@ -686,22 +700,36 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
     if (threadIdx.x == 0) atomicAdd(done, 1u);
 }
 
-template <typename Wait>
+/* TOKENS > 1 (a prefill batch): the block takes TOKENS tokens of the batch, from token `ahead` on
+ * (io[IO_COUNT] of them are the batch's), over the same positions, as TOKENS * kv_mul rows of
+ * queries (row r: token r / kv_mul, query head r % kv_mul of the group), so the keys and values
+ * are read once for all of them. A row scores the positions past its token's as -inf. A token's
+ * query, output and partial sums are q_stride floats and `parts` (n_heads * n_splits) splits
+ * after the previous token's; one counter for the group's KV head. */
+template <int TOKENS, typename Wait>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
-                                               int min_splits, int kvh, int split, unsigned *ready, Wait wait) {
+                                               int min_splits, int kvh, int split, unsigned *ready, Wait wait,
+                                               int q_stride = 0, size_t parts = 0) {
+    static_assert(TOKENS >= 1 && TOKENS <= ATT_MAX_GROUP, "attention rows: TOKENS * kv_mul <= ATT_MAX_GROUP");
     extern __shared__ float smem[];
-    float *sc = smem;                             /* (kv_mul, ATT_TILE) scores, then probabilities */
-    float *sml = sc + kv_mul * ATT_TILE;          /* (kv_mul, 2) max and sum */
+    const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
+    float *sc = smem;                             /* (rows, ATT_TILE) scores, then probabilities */
+    float *sml = sc + rows * ATT_TILE;            /* (rows, 2) max and sum */
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+    /* row r's token (from `ahead`) and query head in the group */
+    auto token_of = [&](int r) { return TOKENS == 1 ? 0 : r / kv_mul; };
+    auto head_of = [&](int r) { return TOKENS == 1 ? r : r % kv_mul; };
     /* Positions [0, n) in chunks of at least ATT_MIN_CHUNK: a short context keeps few blocks busy
      * and the combine short; blocks past the last chunk have nothing to do. The position is read
      * before the wait, from L2: the previous step wrote it, or the host before this step began. This
      * block's query is `ahead` positions after it (a prefill batch's later tokens; 0 in decode), and
      * positions from io[IO_POS] on are written in this step. */
-    const int first_new = __ldcg(&io[IO_POS]), n = first_new + ahead + 1;
+    int tokens = 1; /* the block's tokens that are the batch's: positions up to the last one's are written */
+    if constexpr (TOKENS > 1) tokens = min(TOKENS, __ldcg(&io[IO_COUNT]) - ahead);
+    const int first_new = __ldcg(&io[IO_POS]), n = first_new + ahead + tokens;
     /* min_splits blocks per KV head (a wave of the GPU), more only when a split would pass a tile:
      * splits sized by the context allocated left short contexts many tiny blocks in several waves
      * (1B shape, 131072 allocated, depth 4096: 1000 blocks of 33 positions; PERFORMANCE.md) */
@@ -744,8 +772,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         float qc[ATT_MAX_GROUP][8];
 #pragma unroll
         for (int h = 0; h < ATT_MAX_GROUP; h++)
-            if (h < kv_mul) {
-                const float4 *qh = reinterpret_cast<const float4 *>(q + (kvh * kv_mul + h) * head_dim + 8 * c);
+            if (h < rows) {
+                const float4 *qh = reinterpret_cast<const float4 *>(q + (size_t)token_of(h) * q_stride +
+                                                                    (kvh * kv_mul + head_of(h)) * head_dim + 8 * c);
                 const float4 a = qh[0], b = qh[1];
                 qc[h][0] = a.x, qc[h][1] = a.y, qc[h][2] = a.z, qc[h][3] = a.w;
                 qc[h][4] = b.x, qc[h][5] = b.y, qc[h][6] = b.z, qc[h][7] = b.w;
@@ -764,12 +793,14 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 h8_to_f32(u[k], kf);
 #pragma unroll
                 for (int h = 0; h < ATT_MAX_GROUP; h++)
-                    if (h < kv_mul) {
+                    if (h < rows) {
                         float d = 0.0f;
 #pragma unroll
                         for (int i = 0; i < 8; i++) d += kf[i] * qc[h][i];
                         for (int o = 1; o < chunks; o *= 2) d += __shfl_xor_sync(0xFFFFFFFFu, d, o);
-                        if (c == 0 && j < len) sc[h * ATT_TILE + j] = d * scale;
+                        /* a row sees the positions up to its token's own */
+                        const bool seen = TOKENS == 1 || start + j <= first_new + ahead + token_of(h);
+                        if (c == 0 && j < len) sc[h * ATT_TILE + j] = seen ? d * scale : -INFINITY;
                     }
             }
         }
@@ -777,14 +808,16 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     __syncthreads();
     TRACE_AT(TRACE_STAGED); /* the scores */
 
-    /* softmax pieces per head: warp h finds the max, exponentiates, sums */
-    if (wid < kv_mul) {
+    /* softmax pieces per row: warp h finds the max, exponentiates, sums (a row that sees none of
+     * these positions, TOKENS > 1 only: max -inf, probabilities and sum 0, weight 0 in the combine) */
+    if (wid < rows) {
         float *row = sc + wid * ATT_TILE, m = -INFINITY, l = 0.0f;
         for (int j = lane; j < len; j += WARP_SIZE) m = fmaxf(m, row[j]);
 #pragma unroll
         for (int o = WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        const float shift = TOKENS > 1 && m == -INFINITY ? 0.0f : m;
         for (int j = lane; j < len; j += WARP_SIZE) {
-            float p = __expf(row[j] - m);
+            float p = __expf(row[j] - shift);
             row[j] = p;
             l += p;
         }
@@ -815,7 +848,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 h8_to_f32(u[k], v);
 #pragma unroll
                 for (int h = 0; h < ATT_MAX_GROUP; h++)
-                    if (h < kv_mul) {
+                    if (h < rows) {
                         float p = sc[h * ATT_TILE + j];
 #pragma unroll
                         for (int i = 0; i < 8; i++) acc[h][i] += p * v[i];
@@ -825,32 +858,35 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     TRACE_END(); /* its loads are in; the combine comes after */
     __syncthreads(); /* sc is reused below for the warps' sums */
-    float *red = sc; /* (warps, kv_mul, head_dim) */
+    float *red = sc; /* (warps, rows, head_dim) */
 #pragma unroll
     for (int h = 0; h < ATT_MAX_GROUP; h++)
-        if (h < kv_mul)
+        if (h < rows)
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 float v = acc[h][i];
                 for (int o = chunks; o < WARP_SIZE; o *= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-                if (lane < chunks) red[(wid * kv_mul + h) * head_dim + 8 * c + i] = v;
+                if (lane < chunks) red[(wid * rows + h) * head_dim + 8 * c + i] = v;
             }
     __syncthreads();
-    for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
+    for (int i = tid; i < rows * head_dim; i += blockDim.x) {
         float v = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * kv_mul * head_dim + i];
-        int h = kvh * kv_mul + i / head_dim;
-        if (n_active == 1) out[h * head_dim + i % head_dim] = v / sml[2 * (i / head_dim) + 1]; /* one split: done */
-        else part_acc[((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
+        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];
+        const int r = i / head_dim, t = token_of(r), h = kvh * kv_mul + head_of(r);
+        if (n_active == 1) /* one split: done */
+            out[t * q_stride + h * head_dim + i % head_dim] = v / sml[2 * r + 1];
+        else
+            part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
     if (n_active == 1) {
         signal_done(ready);
         return;
     }
-    if (tid < kv_mul) {
-        int h = kvh * kv_mul + tid;
-        part_ml[((size_t)h * n_splits + split) * 2] = sml[2 * tid];
-        part_ml[((size_t)h * n_splits + split) * 2 + 1] = sml[2 * tid + 1];
+    if (tid < rows) {
+        const int h = kvh * kv_mul + head_of(tid);
+        float *ml = part_ml + (size_t)token_of(tid) * parts * 2 + ((size_t)h * n_splits + split) * 2;
+        ml[0] = sml[2 * tid];
+        ml[1] = sml[2 * tid + 1];
     }
     __threadfence();
     __syncthreads();
@@ -862,15 +898,17 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
      * shared memory, turned into the splits' weights by warp h for head h, then each thread one
      * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
      * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
-    float *sm = sc, *sl = sc + kv_mul * n_active;
-    for (int i = tid; i < kv_mul * n_active; i += blockDim.x) {
-        const float *ml = part_ml + ((size_t)(kvh * kv_mul + i / n_active) * n_splits + i % n_active) * 2;
+    float *sm = sc, *sl = sc + rows * n_active;
+    for (int i = tid; i < rows * n_active; i += blockDim.x) {
+        const int r = i / n_active;
+        const float *ml = part_ml + (size_t)token_of(r) * parts * 2 +
+                          ((size_t)(kvh * kv_mul + head_of(r)) * n_splits + i % n_active) * 2;
         const float2 v = __ldcg(reinterpret_cast<const float2 *>(ml));
         sm[i] = v.x;
         sl[i] = v.y;
     }
     __syncthreads();
-    if (wid < kv_mul) {
+    if (wid < rows) {
         float M = -INFINITY, den = 0.0f;
         for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
 #pragma unroll
@@ -881,9 +919,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
     }
     __syncthreads();
-    for (int i = tid; i < kv_mul * head_dim; i += blockDim.x) {
-        const int hl = i / head_dim, h = kvh * kv_mul + hl, dd = i % head_dim;
-        const float *acc_h = part_acc + (size_t)h * n_splits * head_dim + dd;
+    for (int i = tid; i < rows * head_dim; i += blockDim.x) {
+        const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
+        const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
         float num = 0.0f;
         for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
             float a[ATT_COMBINE_VEC];
@@ -894,7 +932,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             for (int k = 0; k < ATT_COMBINE_VEC; k++)
                 if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
         }
-        out[h * head_dim + dd] = num;
+        out[t * q_stride + h * head_dim + dd] = num;
     }
     if (tid == 0) counters[kvh] = 0;
     signal_done(ready);
@@ -911,15 +949,23 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // sum to it. Grids are as many blocks as the pairs need (several waves): the prompt is not
 // latency-bound.
 
-/* Prompt tokens a prefill batch takes: PREFILL_BATCH while at least PREFILL_LARGE_FROM are left,
- * else PREFILL_SMALL. A batch of 16 costs ~1.7 of one of 8 (1B shape: +19% on a 128-token prompt),
- * so the last few tokens go in a batch of 8 (PERFORMANCE.md). Each a multiple of the mma's n, 8. */
-#define PREFILL_BATCH 16
+/* Prompt tokens a prefill batch takes, at most: batches of PREFILL_BATCH, PREFILL_BATCH / 2, ...
+ * down to 8 (PREFILL_SIZES sizes, a graph each), the largest whose threshold the tokens left reach
+ * (prefill_from in the generated code). A batch of 16 costs ~1.7 of one of 8 and one of 32 ~1.65 of
+ * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). Each a
+ * multiple of the mma's n, 8. */
+#ifndef PREFILL_BATCH
+#define PREFILL_BATCH 32 /* a test builds 16 */
+#endif
 #define PREFILL_SMALL 8
-#define PREFILL_LARGE_FROM 10 /* 9 left: a batch of 8 and a step beat one of 16 */
-static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches: multiples of the mma's 8 tokens");
-#define PREFILL_BLOCK_PAIRS 8 /* pairs of rows a block takes: the mma's 16 rows */
-#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : 2) /* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%) */
+#define PREFILL_SIZES (PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
+static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32, "prefill batches: 8, 16 or 32 tokens");
+/* 16-row tiles a warp multiplies with each input it loads: a block reads its inputs from L2 once for
+ * 32 rows (1B prompt +26%, 7B +33% against one tile; PERFORMANCE.md, tenth session) */
+#define PREFILL_ROW_TILES 2
+#define PREFILL_BLOCK_PAIRS (8 * PREFILL_ROW_TILES) /* pairs of rows a block takes: 8 a tile of the mma's 16 rows */
+/* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%; 32 takes 1 for its registers) */
+#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : (B) == 16 ? 2 : 1)
 
 /* Splits of K in o_proj's and down's prefill grids: each block (pairs, split) writes its partial
  * products to a buffer of its own, and the RMSNorm kernel after them adds the splits to the residual
@@ -929,29 +975,92 @@ static_assert(PREFILL_BATCH % 8 == 0 && PREFILL_SMALL % 8 == 0, "prefill batches
 #define PREFILL_SPLITS 4
 #endif
 
-/* x[b] += the n_parts partial sums part[s][b] (s in order, rows of dim), then
- * scale[b] = 1 / sqrt(mean(x[b]^2) + eps), block b of the batch's gridDim.x. */
-__device__ __forceinline__ void prefill_rms_scales_body(float *x, const float *part, int n_parts, float *scale, int dim,
-                                                        float eps) {
+/* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 (+ t2),
+ * each the rounding of what the previous left, so W.x keeps 16 bits of x with bf16 terms (8 + 8; fp16
+ * 22), a relative error of at most 2^-17 an input against the decode kernels' fp32 products. One
+ * term (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. Against 3 terms
+ * (fp32's 24 bits): 1B prompt +7%, 7B +12% (PERFORMANCE.md, tenth session); a test builds 3. */
+#ifndef PREFILL_TERMS
+#define PREFILL_TERMS 2
+#endif
+
+/* A value of the weights' 16-bit type, round to nearest; *rest gets what the rounding left out. */
+__device__ __forceinline__ uint16_t w_split(float *rest) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    const __nv_bfloat16 v = __float2bfloat16_rn(*rest);
+    *rest -= __bfloat162float(v);
+    return __bfloat16_as_ushort(v);
+#else
+    const __half v = __float2half_rn(*rest);
+    *rest -= __half2float(v);
+    return __half_as_ushort(v);
+#endif
+}
+
+/* v as PREFILL_TERMS terms, at terms[t * stride] (the layout the prefill matvecs read: (term, B, K)) */
+__device__ __forceinline__ void store_terms(uint16_t *terms, size_t stride, float v) {
+#pragma unroll
+    for (int t = 0; t < PREFILL_TERMS; t++) terms[t * stride] = w_split(&v);
+}
+
+/* Block b of the batch's gridDim.x: x[b] += the PREFILL_SPLITS partial sums part[s][b] when
+ * add_parts (s in order, rows of dim); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
+ * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, dim).
+ * The pointers do not alias and the loops are unrolled, so that a thread's loads go out together
+ * (one L2 round trip a pass, not one a value: ncu had this kernel at 11 us with 16 blocks). */
+__device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, bool add_parts,
+                                                       const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
+                                                       int dim, float eps) {
     __shared__ float partial[MV_WARPS];
+    __shared__ float scale;
     pdl_wait();
     pdl_launch_dependents();
-    float *xb = x + (size_t)blockIdx.x * dim;
-    const size_t stride = (size_t)gridDim.x * dim; /* from one split's (B, dim) to the next */
+    constexpr int U = 4; /* values a thread loads before it uses any */
+    float *__restrict__ xb = x + (size_t)blockIdx.x * dim;
+    const float *__restrict__ pb = part + (size_t)blockIdx.x * dim;
+    const size_t split = (size_t)gridDim.x * dim; /* from one split's (B, dim) to the next */
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xb[i];
-        for (int s = 0; s < n_parts; s++) v += __ldcg(part + s * stride + (size_t)blockIdx.x * dim + i);
-        if (n_parts) xb[i] = v;
-        ss += v * v;
+    for (int i0 = threadIdx.x; i0 < dim; i0 += U * MV_THREADS) {
+        float v[U], p[U][PREFILL_SPLITS];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            v[u] = i < dim ? xb[i] : 0.0f;
+#pragma unroll
+            for (int s = 0; s < PREFILL_SPLITS; s++) p[u][s] = add_parts && i < dim ? __ldcg(pb + s * split + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+#pragma unroll
+            for (int s = 0; s < PREFILL_SPLITS; s++) v[u] += p[u][s];
+            if (add_parts && i < dim) xb[i] = v[u];
+            ss += v[u] * v[u];
+        }
     }
     ss = warp_sum(ss);
     if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
     __syncthreads();
     if (threadIdx.x == 0) {
         float t = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) t += partial[w];
-        scale[blockIdx.x] = rsqrtf(t / (float)dim + eps);
+        for (int w = 0; w < MV_WARPS; w++) t += partial[w];
+        scale = rsqrtf(t / (float)dim + eps);
+    }
+    __syncthreads();
+    const size_t stride = (size_t)gridDim.x * dim; /* from one term's (B, dim) to the next */
+    for (int i0 = threadIdx.x; i0 < dim; i0 += U * MV_THREADS) {
+        float v[U], n[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            v[u] = i < dim ? xb[i] : 0.0f;
+            n[u] = i < dim ? w_to_f32(norm_w[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            if (i < dim) store_terms(terms + (size_t)blockIdx.x * dim + i, stride, v[u] * (scale * n[u]));
+        }
     }
 }
 
@@ -981,13 +1090,6 @@ __device__ __forceinline__ uint32_t pack_w2(float *rest_lo, float *rest_hi) {
     return *reinterpret_cast<const uint32_t *>(&v);
 }
 
-/* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 + t2,
- * each the rounding of what the previous left, so W.x keeps about 24 bits of x (bf16: 8 + 8 + 8)
- * and the prefill's products match the decode kernels' fp32 ones to their rounding. One term
- * (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. */
-#ifndef PREFILL_TERMS
-#define PREFILL_TERMS 3
-#endif
 
 /* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), in the weights' type. */
 __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -1004,8 +1106,11 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
 }
 
 /* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
- * store(p, va, vb) gets their products with the B inputs in (B, K) over K's 32-value chunks
- * [c0, c1), each input times norm_w and scale[t] first when norm_w is not NULL.
+ * store(p, va, vb) gets their products with the B inputs over K's 32-value chunks [c0, c1). The
+ * inputs: fp32 values in (B, K), split into PREFILL_TERMS terms here, in every block; or the terms
+ * themselves, (PREFILL_TERMS, B, K) in the weights' type, split once by the kernel that wrote them
+ * (prefill_rms_terms_body, the gate/up store): the same sums, without the conversions in each of
+ * the grid's blocks.
  *
  * The mma's fragments (PTX ISA, m16n8k16, 16-bit types): lane (g = lane / 4, q = lane % 4) holds
  * A's rows g and g + 8 at columns 2q, 2q + 1, 2q + 8, 2q + 9, B's column (token) g at the same
@@ -1014,93 +1119,119 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
  * columns the values 8q + 4s .. 8q + 4s + 3: a lane reads 16 contiguous bytes of each of its two
  * rows (pair g's) and 8 inputs of its token, for two steps; with several tiles of 8 tokens, the
  * same weights meet each tile's token g + 8 j in a tile's own mma. */
-template <int B, typename Pair, typename Store>
-__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const float *in,
-                                                   const uint16_t *norm_w, const float *scale, Pair pair, Store store) {
-    constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B);
-    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles]; /* the warps' parts of K, summed in warp order */
+template <int B, typename In, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const In *in, Pair pair, Store store) {
+    constexpr bool terms_in = std::is_same<In, uint16_t>::value;
+    static_assert(terms_in || std::is_same<In, float>::value, "prefill inputs: fp32 values or their 16-bit terms");
+    constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B), R = PREFILL_ROW_TILES;
+    constexpr int in_regs = terms_in ? PREFILL_TERMS : 2; /* uint4s of a token's 8 inputs: its terms, or 8 floats */
+    static_assert(R <= MV_WARPS, "a warp a row tile for the sums' gathering");
+    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles * R]; /* the warps' parts of K, summed in warp order */
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
-    const int p = blockIdx.x * PREFILL_BLOCK_PAIRS + g;
-    const uint4 *ra, *rb;
-    pair(min(p, n_pairs - 1), &ra, &rb); /* past the last pair: its rows again, not stored */
-    float c[tiles][4];
+    const uint4 *ra[R], *rb[R];
 #pragma unroll
-    for (int j = 0; j < tiles; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+    for (int rt = 0; rt < R; rt++) /* past the last pair: its rows again, not stored */
+        pair(min((int)blockIdx.x * PREFILL_BLOCK_PAIRS + 8 * rt + g, n_pairs - 1), &ra[rt], &rb[rt]);
+    float c[R][tiles][4];
+#pragma unroll
+    for (int rt = 0; rt < R; rt++)
+#pragma unroll
+        for (int j = 0; j < tiles; j++) c[rt][j][0] = c[rt][j][1] = c[rt][j][2] = c[rt][j][3] = 0.0f;
     pdl_wait();
     pdl_launch_dependents();
-    float sc[tiles]; /* tile j's token for this lane: g + 8 j */
-#pragma unroll
-    for (int j = 0; j < tiles; j++) sc[j] = norm_w ? scale[g + 8 * j] : 1.0f;
     for (int i0 = c0 + wid; i0 < c1; i0 += MV_WARPS * unroll) {
-        uint4 wa[unroll], wb[unroll], nw[unroll];
-        float4 x0[unroll][tiles], x1[unroll][tiles];
+        uint4 wa[unroll][R], wb[unroll][R], xv[unroll][tiles][in_regs];
 #pragma unroll
         for (int u = 0; u < unroll; u++) {
             const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
             const bool in_k = i0 + u * MV_WARPS < c1 && k < K;
-            wa[u] = in_k ? ld_stream(ra + k / 8) : make_uint4(0, 0, 0, 0);
-            wb[u] = in_k ? ld_stream(rb + k / 8) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int j = 0; j < tiles; j++) {
-                const float4 *x = reinterpret_cast<const float4 *>(in + (size_t)(g + 8 * j) * K + k);
-                x0[u][j] = in_k ? __ldcg(x) : make_float4(0, 0, 0, 0);
-                x1[u][j] = in_k ? __ldcg(x + 1) : make_float4(0, 0, 0, 0);
+            for (int rt = 0; rt < R; rt++) {
+                wa[u][rt] = in_k ? ld_stream(ra[rt] + k / 8) : make_uint4(0, 0, 0, 0);
+                wb[u][rt] = in_k ? ld_stream(rb[rt] + k / 8) : make_uint4(0, 0, 0, 0);
             }
-            nw[u] = in_k && norm_w ? *reinterpret_cast<const uint4 *>(norm_w + k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < tiles; j++)
+#pragma unroll
+                for (int r = 0; r < in_regs; r++) {
+                    const int t = g + 8 * j; /* tile j's token for this lane */
+                    const uint4 *x = terms_in ? reinterpret_cast<const uint4 *>(in + ((size_t)r * B + t) * K + k)
+                                              : reinterpret_cast<const uint4 *>(in + (size_t)t * K + k) + r;
+                    xv[u][j][r] = in_k ? __ldcg(x) : make_uint4(0, 0, 0, 0);
+                }
         }
 #pragma unroll
-        for (int u = 0; u < unroll; u++) {
-            float n[8];
-            if (norm_w) w8_to_f32(nw[u], n);
+        for (int u = 0; u < unroll; u++)
 #pragma unroll
             for (int j = 0; j < tiles; j++) {
-                float xf[8] = {x0[u][j].x, x0[u][j].y, x0[u][j].z, x0[u][j].w, x1[u][j].x, x1[u][j].y, x1[u][j].z, x1[u][j].w};
-                if (norm_w)
+                if constexpr (terms_in) {
 #pragma unroll
-                    for (int e = 0; e < 8; e++) xf[e] *= sc[j] * n[e];
+                    for (int t = 0; t < PREFILL_TERMS; t++)
 #pragma unroll
-                for (int t = 0; t < PREFILL_TERMS; t++) {
-                    mma_16x8x16(c[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, pack_w2(&xf[0], &xf[1]), pack_w2(&xf[2], &xf[3]));
-                    mma_16x8x16(c[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, pack_w2(&xf[4], &xf[5]), pack_w2(&xf[6], &xf[7]));
+                        for (int rt = 0; rt < R; rt++) {
+                            const uint4 a = wa[u][rt], b = wb[u][rt], x = xv[u][j][t];
+                            mma_16x8x16(c[rt][j], a.x, b.x, a.y, b.y, x.x, x.y);
+                            mma_16x8x16(c[rt][j], a.z, b.z, a.w, b.w, x.z, x.w);
+                        }
+                } else {
+                    const uint4 x0 = xv[u][j][0], x1 = xv[u][j][in_regs - 1];
+                    float xf[8] = {__uint_as_float(x0.x), __uint_as_float(x0.y), __uint_as_float(x0.z), __uint_as_float(x0.w),
+                                   __uint_as_float(x1.x), __uint_as_float(x1.y), __uint_as_float(x1.z), __uint_as_float(x1.w)};
+#pragma unroll
+                    for (int t = 0; t < PREFILL_TERMS; t++) {
+                        const uint32_t b00 = pack_w2(&xf[0], &xf[1]), b01 = pack_w2(&xf[2], &xf[3]);
+                        const uint32_t b10 = pack_w2(&xf[4], &xf[5]), b11 = pack_w2(&xf[6], &xf[7]);
+#pragma unroll
+                        for (int rt = 0; rt < R; rt++) {
+                            const uint4 a = wa[u][rt], b = wb[u][rt];
+                            mma_16x8x16(c[rt][j], a.x, b.x, a.y, b.y, b00, b01);
+                            mma_16x8x16(c[rt][j], a.z, b.z, a.w, b.w, b10, b11);
+                        }
+                    }
                 }
             }
-        }
     }
 #pragma unroll
-    for (int j = 0; j < tiles; j++)
+    for (int rt = 0; rt < R; rt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) red[wid][lane][4 * j + i] = c[j][i];
+        for (int j = 0; j < tiles; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[wid][lane][4 * (tiles * rt + j) + i] = c[rt][j][i];
     __syncthreads();
-    if (wid != 0) return;
+    if (wid >= R) return;
+    const int rt = wid; /* warp rt gathers row tile rt's sums */
+    const int p = (int)blockIdx.x * PREFILL_BLOCK_PAIRS + 8 * rt + g;
+    float s[tiles][4];
 #pragma unroll
     for (int j = 0; j < tiles; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            c[j][i] = 0.0f;
-            for (int w = 0; w < MV_WARPS; w++) c[j][i] += red[w][lane][4 * j + i];
+            s[j][i] = 0.0f;
+            for (int w = 0; w < MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
         }
-    /* c[j]: rows g (pair g's a) and g + 8 (its b) at tokens 8 j + 2q, 8 j + 2q + 1; lane q == 0
+    /* s[j]: rows g (pair g's a) and g + 8 (its b) at tokens 8 j + 2q, 8 j + 2q + 1; lane q == 0
      * gathers all of the batch's */
     float va[B], vb[B];
 #pragma unroll
     for (int t = 0; t < B; t++) {
         const int src = (lane & ~3) | (t % 8 / 2);
-        va[t] = __shfl_sync(0xFFFFFFFFu, c[t / 8][t % 2], src);
-        vb[t] = __shfl_sync(0xFFFFFFFFu, c[t / 8][2 + t % 2], src);
+        va[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][t % 2], src);
+        vb[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][2 + t % 2], src);
     }
     if (q == 0 && p < n_pairs) store(p, va, vb);
 }
 
-/* input_layernorm + q/k/v (+ bias) + RoPE + KV-cache store for a batch of B: the pairs of qkv_pair. */
+/* q/k/v (+ bias) + RoPE + KV-cache store for a batch of B, on input_layernorm's output as terms
+ * (prefill_rms_terms_body): the pairs of qkv_pair. */
 template <int B>
-__device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
-                                                      const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
-                                                      const uint16_t *bv, const float *x, const float *scale, float *q,
+__device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *wq, const uint16_t *wk, const uint16_t *wv,
+                                                      const uint16_t *bq, const uint16_t *bk, const uint16_t *bv,
+                                                      const uint16_t *x_terms, float *q,
                                                       uint16_t *kc, uint16_t *vc, const int *io, const float *inv_freq, int dim,
                                                       int q_dim, int kv_dim, int head_dim, int ctx) {
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
     prefill_pairs_body<B>(
-        pairs, dim, 0, (dim + 31) / 32, x, norm_w, scale,
+        pairs, dim, 0, (dim + 31) / 32, x_terms,
         [&](int p, const uint4 **a, const uint4 **b) {
             int ra, rb, kind;
             qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -1136,17 +1267,17 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *norm_w, co
         });
 }
 
-/* part[s] (B, rows) = W (rows, K) . in (B, K) over split s = blockIdx.y of gridDim.y's parts of K
- * [+ bias, in split 0]: rows (i, i + rows / 2) a pair (rows even). The next RMSNorm kernel adds the
- * splits to the residual stream (prefill_rms_scales_body). */
-template <int B>
-__device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *part,
+/* part[s] (B, rows) = W (rows, K) . in over split s = blockIdx.y of gridDim.y's parts of K [+ bias,
+ * in split 0]: rows (i, i + rows / 2) a pair (rows even); in as prefill_pairs_body takes it. The
+ * next RMSNorm kernel adds the splits to the residual stream (prefill_rms_terms_body). */
+template <int B, typename In>
+__device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const In *in, float *part,
                                                       int rows, int K) {
     const int half = rows / 2, chunks = (K + 31) / 32, s = blockIdx.y, splits = gridDim.y;
     float *out = part + (size_t)s * B * rows;
     if (s != 0) bias = NULL;
     prefill_pairs_body<B>(
-        half, K, chunks * s / splits, chunks * (s + 1) / splits, in, NULL, NULL,
+        half, K, chunks * s / splits, chunks * (s + 1) / splits, in,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
             *b = reinterpret_cast<const uint4 *>(w + (size_t)(p + half) * K);
@@ -1160,18 +1291,19 @@ __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const u
         });
 }
 
-/* post_attention_layernorm + gate and up + SiLU: hb (B, hidden) = silu(gate . x) * (up . x). */
+/* gate and up + SiLU on post_attention_layernorm's output as terms (prefill_rms_terms_body):
+ * hb = silu(gate . x) * (up . x), stored as down's input terms, (PREFILL_TERMS, B, hidden). */
 template <int B>
-__device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
-                                                          const float *x, const float *scale, float *hb, int dim, int hidden) {
+__device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, const uint16_t *wu, const uint16_t *x_terms,
+                                                          uint16_t *hb_terms, int dim, int hidden) {
     prefill_pairs_body<B>(
-        hidden, dim, 0, (dim + 31) / 32, x, norm_w, scale,
+        hidden, dim, 0, (dim + 31) / 32, x_terms,
         [&](int p, const uint4 **a, const uint4 **b) {
             *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
             *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);
         },
         [&](int p, const float *va, const float *vb) {
-            for (int t = 0; t < B; t++) hb[(size_t)t * hidden + p] = silu(va[t]) * vb[t];
+            for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
         });
 }
 

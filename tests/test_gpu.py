@@ -127,6 +127,31 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
+                                           ("tiny-group3", "-DPREFILL_TERMS=3")])
+def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
+    """The prefill's build options other than the default, each in a build of its own: batches of
+    at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
+    warp), and inputs as three terms (fp32's 24 bits). Greedy text against the CPU's. (The default
+    build's batches of 32, 16 and 8 all run on TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
+    d = tiny_model_dir(variant, name=f"{variant}-{flags.split('=')[0][2:].lower()}")
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
+def test_tiny_gpu_attention_odd_chunks_equal_cpu():
+    """tiny-gqa with attention chunks of 5 positions (-DATT_MIN_CHUNK=5, in a build of its own): a
+    decode step's attention in many splits, combined; and a prefill attention block's group of
+    tokens (4 here: 2 query heads a KV head, 8 rows) straddling the bounds of the chunks, so a row
+    can see none of a chunk's positions (max -inf, weight 0 in the combine). Greedy text against the
+    CPU's."""
+    d = tiny_model_dir("tiny-gqa", name="tiny-gqa-chunk5")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5")
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 def test_tiny_gpu_short_attention_graphs_equal_cpu():
     """tiny-gqa with a context of 262144 (tests/models/tiny-long-context): past ATT_MIN_SPLITS tiles
     (2 KV heads: 132 splits of 1024 positions), so the binary launches a second set of graphs, with
@@ -153,13 +178,15 @@ def test_gpu_bench_kernels_times_decode_and_prefill():
     out = out.decode() if isinstance(out, bytes) else out
     assert sorted(compare.parse_kernel_tables(out)) == [1, 33]
     assert len(re.findall(r"decode at depth \d+: 8 tokens", out)) == 2, out
+    batch = re.search(r"a prefill batch of (\d+) tokens at depth 1 ", out)
+    assert batch, out
     for depth in (1, 33):
-        head = f"a prefill batch of 16 tokens at depth {depth} "
+        head = f"a prefill batch of {batch[1]} tokens at depth {depth} "
         assert head in out, out
         rows = out.split(head, 1)[1].splitlines()[2:11]  # after the header and the column names
         launches = {r.split()[0]: int(r.split()[1]) for r in rows}
         # tiny-llama, 2 layers: the last layer's scales and QKV only
-        assert launches == {"prefill_embed": 1, "prefill_rms_scales": 3, "prefill_qkv_rope": 2, "prefill_attention": 1,
+        assert launches == {"prefill_embed": 1, "prefill_rms_terms": 3, "prefill_qkv_rope": 2, "prefill_attention": 1,
                             "prefill_o_proj": 1, "prefill_gate_up_silu": 1, "prefill_down": 1, "prefill_end": 1,
                             "total": 11}, rows
         assert all(float(r.split()[2]) > 0 for r in rows), rows

@@ -72,8 +72,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
-    attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
-                   n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
+    attention_body<1>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
+                      n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
@@ -107,8 +107,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     __syncthreads();
     const int b = arrived;
     if (b < att_blocks) {
-        attention_body(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                       ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
+        attention_body<1>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
+                          ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
         return;
     }
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
@@ -170,7 +170,7 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
                               MODEL_NORM_EPS, sync);
         sync();
         for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
-            attention_body(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
+            attention_body<1>(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
                            MODEL_KV_MUL, b.ctx, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, NULL, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
@@ -197,43 +197,57 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: a batch of B prompt tokens (PREFILL_BATCH or PREFILL_SMALL) through each stage at once
-// (cuda_kernels.cuh), a kernel per stage as in the step, the norms' scales in a kernel of their own.
+// Prefill: a batch of B prompt tokens (PREFILL_BATCH, halved down to 8) through each stage at once
+// (cuda_kernels.cuh), a kernel per stage as in the step. Each RMSNorm is a kernel of its own: it
+// adds o_proj's or down's split partial sums to the residual stream and writes the norm's output as
+// the bf16/fp16 terms the next matvec's tensor cores take; gate/up writes down's input as terms.
 // The matvecs' launch bounds say 1 block an SM explicitly: ptxas then schedules more of a warp's
-// loads ahead of their use (o_proj and down: 96 registers, 48 without the 1; gate/up, QKV: ~100
-// either way). Measured so (PERFORMANCE.md, ninth session); 48 has not been measured.
+// loads ahead of their use (more registers: 96 against 48-58 without the 1).
 
 static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_t *embed, const int *io, float *x,
                                                                    const int *history) {
     prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_scales_kernel(float *x, const float *part, int n_parts,
-                                                                          float *scale) {
-    prefill_rms_scales_body(x, part, n_parts, scale, MODEL_DIM, MODEL_NORM_EPS);
+static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_terms_kernel(float *x, const float *part, bool add_parts,
+                                                                         const uint16_t *norm_w, uint16_t *terms) {
+    prefill_rms_terms_body(x, part, add_parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x,
-                                                                                 const float *scale, float *q, uint16_t *kc,
-                                                                                 uint16_t *vc, const int *io, int ctx) {
-    prefill_qkv_rope_body<B>(w.attn_norm, w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
-                          MODEL_QKV_BIAS ? w.bv : NULL, x, scale, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
-                          MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
+static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(model_layer_weights w,
+                                                                                          const uint16_t *x_terms, float *q,
+                                                                                          uint16_t *kc, uint16_t *vc,
+                                                                                          const int *io, int ctx) {
+    prefill_qkv_rope_body<B>(w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
+                             MODEL_QKV_BIAS ? w.bv : NULL, x_terms, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
+                             MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
 }
 
-/* token blockIdx.z of the batch, at io[IO_POS] + blockIdx.z, with its own partial sums and counters;
- * none past the batch's tokens (io, set before the graph, is read before the wait) */
+/* Tokens of a prefill batch an attention block takes: their queries are rows of the block beside the
+ * group's heads, so each key and value is read once for all of them (attention_body). At most
+ * ATT_MAX_GROUP rows. Heads of 64: 1B prompt +4.4% with 2 tokens against 1; heads of 128 lost 1.3%
+ * (7B shape; PERFORMANCE.md, tenth session), so 1 there; the generic build's group size is known
+ * only at run time, so 1 there too. */
+#ifndef PREFILL_ATT_TOKENS
+#define PREFILL_ATT_TOKENS (MODEL_HEAD_DIM > 64 || ATT_MAX_GROUP / MODEL_KV_MUL < 1 ? 1 : ATT_MAX_GROUP / MODEL_KV_MUL)
+#endif
+static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
+
+/* tokens [t0, t0 + PREFILL_ATT_TOKENS) of the batch, t0 = blockIdx.z * PREFILL_ATT_TOKENS, at
+ * io[IO_POS] + t0 on, their partial sums and counters those of token t0 on; none past the batch's
+ * tokens (io, set before the graph, is read before the wait) */
 static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(const float *q, const uint16_t *kc,
                                                                            const uint16_t *vc, const int *io, float *part_acc,
                                                                            float *part_ml, unsigned *counters, float *att,
                                                                            int ctx, int n_splits) {
-    const int t = blockIdx.z;
+    const int t = blockIdx.z * PREFILL_ATT_TOKENS;
     if (t >= __ldcg(&io[IO_COUNT])) return;
     const size_t parts = (size_t)MODEL_N_HEADS * n_splits;
-    attention_body(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM, part_ml + t * parts * 2,
-                   counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                   ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
+    attention_body<PREFILL_ATT_TOKENS>(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM,
+                                       part_ml + t * parts * 2, counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM,
+                                       MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y,
+                                       NULL, wait_pdl{}, MODEL_Q_DIM, parts);
 }
 
 template <int B>
@@ -243,15 +257,17 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_o_proj_residual_
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x,
-                                                                                     const float *scale, float *hb) {
-    prefill_gate_up_silu_body<B>(w.ffn_norm, w.w_gate, w.w_up, x, scale, hb, MODEL_DIM, MODEL_HIDDEN_DIM);
+static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_kernel(model_layer_weights w,
+                                                                                              const uint16_t *x_terms,
+                                                                                              uint16_t *hb_terms) {
+    prefill_gate_up_silu_body<B>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_down_residual_kernel(model_layer_weights w, const float *hb,
-                                                                              float *part) {
-    prefill_residual_body<B>(w.w_down, NULL, hb, part, MODEL_DIM, MODEL_HIDDEN_DIM);
+static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_down_residual_kernel(model_layer_weights w,
+                                                                                               const uint16_t *hb_terms,
+                                                                                               float *part) {
+    prefill_residual_body<B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io) { prefill_end_body(io); }
@@ -316,9 +332,10 @@ struct model_cuda {
     /* [0]: attention launched with n_splits blocks a KV head; [1]: with ATT_MIN_SPLITS, for steps
      * and batches that read at most short_positions (short_att) */
     cudaGraphExec_t graphs[2][STEP_KINDS]; /* one decode step of each kind */
-    cudaGraphExec_t prefill[2][2]; /* a batch of PREFILL_BATCH prompt tokens, and one of PREFILL_SMALL */
+    cudaGraphExec_t prefill[2][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
-    float *prefill_scale;     /* (PREFILL_BATCH) the batch's RMSNorm scales */
+    uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
+    uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_SPLITS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
@@ -476,10 +493,10 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
 /* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
 #define PREFILL_GRID(pairs) (((pairs) + PREFILL_BLOCK_PAIRS - 1) / PREFILL_BLOCK_PAIRS)
 
-/* A prefill batch's stages, for the kernel benchmark, and its launches: the last layer's scales and
+/* A prefill batch's stages, for the kernel benchmark, and its launches: the last layer's norm and
  * QKV only. */
 enum { PF_EMBED, PF_SCALES, PF_QKV, PF_ATT, PF_O, PF_GATE_UP, PF_DOWN, PF_END, PF_COUNT };
-static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_rms_scales", "prefill_qkv_rope",
+static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_rms_terms", "prefill_qkv_rope",
                                                           "prefill_attention", "prefill_o_proj", "prefill_gate_up_silu",
                                                           "prefill_down", "prefill_end"};
 #define PREFILL_LAUNCHES (7 * MODEL_N_LAYERS - 3)
@@ -497,42 +514,48 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, l ? PREFILL_SPLITS : 0,
-               m->prefill_scale);
+        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0,
+               lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
-        launch(prefill_rmsnorm_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
-               *lw, m->x, m->prefill_scale, m->q, kc, vc, m->io, m->ctx);
+        launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
+               *lw, m->prefill_x_terms, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1) break;
-        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B), ATT_THREADS,
-                    ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / PREFILL_ATT_TOKENS), ATT_THREADS,
+                    ATT_SMEM_BYTES(MODEL_KV_MUL * PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
         launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
                m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_scales_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, PREFILL_SPLITS,
-               m->prefill_scale);
+        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, true,
+               lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
-        launch(prefill_rmsnorm_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw, m->x,
-               m->prefill_scale, m->hb);
+        launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
+               m->prefill_x_terms, m->prefill_hb_terms);
         mark(PF_GATE_UP);
         launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
-               m->hb, m->prefill_part_x);
+               m->prefill_hb_terms, m->prefill_part_x);
         mark(PF_DOWN);
     }
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
     mark(PF_END);
 }
 
-/* kind: a STEP_* step, or STEP_KINDS (+ 1) for a prefill batch of PREFILL_BATCH (PREFILL_SMALL);
- * attention launched with n_splits blocks a KV head */
+/* A prefill batch of B >> s tokens (s < PREFILL_SIZES): one instance of enqueue_prefill a size. */
+template <int B>
+static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
+    if (s == 0) enqueue_prefill<B>(m, n_splits);
+    else if constexpr (B > PREFILL_SMALL) enqueue_prefill_size<B / 2>(m, s - 1, n_splits);
+}
+
+/* kind: a STEP_* step, or STEP_KINDS + s for a prefill batch of PREFILL_BATCH >> s; attention
+ * launched with n_splits blocks a KV head */
 static err_code capture(model_cuda *m, int kind, int n_splits, cudaGraphExec_t *exec) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    if (kind == STEP_KINDS) enqueue_prefill<PREFILL_BATCH>(m, n_splits);
-    else if (kind == STEP_KINDS + 1) enqueue_prefill<PREFILL_SMALL>(m, n_splits);
+    if (kind >= STEP_KINDS) enqueue_prefill_size<PREFILL_BATCH>(m, kind - STEP_KINDS, n_splits);
     else enqueue_step(m, kind, n_splits, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
@@ -673,7 +696,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->q, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->att, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->prefill_scale, PREFILL_BATCH * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_SPLITS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
@@ -708,7 +732,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * prompt +16%, decode even (PERFORMANCE.md, ninth session). */
     m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
     for (int s = 0; s < (m->short_positions ? 2 : 1); s++)
-        for (int kind = 0; kind <= STEP_KINDS + 1; kind++)
+        for (int kind = 0; kind < STEP_KINDS + PREFILL_SIZES; kind++)
             if ((rc = capture(m, kind, s ? ATT_MIN_SPLITS : m->n_splits,
                               kind < STEP_KINDS ? &m->graphs[s][kind] : &m->prefill[s][kind - STEP_KINDS]))) {
                 model_cuda_free(m);
@@ -781,14 +805,21 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
-    /* all but the last token: batches of PREFILL_BATCH while at least PREFILL_LARGE_FROM are left,
-     * of PREFILL_SMALL while at least PREFILL_MIN_TAIL are, then one prompt step each */
+    /* all but the last token: batches of the largest size whose threshold the tokens left reach,
+     * while at least PREFILL_MIN_TAIL are left, then one prompt step each. The thresholds: with a
+     * batch of 16 at ~1.7 of one of 8 and one of 32 at ~1.65 of one of 16, 25-32 left go as 32 (2.8
+     * against 3.4 as 16 + 16), 17-24 as 16 + 8 (2.7 against 2.8), 10-16 as 16 (9: a batch of 8 and a
+     * step beat one of 16). */
+    auto prefill_from = [](int size) { return size >= 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL; };
     int i = 0;
     for (int count; n - 1 - i >= PREFILL_MIN_TAIL; i += count) {
-        const int large = n - 1 - i >= PREFILL_LARGE_FROM, b = large ? PREFILL_BATCH : PREFILL_SMALL;
-        count = n - 1 - i < b ? n - 1 - i : b;
+        const int left = n - 1 - i;
+        int s = 0;
+        while (left < prefill_from(PREFILL_BATCH >> s)) s++; /* ends at 8, whose threshold is PREFILL_MIN_TAIL */
+        const int b = PREFILL_BATCH >> s;
+        count = left < b ? left : b;
         CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaGraphLaunch(m->prefill[short_att(m, m->queued + b)][!large], m->stream));
+        CUDA_CHECK(cudaGraphLaunch(m->prefill[short_att(m, m->queued + b)][s], m->stream));
         m->queued += count;
     }
     for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
@@ -936,14 +967,14 @@ extern "C" void model_cuda_free(model_cuda *m) {
     for (int s = 0; s < 2; s++) {
         for (int kind = 0; kind < STEP_KINDS; kind++)
             if (m->graphs[s][kind]) cudaGraphExecDestroy(m->graphs[s][kind]);
-        for (int b = 0; b < 2; b++)
+        for (int b = 0; b < PREFILL_SIZES; b++)
             if (m->prefill[s][b]) cudaGraphExecDestroy(m->prefill[s][b]);
     }
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
-                   m->prefill_scale, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
+                   m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
