@@ -141,9 +141,10 @@ enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT
 
 #define TRACE_STAGES ST_COUNT
 #define TRACE_BLOCKS 65536 /* records kept per stage and step */
-enum { TRACE_ENTERED, TRACE_WAITED, TRACE_STAGED, TRACE_DONE };
+/* READY: the block's work before its wait is done (first loads issued, norm weights staged) */
+enum { TRACE_ENTERED, TRACE_WAITED, TRACE_STAGED, TRACE_DONE, TRACE_READY, TRACE_STAMPS };
 struct trace_block {
-    unsigned long long t[4];
+    unsigned long long t[TRACE_STAMPS];
 };
 #if defined(INGOT_TRACE)
 static __device__ unsigned trace_count[TRACE_STAGES];
@@ -162,7 +163,7 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
     if (threadIdx.x == 0) {
         const unsigned n = atomicAdd(&trace_count[stage], 1u);
         rec = n < TRACE_BLOCKS ? &trace_buf[stage][n] : NULL;
-        if (rec) rec->t[TRACE_ENTERED] = global_ns(), rec->t[TRACE_DONE] = 0;
+        if (rec) rec->t[TRACE_ENTERED] = rec->t[TRACE_READY] = global_ns(), rec->t[TRACE_DONE] = 0;
     }
     return &rec;
 }
@@ -490,6 +491,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         load_step(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane);
     }
     stage_norm(sx, norm_w, dim);
+    TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
     const float scale = stage_input(sx, x, true, dim, eps);
@@ -543,6 +545,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
     }
     extern __shared__ float sx[];
+    TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
     stage_input(sx, in, false, K, 0.0f);
@@ -591,6 +594,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         load_step(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane);
     }
     stage_norm(sx, norm_w, dim);
+    TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
     const float scale = stage_input(sx, x, true, dim, eps);
@@ -635,6 +639,7 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     row_chunks a;
     if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
     stage_norm(sx, norm_w, dim);
+    TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
     const float scale = stage_input(sx, x, true, dim, eps);
@@ -755,6 +760,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         const int j = slice + k * slices;
         k0[k] = j < len && start + j < first_new ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
     }
+    TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
 #pragma unroll

@@ -15,17 +15,17 @@ import step_trace  # noqa: E402
 
 def write_trace(path, n_layers, blocks):
     """Every stage of every layer starts 10 us after the previous one's start; its block b starts
-    at +0.1*b us, waits until +2, is staged at +2.5, is done at +5 + 0.3*b us."""
+    at +0.1*b us, is ready at +1 + 0.1*b, waits until +2, is staged at +2.5, is done at +5 + 0.3*b us."""
     t, recs = 1_000_000, {st: [] for st in range(7)}
     for _ in range(n_layers):
         for st in range(1, 6):
             for b in range(blocks[st]):
-                recs[st].append([t + 100 * b, t + 2000, t + 2500, t + 5000 + 300 * b])
+                recs[st].append([t + 100 * b, t + 2000, t + 2500, t + 5000 + 300 * b, t + 1000 + 100 * b])
             t += 10_000
-    recs[6] = [[t, t + 2000, t + 2500, t + 9000]]
+    recs[6] = [[t, t + 2000, t + 2500, t + 9000, t + 1000]]
     counts = [len(recs[st]) for st in range(7)]
     with open(path, "wb") as f:
-        f.write(struct.pack("ii", n_layers, 7) + np.array(counts, np.uint32).tobytes())
+        f.write(struct.pack("iii", n_layers, 7, 5) + np.array(counts, np.uint32).tobytes())
         for st in range(7):
             if recs[st]:
                 f.write(np.array(recs[st], np.uint64).tobytes())
@@ -40,10 +40,12 @@ def test_trace_summary(tmp_path):
     rows, span = step_trace.summarize(n_layers, recs)
     # o_proj after attention: attention's last block (of 2) is done at +5.3 us after its start, o_proj
     # starts 10 us after attention did, so at +4.7 after attention's end; its 4 blocks at +0.1 steps.
-    start_min, start_med, start_max, waited_min, waited_max, staged_med, _, done_med, _, done_max, n = rows[3]
+    start_min, start_med, start_max, waited_min, waited_max, staged_med, _, done_med, _, done_max, n = rows[3][:11]
+    ready_med, ready_max = rows[3][11:]
     assert n == 4
     assert np.allclose([start_min, start_med, start_max], [4.7, 4.85, 5.0])
     assert np.allclose([waited_min, waited_max, staged_med], [6.7, 6.7, 7.2])
     assert np.allclose([done_med, done_max], [9.7 + 0.45, 9.7 + 0.9])
+    assert np.allclose([ready_med, ready_max], [5.7 + 0.15, 5.7 + 0.3])
     # 3 layers of 5 stages 10 us apart, the LM head's last stamp 9 us after its start
     assert np.isclose(span, 150 + 9)

@@ -762,7 +762,7 @@ static void trace_write(void) {
     if (!path || cudaMemcpyFromSymbol(count, trace_count, sizeof count) != cudaSuccess) return;
     FILE *f = fopen(path, "wb");
     if (!f) { fprintf(stderr, "ingot: %s: cannot write the trace\n", path); return; }
-    const int head[2] = {MODEL_N_LAYERS, TRACE_STAGES};
+    const int head[3] = {MODEL_N_LAYERS, TRACE_STAGES, TRACE_STAMPS};
     fwrite(head, sizeof head, 1, f);
     fwrite(count, sizeof count, 1, f);
     static trace_block recs[TRACE_BLOCKS];
