@@ -70,6 +70,34 @@ static void test_dots(void) {
     }
 }
 
+/* dot_x4_* (one row against four tokens' inputs, the CPU prefill's): each token's result the same
+ * bits as dot_* gives it alone, since the prefill and decode paths must agree exactly. */
+static void test_dots_x4(void) {
+    static const int lengths[] = {1, 16, 17, 63, 64, 65, 127, 576, 1000, 1536};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        const int n = lengths[li], xs = n + 3; /* inputs a row apart, not 64-byte aligned */
+        float *x = malloc(4 * xs * sizeof *x), *w32 = malloc(n * sizeof *w32);
+        uint16_t *wb = malloc(n * 2), *wh = malloc(n * 2);
+        for (int i = 0; i < 4 * xs; i++) x[i] = frand();
+        for (int i = 0; i < n; i++) {
+            w32[i] = frand();
+            wb[i] = f32_to_bf16(w32[i]);
+            wh[i] = f32_to_f16_ref(w32[i]);
+        }
+        float o32[4], ob[4], oh[4];
+        dot_x4_f32(w32, x, xs, n, o32);
+        dot_x4_bf16(wb, x, xs, n, ob);
+        dot_x4_f16(wh, x, xs, n, oh);
+        for (int t = 0; t < 4; t++) {
+            const float a32 = dot_f32(w32, x + t * xs, n), ab = dot_bf16(wb, x + t * xs, n), ah = dot_f16(wh, x + t * xs, n);
+            CHECK(!memcmp(&o32[t], &a32, 4), "dot_x4_f32 n=%d token %d: %.9g vs dot_f32's %.9g", n, t, o32[t], a32);
+            CHECK(!memcmp(&ob[t], &ab, 4), "dot_x4_bf16 n=%d token %d: %.9g vs dot_bf16's %.9g", n, t, ob[t], ab);
+            CHECK(!memcmp(&oh[t], &ah, 4), "dot_x4_f16 n=%d token %d: %.9g vs dot_f16's %.9g", n, t, oh[t], ah);
+        }
+        free(x); free(w32); free(wb); free(wh);
+    }
+}
+
 /* attention_head against a float64 softmax-attention written out directly. */
 static void test_attention(void) {
     enum { HD = 64, STRIDE = 3 * HD };
@@ -115,6 +143,7 @@ static void test_rope(void) {
 int main(void) {
     test_conversions();
     test_dots();
+    test_dots_x4();
     test_attention();
     test_rope();
     return check_summary();

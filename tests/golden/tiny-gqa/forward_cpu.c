@@ -146,6 +146,20 @@ static inline __attribute__((always_inline)) void dot_rows(const model_weight_t 
     else for (int r = 0; r < 4; r++) o[r] = dot_w(ws[r], xb, MODEL_DIM);
 }
 
+/* o[t][r] = ws[r] . xb[t] for four rows and four tokens' inputs (MODEL_DIM apart), each as
+ * dot_rows gives it: one row against the four tokens at once where rows go one at a time (each
+ * weight converted once for the four), else dot_rows per token. */
+static inline __attribute__((always_inline)) void dot_rows_x4(const model_weight_t *const ws[4], const float *xb, float o[4][4]) {
+    if (CPU_PAIRED_STREAMS == 4)
+        for (int t = 0; t < 4; t++) dot4_w(ws, xb + (size_t)t * MODEL_DIM, MODEL_DIM, o[t]);
+    else
+        for (int r = 0; r < 4; r++) {
+            float c[4];
+            dot_x4_w(ws[r], xb, MODEL_DIM, MODEL_DIM, c);
+            for (int t = 0; t < 4; t++) o[t][r] = c[t];
+        }
+}
+
 /* This thread's share [lo, hi) of n items, contiguous, as schedule(static) would give it. */
 static inline void thread_share(int n, int *lo, int *hi) {
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -173,11 +187,23 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
             for (int k = 0; k < 4; k++) y[r[k]] = (accumulate ? y[r[k]] : 0.0f) + o[k] + (bias ? w_to_f32(bias[r[k]]) : 0.0f);
         }
     }
-    for (int i = lo + 4 * q; i < hi; i++)
-        for (int b = 0; b < nb; b++) {
-            float *y = out + (size_t)b * out_stride;
-            y[i] = (accumulate ? y[i] : 0.0f) + dot_w(w + (size_t)i * n, x + (size_t)b * x_stride, n) + (bias ? w_to_f32(bias[i]) : 0.0f);
+    for (int i = lo + 4 * q; i < hi; i++) {
+        const model_weight_t *wi = w + (size_t)i * n;
+        const float add = bias ? w_to_f32(bias[i]) : 0.0f;
+        int b = 0;
+        for (; b + 4 <= nb; b += 4) { /* four tokens a row: its weights converted once for them */
+            float o[4];
+            dot_x4_w(wi, x + (size_t)b * x_stride, (size_t)x_stride, n, o);
+            for (int t = 0; t < 4; t++) {
+                float *y = out + (size_t)(b + t) * out_stride;
+                y[i] = (accumulate ? y[i] : 0.0f) + o[t] + add;
+            }
         }
+        for (; b < nb; b++) {
+            float *y = out + (size_t)b * out_stride;
+            y[i] = (accumulate ? y[i] : 0.0f) + dot_w(wi, x + (size_t)b * x_stride, n) + add;
+        }
+    }
 #pragma omp barrier
 }
 
@@ -271,10 +297,12 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
-                for (int i = lo + 2 * q; i < hi; i++)
-                    for (int b = 0; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM)) *
-                                                                  dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM);
+                for (int i = lo + 2 * q; i < hi; i++) {
+                    const model_weight_t *wg = lw->w_gate + (size_t)i * MODEL_DIM, *wu = lw->w_up + (size_t)i * MODEL_DIM;
+                    int b = 0;
+                    for (; b < 1; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(wg, xb[b], MODEL_DIM)) * dot_w(wu, xb[b], MODEL_DIM);
+                }
             }
 #pragma omp barrier
 
@@ -312,7 +340,7 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
 #pragma omp for schedule(static)
             for (int item = 0; item < QKV_ITEMS; item++) {
-                float o[4];
+                float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
                 if (item < QKV_Q_QUADS + QKV_K_QUADS) {
                     int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
                     int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
@@ -322,7 +350,9 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     for (int r = 0; r < 4; r++) ws[r] = wm + (size_t)rows[r] * MODEL_DIM;
                     for (int b = 0; b < nb; b++) {
                         int pos = pos0 + b;
-                        dot_rows(ws, xb[b], o);
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(ws, xb[b], o);
                         if (MODEL_QKV_BIAS) {
                             const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                             for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -339,7 +369,9 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     const model_weight_t *ws[4];
                     for (int r = 0; r < 4; r++) ws[r] = lw->wv + (size_t)(r0 + r) * MODEL_DIM;
                     for (int b = 0; b < nb; b++) {
-                        dot_rows(ws, xb[b], o);
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(ws, xb[b], o);
                         for (int r = 0; r < 4; r++) {
                             if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                             vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
@@ -377,10 +409,18 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
-                for (int i = lo + 2 * q; i < hi; i++)
-                    for (int b = 0; b < nb; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM)) *
-                                                                  dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM);
+                for (int i = lo + 2 * q; i < hi; i++) {
+                    const model_weight_t *wg = lw->w_gate + (size_t)i * MODEL_DIM, *wu = lw->w_up + (size_t)i * MODEL_DIM;
+                    int b = 0;
+                    for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
+                        float g[4], u[4];
+                        dot_x4_w(wg, xb[b], MODEL_DIM, MODEL_DIM, g);
+                        dot_x4_w(wu, xb[b], MODEL_DIM, MODEL_DIM, u);
+                        for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
+                    }
+                    for (; b < nb; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(wg, xb[b], MODEL_DIM)) * dot_w(wu, xb[b], MODEL_DIM);
+                }
             }
 #pragma omp barrier
 
@@ -491,10 +531,12 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
-                for (int i = lo + 2 * q; i < hi; i++)
-                    for (int b = 0; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(lw->w_gate + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM)) *
-                                                                  dot_w(lw->w_up + (size_t)i * MODEL_DIM, xb[b], MODEL_DIM);
+                for (int i = lo + 2 * q; i < hi; i++) {
+                    const model_weight_t *wg = lw->w_gate + (size_t)i * MODEL_DIM, *wu = lw->w_up + (size_t)i * MODEL_DIM;
+                    int b = 0;
+                    for (; b < 1; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(wg, xb[b], MODEL_DIM)) * dot_w(wu, xb[b], MODEL_DIM);
+                }
             }
 #pragma omp barrier
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
