@@ -238,6 +238,35 @@ KERNEL void dot_x4_f32(const float *w, const float *x, size_t xs, int n, float o
 KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(uint16_t, load16_bf16, w, x, n, out, dot_bf16); }
 KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(uint16_t, load16_f16, w, x, n, out, dot_f16); }
 KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(float, load16_f32, w, x, n, out, dot_f32); }
+/* dot4 for two inputs x and x + xs at once (a prefill batch's tokens): each weight vector loaded and
+ * converted once for both; each token's sums are dot4's, in dot4's order (the same bits). */
+#define DOT4_X2_AVX512(T, LOAD, w, x, xs, n, out, dot_tail)                                              \
+    do {                                                                                                 \
+        __m512 a[2][4], b[2][4];                                                                         \
+        for (int t = 0; t < 2; t++)                                                                      \
+            for (int r = 0; r < 4; r++) a[t][r] = b[t][r] = _mm512_setzero_ps();                         \
+        const T *w0 = (w)[0], *w1 = (w)[1], *w2 = (w)[2], *w3 = (w)[3];                                  \
+        int i = 0;                                                                                       \
+        for (; i + 32 <= (n); i += 32) {                                                                 \
+            const __m512 wa[4] = {LOAD(w0 + i), LOAD(w1 + i), LOAD(w2 + i), LOAD(w3 + i)};              \
+            const __m512 wb[4] = {LOAD(w0 + i + 16), LOAD(w1 + i + 16), LOAD(w2 + i + 16), LOAD(w3 + i + 16)}; \
+            for (int t = 0; t < 2; t++) {                                                                \
+                const __m512 x0 = _mm512_loadu_ps((x) + (size_t)t * (xs) + i), x1 = _mm512_loadu_ps((x) + (size_t)t * (xs) + i + 16); \
+                for (int r = 0; r < 4; r++) {                                                            \
+                    a[t][r] = _mm512_fmadd_ps(wa[r], x0, a[t][r]);                                       \
+                    b[t][r] = _mm512_fmadd_ps(wb[r], x1, b[t][r]);                                       \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+        for (int t = 0; t < 2; t++)                                                                      \
+            for (int r = 0; r < 4; r++) {                                                                \
+                (out)[t][r] = _mm512_reduce_add_ps(_mm512_add_ps(a[t][r], b[t][r]));                     \
+                if (i < (n)) (out)[t][r] += dot_tail((w)[r] + i, (x) + (size_t)t * (xs) + i, (n) - i);    \
+            }                                                                                            \
+    } while (0)
+KERNEL void dot4_x2_bf16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(uint16_t, load16_bf16, w, x, xs, n, out, dot_bf16); }
+KERNEL void dot4_x2_f16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(uint16_t, load16_f16, w, x, xs, n, out, dot_f16); }
+KERNEL void dot4_x2_f32(const float *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(float, load16_f32, w, x, xs, n, out, dot_f32); }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define DOT4_AVX2(T, LOAD, w, x, n, out, dot_tail)                                                  \
     do {                                                                                            \
@@ -269,6 +298,12 @@ KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4
 KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_bf16(w[r], x, n); }
 KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_f16(w[r], x, n); }
 KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_f32(w[r], x, n); }
+#endif
+#if !defined(__AVX512F__)
+/* dot4 for two inputs: two dot4s (AVX2 has 16 registers, not the 16 accumulators and 8 weights) */
+KERNEL void dot4_x2_bf16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { for (int t = 0; t < 2; t++) dot4_bf16(w, x + (size_t)t * xs, n, out[t]); }
+KERNEL void dot4_x2_f16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { for (int t = 0; t < 2; t++) dot4_f16(w, x + (size_t)t * xs, n, out[t]); }
+KERNEL void dot4_x2_f32(const float *const w[4], const float *x, size_t xs, int n, float out[2][4]) { for (int t = 0; t < 2; t++) dot4_f32(w, x + (size_t)t * xs, n, out[t]); }
 #endif
 
 /* out (n) += a * v (n), v in fp16: the attention's weighted sum of values. */
@@ -337,16 +372,19 @@ static inline void attention_head(float *out, const float *q, const uint16_t *k,
 #define dot_w dot_bf16
 #define dot4_w dot4_bf16
 #define dot_x4_w dot_x4_bf16
+#define dot4_x2_w dot4_x2_bf16
 #define w_to_f32 bf16_to_f32
 #elif defined(MODEL_WEIGHT_DTYPE_F16)
 #define dot_w dot_f16
 #define dot4_w dot4_f16
 #define dot_x4_w dot_x4_f16
+#define dot4_x2_w dot4_x2_f16
 #define w_to_f32 f16_to_f32
 #elif defined(MODEL_WEIGHT_DTYPE_F32)
 #define dot_w dot_f32
 #define dot4_w dot4_f32
 #define dot_x4_w dot_x4_f32
+#define dot4_x2_w dot4_x2_f32
 #define w_to_f32(x) (x)
 #endif
 

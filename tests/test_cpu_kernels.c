@@ -70,8 +70,9 @@ static void test_dots(void) {
     }
 }
 
-/* dot_x4_* (one row against four tokens' inputs, the CPU prefill's): each token's result the same
- * bits as dot_* gives it alone, since the prefill and decode paths must agree exactly. */
+/* dot_x4_* (one row against four tokens' inputs) and dot4_x2_* (four rows against two), the CPU
+ * prefill's: each token's results the same bits as dot_* and dot4_* give them alone, so that the
+ * prefill and the decode step compute the same sums. */
 static void test_dots_x4(void) {
     static const int lengths[] = {1, 16, 17, 63, 64, 65, 127, 576, 1000, 1536};
     for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
@@ -94,6 +95,29 @@ static void test_dots_x4(void) {
             CHECK(!memcmp(&ob[t], &ab, 4), "dot_x4_bf16 n=%d token %d: %.9g vs dot_bf16's %.9g", n, t, ob[t], ab);
             CHECK(!memcmp(&oh[t], &ah, 4), "dot_x4_f16 n=%d token %d: %.9g vs dot_f16's %.9g", n, t, oh[t], ah);
         }
+        /* dot4_x2: four distinct rows against two inputs, each token's results dot4's bits */
+        float *m32 = malloc(4 * n * sizeof *m32);
+        uint16_t *mb = malloc(4 * n * 2), *mh = malloc(4 * n * 2);
+        for (int i = 0; i < 4 * n; i++) {
+            m32[i] = frand();
+            mb[i] = f32_to_bf16(m32[i]);
+            mh[i] = f32_to_f16_ref(m32[i]);
+        }
+        const uint16_t *rb[4] = {mb, mb + n, mb + 2 * n, mb + 3 * n}, *rh[4] = {mh, mh + n, mh + 2 * n, mh + 3 * n};
+        const float *r32[4] = {m32, m32 + n, m32 + 2 * n, m32 + 3 * n};
+        float p32[2][4], pb[2][4], ph[2][4], q32[4], qb[4], qh[4];
+        dot4_x2_f32(r32, x, xs, n, p32);
+        dot4_x2_bf16(rb, x, xs, n, pb);
+        dot4_x2_f16(rh, x, xs, n, ph);
+        for (int t = 0; t < 2; t++) {
+            dot4_f32(r32, x + t * xs, n, q32);
+            dot4_bf16(rb, x + t * xs, n, qb);
+            dot4_f16(rh, x + t * xs, n, qh);
+            CHECK(!memcmp(p32[t], q32, sizeof q32), "dot4_x2_f32 n=%d token %d differs from dot4_f32", n, t);
+            CHECK(!memcmp(pb[t], qb, sizeof qb), "dot4_x2_bf16 n=%d token %d differs from dot4_bf16", n, t);
+            CHECK(!memcmp(ph[t], qh, sizeof qh), "dot4_x2_f16 n=%d token %d differs from dot4_f16", n, t);
+        }
+        free(m32); free(mb); free(mh);
         free(x); free(w32); free(wb); free(wh);
     }
 }

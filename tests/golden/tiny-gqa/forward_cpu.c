@@ -151,7 +151,7 @@ static inline __attribute__((always_inline)) void dot_rows(const model_weight_t 
  * weight converted once for the four), else dot_rows per token. */
 static inline __attribute__((always_inline)) void dot_rows_x4(const model_weight_t *const ws[4], const float *xb, float o[4][4]) {
     if (CPU_PAIRED_STREAMS == 4)
-        for (int t = 0; t < 4; t++) dot4_w(ws, xb + (size_t)t * MODEL_DIM, MODEL_DIM, o[t]);
+        for (int t = 0; t < 4; t += 2) dot4_x2_w(ws, xb + (size_t)t * MODEL_DIM, MODEL_DIM, MODEL_DIM, o + t);
     else
         for (int r = 0; r < 4; r++) {
             float c[4];
@@ -181,10 +181,15 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
     for (int j = 0; j < q; j++) {
         int r[4] = {lo + j, lo + q + j, lo + 2 * q + j, lo + 3 * q + j};
         const model_weight_t *ws[4] = {w + (size_t)r[0] * n, w + (size_t)r[1] * n, w + (size_t)r[2] * n, w + (size_t)r[3] * n};
-        for (int b = 0; b < nb; b++) {
-            float o[4], *y = out + (size_t)b * out_stride;
-            dot4_w(ws, x + (size_t)b * x_stride, n, o);
-            for (int k = 0; k < 4; k++) y[r[k]] = (accumulate ? y[r[k]] : 0.0f) + o[k] + (bias ? w_to_f32(bias[r[k]]) : 0.0f);
+        for (int b = 0; b < nb;) { /* two tokens at a time while two are left: the rows' weights converted once */
+            float o[2][4];
+            const int two = b + 2 <= nb;
+            if (two) dot4_x2_w(ws, x + (size_t)b * x_stride, (size_t)x_stride, n, o);
+            else dot4_w(ws, x + (size_t)b * x_stride, n, o[0]);
+            for (int t = 0; t <= two; t++, b++) {
+                float *y = out + (size_t)b * out_stride;
+                for (int k = 0; k < 4; k++) y[r[k]] = (accumulate ? y[r[k]] : 0.0f) + o[t][k] + (bias ? w_to_f32(bias[r[k]]) : 0.0f);
+            }
         }
     }
     for (int i = lo + 4 * q; i < hi; i++) {
@@ -402,11 +407,15 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     int a = lo + j, c = lo + q + j;
                     const model_weight_t *ws[4] = {lw->w_gate + (size_t)a * MODEL_DIM, lw->w_up + (size_t)a * MODEL_DIM,
                                                    lw->w_gate + (size_t)c * MODEL_DIM, lw->w_up + (size_t)c * MODEL_DIM};
-                    for (int b = 0; b < nb; b++) {
-                        float o[4];
-                        dot4_w(ws, xb[b], MODEL_DIM, o);
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
+                    for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
+                        float o[2][4];
+                        const int two = b + 2 <= nb;
+                        if (two) dot4_x2_w(ws, xb[b], MODEL_DIM, MODEL_DIM, o);
+                        else dot4_w(ws, xb[b], MODEL_DIM, o[0]);
+                        for (int t = 0; t <= two; t++, b++) {
+                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
+                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
+                        }
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
