@@ -39,6 +39,7 @@ class Plan:
     # no spill), so that a gate/up block fits beside its two; 2 otherwise (the double-buffered rows need ~126)
     residual_pairs: int  # 1: o_proj and down take their rows in pairs (p, p + dim / 2) a warp (_residual_pairs)
     att_o_grid: int  # 1: attention and o_proj in one grid, each block one of them (_att_o_grid)
+    prefill_att_tokens: int  # prompt tokens a prefill attention block takes beside its group's heads (_prefill_att_tokens)
 
 
 class CExpr:
@@ -107,6 +108,18 @@ def _att_o_grid(o_proj_min_blocks: int) -> int:
     return int(o_proj_min_blocks == 2)
 
 
+ATT_MAX_GROUP = 8  # query rows an attention block takes at most (runtime/cuda_kernels.cuh)
+
+
+def _prefill_att_tokens(head_dim: int, kv_mul: int) -> int:
+    """A prefill attention block takes this many of the batch's tokens, their queries as rows beside
+    the KV group's heads (ATT_MAX_GROUP rows at most), so each key and value is read once for them.
+    Measured on the H200 (PERFORMANCE.md, tenth session), 128-token prompt: Llama-3.2-1B (heads of 64,
+    2 tokens) +4.4% at depth 0 and +4.2% at 4096; Mistral-7B (heads of 128) -1.3% / -1.7%, so 1
+    token where heads are wider than 64."""
+    return 1 if head_dim > 64 else max(1, ATT_MAX_GROUP // kv_mul)
+
+
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     return Plan(
@@ -116,6 +129,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         o_proj_min_blocks=_o_proj_min_blocks(spec.q_dim),
         residual_pairs=_residual_pairs(spec.dim, sms, _o_proj_min_blocks(spec.q_dim)),
         att_o_grid=_att_o_grid(_o_proj_min_blocks(spec.q_dim)),
+        prefill_att_tokens=_prefill_att_tokens(spec.head_dim, spec.kv_mul),
         **_gpu_plan(spec, sms),
     )
 
@@ -131,5 +145,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         o_proj_min_blocks=2,  # a launch bound is a literal; the generic build keeps the double-buffered rows
         residual_pairs=0,  # one row a warp: a run-time choice would hold both paths' registers
         att_o_grid=_att_o_grid(2),  # as its o_proj_min_blocks; so the GPU tests run this kernel on the tiny models
+        prefill_att_tokens=1,  # a template argument is a literal; the group size is known only at run time
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

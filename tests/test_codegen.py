@@ -139,6 +139,18 @@ def test_plan_joins_attention_and_o_proj_where_o_proj_is_not_lean():
     assert make_generic_plan().att_o_grid == 1
 
 
+def test_plan_groups_prefill_attention_tokens_on_64_wide_heads():
+    """A prefill attention block takes 8 / kv_mul tokens where heads are 64 wide (measured faster on
+    the 1B shape), one where they are 128 wide (slower on the 7B shape) and in the generic build."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    tokens = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).prefill_att_tokens
+              for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "qwen2.5-7b-instruct")}
+    assert tokens == {"smollm2-135m-instruct": 2, "llama-3.2-1b-instruct": 2, "mistral-7b-instruct-v0.2": 1,
+                      "qwen2.5-7b-instruct": 1}
+    assert make_generic_plan().prefill_att_tokens == 1
+
+
 def test_c_literals():
     assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
     assert c_string("??=") == '"\\077\\077="'

@@ -225,12 +225,10 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(
 }
 
 /* Tokens of a prefill batch an attention block takes: their queries are rows of the block beside the
- * group's heads, so each key and value is read once for all of them (attention_body). At most
- * ATT_MAX_GROUP rows. Heads of 64: 1B prompt +4.4% with 2 tokens against 1; heads of 128 lost 1.3%
- * (7B shape; PERFORMANCE.md, tenth session), so 1 there; the generic build's group size is known
- * only at run time, so 1 there too. */
+ * group's heads, so each key and value is read once for all of them (attention_body; the plan's
+ * choice, codegen/plan.py). */
 #ifndef PREFILL_ATT_TOKENS
-#define PREFILL_ATT_TOKENS (MODEL_HEAD_DIM > 64 || ATT_MAX_GROUP / MODEL_KV_MUL < 1 ? 1 : ATT_MAX_GROUP / MODEL_KV_MUL)
+#define PREFILL_ATT_TOKENS 4
 #endif
 static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
 
