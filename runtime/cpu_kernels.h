@@ -366,6 +366,56 @@ static inline void attention_head(float *out, const float *q, const uint16_t *k,
     for (int t = 0; t < n_pos; t++) axpy_f16(out, att[t] * inv, v + (size_t)t * stride, head_dim);
 }
 
+/* attention_head for four queries of one KV head at once (a prefill batch's four tokens, one query
+ * head): q rows q_stride apart, out rows out_stride apart, query r over positions [0, n_pos[r]);
+ * att holds four rows of att_stride scores. Each key and value is converted once for the four
+ * (dot_x4_f16; the weighted sum's 16 values at a time), and each row's sums are attention_head's,
+ * in its order: the same bits. */
+static inline void attention_heads_x4(float *out, size_t out_stride, const float *q, size_t q_stride, const uint16_t *k,
+                                      const uint16_t *v, size_t stride, const int n_pos[4], int head_dim, float *att,
+                                      size_t att_stride) {
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    int n_max = 0;
+    for (int r = 0; r < 4; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
+    float max[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, inv[4];
+    for (int t = 0; t < n_max; t++) {
+        float s[4];
+        dot_x4_f16(k + (size_t)t * stride, q, q_stride, head_dim, s);
+        for (int r = 0; r < 4; r++)
+            if (t < n_pos[r]) {
+                float *a = att + r * att_stride;
+                a[t] = s[r] * scale;
+                if (a[t] > max[r]) max[r] = a[t];
+            }
+    }
+    for (int r = 0; r < 4; r++) {
+        float *a = att + r * att_stride, sum = 0.0f;
+        for (int t = 0; t < n_pos[r]; t++) {
+            a[t] = expf(a[t] - max[r]);
+            sum += a[t];
+        }
+        inv[r] = 1.0f / sum;
+        for (int i = 0; i < head_dim; i++) out[r * out_stride + i] = 0.0f;
+    }
+#if defined(__AVX512F__)
+    if (head_dim % 16 == 0) {
+        for (int t = 0; t < n_max; t++)
+            for (int i = 0; i < head_dim; i += 16) {
+                const __m512 vv = load16_f16(v + (size_t)t * stride + i);
+                for (int r = 0; r < 4; r++)
+                    if (t < n_pos[r]) {
+                        float *o = out + r * out_stride + i;
+                        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(att[r * att_stride + t] * inv[r]), vv, _mm512_loadu_ps(o)));
+                    }
+            }
+        return;
+    }
+#endif
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < n_pos[r]; t++)
+            axpy_f16(out + r * out_stride, att[r * att_stride + t] * inv[r], v + (size_t)t * stride, head_dim);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Weight-dtype dispatch for a generated model: MODEL_WEIGHT_DTYPE_* comes from model_config.h. */
 #if defined(MODEL_WEIGHT_DTYPE_BF16)

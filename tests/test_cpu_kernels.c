@@ -152,6 +152,29 @@ static void test_attention(void) {
     }
 }
 
+/* attention_heads_x4 (four tokens of a prefill batch, one query head) against attention_head for
+ * each: the same bits, also where the four see different numbers of positions. */
+static void test_attention_x4(void) {
+    enum { STRIDE = 3 * 128, QS = 5 * 128 };
+    static const int head_dims[] = {64, 128}, firsts[] = {1, 30, 200};
+    for (size_t hi = 0; hi < 2; hi++)
+        for (size_t fi = 0; fi < 3; fi++) {
+            const int hd = head_dims[hi], n_pos[4] = {firsts[fi], firsts[fi] + 1, firsts[fi] + 2, firsts[fi] + 3}, n = n_pos[3];
+            uint16_t *k = malloc((size_t)n * STRIDE * 2), *v = malloc((size_t)n * STRIDE * 2);
+            float *q = malloc(4 * QS * sizeof *q), *out = malloc(4 * QS * sizeof *out), *att = malloc(4 * n * sizeof *att);
+            float one[128], *att1 = malloc(n * sizeof *att1);
+            for (int i = 0; i < 4 * QS; i++) q[i] = 3.0f * frand();
+            for (int i = 0; i < n * STRIDE; i++) { k[i] = f32_to_f16_ref(frand()); v[i] = f32_to_f16_ref(frand()); }
+            attention_heads_x4(out, QS, q, QS, k + hd, v + hd, STRIDE, n_pos, hd, att, n);
+            for (int r = 0; r < 4; r++) {
+                attention_head(one, q + r * QS, k + hd, v + hd, STRIDE, n_pos[r], hd, att1);
+                CHECK(!memcmp(one, out + r * QS, hd * sizeof(float)), "attention_heads_x4 hd=%d n=%d row %d differs from attention_head",
+                      hd, n_pos[r], r);
+            }
+            free(k); free(v); free(q); free(out); free(att); free(att1);
+        }
+}
+
 static void test_rope(void) {
     /* rope_rotate is a rotation: it keeps the pair's norm and turns it by pos * inv_freq. */
     float a = 0.6f, b = -0.8f;
@@ -169,6 +192,7 @@ int main(void) {
     test_dots();
     test_dots_x4();
     test_attention();
+    test_attention_x4();
     test_rope();
     return check_summary();
 }

@@ -60,7 +60,7 @@ struct model_cpu {
     ACTIVATION(hb, PREFILL_BATCH * MODEL_HIDDEN_DIM); /* (batch, hidden_dim) silu(gate) * up, input of down_proj */
     ACTIVATION(logits, MODEL_VOCAB_SIZE);             /* (vocab) of the batch's last token */
     float *xb;                    /* (n_threads, PREFILL_BATCH, dim) each thread's normalized x */
-    float *att;                   /* (n_threads, ctx) each thread's attention scores */
+    float *att;                   /* (n_threads, 4, ctx) each thread's attention scores, four rows for a prefill batch */
     uint16_t *key_cache;          /* (n_layers, ctx, kv_dim) fp16 */
     uint16_t *value_cache;        /* (n_layers, ctx, kv_dim) fp16 */
     size_t cache_bytes;           /* of each of key_cache and value_cache */
@@ -101,7 +101,7 @@ err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n
     m->cache_bytes = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
     void *kc = mmap(NULL, m->cache_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     void *vc = mmap(NULL, m->cache_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    m->att = malloc((size_t)n_threads * ctx * sizeof(float));
+    m->att = malloc((size_t)n_threads * 4 * ctx * sizeof(float)); /* four rows a thread: attention_heads_x4 */
     m->xb = aligned_alloc(64, (size_t)n_threads * PREFILL_BATCH * MODEL_DIM * sizeof(float)); /* rows of 64-byte multiples */
     if (kc == MAP_FAILED || vc == MAP_FAILED || !m->att || !m->xb) {
         if (kc != MAP_FAILED) munmap(kc, m->cache_bytes);
@@ -227,7 +227,7 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
     {
         _Alignas(64) float xb[1][MODEL_DIM]; /* this thread's normalized x: on the stack, where the compiler
                                               * knows nothing else points (8% faster decode than the heap) */
-        float *att = m->att + (size_t)omp_get_thread_num() * m->ctx;
+        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
@@ -280,6 +280,7 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                 attention_head(m->xb2 + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM, m->q + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM,
                                kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
             }
+
 
             /* self_attn.o_proj (+ bias) + residual */
             matvec(m->x, MODEL_DIM, lw->wo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
@@ -335,7 +336,7 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
 #pragma omp parallel num_threads(m->n_threads)
     {
         float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
-        float *att = m->att + (size_t)omp_get_thread_num() * m->ctx;
+        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
@@ -386,12 +387,23 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
             }
 
             /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
+            /* four tokens of one head an item: each key and value converted once for the four
+             * (attention_heads_x4, the same sums as attention_head); a last group of fewer, one by one */
 #pragma omp for schedule(static)
-            for (int bh = 0; bh < nb * MODEL_N_HEADS; bh++) {
-                int b = bh / MODEL_N_HEADS, h = bh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
-                attention_head(m->xb2 + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM, m->q + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM,
-                               kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
+            for (int gh = 0; gh < (nb + 3) / 4 * MODEL_N_HEADS; gh++) {
+                int b0 = 4 * (gh / MODEL_N_HEADS), h = gh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
+                float *out = m->xb2 + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
+                const float *qb = m->q + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
+                if (b0 + 4 <= nb) {
+                    const int n_pos[4] = {pos0 + b0 + 1, pos0 + b0 + 2, pos0 + b0 + 3, pos0 + b0 + 4};
+                    attention_heads_x4(out, MODEL_Q_DIM, qb, MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM,
+                                       MODEL_KV_DIM, n_pos, MODEL_HEAD_DIM, att, m->ctx);
+                } else
+                    for (int b = b0; b < nb; b++)
+                        attention_head(out + (size_t)(b - b0) * MODEL_Q_DIM, qb + (size_t)(b - b0) * MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM,
+                                       vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
             }
+
 
             /* self_attn.o_proj (+ bias) + residual */
             matvec(m->x, MODEL_DIM, lw->wo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
@@ -462,7 +474,7 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
     {
         _Alignas(64) float xb[1][MODEL_DIM]; /* this thread's normalized x: on the stack, where the compiler
                                               * knows nothing else points (8% faster decode than the heap) */
-        float *att = m->att + (size_t)omp_get_thread_num() * m->ctx;
+        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
@@ -516,6 +528,7 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
                 attention_head(m->xb2 + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM, m->q + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM,
                                kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
             }
+
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
