@@ -1375,7 +1375,7 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
     /* the splits of attention_body, from the batch's last position: every row's split bounds alike */
     const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
     const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK), n_active = (n + chunk - 1) / chunk;
-    const int rows = min(ROWS, count * KV_MUL) - row0; /* this block's rows that are the batch's */
+    const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
     if (split >= n_active || rows <= 0) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
     const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;

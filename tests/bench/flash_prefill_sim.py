@@ -26,7 +26,7 @@ def block(q, k, v, first_new, count, kv_mul, B, row0, split, n_splits, min_split
     splits = min(n_splits, max(min_splits, (n + att_tile - 1) // att_tile))
     chunk = max((n + splits - 1) // splits, min_chunk)
     n_active = (n + chunk - 1) // chunk
-    rows = min(B * kv_mul, count * kv_mul) - row0
+    rows = min(ROWS, min(B * kv_mul, count * kv_mul) - row0)
     if split >= n_active or rows <= 0:
         return None, n_active
     start = split * chunk
@@ -87,7 +87,14 @@ def batch_attention(q, k, v, first_new, count, kv_mul, B, n_splits, min_splits, 
                     out[r // kv_mul, r % kv_mul] = o / l
                 else:
                     parts[(r, split)] = (m, l, o)
-    if n_active > 1:
+    if n_active > 1:  # each z's last block combines its own rows: every row once
+        combined = set()
+        for z in range((B * kv_mul + ROWS - 1) // ROWS):
+            rows = min(ROWS, min(B * kv_mul, count * kv_mul) - z * ROWS)
+            for r in range(z * ROWS, z * ROWS + max(rows, 0)):
+                assert r not in combined
+                combined.add(r)
+        assert combined == set(range(count * kv_mul))
         for r in range(count * kv_mul):
             ms = np.array([parts[(r, s)][0] for s in range(n_active)])
             ls = np.array([parts[(r, s)][1] for s in range(n_active)])
