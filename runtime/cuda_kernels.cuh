@@ -1313,6 +1313,218 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
         });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Prefill attention, every query row of a batch in one block (EXPERIMENT, PREFILL_FLASH). A block
+// takes one KV head, one split of the positions (as the decode attention's splits, counted from
+// the batch's last position) and FLASH_ROWS query rows (row r: token r / KV_MUL, head r % KV_MUL
+// of the group). The split's keys and values are staged in shared memory a tile of FLASH_TILE
+// positions at a time, read once for all rows; each warp takes 8 rows and keeps their softmax
+// running over the tiles (max, sum, and the weighted values' sums rescaled when the max grows).
+// fp32 throughout, as the decode kernels: the same sums up to their order. attention_body reads
+// each key and value once for PREFILL_ATT_TOKENS tokens; at depth 4096 on the 1B shape a 32-token
+// batch's attention took ~137 us a layer that way, in 4224 blocks each paying the whole latency
+// chain (PERFORMANCE.md, tenth session).
+
+#define FLASH_ROWS 64     /* query rows a block: 8 warps of 8 */
+#define FLASH_WARP_ROWS 8 /* a warp's rows */
+/* positions a tile: 32 lanes of 4 (64-wide heads) or 2 (128), so that a tile's keys and values take
+ * 32 KB of shared memory */
+#define FLASH_TILE(hd) ((hd) <= 64 ? 128 : 64)
+/* Dynamic shared memory: the tile's keys transposed (hd, tile) and values (tile, hd) as fp16, the
+ * block's queries (rows, hd) and each warp's probabilities (8, tile) as fp32. */
+#define FLASH_SMEM_BYTES(hd) \
+    ((size_t)2 * FLASH_TILE(hd) * (hd) * 2 + (size_t)FLASH_ROWS * (hd) * 4 + (size_t)(ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd) * 4)
+/* Most splits the combining block takes: their weights, (rows, splits) floats, reuse the queries'
+ * and probabilities' shared memory (192 at either head size). Contexts with more splits (past
+ * 196608 positions) take attention_body's prefill. */
+#define FLASH_MAX_SPLITS(hd) \
+    ((int)(((size_t)FLASH_ROWS * (hd) + (size_t)(ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd)) / FLASH_ROWS))
+
+/* N fp16 values (N = 2 or 4, 4- or 8-byte aligned) at p as floats. */
+template <int N>
+__device__ __forceinline__ void halves_to_f32(const uint16_t *p, float *f) {
+    static_assert(N == 2 || N == 4, "halves_to_f32: 2 or 4 values");
+    if constexpr (N == 2) {
+        const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(p));
+        f[0] = a.x, f[1] = a.y;
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2 *>(p);
+        const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+        f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+    }
+}
+
+template <int B, int HD, int KV_MUL>
+__device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+                                                   float *part_acc, float *part_ml, unsigned *counters, float *out,
+                                                   int q_dim, int n_kv_heads, int ctx, int n_splits, int min_splits) {
+    static_assert(HD == 64 || HD == 128, "flash prefill attention: heads of 64 or 128");
+    constexpr int T = FLASH_TILE(HD), PPL = T / WARP_SIZE, DPL = HD / WARP_SIZE, WR = FLASH_WARP_ROWS;
+    constexpr int ROWS = B * KV_MUL;
+    extern __shared__ float smem[];
+    uint16_t *kt = reinterpret_cast<uint16_t *>(smem); /* (HD, T) keys, transposed */
+    uint16_t *vs = kt + HD * T;                       /* (T, HD) values */
+    float *qs = reinterpret_cast<float *>(vs + T * HD); /* (FLASH_ROWS, HD) queries, times 1/sqrt(HD) */
+    float *ps = qs + FLASH_ROWS * HD;                  /* (WARPS, WR, T) probabilities */
+    __shared__ bool last;
+    const int kvh = blockIdx.x, split = blockIdx.y, row0 = blockIdx.z * FLASH_ROWS;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+    pdl_wait();
+    pdl_launch_dependents();
+    const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
+    /* the splits of attention_body, from the batch's last position: every row's split bounds alike */
+    const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
+    const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK), n_active = (n + chunk - 1) / chunk;
+    const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
+    if (split >= n_active || rows <= 0) return;
+    const int start = split * chunk, len = min(n, start + chunk) - start;
+    const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
+    auto token_of = [](int r) { return r / KV_MUL; };
+    auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
+
+    /* the block's queries, scaled */
+    const float scale = rsqrtf((float)HD);
+    for (int i = tid; i < FLASH_ROWS * HD; i += ATT_THREADS) {
+        const int r = row0 + i / HD;
+        qs[i] = r < row0 + rows ? __ldcg(&q[(size_t)token_of(r) * q_dim + head_of(r) * HD + i % HD]) * scale : 0.0f;
+    }
+    /* warp wid's rows: row0 + wid * WR + i, i < WR; m, l, o as every lane of the warp holds them */
+    const int wr0 = row0 + wid * WR;
+    float m[WR], l[WR], o[WR][DPL];
+#pragma unroll
+    for (int i = 0; i < WR; i++) {
+        m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) o[i][d] = 0.0f;
+    }
+    float *pw = ps + wid * WR * T;
+    for (int ts = 0; ts < len; ts += T) {
+        const int tlen = min(T, len - ts);
+        __syncthreads(); /* the previous tile's keys and values are read */
+        /* stage positions start + ts .. + tlen, 8 halves a load: values as they are; keys transposed,
+         * a warp's threads on consecutive positions so that their stores meet no bank twice */
+        const uint4 *kg = reinterpret_cast<const uint4 *>(kc + kv_at(start + ts, kvh, ctx, HD));
+        const uint4 *vg = reinterpret_cast<const uint4 *>(vc + kv_at(start + ts, kvh, ctx, HD));
+        for (int i = tid; i < T * HD / 8; i += ATT_THREADS) {
+            reinterpret_cast<uint4 *>(vs)[i] = i / (HD / 8) < tlen ? __ldcg(vg + i) : make_uint4(0, 0, 0, 0);
+            const int j = i % T, d0 = 8 * (i / T);
+            const uint4 k = j < tlen ? __ldcg(kg + (size_t)j * (HD / 8) + d0 / 8) : make_uint4(0, 0, 0, 0);
+            const uint16_t *kh = reinterpret_cast<const uint16_t *>(&k);
+#pragma unroll
+            for (int e = 0; e < 8; e++) kt[(d0 + e) * T + j] = kh[e];
+        }
+        __syncthreads();
+        if (wr0 >= row0 + rows) continue; /* a warp past the batch's rows (barriers above: all warps) */
+        /* scores: lane takes positions lane * PPL .. + PPL of the tile, against the warp's 8 rows */
+        float sc[WR][PPL];
+#pragma unroll
+        for (int i = 0; i < WR; i++)
+#pragma unroll
+            for (int k = 0; k < PPL; k++) sc[i][k] = 0.0f;
+        for (int d = 0; d < HD; d += 4) {
+            float kf[4][PPL];
+#pragma unroll
+            for (int e = 0; e < 4; e++) halves_to_f32<PPL>(kt + (d + e) * T + lane * PPL, kf[e]);
+#pragma unroll
+            for (int i = 0; i < WR; i++) {
+                const float4 qv = *reinterpret_cast<const float4 *>(&qs[(wid * WR + i) * HD + d]);
+#pragma unroll
+                for (int k = 0; k < PPL; k++) sc[i][k] += qv.x * kf[0][k] + qv.y * kf[1][k] + qv.z * kf[2][k] + qv.w * kf[3][k];
+            }
+        }
+        /* the softmax's running max and sum, row by row; a row sees positions up to its token's */
+#pragma unroll
+        for (int i = 0; i < WR; i++) {
+            const int r = wr0 + i, seen = first_new + token_of(r) - (start + ts); /* last tile index it sees */
+            float mx = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < PPL; k++) {
+                const int j = lane * PPL + k;
+                if (j >= tlen || j > seen || r >= row0 + rows) sc[i][k] = -INFINITY;
+                mx = fmaxf(mx, sc[i][k]);
+            }
+#pragma unroll
+            for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+            const float m_new = fmaxf(m[i], mx);
+            /* nothing seen yet: no shift, every probability 0 */
+            const float shift = m_new == -INFINITY ? 0.0f : m_new, rescale = m_new == -INFINITY ? 1.0f : __expf(m[i] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < PPL; k++) {
+                const float p = __expf(sc[i][k] - shift);
+                pw[i * T + lane * PPL + k] = p;
+                sum += p;
+            }
+            l[i] = l[i] * rescale + warp_sum(sum);
+            m[i] = m_new;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) o[i][d] *= rescale;
+        }
+        __syncwarp();
+        /* weighted values: lane takes dims lane * DPL .. + DPL, four positions a step */
+        for (int j = 0; j < tlen; j += 4) {
+            float vf[4][DPL]; /* rows past tlen are staged as zeros, and their probabilities are 0 */
+#pragma unroll
+            for (int e = 0; e < 4; e++) halves_to_f32<DPL>(vs + (j + e) * HD + lane * DPL, vf[e]);
+#pragma unroll
+            for (int i = 0; i < WR; i++) {
+                const float4 p = *reinterpret_cast<const float4 *>(&pw[i * T + j]); /* 0 past tlen */
+#pragma unroll
+                for (int d = 0; d < DPL; d++) o[i][d] += p.x * vf[0][d] + p.y * vf[1][d] + p.z * vf[2][d] + p.w * vf[3][d];
+            }
+        }
+        __syncwarp(); /* pw is rewritten by the next tile */
+    }
+
+    /* the warp's rows: done (one split), or this split's partial sums for the last block to combine */
+#pragma unroll
+    for (int i = 0; i < WR; i++) {
+        const int r = wr0 + i;
+        if (r >= row0 + rows) break;
+        const int t = token_of(r), h = head_of(r);
+#pragma unroll
+        for (int d = 0; d < DPL; d++) {
+            const int dd = lane * DPL + d;
+            if (n_active == 1) out[(size_t)t * q_dim + h * HD + dd] = o[i][d] / l[i];
+            else part_acc[(size_t)t * parts * HD + ((size_t)h * n_splits + split) * HD + dd] = o[i][d];
+        }
+        if (n_active > 1 && lane == 0)
+            *reinterpret_cast<float2 *>(&part_ml[(size_t)t * parts * 2 + ((size_t)h * n_splits + split) * 2]) = make_float2(m[i], l[i]);
+    }
+    if (n_active == 1) return;
+    __threadfence();
+    __syncthreads();
+    unsigned *counter = &counters[blockIdx.z * n_kv_heads + kvh];
+    if (tid == 0) last = atomicAdd(counter, 1u) == (unsigned)n_active - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* The last split's block: each row's weights of the splits (thread per row), then each (row, dim)
+     * output from the splits' partial sums, in split order. */
+    float *w = qs; /* (rows, n_active) weights over the queries and probabilities: n_active <= FLASH_MAX_SPLITS */
+    for (int r = tid; r < rows; r += ATT_THREADS) {
+        const int t = token_of(row0 + r), h = head_of(row0 + r);
+        const float *ml = part_ml + (size_t)t * parts * 2 + (size_t)h * n_splits * 2;
+        float M = -INFINITY, den = 0.0f;
+        for (int s2 = 0; s2 < n_active; s2++) M = fmaxf(M, __ldcg(&ml[2 * s2]));
+        for (int s2 = 0; s2 < n_active; s2++) {
+            const float2 v = __ldcg(reinterpret_cast<const float2 *>(&ml[2 * s2]));
+            w[r * n_active + s2] = __expf(v.x - M);
+            den += w[r * n_active + s2] * v.y;
+        }
+        for (int s2 = 0; s2 < n_active; s2++) w[r * n_active + s2] /= den;
+    }
+    __syncthreads();
+    for (int i = tid; i < rows * HD; i += ATT_THREADS) {
+        const int r = i / HD, dd = i % HD, t = token_of(row0 + r), h = head_of(row0 + r);
+        const float *acc = part_acc + (size_t)t * parts * HD + (size_t)h * n_splits * HD + dd;
+        float num = 0.0f;
+        for (int s2 = 0; s2 < n_active; s2++) num += w[r * n_active + s2] * __ldcg(&acc[(size_t)s2 * HD]);
+        out[(size_t)t * q_dim + h * HD + dd] = num;
+    }
+    if (tid == 0) *counter = 0;
+}
+
 /* The batch's end: the position past its last token. */
 __device__ __forceinline__ void prefill_end_body(int *io) {
     pdl_wait();

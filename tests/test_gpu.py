@@ -152,6 +152,17 @@ def test_tiny_gpu_attention_odd_chunks_equal_cpu():
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+@pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
+def test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu(variant):
+    """The prefill attention with every query row of a batch in a block (prefill_flash_body: heads
+    of 64 and 128, groups of 3 and 4) with chunks of 5 positions (-DATT_MIN_CHUNK=5): many splits,
+    rows that see none of a split, the last block's combine. Greedy text against the CPU's."""
+    d = tiny_model_dir(variant, name=f"{variant}-chunk5")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5")
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 def test_tiny_gpu_short_attention_graphs_equal_cpu():
     """tiny-gqa with a context of 262144 (tests/models/tiny-long-context): past ATT_MIN_SPLITS tiles
     (2 KV heads: 132 splits of 1024 positions), so the binary launches a second set of graphs, with

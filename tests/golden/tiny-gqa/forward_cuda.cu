@@ -232,6 +232,22 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(
 #endif
 static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
 
+/* EXPERIMENT: 1 runs a prefill batch's attention with all its query rows in a block
+ * (prefill_flash_body), where heads are 64 or 128 wide and the context's splits fit its combine;
+ * 0: attention_body's prefill, PREFILL_ATT_TOKENS tokens a block. The generic build keeps 0. */
+#ifndef PREFILL_FLASH
+#define PREFILL_FLASH (MODEL_HEAD_DIM == 64 || MODEL_HEAD_DIM == 128)
+#endif
+#if PREFILL_FLASH
+template <int B>
+static __global__ void __launch_bounds__(ATT_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+                                                                      const int *io, float *part_acc, float *part_ml,
+                                                                      unsigned *counters, float *att, int ctx, int n_splits) {
+    prefill_flash_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
+                                                        MODEL_N_KV_HEADS, ctx, n_splits, ATT_MIN_SPLITS);
+}
+#endif
+
 /* tokens [t0, t0 + PREFILL_ATT_TOKENS) of the batch, t0 = blockIdx.z * PREFILL_ATT_TOKENS, at
  * io[IO_POS] + t0 on, their partial sums and counters those of token t0 on; none past the batch's
  * tokens (io, set before the graph, is read before the wait) */
@@ -519,6 +535,15 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
                *lw, m->prefill_x_terms, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1) break;
+#if PREFILL_FLASH
+        if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
+            CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)FLASH_SMEM_BYTES(MODEL_HEAD_DIM)));
+            launch_grid(prefill_flash_kernel<B>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
+                        ATT_THREADS, FLASH_SMEM_BYTES(MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+                        m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
+        } else
+#endif
         launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / PREFILL_ATT_TOKENS), ATT_THREADS,
                     ATT_SMEM_BYTES(MODEL_KV_MUL * PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
