@@ -40,6 +40,7 @@ class Plan:
     residual_pairs: int  # 1: o_proj and down take their rows in pairs (p, p + dim / 2) a warp (_residual_pairs)
     att_o_grid: int  # 1: attention and o_proj in one grid, each block one of them (_att_o_grid)
     prefill_att_tokens: int  # prompt tokens a prefill attention block takes beside its group's heads (_prefill_att_tokens)
+    prefill_flash: int  # 1: a prefill batch's attention with all its query rows in a block (_prefill_flash)
 
 
 class CExpr:
@@ -120,6 +121,19 @@ def _prefill_att_tokens(head_dim: int, kv_mul: int) -> int:
     return 1 if head_dim > 64 else max(1, ATT_MAX_GROUP // kv_mul)
 
 
+FLASH_HEAD_DIMS = (64, 128)  # head widths prefill_flash_body is written for (runtime/cuda_kernels.cuh)
+
+
+def _prefill_flash(head_dim: int) -> int:
+    """A prefill batch's attention with every query row of a KV head in one block, keys and values
+    staged in shared memory a tile at a time and read once for all rows (prefill_flash_body), where
+    heads are 64 or 128 wide; other widths keep attention_body's prefill (_prefill_att_tokens).
+    Measured on the H200 (PERFORMANCE.md, eleventh session), 128-token prompt against the grouped
+    attention_body: Llama-3.2-1B +72% at depth 4096 and +109% at 16384, -2.5% at depth 0 (a short
+    context's few blocks); Mistral-7B +20% and +57%, -1% at depth 0."""
+    return int(head_dim in FLASH_HEAD_DIMS)
+
+
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     return Plan(
@@ -130,6 +144,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         residual_pairs=_residual_pairs(spec.dim, sms, _o_proj_min_blocks(spec.q_dim)),
         att_o_grid=_att_o_grid(_o_proj_min_blocks(spec.q_dim)),
         prefill_att_tokens=_prefill_att_tokens(spec.head_dim, spec.kv_mul),
+        prefill_flash=_prefill_flash(spec.head_dim),
         **_gpu_plan(spec, sms),
     )
 
@@ -146,5 +161,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         residual_pairs=0,  # one row a warp: a run-time choice would hold both paths' registers
         att_o_grid=_att_o_grid(2),  # as its o_proj_min_blocks; so the GPU tests run this kernel on the tiny models
         prefill_att_tokens=1,  # a template argument is a literal; the group size is known only at run time
+        prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -1314,7 +1314,7 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill attention, every query row of a batch in one block (EXPERIMENT, PREFILL_FLASH). A block
+// Prefill attention, every query row of a batch in one block (PREFILL_FLASH, a plan choice). A block
 // takes one KV head, one split of the positions (as the decode attention's splits, counted from
 // the batch's last position) and FLASH_ROWS query rows (row r: token r / KV_MUL, head r % KV_MUL
 // of the group). The split's keys and values are staged in shared memory a tile of FLASH_TILE
@@ -1323,7 +1323,8 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
 // fp32 throughout, as the decode kernels: the same sums up to their order. attention_body reads
 // each key and value once for PREFILL_ATT_TOKENS tokens; at depth 4096 on the 1B shape a 32-token
 // batch's attention took ~137 us a layer that way, in 4224 blocks each paying the whole latency
-// chain (PERFORMANCE.md, tenth session).
+// chain (PERFORMANCE.md, tenth session). This one: 1B prompt at depth 4096 +72%, 16384 +109%
+// (eleventh session).
 
 #define FLASH_ROWS 64     /* query rows a block: 8 warps of 8 */
 #define FLASH_WARP_ROWS 8 /* a warp's rows */

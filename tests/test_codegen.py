@@ -151,6 +151,20 @@ def test_plan_groups_prefill_attention_tokens_on_64_wide_heads():
     assert make_generic_plan().prefill_att_tokens == 1
 
 
+def test_plan_takes_flash_prefill_attention_on_64_and_128_wide_heads():
+    """prefill_flash_body is written for heads of 64 and 128 (measured faster at depth on the 1B and
+    7B shapes); the generic build keeps attention_body's prefill."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    flash = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).prefill_flash
+             for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2")}
+    assert flash == {"smollm2-135m-instruct": 1, "llama-3.2-1b-instruct": 1, "mistral-7b-instruct-v0.2": 1}
+    tiny = {m: make_plan(spec_of(load(REPO / "tests" / "models" / m / "config.json"))).prefill_flash
+            for m in ("tiny-gqa", "tiny-group3", "tiny-wide")}
+    assert tiny == {"tiny-gqa": 0, "tiny-group3": 1, "tiny-wide": 1}  # heads of 16, 64, 128
+    assert make_generic_plan().prefill_flash == 0
+
+
 def test_c_literals():
     assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
     assert c_string("??=") == '"\\077\\077="'

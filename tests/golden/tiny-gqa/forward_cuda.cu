@@ -232,11 +232,11 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(
 #endif
 static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
 
-/* EXPERIMENT: 1 runs a prefill batch's attention with all its query rows in a block
- * (prefill_flash_body), where heads are 64 or 128 wide and the context's splits fit its combine;
- * 0: attention_body's prefill, PREFILL_ATT_TOKENS tokens a block. The generic build keeps 0. */
+/* 1: a prefill batch's attention with all its query rows in a block (prefill_flash_body), where the
+ * context's splits fit its combine; 0: attention_body's prefill, PREFILL_ATT_TOKENS tokens a block.
+ * A plan choice (codegen/plan.py, _prefill_flash). */
 #ifndef PREFILL_FLASH
-#define PREFILL_FLASH (MODEL_HEAD_DIM == 64 || MODEL_HEAD_DIM == 128)
+#define PREFILL_FLASH 0
 #endif
 #if PREFILL_FLASH
 template <int B>
