@@ -172,10 +172,19 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
     do { if (threadIdx.x == 0 && *trace_rec_) (*trace_rec_)->t[i] = global_ns(); } while (0)
 #define TRACE_END() \
     do { if (threadIdx.x % WARP_SIZE == 0 && *trace_rec_) atomicMax(&(*trace_rec_)->t[TRACE_DONE], global_ns()); } while (0)
+/* A trace build with -DTRACE_COMBINE=K: attention's combining block stamps DONE again at point K of
+ * its combine (1: it knows it is the last split, 2: the splits' (max, sum) are in, 3: its outputs
+ * are written, 4: it has signalled them), so that the next stage's times count from there. */
+#if defined(TRACE_COMBINE)
+#define TRACE_COMBINE_AT(k) do { if ((k) == TRACE_COMBINE) TRACE_END(); } while (0)
+#else
+#define TRACE_COMBINE_AT(k) do { } while (0)
+#endif
 #else
 #define TRACE_BEGIN(stage) do { } while (0)
 #define TRACE_AT(i) do { } while (0)
 #define TRACE_END() do { } while (0)
+#define TRACE_COMBINE_AT(k) do { } while (0)
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -899,6 +908,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_active - 1;
     __syncthreads();
     if (!last) return;
+    TRACE_COMBINE_AT(1);
     __threadfence();
     /* The last block of this KV head: every split's (max, sum) of each head loaded at once into
      * shared memory, turned into the splits' weights by warp h for head h, then each thread one
@@ -914,6 +924,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         sl[i] = v.y;
     }
     __syncthreads();
+    TRACE_COMBINE_AT(2);
     if (wid < rows) {
         float M = -INFINITY, den = 0.0f;
         for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
@@ -940,8 +951,10 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         }
         out[t * q_stride + h * head_dim + dd] = num;
     }
+    TRACE_COMBINE_AT(3);
     if (tid == 0) counters[kvh] = 0;
     signal_done(ready);
+    TRACE_COMBINE_AT(4);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,20 +4,34 @@
 # REPS rounds (default 2), so that run-to-run drift hits all of them alike:
 #   VARIANTS='-DA=1|-DB=2' BENCH_FLAGS='--bench-depths 0 -n 64' bash tests/bench/variants.sh MODEL...
 # MODEL: a name under models/, benchmarked as its random-weight bf16 shape (bench_model.sh).
+# TRACE=1: every variant (no plain build) built with -DINGOT_TRACE and its decode step at depth
+# TRACE_DEPTH (default 0) traced block by block (tests/bench/step_trace.py), one after another.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
 . tests/bench/bench_model.sh
 [ $# -ge 1 ] || { echo "usage: VARIANTS='-DA=1|-DB=2' bash tests/bench/variants.sh MODEL..." >&2; exit 2; }
 IFS='|' read -ra variants <<<"${VARIANTS:-}"
+trace=${TRACE:-0}
 for m in "$@"; do
     d=build/bench-models/bench-$m
-    bench_model "$m" || exit 1
+    if [ "$trace" = 1 ]; then bench_model_dir "$m" || exit 1; else bench_model "$m" || exit 1; fi
     for i in "${!variants[@]}"; do
         rm -rf "build/var$i-$m"
-        make -s MODEL="$d" OUT="build/var$i-$m" EXTRA_NVCCFLAGS="${variants[$i]}" >/dev/null &
+        flags=${variants[$i]}
+        [ "$trace" = 1 ] && flags="-DINGOT_TRACE $flags"
+        make -s MODEL="$d" OUT="build/var$i-$m" EXTRA_NVCCFLAGS="$flags" >/dev/null &
     done
     wait
+    if [ "$trace" = 1 ]; then
+        for i in "${!variants[@]}"; do
+            echo "== trace: $m, ${variants[$i]}, depth ${TRACE_DEPTH:-0}"
+            INGOT_TRACE_FILE="/tmp/trace-var$i-$m.bin" timeout 300 "build/var$i-$m/ingot" -m "$d" --device cuda --bench -n 8 \
+                --bench-depths "${TRACE_DEPTH:-0}" | grep "decode at"
+            .venv/bin/python tests/bench/step_trace.py "/tmp/trace-var$i-$m.bin" --config "$d/config.json"
+        done
+        continue
+    fi
     for r in $(seq "${REPS:-2}"); do
         echo "== $m, plain, round $r"
         timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
