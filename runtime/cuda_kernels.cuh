@@ -174,7 +174,8 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
     do { if (threadIdx.x % WARP_SIZE == 0 && *trace_rec_) atomicMax(&(*trace_rec_)->t[TRACE_DONE], global_ns()); } while (0)
 /* A trace build with -DTRACE_COMBINE=K: attention's combining block stamps DONE again at point K of
  * its combine (1: it knows it is the last split, 2: the splits' (max, sum) are in, 3: its outputs
- * are written, 4: it has signalled them), so that the next stage's times count from there. */
+ * are written, 4: it has signalled them), so that the next stage's times count from there; K = 5
+ * stamps every split block after its partial sums are stored and fenced, before its count. */
 #if defined(TRACE_COMBINE)
 #define TRACE_COMBINE_AT(k) do { if ((k) == TRACE_COMBINE) TRACE_END(); } while (0)
 #else
@@ -905,6 +906,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     __threadfence();
     __syncthreads();
+    TRACE_COMBINE_AT(5);
     if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_active - 1;
     __syncthreads();
     if (!last) return;
