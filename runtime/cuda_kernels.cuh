@@ -32,7 +32,9 @@
 #define ATT_MIN_CHUNK 32 /* fewest positions an attention block takes (a test builds 5: many splits, odd bounds) */
 #endif
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
+#ifndef ATT_UNROLL
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Programmatic dependent launch: the next kernel may start before this one ends; it must wait
