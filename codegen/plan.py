@@ -41,6 +41,7 @@ class Plan:
     att_o_grid: int  # 1: attention and o_proj in one grid, each block one of them (_att_o_grid)
     prefill_att_tokens: int  # prompt tokens a prefill attention block takes beside its group's heads (_prefill_att_tokens)
     prefill_flash: int  # 1: a prefill batch's attention with all its query rows in a block (_prefill_flash)
+    att_mma: int  # 1: the decode step's attention on the tensor cores (_att_mma)
 
 
 class CExpr:
@@ -134,6 +135,17 @@ def _prefill_flash(head_dim: int) -> int:
     return int(head_dim in FLASH_HEAD_DIMS)
 
 
+MMA_HEAD_DIMS = (64, 128)  # head widths attention_body's tensor-core path is written for
+
+
+def _att_mma(head_dim: int, kv_mul: int) -> int:
+    """The decode step's attention on the tensor cores (attention_body with MMA_HD: fp16 mma with
+    fp32 sums, the query and probabilities as two fp16 terms each), where heads are 64 or 128 wide and
+    a KV group's query heads fit the mma's 8 columns. The fp32 path spends most of its time at depth
+    in shuffles and conversions (ncu, PERFORMANCE.md, twelfth session)."""
+    return int(head_dim in MMA_HEAD_DIMS and kv_mul <= ATT_MAX_GROUP)
+
+
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     return Plan(
@@ -145,6 +157,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         att_o_grid=_att_o_grid(_o_proj_min_blocks(spec.q_dim)),
         prefill_att_tokens=_prefill_att_tokens(spec.head_dim, spec.kv_mul),
         prefill_flash=_prefill_flash(spec.head_dim),
+        att_mma=_att_mma(spec.head_dim, spec.kv_mul),
         **_gpu_plan(spec, sms),
     )
 
@@ -162,5 +175,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         att_o_grid=_att_o_grid(2),  # as its o_proj_min_blocks; so the GPU tests run this kernel on the tiny models
         prefill_att_tokens=1,  # a template argument is a literal; the group size is known only at run time
         prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
+        att_mma=0,  # the head width is a template argument
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -717,13 +717,59 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
     if (threadIdx.x == 0) atomicAdd(done, 1u);
 }
 
+/* The decode step's attention on the tensor cores (attention_body with MMA_HD, the head width: 64
+ * or 128, one token): fp16 mma.m16n8k16 with fp32 sums, where the fp32 path spends ~5 instructions
+ * per byte of keys in shuffles and conversions and lands at ~1.6 TB/s alone at depth 16384 on the 1B
+ * shape (ncu, twelfth session). A warp takes tiles of 16 positions.
+ * - Scores as S^T = K Q^T: A is the tile's keys (16 positions x 16 dims a k-step), B the group's
+ *   query rows (n = 8 >= kv_mul). The dot product does not care which dims a k-step takes as long
+ *   as A and B agree, so lane (g, c) holds dims 32 ch + 8 c .. + 7 of positions g and g + 8 of the
+ *   tile for each 32-dim chunk ch (a 16-byte load each, and a warp's loads cover whole 64-byte
+ *   pieces of 8 keys), as the prefill's pairs do with weight rows.
+ * - Values as O^T = V^T P^T: A is V^T (16 dims x 16 positions), B the probabilities (positions x
+ *   rows). Lane (g, c) loads positions 4c .. 4c + 3 of the tile at its dims (the uint4s 8u + g of
+ *   each value row: dims d' = 8u + e at (8u + g) * 8 + e), and pairs two positions' halves of one
+ *   dim into an operand register (a byte permute). m-tile t takes d' = t (rows g) and t + HD/16
+ *   (rows g + 8).
+ * - The fp32 queries and probabilities go in as two fp16 terms each (hi + lo, 22 bits), the
+ *   keys and values are fp16 already: the sums match the fp32 path's to ~1e-6 relative. */
+#ifndef ATT_MMA_UNROLL
+#define ATT_MMA_UNROLL(hd) ((hd) <= 64 ? 4 : 2) /* tiles of 16 positions a warp loads at once */
+#endif
+
+/* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), fp16 operands */
+__device__ __forceinline__ void mma_f16_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                                uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* An fp32 pair as two fp16 pairs that sum to it, each packed low then high (mma operands). */
+__device__ __forceinline__ void split_h2(float x, float y, uint32_t *hi, uint32_t *lo) {
+    const __half2 h = __floats2half2_rn(x, y);
+    const float2 b = __half22float2(h);
+    const __half2 l = __floats2half2_rn(x - b.x, y - b.y);
+    *hi = *reinterpret_cast<const uint32_t *>(&h);
+    *lo = *reinterpret_cast<const uint32_t *>(&l);
+}
+
+/* fp16 value e (0..7) of x low, of y high: one operand register from two positions' values */
+__device__ __forceinline__ uint32_t half_pair(uint4 x, uint4 y, int e) {
+    const uint32_t wx = (&x.x)[e / 2], wy = (&y.x)[e / 2];
+    return __byte_perm(wx, wy, e % 2 ? 0x7632 : 0x5410);
+}
+
+/* The dim of value d' (0 .. HD/8 - 1) of lane group g in the value pass (the uint4 8u + g of a row). */
+__device__ __forceinline__ int mma_value_dim(int d, int g) { return (8 * (d / 8) + g) * 8 + d % 8; }
+
 /* TOKENS > 1 (a prefill batch): the block takes TOKENS tokens of the batch, from token `ahead` on
  * (io[IO_COUNT] of them are the batch's), over the same positions, as TOKENS * kv_mul rows of
  * queries (row r: token r / kv_mul, query head r % kv_mul of the group), so the keys and values
  * are read once for all of them. A row scores the positions past its token's as -inf. A token's
  * query, output and partial sums are q_stride floats and `parts` (n_heads * n_splits) splits
  * after the previous token's; one counter for the group's KV head. */
-template <int TOKENS, typename Wait>
+template <int TOKENS, typename Wait, int MMA_HD = 0>
 __device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
@@ -757,69 +803,136 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     const int start = split * chunk, len = min(n, start + chunk) - start;
     const float scale = rsqrtf((float)head_dim);
     TRACE_BEGIN(ST_ATT);
+    /* the fp32 path: thread (c, slice) takes chunk c (8 dims) of positions slice, slice + slices, ... */
     const int chunks = head_dim / 8, slices = blockDim.x / chunks, c = tid % chunks, slice = tid / chunks;
     const size_t vstride = head_dim / 8; /* uint4s from one position to the next */
     const uint4 *kbase = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, head_dim)) + c;
     const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, head_dim)) + c;
-    /* Thread (c, slice)'s first round of keys (positions slice + k * slices) before the wait: every
-     * position before first_new is in the cache already; the ones the QKV kernel writes in this step
-     * are read after the wait. Every cache load bypasses L1 (ld.cg), so a line
-     * read before the wait never answers a read after it. (Values too before the wait: +0.8% at
-     * depth 0, -0.6% at 16384, on both shapes.) */
-    uint4 k0[ATT_UNROLL];
+    float *red = sc; /* (warps, rows, head_dim): the warps' sums of the weighted values, after them */
+    if constexpr (TOKENS == 1 && MMA_HD > 0) {
+        static_assert(MMA_HD == 64 || MMA_HD == 128, "attention on the tensor cores: heads of 64 or 128");
+        constexpr int HD = MMA_HD, KCH = HD / 32, U = ATT_MMA_UNROLL(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
+        const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
+        const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, HD));
+        const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
+        /* keys of positions 16 tile + g + 8 h, this lane's uint4 of chunk ch: uint4 4 ch + cq of the row */
+        uint4 kr[U][2][KCH];
+        auto load_keys = [&](int round, bool before_wait) {
 #pragma unroll
-    for (int k = 0; k < ATT_UNROLL; k++) {
-        const int j = slice + k * slices;
-        k0[k] = j < len && start + j < first_new ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
-    }
-    TRACE_AT(TRACE_READY);
-    wait();
-    TRACE_AT(TRACE_WAITED);
+            for (int k = 0; k < U; k++)
 #pragma unroll
-    for (int k = 0; k < ATT_UNROLL; k++) {
-        const int j = slice + k * slices;
-        if (j < len && start + j >= first_new) k0[k] = __ldcg(kbase + (size_t)j * vstride);
-    }
+                for (int h = 0; h < 2; h++) {
+                    const int j = 16 * (wid + WARPS * (round * U + k)) + g + 8 * h;
+                    /* before the wait: the cached positions; after it, in round 0, the ones this step wrote */
+                    const bool want = j < len && (round > 0 || (start + j < first_new) == before_wait);
+#pragma unroll
+                    for (int ch = 0; ch < KCH; ch++)
+                        if (want) kr[k][h][ch] = __ldcg(kb + (size_t)j * (HD / 8) + 4 * ch + cq);
+                        else if (round > 0 || before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
+                }
+        };
+        load_keys(0, true);
+        TRACE_AT(TRACE_READY);
+        wait();
+        TRACE_AT(TRACE_WAITED);
+        load_keys(0, false);
+        /* query row g's dims 32 ch + 8 cq .. + 7 as hi and lo fp16 pairs (rows past the group's: 0) */
+        uint32_t qh[KCH][4], ql[KCH][4];
+#pragma unroll
+        for (int ch = 0; ch < KCH; ch++) {
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+            if (g < rows) {
+                const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)(kvh * kv_mul + g) * HD + 32 * ch + 8 * cq);
+                a = qg[0], b = qg[1];
+            }
+            split_h2(a.x, a.y, &qh[ch][0], &ql[ch][0]);
+            split_h2(a.z, a.w, &qh[ch][1], &ql[ch][1]);
+            split_h2(b.x, b.y, &qh[ch][2], &ql[ch][2]);
+            split_h2(b.z, b.w, &qh[ch][3], &ql[ch][3]);
+        }
+        for (int round = 0; wid + WARPS * round * U < n_tiles; round++) { /* the condition is the warp's */
+            if (round > 0) load_keys(round, false);
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                const int tile = wid + WARPS * (round * U + k);
+                if (tile >= n_tiles) break;
+                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* (position g, rows 2 cq, 2 cq + 1), (g + 8, ...) */
+#pragma unroll
+                for (int ch = 0; ch < KCH; ch++) {
+                    const uint4 a = kr[k][0][ch], b = kr[k][1][ch];
+                    mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, qh[ch][0], qh[ch][1]);
+                    mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, ql[ch][0], ql[ch][1]);
+                    mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, qh[ch][2], qh[ch][3]);
+                    mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, ql[ch][2], ql[ch][3]);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
+                    if (r < rows && j < len) sc[r * ATT_TILE + j] = s[i] * scale;
+                }
+            }
+        }
+    } else {
+        /* Thread (c, slice)'s first round of keys (positions slice + k * slices) before the wait: every
+         * position before first_new is in the cache already; the ones the QKV kernel writes in this step
+         * are read after the wait. Every cache load bypasses L1 (ld.cg), so a line
+         * read before the wait never answers a read after it. (Values too before the wait: +0.8% at
+         * depth 0, -0.6% at 16384, on both shapes.) */
+        uint4 k0[ATT_UNROLL];
+    #pragma unroll
+        for (int k = 0; k < ATT_UNROLL; k++) {
+            const int j = slice + k * slices;
+            k0[k] = j < len && start + j < first_new ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
+        }
+        TRACE_AT(TRACE_READY);
+        wait();
+        TRACE_AT(TRACE_WAITED);
+    #pragma unroll
+        for (int k = 0; k < ATT_UNROLL; k++) {
+            const int j = slice + k * slices;
+            if (j < len && start + j >= first_new) k0[k] = __ldcg(kbase + (size_t)j * vstride);
+        }
 
-    /* scores: thread (c, slice) takes chunk c (8 dims) of the keys of positions slice, slice +
-     * slices, ..., as the value pass below, its query chunks in registers: a warp's loads cover
-     * whole lines (against a thread per position, 32 lines a load: +1.6% on the 7B shape at depth
-     * 16384, PERFORMANCE.md). A position's `chunks` lanes meet in a shuffle; the loop runs the same
-     * trips in every lane, so the shuffles are whole-warp. */
-    {
-        float qc[ATT_MAX_GROUP][8];
-#pragma unroll
-        for (int h = 0; h < ATT_MAX_GROUP; h++)
-            if (h < rows) {
-                const float4 *qh = reinterpret_cast<const float4 *>(q + (size_t)token_of(h) * q_stride +
-                                                                    (kvh * kv_mul + head_of(h)) * head_dim + 8 * c);
-                const float4 a = qh[0], b = qh[1];
-                qc[h][0] = a.x, qc[h][1] = a.y, qc[h][2] = a.z, qc[h][3] = a.w;
-                qc[h][4] = b.x, qc[h][5] = b.y, qc[h][6] = b.z, qc[h][7] = b.w;
-            }
-        for (int jb = 0; jb < len; jb += ATT_UNROLL * slices) {
-            uint4 u[ATT_UNROLL];
-#pragma unroll
-            for (int k = 0; k < ATT_UNROLL; k++) {
-                const int j = jb + slice + k * slices;
-                u[k] = jb == 0 ? k0[k] : j < len ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int k = 0; k < ATT_UNROLL; k++) {
-                const int j = jb + slice + k * slices;
-                float kf[8];
-                h8_to_f32(u[k], kf);
-#pragma unroll
-                for (int h = 0; h < ATT_MAX_GROUP; h++)
-                    if (h < rows) {
-                        float d = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < 8; i++) d += kf[i] * qc[h][i];
-                        for (int o = 1; o < chunks; o *= 2) d += __shfl_xor_sync(0xFFFFFFFFu, d, o);
-                        /* a row sees the positions up to its token's own */
-                        const bool seen = TOKENS == 1 || start + j <= first_new + ahead + token_of(h);
-                        if (c == 0 && j < len) sc[h * ATT_TILE + j] = seen ? d * scale : -INFINITY;
-                    }
+        /* scores: thread (c, slice) takes chunk c (8 dims) of the keys of positions slice, slice +
+         * slices, ..., as the value pass below, its query chunks in registers: a warp's loads cover
+         * whole lines (against a thread per position, 32 lines a load: +1.6% on the 7B shape at depth
+         * 16384, PERFORMANCE.md). A position's `chunks` lanes meet in a shuffle; the loop runs the same
+         * trips in every lane, so the shuffles are whole-warp. */
+        {
+            float qc[ATT_MAX_GROUP][8];
+    #pragma unroll
+            for (int h = 0; h < ATT_MAX_GROUP; h++)
+                if (h < rows) {
+                    const float4 *qh = reinterpret_cast<const float4 *>(q + (size_t)token_of(h) * q_stride +
+                                                                        (kvh * kv_mul + head_of(h)) * head_dim + 8 * c);
+                    const float4 a = qh[0], b = qh[1];
+                    qc[h][0] = a.x, qc[h][1] = a.y, qc[h][2] = a.z, qc[h][3] = a.w;
+                    qc[h][4] = b.x, qc[h][5] = b.y, qc[h][6] = b.z, qc[h][7] = b.w;
+                }
+            for (int jb = 0; jb < len; jb += ATT_UNROLL * slices) {
+                uint4 u[ATT_UNROLL];
+    #pragma unroll
+                for (int k = 0; k < ATT_UNROLL; k++) {
+                    const int j = jb + slice + k * slices;
+                    u[k] = jb == 0 ? k0[k] : j < len ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
+                }
+    #pragma unroll
+                for (int k = 0; k < ATT_UNROLL; k++) {
+                    const int j = jb + slice + k * slices;
+                    float kf[8];
+                    h8_to_f32(u[k], kf);
+    #pragma unroll
+                    for (int h = 0; h < ATT_MAX_GROUP; h++)
+                        if (h < rows) {
+                            float d = 0.0f;
+    #pragma unroll
+                            for (int i = 0; i < 8; i++) d += kf[i] * qc[h][i];
+                            for (int o = 1; o < chunks; o *= 2) d += __shfl_xor_sync(0xFFFFFFFFu, d, o);
+                            /* a row sees the positions up to its token's own */
+                            const bool seen = TOKENS == 1 || start + j <= first_new + ahead + token_of(h);
+                            if (c == 0 && j < len) sc[h * ATT_TILE + j] = seen ? d * scale : -INFINITY;
+                        }
+                }
             }
         }
     }
@@ -844,48 +957,105 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     __syncthreads();
 
-    /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
-     * slice + slices, ..., ATT_UNROLL positions' loads in flight at once. The slices' sums are
-     * reduced in a fixed order (shuffles within a warp, then warps in order), so results do not vary
-     * run to run. */
-    float acc[ATT_MAX_GROUP][8];
+    if constexpr (TOKENS == 1 && MMA_HD > 0) {
+        constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = ATT_MMA_UNROLL(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
+        const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
+        const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
+        /* O^T for this lane: m-tile t's rows g (d' = t) and g + 8 (d' = t + MT), query rows 2 cq, 2 cq + 1 */
+        float o[MT][4];
 #pragma unroll
-    for (int h = 0; h < ATT_MAX_GROUP; h++)
+        for (int t = 0; t < MT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+        for (int round = 0; wid + WARPS * round * U < n_tiles; round++) {
+            /* positions 16 tile + 4 cq + i, this lane's uint4s 8 u + g of each value row */
+            uint4 vr[U][4][VU];
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
-    for (int j0 = slice; j0 < len; j0 += ATT_UNROLL * slices) {
-        uint4 u[ATT_UNROLL];
+            for (int k = 0; k < U; k++)
 #pragma unroll
-        for (int k = 0; k < ATT_UNROLL; k++)
-            if (j0 + k * slices < len) u[k] = __ldcg(vbase + (size_t)(j0 + k * slices) * vstride);
+                for (int i = 0; i < 4; i++) {
+                    const int j = 16 * (wid + WARPS * (round * U + k)) + 4 * cq + i;
 #pragma unroll
-        for (int k = 0; k < ATT_UNROLL; k++) {
-            int j = j0 + k * slices;
-            if (j < len) {
-                float v[8];
-                h8_to_f32(u[k], v);
+                    for (int u = 0; u < VU; u++)
+                        vr[k][i][u] = j < len ? __ldcg(vb + (size_t)j * (HD / 8) + 8 * u + g) : make_uint4(0, 0, 0, 0);
+                }
 #pragma unroll
-                for (int h = 0; h < ATT_MAX_GROUP; h++)
-                    if (h < rows) {
-                        float p = sc[h * ATT_TILE + j];
+            for (int k = 0; k < U; k++) {
+                const int tile = wid + WARPS * (round * U + k);
+                if (tile >= n_tiles) break;
+                /* B: query row g's probabilities at the lane's 4 positions (0 past len and past the group) */
+                const int j = 16 * tile + 4 * cq;
+                float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (g < rows) p = *reinterpret_cast<const float4 *>(sc + g * ATT_TILE + j);
+                if (j + 0 >= len) p.x = 0.0f;
+                if (j + 1 >= len) p.y = 0.0f;
+                if (j + 2 >= len) p.z = 0.0f;
+                if (j + 3 >= len) p.w = 0.0f;
+                uint32_t ph0, pl0, ph1, pl1;
+                split_h2(p.x, p.y, &ph0, &pl0);
+                split_h2(p.z, p.w, &ph1, &pl1);
 #pragma unroll
-                        for (int i = 0; i < 8; i++) acc[h][i] += p * v[i];
-                    }
+                for (int t = 0; t < MT; t++) {
+                    const int d0 = t, d1 = t + MT; /* rows g and g + 8 of m-tile t */
+                    const uint32_t a0 = half_pair(vr[k][0][d0 / 8], vr[k][1][d0 / 8], d0 % 8);
+                    const uint32_t a1 = half_pair(vr[k][0][d1 / 8], vr[k][1][d1 / 8], d1 % 8);
+                    const uint32_t a2 = half_pair(vr[k][2][d0 / 8], vr[k][3][d0 / 8], d0 % 8);
+                    const uint32_t a3 = half_pair(vr[k][2][d1 / 8], vr[k][3][d1 / 8], d1 % 8);
+                    mma_f16_16x8x16(o[t], a0, a1, a2, a3, ph0, ph1);
+                    mma_f16_16x8x16(o[t], a0, a1, a2, a3, pl0, pl1);
+                }
             }
         }
-    }
-    TRACE_END(); /* its loads are in; the combine comes after */
-    __syncthreads(); /* sc is reused below for the warps' sums */
-    float *red = sc; /* (warps, rows, head_dim) */
+        TRACE_END(); /* its loads are in; the combine comes after */
+        __syncthreads(); /* sc is reused below for the warps' sums */
 #pragma unroll
-    for (int h = 0; h < ATT_MAX_GROUP; h++)
-        if (h < rows)
+        for (int t = 0; t < MT; t++)
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float v = acc[h][i];
-                for (int o = chunks; o < WARP_SIZE; o *= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-                if (lane < chunks) red[(wid * rows + h) * head_dim + 8 * c + i] = v;
+            for (int i = 0; i < 4; i++) {
+                const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
+                if (r < rows) red[(wid * rows + r) * HD + dim] = o[t][i];
             }
+    } else {
+        /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
+         * slice + slices, ..., ATT_UNROLL positions' loads in flight at once. The slices' sums are
+         * reduced in a fixed order (shuffles within a warp, then warps in order), so results do not vary
+         * run to run. */
+        float acc[ATT_MAX_GROUP][8];
+    #pragma unroll
+        for (int h = 0; h < ATT_MAX_GROUP; h++)
+    #pragma unroll
+            for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
+        for (int j0 = slice; j0 < len; j0 += ATT_UNROLL * slices) {
+            uint4 u[ATT_UNROLL];
+    #pragma unroll
+            for (int k = 0; k < ATT_UNROLL; k++)
+                if (j0 + k * slices < len) u[k] = __ldcg(vbase + (size_t)(j0 + k * slices) * vstride);
+    #pragma unroll
+            for (int k = 0; k < ATT_UNROLL; k++) {
+                int j = j0 + k * slices;
+                if (j < len) {
+                    float v[8];
+                    h8_to_f32(u[k], v);
+    #pragma unroll
+                    for (int h = 0; h < ATT_MAX_GROUP; h++)
+                        if (h < rows) {
+                            float p = sc[h * ATT_TILE + j];
+    #pragma unroll
+                            for (int i = 0; i < 8; i++) acc[h][i] += p * v[i];
+                        }
+                }
+            }
+        }
+        TRACE_END(); /* its loads are in; the combine comes after */
+        __syncthreads(); /* sc is reused below for the warps' sums */
+    #pragma unroll
+        for (int h = 0; h < ATT_MAX_GROUP; h++)
+            if (h < rows)
+    #pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float v = acc[h][i];
+                    for (int o = chunks; o < WARP_SIZE; o *= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+                    if (lane < chunks) red[(wid * rows + h) * head_dim + 8 * c + i] = v;
+                }
+    }
     __syncthreads();
     for (int i = tid; i < rows * head_dim; i += blockDim.x) {
         float v = 0.0f;

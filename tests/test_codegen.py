@@ -165,6 +165,22 @@ def test_plan_takes_flash_prefill_attention_on_64_and_128_wide_heads():
     assert make_generic_plan().prefill_flash == 0
 
 
+def test_plan_takes_tensor_core_decode_attention_on_64_and_128_wide_heads():
+    """attention_body's tensor-core path is written for heads of 64 and 128 with a KV group of at
+    most 8 query heads (the mma's columns); heads of other widths and the generic build keep fp32."""
+    from codegen.plan import _att_mma, make_generic_plan, make_plan
+
+    mma = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).att_mma
+           for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "qwen2.5-7b-instruct")}
+    assert mma == {"smollm2-135m-instruct": 1, "llama-3.2-1b-instruct": 1, "mistral-7b-instruct-v0.2": 1,
+                   "qwen2.5-7b-instruct": 1}
+    tiny = {m: make_plan(spec_of(load(REPO / "tests" / "models" / m / "config.json"))).att_mma
+            for m in ("tiny-gqa", "tiny-group3", "tiny-wide")}
+    assert tiny == {"tiny-gqa": 0, "tiny-group3": 1, "tiny-wide": 1}  # heads of 16, 64, 128
+    assert _att_mma(128, 9) == 0  # a group wider than the mma's 8 columns
+    assert make_generic_plan().att_mma == 0
+
+
 def test_c_literals():
     assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
     assert c_string("??=") == '"\\077\\077="'

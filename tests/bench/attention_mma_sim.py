@@ -1,0 +1,143 @@
+"""Checks the index arithmetic of attention_body's tensor-core path (runtime/cuda_kernels.cuh,
+MMA_HD) against plain attention in NumPy: every lane's operand registers built as the kernel builds
+them, each mma.m16n8k16 done on the matrices those registers stand for (the PTX ISA's fragment
+layout, as prefill_pairs_body uses it on the GPU), and the lanes' results put where the kernel puts
+them. One block: a KV head's group of `rows` query heads over `length` positions.
+
+    python3 tests/bench/attention_mma_sim.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WARPS, TILE = 8, 1024
+
+
+def mma(c_lanes, a_lanes, b_lanes):
+    """c += a . b for one warp: a_lanes[lane] = 4 registers of 2 values, b_lanes[lane] = 2, c 4."""
+    A = np.zeros((16, 16)); B = np.zeros((16, 8))
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        a = a_lanes[lane]
+        A[g, 2 * q:2 * q + 2] = a[0]; A[g + 8, 2 * q:2 * q + 2] = a[1]
+        A[g, 2 * q + 8:2 * q + 10] = a[2]; A[g + 8, 2 * q + 8:2 * q + 10] = a[3]
+        b = b_lanes[lane]
+        B[2 * q:2 * q + 2, g] = b[0]; B[2 * q + 8:2 * q + 10, g] = b[1]
+    C = A @ B
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        c_lanes[lane] += np.array([C[g, 2 * q], C[g, 2 * q + 1], C[g + 8, 2 * q], C[g + 8, 2 * q + 1]])
+
+
+def split(v):
+    hi = v.astype(np.float16).astype(np.float64)
+    return hi, (v - hi).astype(np.float16).astype(np.float64)
+
+
+def block(K, V, Q, U):
+    """The kernel's arithmetic for one block: K, V (length, hd) fp16 values, Q (rows, hd)."""
+    length, hd = K.shape
+    rows = Q.shape[0]
+    kch, mt = hd // 32, hd // 16
+    n_tiles = (length + 15) // 16
+    sc = np.full((rows, TILE), np.nan)
+    scale = 1 / np.sqrt(hd)
+    qpad = np.zeros((8, hd)); qpad[:rows] = Q
+    qh, ql = split(qpad)
+    for wid in range(WARPS):
+        rnd = 0
+        while wid + WARPS * rnd * U < n_tiles:
+            for k in range(U):
+                tile = wid + WARPS * (rnd * U + k)
+                if tile >= n_tiles:
+                    break
+                s = [np.zeros(4) for _ in range(32)]
+                for ch in range(kch):
+                    for step in range(2):  # (a.x, a.y) then (a.z, a.w)
+                        for qq in (qh, ql):
+                            a_l, b_l = [], []
+                            for lane in range(32):
+                                g, cq = lane // 4, lane % 4
+                                def kw(h, w):  # word w of the lane's uint4 of chunk ch, position g + 8h
+                                    j = 16 * tile + g + 8 * h
+                                    if j >= length:
+                                        return np.zeros(2)
+                                    base = (4 * ch + cq) * 8 + 2 * w
+                                    return K[j, base:base + 2]
+                                w0, w1 = 2 * step, 2 * step + 1
+                                a_l.append([kw(0, w0), kw(1, w0), kw(0, w1), kw(1, w1)])
+                                qb = 32 * ch + 8 * cq + 4 * step
+                                b_l.append([qq[g, qb:qb + 2], qq[g, qb + 2:qb + 4]])
+                            mma(s, a_l, b_l)
+                for lane in range(32):
+                    g, cq = lane // 4, lane % 4
+                    for i in range(4):
+                        j, r = 16 * tile + g + 8 * (i // 2), 2 * cq + i % 2
+                        if r < rows and j < length:
+                            sc[r, j] = s[lane][i] * scale
+            rnd += 1
+    assert not np.isnan(sc[:, :length]).any()
+    m = sc[:, :length].max(axis=1, keepdims=True)
+    p = np.exp(sc[:, :length] - m)
+    l = p.sum(axis=1)
+    sc[:, :length] = p
+    red = np.zeros((WARPS, rows, hd))
+    for wid in range(WARPS):
+        o = [[np.zeros(4) for _ in range(mt)] for _ in range(32)]
+        rnd = 0
+        while wid + WARPS * rnd * U < n_tiles:
+            for k in range(U):
+                tile = wid + WARPS * (rnd * U + k)
+                if tile >= n_tiles:
+                    break
+                bh, bl, a_t = [], [], [[] for _ in range(mt)]
+                for lane in range(32):
+                    g, cq = lane // 4, lane % 4
+                    j = 16 * tile + 4 * cq
+                    pv = np.array([sc[g, j + i] if g < rows and j + i < length else 0.0 for i in range(4)])
+                    ph, pl = split(pv)
+                    bh.append([ph[0:2], ph[2:4]]); bl.append([pl[0:2], pl[2:4]])
+
+                    def val(i, d):  # value d' of the lane's uint4s at position 4 cq + i
+                        jj = j + i
+                        if jj >= length:
+                            return 0.0
+                        return V[jj, (8 * (d // 8) + g) * 8 + d % 8]
+                    for t in range(mt):
+                        d0, d1 = t, t + mt
+                        a_t[t].append([np.array([val(0, d0), val(1, d0)]), np.array([val(0, d1), val(1, d1)]),
+                                       np.array([val(2, d0), val(3, d0)]), np.array([val(2, d1), val(3, d1)])])
+                for t in range(mt):
+                    ot = [o[lane][t] for lane in range(32)]
+                    mma(ot, a_t[t], bh)
+                    mma(ot, a_t[t], bl)
+            rnd += 1
+        for lane in range(32):
+            g, cq = lane // 4, lane % 4
+            for t in range(mt):
+                for i in range(4):
+                    r, d = 2 * cq + i % 2, t + mt * (i // 2)
+                    dim = (8 * (d // 8) + g) * 8 + d % 8
+                    if r < rows:
+                        red[wid, r, dim] = o[lane][t][i]
+    return red.sum(axis=0) / l[:, None]
+
+
+def main():
+    rng = np.random.default_rng(0)
+    for hd, rows, length, U in ((64, 4, 497, 2), (64, 3, 37, 2), (128, 4, 200, 1), (128, 7, 16, 1), (64, 8, 1, 2)):
+        K = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
+        V = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
+        Q = rng.standard_normal((rows, hd)) * 3
+        s = Q @ K.T / np.sqrt(hd)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        ref = (p / p.sum(axis=1, keepdims=True)) @ V
+        got = block(K, V, Q, U)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        print(f"head {hd}, rows {rows}, {length} positions, unroll {U}: max error {err:.2e} of the largest output")
+        assert err < 1e-5, err
+
+
+if __name__ == "__main__":
+    main()
