@@ -704,10 +704,13 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
 // *ready when given one: the joined attention/o_proj grid's o_proj blocks wait on that count.
 
 #define ATT_MAX_GROUP 8
+/* The tensor-core path's query operands (hi and lo terms of every lane's 8 dims of each 32-dim chunk),
+ * in shared memory after the (max, sum) pairs: 32-bit words. */
+#define ATT_QFRAG_WORDS(head_dim) ((head_dim) / 32 * 8 * WARP_SIZE)
 
 /* Dynamic shared memory of attention_body, in bytes. */
 #define ATT_SMEM_BYTES(kv_mul, head_dim) \
-    ((size_t)((kv_mul) * ATT_TILE + 2 * (kv_mul)) * sizeof(float))
+    ((size_t)((kv_mul) * ATT_TILE + 2 * (kv_mul) + ATT_QFRAG_WORDS(head_dim)) * sizeof(float))
 
 /* This block's outputs are written: one more to *done (NULL: nobody counts), for wait_count. */
 __device__ __forceinline__ void signal_done(unsigned *done) {
@@ -734,7 +737,10 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
  * - The fp32 queries and probabilities go in as two fp16 terms each (hi + lo, 22 bits), the
  *   keys and values are fp16 already: the sums match the fp32 path's to ~1e-6 relative. */
 #ifndef ATT_MMA_UNROLL
-#define ATT_MMA_UNROLL(hd) ((hd) <= 64 ? 4 : 2) /* tiles of 16 positions a warp loads at once */
+#define ATT_MMA_UNROLL(hd) ((hd) <= 64 ? 2 : 1) /* tiles of 16 positions a warp loads at once (a round) */
+#endif
+#ifndef ATT_MMA_PIPE
+#define ATT_MMA_PIPE 1 /* the next round's loads issued before this round's products */
 #endif
 
 /* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), fp16 operands */
@@ -816,8 +822,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, HD));
         const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
         /* keys of positions 16 tile + g + 8 h, this lane's uint4 of chunk ch: uint4 4 ch + cq of the row */
-        uint4 kr[U][2][KCH];
-        auto load_keys = [&](int round, bool before_wait) {
+        typedef uint4 key_regs[U][2][KCH];
+        auto load_keys = [&](key_regs &kr, int round, bool before_wait) {
 #pragma unroll
             for (int k = 0; k < U; k++)
 #pragma unroll
@@ -831,27 +837,32 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                         else if (round > 0 || before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
                 }
         };
-        load_keys(0, true);
+        key_regs ka, kn; /* this round's keys, the next round's (ATT_MMA_PIPE) */
+        load_keys(ka, 0, true);
         TRACE_AT(TRACE_READY);
         wait();
         TRACE_AT(TRACE_WAITED);
-        load_keys(0, false);
-        /* query row g's dims 32 ch + 8 cq .. + 7 as hi and lo fp16 pairs (rows past the group's: 0) */
-        uint32_t qh[KCH][4], ql[KCH][4];
-#pragma unroll
-        for (int ch = 0; ch < KCH; ch++) {
+        load_keys(ka, 0, false);
+        /* query row g's dims 32 ch + 8 cq .. + 7 as hi and lo fp16 pairs (rows past the group's: 0),
+         * word w of chunk ch of each lane at qf[(8 ch + w) * 32 + lane]: written by warp ch, read by
+         * every warp's same lane (in registers they took the 7B shape past 128) */
+        uint32_t *qf = reinterpret_cast<uint32_t *>(sml + 2 * rows);
+        if (wid < KCH) {
+            const int ch = wid;
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
             if (g < rows) {
                 const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)(kvh * kv_mul + g) * HD + 32 * ch + 8 * cq);
                 a = qg[0], b = qg[1];
             }
-            split_h2(a.x, a.y, &qh[ch][0], &ql[ch][0]);
-            split_h2(a.z, a.w, &qh[ch][1], &ql[ch][1]);
-            split_h2(b.x, b.y, &qh[ch][2], &ql[ch][2]);
-            split_h2(b.z, b.w, &qh[ch][3], &ql[ch][3]);
+            uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
+            split_h2(a.x, a.y, &f[0 * WARP_SIZE], &f[4 * WARP_SIZE]);
+            split_h2(a.z, a.w, &f[1 * WARP_SIZE], &f[5 * WARP_SIZE]);
+            split_h2(b.x, b.y, &f[2 * WARP_SIZE], &f[6 * WARP_SIZE]);
+            split_h2(b.z, b.w, &f[3 * WARP_SIZE], &f[7 * WARP_SIZE]);
         }
-        for (int round = 0; wid + WARPS * round * U < n_tiles; round++) { /* the condition is the warp's */
-            if (round > 0) load_keys(round, false);
+        __syncthreads();
+        auto has_round = [&](int round) { return wid + WARPS * round * U < n_tiles; }; /* the warp's */
+        auto score_round = [&](const key_regs &kr, int round) {
 #pragma unroll
             for (int k = 0; k < U; k++) {
                 const int tile = wid + WARPS * (round * U + k);
@@ -860,16 +871,32 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #pragma unroll
                 for (int ch = 0; ch < KCH; ch++) {
                     const uint4 a = kr[k][0][ch], b = kr[k][1][ch];
-                    mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, qh[ch][0], qh[ch][1]);
-                    mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, ql[ch][0], ql[ch][1]);
-                    mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, qh[ch][2], qh[ch][3]);
-                    mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, ql[ch][2], ql[ch][3]);
+                    const uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
+                    mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, f[0 * WARP_SIZE], f[1 * WARP_SIZE]); /* hi */
+                    mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, f[4 * WARP_SIZE], f[5 * WARP_SIZE]); /* lo */
+                    mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, f[2 * WARP_SIZE], f[3 * WARP_SIZE]);
+                    mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, f[6 * WARP_SIZE], f[7 * WARP_SIZE]);
                 }
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
                     if (r < rows && j < len) sc[r * ATT_TILE + j] = s[i] * scale;
                 }
+            }
+        };
+        if constexpr (ATT_MMA_PIPE) {
+            /* two rounds a trip: the next round's loads in flight while this one multiplies */
+            for (int round = 0; has_round(round); round += 2) {
+                if (has_round(round + 1)) load_keys(kn, round + 1, false);
+                score_round(ka, round);
+                if (!has_round(round + 1)) break;
+                if (has_round(round + 2)) load_keys(ka, round + 2, false);
+                score_round(kn, round + 1);
+            }
+        } else {
+            for (int round = 0; has_round(round); round++) {
+                if (round > 0) load_keys(ka, round, false);
+                score_round(ka, round);
             }
         }
     } else {
@@ -965,9 +992,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         float o[MT][4];
 #pragma unroll
         for (int t = 0; t < MT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-        for (int round = 0; wid + WARPS * round * U < n_tiles; round++) {
-            /* positions 16 tile + 4 cq + i, this lane's uint4s 8 u + g of each value row */
-            uint4 vr[U][4][VU];
+        /* positions 16 tile + 4 cq + i, this lane's uint4s 8 u + g of each value row */
+        typedef uint4 value_regs[U][4][VU];
+        auto load_values = [&](value_regs &vr, int round) {
 #pragma unroll
             for (int k = 0; k < U; k++)
 #pragma unroll
@@ -977,6 +1004,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     for (int u = 0; u < VU; u++)
                         vr[k][i][u] = j < len ? __ldcg(vb + (size_t)j * (HD / 8) + 8 * u + g) : make_uint4(0, 0, 0, 0);
                 }
+        };
+        auto value_round = [&](const value_regs &vr, int round) {
 #pragma unroll
             for (int k = 0; k < U; k++) {
                 const int tile = wid + WARPS * (round * U + k);
@@ -1002,6 +1031,23 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     mma_f16_16x8x16(o[t], a0, a1, a2, a3, ph0, ph1);
                     mma_f16_16x8x16(o[t], a0, a1, a2, a3, pl0, pl1);
                 }
+            }
+        };
+        auto has_round = [&](int round) { return wid + WARPS * round * U < n_tiles; };
+        value_regs va, vn;
+        if constexpr (ATT_MMA_PIPE) {
+            if (has_round(0)) load_values(va, 0);
+            for (int round = 0; has_round(round); round += 2) {
+                if (has_round(round + 1)) load_values(vn, round + 1);
+                value_round(va, round);
+                if (!has_round(round + 1)) break;
+                if (has_round(round + 2)) load_values(va, round + 2);
+                value_round(vn, round + 1);
+            }
+        } else {
+            for (int round = 0; has_round(round); round++) {
+                load_values(va, round);
+                value_round(va, round);
             }
         }
         TRACE_END(); /* its loads are in; the combine comes after */
