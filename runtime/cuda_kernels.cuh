@@ -739,8 +739,11 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 #ifndef ATT_MMA_UNROLL
 #define ATT_MMA_UNROLL(hd) ((hd) <= 64 ? 2 : 1) /* tiles of 16 positions a warp loads at once (a round) */
 #endif
+/* 1: the next round's loads issued before this round's products. Heads of 64 only: at 128 the two
+ * rounds' registers spill in the 7B shape's joined attention/o_proj grid (52 bytes), and there it
+ * measured -1% against one round at a time (PERFORMANCE.md, twelfth session). */
 #ifndef ATT_MMA_PIPE
-#define ATT_MMA_PIPE 1 /* the next round's loads issued before this round's products */
+#define ATT_MMA_PIPE(hd) ((hd) <= 64)
 #endif
 
 /* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), fp16 operands */
@@ -884,7 +887,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
             }
         };
-        if constexpr (ATT_MMA_PIPE) {
+        if constexpr (ATT_MMA_PIPE(MMA_HD)) {
             /* two rounds a trip: the next round's loads in flight while this one multiplies */
             for (int round = 0; has_round(round); round += 2) {
                 if (has_round(round + 1)) load_keys(kn, round + 1, false);
@@ -1035,7 +1038,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         };
         auto has_round = [&](int round) { return wid + WARPS * round * U < n_tiles; };
         value_regs va, vn;
-        if constexpr (ATT_MMA_PIPE) {
+        if constexpr (ATT_MMA_PIPE(MMA_HD)) {
             if (has_round(0)) load_values(va, 0);
             for (int round = 0; has_round(round); round += 2) {
                 if (has_round(round + 1)) load_values(vn, round + 1);
