@@ -254,12 +254,16 @@ def test_default_model_chat_on_gpu(default_gpu):
     assert "Paris" in r.stdout.decode()
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("variant, build", [("tiny-gqa", b) for b in BUILDS] + [("tiny-group3", "specialized"),
+                                                                              ("tiny-wide", "specialized")])
 @pytest.mark.parametrize("step", ["graph", "persistent"])
-def test_memcheck_clean(tmp_path, step, build):
+def test_memcheck_clean(tmp_path, step, variant, build):
+    """tiny-gqa (heads of 16) runs the fp32 attention and the grouped prefill; tiny-group3 and
+    tiny-wide (heads of 64 and 128) the specialized build's tensor-core decode attention and flash
+    prefill (codegen/plan.py: _att_mma, _prefill_flash)."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
-    d = tiny_model_dir("tiny-gqa")
+    d = tiny_model_dir(variant)
     binary = binary_for(d, build)
     r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
                         "--device", "cuda", "--gpu-step", step, "-p", TINY_PROMPT, "-n", "8", "--temp", "0.8",
