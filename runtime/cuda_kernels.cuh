@@ -723,7 +723,8 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 /* The decode step's attention on the tensor cores (attention_body with MMA_HD, the head width: 64
  * or 128, one token): fp16 mma.m16n8k16 with fp32 sums, where the fp32 path spends ~5 instructions
  * per byte of keys in shuffles and conversions and lands at ~1.6 TB/s alone at depth 16384 on the 1B
- * shape (ncu, twelfth session). A warp takes tiles of 16 positions.
+ * shape (ncu, twelfth session). A warp takes tiles of 16 positions, ATT_MMA_UNROLL of them a
+ * round, and with ATT_MMA_PIPE the next round's loads go out before this round's products.
  * - Scores as S^T = K Q^T: A is the tile's keys (16 positions x 16 dims a k-step), B the group's
  *   query rows (n = 8 >= kv_mul). The dot product does not care which dims a k-step takes as long
  *   as A and B agree, so lane (g, c) holds dims 32 ch + 8 c .. + 7 of positions g and g + 8 of the
@@ -735,7 +736,9 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
  *   dim into an operand register (a byte permute). m-tile t takes d' = t (rows g) and t + HD/16
  *   (rows g + 8).
  * - The fp32 queries and probabilities go in as two fp16 terms each (hi + lo, 22 bits), the
- *   keys and values are fp16 already: the sums match the fp32 path's to ~1e-6 relative. */
+ *   keys and values are fp16 already: outputs within ~3e-7 of the largest against float64
+ *   (tests/bench/attention_mma_sim.py, which checks this index arithmetic).
+ * Both knobs are per head width: -D'ATT_MMA_PIPE(hd)=0' turns the pipelining off. */
 #ifndef ATT_MMA_UNROLL
 #define ATT_MMA_UNROLL(hd) ((hd) <= 64 ? 2 : 1) /* tiles of 16 positions a warp loads at once (a round) */
 #endif
