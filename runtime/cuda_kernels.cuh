@@ -723,8 +723,8 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 /* The decode step's attention on the tensor cores (attention_body with MMA_HD, the head width: 64
  * or 128, one token): fp16 mma.m16n8k16 with fp32 sums, where the fp32 path spends ~5 instructions
  * per byte of keys in shuffles and conversions and lands at ~1.6 TB/s alone at depth 16384 on the 1B
- * shape (ncu, twelfth session). A warp takes tiles of 16 positions, ATT_MMA_UNROLL of them a
- * round, and with ATT_MMA_PIPE the next round's loads go out before this round's products.
+ * shape (ncu, twelfth session). A warp takes tiles of 16 positions, ATT_MMA_TILES of them a round,
+ * and where pipelined the next round's loads go out before this round's products.
  * - Scores as S^T = K Q^T: A is the tile's keys (16 positions x 16 dims a k-step), B the group's
  *   query rows (n = 8 >= kv_mul). The dot product does not care which dims a k-step takes as long
  *   as A and B agree, so lane (g, c) holds dims 32 ch + 8 c .. + 7 of positions g and g + 8 of the
@@ -738,16 +738,23 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
  * - The fp32 queries and probabilities go in as two fp16 terms each (hi + lo, 22 bits), the
  *   keys and values are fp16 already: outputs within ~3e-7 of the largest against float64
  *   (tests/bench/attention_mma_sim.py, which checks this index arithmetic).
- * Both knobs are per head width: -D'ATT_MMA_PIPE(hd)=0' turns the pipelining off. */
-#ifndef ATT_MMA_UNROLL
-#define ATT_MMA_UNROLL(hd) ((hd) <= 64 ? 2 : 1) /* tiles of 16 positions a warp loads at once (a round) */
+ * The knobs below are plain numbers, so that a variant build can set them (-DATT_MMA_PIPE_KEYS=1). */
+#ifndef ATT_MMA_TILES
+#define ATT_MMA_TILES 0 /* tiles of 16 positions a warp loads at once (a round); 0: 2 on heads of 64, 1 on 128 */
 #endif
-/* 1: the next round's loads issued before this round's products. Heads of 64 only: at 128 the two
- * rounds' registers spill in the 7B shape's joined attention/o_proj grid (52 bytes), and there it
- * measured -1% against one round at a time (PERFORMANCE.md, twelfth session). */
-#ifndef ATT_MMA_PIPE
-#define ATT_MMA_PIPE(hd) ((hd) <= 64)
+/* 1: the next round's keys (values) loaded before this round's products, 0: a round at a time; -1:
+ * by head width, pipelined on heads of 64 only. At 128 two rounds of values spill 52 bytes in the 7B
+ * shape's joined attention/o_proj grid, and there the pipelined build measured -1% against one round
+ * at a time; keys alone fit (110 registers; 125 in the joined grid), not measured yet
+ * (PERFORMANCE.md, twelfth session). */
+#ifndef ATT_MMA_PIPE_KEYS
+#define ATT_MMA_PIPE_KEYS -1
 #endif
+#ifndef ATT_MMA_PIPE_VALUES
+#define ATT_MMA_PIPE_VALUES -1
+#endif
+__host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES > 0 ? ATT_MMA_TILES : hd <= 64 ? 2 : 1; }
+__host__ __device__ constexpr bool att_mma_pipe(int knob, int hd) { return knob >= 0 ? knob != 0 : hd <= 64; }
 
 /* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), fp16 operands */
 __device__ __forceinline__ void mma_f16_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -823,7 +830,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     float *red = sc; /* (warps, rows, head_dim): the warps' sums of the weighted values, after them */
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         static_assert(MMA_HD == 64 || MMA_HD == 128, "attention on the tensor cores: heads of 64 or 128");
-        constexpr int HD = MMA_HD, KCH = HD / 32, U = ATT_MMA_UNROLL(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
+        constexpr int HD = MMA_HD, KCH = HD / 32, U = att_mma_tiles(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
         const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, HD));
         const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
@@ -843,7 +850,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                         else if (round > 0 || before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
                 }
         };
-        key_regs ka, kn; /* this round's keys, the next round's (ATT_MMA_PIPE) */
+        key_regs ka, kn; /* this round's keys, the next round's where pipelined */
         load_keys(ka, 0, true);
         TRACE_AT(TRACE_READY);
         wait();
@@ -890,7 +897,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
             }
         };
-        if constexpr (ATT_MMA_PIPE(MMA_HD)) {
+        if constexpr (att_mma_pipe(ATT_MMA_PIPE_KEYS, MMA_HD)) {
             /* two rounds a trip: the next round's loads in flight while this one multiplies */
             for (int round = 0; has_round(round); round += 2) {
                 if (has_round(round + 1)) load_keys(kn, round + 1, false);
@@ -991,7 +998,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     __syncthreads();
 
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
-        constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = ATT_MMA_UNROLL(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
+        constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
         const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
         /* O^T for this lane: m-tile t's rows g (d' = t) and g + 8 (d' = t + MT), query rows 2 cq, 2 cq + 1 */
@@ -1041,7 +1048,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         };
         auto has_round = [&](int round) { return wid + WARPS * round * U < n_tiles; };
         value_regs va, vn;
-        if constexpr (ATT_MMA_PIPE(MMA_HD)) {
+        if constexpr (att_mma_pipe(ATT_MMA_PIPE_VALUES, MMA_HD)) {
             if (has_round(0)) load_values(va, 0);
             for (int round = 0; has_round(round); round += 2) {
                 if (has_round(round + 1)) load_values(vn, round + 1);
