@@ -53,13 +53,33 @@ def test_fp32_model_cuda_compiles_to_a_refusal(tmp_path):
 @pytest.mark.parametrize("arch", ["80", "89", "90"])
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-qwen2", "tiny-llama3"])
 def test_generated_cuda_compiles(tmp_path, variant, arch):
+    _compile_generated(tmp_path, variant, arch)
+
+
+@pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
+def test_tensor_core_attention_compiles_for_sm80_and_sm89(tmp_path, variant):
+    """Heads of 64 and 128 take the tensor-core decode attention and the flash prefill
+    (codegen/plan.py), which the other tiny variants' heads of 16 do not: sm_80 and sm_89 too."""
+    _compile_generated(tmp_path, variant, "80", extra_archs=("89",))
+
+
+def _compile_generated(tmp_path, variant, arch, extra_archs=()):
     gen = tmp_path / "gen"
     r = subprocess.run([sys.executable, "-m", "codegen", f"tests/models/{variant}", "--out", str(gen), "--cuda-arch", arch],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([NVCC, "-O1", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Iruntime", f"-I{gen}",
+    gencodes = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in (arch, *extra_archs)]
+    r = subprocess.run([NVCC, "-O1", "-std=c++17", *gencodes, "--threads", "2", "-Iruntime", f"-I{gen}",
                         "-Werror", "all-warnings", "-c", str(gen / "forward_cuda.cu"), "-o", str(tmp_path / "f.o")],
                        cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("source", ["read_patterns.cu", "stream_chain.cu"])
+def test_bench_programs_compile(tmp_path, source):
+    """The GPU machine's measuring programs under tests/bench/ (built there by hand) build here too."""
+    r = subprocess.run([NVCC, "-O1", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-Werror", "all-warnings",
+                        f"tests/bench/{source}", "-o", str(tmp_path / "a.out")], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

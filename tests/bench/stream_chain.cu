@@ -1,0 +1,346 @@
+/* stream_chain.cu - can the stage boundaries of a decode step be hidden by streaming the weights
+ * ahead of them? A question for the design, asked without arithmetic (the loaded words are XORed).
+ *
+ * A decode step reads one model's weights as a chain of stages (per layer QKV, attention, o_proj,
+ * gate/up, down; then the LM head), and every stage needs the previous one's output before it can
+ * use its weights, but not before it can read them. ingot runs a kernel per stage (programmatic
+ * dependent launch: a stage's first weight loads go out before its wait); each boundary costs
+ * ~2-4 us of a partly idle memory system (PERFORMANCE.md), 35% of the Llama-3.2-1B shape's step.
+ * This compares, over the byte sizes of a real step:
+ *   launches  a kernel per stage, a warp per 8 KB row, 2 rows at a time and 8 words a lane in
+ *             flight, the first loads before griddepcontrol.wait (read_patterns' "rows R2 2x256",
+ *             the decode matvecs' pattern), in a CUDA graph;
+ *   stream    one persistent kernel, one block an SM: a producer warp streams the block's share of
+ *             every stage, in order, through a ring of shared-memory slots on the bulk-copy engine
+ *             (cp.async.bulk), never waiting on a stage boundary; 8 consumer warps read the slots,
+ *             and between stages they meet at a grid barrier (the dependency) and each reads a word
+ *             another block wrote before it (an L2 round trip, as a stage's staged input). The
+ *             producer runs up to the ring's size ahead, across the barriers.
+ *   stream, no barrier: the same without the barriers (what the ring itself reaches).
+ * Attention at depth 0 reads next to nothing: it is a stage of 0 bytes (a boundary).
+ *
+ *   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tests/bench/stream_chain.cu -o build/stream_chain
+ *   build/stream_chain             (on the GPU machine; one table per model shape) */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime.h>
+
+#define CHECK(call)                                                                                           \
+    do {                                                                                                      \
+        cudaError_t e_ = (call);                                                                              \
+        if (e_ != cudaSuccess) {                                                                              \
+            fprintf(stderr, "stream_chain: %s at line %d: %s\n", cudaGetErrorString(e_), __LINE__, #call);    \
+            exit(1);                                                                                          \
+        }                                                                                                     \
+    } while (0)
+
+#define ROW_BYTES 8192
+#define ROW_WORDS (ROW_BYTES / 16)
+#define MAGIC 0x9E3779B9u
+#define MAX_STAGES 256
+#define CONSUMERS 8              /* consumer warps a stream block */
+#define SPIN_LIMIT (1ull << 31)  /* iterations of a wait before it gives up (a trap, not a hang) */
+
+__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ---------------------------------------------------------------------------------------------
+// launches: a warp per 2 rows at a time, 8 words a lane per row in flight (the matvecs' pattern)
+
+__global__ void __launch_bounds__(256) rows_kernel(const uint4 *p, int rows, unsigned *sink) {
+    constexpr int R = 2, U = 8;
+    const int lane = threadIdx.x % 32, G = gridDim.x * (blockDim.x / 32);
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    unsigned acc = 0;
+    uint4 v[R][U];
+    auto load = [&](int r0, int step) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r0 + r * G < rows)
+#pragma unroll
+                for (int u = 0; u < U; u++) v[r][u] = __ldcs(p + (size_t)(r0 + r * G) * ROW_WORDS + (step * U + u) * 32 + lane);
+    };
+    if (row < rows) load(row, 0);
+    pdl_wait();
+    pdl_trigger();
+    for (bool first = true; row < rows; row += R * G, first = false)
+        for (int step = 0; step < ROW_WORDS / (32 * U); step++) {
+            if (step > 0 || !first) load(row, step);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (row + r * G < rows)
+#pragma unroll
+                    for (int u = 0; u < U; u++) acc ^= fold(v[r][u]);
+        }
+    if (acc == MAGIC) *sink = acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// stream: a producer warp and CONSUMERS consumer warps a block, one block an SM
+
+struct chain {
+    int n;                        /* stages */
+    size_t offset[MAX_STAGES];    /* each stage's bytes in the buffer, 16-byte aligned */
+    size_t bytes[MAX_STAGES];
+};
+
+__device__ __forceinline__ void bulk(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(saddr(dst)),
+                 "l"(src), "r"(bytes), "r"(saddr(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done;
+    unsigned long long spins = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(saddr(bar)), "r"(parity)
+                     : "memory");
+        if (++spins == SPIN_LIMIT) __trap();
+    } while (!done);
+}
+
+/* Block b's share of stage st: [lo, hi) bytes from the stage's start, whole 16-byte words. */
+__device__ __forceinline__ void share(const chain &c, int st, size_t *lo, size_t *hi) {
+    const size_t words = c.bytes[st] / 16, per = (words + gridDim.x - 1) / gridDim.x;
+    *lo = min(words, per * blockIdx.x) * 16;
+    *hi = min(words, per * (blockIdx.x + 1)) * 16;
+}
+
+/* The consumers of every block meet here: a counter of arrivals and a generation, as a grid
+ * barrier (all blocks resident: one an SM). Thread 0 of the consumers arrives for its block. */
+__device__ void grid_barrier(unsigned *count, volatile unsigned *gen) {
+    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+    if (threadIdx.x == 0) {
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(count, 1u) == gridDim.x - 1) {
+            *count = 0;
+            __threadfence();
+            *gen = g + 1;
+        } else {
+            unsigned long long spins = 0;
+            while (*gen == g)
+                if (++spins == SPIN_LIMIT) __trap();
+        }
+        __threadfence();
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+}
+
+__global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const char *buf, chain c, int slots, int piece,
+                                                                         int barriers, unsigned *sync, unsigned *words,
+                                                                         unsigned *sink) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *ring = smem;
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)slots * piece), *empty = full + slots;
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < slots; s++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[s])) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[s])) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (wid == CONSUMERS) {
+        /* the producer: every stage's share in order, piece k into slot k % slots once piece
+         * k - slots has been read */
+        if (lane != 0) return;
+        long k = 0;
+        for (int st = 0; st < c.n; st++) {
+            size_t lo, hi;
+            share(c, st, &lo, &hi);
+            for (size_t at = lo; at < hi; at += piece, k++) {
+                const int s = (int)(k % slots);
+                if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
+                bulk(ring + (size_t)s * piece, buf + c.offset[st] + at, (uint32_t)min((size_t)piece, hi - at), &full[s]);
+            }
+        }
+        return;
+    }
+    /* the consumers: piece k by warp k % CONSUMERS, the stage's boundary a grid barrier */
+    unsigned acc = 0;
+    long k = 0;
+    for (int st = 0; st < c.n; st++) {
+        if (barriers && st > 0) {
+            grid_barrier(sync, sync + 1);
+            /* the stage's input, written by another block before the barrier: an L2 round trip */
+            acc ^= __ldcg(&words[(blockIdx.x + 1) % gridDim.x]);
+        }
+        size_t lo, hi;
+        share(c, st, &lo, &hi);
+        for (size_t at = lo; at < hi; at += piece, k++) {
+            if (k % CONSUMERS != wid) continue;
+            const int s = (int)(k % slots);
+            bar_wait(&full[s], (uint32_t)((k / slots) & 1));
+            const uint4 *w = reinterpret_cast<const uint4 *>(ring + (size_t)s * piece);
+            const int n = (int)(min((size_t)piece, hi - at) / 16);
+            for (int i = lane; i < n; i += 32) acc ^= fold(w[i]);
+            __syncwarp();
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
+        }
+        if (lane == 0 && wid == 0) words[blockIdx.x] = acc | 1u; /* this stage's output */
+    }
+    if (acc == MAGIC) *sink = acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+__global__ void fill_kernel(uint4 *p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = make_uint4((unsigned)i, (unsigned)i * 3u, (unsigned)i * 5u, (unsigned)i * 7u);
+}
+
+__global__ void probe_kernel(const uint4 *p, size_t n, unsigned *sink) {
+    unsigned acc = 0;
+    size_t stride = (size_t)gridDim.x * blockDim.x, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 7 * stride < n; i += 8 * stride) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc ^= fold(v[u]);
+    }
+    for (; i < n; i += stride) acc ^= fold(__ldcs(p + i));
+    if (acc == MAGIC) *sink = acc;
+}
+
+struct shape {
+    const char *name;
+    long dim, q_dim, kv_dim, hidden, vocab, layers;
+};
+
+/* The step's stages: per layer QKV, attention (0 bytes at depth 0), o_proj, gate/up, down; the LM head. */
+static chain chain_of(const shape &m) {
+    chain c = {};
+    size_t at = 0;
+    auto add = [&](size_t bytes) {
+        c.offset[c.n] = at;
+        c.bytes[c.n++] = bytes;
+        at += (bytes + 4095) / 4096 * 4096;
+    };
+    for (long l = 0; l < m.layers; l++) {
+        add((size_t)(m.q_dim + 2 * m.kv_dim) * m.dim * 2);
+        add(0);
+        add((size_t)m.dim * m.q_dim * 2);
+        add((size_t)2 * m.hidden * m.dim * 2);
+        add((size_t)m.dim * m.hidden * 2);
+    }
+    add((size_t)m.vocab * m.dim * 2);
+    return c;
+}
+
+static size_t total(const chain &c) {
+    size_t t = 0;
+    for (int i = 0; i < c.n; i++) t += c.bytes[i];
+    return t;
+}
+
+/* best of 5 timed replays (after one untimed) of what enqueue puts on the stream, in ms */
+template <typename F>
+static float best_ms(cudaStream_t st, F enqueue) {
+    cudaEvent_t t0, t1;
+    CHECK(cudaEventCreate(&t0));
+    CHECK(cudaEventCreate(&t1));
+    float best = 1e30f;
+    for (int r = 0; r < 6; r++) {
+        CHECK(cudaEventRecord(t0, st));
+        enqueue();
+        CHECK(cudaEventRecord(t1, st));
+        CHECK(cudaEventSynchronize(t1));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        if (r > 0 && ms < best) best = ms;
+    }
+    CHECK(cudaGetLastError());
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    return best;
+}
+
+int main(void) {
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    const int sms = prop.multiProcessorCount;
+    const shape shapes[] = {
+        {"Llama-3.2-1B", 2048, 2048, 512, 8192, 128256, 16},
+        {"Mistral-7B", 4096, 4096, 1024, 14336, 32000, 32},
+    };
+    size_t buf_bytes = 0;
+    for (const shape &m : shapes) {
+        const chain c = chain_of(m);
+        const size_t end = c.offset[c.n - 1] + c.bytes[c.n - 1];
+        if (end > buf_bytes) buf_bytes = end;
+    }
+    char *buf;
+    unsigned *sink, *sync, *words;
+    CHECK(cudaMalloc(&buf, buf_bytes));
+    CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+    CHECK(cudaMalloc(&sync, 2 * sizeof(unsigned)));
+    CHECK(cudaMemset(sync, 0, 2 * sizeof(unsigned)));
+    CHECK(cudaMalloc(&words, (size_t)sms * sizeof(unsigned)));
+    fill_kernel<<<sms * 8, 256>>>(reinterpret_cast<uint4 *>(buf), buf_bytes / 16);
+    CHECK(cudaDeviceSynchronize());
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+
+    const float probe_ms = best_ms(st, [&] { probe_kernel<<<sms * 4, 512, 0, st>>>(reinterpret_cast<const uint4 *>(buf), buf_bytes / 16, sink); });
+    const double probe = (double)buf_bytes / (probe_ms * 1e-3) / 1e9;
+    printf("%s, %d SMs; read probe over %.1f GB: %.0f GB/s\n", prop.name, sms, buf_bytes / 1e9, probe);
+
+    for (const shape &m : shapes) {
+        const chain c = chain_of(m);
+        const double bytes = (double)total(c);
+        printf("\n%s shape: %d stages, %.1f MB a step; us a step, GB/s, share of the probe\n", m.name, c.n, bytes / 1e6);
+        auto report = [&](const char *what, float ms) {
+            const double gbs = bytes / (ms * 1e-3) / 1e9;
+            printf("  %-36s %8.1f us %7.0f GB/s %5.1f%%\n", what, ms * 1e3, gbs, 100 * gbs / probe);
+        };
+
+        /* launches: a graph of one rows_kernel per stage (an empty stage: a grid of one block) */
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < c.n; i++) {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr;
+            attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr.val.programmaticStreamSerializationAllowed = 1;
+            const int rows = (int)(c.bytes[i] / ROW_BYTES);
+            cfg.gridDim = dim3(rows ? sms * 2 : 1);
+            cfg.blockDim = dim3(256);
+            cfg.stream = st;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            CHECK(cudaLaunchKernelEx(&cfg, rows_kernel, reinterpret_cast<const uint4 *>(buf + c.offset[i]), rows, sink));
+        }
+        CHECK(cudaStreamEndCapture(st, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        report("launches (a kernel a stage, PDL)", best_ms(st, [&] { CHECK(cudaGraphLaunch(exec, st)); }));
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+
+        const int pieces[] = {8192, 16384, 32768};
+        for (int piece : pieces)
+            for (int barriers = 0; barriers < 2; barriers++) {
+                const int slots = 192 * 1024 / piece;
+                const size_t smem = (size_t)slots * piece + 2 * slots * sizeof(uint64_t);
+                char what[64];
+                snprintf(what, sizeof what, "stream, %2d x %2d KB slots%s", slots, piece / 1024, barriers ? ", barriers" : "");
+                report(what, best_ms(st, [&] {
+                           stream_kernel<<<sms, (CONSUMERS + 1) * 32, smem, st>>>(buf, c, slots, piece, barriers, sync, words, sink);
+                       }));
+            }
+    }
+    return 0;
+}
