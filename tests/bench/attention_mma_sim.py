@@ -30,6 +30,18 @@ def mma(c_lanes, a_lanes, b_lanes):
         c_lanes[lane] += np.array([C[g, 2 * q], C[g, 2 * q + 1], C[g + 8, 2 * q], C[g + 8, 2 * q + 1]])
 
 
+def warp_tiles(wid, U, n_tiles):
+    """The tiles warp wid takes, in order: U a round, rounds striding over the block's warps."""
+    rnd = 0
+    while wid + WARPS * rnd * U < n_tiles:
+        for k in range(U):
+            tile = wid + WARPS * (rnd * U + k)
+            if tile >= n_tiles:
+                break
+            yield tile
+        rnd += 1
+
+
 def split(v):
     hi = v.astype(np.float16).astype(np.float64)
     return hi, (v - hi).astype(np.float16).astype(np.float64)
@@ -46,37 +58,31 @@ def block(K, V, Q, U):
     qpad = np.zeros((8, hd)); qpad[:rows] = Q
     qh, ql = split(qpad)
     for wid in range(WARPS):
-        rnd = 0
-        while wid + WARPS * rnd * U < n_tiles:
-            for k in range(U):
-                tile = wid + WARPS * (rnd * U + k)
-                if tile >= n_tiles:
-                    break
-                s = [np.zeros(4) for _ in range(32)]
-                for ch in range(kch):
-                    for step in range(2):  # (a.x, a.y) then (a.z, a.w)
-                        for qq in (qh, ql):
-                            a_l, b_l = [], []
-                            for lane in range(32):
-                                g, cq = lane // 4, lane % 4
-                                def kw(h, w):  # word w of the lane's uint4 of chunk ch, position g + 8h
-                                    j = 16 * tile + g + 8 * h
-                                    if j >= length:
-                                        return np.zeros(2)
-                                    base = (4 * ch + cq) * 8 + 2 * w
-                                    return K[j, base:base + 2]
-                                w0, w1 = 2 * step, 2 * step + 1
-                                a_l.append([kw(0, w0), kw(1, w0), kw(0, w1), kw(1, w1)])
-                                qb = 32 * ch + 8 * cq + 4 * step
-                                b_l.append([qq[g, qb:qb + 2], qq[g, qb + 2:qb + 4]])
-                            mma(s, a_l, b_l)
-                for lane in range(32):
-                    g, cq = lane // 4, lane % 4
-                    for i in range(4):
-                        j, r = 16 * tile + g + 8 * (i // 2), 2 * cq + i % 2
-                        if r < rows and j < length:
-                            sc[r, j] = s[lane][i] * scale
-            rnd += 1
+        for tile in warp_tiles(wid, U, n_tiles):
+            s = [np.zeros(4) for _ in range(32)]
+            for ch in range(kch):
+                for step in range(2):  # (a.x, a.y) then (a.z, a.w)
+                    for qq in (qh, ql):
+                        a_l, b_l = [], []
+                        for lane in range(32):
+                            g, cq = lane // 4, lane % 4
+                            def kw(h, w):  # word w of the lane's uint4 of chunk ch, position g + 8h
+                                j = 16 * tile + g + 8 * h
+                                if j >= length:
+                                    return np.zeros(2)
+                                base = (4 * ch + cq) * 8 + 2 * w
+                                return K[j, base:base + 2]
+                            w0, w1 = 2 * step, 2 * step + 1
+                            a_l.append([kw(0, w0), kw(1, w0), kw(0, w1), kw(1, w1)])
+                            qb = 32 * ch + 8 * cq + 4 * step
+                            b_l.append([qq[g, qb:qb + 2], qq[g, qb + 2:qb + 4]])
+                        mma(s, a_l, b_l)
+            for lane in range(32):
+                g, cq = lane // 4, lane % 4
+                for i in range(4):
+                    j, r = 16 * tile + g + 8 * (i // 2), 2 * cq + i % 2
+                    if r < rows and j < length:
+                        sc[r, j] = s[lane][i] * scale
     assert not np.isnan(sc[:, :length]).any()
     m = sc[:, :length].max(axis=1, keepdims=True)
     p = np.exp(sc[:, :length] - m)
@@ -85,34 +91,28 @@ def block(K, V, Q, U):
     red = np.zeros((WARPS, rows, hd))
     for wid in range(WARPS):
         o = [[np.zeros(4) for _ in range(mt)] for _ in range(32)]
-        rnd = 0
-        while wid + WARPS * rnd * U < n_tiles:
-            for k in range(U):
-                tile = wid + WARPS * (rnd * U + k)
-                if tile >= n_tiles:
-                    break
-                bh, bl, a_t = [], [], [[] for _ in range(mt)]
-                for lane in range(32):
-                    g, cq = lane // 4, lane % 4
-                    j = 16 * tile + 4 * cq
-                    pv = np.array([sc[g, j + i] if g < rows and j + i < length else 0.0 for i in range(4)])
-                    ph, pl = split(pv)
-                    bh.append([ph[0:2], ph[2:4]]); bl.append([pl[0:2], pl[2:4]])
+        for tile in warp_tiles(wid, U, n_tiles):
+            bh, bl, a_t = [], [], [[] for _ in range(mt)]
+            for lane in range(32):
+                g, cq = lane // 4, lane % 4
+                j = 16 * tile + 4 * cq
+                pv = np.array([sc[g, j + i] if g < rows and j + i < length else 0.0 for i in range(4)])
+                ph, pl = split(pv)
+                bh.append([ph[0:2], ph[2:4]]); bl.append([pl[0:2], pl[2:4]])
 
-                    def val(i, d):  # value d' of the lane's uint4s at position 4 cq + i
-                        jj = j + i
-                        if jj >= length:
-                            return 0.0
-                        return V[jj, (8 * (d // 8) + g) * 8 + d % 8]
-                    for t in range(mt):
-                        d0, d1 = t, t + mt
-                        a_t[t].append([np.array([val(0, d0), val(1, d0)]), np.array([val(0, d1), val(1, d1)]),
-                                       np.array([val(2, d0), val(3, d0)]), np.array([val(2, d1), val(3, d1)])])
+                def val(i, d):  # value d' of the lane's uint4s at position 4 cq + i
+                    jj = j + i
+                    if jj >= length:
+                        return 0.0
+                    return V[jj, (8 * (d // 8) + g) * 8 + d % 8]
                 for t in range(mt):
-                    ot = [o[lane][t] for lane in range(32)]
-                    mma(ot, a_t[t], bh)
-                    mma(ot, a_t[t], bl)
-            rnd += 1
+                    d0, d1 = t, t + mt
+                    a_t[t].append([np.array([val(0, d0), val(1, d0)]), np.array([val(0, d1), val(1, d1)]),
+                                   np.array([val(2, d0), val(3, d0)]), np.array([val(2, d1), val(3, d1)])])
+            for t in range(mt):
+                ot = [o[lane][t] for lane in range(32)]
+                mma(ot, a_t[t], bh)
+                mma(ot, a_t[t], bl)
         for lane in range(32):
             g, cq = lane // 4, lane % 4
             for t in range(mt):

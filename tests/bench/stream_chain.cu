@@ -8,8 +8,8 @@
  * ~2-4 us of a partly idle memory system (PERFORMANCE.md), 35% of the Llama-3.2-1B shape's step.
  * This compares, over the byte sizes of a real step:
  *   launches  a kernel per stage, a warp per 8 KB row, 2 rows at a time and 8 words a lane in
- *             flight, the first loads before griddepcontrol.wait (read_patterns' "rows R2 2x256",
- *             the decode matvecs' pattern), in a CUDA graph;
+ *             flight, the first loads before griddepcontrol.wait (rows_kernel<2, 256>, read_patterns'
+ *             "rows R2 2x256", the decode matvecs' pattern), in a CUDA graph;
  *   stream    one persistent kernel, one block an SM: a producer warp streams the block's share of
  *             every stage, in order, through a ring of shared-memory slots on the bulk-copy engine
  *             (cp.async.bulk), never waiting on a stage boundary; 8 consumer warps read the slots,
@@ -21,63 +21,10 @@
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tests/bench/stream_chain.cu -o build/stream_chain
  *   build/stream_chain             (on the GPU machine; one table per model shape) */
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "bench_common.cuh"
 
-#include <cuda_runtime.h>
-
-#define CHECK(call)                                                                                           \
-    do {                                                                                                      \
-        cudaError_t e_ = (call);                                                                              \
-        if (e_ != cudaSuccess) {                                                                              \
-            fprintf(stderr, "stream_chain: %s at line %d: %s\n", cudaGetErrorString(e_), __LINE__, #call);    \
-            exit(1);                                                                                          \
-        }                                                                                                     \
-    } while (0)
-
-#define ROW_BYTES 8192
-#define ROW_WORDS (ROW_BYTES / 16)
-#define MAGIC 0x9E3779B9u
 #define MAX_STAGES 256
-#define CONSUMERS 8              /* consumer warps a stream block */
-#define SPIN_LIMIT (1ull << 31)  /* iterations of a wait before it gives up (a trap, not a hang) */
-
-__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// ---------------------------------------------------------------------------------------------
-// launches: a warp per 2 rows at a time, 8 words a lane per row in flight (the matvecs' pattern)
-
-__global__ void __launch_bounds__(256) rows_kernel(const uint4 *p, int rows, unsigned *sink) {
-    constexpr int R = 2, U = 8;
-    const int lane = threadIdx.x % 32, G = gridDim.x * (blockDim.x / 32);
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    unsigned acc = 0;
-    uint4 v[R][U];
-    auto load = [&](int r0, int step) {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (r0 + r * G < rows)
-#pragma unroll
-                for (int u = 0; u < U; u++) v[r][u] = __ldcs(p + (size_t)(r0 + r * G) * ROW_WORDS + (step * U + u) * 32 + lane);
-    };
-    if (row < rows) load(row, 0);
-    pdl_wait();
-    pdl_trigger();
-    for (bool first = true; row < rows; row += R * G, first = false)
-        for (int step = 0; step < ROW_WORDS / (32 * U); step++) {
-            if (step > 0 || !first) load(row, step);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                if (row + r * G < rows)
-#pragma unroll
-                    for (int u = 0; u < U; u++) acc ^= fold(v[r][u]);
-        }
-    if (acc == MAGIC) *sink = acc;
-}
+#define CONSUMERS 8 /* consumer warps a stream block */
 
 // ---------------------------------------------------------------------------------------------
 // stream: a producer warp and CONSUMERS consumer warps a block, one block an SM
@@ -87,25 +34,6 @@ struct chain {
     size_t offset[MAX_STAGES];    /* each stage's bytes in the buffer, 16-byte aligned */
     size_t bytes[MAX_STAGES];
 };
-
-__device__ __forceinline__ void bulk(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(saddr(dst)),
-                 "l"(src), "r"(bytes), "r"(saddr(bar))
-                 : "memory");
-}
-
-__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity) {
-    uint32_t done;
-    unsigned long long spins = 0;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(saddr(bar)), "r"(parity)
-                     : "memory");
-        if (++spins == SPIN_LIMIT) __trap();
-    } while (!done);
-}
 
 /* Block b's share of stage st: [lo, hi) bytes from the stage's start, whole 16-byte words. */
 __device__ __forceinline__ void share(const chain &c, int st, size_t *lo, size_t *hi) {
@@ -161,7 +89,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
             for (size_t at = lo; at < hi; at += piece, k++) {
                 const int s = (int)(k % slots);
                 if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
-                bulk(ring + (size_t)s * piece, buf + c.offset[st] + at, (uint32_t)min((size_t)piece, hi - at), &full[s]);
+                bulk_copy(ring + (size_t)s * piece, buf + c.offset[st] + at, (uint32_t)min((size_t)piece, hi - at), &full[s]);
             }
         }
         return;
@@ -195,25 +123,6 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
 // ---------------------------------------------------------------------------------------------
 // Harness
 
-__global__ void fill_kernel(uint4 *p, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        p[i] = make_uint4((unsigned)i, (unsigned)i * 3u, (unsigned)i * 5u, (unsigned)i * 7u);
-}
-
-__global__ void probe_kernel(const uint4 *p, size_t n, unsigned *sink) {
-    unsigned acc = 0;
-    size_t stride = (size_t)gridDim.x * blockDim.x, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    for (; i + 7 * stride < n; i += 8 * stride) {
-        uint4 v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = __ldcs(p + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < 8; u++) acc ^= fold(v[u]);
-    }
-    for (; i < n; i += stride) acc ^= fold(__ldcs(p + i));
-    if (acc == MAGIC) *sink = acc;
-}
-
 struct shape {
     const char *name;
     long dim, q_dim, kv_dim, hidden, vocab, layers;
@@ -245,28 +154,6 @@ static size_t total(const chain &c) {
     return t;
 }
 
-/* best of 5 timed replays (after one untimed) of what enqueue puts on the stream, in ms */
-template <typename F>
-static float best_ms(cudaStream_t st, F enqueue) {
-    cudaEvent_t t0, t1;
-    CHECK(cudaEventCreate(&t0));
-    CHECK(cudaEventCreate(&t1));
-    float best = 1e30f;
-    for (int r = 0; r < 6; r++) {
-        CHECK(cudaEventRecord(t0, st));
-        enqueue();
-        CHECK(cudaEventRecord(t1, st));
-        CHECK(cudaEventSynchronize(t1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        if (r > 0 && ms < best) best = ms;
-    }
-    CHECK(cudaGetLastError());
-    cudaEventDestroy(t0);
-    cudaEventDestroy(t1);
-    return best;
-}
-
 int main(void) {
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -294,7 +181,7 @@ int main(void) {
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
 
-    const float probe_ms = best_ms(st, [&] { probe_kernel<<<sms * 4, 512, 0, st>>>(reinterpret_cast<const uint4 *>(buf), buf_bytes / 16, sink); });
+    const float probe_ms = best_ms(st, [&] { probe_kernel<<<sms * 4, 512, 0, st>>>(reinterpret_cast<const uint4 *>(buf), buf_bytes / 16, sink, 0); });
     const double probe = (double)buf_bytes / (probe_ms * 1e-3) / 1e9;
     printf("%s, %d SMs; read probe over %.1f GB: %.0f GB/s\n", prop.name, sms, buf_bytes / 1e9, probe);
 
@@ -322,7 +209,7 @@ int main(void) {
             cfg.stream = st;
             cfg.attrs = &attr;
             cfg.numAttrs = 1;
-            CHECK(cudaLaunchKernelEx(&cfg, rows_kernel, reinterpret_cast<const uint4 *>(buf + c.offset[i]), rows, sink));
+            CHECK(cudaLaunchKernelEx(&cfg, rows_kernel<2, 256>, reinterpret_cast<const uint4 *>(buf + c.offset[i]), rows, sink, 1));
         }
         CHECK(cudaStreamEndCapture(st, &graph));
         CHECK(cudaGraphInstantiate(&exec, graph, 0));
