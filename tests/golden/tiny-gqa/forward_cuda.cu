@@ -25,7 +25,9 @@
 #define GRID_GATE_UP 20
 #define GRID_DOWN 8
 #define GRID_LM_HEAD 50
-#define ATT_MIN_SPLITS 132
+#ifndef ATT_MIN_SPLITS
+#define ATT_MIN_SPLITS 132 /* a variant build may set it (-DATT_MIN_SPLITS=16) */
+#endif
 /* The step's counters (model_cuda.counters): attention's last-block count per KV head, the LM head's,
  * and attention_o_proj_kernel's KV groups done. */
 #define CTR_ARGMAX MODEL_N_KV_HEADS
