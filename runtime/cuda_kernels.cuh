@@ -32,6 +32,9 @@
 #define ATT_MIN_CHUNK 32 /* fewest positions an attention block takes (a test builds 5: many splits, odd bounds) */
 #endif
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
+#ifndef ATT_COMBINE_WIDE
+#define ATT_COMBINE_WIDE 0 /* N > 0: the combine's float4 form, N loads a thread at once (experiment, not measured) */
+#endif
 #ifndef ATT_UNROLL
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
 #endif
@@ -1169,6 +1172,45 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
     }
     __syncthreads();
+#if ATT_COMBINE_WIDE
+    /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of two
+     * up to the threads a group leaves), each loading its splits ATT_COMBINE_WIDE at a time, the
+     * lanes' sums added by shuffles in a fixed order: on the 7B shape at depth one round of loads a
+     * thread instead of six (PERFORMANCE.md, twelfth session, Next) */
+    {
+        const int groups = rows * head_dim / 4;
+        int per = 1;
+        while (per * 2 * groups <= (int)blockDim.x && per * 2 <= WARP_SIZE) per *= 2;
+        for (int base = 0; base < groups * per; base += blockDim.x) { /* the same trips in every thread */
+            const int gi = (base + tid) / per, part = (base + tid) % per;
+            const bool active = gi < groups;
+            const int hl = active ? gi / (head_dim / 4) : 0, d4 = gi % (head_dim / 4);
+            const int t = token_of(hl), h = kvh * kv_mul + head_of(hl);
+            const float4 *acc_h = reinterpret_cast<const float4 *>(part_acc + (size_t)t * parts * head_dim +
+                                                                   (size_t)h * n_splits * head_dim) + d4;
+            float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int s0 = part; s0 < n_active; s0 += per * ATT_COMBINE_WIDE) {
+                float4 a[ATT_COMBINE_WIDE];
+#pragma unroll
+                for (int k = 0; k < ATT_COMBINE_WIDE; k++)
+                    if (active && s0 + k * per < n_active) a[k] = __ldcg(acc_h + (size_t)(s0 + k * per) * (head_dim / 4));
+#pragma unroll
+                for (int k = 0; k < ATT_COMBINE_WIDE; k++)
+                    if (active && s0 + k * per < n_active) {
+                        const float w = sm[hl * n_active + s0 + k * per];
+                        num.x += w * a[k].x, num.y += w * a[k].y, num.z += w * a[k].z, num.w += w * a[k].w;
+                    }
+            }
+            for (int o = 1; o < per; o *= 2) {
+                num.x += __shfl_xor_sync(0xFFFFFFFFu, num.x, o);
+                num.y += __shfl_xor_sync(0xFFFFFFFFu, num.y, o);
+                num.z += __shfl_xor_sync(0xFFFFFFFFu, num.z, o);
+                num.w += __shfl_xor_sync(0xFFFFFFFFu, num.w, o);
+            }
+            if (active && part == 0) *reinterpret_cast<float4 *>(out + t * q_stride + h * head_dim + 4 * d4) = num;
+        }
+    }
+#else
     for (int i = tid; i < rows * head_dim; i += blockDim.x) {
         const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
         const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
@@ -1184,6 +1226,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         }
         out[t * q_stride + h * head_dim + dd] = num;
     }
+#endif
     TRACE_COMBINE_AT(3);
     if (tid == 0) counters[kvh] = 0;
     signal_done(ready);
