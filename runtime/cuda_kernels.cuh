@@ -32,8 +32,15 @@
 #define ATT_MIN_CHUNK 32 /* fewest positions an attention block takes (a test builds 5: many splits, odd bounds) */
 #endif
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
+/* The combine's float4 form (below, in attention_body), ATT_COMBINE_LOADS loads a thread at once:
+ * -1 where the plain form would give a thread more than one output (a KV group's heads times the
+ * head width past ATT_THREADS: the 7B shape, +1.2% at depths 4096 and 16384; on the 1B shape, one
+ * output a thread, it measured even), 1 everywhere, 0 nowhere (PERFORMANCE.md, thirteenth session) */
 #ifndef ATT_COMBINE_WIDE
-#define ATT_COMBINE_WIDE 0 /* N > 0: the combine's float4 form, N loads a thread at once (experiment, not measured) */
+#define ATT_COMBINE_WIDE -1
+#endif
+#ifndef ATT_COMBINE_LOADS
+#define ATT_COMBINE_LOADS 9 /* 33 splits (two waves of blocks over 8 KV heads) in two rounds on the 7B shape */
 #endif
 #ifndef ATT_UNROLL
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
@@ -746,10 +753,10 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 #define ATT_MMA_TILES 0 /* tiles of 16 positions a warp loads at once (a round); 0: 2 on heads of 64, 1 on 128 */
 #endif
 /* 1: the next round's keys (values) loaded before this round's products, 0: a round at a time; -1:
- * by head width, pipelined on heads of 64 only. At 128 two rounds of values spill 52 bytes in the 7B
- * shape's joined attention/o_proj grid, and there the pipelined build measured -1% against one round
- * at a time; keys alone fit (110 registers; 125 in the joined grid), not measured yet
- * (PERFORMANCE.md, twelfth session). */
+ * the measured choice: keys pipelined at every head width, values on heads of 64 only. At 128 two
+ * rounds of values spill 52 bytes in the 7B shape's joined attention/o_proj grid, and there the
+ * pipelined build measured -1% against one round at a time; keys alone fit (125 registers in the
+ * joined grid) and gained 0.6% at depth 16384 (PERFORMANCE.md, twelfth and thirteenth sessions). */
 #ifndef ATT_MMA_PIPE_KEYS
 #define ATT_MMA_PIPE_KEYS -1
 #endif
@@ -757,7 +764,8 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 #define ATT_MMA_PIPE_VALUES -1
 #endif
 __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES > 0 ? ATT_MMA_TILES : hd <= 64 ? 2 : 1; }
-__host__ __device__ constexpr bool att_mma_pipe(int knob, int hd) { return knob >= 0 ? knob != 0 : hd <= 64; }
+__host__ __device__ constexpr bool att_mma_pipe_keys(void) { return ATT_MMA_PIPE_KEYS != 0; }
+__host__ __device__ constexpr bool att_mma_pipe_values(int hd) { return ATT_MMA_PIPE_VALUES >= 0 ? ATT_MMA_PIPE_VALUES != 0 : hd <= 64; }
 
 /* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), fp16 operands */
 __device__ __forceinline__ void mma_f16_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -900,7 +908,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
             }
         };
-        if constexpr (att_mma_pipe(ATT_MMA_PIPE_KEYS, MMA_HD)) {
+        if constexpr (att_mma_pipe_keys()) {
             /* two rounds a trip: the next round's loads in flight while this one multiplies */
             for (int round = 0; has_round(round); round += 2) {
                 if (has_round(round + 1)) load_keys(kn, round + 1, false);
@@ -1051,7 +1059,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         };
         auto has_round = [&](int round) { return wid + WARPS * round * U < n_tiles; };
         value_regs va, vn;
-        if constexpr (att_mma_pipe(ATT_MMA_PIPE_VALUES, MMA_HD)) {
+        if constexpr (att_mma_pipe_values(MMA_HD)) {
             if (has_round(0)) load_values(va, 0);
             for (int round = 0; has_round(round); round += 2) {
                 if (has_round(round + 1)) load_values(vn, round + 1);
@@ -1172,12 +1180,11 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
     }
     __syncthreads();
-#if ATT_COMBINE_WIDE
-    /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of two
-     * up to the threads a group leaves), each loading its splits ATT_COMBINE_WIDE at a time, the
-     * lanes' sums added by shuffles in a fixed order: on the 7B shape at depth one round of loads a
-     * thread instead of six (PERFORMANCE.md, twelfth session, Next) */
-    {
+    if (ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > ATT_THREADS)) {
+        /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of
+         * two up to the threads a group leaves), each loading its splits ATT_COMBINE_LOADS at a time,
+         * the lanes' sums added by shuffles in a fixed order: on the 7B shape at depth two rounds of
+         * loads a thread instead of six */
         const int groups = rows * head_dim / 4;
         int per = 1;
         while (per * 2 * groups <= (int)blockDim.x && per * 2 <= WARP_SIZE) per *= 2;
@@ -1189,13 +1196,13 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             const float4 *acc_h = reinterpret_cast<const float4 *>(part_acc + (size_t)t * parts * head_dim +
                                                                    (size_t)h * n_splits * head_dim) + d4;
             float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (int s0 = part; s0 < n_active; s0 += per * ATT_COMBINE_WIDE) {
-                float4 a[ATT_COMBINE_WIDE];
+            for (int s0 = part; s0 < n_active; s0 += per * ATT_COMBINE_LOADS) {
+                float4 a[ATT_COMBINE_LOADS];
 #pragma unroll
-                for (int k = 0; k < ATT_COMBINE_WIDE; k++)
+                for (int k = 0; k < ATT_COMBINE_LOADS; k++)
                     if (active && s0 + k * per < n_active) a[k] = __ldcg(acc_h + (size_t)(s0 + k * per) * (head_dim / 4));
 #pragma unroll
-                for (int k = 0; k < ATT_COMBINE_WIDE; k++)
+                for (int k = 0; k < ATT_COMBINE_LOADS; k++)
                     if (active && s0 + k * per < n_active) {
                         const float w = sm[hl * n_active + s0 + k * per];
                         num.x += w * a[k].x, num.y += w * a[k].y, num.z += w * a[k].z, num.w += w * a[k].w;
@@ -1209,24 +1216,23 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             }
             if (active && part == 0) *reinterpret_cast<float4 *>(out + t * q_stride + h * head_dim + 4 * d4) = num;
         }
-    }
-#else
-    for (int i = tid; i < rows * head_dim; i += blockDim.x) {
-        const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
-        const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
-        float num = 0.0f;
-        for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
-            float a[ATT_COMBINE_VEC];
+    } else {
+        for (int i = tid; i < rows * head_dim; i += blockDim.x) {
+            const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
+            const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
+            float num = 0.0f;
+            for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
+                float a[ATT_COMBINE_VEC];
 #pragma unroll
-            for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                if (s0 + k < n_active) a[k] = __ldcg(&acc_h[(size_t)(s0 + k) * head_dim]);
+                for (int k = 0; k < ATT_COMBINE_VEC; k++)
+                    if (s0 + k < n_active) a[k] = __ldcg(&acc_h[(size_t)(s0 + k) * head_dim]);
 #pragma unroll
-            for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
+                for (int k = 0; k < ATT_COMBINE_VEC; k++)
+                    if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
+            }
+            out[t * q_stride + h * head_dim + dd] = num;
         }
-        out[t * q_stride + h * head_dim + dd] = num;
     }
-#endif
     TRACE_COMBINE_AT(3);
     if (tid == 0) counters[kvh] = 0;
     signal_done(ready);

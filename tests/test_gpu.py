@@ -140,13 +140,15 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-def test_tiny_gpu_attention_odd_chunks_equal_cpu():
-    """tiny-gqa with attention chunks of 5 positions (-DATT_MIN_CHUNK=5, in a build of its own): a
-    decode step's attention in many splits, combined; and a prefill attention block's group of
+@pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide"])
+def test_tiny_gpu_attention_odd_chunks_equal_cpu(variant):
+    """Attention chunks of 5 positions (-DATT_MIN_CHUNK=5, in a build of its own): a decode step's
+    attention in many splits, combined (tiny-gqa: one output a thread; tiny-wide: the float4 form,
+    ~39 splits in three rounds of loads); and on tiny-gqa a prefill attention block's group of
     tokens (4 here: 2 query heads a KV head, 8 rows) straddling the bounds of the chunks, so a row
     can see none of a chunk's positions (max -inf, weight 0 in the combine). Greedy text against the
     CPU's."""
-    d = tiny_model_dir("tiny-gqa", name="tiny-gqa-chunk5")
+    d = tiny_model_dir(variant, name=f"{variant}-chunk5")
     binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5")
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout

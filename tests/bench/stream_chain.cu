@@ -94,7 +94,11 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
         }
         return;
     }
-    /* the consumers: piece k by warp k % CONSUMERS, the stage's boundary a grid barrier */
+    /* the consumers: piece k by warp k % CONSUMERS, the stage's boundary a grid barrier. Slot s's
+     * pieces (s, s + slots, ...) must all be one warp's, taken in order (slots a multiple of
+     * CONSUMERS): a warp a phase ahead of the slot's would pass try_wait.parity at once on the
+     * phase before, read the slot before its data and arrive on `empty` out of turn (16 KB slots,
+     * 12 of them, ended in a launch failure) */
     unsigned acc = 0;
     long k = 0;
     for (int st = 0; st < c.n; st++) {
@@ -217,10 +221,10 @@ int main(void) {
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
 
-        const int pieces[] = {8192, 16384, 32768};
+        const int pieces[] = {4096, 8192, 16384};
         for (int piece : pieces)
             for (int barriers = 0; barriers < 2; barriers++) {
-                const int slots = 192 * 1024 / piece;
+                const int slots = 192 * 1024 / piece / CONSUMERS * CONSUMERS; /* 48, 24, 8 */
                 const size_t smem = (size_t)slots * piece + 2 * slots * sizeof(uint64_t);
                 char what[64];
                 snprintf(what, sizeof what, "stream, %2d x %2d KB slots%s", slots, piece / 1024, barriers ? ", barriers" : "");
