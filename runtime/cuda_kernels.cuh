@@ -29,8 +29,14 @@
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
-#define ATT_MIN_CHUNK 32 /* fewest positions an attention block takes (a test builds 5: many splits, odd bounds) */
+/* Fewest positions an attention block takes (a test builds 5: many splits, odd bounds). 256 against
+ * 32: up to depth 8448 (33 splits of 256 on the 1B and 7B shapes) fewer, longer splits and a shorter
+ * combine: decode 1B +2.8% at depth 1024 and +0.7% at 4096, 7B +0.6% at 4096; the 128-token prompt
+ * +16-18% (1B) and +7-12% (7B) at 1024 and 4096; even at 0 and 16384 (PERFORMANCE.md, thirteenth
+ * session) */
+#define ATT_MIN_CHUNK 256
 #endif
+static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE, "ATT_MIN_CHUNK: 1 to ATT_TILE positions (a block scores at most a tile)");
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
 /* The combine's float4 form (below, in attention_body), ATT_COMBINE_LOADS loads a thread at once:
  * -1 where the plain form would give a thread more than one output (a KV group's heads times the
