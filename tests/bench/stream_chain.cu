@@ -17,6 +17,12 @@
  *             another block wrote before it (an L2 round trip, as a stage's staged input). The
  *             producer runs up to the ring's size ahead, across the barriers.
  *   stream, no barrier: the same without the barriers (what the ring itself reaches).
+ *   stream, claims: the producer takes its block's pieces of each stage from a counter of the stage
+ *             (CLAIM pieces an atomic, the next claim asked for before this one's copies), so a
+ *             block that streams faster takes more: static shares make every barrier wait for the
+ *             slowest block of that stage. After a stage's last claim it puts one empty piece in
+ *             each consumer's next slot (the stage's end).
+ *   barriers alone: the chain with no bytes, what the grid barriers cost by themselves.
  * Attention at depth 0 reads next to nothing: it is a stage of 0 bytes (a boundary).
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tests/bench/stream_chain.cu -o build/stream_chain
@@ -25,6 +31,7 @@
 
 #define MAX_STAGES 256
 #define CONSUMERS 8 /* consumer warps a stream block */
+#define CLAIM 2      /* pieces a claim takes (claims mode) */
 
 // ---------------------------------------------------------------------------------------------
 // stream: a producer warp and CONSUMERS consumer warps a block, one block an SM
@@ -64,11 +71,12 @@ __device__ void grid_barrier(unsigned *count, volatile unsigned *gen) {
 }
 
 __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const char *buf, chain c, int slots, int piece,
-                                                                         int barriers, unsigned *sync, unsigned *words,
-                                                                         unsigned *sink) {
+                                                                         int barriers, int claims, unsigned *claimed,
+                                                                         unsigned *sync, unsigned *words, unsigned *sink) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *ring = smem;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)slots * piece), *empty = full + slots;
+    unsigned *len_of = reinterpret_cast<unsigned *>(empty + slots); /* claims: a slot's bytes, 0 at a stage's end */
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < slots; s++) {
@@ -83,6 +91,31 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
          * k - slots has been read */
         if (lane != 0) return;
         long k = 0;
+        if (claims) {
+            auto take = [&](int st) { return st < c.n ? atomicAdd(&claimed[st], 1u) : 0u; };
+            unsigned unit = take(0);
+            for (int st = 0; st < c.n; st++) {
+                while ((size_t)unit * CLAIM * piece < c.bytes[st]) {
+                    const size_t lo = (size_t)unit * CLAIM * piece, hi = min(c.bytes[st], lo + (size_t)CLAIM * piece);
+                    unit = take(st); /* the next claim on its way during this one's copies */
+                    for (size_t at = lo; at < hi; at += piece, k++) {
+                        const int s = (int)(k % slots);
+                        if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
+                        const uint32_t n = (uint32_t)min((size_t)piece, hi - at);
+                        len_of[s] = n;
+                        bulk_copy(ring + (size_t)s * piece, buf + c.offset[st] + at, n, &full[s]);
+                    }
+                }
+                for (int w = 0; w < CONSUMERS; w++, k++) { /* the stage's end, one for each consumer */
+                    const int s = (int)(k % slots);
+                    if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
+                    len_of[s] = 0;
+                    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&full[s])) : "memory");
+                }
+                unit = take(st + 1); /* (the last claim of st, past its end, is dropped) */
+            }
+            return;
+        }
         for (int st = 0; st < c.n; st++) {
             size_t lo, hi;
             share(c, st, &lo, &hi);
@@ -100,12 +133,29 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
      * phase before, read the slot before its data and arrive on `empty` out of turn (16 KB slots,
      * 12 of them, ended in a launch failure) */
     unsigned acc = 0;
-    long k = 0;
+    long k = claims ? wid : 0;
     for (int st = 0; st < c.n; st++) {
         if (barriers && st > 0) {
             grid_barrier(sync, sync + 1);
             /* the stage's input, written by another block before the barrier: an L2 round trip */
             acc ^= __ldcg(&words[(blockIdx.x + 1) % gridDim.x]);
+        }
+        if (claims) { /* this warp's slots in turn, up to the stage's end */
+            for (;; k += CONSUMERS) {
+                const int s = (int)(k % slots);
+                bar_wait(&full[s], (uint32_t)((k / slots) & 1));
+                const int n = (int)(len_of[s] / 16);
+                const uint4 *w = reinterpret_cast<const uint4 *>(ring + (size_t)s * piece);
+                for (int i = lane; i < n; i += 32) acc ^= fold(w[i]);
+                __syncwarp();
+                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
+                if (n == 0) {
+                    k += CONSUMERS;
+                    break;
+                }
+            }
+            if (lane == 0 && wid == 0) words[blockIdx.x] = acc | 1u;
+            continue;
         }
         size_t lo, hi;
         share(c, st, &lo, &hi);
@@ -173,12 +223,13 @@ int main(void) {
         if (end > buf_bytes) buf_bytes = end;
     }
     char *buf;
-    unsigned *sink, *sync, *words;
+    unsigned *sink, *sync, *words, *claimed;
     CHECK(cudaMalloc(&buf, buf_bytes));
     CHECK(cudaMalloc(&sink, sizeof(unsigned)));
     CHECK(cudaMalloc(&sync, 2 * sizeof(unsigned)));
     CHECK(cudaMemset(sync, 0, 2 * sizeof(unsigned)));
     CHECK(cudaMalloc(&words, (size_t)sms * sizeof(unsigned)));
+    CHECK(cudaMalloc(&claimed, MAX_STAGES * sizeof(unsigned)));
     fill_kernel<<<sms * 8, 256>>>(reinterpret_cast<uint4 *>(buf), buf_bytes / 16);
     CHECK(cudaDeviceSynchronize());
     cudaStream_t st;
@@ -221,17 +272,28 @@ int main(void) {
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
 
-        const int pieces[] = {4096, 8192, 16384};
+        /* ring variants: static shares without and with barriers, then claims with barriers */
+        const int pieces[] = {8192, 16384};
         for (int piece : pieces)
-            for (int barriers = 0; barriers < 2; barriers++) {
-                const int slots = 192 * 1024 / piece / CONSUMERS * CONSUMERS; /* 48, 24, 8 */
-                const size_t smem = (size_t)slots * piece + 2 * slots * sizeof(uint64_t);
+            for (int mode = 0; mode < 3; mode++) {
+                const int slots = 192 * 1024 / piece / CONSUMERS * CONSUMERS; /* 24, 8 */
+                const size_t smem = (size_t)slots * piece + 2 * slots * sizeof(uint64_t) + slots * sizeof(unsigned);
+                const int barriers = mode > 0, claims = mode == 2;
                 char what[64];
-                snprintf(what, sizeof what, "stream, %2d x %2d KB slots%s", slots, piece / 1024, barriers ? ", barriers" : "");
+                snprintf(what, sizeof what, "stream, %2d x %2d KB slots%s", slots, piece / 1024,
+                         claims ? ", claims, barriers" : barriers ? ", barriers" : "");
                 report(what, best_ms(st, [&] {
-                           stream_kernel<<<sms, (CONSUMERS + 1) * 32, smem, st>>>(buf, c, slots, piece, barriers, sync, words, sink);
+                           CHECK(cudaMemsetAsync(claimed, 0, MAX_STAGES * sizeof(unsigned), st));
+                           stream_kernel<<<sms, (CONSUMERS + 1) * 32, smem, st>>>(buf, c, slots, piece, barriers, claims, claimed,
+                                                                                  sync, words, sink);
                        }));
             }
+        chain none = c; /* the same stages with no bytes: the barriers alone */
+        for (int i = 0; i < none.n; i++) none.bytes[i] = 0;
+        const float ms = best_ms(st, [&] {
+            stream_kernel<<<sms, (CONSUMERS + 1) * 32, 4096, st>>>(buf, none, 8, 256, 1, 0, claimed, sync, words, sink);
+        });
+        printf("  %-36s %8.1f us, %.2f us a barrier\n", "barriers alone", ms * 1e3, ms * 1e3 / (c.n - 1));
     }
     return 0;
 }
