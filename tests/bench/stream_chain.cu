@@ -23,6 +23,13 @@
  *             slowest block of that stage. After a stage's last claim it puts one empty piece in
  *             each consumer's next slot (the stage's end).
  *   barriers alone: the chain with no bytes, what the grid barriers cost by themselves.
+ * Two grid barriers: "generation" (each block's thread 0 fences, adds to a count and spins on a
+ * generation word that the last block writes after its own fence) and "counting" (a release add
+ * to a count that only grows, polled with acquire loads until it reaches the barrier's multiple
+ * of the grid: two L2 trips, no generation word).
+ * Measured (PERFORMANCE.md, thirteenth session): the 16 KB ring streams at 93-97% of the probe
+ * without barriers, but the generation barrier costs 2.3 us, more than a PDL kernel boundary
+ * (~1.45 us), so with it the persistent form loses to the launches on both shapes.
  * Attention at depth 0 reads next to nothing: it is a stage of 0 bytes (a boundary).
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tests/bench/stream_chain.cu -o build/stream_chain
@@ -51,6 +58,23 @@ __device__ __forceinline__ void share(const chain &c, int st, size_t *lo, size_t
 
 /* The consumers of every block meet here: a counter of arrivals and a generation, as a grid
  * barrier (all blocks resident: one an SM). Thread 0 of the consumers arrives for its block. */
+/* The counting barrier: sync[2] only grows (zeroed before each launch); barrier b (from 0) returns
+ * once every block has added its 1 for it, (b + 1) x blocks in all. */
+__device__ void grid_barrier_counting(unsigned *count, unsigned b) {
+    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+    if (threadIdx.x == 0) {
+        const unsigned target = (b + 1) * gridDim.x;
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned v;
+        unsigned long long spins = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+            if (++spins == SPIN_LIMIT) __trap();
+        } while (v < target);
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+}
+
 __device__ void grid_barrier(unsigned *count, volatile unsigned *gen) {
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
     if (threadIdx.x == 0) {
@@ -135,8 +159,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
     unsigned acc = 0;
     long k = claims ? wid : 0;
     for (int st = 0; st < c.n; st++) {
-        if (barriers && st > 0) {
-            grid_barrier(sync, sync + 1);
+        if (barriers && st > 0) { /* 1: the generation barrier, 2: the counting one */
+            if (barriers == 1) grid_barrier(sync, sync + 1);
+            else grid_barrier_counting(sync + 2, (unsigned)st - 1);
             /* the stage's input, written by another block before the barrier: an L2 round trip */
             acc ^= __ldcg(&words[(blockIdx.x + 1) % gridDim.x]);
         }
@@ -226,8 +251,8 @@ int main(void) {
     unsigned *sink, *sync, *words, *claimed;
     CHECK(cudaMalloc(&buf, buf_bytes));
     CHECK(cudaMalloc(&sink, sizeof(unsigned)));
-    CHECK(cudaMalloc(&sync, 2 * sizeof(unsigned)));
-    CHECK(cudaMemset(sync, 0, 2 * sizeof(unsigned)));
+    CHECK(cudaMalloc(&sync, 3 * sizeof(unsigned)));
+    CHECK(cudaMemset(sync, 0, 3 * sizeof(unsigned)));
     CHECK(cudaMalloc(&words, (size_t)sms * sizeof(unsigned)));
     CHECK(cudaMalloc(&claimed, MAX_STAGES * sizeof(unsigned)));
     fill_kernel<<<sms * 8, 256>>>(reinterpret_cast<uint4 *>(buf), buf_bytes / 16);
@@ -272,28 +297,34 @@ int main(void) {
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
 
-        /* ring variants: static shares without and with barriers, then claims with barriers */
+        /* ring variants: static shares without barriers, with each barrier, then claims with each */
         const int pieces[] = {8192, 16384};
+        const char *barrier_name[] = {"", ", barriers", ", counting barriers"};
         for (int piece : pieces)
-            for (int mode = 0; mode < 3; mode++) {
+            for (int mode = 0; mode < 5; mode++) {
                 const int slots = 192 * 1024 / piece / CONSUMERS * CONSUMERS; /* 24, 8 */
                 const size_t smem = (size_t)slots * piece + 2 * slots * sizeof(uint64_t) + slots * sizeof(unsigned);
-                const int barriers = mode > 0, claims = mode == 2;
+                const int barriers = mode == 0 ? 0 : 1 + (mode - 1) % 2, claims = mode >= 3;
                 char what[64];
-                snprintf(what, sizeof what, "stream, %2d x %2d KB slots%s", slots, piece / 1024,
-                         claims ? ", claims, barriers" : barriers ? ", barriers" : "");
+                snprintf(what, sizeof what, "stream, %2d x %2d KB%s%s", slots, piece / 1024, claims ? ", claims" : "",
+                         barrier_name[barriers]);
                 report(what, best_ms(st, [&] {
                            CHECK(cudaMemsetAsync(claimed, 0, MAX_STAGES * sizeof(unsigned), st));
+                           CHECK(cudaMemsetAsync(sync + 2, 0, sizeof(unsigned), st));
                            stream_kernel<<<sms, (CONSUMERS + 1) * 32, smem, st>>>(buf, c, slots, piece, barriers, claims, claimed,
                                                                                   sync, words, sink);
                        }));
             }
         chain none = c; /* the same stages with no bytes: the barriers alone */
         for (int i = 0; i < none.n; i++) none.bytes[i] = 0;
-        const float ms = best_ms(st, [&] {
-            stream_kernel<<<sms, (CONSUMERS + 1) * 32, 4096, st>>>(buf, none, 8, 256, 1, 0, claimed, sync, words, sink);
-        });
-        printf("  %-36s %8.1f us, %.2f us a barrier\n", "barriers alone", ms * 1e3, ms * 1e3 / (c.n - 1));
+        for (int barriers = 1; barriers <= 2; barriers++) {
+            const float ms = best_ms(st, [&] {
+                CHECK(cudaMemsetAsync(sync + 2, 0, sizeof(unsigned), st));
+                stream_kernel<<<sms, (CONSUMERS + 1) * 32, 4096, st>>>(buf, none, 8, 256, barriers, 0, claimed, sync, words, sink);
+            });
+            printf("  %-36s %8.1f us, %.2f us a barrier\n", barriers == 1 ? "generation barriers alone" : "counting barriers alone",
+                   ms * 1e3, ms * 1e3 / (c.n - 1));
+        }
     }
     return 0;
 }
