@@ -23,6 +23,9 @@
  *             slowest block of that stage. After a stage's last claim it puts one empty piece in
  *             each consumer's next slot (the stage's end).
  *   barriers alone: the chain with no bytes, what the grid barriers cost by themselves.
+ *   matvecs: the launches and the stream (claims, counting barriers) with the arithmetic: each
+ *             stage's input staged in shared memory after its boundary (the previous stage's
+ *             output, from L2), each piece's rows dotted with it, the sums added to the output.
  * Two grid barriers: "generation" (each block's thread 0 fences, adds to a count and spins on a
  * generation word that the last block writes after its own fence) and "counting" (a release add
  * to a count that only grows, polled with acquire loads until it reaches the barrier's multiple
@@ -48,6 +51,9 @@ struct chain {
     int n;                        /* stages */
     size_t offset[MAX_STAGES];    /* each stage's bytes in the buffer, 16-byte aligned */
     size_t bytes[MAX_STAGES];
+    int piece[MAX_STAGES];        /* bytes a piece of the stage (claims): whole rows, or an equal part of one */
+    int k[MAX_STAGES];            /* the stage's row length in bf16 (its input's size); 0: no rows */
+    int rows[MAX_STAGES];
 };
 
 /* Block b's share of stage st: [lo, hi) bytes from the stage's start, whole 16-byte words. */
@@ -57,8 +63,6 @@ __device__ __forceinline__ void share(const chain &c, int st, size_t *lo, size_t
     *hi = min(words, per * (blockIdx.x + 1)) * 16;
 }
 
-/* The consumers of every block meet here: a counter of arrivals and a generation, as a grid
- * barrier (all blocks resident: one an SM). Thread 0 of the consumers arrives for its block. */
 /* The counting barrier: sync[2] only grows (zeroed before each launch); barrier b (from 0) returns
  * once every block has added its 1 for it, (b + 1) x blocks in all. */
 __device__ void grid_barrier_counting(unsigned *count, unsigned b) {
@@ -76,6 +80,8 @@ __device__ void grid_barrier_counting(unsigned *count, unsigned b) {
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
 }
 
+/* The consumers of every block meet here: a counter of arrivals and a generation, as a grid
+ * barrier (all blocks resident: one an SM). Thread 0 of the consumers arrives for its block. */
 __device__ void grid_barrier(unsigned *count, volatile unsigned *gen) {
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
     if (threadIdx.x == 0) {
@@ -95,13 +101,63 @@ __device__ void grid_barrier(unsigned *count, volatile unsigned *gen) {
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
 }
 
+/* Claims, the producer's side: stage by stage, CLAIM pieces of c.piece[st] bytes a claim from the
+ * stage's counter (the next claim asked for during this one's copies, so a block that streams
+ * faster takes more), each piece into the next slot with its length and offset in the stage;
+ * after the stage's last claim one empty piece for each consumer warp (the stage's end). */
+__device__ void produce_claims(const char *buf, const chain &c, unsigned char *ring, int slots, int slot_bytes,
+                               uint64_t *full, uint64_t *empty, unsigned *len_of, unsigned *at_of, unsigned *claimed) {
+    auto take = [&](int st) { return st < c.n ? atomicAdd(&claimed[st], 1u) : 0u; };
+    long k = 0;
+    unsigned unit = take(0);
+    for (int st = 0; st < c.n; st++) {
+        const size_t claim = (size_t)CLAIM * c.piece[st];
+        while ((size_t)unit * claim < c.bytes[st]) {
+            const size_t lo = (size_t)unit * claim, hi = min(c.bytes[st], lo + claim);
+            unit = take(st);
+            for (size_t at = lo; at < hi; at += c.piece[st], k++) {
+                const int s = (int)(k % slots);
+                if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
+                const uint32_t n = (uint32_t)min((size_t)c.piece[st], hi - at);
+                len_of[s] = n;
+                at_of[s] = (unsigned)at;
+                bulk_copy(ring + (size_t)s * slot_bytes, buf + c.offset[st] + at, n, &full[s]);
+            }
+        }
+        for (int w = 0; w < CONSUMERS; w++, k++) {
+            const int s = (int)(k % slots);
+            if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
+            len_of[s] = 0;
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&full[s])) : "memory");
+        }
+        unit = take(st + 1); /* (the last claim of st, past its end, is dropped) */
+    }
+}
+
+/* Claims, a consumer warp's side: its slots in turn (k, k + CONSUMERS, ...), use(piece, bytes,
+ * offset in the stage) on each, up to the stage's end; returns its next k. */
+template <typename Use>
+__device__ long consume_claims(unsigned char *ring, int slots, int slot_bytes, uint64_t *full, uint64_t *empty,
+                               const unsigned *len_of, long k, int lane, Use use) {
+    const unsigned *at_of = len_of + slots;
+    for (;; k += CONSUMERS) {
+        const int s = (int)(k % slots);
+        bar_wait(&full[s], (uint32_t)((k / slots) & 1));
+        const int n = (int)len_of[s];
+        if (n) use(reinterpret_cast<const uint4 *>(ring + (size_t)s * slot_bytes), n, at_of[s]);
+        __syncwarp();
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
+        if (n == 0) return k + CONSUMERS;
+    }
+}
+
 __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const char *buf, chain c, int slots, int piece,
                                                                          int barriers, int claims, unsigned *claimed,
                                                                          unsigned *sync, unsigned *words, unsigned *sink) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char *ring = smem;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)slots * piece), *empty = full + slots;
-    unsigned *len_of = reinterpret_cast<unsigned *>(empty + slots); /* claims: a slot's bytes, 0 at a stage's end */
+    unsigned *len_of = reinterpret_cast<unsigned *>(empty + slots), *at_of = len_of + slots; /* claims */
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < slots; s++) {
@@ -117,28 +173,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
         if (lane != 0) return;
         long k = 0;
         if (claims) {
-            auto take = [&](int st) { return st < c.n ? atomicAdd(&claimed[st], 1u) : 0u; };
-            unsigned unit = take(0);
-            for (int st = 0; st < c.n; st++) {
-                while ((size_t)unit * CLAIM * piece < c.bytes[st]) {
-                    const size_t lo = (size_t)unit * CLAIM * piece, hi = min(c.bytes[st], lo + (size_t)CLAIM * piece);
-                    unit = take(st); /* the next claim on its way during this one's copies */
-                    for (size_t at = lo; at < hi; at += piece, k++) {
-                        const int s = (int)(k % slots);
-                        if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
-                        const uint32_t n = (uint32_t)min((size_t)piece, hi - at);
-                        len_of[s] = n;
-                        bulk_copy(ring + (size_t)s * piece, buf + c.offset[st] + at, n, &full[s]);
-                    }
-                }
-                for (int w = 0; w < CONSUMERS; w++, k++) { /* the stage's end, one for each consumer */
-                    const int s = (int)(k % slots);
-                    if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
-                    len_of[s] = 0;
-                    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&full[s])) : "memory");
-                }
-                unit = take(st + 1); /* (the last claim of st, past its end, is dropped) */
-            }
+            produce_claims(buf, c, ring, slots, piece, full, empty, len_of, at_of, claimed);
             return;
         }
         for (int st = 0; st < c.n; st++) {
@@ -166,20 +201,10 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
             /* the stage's input, written by another block before the barrier: an L2 round trip */
             acc ^= __ldcg(&words[(blockIdx.x + 1) % gridDim.x]);
         }
-        if (claims) { /* this warp's slots in turn, up to the stage's end */
-            for (;; k += CONSUMERS) {
-                const int s = (int)(k % slots);
-                bar_wait(&full[s], (uint32_t)((k / slots) & 1));
-                const int n = (int)(len_of[s] / 16);
-                const uint4 *w = reinterpret_cast<const uint4 *>(ring + (size_t)s * piece);
-                for (int i = lane; i < n; i += 32) acc ^= fold(w[i]);
-                __syncwarp();
-                if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
-                if (n == 0) {
-                    k += CONSUMERS;
-                    break;
-                }
-            }
+        if (claims) {
+            k = consume_claims(ring, slots, piece, full, empty, len_of, k, lane, [&](const uint4 *w, int bytes, unsigned) {
+                for (int i = lane; i < bytes / 16; i += 32) acc ^= fold(w[i]);
+            });
             if (lane == 0 && wid == 0) words[blockIdx.x] = acc | 1u;
             continue;
         }
@@ -201,6 +226,123 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
 }
 
 // ---------------------------------------------------------------------------------------------
+// The same two forms with the matvecs' arithmetic: each piece's rows (or part of a row) against the
+// stage's input, staged in shared memory after the stage's boundary from the previous stage's
+// output (K floats from L2), the warp's sums added to the stage's output (red.add: a row may be
+// split over pieces). Outputs go round three buffers: stage st reads (st + 2) % 3, adds into
+// st % 3 and zeroes its share of (st + 1) % 3 for the next stage (read two boundaries ago).
+
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
+    auto lo = [](unsigned u) { return __uint_as_float(u << 16); };
+    auto hi = [](unsigned u) { return __uint_as_float(u & 0xFFFF0000u); };
+    return lo(w.x) * a.x + hi(w.x) * a.y + lo(w.y) * a.z + hi(w.y) * a.w + lo(w.z) * b.x + hi(w.z) * b.y + lo(w.w) * b.z +
+           hi(w.w) * b.w;
+}
+
+/* A piece of `bytes` at byte `at` of a stage with rows of k bf16: lane takes word lane + 32 t; the
+ * piece is whole rows, or one part of a row (per_lane words a lane a row). MAXW: words a lane at most. */
+template <int MAXW, typename Get>
+__device__ __forceinline__ void piece_dot(Get get, int bytes, unsigned at, int k, const float4 *x4, float *y, int lane) {
+    const int el = bytes / 2, seg = min(k, el), per_lane = seg / 256, n = el / 256;
+    const int row0 = (int)((at / 2) / k), col0 = (int)((at / 2) % k);
+    float sum = 0.0f;
+    int r = 0, j = 0;
+#pragma unroll
+    for (int t = 0; t < MAXW; t++)
+        if (t < n) {
+            const int col = col0 + 8 * (lane + 32 * j);
+            sum += dot8(get(t), x4[col / 4], x4[col / 4 + 1]);
+            if (++j == per_lane) {
+#pragma unroll
+                for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+                if (lane == 0) atomicAdd(y + row0 + r, sum);
+                sum = 0.0f, j = 0, r++;
+            }
+        }
+}
+
+/* stage st's boundary work for threads [0, threads): zero this block's share of the next stage's
+ * output, then stage the input in x4 (the caller syncs) */
+__device__ __forceinline__ void stage_input(const chain &c, int st, float *act, size_t act_stride, float4 *x4, int tid,
+                                            int threads, int block, int blocks) {
+    if (st + 1 < c.n) {
+        float *next = act + (size_t)((st + 1) % 3) * act_stride;
+        const int per = (c.rows[st + 1] + blocks - 1) / blocks;
+        for (int i = block * per + tid; i < min(c.rows[st + 1], (block + 1) * per); i += threads) next[i] = 0.0f;
+    }
+    const float4 *in = reinterpret_cast<const float4 *>(act + (size_t)((st + 2) % 3) * act_stride);
+    for (int i = tid; i < c.k[st] / 4; i += threads) x4[i] = __ldcg(in + i);
+}
+
+/* shared memory of a ring of slots, its barriers and its pieces' lengths and offsets, to a 16-byte bound */
+__host__ __device__ constexpr size_t ring_meta_bytes(int slots, int slot_bytes) {
+    return ((size_t)slots * slot_bytes + (size_t)slots * (2 * sizeof(uint64_t) + 2 * sizeof(unsigned)) + 15) / 16 * 16;
+}
+
+/* the persistent form with claims and counting barriers; shared memory: the ring, its barriers and
+ * pieces' lengths and offsets, then the input (the largest k floats) */
+__global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_matvec_kernel(const char *buf, chain c, int slots,
+                                                                                int slot_bytes, unsigned *claimed,
+                                                                                unsigned *count, float *act,
+                                                                                size_t act_stride) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *ring = smem;
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)slots * slot_bytes), *empty = full + slots;
+    unsigned *len_of = reinterpret_cast<unsigned *>(empty + slots), *at_of = len_of + slots;
+    float4 *x4 = reinterpret_cast<float4 *>(smem + ring_meta_bytes(slots, slot_bytes));
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < slots; s++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[s])) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[s])) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (wid == CONSUMERS) {
+        if (lane == 0) produce_claims(buf, c, ring, slots, slot_bytes, full, empty, len_of, at_of, claimed);
+        return;
+    }
+    long k = wid;
+    for (int st = 0; st < c.n; st++) {
+        if (st > 0) grid_barrier_counting(count, (unsigned)st - 1);
+        stage_input(c, st, act, act_stride, x4, threadIdx.x, CONSUMERS * 32, blockIdx.x, gridDim.x);
+        asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+        float *y = act + (size_t)(st % 3) * act_stride;
+        const int kk = c.k[st];
+        k = consume_claims(ring, slots, slot_bytes, full, empty, len_of, k, lane, [&](const uint4 *w, int bytes, unsigned at) {
+            piece_dot<32>([&](int t) { return w[lane + 32 * t]; }, bytes, at, kk, x4, y, lane);
+        });
+    }
+}
+
+/* the launch form: a kernel a stage, 8 warps a block, a warp a piece of at most 8 KB at a time in
+ * registers, the first piece loaded before the wait */
+__global__ void __launch_bounds__(256) rows_matvec_kernel(const char *buf, chain c, int st, float *act, size_t act_stride) {
+    extern __shared__ __align__(16) float4 xs[];
+    const int lane = threadIdx.x % 32, G = gridDim.x * 8, pieces = (int)(c.bytes[st] / max(c.piece[st], 1));
+    int p = blockIdx.x * 8 + threadIdx.x / 32;
+    const uint4 *w = reinterpret_cast<const uint4 *>(buf + c.offset[st]);
+    uint4 v[16];
+    auto load = [&](int q) {
+        const uint4 *src = w + (size_t)q * (c.piece[st] / 16);
+#pragma unroll
+        for (int t = 0; t < 16; t++)
+            if (t < c.piece[st] / 512) v[t] = __ldcs(src + lane + 32 * t);
+    };
+    if (p < pieces) load(p);
+    pdl_wait();
+    pdl_trigger();
+    stage_input(c, st, act, act_stride, xs, threadIdx.x, blockDim.x, blockIdx.x, gridDim.x);
+    __syncthreads();
+    float *y = act + (size_t)(st % 3) * act_stride;
+    for (bool first = true; p < pieces; p += G, first = false) {
+        if (!first) load(p);
+        piece_dot<16>([&](int t) { return v[t]; }, c.piece[st], (unsigned)((size_t)p * c.piece[st]), c.k[st], xs, y, lane);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Harness
 
 struct shape {
@@ -212,19 +354,37 @@ struct shape {
 static chain chain_of(const shape &m) {
     chain c = {};
     size_t at = 0;
-    auto add = [&](size_t bytes) {
+    auto add = [&](long rows, long k) {
         c.offset[c.n] = at;
-        c.bytes[c.n++] = bytes;
-        at += (bytes + 4095) / 4096 * 4096;
+        c.rows[c.n] = (int)rows;
+        c.k[c.n] = (int)k;
+        c.bytes[c.n++] = (size_t)rows * k * 2;
+        at += (rows * k * 2 + 4095) / 4096 * 4096;
     };
     for (long l = 0; l < m.layers; l++) {
-        add((size_t)(m.q_dim + 2 * m.kv_dim) * m.dim * 2);
-        add(0);
-        add((size_t)m.dim * m.q_dim * 2);
-        add((size_t)2 * m.hidden * m.dim * 2);
-        add((size_t)m.dim * m.hidden * 2);
+        add(m.q_dim + 2 * m.kv_dim, m.dim);
+        add(0, 0);
+        add(m.dim, m.q_dim);
+        add(2 * m.hidden, m.dim);
+        add(m.dim, m.hidden);
     }
-    add((size_t)m.vocab * m.dim * 2);
+    add(m.vocab, m.dim);
+    return c;
+}
+
+/* c with pieces of at most max_bytes a stage: whole rows, or a row in equal parts; each a whole
+ * number of 16-byte words a lane (piece_dot) */
+static chain with_pieces(chain c, int max_bytes) {
+    for (int i = 0; i < c.n; i++) {
+        if (!c.k[i]) continue;
+        const int row = 2 * c.k[i];
+        c.piece[i] = row <= max_bytes ? max_bytes / row * row : row / ((row + max_bytes - 1) / max_bytes);
+        if (c.bytes[i] % c.piece[i] || c.piece[i] % 512 || (row > c.piece[i] && row % c.piece[i])) {
+            fprintf(stderr, "stream_chain: stage %d (%d rows of %d) does not split into pieces of at most %d bytes\n", i,
+                    c.rows[i], c.k[i], max_bytes);
+            exit(1);
+        }
+    }
     return c;
 }
 
@@ -256,11 +416,17 @@ int main(void) {
     CHECK(cudaMemset(sync, 0, 3 * sizeof(unsigned)));
     CHECK(cudaMalloc(&words, (size_t)sms * sizeof(unsigned)));
     CHECK(cudaMalloc(&claimed, MAX_STAGES * sizeof(unsigned)));
+    size_t act_stride = 0; /* the matvec forms' outputs: three buffers of the most rows a stage has */
+    for (const shape &m : shapes) act_stride = max(act_stride, (size_t)(m.vocab + 3) / 4 * 4);
+    float *act;
+    CHECK(cudaMalloc(&act, 3 * act_stride * sizeof(float)));
     fill_kernel<<<sms * 8, 256>>>(reinterpret_cast<uint4 *>(buf), buf_bytes / 16);
     CHECK(cudaDeviceSynchronize());
     cudaStream_t st;
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    CHECK(cudaFuncSetAttribute(stream_matvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    CHECK(cudaFuncSetAttribute(rows_matvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
 
     const float probe_ms = best_ms(st, [&] { probe_kernel<<<sms * 4, 512, 0, st>>>(reinterpret_cast<const uint4 *>(buf), buf_bytes / 16, sink, 0); });
     const double probe = (double)buf_bytes / (probe_ms * 1e-3) / 1e9;
@@ -299,20 +465,22 @@ int main(void) {
         cudaGraphDestroy(graph);
 
         /* ring variants: static shares without barriers, with each barrier, then claims with each */
-        const int pieces[] = {8192, 16384};
+        const int pieces[] = {16384}; /* (8 KB pieces: bound by the one producer thread, 61-69%) */
         const char *barrier_name[] = {"", ", barriers", ", counting barriers"};
         for (int piece : pieces)
             for (int mode = 0; mode < 5; mode++) {
-                const int slots = 192 * 1024 / piece / CONSUMERS * CONSUMERS; /* 24, 8 */
-                const size_t smem = (size_t)slots * piece + 2 * slots * sizeof(uint64_t) + slots * sizeof(unsigned);
+                const int slots = 192 * 1024 / piece / CONSUMERS * CONSUMERS; /* 8 */
+                const size_t smem = ring_meta_bytes(slots, piece);
                 const int barriers = mode == 0 ? 0 : 1 + (mode - 1) % 2, claims = mode >= 3;
                 char what[64];
                 snprintf(what, sizeof what, "stream, %2d x %2d KB%s%s", slots, piece / 1024, claims ? ", claims" : "",
                          barrier_name[barriers]);
+                chain cp = c;
+                for (int i = 0; i < cp.n; i++) cp.piece[i] = piece;
                 report(what, best_ms(st, [&] {
                            CHECK(cudaMemsetAsync(claimed, 0, MAX_STAGES * sizeof(unsigned), st));
                            CHECK(cudaMemsetAsync(sync + 2, 0, sizeof(unsigned), st));
-                           stream_kernel<<<sms, (CONSUMERS + 1) * 32, smem, st>>>(buf, c, slots, piece, barriers, claims, claimed,
+                           stream_kernel<<<sms, (CONSUMERS + 1) * 32, smem, st>>>(buf, cp, slots, piece, barriers, claims, claimed,
                                                                                   sync, words, sink);
                        }));
             }
@@ -326,6 +494,42 @@ int main(void) {
             printf("  %-36s %8.1f us, %.2f us a barrier\n", barriers == 1 ? "generation barriers alone" : "counting barriers alone",
                    ms * 1e3, ms * 1e3 / (c.n - 1));
         }
+
+        /* with the matvecs' arithmetic: a kernel a stage (8 KB pieces in registers) against the
+         * persistent ring (16 KB pieces, claims, counting barriers) */
+        int max_k = 0;
+        for (int i = 0; i < c.n; i++) max_k = max(max_k, c.k[i]);
+        const chain c8 = with_pieces(c, 8192), c16 = with_pieces(c, 16384);
+        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < c.n; i++) {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr;
+            attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr.val.programmaticStreamSerializationAllowed = 1;
+            cfg.gridDim = dim3(sms * 2);
+            cfg.blockDim = dim3(256);
+            cfg.dynamicSmemBytes = (size_t)c.k[i] * sizeof(float);
+            cfg.stream = st;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            CHECK(cudaLaunchKernelEx(&cfg, rows_matvec_kernel, (const char *)buf, c8, i, act, act_stride));
+        }
+        CHECK(cudaStreamEndCapture(st, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        report("launches, matvecs", best_ms(st, [&] {
+                   CHECK(cudaMemsetAsync(act, 0, 3 * act_stride * sizeof(float), st));
+                   CHECK(cudaGraphLaunch(exec, st));
+               }));
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        const size_t msmem = ring_meta_bytes(8, 16384) + (size_t)max_k * sizeof(float);
+        report("stream, matvecs, claims, counting", best_ms(st, [&] {
+                   CHECK(cudaMemsetAsync(act, 0, 3 * act_stride * sizeof(float), st));
+                   CHECK(cudaMemsetAsync(claimed, 0, MAX_STAGES * sizeof(unsigned), st));
+                   CHECK(cudaMemsetAsync(sync + 2, 0, sizeof(unsigned), st));
+                   stream_matvec_kernel<<<sms, (CONSUMERS + 1) * 32, msmem, st>>>(buf, c16, 8, 16384, claimed, sync + 2, act,
+                                                                                  act_stride);
+               }));
     }
     return 0;
 }
