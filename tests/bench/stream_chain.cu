@@ -33,7 +33,9 @@
  * Measured (PERFORMANCE.md, thirteenth session): the 16 KB ring streams at 93-97% of the probe
  * without barriers; the generation barrier costs 2.3 us, more than a PDL kernel boundary (~1.45
  * us), the counting one 1.6 us. With counting barriers and claims the ring passes the launches on
- * the 7B shape (89.4% against 86.5%), not on the 1B (74% against 80%).
+ * the 7B shape (89-92% against 87%), not on the 1B (74-76% against 80-82%). With the matvecs'
+ * arithmetic it falls behind on both (49% / 63% against 67% / 80%): 8 consumer warps reading
+ * weights and input from shared memory do not keep up.
  * Attention at depth 0 reads next to nothing: it is a stage of 0 bytes (a boundary).
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tests/bench/stream_chain.cu -o build/stream_chain
