@@ -103,6 +103,30 @@ __device__ void grid_barrier(unsigned *count, volatile unsigned *gen) {
     asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
 }
 
+/* shared memory of a ring of slots, its barriers and its pieces' lengths and offsets, to a 16-byte bound */
+__host__ __device__ constexpr size_t ring_meta_bytes(int slots, int slot_bytes) {
+    return ((size_t)slots * slot_bytes + (size_t)slots * (2 * sizeof(uint64_t) + 2 * sizeof(unsigned)) + 15) / 16 * 16;
+}
+
+/* The ring's layout in shared memory (slots of slot_bytes, then a full and an empty mbarrier a
+ * slot, then a slot's piece length and offset), its barriers initialized; the block synced. */
+__device__ void ring_init(unsigned char *smem, int slots, int slot_bytes, unsigned char **ring, uint64_t **full,
+                          uint64_t **empty, unsigned **len_of, unsigned **at_of) {
+    *ring = smem;
+    *full = reinterpret_cast<uint64_t *>(smem + (size_t)slots * slot_bytes);
+    *empty = *full + slots;
+    *len_of = reinterpret_cast<unsigned *>(*empty + slots);
+    *at_of = *len_of + slots;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < slots; s++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&(*full)[s])) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&(*empty)[s])) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+}
+
 /* Claims, the producer's side: stage by stage, CLAIM pieces of c.piece[st] bytes a claim from the
  * stage's counter (the next claim asked for during this one's copies, so a block that streams
  * faster takes more), each piece into the next slot with its length and offset in the stage;
@@ -157,18 +181,11 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_kernel(const c
                                                                          int barriers, int claims, unsigned *claimed,
                                                                          unsigned *sync, unsigned *words, unsigned *sink) {
     extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char *ring = smem;
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)slots * piece), *empty = full + slots;
-    unsigned *len_of = reinterpret_cast<unsigned *>(empty + slots), *at_of = len_of + slots; /* claims */
+    unsigned char *ring;
+    uint64_t *full, *empty;
+    unsigned *len_of, *at_of; /* claims */
+    ring_init(smem, slots, piece, &ring, &full, &empty, &len_of, &at_of);
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < slots; s++) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[s])) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[s])) : "memory");
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
     if (wid == CONSUMERS) {
         /* the producer: every stage's share in order, piece k into slot k % slots once piece
          * k - slots has been read */
@@ -276,11 +293,6 @@ __device__ __forceinline__ void stage_input(const chain &c, int st, float *act, 
     for (int i = tid; i < c.k[st] / 4; i += threads) x4[i] = __ldcg(in + i);
 }
 
-/* shared memory of a ring of slots, its barriers and its pieces' lengths and offsets, to a 16-byte bound */
-__host__ __device__ constexpr size_t ring_meta_bytes(int slots, int slot_bytes) {
-    return ((size_t)slots * slot_bytes + (size_t)slots * (2 * sizeof(uint64_t) + 2 * sizeof(unsigned)) + 15) / 16 * 16;
-}
-
 /* the persistent form with claims and counting barriers; shared memory: the ring, its barriers and
  * pieces' lengths and offsets, then the input (the largest k floats) */
 __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_matvec_kernel(const char *buf, chain c, int slots,
@@ -288,19 +300,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_matvec_kernel(
                                                                                 unsigned *count, float *act,
                                                                                 size_t act_stride) {
     extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char *ring = smem;
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)slots * slot_bytes), *empty = full + slots;
-    unsigned *len_of = reinterpret_cast<unsigned *>(empty + slots), *at_of = len_of + slots;
+    unsigned char *ring;
+    uint64_t *full, *empty;
+    unsigned *len_of, *at_of;
+    ring_init(smem, slots, slot_bytes, &ring, &full, &empty, &len_of, &at_of);
     float4 *x4 = reinterpret_cast<float4 *>(smem + ring_meta_bytes(slots, slot_bytes));
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < slots; s++) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[s])) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&empty[s])) : "memory");
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
     if (wid == CONSUMERS) {
         if (lane == 0) produce_claims(buf, c, ring, slots, slot_bytes, full, empty, len_of, at_of, claimed);
         return;
@@ -396,6 +401,40 @@ static size_t total(const chain &c) {
     return t;
 }
 
+/* kernel<<<grid, 256, smem, st>>>(args...) with programmatic dependent launch allowed */
+template <typename... P, typename... A>
+static void launch_pdl(cudaStream_t st, int grid, size_t smem, void (*kernel)(P...), A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(256);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CHECK(cudaLaunchKernelEx(&cfg, kernel, (P)args...));
+}
+
+/* best_ms of a graph of what capture enqueues, before() enqueued ahead of each replay */
+template <typename F, typename G>
+static float graph_ms(cudaStream_t st, F capture, G before) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    capture();
+    CHECK(cudaStreamEndCapture(st, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const float ms = best_ms(st, [&] {
+        before();
+        CHECK(cudaGraphLaunch(exec, st));
+    });
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return ms;
+}
+
 int main(void) {
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -444,27 +483,13 @@ int main(void) {
         };
 
         /* launches: a graph of one rows_kernel per stage (an empty stage: a grid of one block) */
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < c.n; i++) {
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute attr;
-            attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr.val.programmaticStreamSerializationAllowed = 1;
-            const int rows = (int)(c.bytes[i] / ROW_BYTES);
-            cfg.gridDim = dim3(rows ? sms * 2 : 1);
-            cfg.blockDim = dim3(256);
-            cfg.stream = st;
-            cfg.attrs = &attr;
-            cfg.numAttrs = 1;
-            CHECK(cudaLaunchKernelEx(&cfg, rows_kernel<2, 256>, reinterpret_cast<const uint4 *>(buf + c.offset[i]), rows, sink, 1));
-        }
-        CHECK(cudaStreamEndCapture(st, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        report("launches (a kernel a stage, PDL)", best_ms(st, [&] { CHECK(cudaGraphLaunch(exec, st)); }));
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
+        report("launches (a kernel a stage, PDL)", graph_ms(st, [&] {
+                   for (int i = 0; i < c.n; i++) {
+                       const int rows = (int)(c.bytes[i] / ROW_BYTES);
+                       launch_pdl(st, rows ? sms * 2 : 1, 0, rows_kernel<2, 256>, reinterpret_cast<const uint4 *>(buf + c.offset[i]),
+                                  rows, sink, 1);
+                   }
+               }, [] {}));
 
         /* ring variants: static shares without barriers, with each barrier, then claims with each */
         const int pieces[] = {16384}; /* (8 KB pieces: bound by the one producer thread, 61-69%) */
@@ -502,28 +527,11 @@ int main(void) {
         int max_k = 0;
         for (int i = 0; i < c.n; i++) max_k = max(max_k, c.k[i]);
         const chain c8 = with_pieces(c, 8192), c16 = with_pieces(c, 16384);
-        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < c.n; i++) {
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute attr;
-            attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr.val.programmaticStreamSerializationAllowed = 1;
-            cfg.gridDim = dim3(sms * 2);
-            cfg.blockDim = dim3(256);
-            cfg.dynamicSmemBytes = (size_t)c.k[i] * sizeof(float);
-            cfg.stream = st;
-            cfg.attrs = &attr;
-            cfg.numAttrs = 1;
-            CHECK(cudaLaunchKernelEx(&cfg, rows_matvec_kernel, (const char *)buf, c8, i, act, act_stride));
-        }
-        CHECK(cudaStreamEndCapture(st, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        report("launches, matvecs", best_ms(st, [&] {
-                   CHECK(cudaMemsetAsync(act, 0, 3 * act_stride * sizeof(float), st));
-                   CHECK(cudaGraphLaunch(exec, st));
-               }));
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
+        report("launches, matvecs", graph_ms(st, [&] {
+                   for (int i = 0; i < c.n; i++)
+                       launch_pdl(st, sms * 2, (size_t)c.k[i] * sizeof(float), rows_matvec_kernel, (const char *)buf, c8, i, act,
+                                  act_stride);
+               }, [&] { CHECK(cudaMemsetAsync(act, 0, 3 * act_stride * sizeof(float), st)); }));
         const size_t msmem = ring_meta_bytes(8, 16384) + (size_t)max_k * sizeof(float);
         report("stream, matvecs, claims, counting", best_ms(st, [&] {
                    CHECK(cudaMemsetAsync(act, 0, 3 * act_stride * sizeof(float), st));
