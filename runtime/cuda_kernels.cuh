@@ -36,7 +36,14 @@
  * session) */
 #define ATT_MIN_CHUNK 256
 #endif
-static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE, "ATT_MIN_CHUNK: 1 to ATT_TILE positions (a block scores at most a tile)");
+/* The same for the prompt's attention (prefill_flash_body, attention_body with TOKENS > 1), apart
+ * so that a variant build can move it alone: at depth 8192 the prompt measured +8-9% with 512 where
+ * the decode lost, at 1024-4096 it lost 12-20% (PERFORMANCE.md, thirteenth session) */
+#ifndef PREFILL_MIN_CHUNK
+#define PREFILL_MIN_CHUNK ATT_MIN_CHUNK
+#endif
+static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHUNK >= 1 && PREFILL_MIN_CHUNK <= ATT_TILE,
+              "ATT_MIN_CHUNK, PREFILL_MIN_CHUNK: 1 to ATT_TILE positions (a block scores at most a tile)");
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
 /* The combine's float4 form (below, in attention_body), ATT_COMBINE_LOADS loads a thread at once:
  * -1 where the plain form would give a thread more than one output (a KV group's heads times the
@@ -821,11 +828,11 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     /* row r's token (from `ahead`) and query head in the group */
     auto token_of = [&](int r) { return TOKENS == 1 ? 0 : r / kv_mul; };
     auto head_of = [&](int r) { return TOKENS == 1 ? r : r % kv_mul; };
-    /* Positions [0, n) in chunks of at least ATT_MIN_CHUNK: a short context keeps few blocks busy
-     * and the combine short; blocks past the last chunk have nothing to do. The position is read
-     * before the wait, from L2: the previous step wrote it, or the host before this step began. This
-     * block's query is `ahead` positions after it (a prefill batch's later tokens; 0 in decode), and
-     * positions from io[IO_POS] on are written in this step. */
+    /* Positions [0, n) in chunks of at least ATT_MIN_CHUNK (a prompt's: PREFILL_MIN_CHUNK): a short
+     * context keeps few blocks busy and the combine short; blocks past the last chunk have nothing
+     * to do. The position is read before the wait, from L2: the previous step wrote it, or the host
+     * before this step began. This block's query is `ahead` positions after it (a prefill batch's
+     * later tokens; 0 in decode), and positions from io[IO_POS] on are written in this step. */
     int tokens = 1; /* the block's tokens that are the batch's: positions up to the last one's are written */
     if constexpr (TOKENS > 1) tokens = min(TOKENS, __ldcg(&io[IO_COUNT]) - ahead);
     const int first_new = __ldcg(&io[IO_POS]), n = first_new + ahead + tokens;
@@ -833,7 +840,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
      * splits sized by the context allocated left short contexts many tiny blocks in several waves
      * (1B shape, 131072 allocated, depth 4096: 1000 blocks of 33 positions; PERFORMANCE.md) */
     const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
-    const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK);
+    const int chunk = max((n + splits - 1) / splits, TOKENS > 1 ? PREFILL_MIN_CHUNK : ATT_MIN_CHUNK);
     const int n_active = (n + chunk - 1) / chunk;
     if (split >= n_active) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
@@ -1676,7 +1683,7 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
     const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
     /* the splits of attention_body, from the batch's last position: every row's split bounds alike */
     const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
-    const int chunk = max((n + splits - 1) / splits, ATT_MIN_CHUNK), n_active = (n + chunk - 1) / chunk;
+    const int chunk = max((n + splits - 1) / splits, PREFILL_MIN_CHUNK), n_active = (n + chunk - 1) / chunk;
     const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
     if (split >= n_active || rows <= 0) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
