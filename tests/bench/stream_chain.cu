@@ -43,11 +43,13 @@
 #include "bench_common.cuh"
 
 #define MAX_STAGES 256
-#define CONSUMERS 8 /* consumer warps a stream block */
+#define CONSUMERS 8 /* consumer warps a stream block (the matvec form also runs 16: every function takes
+                      * the block's warps but the last as its consumers) */
+#define MAX_WARPS 17
 #define CLAIM 2      /* pieces a claim takes (claims mode) */
 
 // ---------------------------------------------------------------------------------------------
-// stream: a producer warp and CONSUMERS consumer warps a block, one block an SM
+// stream: a producer warp (the block's last) and consumer warps, one block an SM
 
 struct chain {
     int n;                        /* stages */
@@ -68,7 +70,7 @@ __device__ __forceinline__ void share(const chain &c, int st, size_t *lo, size_t
 /* The counting barrier: sync[2] only grows (zeroed before each launch); barrier b (from 0) returns
  * once every block has added its 1 for it, (b + 1) x blocks in all. */
 __device__ void grid_barrier_counting(unsigned *count, unsigned b) {
-    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x - 32) : "memory");
     if (threadIdx.x == 0) {
         const unsigned target = (b + 1) * gridDim.x;
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
@@ -79,13 +81,13 @@ __device__ void grid_barrier_counting(unsigned *count, unsigned b) {
             if (++spins == SPIN_LIMIT) __trap();
         } while (v < target);
     }
-    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x - 32) : "memory");
 }
 
 /* The consumers of every block meet here: a counter of arrivals and a generation, as a grid
  * barrier (all blocks resident: one an SM). Thread 0 of the consumers arrives for its block. */
 __device__ void grid_barrier(unsigned *count, volatile unsigned *gen) {
-    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x - 32) : "memory");
     if (threadIdx.x == 0) {
         const unsigned g = *gen;
         __threadfence();
@@ -100,7 +102,7 @@ __device__ void grid_barrier(unsigned *count, volatile unsigned *gen) {
         }
         __threadfence();
     }
-    asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+    asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x - 32) : "memory");
 }
 
 /* shared memory of a ring of slots, its barriers and its pieces' lengths and offsets, to a 16-byte bound */
@@ -150,7 +152,7 @@ __device__ void produce_claims(const char *buf, const chain &c, unsigned char *r
                 bulk_copy(ring + (size_t)s * slot_bytes, buf + c.offset[st] + at, n, &full[s]);
             }
         }
-        for (int w = 0; w < CONSUMERS; w++, k++) {
+        for (int w = 0; w < (int)blockDim.x / 32 - 1; w++, k++) {
             const int s = (int)(k % slots);
             if (k >= slots) bar_wait(&empty[s], (uint32_t)((k / slots - 1) & 1));
             len_of[s] = 0;
@@ -160,20 +162,21 @@ __device__ void produce_claims(const char *buf, const chain &c, unsigned char *r
     }
 }
 
-/* Claims, a consumer warp's side: its slots in turn (k, k + CONSUMERS, ...), use(piece, bytes,
+/* Claims, a consumer warp's side: its slots in turn (k, k + consumers, ...), use(piece, bytes,
  * offset in the stage) on each, up to the stage's end; returns its next k. */
 template <typename Use>
 __device__ long consume_claims(unsigned char *ring, int slots, int slot_bytes, uint64_t *full, uint64_t *empty,
                                const unsigned *len_of, long k, int lane, Use use) {
     const unsigned *at_of = len_of + slots;
-    for (;; k += CONSUMERS) {
+    const int consumers = blockDim.x / 32 - 1;
+    for (;; k += consumers) {
         const int s = (int)(k % slots);
         bar_wait(&full[s], (uint32_t)((k / slots) & 1));
         const int n = (int)len_of[s];
         if (n) use(reinterpret_cast<const uint4 *>(ring + (size_t)s * slot_bytes), n, at_of[s]);
         __syncwarp();
         if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
-        if (n == 0) return k + CONSUMERS;
+        if (n == 0) return k + consumers;
     }
 }
 
@@ -295,7 +298,7 @@ __device__ __forceinline__ void stage_input(const chain &c, int st, float *act, 
 
 /* the persistent form with claims and counting barriers; shared memory: the ring, its barriers and
  * pieces' lengths and offsets, then the input (the largest k floats) */
-__global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_matvec_kernel(const char *buf, chain c, int slots,
+__global__ void __launch_bounds__(MAX_WARPS * 32, 1) stream_matvec_kernel(const char *buf, chain c, int slots,
                                                                                 int slot_bytes, unsigned *claimed,
                                                                                 unsigned *count, float *act,
                                                                                 size_t act_stride) {
@@ -306,15 +309,15 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 32, 1) stream_matvec_kernel(
     ring_init(smem, slots, slot_bytes, &ring, &full, &empty, &len_of, &at_of);
     float4 *x4 = reinterpret_cast<float4 *>(smem + ring_meta_bytes(slots, slot_bytes));
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
-    if (wid == CONSUMERS) {
+    if (wid == (int)blockDim.x / 32 - 1) {
         if (lane == 0) produce_claims(buf, c, ring, slots, slot_bytes, full, empty, len_of, at_of, claimed);
         return;
     }
     long k = wid;
     for (int st = 0; st < c.n; st++) {
         if (st > 0) grid_barrier_counting(count, (unsigned)st - 1);
-        stage_input(c, st, act, act_stride, x4, threadIdx.x, CONSUMERS * 32, blockIdx.x, gridDim.x);
-        asm volatile("bar.sync 1, %0;" ::"r"(CONSUMERS * 32) : "memory");
+        stage_input(c, st, act, act_stride, x4, threadIdx.x, blockDim.x - 32, blockIdx.x, gridDim.x);
+        asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x - 32) : "memory");
         float *y = act + (size_t)(st % 3) * act_stride;
         const int kk = c.k[st];
         k = consume_claims(ring, slots, slot_bytes, full, empty, len_of, k, lane, [&](const uint4 *w, int bytes, unsigned at) {
@@ -532,14 +535,21 @@ int main(void) {
                        launch_pdl(st, sms * 2, (size_t)c.k[i] * sizeof(float), rows_matvec_kernel, (const char *)buf, c8, i, act,
                                   act_stride);
                }, [&] { CHECK(cudaMemsetAsync(act, 0, 3 * act_stride * sizeof(float), st)); }));
-        const size_t msmem = ring_meta_bytes(8, 16384) + (size_t)max_k * sizeof(float);
-        report("stream, matvecs, claims, counting", best_ms(st, [&] {
-                   CHECK(cudaMemsetAsync(act, 0, 3 * act_stride * sizeof(float), st));
-                   CHECK(cudaMemsetAsync(claimed, 0, MAX_STAGES * sizeof(unsigned), st));
-                   CHECK(cudaMemsetAsync(sync + 2, 0, sizeof(unsigned), st));
-                   stream_matvec_kernel<<<sms, (CONSUMERS + 1) * 32, msmem, st>>>(buf, c16, 8, 16384, claimed, sync + 2, act,
-                                                                                  act_stride);
-               }));
+        /* 8 consumer warps on 8 x 16 KB, 16 on 16 x 8 KB (a slot's pieces all one warp's) */
+        for (int consumers = 8; consumers <= 16; consumers += 8) {
+            const int slot_bytes = consumers == 8 ? 16384 : 8192;
+            const size_t msmem = ring_meta_bytes(consumers, slot_bytes) + (size_t)max_k * sizeof(float);
+            char what[64];
+            snprintf(what, sizeof what, "stream, matvecs, %d warps x %d KB", consumers, slot_bytes / 1024);
+            report(what, best_ms(st, [&] {
+                       CHECK(cudaMemsetAsync(act, 0, 3 * act_stride * sizeof(float), st));
+                       CHECK(cudaMemsetAsync(claimed, 0, MAX_STAGES * sizeof(unsigned), st));
+                       CHECK(cudaMemsetAsync(sync + 2, 0, sizeof(unsigned), st));
+                       stream_matvec_kernel<<<sms, (consumers + 1) * 32, msmem, st>>>(buf, consumers == 8 ? c16 : c8, consumers,
+                                                                                      slot_bytes, claimed, sync + 2, act,
+                                                                                      act_stride);
+                   }));
+        }
     }
     return 0;
 }
