@@ -613,12 +613,38 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     TRACE_END();
 }
 
+/* EXPERIMENT (MV_CLAIM_LAST, not yet measured): the grid's last round of a matvec's rows goes to the
+ * warps that reach it first, not in fixed shares. Warp w takes rows w, w + W, ... (W the grid's warps)
+ * for every round but the last, as without it; at the start of its last fixed round each warp draws
+ * one ticket from a counter (lane 0, the atomic in flight with that round's loads), and ticket t is
+ * the last round's row t, or none past its rows. Every warp has a row in every round but the last,
+ * so each draws exactly one ticket: the one that draws W - 1 puts the counter back to 0 for the next
+ * launch (after this kernel's wait: the previous launch has ended). The warps of blocks that landed
+ * late or read slowly then take no last row; the trace had gate/up's last block 2 us after its
+ * median one on the 1B shape. A row's sum does not depend on which warp takes it. */
+#ifndef MV_CLAIM_LAST
+#define MV_CLAIM_LAST 0
+#endif
+/* Rows a claiming matvec of `rows` takes in fixed shares: all but the last round's, or all of them
+ * (no claims, or one round: every warp's row loads before the wait) */
+__device__ __forceinline__ int claim_rows(const unsigned *claim, int rows) {
+    const int rounds = (rows + grid_warps() - 1) / grid_warps();
+    return MV_CLAIM_LAST && claim && rounds > 1 ? (rounds - 1) * grid_warps() : rows;
+}
+/* The last round's row for ticket t (lane 0's), the rows before it `fixed`; the ticket W - 1 (every
+ * warp has drawn) puts the counter back to 0 for the next launch */
+__device__ __forceinline__ int claimed_row(unsigned *claim, unsigned t, int fixed, int lane) {
+    t = __shfl_sync(0xFFFFFFFFu, t, 0);
+    if (lane == 0 && t == (unsigned)grid_warps() - 1) *claim = 0;
+    return fixed + (int)t;
+}
+
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
- * both rows of i on one warp. */
+ * both rows of i on one warp; claim: the last round's counter (MV_CLAIM_LAST), or NULL. */
 template <typename Wait>
 __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
                                                           const float *x, float *hb, int dim, int hidden, float eps,
-                                                          Wait wait) {
+                                                          Wait wait, unsigned *claim = NULL) {
     extern __shared__ float sx[];
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
@@ -634,10 +660,15 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_AT(TRACE_WAITED);
     const float scale = stage_input(sx, x, true, dim, eps);
     TRACE_AT(TRACE_STAGED);
-    for (bool first = true; i < hidden; i += grid_warps(), first = false) {
+    const int fixed = claim_rows(claim, hidden); /* rows in fixed shares: all, or all but the last round's */
+    unsigned ticket = 0;
+    for (bool first = true; i < hidden; first = false) {
+        const bool draw = fixed < hidden && i < fixed && i + grid_warps() >= fixed; /* the last fixed round */
+        if (draw && lane == 0) ticket = atomicAdd(claim, 1u);
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                               reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
+        i = draw ? claimed_row(claim, ticket, fixed, lane) : i + grid_warps();
     }
     TRACE_END();
 }

@@ -33,7 +33,8 @@
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 3)
+#define CTR_CLAIM ((MODEL_N_KV_HEADS + 3 + 31) / 32 * 32) /* gate/up's last-round tickets, a 128-byte line of its own */
+#define CTR_COUNT (CTR_CLAIM + 1)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -126,10 +127,11 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
-                                                                                  unsigned *att_done) {
-    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+                                                                                  unsigned *counters) {
+    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{},
+                              counters + CTR_CLAIM);
     /* past the wait: attention_o_proj_kernel has ended, nobody reads its count until the next layer's */
-    if (blockIdx.x == 0 && threadIdx.x == 0) *att_done = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) counters[CTR_ATT_DONE] = 0;
 }
 
 /* mlp.down_proj + residual */
@@ -338,7 +340,7 @@ struct model_cuda {
     uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
     float *part_acc;          /* (n_heads, n_splits, head_dim) attention partial sums */
     float *part_ml;           /* (n_heads, n_splits, 2) their max and sum */
-    unsigned *counters;       /* (CTR_COUNT) blocks done: attention per KV head, argmax, KV groups' attention outputs */
+    unsigned *counters;       /* (CTR_COUNT) blocks done: attention per KV head, argmax, KV groups' attention outputs; gate/up's tickets */
     float2 *block_best;       /* (lm_head_blocks) each LM-head block's best logit and id */
     int lm_head_blocks;       /* the most blocks that run the LM head: its kernel's or the persistent grid */
     int *io;                  /* {pos, next} on the device (cuda_kernels.cuh: IO_*) */
@@ -491,7 +493,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
                 mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb,
-                   m->counters + CTR_ATT_DONE);
+                   m->counters);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
             mark(ST_DOWN);
