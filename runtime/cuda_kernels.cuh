@@ -42,6 +42,15 @@
 #ifndef PREFILL_MIN_CHUNK
 #define PREFILL_MIN_CHUNK ATT_MIN_CHUNK
 #endif
+/* EXPERIMENT (PREFILL_CHUNK_SPLITS, not yet measured): 16: a prompt's chunk grows with the context n
+ * as n / 16, between PREFILL_MIN_CHUNK and twice it. 512 measured +8-9% for the prompt at 8192 and
+ * 256 better at 1024-4096 (12-20%); 33 splits of ~500 positions beat 16 of ~1000 at 16384. */
+#ifndef PREFILL_CHUNK_SPLITS
+#define PREFILL_CHUNK_SPLITS 0
+#endif
+__device__ __forceinline__ int prefill_min_chunk(int n) {
+    return PREFILL_CHUNK_SPLITS > 0 ? min(max(n / PREFILL_CHUNK_SPLITS, PREFILL_MIN_CHUNK), min(2 * PREFILL_MIN_CHUNK, ATT_TILE)) : PREFILL_MIN_CHUNK;
+}
 static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHUNK >= 1 && PREFILL_MIN_CHUNK <= ATT_TILE,
               "ATT_MIN_CHUNK, PREFILL_MIN_CHUNK: 1 to ATT_TILE positions (a block scores at most a tile)");
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
@@ -808,6 +817,36 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 #define ATT_MMA_PIPE_VALUES -1
 #endif
 __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES > 0 ? ATT_MMA_TILES : hd <= 64 ? 2 : 1; }
+/* EXPERIMENT (ATT_MMA_STAGE_VALUES, not yet measured): each warp's first round of values copied into
+ * shared memory (cp.async) with its keys, the cached positions' before the wait and this step's after
+ * it, instead of loaded after the softmax: one L2 or DRAM round trip off every split's chain. A split
+ * of up to 256 positions (heads of 64) or 128 (heads of 128) is one round, so on the 1B shape that is
+ * every split up to depth 8448. The round's rows are stored with their 16-byte chunks permuted
+ * (stage_chunk) so that the value pass's reads, 4 positions x 2 chunks a quarter-warp, fall in 8 bank
+ * groups. Bytes of shared memory it takes: */
+#ifndef ATT_MMA_STAGE_VALUES
+#define ATT_MMA_STAGE_VALUES 0
+#endif
+__host__ __device__ constexpr size_t att_value_stage_bytes(int hd) {
+    return ATT_MMA_STAGE_VALUES ? 16 + (size_t)(ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
+}
+/* Where chunk ch of position p of a tile goes in the staged round: the chunk's low bits XOR 2 (p / 4 % 4),
+ * so a quarter-warp's 8 reads (g = 2q, 2q + 1; positions 4 cq + i) fall in 8 different 16-byte bank groups */
+__device__ __forceinline__ int stage_chunk(int ch, int p) { return ch ^ (2 * ((p >> 2) & 3)); }
+
+/* The staged values' place in attention_body's shared memory: after the query operands, 16-byte aligned */
+template <int HD>
+__device__ __forceinline__ uint4 *att_value_stage(float *sml, int rows) {
+    const uint32_t *qf = reinterpret_cast<const uint32_t *>(sml + 2 * rows) + ATT_QFRAG_WORDS(HD);
+    return reinterpret_cast<uint4 *>((reinterpret_cast<uintptr_t>(qf) + 15) & ~(uintptr_t)15);
+}
+
+/* 16 bytes from global to shared memory, asynchronously and past L1; 16 zeros where !valid */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 __host__ __device__ constexpr bool att_mma_pipe_keys(void) { return ATT_MMA_PIPE_KEYS != 0; }
 __host__ __device__ constexpr bool att_mma_pipe_values(int hd) { return ATT_MMA_PIPE_VALUES >= 0 ? ATT_MMA_PIPE_VALUES != 0 : hd <= 64; }
 
@@ -871,7 +910,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
      * splits sized by the context allocated left short contexts many tiny blocks in several waves
      * (1B shape, 131072 allocated, depth 4096: 1000 blocks of 33 positions; PERFORMANCE.md) */
     const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
-    const int chunk = max((n + splits - 1) / splits, TOKENS > 1 ? PREFILL_MIN_CHUNK : ATT_MIN_CHUNK);
+    const int chunk = max((n + splits - 1) / splits, TOKENS > 1 ? prefill_min_chunk(n) : ATT_MIN_CHUNK);
     const int n_active = (n + chunk - 1) / chunk;
     if (split >= n_active) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
@@ -905,16 +944,34 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                         else if (round > 0 || before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
                 }
         };
-        key_regs ka, kn; /* this round's keys, the next round's where pipelined */
-        load_keys(ka, 0, true);
-        TRACE_AT(TRACE_READY);
-        wait();
-        TRACE_AT(TRACE_WAITED);
-        load_keys(ka, 0, false);
         /* query row g's dims 32 ch + 8 cq .. + 7 as hi and lo fp16 pairs (rows past the group's: 0),
          * word w of chunk ch of each lane at qf[(8 ch + w) * 32 + lane]: written by warp ch, read by
          * every warp's same lane (in registers they took the 7B shape past 128) */
         uint32_t *qf = reinterpret_cast<uint32_t *>(sml + 2 * rows);
+        uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* this warp's staged tiles */
+        auto stage_values = [&](bool before_wait) {
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                const int tile = wid + WARPS * k;
+                if (tile >= n_tiles) break;
+#pragma unroll
+                for (int m = 0; m < 16 * (HD / 8) / WARP_SIZE; m++) {
+                    const int e = lane + WARP_SIZE * m, p = e / (HD / 8), ch = e % (HD / 8), j = 16 * tile + p;
+                    /* zeros past len, before the wait; the cached positions before it, this step's after */
+                    if (j < len ? (start + j < first_new) == before_wait : before_wait)
+                        cp_async16(vs + (k * 16 + p) * (HD / 8) + stage_chunk(ch, p), vb + (size_t)min(j, len - 1) * (HD / 8) + ch,
+                                   j < len);
+                }
+            }
+        };
+        key_regs ka, kn; /* this round's keys, the next round's where pipelined */
+        load_keys(ka, 0, true);
+        if constexpr (ATT_MMA_STAGE_VALUES) stage_values(true);
+        TRACE_AT(TRACE_READY);
+        wait();
+        TRACE_AT(TRACE_WAITED);
+        load_keys(ka, 0, false);
+        if constexpr (ATT_MMA_STAGE_VALUES) stage_values(false);
         if (wid < KCH) {
             const int ch = wid;
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
@@ -1062,7 +1119,22 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         for (int t = 0; t < MT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
         /* positions 16 tile + 4 cq + i, this lane's uint4s 8 u + g of each value row */
         typedef uint4 value_regs[U][4][VU];
+        const uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* round 0's, if staged */
         auto load_values = [&](value_regs &vr, int round) {
+            if (ATT_MMA_STAGE_VALUES && round == 0) { /* staged with the keys */
+                cp_async_wait_all();
+                __syncwarp();
+#pragma unroll
+                for (int k = 0; k < U; k++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+#pragma unroll
+                        for (int u = 0; u < VU; u++) {
+                            const int p = 4 * cq + i;
+                            vr[k][i][u] = vs[(k * 16 + p) * (HD / 8) + stage_chunk(8 * u + g, p)];
+                        }
+                return;
+            }
 #pragma unroll
             for (int k = 0; k < U; k++)
 #pragma unroll
@@ -1714,7 +1786,7 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
     const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
     /* the splits of attention_body, from the batch's last position: every row's split bounds alike */
     const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
-    const int chunk = max((n + splits - 1) / splits, PREFILL_MIN_CHUNK), n_active = (n + chunk - 1) / chunk;
+    const int chunk = max((n + splits - 1) / splits, prefill_min_chunk(n)), n_active = (n + chunk - 1) / chunk;
     const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
     if (split >= n_active || rows <= 0) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;

@@ -142,6 +142,24 @@ def test_tiny_gpu_claimed_last_round_equals_cpu(tmp_path):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+@pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
+@pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
+def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
+    """Decode attention's first round of values staged in shared memory with the keys
+    (-DATT_MMA_STAGE_VALUES=1, in a build of its own): heads of 64 in groups of 3 (the staged rows'
+    16-byte alignment after an odd group's sums) and of 128 (splits past one round: later rounds
+    from registers), in one split of the whole context and in splits of 5 positions (a tile's rows
+    past the split zero-filled). Logits and greedy text against the CPU's."""
+    d = tiny_model_dir(variant, name=f"{variant}-stage{chunk.split('=')[-1] if chunk else ''}")
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DATT_MMA_STAGE_VALUES=1{chunk}")
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab),
+                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
+    assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):

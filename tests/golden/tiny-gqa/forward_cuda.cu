@@ -441,14 +441,18 @@ static void launch_cooperative(void (*kernel)(Params...), int grid, int block, s
     launch_with(attr, kernel, dim3(grid), block, smem, stream, args...);
 }
 
+/* Dynamic shared memory of the decode step's attention: its scores and query operands, and the
+ * staged values where ATT_MMA_STAGE_VALUES is on. */
+#define ATT_DECODE_SMEM_BYTES (ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM) + (ATT_MMA_HD ? att_value_stage_bytes(ATT_MMA_HD) : 0))
+
 /* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
 static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
 #define PERSISTENT_SMEM_BYTES                                                                                   \
     bytes_max(bytes_max(MV_SMEM_BYTES(MODEL_DIM), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)),                        \
-              bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)))
+              bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES))
 
 /* Dynamic shared memory of attention_o_proj_kernel: attention's or o_proj's staged input. */
-#define ATT_O_SMEM_BYTES bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
+#define ATT_O_SMEM_BYTES bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES)
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
@@ -497,7 +501,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
                        n_splits);
             } else {
-                launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                        m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 mark(ST_ATT);
                 launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
@@ -693,6 +697,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, PAIRED_GRID(GRID_O, RESIDUAL_PAIRS), MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, PAIRED_GRID(GRID_O, ATT_O_PAIRS), ATT_O_SMEM_BYTES, sms);
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, PAIRED_GRID(GRID_DOWN, RESIDUAL_PAIRS), MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
