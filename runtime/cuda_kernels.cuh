@@ -43,14 +43,25 @@
 #define PREFILL_MIN_CHUNK ATT_MIN_CHUNK
 #endif
 /* EXPERIMENT (PREFILL_CHUNK_SPLITS, not yet measured): 16: a prompt's chunk grows with the context n
- * as n / 16, between PREFILL_MIN_CHUNK and twice it. 512 measured +8-9% for the prompt at 8192 and
- * 256 better at 1024-4096 (12-20%); 33 splits of ~500 positions beat 16 of ~1000 at 16384. */
+ * as n / 16 rounded down to a power of two, between PREFILL_MIN_CHUNK and twice it. 512 measured
+ * +8-9% for the prompt at 8192, 256 better at 1024-4096 (12-20%), and n / 16 itself (264 at 4096)
+ * -4% there but +7% at 16384 (512 against ~500). */
 #ifndef PREFILL_CHUNK_SPLITS
 #define PREFILL_CHUNK_SPLITS 0
 #endif
 __device__ __forceinline__ int prefill_min_chunk(int n) {
-    return PREFILL_CHUNK_SPLITS > 0 ? min(max(n / PREFILL_CHUNK_SPLITS, PREFILL_MIN_CHUNK), min(2 * PREFILL_MIN_CHUNK, ATT_TILE)) : PREFILL_MIN_CHUNK;
+    if (PREFILL_CHUNK_SPLITS <= 0) return PREFILL_MIN_CHUNK;
+    const int want = n / (PREFILL_CHUNK_SPLITS > 0 ? PREFILL_CHUNK_SPLITS : 1), pow2 = want > 0 ? 1 << (31 - __clz(want)) : 1;
+    return min(max(pow2, PREFILL_MIN_CHUNK), min(2 * PREFILL_MIN_CHUNK, ATT_TILE));
 }
+/* EXPERIMENT (ATT_CHUNK_ALIGN, not yet measured): a decode split's positions rounded up to a multiple
+ * of this many (0: none), so that splits start on whole tiles (at depth 16384 a split is 497
+ * positions; the prompt gained 7% there from 512 against ~500). */
+#ifndef ATT_CHUNK_ALIGN
+#define ATT_CHUNK_ALIGN 0
+#endif
+#define ATT_CHUNK_STEP (ATT_CHUNK_ALIGN > 0 ? ATT_CHUNK_ALIGN : 1)
+static_assert(ATT_TILE % ATT_CHUNK_STEP == 0, "ATT_CHUNK_ALIGN: a divisor of ATT_TILE");
 static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHUNK >= 1 && PREFILL_MIN_CHUNK <= ATT_TILE,
               "ATT_MIN_CHUNK, PREFILL_MIN_CHUNK: 1 to ATT_TILE positions (a block scores at most a tile)");
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
@@ -821,7 +832,8 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
  * shared memory (cp.async) with its keys, the cached positions' before the wait and this step's after
  * it, instead of loaded after the softmax: one L2 or DRAM round trip off every split's chain. A split
  * of up to 256 positions (heads of 64) or 128 (heads of 128) is one round, so on the 1B shape that is
- * every split up to depth 8448. The round's rows are stored with their 16-byte chunks permuted
+ * every split up to depth 8448. 2: all of them after the wait (1 took the whole first round's values
+ * out of DRAM under the QKV kernel's tail). The round's rows are stored with their 16-byte chunks permuted
  * (stage_chunk) so that the value pass's reads, 4 positions x 2 chunks a quarter-warp, fall in 8 bank
  * groups. Bytes of shared memory it takes: */
 #ifndef ATT_MMA_STAGE_VALUES
@@ -910,7 +922,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
      * splits sized by the context allocated left short contexts many tiny blocks in several waves
      * (1B shape, 131072 allocated, depth 4096: 1000 blocks of 33 positions; PERFORMANCE.md) */
     const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
-    const int chunk = max((n + splits - 1) / splits, TOKENS > 1 ? prefill_min_chunk(n) : ATT_MIN_CHUNK);
+    int chunk = max((n + splits - 1) / splits, TOKENS > 1 ? prefill_min_chunk(n) : ATT_MIN_CHUNK);
+    if (TOKENS == 1) chunk = (chunk + ATT_CHUNK_STEP - 1) / ATT_CHUNK_STEP * ATT_CHUNK_STEP;
     const int n_active = (n + chunk - 1) / chunk;
     if (split >= n_active) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
@@ -957,8 +970,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #pragma unroll
                 for (int m = 0; m < 16 * (HD / 8) / WARP_SIZE; m++) {
                     const int e = lane + WARP_SIZE * m, p = e / (HD / 8), ch = e % (HD / 8), j = 16 * tile + p;
-                    /* zeros past len, before the wait; the cached positions before it, this step's after */
-                    if (j < len ? (start + j < first_new) == before_wait : before_wait)
+                    /* zeros past len, before the wait; the cached positions before it (mode 2: after
+                     * it too), this step's after */
+                    if (j < len ? (ATT_MMA_STAGE_VALUES == 1 && start + j < first_new) == before_wait : before_wait)
                         cp_async16(vs + (k * 16 + p) * (HD / 8) + stage_chunk(ch, p), vb + (size_t)min(j, len - 1) * (HD / 8) + ch,
                                    j < len);
                 }
