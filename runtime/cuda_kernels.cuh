@@ -42,23 +42,24 @@
 #ifndef PREFILL_MIN_CHUNK
 #define PREFILL_MIN_CHUNK ATT_MIN_CHUNK
 #endif
-/* EXPERIMENT (PREFILL_CHUNK_SPLITS, not yet measured): 16: a prompt's chunk grows with the context n
- * as n / 16 rounded down to a power of two, between PREFILL_MIN_CHUNK and twice it. 512 measured
- * +8-9% for the prompt at 8192, 256 better at 1024-4096 (12-20%), and n / 16 itself (264 at 4096)
- * -4% there but +7% at 16384 (512 against ~500). */
+/* A prompt's split grows with the context n: n / PREFILL_CHUNK_SPLITS positions rounded down to a
+ * power of two, between PREFILL_MIN_CHUNK and twice it (0: PREFILL_MIN_CHUNK). 512 measured +8-9% for
+ * the prompt at depth 8192, 256 better at 1024-4096 (by 12-20%), and n / 16 as such (264 at 4096)
+ * -4% there; this rule: prompt +9.1% / +7.8% (1B) and +7.8% / +3.0% (7B) at 8192 / 16384, even
+ * below (PERFORMANCE.md, fourteenth session). */
 #ifndef PREFILL_CHUNK_SPLITS
-#define PREFILL_CHUNK_SPLITS 0
+#define PREFILL_CHUNK_SPLITS 16
 #endif
 __device__ __forceinline__ int prefill_min_chunk(int n) {
     if (PREFILL_CHUNK_SPLITS <= 0) return PREFILL_MIN_CHUNK;
     const int want = n / (PREFILL_CHUNK_SPLITS > 0 ? PREFILL_CHUNK_SPLITS : 1), pow2 = want > 0 ? 1 << (31 - __clz(want)) : 1;
     return min(max(pow2, PREFILL_MIN_CHUNK), min(2 * PREFILL_MIN_CHUNK, ATT_TILE));
 }
-/* EXPERIMENT (ATT_CHUNK_ALIGN, not yet measured): a decode split's positions rounded up to a multiple
- * of this many (0: none), so that splits start on whole tiles (at depth 16384 a split is 497
- * positions; the prompt gained 7% there from 512 against ~500). */
+/* A decode split's positions rounded up to a multiple of ATT_CHUNK_ALIGN: 64 where the smallest
+ * split is a multiple of it (so only deep contexts change: 497 positions a split at depth 16384
+ * become 512), +0.4% on the 1B and 7B shapes at 16384; a test's 5-position splits stay as they are. */
 #ifndef ATT_CHUNK_ALIGN
-#define ATT_CHUNK_ALIGN 0
+#define ATT_CHUNK_ALIGN (ATT_MIN_CHUNK % 64 == 0 ? 64 : 1)
 #endif
 #define ATT_CHUNK_STEP (ATT_CHUNK_ALIGN > 0 ? ATT_CHUNK_ALIGN : 1)
 static_assert(ATT_TILE % ATT_CHUNK_STEP == 0, "ATT_CHUNK_ALIGN: a divisor of ATT_TILE");
@@ -633,38 +634,12 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     TRACE_END();
 }
 
-/* EXPERIMENT (MV_CLAIM_LAST, not yet measured): the grid's last round of a matvec's rows goes to the
- * warps that reach it first, not in fixed shares. Warp w takes rows w, w + W, ... (W the grid's warps)
- * for every round but the last, as without it; at the start of its last fixed round each warp draws
- * one ticket from a counter (lane 0, the atomic in flight with that round's loads), and ticket t is
- * the last round's row t, or none past its rows. Every warp has a row in every round but the last,
- * so each draws exactly one ticket: the one that draws W - 1 puts the counter back to 0 for the next
- * launch (after this kernel's wait: the previous launch has ended). The warps of blocks that landed
- * late or read slowly then take no last row; the trace had gate/up's last block 2 us after its
- * median one on the 1B shape. A row's sum does not depend on which warp takes it. */
-#ifndef MV_CLAIM_LAST
-#define MV_CLAIM_LAST 0
-#endif
-/* Rows a claiming matvec of `rows` takes in fixed shares: all but the last round's, or all of them
- * (no claims, or one round: every warp's row loads before the wait) */
-__device__ __forceinline__ int claim_rows(const unsigned *claim, int rows) {
-    const int rounds = (rows + grid_warps() - 1) / grid_warps();
-    return MV_CLAIM_LAST && claim && rounds > 1 ? (rounds - 1) * grid_warps() : rows;
-}
-/* The last round's row for ticket t (lane 0's), the rows before it `fixed`; the ticket W - 1 (every
- * warp has drawn) puts the counter back to 0 for the next launch */
-__device__ __forceinline__ int claimed_row(unsigned *claim, unsigned t, int fixed, int lane) {
-    t = __shfl_sync(0xFFFFFFFFu, t, 0);
-    if (lane == 0 && t == (unsigned)grid_warps() - 1) *claim = 0;
-    return fixed + (int)t;
-}
-
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
- * both rows of i on one warp; claim: the last round's counter (MV_CLAIM_LAST), or NULL. */
+ * both rows of i on one warp. */
 template <typename Wait>
 __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
                                                           const float *x, float *hb, int dim, int hidden, float eps,
-                                                          Wait wait, unsigned *claim = NULL) {
+                                                          Wait wait) {
     extern __shared__ float sx[];
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
@@ -680,15 +655,10 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_AT(TRACE_WAITED);
     const float scale = stage_input(sx, x, true, dim, eps);
     TRACE_AT(TRACE_STAGED);
-    const int fixed = claim_rows(claim, hidden); /* rows in fixed shares: all, or all but the last round's */
-    unsigned ticket = 0;
-    for (bool first = true; i < hidden; first = false) {
-        const bool draw = fixed < hidden && i < fixed && i + grid_warps() >= fixed; /* the last fixed round */
-        if (draw && lane == 0) ticket = atomicAdd(claim, 1u);
+    for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                               reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
-        i = draw ? claimed_row(claim, ticket, fixed, lane) : i + grid_warps();
     }
     TRACE_END();
 }
@@ -839,6 +809,11 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
 #ifndef ATT_MMA_STAGE_VALUES
 #define ATT_MMA_STAGE_VALUES 0
 #endif
+/* ... and only where the context has at most this many splits (of ATT_MIN_CHUNK): on the 1B shape
+ * staging gained 1.3-1.6% to depth 4096 (17 splits) and lost 1-2% from 8192 (33) */
+#ifndef ATT_STAGE_MAX_SPLITS
+#define ATT_STAGE_MAX_SPLITS 1024
+#endif
 __host__ __device__ constexpr size_t att_value_stage_bytes(int hd) {
     return ATT_MMA_STAGE_VALUES ? 16 + (size_t)(ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
 }
@@ -980,12 +955,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         };
         key_regs ka, kn; /* this round's keys, the next round's where pipelined */
         load_keys(ka, 0, true);
-        if constexpr (ATT_MMA_STAGE_VALUES) stage_values(true);
+        if (ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS) stage_values(true);
         TRACE_AT(TRACE_READY);
         wait();
         TRACE_AT(TRACE_WAITED);
         load_keys(ka, 0, false);
-        if constexpr (ATT_MMA_STAGE_VALUES) stage_values(false);
+        if (ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS) stage_values(false);
         if (wid < KCH) {
             const int ch = wid;
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
@@ -1135,7 +1110,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         typedef uint4 value_regs[U][4][VU];
         const uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* round 0's, if staged */
         auto load_values = [&](value_regs &vr, int round) {
-            if (ATT_MMA_STAGE_VALUES && round == 0) { /* staged with the keys */
+            if (ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
                 cp_async_wait_all();
                 __syncwarp();
 #pragma unroll

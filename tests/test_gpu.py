@@ -127,21 +127,6 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-def test_tiny_gpu_claimed_last_round_equals_cpu(tmp_path):
-    """gate/up's last round of rows taken by tickets (-DMV_CLAIM_LAST=1, in a build of its own):
-    tiny-wide's 4352 rows are three rounds of a wave's warps (2112 on 132 SMs), the third (128 rows)
-    claimed, with every warp drawing once and the last one putting the counter back for the next
-    layer. Logits and greedy text against the CPU's."""
-    d = tiny_model_dir("tiny-wide", name="tiny-wide-claim")
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DMV_CLAIM_LAST=1")
-    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab),
-                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
-    assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
-    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
-    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
-
-
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
 @pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
 def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):

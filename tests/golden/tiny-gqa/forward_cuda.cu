@@ -33,23 +33,11 @@
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
-#define CTR_CLAIM ((MODEL_N_KV_HEADS + 3 + 31) / 32 * 32) /* gate/up's last-round tickets, a 128-byte line of its own */
-#define CTR_COUNT (CTR_CLAIM + 1)
+#define CTR_COUNT (MODEL_N_KV_HEADS + 3)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
-#ifndef ATT_O_PAIRS
-#define ATT_O_PAIRS RESIDUAL_PAIRS /* attention_o_proj_kernel's o_proj blocks take pairs of rows (a variant may set it alone) */
-#endif
-/* EXPERIMENT (PAIR_GRIDS, not yet measured): a paired o_proj or down launched with the blocks its
- * pairs need, half its rows' (plan.py counts rows), so that its SMs keep room for the next kernel's
- * blocks to land, load their first rows and stage their norm before it ends: the 1B trace had gate/up's
- * median block landing 0.7 us after o_proj's last block ended and its last 2.7 us after. */
-#ifndef PAIR_GRIDS
-#define PAIR_GRIDS 0
-#endif
-#define PAIRED_GRID(grid, pairs) (PAIR_GRIDS && (pairs) ? ((grid) + 1) / 2 : (grid))
-#if RESIDUAL_PAIRS || ATT_O_PAIRS
+#if RESIDUAL_PAIRS
 static_assert(MODEL_DIM % 2 == 0, "RESIDUAL_PAIRS: a warp pairs rows p and p + MODEL_DIM / 2");
 #endif
 
@@ -131,18 +119,17 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
                           ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
         return;
     }
-    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, ATT_O_PAIRS, ST_O,
+    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
                          wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
                          (int)gridDim.x - att_blocks);
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
-                                                                                  unsigned *counters) {
-    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{},
-                              counters + CTR_CLAIM);
+                                                                                  unsigned *att_done) {
+    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
     /* past the wait: attention_o_proj_kernel has ended, nobody reads its count until the next layer's */
-    if (blockIdx.x == 0 && threadIdx.x == 0) counters[CTR_ATT_DONE] = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *att_done = 0;
 }
 
 /* mlp.down_proj + residual */
@@ -351,7 +338,7 @@ struct model_cuda {
     uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
     float *part_acc;          /* (n_heads, n_splits, head_dim) attention partial sums */
     float *part_ml;           /* (n_heads, n_splits, 2) their max and sum */
-    unsigned *counters;       /* (CTR_COUNT) blocks done: attention per KV head, argmax, KV groups' attention outputs; gate/up's tickets */
+    unsigned *counters;       /* (CTR_COUNT) blocks done: attention per KV head, argmax, KV groups' attention outputs */
     float2 *block_best;       /* (lm_head_blocks) each LM-head block's best logit and id */
     int lm_head_blocks;       /* the most blocks that run the LM head: its kernel's or the persistent grid */
     int *io;                  /* {pos, next} on the device (cuda_kernels.cuh: IO_*) */
@@ -508,7 +495,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
                 mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb,
-                   m->counters);
+                   m->counters + CTR_ATT_DONE);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
             mark(ST_DOWN);
@@ -695,11 +682,11 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     const int sms = prop.multiProcessorCount;
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, PAIRED_GRID(GRID_O, RESIDUAL_PAIRS), MV_SMEM_BYTES(MODEL_Q_DIM), sms);
-    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, PAIRED_GRID(GRID_O, ATT_O_PAIRS), ATT_O_SMEM_BYTES, sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
+    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
-    m->grid_down = one_wave((const void *)down_residual_kernel, PAIRED_GRID(GRID_DOWN, RESIDUAL_PAIRS), MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
