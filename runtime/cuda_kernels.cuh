@@ -798,24 +798,27 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 #define ATT_MMA_PIPE_VALUES -1
 #endif
 __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES > 0 ? ATT_MMA_TILES : hd <= 64 ? 2 : 1; }
-/* EXPERIMENT (ATT_MMA_STAGE_VALUES, not yet measured): each warp's first round of values copied into
- * shared memory (cp.async) with its keys, the cached positions' before the wait and this step's after
- * it, instead of loaded after the softmax: one L2 or DRAM round trip off every split's chain. A split
- * of up to 256 positions (heads of 64) or 128 (heads of 128) is one round, so on the 1B shape that is
- * every split up to depth 8448. 2: all of them after the wait (1 took the whole first round's values
- * out of DRAM under the QKV kernel's tail). The round's rows are stored with their 16-byte chunks permuted
- * (stage_chunk) so that the value pass's reads, 4 positions x 2 chunks a quarter-warp, fall in 8 bank
- * groups. Bytes of shared memory it takes: */
+/* Each warp's first round of values copied into shared memory (cp.async) with its keys, the cached
+ * positions' before the wait and this step's after it (2: all of them after it), instead of loaded
+ * after the softmax: one L2 or DRAM round trip off the split's chain. A split of up to 256 positions
+ * (heads of 64) or 128 (heads of 128) is one round. Only where the context has at most
+ * ATT_STAGE_MAX_SPLITS splits: where attention's blocks are few, its chain is latency; in a full wave
+ * of them (33 splits from depth 8448) it is bandwidth, and the early values only crowd the keys. The
+ * round's rows are stored with their 16-byte chunks permuted (stage_chunk) so that the value pass's
+ * reads, 4 positions x 2 chunks a quarter-warp, fall in 8 bank groups. Measured on the 1B shape
+ * (PERFORMANCE.md, fourteenth session): +1.3-1.4% at depths 0 / 1024 / 4096, even at 8192 / 16384
+ * with the limit (-1.3% / -2.0% without it); 2 lost 0.8% at 1024. On the 7B shape (heads of 128) the
+ * joined grid spills 52 bytes with it and lost 0.7-2.3% at every depth. -1: 1 on heads of 64, else 0. */
 #ifndef ATT_MMA_STAGE_VALUES
-#define ATT_MMA_STAGE_VALUES 0
+#define ATT_MMA_STAGE_VALUES -1
 #endif
-/* ... and only where the context has at most this many splits (of ATT_MIN_CHUNK): on the 1B shape
- * staging gained 1.3-1.6% to depth 4096 (17 splits) and lost 1-2% from 8192 (33) */
 #ifndef ATT_STAGE_MAX_SPLITS
-#define ATT_STAGE_MAX_SPLITS 1024
+#define ATT_STAGE_MAX_SPLITS 17 /* to depth 4352 in splits of 256 */
 #endif
+__host__ __device__ constexpr int att_stage_values(int hd) { return ATT_MMA_STAGE_VALUES >= 0 ? ATT_MMA_STAGE_VALUES : hd <= 64 ? 1 : 0; }
+/* Bytes of shared memory the staged values take */
 __host__ __device__ constexpr size_t att_value_stage_bytes(int hd) {
-    return ATT_MMA_STAGE_VALUES ? 16 + (size_t)(ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
+    return att_stage_values(hd) ? 16 + (size_t)(ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
 }
 /* Where chunk ch of position p of a tile goes in the staged round: the chunk's low bits XOR 2 (p / 4 % 4),
  * so a quarter-warp's 8 reads (g = 2q, 2q + 1; positions 4 cq + i) fall in 8 different 16-byte bank groups */
@@ -947,7 +950,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     const int e = lane + WARP_SIZE * m, p = e / (HD / 8), ch = e % (HD / 8), j = 16 * tile + p;
                     /* zeros past len, before the wait; the cached positions before it (mode 2: after
                      * it too), this step's after */
-                    if (j < len ? (ATT_MMA_STAGE_VALUES == 1 && start + j < first_new) == before_wait : before_wait)
+                    if (j < len ? (att_stage_values(HD) == 1 && start + j < first_new) == before_wait : before_wait)
                         cp_async16(vs + (k * 16 + p) * (HD / 8) + stage_chunk(ch, p), vb + (size_t)min(j, len - 1) * (HD / 8) + ch,
                                    j < len);
                 }
@@ -955,12 +958,13 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         };
         key_regs ka, kn; /* this round's keys, the next round's where pipelined */
         load_keys(ka, 0, true);
-        if (ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS) stage_values(true);
+        const bool staged = att_stage_values(HD) && n_active <= ATT_STAGE_MAX_SPLITS;
+        if (staged) stage_values(true);
         TRACE_AT(TRACE_READY);
         wait();
         TRACE_AT(TRACE_WAITED);
         load_keys(ka, 0, false);
-        if (ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS) stage_values(false);
+        if (staged) stage_values(false);
         if (wid < KCH) {
             const int ch = wid;
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
@@ -1110,7 +1114,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         typedef uint4 value_regs[U][4][VU];
         const uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* round 0's, if staged */
         auto load_values = [&](value_regs &vr, int round) {
-            if (ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
+            if (att_stage_values(HD) && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
                 cp_async_wait_all();
                 __syncwarp();
 #pragma unroll
