@@ -42,6 +42,7 @@ class Plan:
     prefill_att_tokens: int  # prompt tokens a prefill attention block takes beside its group's heads (_prefill_att_tokens)
     prefill_flash: int  # 1: a prefill batch's attention with all its query rows in a block (_prefill_flash)
     att_mma: int  # 1: the decode step's attention on the tensor cores (_att_mma)
+    att_stage_values: int  # 1: that attention's first round of values staged with its keys (_att_stage_values)
 
 
 class CExpr:
@@ -146,6 +147,19 @@ def _att_mma(head_dim: int, kv_mul: int) -> int:
     return int(head_dim in MMA_HEAD_DIMS and kv_mul <= ATT_MAX_GROUP)
 
 
+STAGE_VALUES_MIN_DIM = 2048  # the smallest hidden size staged values were measured to pay on (below)
+
+
+def _att_stage_values(head_dim: int, kv_mul: int, dim: int) -> int:
+    """The tensor-core decode attention's first round of values copied into shared memory with its
+    keys (ATT_MMA_STAGE_VALUES), where heads are 64 wide and the model is no smaller than the 1B
+    shape. Measured on the H200 (PERFORMANCE.md, fourteenth session): Llama-3.2-1B +1.3-1.4% to depth
+    4096; the SmolLM2 shape (hidden size 576, 3 KV heads of 64) -2.8% at depth 0, its stages ~2 us
+    each, where the 32 KB more shared memory a block costs more than the round trip it saves (not
+    traced); heads of 128 (Mistral-7B) spill in the joined attention/o_proj grid and lost 0.7-2.3%."""
+    return int(_att_mma(head_dim, kv_mul) == 1 and head_dim == 64 and dim >= STAGE_VALUES_MIN_DIM)
+
+
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     return Plan(
@@ -158,6 +172,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         prefill_att_tokens=_prefill_att_tokens(spec.head_dim, spec.kv_mul),
         prefill_flash=_prefill_flash(spec.head_dim),
         att_mma=_att_mma(spec.head_dim, spec.kv_mul),
+        att_stage_values=_att_stage_values(spec.head_dim, spec.kv_mul, spec.dim),
         **_gpu_plan(spec, sms),
     )
 
@@ -176,5 +191,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         prefill_att_tokens=1,  # a template argument is a literal; the group size is known only at run time
         prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
         att_mma=0,  # the head width is a template argument
+        att_stage_values=0,  # with att_mma
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

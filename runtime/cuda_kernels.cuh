@@ -808,17 +808,17 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
  * reads, 4 positions x 2 chunks a quarter-warp, fall in 8 bank groups. Measured on the 1B shape
  * (PERFORMANCE.md, fourteenth session): +1.3-1.4% at depths 0 / 1024 / 4096, even at 8192 / 16384
  * with the limit (-1.3% / -2.0% without it); 2 lost 0.8% at 1024. On the 7B shape (heads of 128) the
- * joined grid spills 52 bytes with it and lost 0.7-2.3% at every depth. -1: 1 on heads of 64, else 0. */
+ * joined grid spills 52 bytes with it and lost 0.7-2.3% at every depth; the SmolLM2 shape lost 2.8%
+ * at depth 0. A plan choice (codegen/plan.py, _att_stage_values); 0 here: off. */
 #ifndef ATT_MMA_STAGE_VALUES
-#define ATT_MMA_STAGE_VALUES -1
+#define ATT_MMA_STAGE_VALUES 0
 #endif
 #ifndef ATT_STAGE_MAX_SPLITS
 #define ATT_STAGE_MAX_SPLITS 17 /* to depth 4352 in splits of 256 */
 #endif
-__host__ __device__ constexpr int att_stage_values(int hd) { return ATT_MMA_STAGE_VALUES >= 0 ? ATT_MMA_STAGE_VALUES : hd <= 64 ? 1 : 0; }
 /* Bytes of shared memory the staged values take */
 __host__ __device__ constexpr size_t att_value_stage_bytes(int hd) {
-    return att_stage_values(hd) ? 16 + (size_t)(ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
+    return ATT_MMA_STAGE_VALUES ? 16 + (size_t)(ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
 }
 /* Where chunk ch of position p of a tile goes in the staged round: the chunk's low bits XOR 2 (p / 4 % 4),
  * so a quarter-warp's 8 reads (g = 2q, 2q + 1; positions 4 cq + i) fall in 8 different 16-byte bank groups */
@@ -950,7 +950,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     const int e = lane + WARP_SIZE * m, p = e / (HD / 8), ch = e % (HD / 8), j = 16 * tile + p;
                     /* zeros past len, before the wait; the cached positions before it (mode 2: after
                      * it too), this step's after */
-                    if (j < len ? (att_stage_values(HD) == 1 && start + j < first_new) == before_wait : before_wait)
+                    if (j < len ? (ATT_MMA_STAGE_VALUES == 1 && start + j < first_new) == before_wait : before_wait)
                         cp_async16(vs + (k * 16 + p) * (HD / 8) + stage_chunk(ch, p), vb + (size_t)min(j, len - 1) * (HD / 8) + ch,
                                    j < len);
                 }
@@ -958,7 +958,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         };
         key_regs ka, kn; /* this round's keys, the next round's where pipelined */
         load_keys(ka, 0, true);
-        const bool staged = att_stage_values(HD) && n_active <= ATT_STAGE_MAX_SPLITS;
+        const bool staged = ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS;
         if (staged) stage_values(true);
         TRACE_AT(TRACE_READY);
         wait();
@@ -1114,7 +1114,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         typedef uint4 value_regs[U][4][VU];
         const uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* round 0's, if staged */
         auto load_values = [&](value_regs &vr, int round) {
-            if (att_stage_values(HD) && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
+            if (ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
                 cp_async_wait_all();
                 __syncwarp();
 #pragma unroll

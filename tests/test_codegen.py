@@ -181,6 +181,17 @@ def test_plan_takes_tensor_core_decode_attention_on_64_and_128_wide_heads():
     assert make_generic_plan().att_mma == 0
 
 
+def test_plan_stages_values_on_heads_of_64_from_the_1b_shape():
+    """Staged values (ATT_MMA_STAGE_VALUES) where they measured a gain: heads of 64 in a model no
+    smaller than Llama-3.2-1B; not the SmolLM2 shape (lost at depth 0), not heads of 128 (spills)."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    staged = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).att_stage_values
+              for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2")}
+    assert staged == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 1, "mistral-7b-instruct-v0.2": 0}
+    assert make_generic_plan().att_stage_values == 0
+
+
 def test_c_literals():
     assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
     assert c_string("??=") == '"\\077\\077="'

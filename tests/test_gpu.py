@@ -130,9 +130,9 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
 @pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
 def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
-    """Decode attention's first round of values staged in shared memory with the keys (the default
-    on heads of 64; -DATT_MMA_STAGE_VALUES=1 in a build of its own turns it on at 128 too): heads of
-    64 in groups of 3 (the staged rows'
+    """Decode attention's first round of values staged in shared memory with the keys (the plan's
+    choice on the 1B shape; -DATT_MMA_STAGE_VALUES=1 in a build of its own here): heads of 64 in
+    groups of 3 (the staged rows'
     16-byte alignment after an odd group's sums) and of 128 (splits past one round: later rounds
     from registers), in one split of the whole context and in splits of 5 positions (a tile's rows
     past the split zero-filled). Logits and greedy text against the CPU's."""

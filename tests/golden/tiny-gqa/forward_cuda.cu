@@ -15,6 +15,11 @@
 #include <cuda_runtime.h>
 
 #include "model.h"
+/* decode attention's first round of values staged with its keys (codegen/plan.py, _att_stage_values;
+ * a variant build may set it) */
+#ifndef ATT_MMA_STAGE_VALUES
+#define ATT_MMA_STAGE_VALUES 0
+#endif
 #include "cuda_kernels.cuh"
 #include "cuda_sampler.cuh"
 
