@@ -112,6 +112,17 @@ def test_tiny_gpu_greedy_equals_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+def assert_logits_and_text_equal_cpu(binary, d, tmp_path):
+    """A build's GPU path against its CPU path on TINY_PROMPT: every decode step's logits within
+    GPU_CPU_TOLERANCE, and 48 greedy tokens' text equal."""
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab),
+                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
+    assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-qwen2"])
 def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     """o_proj and down with a pair of rows a warp (the plan takes them where the rows pass a wave's
@@ -119,12 +130,7 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     its own: logits and greedy text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-pairs")
     binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DRESIDUAL_PAIRS=1")
-    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab),
-                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
-    assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
-    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
-    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
@@ -132,18 +138,12 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
 def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
     """Decode attention's first round of values staged in shared memory with the keys (the plan's
     choice on the 1B shape; -DATT_MMA_STAGE_VALUES=1 in a build of its own here): heads of 64 in
-    groups of 3 (the staged rows'
-    16-byte alignment after an odd group's sums) and of 128 (splits past one round: later rounds
-    from registers), in one split of the whole context and in splits of 5 positions (a tile's rows
-    past the split zero-filled). Logits and greedy text against the CPU's."""
+    groups of 3 (the staged rows' 16-byte alignment after an odd group's sums) and of 128 (splits
+    past one round: later rounds from registers), in one split of the whole context and in splits of
+    5 positions (a tile's rows past the split zero-filled). Logits and greedy text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-stage{chunk.split('=')[-1] if chunk else ''}")
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DATT_MMA_STAGE_VALUES=1{chunk}")
-    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab),
-                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
-    assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
-    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
-    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
