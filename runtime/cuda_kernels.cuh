@@ -26,6 +26,9 @@
 #ifndef MV_UNROLL
 #define MV_UNROLL 8 /* 16-byte chunks a lane holds in flight per row step: 8 beat 16 and 4 (PERFORMANCE.md) */
 #endif
+#ifndef MV_PAIR_UNROLL
+#define MV_PAIR_UNROLL MV_UNROLL /* the same in the paired norm'd kernels (QKV, gate/up): a warp holds two rows */
+#endif
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -294,26 +297,32 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
 // takes one weight row at a time: lane l reads 16-byte chunks l, l + 32, ... (8 weights each),
 // MV_UNROLL chunks in flight per step, and the warp's partial sums meet in a shuffle reduction.
 
+/* A lane's U chunks of one step of a row: U = MV_UNROLL, or MV_PAIR_UNROLL in the paired norm'd
+ * kernels (QKV, gate/up), whose warps hold two rows. */
+template <int U = MV_UNROLL>
 struct row_chunks {
-    uint4 v[MV_UNROLL];
+    uint4 v[U];
 };
 
-/* Steps of MV_UNROLL chunks per lane that a row of K needs. */
-#define MV_STEPS(K) (((K) / 8 + MV_UNROLL * WARP_SIZE - 1) / (MV_UNROLL * WARP_SIZE))
+/* Steps of U chunks per lane that a row of K needs. */
+template <int U>
+__host__ __device__ constexpr int mv_steps(int K) { return (K / 8 + U * WARP_SIZE - 1) / (U * WARP_SIZE); }
 
-__device__ __forceinline__ void load_step(row_chunks *r, const uint4 *row, int K, int step, int lane) {
+template <int U>
+__device__ __forceinline__ void load_step(row_chunks<U> *r, const uint4 *row, int K, int step, int lane) {
 #pragma unroll
-    for (int u = 0; u < MV_UNROLL; u++) {
-        int c = (step * MV_UNROLL + u) * WARP_SIZE + lane;
+    for (int u = 0; u < U; u++) {
+        int c = (step * U + u) * WARP_SIZE + lane;
         if (c < K / 8) r->v[u] = ld_stream(row + c);
     }
 }
 
-__device__ __forceinline__ float dot_step(const row_chunks *r, const float *sx, int K, int step, int lane) {
+template <int U>
+__device__ __forceinline__ float dot_step(const row_chunks<U> *r, const float *sx, int K, int step, int lane) {
     float acc = 0.0f;
 #pragma unroll
-    for (int u = 0; u < MV_UNROLL; u++) {
-        int c = (step * MV_UNROLL + u) * WARP_SIZE + lane;
+    for (int u = 0; u < U; u++) {
+        int c = (step * U + u) * WARP_SIZE + lane;
         if (c < K / 8) {
             float w[8];
             w8_to_f32(r->v[u], w);
@@ -328,10 +337,11 @@ __device__ __forceinline__ float dot_step(const row_chunks *r, const float *sx, 
 /* row (K) . sx (K, shared memory), the first step already in *first; the warp's sum in every lane.
  * Later steps load and then multiply: other warps on the SM keep memory busy meanwhile (double
  * buffering the steps doubled the registers and halved the resident warps). */
-__device__ __forceinline__ float row_dot(row_chunks *first, const uint4 *row, const float *sx, int K, int lane) {
+template <int U>
+__device__ __forceinline__ float row_dot(row_chunks<U> *first, const uint4 *row, const float *sx, int K, int lane) {
     float acc = dot_step(first, sx, K, 0, lane);
 #pragma unroll 1
-    for (int step = 1; step < MV_STEPS(K); step++) {
+    for (int step = 1; step < mv_steps<U>(K); step++) {
         load_step(first, row, K, step, lane);
         acc += dot_step(first, sx, K, step, lane);
     }
@@ -341,11 +351,12 @@ __device__ __forceinline__ float row_dot(row_chunks *first, const uint4 *row, co
 /* Two rows (a, b) of K dotted with sx at once, both rows' loads in flight together, the first
  * steps already in *fa and *fb: the paired kernels' core (a pair on one warp needs no barrier to
  * meet its other half). */
-__device__ __forceinline__ float2 row_dot2(row_chunks *fa, row_chunks *fb, const uint4 *ra, const uint4 *rb, const float *sx,
+template <int U>
+__device__ __forceinline__ float2 row_dot2(row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb, const float *sx,
                                            int K, int lane) {
     float acc_a = dot_step(fa, sx, K, 0, lane), acc_b = dot_step(fb, sx, K, 0, lane);
 #pragma unroll 1
-    for (int step = 1; step < MV_STEPS(K); step++) {
+    for (int step = 1; step < mv_steps<U>(K); step++) {
         load_step(fa, ra, K, step, lane);
         load_step(fb, rb, K, step, lane);
         acc_a += dot_step(fa, sx, K, step, lane);
@@ -356,7 +367,8 @@ __device__ __forceinline__ float2 row_dot2(row_chunks *fa, row_chunks *fb, const
 
 /* A paired kernel's round: rows ra and rb dotted with sx, their first steps loaded here unless
  * this is the warp's first round (loaded before the wait). */
-__device__ __forceinline__ float2 pair_round(bool first, row_chunks *fa, row_chunks *fb, const uint4 *ra, const uint4 *rb,
+template <int U>
+__device__ __forceinline__ float2 pair_round(bool first, row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb,
                                              const float *sx, int K, int lane) {
     if (!first) {
         load_step(fa, ra, K, 0, lane);
@@ -367,17 +379,18 @@ __device__ __forceinline__ float2 pair_round(bool first, row_chunks *fa, row_chu
 
 /* row . sx as row_dot, with the next step's loads in flight while this one multiplies (double
  * buffering): for the single-row kernels (o_proj, down), whose registers allow it. */
-__device__ __forceinline__ float row_dot_buffered(const row_chunks *first, const uint4 *row, const float *x, int K, int lane) {
+template <int U>
+__device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, const uint4 *row, const float *x, int K, int lane) {
     float acc;
-    if (MV_STEPS(K) == 1) {
+    if (mv_steps<U>(K) == 1) {
         acc = dot_step(first, x, K, 0, lane);
     } else {
         acc = 0.0f;
-        row_chunks cur = *first;
+        row_chunks<U> cur = *first;
 #pragma unroll 1
-        for (int step = 0; step < MV_STEPS(K); step++) {
-            row_chunks nxt;
-            if (step + 1 < MV_STEPS(K)) load_step(&nxt, row, K, step + 1, lane);
+        for (int step = 0; step < mv_steps<U>(K); step++) {
+            row_chunks<U> nxt;
+            if (step + 1 < mv_steps<U>(K)) load_step(&nxt, row, K, step + 1, lane);
             acc += dot_step(&cur, x, K, step, lane);
             cur = nxt;
         }
@@ -539,7 +552,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     const int lane = threadIdx.x % WARP_SIZE;
     int p = grid_warp(), ra = 0, rb = 0, kind = 0;
     TRACE_BEGIN(ST_QKV);
-    row_chunks a, b;
+    row_chunks<MV_PAIR_UNROLL> a, b;
     if (p < pairs) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
@@ -595,7 +608,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
     TRACE_BEGIN(stage);
     (void)stage;
-    row_chunks a, b;
+    row_chunks<> a, b;
     if (row < n) {
         load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
         if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
@@ -644,7 +657,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
     TRACE_BEGIN(ST_GATE_UP);
-    row_chunks a, b;
+    row_chunks<MV_PAIR_UNROLL> a, b;
     if (i < hidden) {
         load_step(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane);
         load_step(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane);
@@ -692,7 +705,7 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
     TRACE_BEGIN(ST_LM_HEAD);
-    row_chunks a;
+    row_chunks<> a;
     if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
