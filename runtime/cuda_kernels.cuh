@@ -29,6 +29,13 @@
 #ifndef MV_PAIR_UNROLL
 #define MV_PAIR_UNROLL MV_UNROLL /* the same in the paired norm'd kernels (QKV, gate/up): a warp holds two rows */
 #endif
+/* Of a paired kernel's first step, the chunks a lane loads before the wait; the rest go out after
+ * the wait, behind the input's loads. The loads in flight when the previous kernel ends delay its
+ * completion and the input's round trip (PERFORMANCE.md, fifteenth session). */
+#ifndef MV_PAIR_EARLY
+#define MV_PAIR_EARLY MV_PAIR_UNROLL
+#endif
+static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EARLY: 1 .. MV_PAIR_UNROLL");
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -308,13 +315,19 @@ struct row_chunks {
 template <int U>
 __host__ __device__ constexpr int mv_steps(int K) { return (K / 8 + U * WARP_SIZE - 1) / (U * WARP_SIZE); }
 
+/* Chunks u0 .. u1 - 1 of a step (load_step: all U). */
 template <int U>
-__device__ __forceinline__ void load_step(row_chunks<U> *r, const uint4 *row, int K, int step, int lane) {
+__device__ __forceinline__ void load_chunks(row_chunks<U> *r, const uint4 *row, int K, int step, int lane, int u0, int u1) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
+    for (int u = u0; u < u1; u++) {
         int c = (step * U + u) * WARP_SIZE + lane;
         if (c < K / 8) r->v[u] = ld_stream(row + c);
     }
+}
+
+template <int U>
+__device__ __forceinline__ void load_step(row_chunks<U> *r, const uint4 *row, int K, int step, int lane) {
+    load_chunks(r, row, K, step, lane, 0, U);
 }
 
 template <int U>
@@ -418,8 +431,14 @@ __device__ __forceinline__ int sx_group(int g, int K) { return (g % 2) * (K / 8)
 
 /* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
  * at a time. */
-template <typename T, typename F>
-__device__ __forceinline__ void for_each_group(const T *src, int K, F f) {
+struct no_hook {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+/* issued() runs once, after the first round's loads are issued (stage_input's callers queue weight
+ * loads behind the input's there). */
+template <typename T, typename F, typename H = no_hook>
+__device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issued = H{}) {
 #pragma unroll 1
     for (int round = 0; round < STAGE_ROUNDS(K); round++) {
         T v[STAGE_VEC];
@@ -428,6 +447,7 @@ __device__ __forceinline__ void for_each_group(const T *src, int K, F f) {
             int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
             if (g < K / 4) v[j] = src[g];
         }
+        if (round == 0) issued();
 #pragma unroll
         for (int j = 0; j < STAGE_VEC; j++) {
             int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
@@ -449,7 +469,8 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
  * returns RMSNorm's scale 1 / sqrt(mean(x^2) + eps) (1 without a norm), which the caller applies to
  * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
  * of squares meets at the barrier staging needs anyway). Called by the whole block after its wait. */
-__device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps) {
+template <typename H = no_hook>
+__device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{}) {
     __shared__ float partial[MV_WARPS];
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     float ss = 0.0f;
@@ -460,7 +481,7 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
             v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
         }
         s4[sx_group(g, K)] = v;
-    });
+    }, issued);
     if (norm) {
         ss = warp_sum(ss);
         if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
@@ -556,14 +577,19 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     if (p < pairs) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        load_step(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane);
-        load_step(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane);
+        load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
+        load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
     }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const float scale = stage_input(sx, x, true, dim, eps);
+    const float scale = stage_input(sx, x, true, dim, eps, [&] {
+        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || p >= pairs) return;
+        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+        load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+    });
     TRACE_AT(TRACE_STAGED);
     const int pos = io[IO_POS];
     for (bool first = true; p < pairs; p += grid_warps(), first = false) {
@@ -659,14 +685,18 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_BEGIN(ST_GATE_UP);
     row_chunks<MV_PAIR_UNROLL> a, b;
     if (i < hidden) {
-        load_step(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane);
-        load_step(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane);
+        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
+        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
     }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const float scale = stage_input(sx, x, true, dim, eps);
+    const float scale = stage_input(sx, x, true, dim, eps, [&] {
+        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
+        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+    });
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
