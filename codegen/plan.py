@@ -43,6 +43,8 @@ class Plan:
     prefill_flash: int  # 1: a prefill batch's attention with all its query rows in a block (_prefill_flash)
     att_mma: int  # 1: the decode step's attention on the tensor cores (_att_mma)
     att_stage_values: int  # 1: that attention's first round of values staged with its keys (_att_stage_values)
+    pair_unroll: int  # the paired norm'd matvecs' (QKV, gate/up) 16-byte chunks a lane loads a step (_pair_unroll)
+    pair_early: int  # of their first step, the chunks a lane loads before the wait; 0: all of them (_pair_early)
 
 
 class CExpr:
@@ -160,6 +162,27 @@ def _att_stage_values(head_dim: int, kv_mul: int, dim: int) -> int:
     return int(_att_mma(head_dim, kv_mul) == 1 and head_dim == 64 and dim >= STAGE_VALUES_MIN_DIM)
 
 
+PAIR_UNROLL_SHORT_MAX_DIM = 2048  # the largest hidden size measured to gain from 4 chunks a step (below)
+
+
+def _pair_unroll(dim: int) -> int:
+    """Chunks of 16 bytes a lane of the paired kernels (QKV, gate/up: two rows a warp) loads a step:
+    4 up to a hidden size of 2048, 8 past it (MV_UNROLL elsewhere). Measured on the H200
+    (PERFORMANCE.md, fifteenth session): Llama-3.2-1B +4.5% at depth 0 and +3.2% at 4096 with 4
+    (the 1B trace: gate/up's wait returns 1.7 us and its input lands 2.1 us sooner, with half the
+    bytes in flight when the joined attention/o_proj grid ends); Mistral-7B -0.9% (its rows of 4096
+    take 4 steps); the SmolLM2 shape even (its rows of 576 take one step either way)."""
+    return 4 if dim <= PAIR_UNROLL_SHORT_MAX_DIM else 8
+
+
+def _pair_early(dim: int) -> int:
+    """Where the paired kernels keep 8 chunks a step, half of the first step's loads go out before
+    the wait and half after it, behind the input's: Mistral-7B +0.3% (both depths, two rounds);
+    a quarter lost 0.5%. 0 (all before the wait) where the step is 4 chunks: on the 1B, half of 8
+    gained 1.6% where 4 a step gained 4.5%."""
+    return 4 if _pair_unroll(dim) == 8 else 0
+
+
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     return Plan(
@@ -173,6 +196,8 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         prefill_flash=_prefill_flash(spec.head_dim),
         att_mma=_att_mma(spec.head_dim, spec.kv_mul),
         att_stage_values=_att_stage_values(spec.head_dim, spec.kv_mul, spec.dim),
+        pair_unroll=_pair_unroll(spec.dim),
+        pair_early=_pair_early(spec.dim),
         **_gpu_plan(spec, sms),
     )
 
@@ -192,5 +217,7 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
         att_mma=0,  # the head width is a template argument
         att_stage_values=0,  # with att_mma
+        pair_unroll=8,  # a register array's size is a literal
+        pair_early=0,
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -192,6 +192,18 @@ def test_plan_stages_values_on_heads_of_64_from_the_1b_shape():
     assert make_generic_plan().att_stage_values == 0
 
 
+def test_plan_pair_steps_by_hidden_size():
+    """The paired kernels' 4 chunks a step up to a hidden size of 2048 (the 1B shape gained), 8 with
+    half the first step after the wait past it (Mistral-7B lost with 4, gained with the half)."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    plans = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json")))
+             for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2")}
+    assert {m: (p.pair_unroll, p.pair_early) for m, p in plans.items()} == {
+        "smollm2-135m-instruct": (4, 0), "llama-3.2-1b-instruct": (4, 0), "mistral-7b-instruct-v0.2": (8, 4)}
+    assert (make_generic_plan().pair_unroll, make_generic_plan().pair_early) == (8, 0)
+
+
 def test_c_literals():
     assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
     assert c_string("??=") == '"\\077\\077="'

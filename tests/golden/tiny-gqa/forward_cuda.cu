@@ -20,6 +20,14 @@
 #ifndef ATT_MMA_STAGE_VALUES
 #define ATT_MMA_STAGE_VALUES 0
 #endif
+/* the paired matvecs' (QKV, gate/up) chunks a lane loads a step, and of the first step those loaded
+ * before the wait (codegen/plan.py, _pair_unroll and _pair_early; a variant build may set them) */
+#ifndef MV_PAIR_UNROLL
+#define MV_PAIR_UNROLL 4
+#endif
+#ifndef MV_PAIR_EARLY
+#define MV_PAIR_EARLY MV_PAIR_UNROLL
+#endif
 #include "cuda_kernels.cuh"
 #include "cuda_sampler.cuh"
 
