@@ -26,8 +26,11 @@
 #ifndef MV_UNROLL
 #define MV_UNROLL 8 /* 16-byte chunks a lane holds in flight per row step: 8 beat 16 and 4 (PERFORMANCE.md) */
 #endif
+/* The same in the paired norm'd kernels (QKV, gate/up: two rows a warp). The generated code sets it
+ * from the plan (codegen/plan.py, _pair_unroll: 4 up to a hidden size of 2048, where fewer bytes in
+ * flight when the previous kernel ends let its completion and this kernel's input through sooner). */
 #ifndef MV_PAIR_UNROLL
-#define MV_PAIR_UNROLL MV_UNROLL /* the same in the paired norm'd kernels (QKV, gate/up): a warp holds two rows */
+#define MV_PAIR_UNROLL MV_UNROLL
 #endif
 /* Of a paired kernel's first step, the chunks a lane loads before the wait; the rest go out after
  * the wait, behind the input's loads. The loads in flight when the previous kernel ends delay its
