@@ -6,6 +6,8 @@
 # MODEL: a name under models/, benchmarked as its random-weight bf16 shape (bench_model.sh).
 # TRACE=1: every variant (no plain build) built with -DINGOT_TRACE and its decode step at depth
 # TRACE_DEPTH (default 0) traced block by block (tests/bench/step_trace.py), one after another.
+# Without it, the rounds end in a table a model (tests/bench/variants_summary.py): each variant's
+# tok/s over the rounds and the change of its mean against the plain build's.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
@@ -13,6 +15,8 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { echo "usage: VARIANTS='-DA=1|-DB=2' bash tests/bench/variants.sh MODEL..." >&2; exit 2; }
 IFS='|' read -ra variants <<<"${VARIANTS:-}"
 trace=${TRACE:-0}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 for m in "$@"; do
     d=build/bench-models/bench-$m
     if [ "$trace" = 1 ]; then bench_model_dir "$m" || exit 1; else bench_model "$m" || exit 1; fi
@@ -40,5 +44,9 @@ for m in "$@"; do
             timeout 300 "build/var$i-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-} ||
                 echo "variants.sh: ${variants[$i]} failed"
         done
-    done
+    done 2>&1 | tee -a "$log"
 done
+if [ "$trace" != 1 ]; then
+    echo
+    .venv/bin/python tests/bench/variants_summary.py "$log"
+fi

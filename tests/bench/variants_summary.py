@@ -1,0 +1,95 @@
+"""tests/bench/variants.sh's output as one markdown table a model: each variant's decode and prompt
+tok/s at each depth over its rounds (min-max), and the change of its mean against the plain build's.
+
+    python3 tests/bench/variants_summary.py OUTPUT.txt
+
+variants.sh prints this itself after its rounds; the script reads a saved output again.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import defaultdict
+
+RUN = re.compile(r"^== (\S+), (.*), round (\d+)$")
+DECODE = re.compile(r"decode at depth (\d+): \d+ tokens, ([\d.]+) tok/s.*= ([\d.]+)% of probe")
+PROMPT = re.compile(r"prompt(?: at depth (\d+))?: \d+ tokens, ([\d.]+) tok/s")
+PROBE = re.compile(r"read bandwidth probe: ([\d.]+) GB/s")
+PLAIN = "plain"
+
+
+def parse(text: str) -> dict[str, dict[str, dict[tuple[str, int], list[float]]]]:
+    """{model: {variant: {(kind, depth): [tok/s a round]}}}, kind "decode", "share" (% of the
+    probe), "prompt" or "probe" (GB/s, depth 0), in the order the output has them."""
+    runs: dict[str, dict[str, dict[tuple[str, int], list[float]]]] = {}
+    cur = None
+    for line in text.splitlines():
+        m = RUN.match(line)
+        if m:
+            cur = runs.setdefault(m.group(1), {}).setdefault(m.group(2), defaultdict(list))
+            continue
+        if cur is None:
+            continue
+        if m := DECODE.search(line):
+            cur["decode", int(m.group(1))].append(float(m.group(2)))
+            cur["share", int(m.group(1))].append(float(m.group(3)))
+        elif m := PROMPT.search(line):
+            cur["prompt", int(m.group(1) or 0)].append(float(m.group(2)))
+        elif m := PROBE.search(line):
+            cur["probe", 0].append(float(m.group(1)))
+    return runs
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def cell(xs: list[float], base: list[float] | None) -> str:
+    """min-max over the rounds (one value when they agree to the digit), and against base's mean."""
+    digits = 0 if max(xs) >= 10000 else 1
+    lo, hi = f"{min(xs):.{digits}f}", f"{max(xs):.{digits}f}"
+    text = lo if lo == hi else f"{lo}-{hi}"
+    if base:
+        text += f" ({mean(xs) / mean(base) * 100 - 100:+.1f}%)"
+    return text
+
+
+def table(model: str, variants: dict[str, dict[tuple[str, int], list[float]]]) -> str:
+    if PLAIN not in variants:
+        raise ValueError(f"{model}: no plain build in the output")
+    keys = [k for k in variants[PLAIN] if k[0] in ("decode", "prompt")]
+    head = ["variant"] + [f"{kind} {depth}" for kind, depth in keys] + ["probe GB/s"]
+    rows = [f"**{model}**", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, res in variants.items():
+        base = None if name == PLAIN else variants[PLAIN]
+        cells = [cell(res[k], base and base[k]) if res.get(k) else "-" for k in keys]
+        probe = cell(res["probe", 0], None) if res.get(("probe", 0)) else "-"
+        label = "plain" if name == PLAIN else f"`{name}`"
+        rows.append("| " + " | ".join([label] + cells + [probe]) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: variants_summary.py OUTPUT.txt", file=sys.stderr)
+        return 2
+    try:
+        text = open(argv[1], encoding="utf-8").read()
+    except OSError as e:
+        print(f"variants_summary.py: {argv[1]}: {e.strerror}", file=sys.stderr)
+        return 1
+    runs = parse(text)
+    if not runs:
+        print(f"variants_summary.py: {argv[1]}: no variants.sh rounds in it", file=sys.stderr)
+        return 1
+    try:
+        print("\n\n".join(table(m, v) for m, v in runs.items()))
+    except ValueError as e:
+        print(f"variants_summary.py: {argv[1]}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

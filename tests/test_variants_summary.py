@@ -1,0 +1,54 @@
+"""tests/bench/variants_summary.py on a real variants.sh output (the fifteenth session's SmolLM2
+shape, plain against -DMV_PAIR_UNROLL=4, two rounds): every round's numbers found, the table's
+ranges and changes against the plain build, and clear errors for other files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "tests" / "bench"))
+import variants_summary  # noqa: E402
+
+OUTPUT = REPO / "tests" / "fixtures" / "variants" / "smollm2-unroll.txt"
+SCRIPT = REPO / "tests" / "bench" / "variants_summary.py"
+MODEL = "smollm2-135m-instruct"
+
+
+def test_parse_collects_each_round():
+    runs = variants_summary.parse(OUTPUT.read_text())
+    assert list(runs) == [MODEL]
+    plain, unroll = runs[MODEL]["plain"], runs[MODEL]["-DMV_PAIR_UNROLL=4"]
+    assert plain["decode", 0] == [3026.8, 3026.4] and unroll["decode", 4096] == [2014.7, 2014.9]
+    assert plain["share", 0] == [18.0, 18.2] and plain["prompt", 4096] == [10423.0, 10416.7]
+    assert unroll["probe", 0] == [4488.1, 4517.0]
+
+
+def test_table_gives_ranges_and_changes_against_plain():
+    table = variants_summary.table(MODEL, variants_summary.parse(OUTPUT.read_text())[MODEL])
+    lines = table.splitlines()
+    assert lines[1] == "| variant | prompt 0 | prompt 4096 | decode 0 | decode 4096 | probe GB/s |"
+    assert lines[3] == "| plain | 19020-19105 | 10417-10423 | 3026.4-3026.8 | 2015.5-2016.3 | 4494.4-4524.4 |"
+    # decode 0: (3020.2 + 3024.4) / 2 against (3026.8 + 3026.4) / 2 = -0.1%
+    assert lines[4].startswith("| `-DMV_PAIR_UNROLL=4` | 19010-19070 (-0.1%) |") and "3020.2-3024.4 (-0.1%)" in lines[4]
+
+
+def test_a_variant_without_plain_is_refused():
+    runs = variants_summary.parse(OUTPUT.read_text().replace(", plain,", ", -DX=1,"))
+    with pytest.raises(ValueError, match="no plain build"):
+        variants_summary.table(MODEL, runs[MODEL])
+
+
+def test_script_prints_the_table_and_refuses_other_files(tmp_path):
+    r = subprocess.run([sys.executable, str(SCRIPT), str(OUTPUT)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith(f"**{MODEL}**\n| variant |")
+    other = tmp_path / "other.txt"
+    other.write_text("nothing to see\n")
+    r = subprocess.run([sys.executable, str(SCRIPT), str(other)], capture_output=True, text=True)
+    assert r.returncode == 1 and "no variants.sh rounds in it" in r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "missing.txt")], capture_output=True, text=True)
+    assert r.returncode == 1 and "missing.txt" in r.stderr
