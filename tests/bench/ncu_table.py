@@ -15,6 +15,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from report_file import report_main
+
 HEADER = re.compile(r"^  (?:void )?([A-Za-z_]\w*(?:<[^>(]*>)?)\(.*\) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), Context")
 NOTES = {"OPT", "INF", "WRN", "Metric Name"}
 TIME_UNITS = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
@@ -93,21 +95,15 @@ def table(launches: list[Launch]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python3 tests/bench/ncu_table.py REPORT.txt", file=sys.stderr)
-        return 2
-    try:
-        text = open(argv[1], encoding="utf-8", errors="replace").read()
-    except OSError as e:
-        print(f"ncu_table: {argv[1]}: {e.strerror}", file=sys.stderr)
-        return 1
+def render(text: str) -> str:
     launches = parse(text)
     if not launches:
-        print(f"ncu_table: {argv[1]}: no profiled launch in it (is it ncu's text report?)", file=sys.stderr)
-        return 1
-    print(table(launches))
-    return 0
+        raise ValueError("no profiled launch in it (is it ncu's text report?)")
+    return table(launches)
+
+
+def main(argv: list[str]) -> int:
+    return report_main(argv, "ncu_table", "REPORT.txt", render)
 
 
 if __name__ == "__main__":

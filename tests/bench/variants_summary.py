@@ -12,6 +12,8 @@ import re
 import sys
 from collections import defaultdict
 
+from report_file import report_main
+
 RUN = re.compile(r"^== (\S+), (.*), round (\d+)$")
 DECODE = re.compile(r"decode at depth (\d+): \d+ tokens, ([\d.]+) tok/s.*= ([\d.]+)% of probe")
 PROMPT = re.compile(r"prompt(?: at depth (\d+))?: \d+ tokens, ([\d.]+) tok/s")
@@ -70,25 +72,15 @@ def table(model: str, variants: dict[str, dict[tuple[str, int], list[float]]]) -
     return "\n".join(rows)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: variants_summary.py OUTPUT.txt", file=sys.stderr)
-        return 2
-    try:
-        text = open(argv[1], encoding="utf-8").read()
-    except OSError as e:
-        print(f"variants_summary.py: {argv[1]}: {e.strerror}", file=sys.stderr)
-        return 1
+def render(text: str) -> str:
     runs = parse(text)
     if not runs:
-        print(f"variants_summary.py: {argv[1]}: no variants.sh rounds in it", file=sys.stderr)
-        return 1
-    try:
-        print("\n\n".join(table(m, v) for m, v in runs.items()))
-    except ValueError as e:
-        print(f"variants_summary.py: {argv[1]}: {e}", file=sys.stderr)
-        return 1
-    return 0
+        raise ValueError("no variants.sh rounds in it")
+    return "\n\n".join(table(m, v) for m, v in runs.items())
+
+
+def main(argv: list[str]) -> int:
+    return report_main(argv, "variants_summary", "OUTPUT.txt", render)
 
 
 if __name__ == "__main__":
