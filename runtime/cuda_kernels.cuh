@@ -34,7 +34,8 @@
 #endif
 /* Of a paired kernel's first step, the chunks a lane loads before the wait; the rest go out after
  * the wait, behind the input's loads. The loads in flight when the previous kernel ends delay its
- * completion and the input's round trip (PERFORMANCE.md, fifteenth session). */
+ * completion and the input's round trip (PERFORMANCE.md, fifteenth session). The generated code
+ * sets it from the plan (codegen/plan.py, _pair_early: half on the 7B shapes). */
 #ifndef MV_PAIR_EARLY
 #define MV_PAIR_EARLY MV_PAIR_UNROLL
 #endif
@@ -432,14 +433,14 @@ __device__ __forceinline__ int sx_group(int g, int K) { return (g % 2) * (K / 8)
 #define STAGE_VEC 4 /* float4 groups a thread loads at once (8: -1% on the 7B shape) */
 #define STAGE_ROUNDS(K) (((K) / 4 + STAGE_VEC * MV_THREADS - 1) / (STAGE_VEC * MV_THREADS))
 
-/* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
- * at a time. */
+/* A hook that does nothing (for_each_group's and stage_input's default). */
 struct no_hook {
     __device__ __forceinline__ void operator()() const {}
 };
 
-/* issued() runs once, after the first round's loads are issued (stage_input's callers queue weight
- * loads behind the input's there). */
+/* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
+ * at a time. issued() runs once, after the first round's loads are issued: stage_input's callers
+ * queue weight loads behind the input's there. */
 template <typename T, typename F, typename H = no_hook>
 __device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issued = H{}) {
 #pragma unroll 1
