@@ -170,7 +170,7 @@ def _pair_unroll(dim: int) -> int:
     4 up to a hidden size of 2048, 8 past it (MV_UNROLL elsewhere). Measured on the H200
     (PERFORMANCE.md, fifteenth session): Llama-3.2-1B +4.5% at depth 0 and +3.2% at 4096 with 4
     (the 1B trace: gate/up's wait returns 1.2 us and its input lands 1.8 us sooner, with half the
-    bytes in flight when the joined attention/o_proj grid ends); Mistral-7B -0.9% (its rows of 4096
+    bytes in flight when o_proj ends); Mistral-7B -0.9% (its rows of 4096
     take 4 steps); the SmolLM2 shape even (its rows of 576 take one step either way)."""
     return 4 if dim <= PAIR_UNROLL_SHORT_MAX_DIM else 8
 
