@@ -506,7 +506,10 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
  * threads load their words until every flag is this step's: one store and one load, no fence
  * (the data travels with its flag, as in NCCL's LL protocol). The flag is counters[CTR_STEP] + 1,
  * a count of decode steps that only the step's end advances, so a word from any earlier step never
- * passes; each layer has its own words. */
+ * passes; each layer has its own words. What the words do not order: o_proj's reads and writes of
+ * x. Its blocks start only after QKV's blocks passed their wait (the previous layer's down done),
+ * and write x only with values computed from attention's words, which attention stores after its
+ * own wait (QKV done reading x): a data dependency, where the count gave an acquire. */
 #ifndef ATT_O_LL
 #define ATT_O_LL 0
 #endif
