@@ -498,80 +498,6 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
     return rsqrtf(ss / (float)K + eps);
 }
 
-/* The joined attention/o_proj grid's hand-off as (value, flag) words (knob ATT_O_LL, off: not yet
- * measured). Today an attention block fences its outputs and counts itself done, and o_proj's
- * blocks poll the count and then load the outputs: four trips through a memory system whose queue
- * the step's early weight loads keep ~3.7 us deep (PERFORMANCE.md, fifteenth session). Here each
- * output is one 64-bit store of its bits and the step's flag, single-copy atomic, and o_proj's
- * threads load their words until every flag is this step's: one store and one load, no fence
- * (the data travels with its flag, as in NCCL's LL protocol). The flag is counters[CTR_STEP] + 1,
- * a count of decode steps that only the step's end advances, so a word from any earlier step never
- * passes; each layer has its own words. What the words do not order: o_proj's reads and writes of
- * x. Its blocks start only after QKV's blocks passed their wait (the previous layer's down done),
- * and write x only with values computed from attention's words, which attention stores after its
- * own wait (QKV done reading x): a data dependency, where the count gave an acquire. */
-#ifndef ATT_O_LL
-#define ATT_O_LL 0
-#endif
-typedef unsigned long long ll_word;
-
-__device__ __forceinline__ void ll_store(ll_word *p, float v, unsigned flag) {
-    const ll_word w = ((ll_word)flag << 32) | __float_as_uint(v);
-    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
-}
-
-__device__ __forceinline__ ll_word ll_load(const ll_word *p) {
-    ll_word w;
-    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
-    return w;
-}
-
-/* sx (K, shared) = the K values of `in`, (value, flag) words (ATT_O_LL), once every flag is `flag`:
- * each thread loads its float4 groups' words LL_GROUPS groups at a time and loads again the groups
- * not yet written. Called by the whole block, in place of a wait and stage_input. */
-#define LL_GROUPS 2
-__device__ __forceinline__ void stage_input_ll(float *sx, const ll_word *in, int K, unsigned flag) {
-    float4 *s4 = reinterpret_cast<float4 *>(sx);
-    unsigned long long t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-#pragma unroll 1
-    for (int g0 = 0; g0 < K / 4; g0 += LL_GROUPS * MV_THREADS) {
-        ll_word w[LL_GROUPS][4];
-        bool have[LL_GROUPS];
-#pragma unroll
-        for (int j = 0; j < LL_GROUPS; j++) have[j] = g0 + j * MV_THREADS + (int)threadIdx.x >= K / 4; /* none: done */
-        for (;;) {
-#pragma unroll
-            for (int j = 0; j < LL_GROUPS; j++)
-                if (!have[j])
-#pragma unroll
-                    for (int k = 0; k < 4; k++) w[j][k] = ll_load(in + 4 * (g0 + j * MV_THREADS + threadIdx.x) + k);
-            bool all = true;
-#pragma unroll
-            for (int j = 0; j < LL_GROUPS; j++) {
-                if (have[j]) continue;
-                have[j] = (unsigned)(w[j][0] >> 32) == flag && (unsigned)(w[j][1] >> 32) == flag &&
-                          (unsigned)(w[j][2] >> 32) == flag && (unsigned)(w[j][3] >> 32) == flag;
-                if (have[j]) {
-                    const int g = g0 + j * MV_THREADS + (int)threadIdx.x;
-                    s4[sx_group(g, K)] = make_float4(__uint_as_float((unsigned)w[j][0]), __uint_as_float((unsigned)w[j][1]),
-                                                     __uint_as_float((unsigned)w[j][2]), __uint_as_float((unsigned)w[j][3]));
-                }
-                all = all && have[j];
-            }
-            if (all) break;
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t - t0 > WAIT_COUNT_LIMIT_NS) { /* outputs that never come: an error, not a hang */
-                printf("ingot: a block waited %llu ns for attention's outputs (stage_input_ll): stopping\n", t - t0);
-                __trap();
-            }
-            __nanosleep(32);
-        }
-    }
-    __syncthreads();
-}
-
 /* Dynamic shared memory of a matvec kernel whose input has K values. */
 #define MV_SMEM_BYTES(K) ((size_t)(K) * sizeof(float))
 
@@ -607,11 +533,9 @@ __device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io,
  * host's chosen[pos] (mapped host memory) and into history[pos + 1], the next step's input; then
  * the position advanced. A step queued after this one runs on the choice without the host. */
 template <typename Wait>
-__device__ __forceinline__ void step_end_body(int *io, int *history, int *chosen, int ctx, int emit, Wait wait,
-                                              unsigned *steps = nullptr) {
+__device__ __forceinline__ void step_end_body(int *io, int *history, int *chosen, int ctx, int emit, Wait wait) {
     wait();
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        if (steps) *steps += 1; /* the decode steps run (ATT_O_LL's flags) */
         const int pos = io[IO_POS];
         if (emit) {
             const int next = io[IO_NEXT];
@@ -708,8 +632,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
 template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
-                                                     int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
-                                                     const ll_word *ll_in = nullptr, unsigned ll_flag = 0) {
+                                                     int block = (int)blockIdx.x, int blocks = (int)gridDim.x) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
     const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
@@ -724,12 +647,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    if (ll_in) { /* ATT_O_LL: the wait is for the words themselves (wait is wait_none) */
-        stage_input_ll(sx, ll_in, K, ll_flag);
-        pdl_launch_dependents();
-    } else {
-        stage_input(sx, in, false, K, 0.0f);
-    }
+    stage_input(sx, in, false, K, 0.0f);
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
@@ -1006,8 +924,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
                                                int min_splits, int kvh, int split, unsigned *ready, Wait wait,
-                                               int q_stride = 0, size_t parts = 0, ll_word *ll_out = nullptr,
-                                               unsigned ll_flag = 0) {
+                                               int q_stride = 0, size_t parts = 0) {
     static_assert(TOKENS >= 1 && TOKENS <= ATT_MAX_GROUP, "attention rows: TOKENS * kv_mul <= ATT_MAX_GROUP");
     extern __shared__ float smem[];
     const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
@@ -1018,11 +935,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     /* row r's token (from `ahead`) and query head in the group */
     auto token_of = [&](int r) { return TOKENS == 1 ? 0 : r / kv_mul; };
     auto head_of = [&](int r) { return TOKENS == 1 ? r : r % kv_mul; };
-    /* an output: to out, or with ll_out as a (value, flag) word (ATT_O_LL) */
-    auto put = [&](size_t i, float v) {
-        if (ll_out) ll_store(ll_out + i, v, ll_flag);
-        else out[i] = v;
-    };
     /* Positions [0, n) in chunks of at least ATT_MIN_CHUNK (a prompt's: PREFILL_MIN_CHUNK): a short
      * context keeps few blocks busy and the combine short; blocks past the last chunk have nothing
      * to do. The position is read before the wait, from L2: the previous step wrote it, or the host
@@ -1376,7 +1288,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];
         const int r = i / head_dim, t = token_of(r), h = kvh * kv_mul + head_of(r);
         if (n_active == 1) /* one split: done */
-            put((size_t)t * q_stride + h * head_dim + i % head_dim, v / sml[2 * r + 1]);
+            out[t * q_stride + h * head_dim + i % head_dim] = v / sml[2 * r + 1];
         else
             part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
@@ -1458,14 +1370,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 num.z += __shfl_xor_sync(0xFFFFFFFFu, num.z, o);
                 num.w += __shfl_xor_sync(0xFFFFFFFFu, num.w, o);
             }
-            if (active && part == 0) {
-                const size_t o = (size_t)t * q_stride + h * head_dim + 4 * d4;
-                if (ll_out) {
-                    put(o, num.x), put(o + 1, num.y), put(o + 2, num.z), put(o + 3, num.w);
-                } else {
-                    *reinterpret_cast<float4 *>(out + o) = num;
-                }
-            }
+            if (active && part == 0) *reinterpret_cast<float4 *>(out + t * q_stride + h * head_dim + 4 * d4) = num;
         }
     } else {
         for (int i = tid; i < rows * head_dim; i += blockDim.x) {
@@ -1481,7 +1386,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 for (int k = 0; k < ATT_COMBINE_VEC; k++)
                     if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
             }
-            put((size_t)t * q_stride + h * head_dim + dd, num);
+            out[t * q_stride + h * head_dim + dd] = num;
         }
     }
     TRACE_COMBINE_AT(3);

@@ -146,18 +146,6 @@ def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide"])
-@pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
-def test_tiny_gpu_att_o_ll_equal_cpu(variant, chunk, tmp_path):
-    """The joined attention/o_proj grid (forced with -DATT_O_GRID=1) handing attention's outputs to
-    o_proj as (value, flag) words (-DATT_O_LL=1), in a build of its own: heads of 16 (the fp32
-    attention) and of 128 (the tensor cores), written by a block of one split or, in 5-position
-    splits, by the combining block. Logits and 48 greedy tokens' text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-ll{chunk.split('=')[-1] if chunk else ''}")
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DATT_O_GRID=1 -DATT_O_LL=1{chunk}")
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
-
-
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):

@@ -46,8 +46,7 @@
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
-#define CTR_STEP (MODEL_N_KV_HEADS + 3)    /* decode steps run: the step's end counts them (ATT_O_LL's flags) */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
+#define CTR_COUNT (MODEL_N_KV_HEADS + 3)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -119,7 +118,7 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
 static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
                                                                               const uint16_t *vc, const int *io, float *part_acc,
                                                                               float *part_ml, unsigned *counters, float *att, float *x,
-                                                                              int ctx, int n_splits, ll_word *att_ll) {
+                                                                              int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
     __shared__ int arrived;
     if (threadIdx.x == 0) {
@@ -128,19 +127,6 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     }
     __syncthreads();
     const int b = arrived;
-    if constexpr (ATT_O_LL) { /* the outputs as (value, flag) words: no count to wait on (cuda_kernels.cuh) */
-        const unsigned flag = __ldcg(counters + CTR_STEP) + 1u; /* the previous step's end wrote it */
-        if (b < att_blocks) {
-            attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
-                              n_splits, ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, NULL, wait_pdl{}, 0, 0,
-                              att_ll, flag);
-            return;
-        }
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_none{},
-                             b - att_blocks, (int)gridDim.x - att_blocks, att_ll, flag);
-        return;
-    }
-    (void)att_ll;
     if (b < att_blocks) {
         attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
                           ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
@@ -221,9 +207,8 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
 }
 
 /* the chosen token to the host and to the next step's input; the position advanced */
-static __global__ void __launch_bounds__(WARP_SIZE) step_end_kernel(int *io, int *history, int *chosen, int ctx, int emit,
-                                                                    unsigned *steps) {
-    step_end_body(io, history, chosen, ctx, emit, wait_pdl{}, steps);
+static __global__ void __launch_bounds__(WARP_SIZE) step_end_kernel(int *io, int *history, int *chosen, int ctx, int emit) {
+    step_end_body(io, history, chosen, ctx, emit, wait_pdl{});
 }
 
 /* the next token from the logits, with the sampler's settings (cuda_sampler.cuh) */
@@ -360,7 +345,6 @@ struct model_cuda {
     float *x;                 /* (dim) residual stream */
     float *q;                 /* (q_dim) */
     float *att;               /* (q_dim) attention output */
-    ll_word *att_ll;          /* (n_layers, q_dim) the joined grid's attention output as (value, flag) words (ATT_O_LL) */
     float *hb;                /* (hidden_dim) */
     float *logits;            /* (vocab) */
     uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_kernels.cuh: kv_at) */
@@ -515,7 +499,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
             if (ATT_O_GRID && !marks) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
-                       n_splits, m->att_ll ? m->att_ll + (size_t)l * MODEL_Q_DIM : (ll_word *)NULL);
+                       n_splits);
             } else {
                 launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                        m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
@@ -537,8 +521,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
     }
     if (kind == STEP_SAMPLE)
         launch(sample_kernel, 1, 1, SAMPLE_THREADS, 0, m->stream, m->logits, m->history, m->first_seen, m->io, m->params, m->rng);
-    launch(step_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io, m->history, m->chosen_dev, m->ctx, (int)(kind != STEP_PROMPT),
-           m->counters + CTR_STEP);
+    launch(step_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io, m->history, m->chosen_dev, m->ctx, (int)(kind != STEP_PROMPT));
     if (kind == STEP_LOGITS)
         CUDA_CHECK(cudaMemcpyAsync(m->logits_host, m->logits, MODEL_VOCAB_SIZE * sizeof(float), cudaMemcpyDeviceToHost,
                                    m->stream));
@@ -761,10 +744,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->x, (size_t)PREFILL_BATCH * MODEL_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->q, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->att, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
-    if (ATT_O_GRID && ATT_O_LL) { /* zeros: flag 0, which no step writes */
-        CUDA_CHECK(cudaMalloc(&m->att_ll, (size_t)MODEL_N_LAYERS * MODEL_Q_DIM * sizeof(ll_word)));
-        CUDA_CHECK(cudaMemset(m->att_ll, 0, (size_t)MODEL_N_LAYERS * MODEL_Q_DIM * sizeof(ll_word)));
-    }
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
@@ -1042,7 +1021,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     }
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
-    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_ll, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
+    void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
