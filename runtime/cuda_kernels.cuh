@@ -40,6 +40,11 @@
 #define MV_PAIR_EARLY MV_PAIR_UNROLL
 #endif
 static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EARLY: 1 .. MV_PAIR_UNROLL");
+/* The same for the LM head's first step (knob, all of it by default; half not yet measured). */
+#ifndef MV_LM_EARLY
+#define MV_LM_EARLY MV_UNROLL
+#endif
+static_assert(MV_LM_EARLY >= 1 && MV_LM_EARLY <= MV_UNROLL, "MV_LM_EARLY: 1 .. MV_UNROLL");
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -241,7 +246,15 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
 #else
 #define TRACE_COMBINE_AT(k) do { } while (0)
 #endif
+/* -DTRACE_ATT=K: attention's blocks stamp DONE at point K of their work after the scores instead of
+ * when their value loads are in (K = 2, the default): 1 the softmax's sums, 3 their outputs (or a
+ * split's partial sums) written. The next stage's times then count from there. */
+#ifndef TRACE_ATT
+#define TRACE_ATT 2
+#endif
+#define TRACE_ATT_AT(k) do { if ((k) == TRACE_ATT) TRACE_END(); } while (0)
 #else
+#define TRACE_ATT_AT(k) do { } while (0)
 #define TRACE_BEGIN(stage) do { } while (0)
 #define TRACE_AT(i) do { } while (0)
 #define TRACE_END() do { } while (0)
@@ -740,12 +753,15 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     int row = grid_warp();
     TRACE_BEGIN(ST_LM_HEAD);
     row_chunks<> a;
-    if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
+    if (row < vocab) load_chunks(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane, 0, MV_LM_EARLY);
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const float scale = stage_input(sx, x, true, dim, eps);
+    const float scale = stage_input(sx, x, true, dim, eps, [&] {
+        if (MV_LM_EARLY < MV_UNROLL && row < vocab)
+            load_chunks(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane, MV_LM_EARLY, MV_UNROLL);
+    });
     TRACE_AT(TRACE_STAGED);
     float bv = -INFINITY;
     int bi = 0x7FFFFFFF;
@@ -1148,6 +1164,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         if (lane == 0) { sml[2 * wid] = m; sml[2 * wid + 1] = l; }
     }
     __syncthreads();
+    TRACE_ATT_AT(1);
 
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
@@ -1230,7 +1247,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 value_round(va, round);
             }
         }
-        TRACE_END(); /* its loads are in; the combine comes after */
+        TRACE_ATT_AT(2); /* its loads are in; the combine comes after */
         __syncthreads(); /* sc is reused below for the warps' sums */
 #pragma unroll
         for (int t = 0; t < MT; t++)
@@ -1270,7 +1287,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
             }
         }
-        TRACE_END(); /* its loads are in; the combine comes after */
+        TRACE_ATT_AT(2); /* its loads are in; the combine comes after */
         __syncthreads(); /* sc is reused below for the warps' sums */
     #pragma unroll
         for (int h = 0; h < ATT_MAX_GROUP; h++)
@@ -1292,6 +1309,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         else
             part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
+    TRACE_ATT_AT(3);
     if (n_active == 1) {
         signal_done(ready);
         return;
