@@ -188,6 +188,16 @@ struct wait_count {
     }
 };
 
+/* attention_kernel's wait where it lets the next kernel launch only once its outputs are written
+ * (ATT_LAUNCH 3, a diagnostic knob, off: o_proj's blocks and their weight loads then land after
+ * attention's work on the SMs, not during it). */
+#ifndef ATT_LAUNCH
+#define ATT_LAUNCH 0
+#endif
+struct wait_pdl_only {
+    __device__ __forceinline__ void operator()() const { pdl_wait(); }
+};
+
 /* Nothing to wait for (the caller has already waited). */
 struct wait_none {
     __device__ __forceinline__ void operator()() const {}
@@ -1310,6 +1320,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
     TRACE_ATT_AT(3);
+    if constexpr (std::is_same<Wait, wait_pdl_only>::value) pdl_launch_dependents();
     if (n_active == 1) {
         signal_done(ready);
         return;
