@@ -40,11 +40,6 @@
 #define MV_PAIR_EARLY MV_PAIR_UNROLL
 #endif
 static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EARLY: 1 .. MV_PAIR_UNROLL");
-/* The same for the LM head's first step (knob, all of it by default; half not yet measured). */
-#ifndef MV_LM_EARLY
-#define MV_LM_EARLY MV_UNROLL
-#endif
-static_assert(MV_LM_EARLY >= 1 && MV_LM_EARLY <= MV_UNROLL, "MV_LM_EARLY: 1 .. MV_UNROLL");
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -186,16 +181,6 @@ struct wait_count {
         __syncthreads();
         pdl_launch_dependents();
     }
-};
-
-/* attention_kernel's wait where it lets the next kernel launch only once its outputs are written
- * (ATT_LAUNCH 3, a diagnostic knob, off: o_proj's blocks and their weight loads then land after
- * attention's work on the SMs, not during it). */
-#ifndef ATT_LAUNCH
-#define ATT_LAUNCH 0
-#endif
-struct wait_pdl_only {
-    __device__ __forceinline__ void operator()() const { pdl_wait(); }
 };
 
 /* Nothing to wait for (the caller has already waited). */
@@ -763,15 +748,12 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     int row = grid_warp();
     TRACE_BEGIN(ST_LM_HEAD);
     row_chunks<> a;
-    if (row < vocab) load_chunks(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane, 0, MV_LM_EARLY);
+    if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const float scale = stage_input(sx, x, true, dim, eps, [&] {
-        if (MV_LM_EARLY < MV_UNROLL && row < vocab)
-            load_chunks(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane, MV_LM_EARLY, MV_UNROLL);
-    });
+    const float scale = stage_input(sx, x, true, dim, eps);
     TRACE_AT(TRACE_STAGED);
     float bv = -INFINITY;
     int bi = 0x7FFFFFFF;
@@ -1320,7 +1302,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
     TRACE_ATT_AT(3);
-    if constexpr (std::is_same<Wait, wait_pdl_only>::value) pdl_launch_dependents();
     if (n_active == 1) {
         signal_done(ready);
         return;

@@ -38,13 +38,6 @@
 #define GRID_GATE_UP 20
 #define GRID_DOWN 8
 #define GRID_LM_HEAD 50
-/* Where a matvec needs more blocks than one wave holds, the blocks of its last round of rows run
- * beside idle ones; GRID_BALANCE (a mask: 1 QKV, 2 gate/up, 4 LM head, 8 o_proj and down) gives
- * the kernel instead the fewest blocks that take the same rounds (one_wave). Knob, off: not yet
- * measured. */
-#ifndef GRID_BALANCE
-#define GRID_BALANCE 0
-#endif
 #ifndef ATT_MIN_SPLITS
 #define ATT_MIN_SPLITS 132 /* a variant build may set it (-DATT_MIN_SPLITS=16) */
 #endif
@@ -100,9 +93,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
-    using wait = std::conditional_t<ATT_LAUNCH == 3, wait_pdl_only, wait_pdl>;
-    attention_body<1, wait, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
-                      n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait{});
+    attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
+                      n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
@@ -665,18 +657,15 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
 
 /* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
  * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
-static int one_wave(const void *kernel, int needed, size_t smem, int sms, int balance) {
+static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
-    /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower. */
+    /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower; the
+     * fewest blocks for the same rounds of rows (every warp as many rows as any other, or one fewer)
+     * measured even or slower (PERFORMANCE.md, sixteenth session). */
     int wave = (per_sm > 0 ? per_sm : 1) * sms;
-    if (needed <= wave) return needed;
-    if (!balance) return wave;
-    /* balanced: the fewest blocks that take the same rounds of rows as a wave does, so that every
-     * warp takes as many rows as every other, or one fewer (GRID_BALANCE) */
-    const int rounds = (needed + wave - 1) / wave;
-    return (needed + rounds - 1) / rounds;
+    return needed < wave ? needed : wave;
 }
 
 extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent) {
@@ -706,15 +695,14 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->ctx = ctx;
     m->persistent = persistent;
     const int sms = prop.multiProcessorCount;
-    m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms, 0);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms, GRID_BALANCE & 1);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms, GRID_BALANCE & 8);
-    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms, GRID_BALANCE & 8);
+    m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
+    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
-    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms, GRID_BALANCE & 2);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms, GRID_BALANCE & 8);
-    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms,
-                               GRID_BALANCE & 4);
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
+    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
