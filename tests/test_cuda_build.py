@@ -75,7 +75,7 @@ def _compile_generated(tmp_path, variant, arch, extra_archs=()):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("source", ["read_patterns.cu", "stream_chain.cu"])
+@pytest.mark.parametrize("source", ["read_patterns.cu", "stream_chain.cu", "timer_resolution.cu"])
 def test_bench_programs_compile(tmp_path, source):
     """The GPU machine's measuring programs under tests/bench/ (built there by hand) build here too."""
     r = subprocess.run([NVCC, "-O1", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-Werror", "all-warnings",
