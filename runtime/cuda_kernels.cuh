@@ -871,17 +871,6 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
 #ifndef ATT_STAGE_MAX_SPLITS
 #define ATT_STAGE_MAX_SPLITS 17 /* to depth 4352 in splits of 256 */
 #endif
-/* 1: where a split is one round of tiles for every warp (at most 16 * ATT_MMA_TILES * 8 positions:
- * 256 on heads of 64, 128 on 128), each warp takes the softmax of its own tiles in registers (its
- * rows' max and sum by shuffles among the lanes that hold them), writes its probabilities where
- * its value pass reads them, and goes on to its values with no block barrier; the block meets once,
- * after the values, and weighs each warp's sums by exp(its max - the block's). That takes the
- * scores' barrier, the warp-per-row softmax and its barrier off a short split's chain: at depth 0
- * on the 1B shape the softmax phase alone was 0.65 us of attention's 3.3 after its wait
- * (PERFORMANCE.md, sixteenth session). Knob, off: not yet measured. */
-#ifndef ATT_WARP_SOFTMAX
-#define ATT_WARP_SOFTMAX 0
-#endif
 /* Bytes of shared memory the staged values take */
 __host__ __device__ constexpr size_t att_value_stage_bytes(int hd) {
     return ATT_MMA_STAGE_VALUES ? 16 + (size_t)(ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
@@ -979,11 +968,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     const uint4 *kbase = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, head_dim)) + c;
     const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, head_dim)) + c;
     float *red = sc; /* (warps, rows, head_dim): the warps' sums of the weighted values, after them */
-    /* ATT_WARP_SOFTMAX: each warp's (max, sum) of each row, [warp][row][2], where every warp's tiles
-     * are one round (one_round, the same in every thread) */
-    constexpr bool warp_softmax = ATT_WARP_SOFTMAX && TOKENS == 1 && MMA_HD > 0;
-    __shared__ float wml[warp_softmax ? ATT_THREADS / WARP_SIZE * ATT_MAX_GROUP * 2 : 1];
-    bool one_round = false;
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         static_assert(MMA_HD == 64 || MMA_HD == 128, "attention on the tensor cores: heads of 64 or 128");
         constexpr int HD = MMA_HD, KCH = HD / 32, U = att_mma_tiles(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
@@ -1073,60 +1057,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
             }
         };
-        one_round = warp_softmax && n_tiles <= WARPS * U;
-        if (one_round) {
-            /* the warp's tiles' scores in registers, its rows' max and sum over them, its probabilities
-             * into sc for its own value pass: lane (g, cq) holds rows 2 cq (i even) and 2 cq + 1 (i odd)
-             * at positions g and g + 8 of each tile; the lanes of one cq meet by xor over g */
-            float sv[U][4], m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int tile = wid + WARPS * k;
-                float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (tile < n_tiles) {
-#pragma unroll
-                    for (int ch = 0; ch < KCH; ch++) {
-                        const uint4 a = ka[k][0][ch], b = ka[k][1][ch];
-                        const uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
-                        mma_f16_16x8x16(s4, a.x, b.x, a.y, b.y, f[0 * WARP_SIZE], f[1 * WARP_SIZE]);
-                        mma_f16_16x8x16(s4, a.x, b.x, a.y, b.y, f[4 * WARP_SIZE], f[5 * WARP_SIZE]);
-                        mma_f16_16x8x16(s4, a.z, b.z, a.w, b.w, f[2 * WARP_SIZE], f[3 * WARP_SIZE]);
-                        mma_f16_16x8x16(s4, a.z, b.z, a.w, b.w, f[6 * WARP_SIZE], f[7 * WARP_SIZE]);
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int j = 16 * tile + g + 8 * (i / 2);
-                    sv[k][i] = tile < n_tiles && j < len ? s4[i] * scale : -INFINITY;
-                    m2[i % 2] = fmaxf(m2[i % 2], sv[k][i]);
-                }
-            }
-#pragma unroll
-            for (int o = 4; o < WARP_SIZE; o *= 2)
-#pragma unroll
-                for (int h = 0; h < 2; h++) m2[h] = fmaxf(m2[h], __shfl_xor_sync(0xFFFFFFFFu, m2[h], o));
-#pragma unroll
-            for (int k = 0; k < U; k++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int tile = wid + WARPS * k, j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
-                    const float p = sv[k][i] == -INFINITY ? 0.0f : __expf(sv[k][i] - m2[i % 2]);
-                    l2[i % 2] += p;
-                    if (tile < n_tiles && r < rows && j < len) sc[r * ATT_TILE + j] = p;
-                }
-#pragma unroll
-            for (int o = 4; o < WARP_SIZE; o *= 2)
-#pragma unroll
-                for (int h = 0; h < 2; h++) l2[h] += __shfl_xor_sync(0xFFFFFFFFu, l2[h], o);
-            if (g == 0)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    if (2 * cq + h < rows) {
-                        wml[(wid * ATT_MAX_GROUP + 2 * cq + h) * 2] = m2[h];
-                        wml[(wid * ATT_MAX_GROUP + 2 * cq + h) * 2 + 1] = l2[h];
-                    }
-            __syncwarp();
-        } else if constexpr (att_mma_pipe_keys()) {
+        if constexpr (att_mma_pipe_keys()) {
             /* two rounds a trip: the next round's loads in flight while this one multiplies */
             for (int round = 0; has_round(round); round += 2) {
                 if (has_round(round + 1)) load_keys(kn, round + 1, false);
@@ -1205,13 +1136,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             }
         }
     }
-    if (!one_round) __syncthreads();
+    __syncthreads();
     TRACE_AT(TRACE_STAGED); /* the scores */
 
     /* softmax pieces per row: warp h finds the max, exponentiates, sums (a row that sees none of
-     * these positions, TOKENS > 1 only: max -inf, probabilities and sum 0, weight 0 in the combine);
-     * one_round: each warp has done its own */
-    if (!one_round && wid < rows) {
+     * these positions, TOKENS > 1 only: max -inf, probabilities and sum 0, weight 0 in the combine) */
+    if (wid < rows) {
         float *row = sc + wid * ATT_TILE, m = -INFINITY, l = 0.0f;
         for (int j = lane; j < len; j += WARP_SIZE) m = fmaxf(m, row[j]);
 #pragma unroll
@@ -1225,7 +1155,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         l = warp_sum(l);
         if (lane == 0) { sml[2 * wid] = m; sml[2 * wid + 1] = l; }
     }
-    if (!one_round) __syncthreads();
+    __syncthreads();
     TRACE_ATT_AT(1);
 
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
@@ -1362,41 +1292,14 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
     }
     __syncthreads();
-    /* one_round: row r's max over the warps, and warp w's weight exp(its max - that) (0 for a warp
-     * without positions: max -inf, sum 0); the sum is the weighted sums' */
-    auto row_max = [&](int r) {
-        float M = -INFINITY;
-        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) M = fmaxf(M, wml[(w * ATT_MAX_GROUP + r) * 2]);
-        return M;
-    };
-    auto row_sum = [&](int r, float M) {
-        float L = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++)
-            L += wml[(w * ATT_MAX_GROUP + r) * 2 + 1] * __expf(wml[(w * ATT_MAX_GROUP + r) * 2] - M);
-        return L;
-    };
-    if (warp_softmax && one_round) {
-        for (int i = tid; i < rows * head_dim; i += blockDim.x) {
-            const int r = i / head_dim, t = token_of(r), h = kvh * kv_mul + head_of(r);
-            const float M = row_max(r);
-            float v = 0.0f;
-            for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++)
-                v += red[w * rows * head_dim + i] * __expf(wml[(w * ATT_MAX_GROUP + r) * 2] - M);
-            if (n_active == 1) /* one split: done */
-                out[t * q_stride + h * head_dim + i % head_dim] = v / row_sum(r, M);
-            else
-                part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
-        }
-    } else {
-        for (int i = tid; i < rows * head_dim; i += blockDim.x) {
-            float v = 0.0f;
-            for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];
-            const int r = i / head_dim, t = token_of(r), h = kvh * kv_mul + head_of(r);
-            if (n_active == 1) /* one split: done */
-                out[t * q_stride + h * head_dim + i % head_dim] = v / sml[2 * r + 1];
-            else
-                part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
-        }
+    for (int i = tid; i < rows * head_dim; i += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];
+        const int r = i / head_dim, t = token_of(r), h = kvh * kv_mul + head_of(r);
+        if (n_active == 1) /* one split: done */
+            out[t * q_stride + h * head_dim + i % head_dim] = v / sml[2 * r + 1];
+        else
+            part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
     TRACE_ATT_AT(3);
     if (n_active == 1) {
@@ -1406,14 +1309,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     if (tid < rows) {
         const int h = kvh * kv_mul + head_of(tid);
         float *ml = part_ml + (size_t)token_of(tid) * parts * 2 + ((size_t)h * n_splits + split) * 2;
-        if (warp_softmax && one_round) {
-            const float M = row_max(tid);
-            ml[0] = M;
-            ml[1] = row_sum(tid, M);
-        } else {
-            ml[0] = sml[2 * tid];
-            ml[1] = sml[2 * tid + 1];
-        }
+        ml[0] = sml[2 * tid];
+        ml[1] = sml[2 * tid + 1];
     }
     __threadfence();
     __syncthreads();

@@ -146,21 +146,6 @@ def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-group3", "-DATT_MMA_STAGE_VALUES=1"),
-                                           ("tiny-group3", "-DATT_MMA_STAGE_VALUES=1 -DATT_MIN_CHUNK=5"),
-                                           ("tiny-wide", ""), ("tiny-wide", "-DATT_MIN_CHUNK=5")])
-def test_tiny_gpu_warp_softmax_equal_cpu(variant, flags, tmp_path):
-    """Decode attention's softmax taken by each warp over its own tiles where every warp's tiles are
-    one round (-DATT_WARP_SOFTMAX=1, in a build of its own): heads of 64 in groups of 3 with staged
-    values (the 1B shape's plan), one split of the whole context (one round up to 256 positions) and
-    splits of 5 positions (warps without positions, the splits' partial sums weighed by the warps'
-    maxima, then combined); heads of 128 (one round up to 128 positions: the prompt's 147 take the
-    usual path until split in 5s). Logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-warpsm{'-chunk5' if 'CHUNK' in flags else ''}")
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DATT_WARP_SOFTMAX=1 {flags}".strip())
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
-
-
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
