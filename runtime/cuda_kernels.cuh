@@ -40,6 +40,21 @@
 #define MV_PAIR_EARLY MV_PAIR_UNROLL
 #endif
 static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EARLY: 1 .. MV_PAIR_UNROLL");
+/* Of a paired kernel's row steps after the first, how many go to shared memory on cp.async, issued
+ * together with the first step's loads (0: none). Registers hold one step of both rows (126 of them
+ * on the 7B shapes), so a warp's pair is a chain of round trips, one a step; shared memory holds
+ * the later steps without registers, so the whole pair is in flight at once. MV_PAIR_ASYNC_IN: in
+ * which kernels, MV_ASYNC_QKV | MV_ASYNC_GATE_UP. An experiment (PERFORMANCE.md, seventeenth
+ * session). */
+#ifndef MV_PAIR_ASYNC
+#define MV_PAIR_ASYNC 0
+#endif
+#define MV_ASYNC_QKV 1
+#define MV_ASYNC_GATE_UP 2
+#ifndef MV_PAIR_ASYNC_IN
+#define MV_PAIR_ASYNC_IN (MV_ASYNC_QKV | MV_ASYNC_GATE_UP)
+#endif
+static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -310,6 +325,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 /* Streaming loads: each weight is read once per step, keep it out of L1. */
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
 
+/* 16 bytes from global to shared memory, asynchronously and past L1; 16 zeros where !valid */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
 // as x * norm_w / rms(x): every block computes the same sum of squares, from L2), then each warp
@@ -373,15 +395,75 @@ __device__ __forceinline__ float row_dot(row_chunks<U> *first, const uint4 *row,
     return warp_sum(acc);
 }
 
+/* A paired kernel's steps of a row past the first that go through shared memory (MV_PAIR_ASYNC). */
+template <int U>
+__host__ __device__ constexpr int pair_async_steps(int K) {
+    return MV_PAIR_ASYNC < mv_steps<U>(K) - 1 ? MV_PAIR_ASYNC : mv_steps<U>(K) - 1;
+}
+
+/* Shared memory a paired kernel's block needs for them, past its staged input: each warp's steps
+ * 1 .. pair_async_steps of both rows, a lane's chunks where it alone reads them. */
+template <int U>
+__host__ __device__ constexpr size_t pair_async_bytes(int K) {
+    return (size_t)pair_async_steps<U>(K) * 2 * U * WARP_SIZE * MV_WARPS * sizeof(uint4);
+}
+
+/* Dynamic shared memory of a paired kernel (which: MV_ASYNC_QKV or MV_ASYNC_GATE_UP) whose input has K values. */
+#define MV_PAIR_SMEM_BYTES(K, which) \
+    (MV_SMEM_BYTES(K) + ((MV_PAIR_ASYNC_IN & (which)) ? pair_async_bytes<MV_PAIR_UNROLL>(K) : 0))
+
+/* This warp's slots for the async steps: after the block's staged input of K floats (K % 8 == 0, so
+ * 16-byte aligned). Slot (s, row, u) holds lane l's chunk at [((s * 2 + row) * U + u) * WARP_SIZE + l]. */
+template <int U>
+__device__ __forceinline__ uint4 *pair_async_slots(float *sx, int K) {
+    return reinterpret_cast<uint4 *>(sx + K) + (size_t)(threadIdx.x / WARP_SIZE) * pair_async_steps<U>(K) * 2 * U * WARP_SIZE;
+}
+
+/* Steps 1 .. steps of rows ra and rb into this warp's slots on cp.async: each lane copies only the
+ * chunks it will read, so cp.async.wait_all in the same lane is all the reading needs. */
+template <int U>
+__device__ __forceinline__ void pair_async_issue(uint4 *slots, const uint4 *ra, const uint4 *rb, int K, int lane, int steps) {
+#pragma unroll
+    for (int s = 1; s <= steps; s++) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = (s * U + u) * WARP_SIZE + lane;
+            if (c < K / 8) {
+                cp_async16(slots + (((s - 1) * 2 + 0) * U + u) * WARP_SIZE + lane, ra + c, true);
+                cp_async16(slots + (((s - 1) * 2 + 1) * U + u) * WARP_SIZE + lane, rb + c, true);
+            }
+        }
+    }
+}
+
+/* Step s of row `row` (0 or 1) from the slots into *r. The slot is free for the next pair's copy once
+ * the dot product that uses *r has run: later instructions issue in order behind it. */
+template <int U>
+__device__ __forceinline__ void pair_async_read(row_chunks<U> *r, const uint4 *slots, int K, int s, int row, int lane) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = (s * U + u) * WARP_SIZE + lane;
+        if (c < K / 8) r->v[u] = slots[(((s - 1) * 2 + row) * U + u) * WARP_SIZE + lane];
+    }
+}
+
 /* Two rows (a, b) of K dotted with sx at once, both rows' loads in flight together, the first
- * steps already in *fa and *fb: the paired kernels' core (a pair on one warp needs no barrier to
- * meet its other half). */
+ * steps already in *fa and *fb and the next `async` steps on their way into slots (pair_async_issue):
+ * the paired kernels' core (a pair on one warp needs no barrier to meet its other half). */
 template <int U>
 __device__ __forceinline__ float2 row_dot2(row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb, const float *sx,
-                                           int K, int lane) {
+                                           int K, int lane, const uint4 *slots = nullptr, int async = 0) {
     float acc_a = dot_step(fa, sx, K, 0, lane), acc_b = dot_step(fb, sx, K, 0, lane);
+    if (async > 0) cp_async_wait_all();
+#pragma unroll
+    for (int step = 1; step <= async; step++) {
+        pair_async_read(fa, slots, K, step, 0, lane);
+        pair_async_read(fb, slots, K, step, 1, lane);
+        acc_a += dot_step(fa, sx, K, step, lane);
+        acc_b += dot_step(fb, sx, K, step, lane);
+    }
 #pragma unroll 1
-    for (int step = 1; step < mv_steps<U>(K); step++) {
+    for (int step = 1 + async; step < mv_steps<U>(K); step++) {
         load_step(fa, ra, K, step, lane);
         load_step(fb, rb, K, step, lane);
         acc_a += dot_step(fa, sx, K, step, lane);
@@ -390,16 +472,17 @@ __device__ __forceinline__ float2 row_dot2(row_chunks<U> *fa, row_chunks<U> *fb,
     return make_float2(warp_sum(acc_a), warp_sum(acc_b));
 }
 
-/* A paired kernel's round: rows ra and rb dotted with sx, their first steps loaded here unless
- * this is the warp's first round (loaded before the wait). */
+/* A paired kernel's round: rows ra and rb dotted with sx, their first steps loaded here (and the
+ * async steps issued) unless this is the warp's first round (loaded around the wait). */
 template <int U>
 __device__ __forceinline__ float2 pair_round(bool first, row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb,
-                                             const float *sx, int K, int lane) {
+                                             const float *sx, int K, int lane, uint4 *slots = nullptr, int async = 0) {
     if (!first) {
         load_step(fa, ra, K, 0, lane);
         load_step(fb, rb, K, 0, lane);
+        pair_async_issue<U>(slots, ra, rb, K, lane, async);
     }
-    return row_dot2(fa, fb, ra, rb, sx, K, lane);
+    return row_dot2(fa, fb, ra, rb, sx, K, lane, slots, async);
 }
 
 /* row . sx as row_dot, with the next step's loads in flight while this one multiplies (double
@@ -596,11 +679,16 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
+    /* the async steps, where this build has them (MV_PAIR_ASYNC): issued after the wait, behind the input */
+    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_QKV) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
+    uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input(sx, x, true, dim, eps, [&] {
-        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || p >= pairs) return;
+        if ((MV_PAIR_EARLY == MV_PAIR_UNROLL && async == 0) || p >= pairs) return;
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
         load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
+                                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
     });
     TRACE_AT(TRACE_STAGED);
     const int pos = io[IO_POS];
@@ -608,7 +696,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                              reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane);
+                              reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane, slots, async);
         if (lane == 0) {
             const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
             float va = v.x * scale + (bias ? w_to_f32(bias[ra]) : 0.0f), vb = v.y * scale + (bias ? w_to_f32(bias[rb]) : 0.0f);
@@ -704,15 +792,19 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
+    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
+    uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input(sx, x, true, dim, eps, [&] {
-        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
+        if ((MV_PAIR_EARLY == MV_PAIR_UNROLL && async == 0) || i >= hidden) return;
         load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+                                         reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, async);
     });
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
-                              reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
+                              reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane, slots, async);
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
     }
     TRACE_END();
@@ -886,12 +978,6 @@ __device__ __forceinline__ uint4 *att_value_stage(float *sml, int rows) {
     return reinterpret_cast<uint4 *>((reinterpret_cast<uintptr_t>(qf) + 15) & ~(uintptr_t)15);
 }
 
-/* 16 bytes from global to shared memory, asynchronously and past L1; 16 zeros where !valid */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 __host__ __device__ constexpr bool att_mma_pipe_keys(void) { return ATT_MMA_PIPE_KEYS != 0; }
 __host__ __device__ constexpr bool att_mma_pipe_values(int hd) { return ATT_MMA_PIPE_VALUES >= 0 ? ATT_MMA_PIPE_VALUES != 0 : hd <= 64; }
 

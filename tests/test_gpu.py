@@ -133,6 +133,23 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
+@pytest.mark.parametrize("flags", ["-DMV_PAIR_ASYNC=1", "-DMV_PAIR_ASYNC=1 -DMV_PAIR_UNROLL=4",
+                                   "-DMV_PAIR_ASYNC=2 -DMV_PAIR_UNROLL=4"])
+def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
+    """QKV's and gate/up's later row steps copied into shared memory on cp.async (MV_PAIR_ASYNC, in a
+    build of its own), on tiny-wide (rows of 2176: 272 chunks, so the last step is partial): one
+    async step of 8 chunks a lane; one of 4 and a third step from registers; two of 4, the second
+    partial. Gate/up's 4352 rows take several rounds, so later pairs issue their own copies. Logits
+    (graph and persistent step) and greedy text against the CPU's."""
+    d = tiny_model_dir("tiny-wide", name="tiny-wide-async" + "".join(f.split("=")[-1] for f in flags.split()))
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab, "persistent"),
+                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
+    assert err < GPU_CPU_TOLERANCE, f"{d.name}: persistent step against CPU {err:.2e}"
+
+
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
 @pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
 def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
