@@ -54,6 +54,11 @@ static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EA
 #ifndef MV_PAIR_ASYNC_IN
 #define MV_PAIR_ASYNC_IN (MV_ASYNC_QKV | MV_ASYNC_GATE_UP)
 #endif
+/* When a warp's first pair issues its copies: 0 after the input's loads (stage_input's hook), 1 after
+ * the input is staged, 2 never (later pairs only). */
+#ifndef MV_PAIR_ASYNC_AT
+#define MV_PAIR_ASYNC_AT 0
+#endif
 static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
@@ -482,7 +487,7 @@ __device__ __forceinline__ float2 pair_round(bool first, row_chunks<U> *fa, row_
         load_step(fb, rb, K, 0, lane);
         pair_async_issue<U>(slots, ra, rb, K, lane, async);
     }
-    return row_dot2(fa, fb, ra, rb, sx, K, lane, slots, async);
+    return row_dot2(fa, fb, ra, rb, sx, K, lane, slots, first && MV_PAIR_ASYNC_AT == 2 ? 0 : async);
 }
 
 /* row . sx as row_dot, with the next step's loads in flight while this one multiplies (double
@@ -688,9 +693,14 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
+                                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, MV_PAIR_ASYNC_AT == 0 ? async : 0);
     });
     TRACE_AT(TRACE_STAGED);
+    if (MV_PAIR_ASYNC_AT == 1 && p < pairs) {
+        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
+                                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
+    }
     const int pos = io[IO_POS];
     for (bool first = true; p < pairs; p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -799,9 +809,12 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
-                                         reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, async);
+                                         reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, MV_PAIR_ASYNC_AT == 0 ? async : 0);
     });
     TRACE_AT(TRACE_STAGED);
+    if (MV_PAIR_ASYNC_AT == 1 && i < hidden)
+        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+                                         reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, async);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                               reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane, slots, async);
