@@ -45,6 +45,7 @@ class Plan:
     att_stage_values: int  # 1: that attention's first round of values staged with its keys (_att_stage_values)
     pair_unroll: int  # the paired norm'd matvecs' (QKV, gate/up) 16-byte chunks a lane loads a step (_pair_unroll)
     pair_early: int  # of their first step, the chunks a lane loads before the wait; 0: all of them (_pair_early)
+    qkv_async: int  # QKV's row steps after the first copied into shared memory on cp.async (_qkv_async)
 
 
 class CExpr:
@@ -183,6 +184,18 @@ def _pair_early(dim: int) -> int:
     return 4 if _pair_unroll(dim) == 8 else 0
 
 
+def _qkv_async(spec: Spec, sms: int) -> int:
+    """1 (QKV's second step of a pair copied into shared memory on cp.async when the input is staged,
+    so both steps are in flight at once) where QKV's pairs take one round of a wave's warps (two
+    blocks of 8 an SM, the paired kernels' registers) and a row more than one step; else 0.
+    Measured on the H200 (PERFORMANCE.md, seventeenth session): Llama-3.2-1B (1,536 pairs, rows of
+    two steps) +0.9% at depth 0, +0.2% at 4096; Mistral-7B (3,072 pairs, 1.45 rounds) -0.2% /
+    -0.4%; in gate/up (many rounds) -0.7% to -1.8% on both."""
+    pairs = (spec.q_dim + 2 * spec.kv_dim) // 2
+    steps = -(-spec.dim // (8 * _pair_unroll(spec.dim) * 32))
+    return int(pairs <= 16 * sms and steps > 1)
+
+
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     return Plan(
@@ -198,6 +211,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         att_stage_values=_att_stage_values(spec.head_dim, spec.kv_mul, spec.dim),
         pair_unroll=_pair_unroll(spec.dim),
         pair_early=_pair_early(spec.dim),
+        qkv_async=_qkv_async(spec, sms),
         **_gpu_plan(spec, sms),
     )
 
@@ -219,5 +233,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         att_stage_values=0,  # with att_mma
         pair_unroll=8,  # a register array's size is a literal
         pair_early=0,
+        qkv_async=0,  # its shared memory is sized from the dimensions at build time
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

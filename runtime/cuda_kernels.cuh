@@ -40,24 +40,19 @@
 #define MV_PAIR_EARLY MV_PAIR_UNROLL
 #endif
 static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EARLY: 1 .. MV_PAIR_UNROLL");
-/* Of a paired kernel's row steps after the first, how many go to shared memory on cp.async, issued
- * together with the first step's loads (0: none). Registers hold one step of both rows (126 of them
- * on the 7B shapes), so a warp's pair is a chain of round trips, one a step; shared memory holds
- * the later steps without registers, so the whole pair is in flight at once. MV_PAIR_ASYNC_IN: in
- * which kernels, MV_ASYNC_QKV | MV_ASYNC_GATE_UP. An experiment (PERFORMANCE.md, seventeenth
- * session). */
+/* Of a paired kernel's row steps after the first, how many go to shared memory on cp.async (0:
+ * none). Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a
+ * step; the copies put the later steps in flight at once, issued when the input is staged, beside
+ * the first step's loads. MV_PAIR_ASYNC_IN: in which kernels (MV_ASYNC_QKV | MV_ASYNC_GATE_UP). The
+ * generated code sets both from the plan (codegen/plan.py, _qkv_async: QKV where its pairs are one
+ * round, as on the 1B; gate/up lost on both shapes measured; PERFORMANCE.md, seventeenth session). */
 #ifndef MV_PAIR_ASYNC
 #define MV_PAIR_ASYNC 0
 #endif
 #define MV_ASYNC_QKV 1
 #define MV_ASYNC_GATE_UP 2
 #ifndef MV_PAIR_ASYNC_IN
-#define MV_PAIR_ASYNC_IN (MV_ASYNC_QKV | MV_ASYNC_GATE_UP)
-#endif
-/* When a warp's first pair issues its copies: 0 after the input's loads (stage_input's hook), 1 after
- * the input is staged, 2 never (later pairs only). */
-#ifndef MV_PAIR_ASYNC_AT
-#define MV_PAIR_ASYNC_AT 0
+#define MV_PAIR_ASYNC_IN MV_ASYNC_QKV
 #endif
 static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
 #define ATT_THREADS 256                 /* attention block */
@@ -478,7 +473,8 @@ __device__ __forceinline__ float2 row_dot2(row_chunks<U> *fa, row_chunks<U> *fb,
 }
 
 /* A paired kernel's round: rows ra and rb dotted with sx, their first steps loaded here (and the
- * async steps issued) unless this is the warp's first round (loaded around the wait). */
+ * async steps issued) unless this is the warp's first round (loaded around the wait, the copies
+ * issued once the input is staged). */
 template <int U>
 __device__ __forceinline__ float2 pair_round(bool first, row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb,
                                              const float *sx, int K, int lane, uint4 *slots = nullptr, int async = 0) {
@@ -487,7 +483,7 @@ __device__ __forceinline__ float2 pair_round(bool first, row_chunks<U> *fa, row_
         load_step(fb, rb, K, 0, lane);
         pair_async_issue<U>(slots, ra, rb, K, lane, async);
     }
-    return row_dot2(fa, fb, ra, rb, sx, K, lane, slots, first && MV_PAIR_ASYNC_AT == 2 ? 0 : async);
+    return row_dot2(fa, fb, ra, rb, sx, K, lane, slots, async);
 }
 
 /* row . sx as row_dot, with the next step's loads in flight while this one multiplies (double
@@ -684,19 +680,18 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    /* the async steps, where this build has them (MV_PAIR_ASYNC): issued after the wait, behind the input */
+    /* the async steps, where this build has them (MV_PAIR_ASYNC): issued once the input is staged (in
+     * stage_input's hook, right behind the input's loads: 7B -1.1%, 1B 0.3 points less gain) */
     const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_QKV) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
     uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input(sx, x, true, dim, eps, [&] {
-        if ((MV_PAIR_EARLY == MV_PAIR_UNROLL && async == 0) || p >= pairs) return;
+        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || p >= pairs) return;
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
         load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
-        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, MV_PAIR_ASYNC_AT == 0 ? async : 0);
     });
     TRACE_AT(TRACE_STAGED);
-    if (MV_PAIR_ASYNC_AT == 1 && p < pairs) {
+    if (async > 0 && p < pairs) {
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
         pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
                                          reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
@@ -805,14 +800,12 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
     uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input(sx, x, true, dim, eps, [&] {
-        if ((MV_PAIR_EARLY == MV_PAIR_UNROLL && async == 0) || i >= hidden) return;
+        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
         load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
-        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
-                                         reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, MV_PAIR_ASYNC_AT == 0 ? async : 0);
     });
     TRACE_AT(TRACE_STAGED);
-    if (MV_PAIR_ASYNC_AT == 1 && i < hidden)
+    if (async > 0 && i < hidden)
         pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                                          reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, async);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {

@@ -204,6 +204,20 @@ def test_plan_pair_steps_by_hidden_size():
     assert (make_generic_plan().pair_unroll, make_generic_plan().pair_early) == (8, 0)
 
 
+def test_plan_qkv_async_where_its_pairs_are_one_round():
+    """QKV's later row steps on cp.async where its pairs fit one round of a wave's warps and a row
+    takes more than one step: the 1B shape (gained), not Mistral-7B (1.45 rounds: lost), not the
+    SmolLM2 shape (rows of one step: nothing to copy), not the generic build."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    plans = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json")))
+             for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2",
+                       "qwen2.5-7b-instruct")}
+    assert {m: p.qkv_async for m, p in plans.items()} == {
+        "smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 1, "mistral-7b-instruct-v0.2": 0, "qwen2.5-7b-instruct": 0}
+    assert make_generic_plan().qkv_async == 0
+
+
 def test_c_literals():
     assert c_string('a"b\\\n\t\x01é') == '"a\\"b\\\\\\n\\t\\001\\303\\251"'
     assert c_string("??=") == '"\\077\\077="'

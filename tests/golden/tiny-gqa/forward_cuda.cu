@@ -28,6 +28,10 @@
 #ifndef MV_PAIR_EARLY
 #define MV_PAIR_EARLY MV_PAIR_UNROLL
 #endif
+/* QKV's row steps after the first copied into shared memory on cp.async (codegen/plan.py, _qkv_async) */
+#ifndef MV_PAIR_ASYNC
+#define MV_PAIR_ASYNC 0
+#endif
 #include "cuda_kernels.cuh"
 #include "cuda_sampler.cuh"
 
@@ -448,7 +452,7 @@ static void launch_cooperative(void (*kernel)(Params...), int grid, int block, s
 /* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
 static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
 #define PERSISTENT_SMEM_BYTES                                                                                   \
-    bytes_max(bytes_max(MV_SMEM_BYTES(MODEL_DIM), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)),                        \
+    bytes_max(bytes_max(MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV | MV_ASYNC_GATE_UP), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)), \
               bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES))
 
 /* Dynamic shared memory of attention_o_proj_kernel: attention's or o_proj's staged input. */
@@ -492,7 +496,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx);
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
@@ -507,7 +511,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
                 launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
                 mark(ST_O);
             }
-            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, *lw, m->x, m->hb,
+            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), m->stream, *lw, m->x, m->hb,
                    m->counters + CTR_ATT_DONE);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
@@ -696,11 +700,11 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->persistent = persistent;
     const int sms = prop.multiProcessorCount;
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
-    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
