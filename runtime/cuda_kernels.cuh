@@ -94,7 +94,9 @@ __device__ __forceinline__ int prefill_min_chunk(int n) {
 static_assert(ATT_TILE % ATT_CHUNK_STEP == 0, "ATT_CHUNK_ALIGN: a divisor of ATT_TILE");
 static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHUNK >= 1 && PREFILL_MIN_CHUNK <= ATT_TILE,
               "ATT_MIN_CHUNK, PREFILL_MIN_CHUNK: 1 to ATT_TILE positions (a block scores at most a tile)");
+#ifndef ATT_COMBINE_VEC
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
+#endif
 /* The combine's float4 form (below, in attention_body), ATT_COMBINE_LOADS loads a thread at once:
  * -1 where the plain form would give a thread more than one output (a KV group's heads times the
  * head width past ATT_THREADS: the 7B shape, +1.2% at depths 4096 and 16384; on the 1B shape, one
@@ -221,6 +223,16 @@ enum { TRACE_ENTERED, TRACE_WAITED, TRACE_STAGED, TRACE_DONE, TRACE_READY, TRACE
 struct trace_block {
     unsigned long long t[TRACE_STAMPS];
 };
+/* -DTRACE_COMBINE_PASSES=2 (trace builds with TRACE_COMBINE only): the combine runs twice over,
+ * from its (max, sum) loads to its outputs, the same code and loads; TRACE_COMBINE=6 stamps the end
+ * of the first pass, 3 the second's. The second pass meets warm instruction caches: the difference
+ * is what fetching its code costs the first. */
+#ifndef TRACE_COMBINE_PASSES
+#define TRACE_COMBINE_PASSES 1
+#endif
+#if TRACE_COMBINE_PASSES != 1 && !(defined(INGOT_TRACE) && defined(TRACE_COMBINE))
+#error "TRACE_COMBINE_PASSES: a trace build's (-DINGOT_TRACE -DTRACE_COMBINE=K) only"
+#endif
 #if defined(INGOT_TRACE)
 static __device__ unsigned trace_count[TRACE_STAGES];
 static __device__ trace_block trace_buf[TRACE_STAGES][TRACE_BLOCKS];
@@ -1412,84 +1424,92 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     if (!last) return;
     TRACE_COMBINE_AT(1);
     __threadfence();
-    /* The last block of this KV head: every split's (max, sum) of each head loaded at once into
-     * shared memory, turned into the splits' weights by warp h for head h, then each thread one
-     * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
-     * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
-    float *sm = sc, *sl = sc + rows * n_active;
-    for (int i = tid; i < rows * n_active; i += blockDim.x) {
-        const int r = i / n_active;
-        const float *ml = part_ml + (size_t)token_of(r) * parts * 2 +
-                          ((size_t)(kvh * kv_mul + head_of(r)) * n_splits + i % n_active) * 2;
-        const float2 v = __ldcg(reinterpret_cast<const float2 *>(ml));
-        sm[i] = v.x;
-        sl[i] = v.y;
-    }
-    __syncthreads();
-    TRACE_COMBINE_AT(2);
-    if (wid < rows) {
-        float M = -INFINITY, den = 0.0f;
-        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
-#pragma unroll
-        for (int o = WARP_SIZE / 2; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
-        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) den += __expf(sm[wid * n_active + s2] - M) * sl[wid * n_active + s2];
-        den = warp_sum(den);
-        __syncwarp();
-        for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
-    }
-    __syncthreads();
-    if (ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > ATT_THREADS)) {
-        /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of
-         * two up to the threads a group leaves), each loading its splits ATT_COMBINE_LOADS at a time,
-         * the lanes' sums added by shuffles in a fixed order: on the 7B shape at depth two rounds of
-         * loads a thread instead of six */
-        const int groups = rows * head_dim / 4;
-        int per = 1;
-        while (per * 2 * groups <= (int)blockDim.x && per * 2 <= WARP_SIZE) per *= 2;
-        for (int base = 0; base < groups * per; base += blockDim.x) { /* the same trips in every thread */
-            const int gi = (base + tid) / per, part = (base + tid) % per;
-            const bool active = gi < groups;
-            const int hl = active ? gi / (head_dim / 4) : 0, d4 = gi % (head_dim / 4);
-            const int t = token_of(hl), h = kvh * kv_mul + head_of(hl);
-            const float4 *acc_h = reinterpret_cast<const float4 *>(part_acc + (size_t)t * parts * head_dim +
-                                                                   (size_t)h * n_splits * head_dim) + d4;
-            float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (int s0 = part; s0 < n_active; s0 += per * ATT_COMBINE_LOADS) {
-                float4 a[ATT_COMBINE_LOADS];
-#pragma unroll
-                for (int k = 0; k < ATT_COMBINE_LOADS; k++)
-                    if (active && s0 + k * per < n_active) a[k] = __ldcg(acc_h + (size_t)(s0 + k * per) * (head_dim / 4));
-#pragma unroll
-                for (int k = 0; k < ATT_COMBINE_LOADS; k++)
-                    if (active && s0 + k * per < n_active) {
-                        const float w = sm[hl * n_active + s0 + k * per];
-                        num.x += w * a[k].x, num.y += w * a[k].y, num.z += w * a[k].z, num.w += w * a[k].w;
-                    }
-            }
-            for (int o = 1; o < per; o *= 2) {
-                num.x += __shfl_xor_sync(0xFFFFFFFFu, num.x, o);
-                num.y += __shfl_xor_sync(0xFFFFFFFFu, num.y, o);
-                num.z += __shfl_xor_sync(0xFFFFFFFFu, num.z, o);
-                num.w += __shfl_xor_sync(0xFFFFFFFFu, num.w, o);
-            }
-            if (active && part == 0) *reinterpret_cast<float4 *>(out + t * q_stride + h * head_dim + 4 * d4) = num;
+#if TRACE_COMBINE_PASSES > 1
+#pragma unroll 1 /* one copy of the code, run twice */
+#endif
+    for (int pass = 0; pass < TRACE_COMBINE_PASSES; pass++) { /* more than once only in a trace build */
+        /* The last block of this KV head: every split's (max, sum) of each head loaded at once into
+         * shared memory, turned into the splits' weights by warp h for head h, then each thread one
+         * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
+         * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
+        const bool wide = ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > ATT_THREADS);
+        float *sm = sc, *sl = sc + rows * n_active;
+        for (int i = tid; i < rows * n_active; i += blockDim.x) {
+            const int r = i / n_active;
+            const float *ml = part_ml + (size_t)token_of(r) * parts * 2 +
+                              ((size_t)(kvh * kv_mul + head_of(r)) * n_splits + i % n_active) * 2;
+            const float2 v = __ldcg(reinterpret_cast<const float2 *>(ml));
+            sm[i] = v.x;
+            sl[i] = v.y;
         }
-    } else {
-        for (int i = tid; i < rows * head_dim; i += blockDim.x) {
-            const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
-            const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
-            float num = 0.0f;
-            for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
-                float a[ATT_COMBINE_VEC];
+        __syncthreads();
+        TRACE_COMBINE_AT(2);
+        if (wid < rows) {
+            float M = -INFINITY, den = 0.0f;
+            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
 #pragma unroll
-                for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                    if (s0 + k < n_active) a[k] = __ldcg(&acc_h[(size_t)(s0 + k) * head_dim]);
-#pragma unroll
-                for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                    if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
-            }
-            out[t * q_stride + h * head_dim + dd] = num;
+            for (int o = WARP_SIZE / 2; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
+            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) den += __expf(sm[wid * n_active + s2] - M) * sl[wid * n_active + s2];
+            den = warp_sum(den);
+            __syncwarp();
+            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
         }
+        __syncthreads();
+        if (wide) {
+            /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of
+             * two up to the threads a group leaves), each loading its splits ATT_COMBINE_LOADS at a time,
+             * the lanes' sums added by shuffles in a fixed order: on the 7B shape at depth two rounds of
+             * loads a thread instead of six */
+            const int groups = rows * head_dim / 4;
+            int per = 1;
+            while (per * 2 * groups <= (int)blockDim.x && per * 2 <= WARP_SIZE) per *= 2;
+            for (int base = 0; base < groups * per; base += blockDim.x) { /* the same trips in every thread */
+                const int gi = (base + tid) / per, part = (base + tid) % per;
+                const bool active = gi < groups;
+                const int hl = active ? gi / (head_dim / 4) : 0, d4 = gi % (head_dim / 4);
+                const int t = token_of(hl), h = kvh * kv_mul + head_of(hl);
+                const float4 *acc_h = reinterpret_cast<const float4 *>(part_acc + (size_t)t * parts * head_dim +
+                                                                       (size_t)h * n_splits * head_dim) + d4;
+                float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int s0 = part; s0 < n_active; s0 += per * ATT_COMBINE_LOADS) {
+                    float4 a[ATT_COMBINE_LOADS];
+#pragma unroll
+                    for (int k = 0; k < ATT_COMBINE_LOADS; k++)
+                        if (active && s0 + k * per < n_active) a[k] = __ldcg(acc_h + (size_t)(s0 + k * per) * (head_dim / 4));
+#pragma unroll
+                    for (int k = 0; k < ATT_COMBINE_LOADS; k++)
+                        if (active && s0 + k * per < n_active) {
+                            const float w = sm[hl * n_active + s0 + k * per];
+                            num.x += w * a[k].x, num.y += w * a[k].y, num.z += w * a[k].z, num.w += w * a[k].w;
+                        }
+                }
+                for (int o = 1; o < per; o *= 2) {
+                    num.x += __shfl_xor_sync(0xFFFFFFFFu, num.x, o);
+                    num.y += __shfl_xor_sync(0xFFFFFFFFu, num.y, o);
+                    num.z += __shfl_xor_sync(0xFFFFFFFFu, num.z, o);
+                    num.w += __shfl_xor_sync(0xFFFFFFFFu, num.w, o);
+                }
+                if (active && part == 0) *reinterpret_cast<float4 *>(out + t * q_stride + h * head_dim + 4 * d4) = num;
+            }
+        } else {
+            for (int i = tid; i < rows * head_dim; i += blockDim.x) {
+                const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
+                const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
+                float num = 0.0f;
+                for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
+                    float a[ATT_COMBINE_VEC];
+#pragma unroll
+                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
+                        if (s0 + k < n_active) a[k] = __ldcg(&acc_h[(size_t)(s0 + k) * head_dim]);
+#pragma unroll
+                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
+                        if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
+                }
+                out[t * q_stride + h * head_dim + dd] = num;
+            }
+        }
+        if (pass == 0) TRACE_COMBINE_AT(6);
+        if (TRACE_COMBINE_PASSES > 1) __syncthreads(); /* the next pass reloads sm and sl */
     }
     TRACE_COMBINE_AT(3);
     if (tid == 0) counters[kvh] = 0;

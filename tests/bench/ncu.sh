@@ -13,6 +13,7 @@
 # past the first 60, with stall sampling at every 32 cycles, read by tests/bench/ncu_source.py (the
 # CSV kept in build/ncu-<model>-source.csv). REPLAY=application: each of ncu's passes a whole run with
 # the caches left alone, so the kernel meets the caches the kernels before it left, as in the step.
+# DEPTH: the context depth of the profiled decode steps (default 0).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
@@ -40,7 +41,7 @@ if [ "$what" = source ]; then
     rm -f "$rep.ncu-rep"
     timeout 300 ncu --kernel-name "$names" --launch-skip "$skip" --launch-count "$count" "${replay[@]}" \
         --section SourceCounters --section WarpStateStats --warp-sampling-interval 0 -o "$rep" \
-        "build/bench-$m/ingot" -m "$d" --device cuda --bench --bench-depths 0 -n 8 >"$rep.log" 2>&1 ||
+        "build/bench-$m/ingot" -m "$d" --device cuda --bench --bench-depths "${DEPTH:-0}" -n 8 >"$rep.log" 2>&1 ||
         { echo "ncu.sh: ncu failed; the end of $rep.log:" >&2; tail -5 "$rep.log" >&2; exit 1; }
     ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" || exit 1
     .venv/bin/python tests/bench/ncu_source.py "$rep.csv"
@@ -51,6 +52,6 @@ report=build/ncu-$m-$what.txt
 timeout 300 ncu --kernel-name "$names" --launch-skip "$skip" --launch-count "$count" \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    "build/bench-$m/ingot" -m "$d" --device cuda --bench --bench-depths 0 -n 8 >"$report" 2>&1 ||
+    "build/bench-$m/ingot" -m "$d" --device cuda --bench --bench-depths "${DEPTH:-0}" -n 8 >"$report" 2>&1 ||
     { echo "ncu.sh: ncu failed; the end of $report:" >&2; tail -5 "$report" >&2; exit 1; }
 .venv/bin/python tests/bench/ncu_table.py "$report"
