@@ -496,7 +496,8 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx);
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
+                   m->x, m->q, kc, vc, m->io, m->ctx);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
@@ -511,7 +512,8 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
                 launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
                 mark(ST_O);
             }
-            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), m->stream, *lw, m->x, m->hb,
+            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
+                   m->stream, *lw, m->x, m->hb,
                    m->counters + CTR_ATT_DONE);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
@@ -683,6 +685,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "--device cuda: needs at most 8 query heads per KV head (a GQA group's heads fit one attention block)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs hidden_size at most 51200 (the norm'd matvecs stage their input in shared memory)");
+    MODEL_REQUIRE(MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV | MV_ASYNC_GATE_UP) <= 227 * 1024, ERR_DEVICE,
+                  "--device cuda: the paired matvecs' staged input and cp.async row steps need more than 227 KB of shared "
+                  "memory a block (build with -DMV_PAIR_ASYNC=0)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
     int n_dev = 0;
@@ -704,7 +709,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
-    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
+                               MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
