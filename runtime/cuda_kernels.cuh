@@ -262,7 +262,8 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
 /* A trace build with -DTRACE_COMBINE=K: attention's combining block stamps DONE again at point K of
  * its combine (1: it knows it is the last split, 2: the splits' (max, sum) are in, 3: its outputs
  * are written, 4: it has signalled them), so that the next stage's times count from there; K = 5
- * stamps every split block after its partial sums are stored and fenced, before its count. */
+ * stamps every split block after its partial sums are stored and fenced, before its count; 7 the
+ * combine's splits' weights in shared memory, after their barrier. */
 #if defined(TRACE_COMBINE)
 #define TRACE_COMBINE_AT(k) do { if ((k) == TRACE_COMBINE) TRACE_END(); } while (0)
 #else
@@ -1455,6 +1456,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
         }
         __syncthreads();
+        TRACE_COMBINE_AT(7);
         if (wide) {
             /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of
              * two up to the threads a group leaves), each loading its splits ATT_COMBINE_LOADS at a time,
