@@ -230,6 +230,20 @@ struct trace_block {
 #ifndef TRACE_COMBINE_PASSES
 #define TRACE_COMBINE_PASSES 1
 #endif
+/* -DTRACE_COMBINE_CLOCKS=1 (a probe build; with or without INGOT_TRACE): the decode combine's thread 0
+ * reads clock64 at its points into registers (0 the block knows it is last, 1 the (max, sum) in, 2
+ * the weights, 3 the outputs written, 4 signalled) and %globaltimer at the first and last, and prints
+ * one line a combine, "combine-clocks TOKENS n_active c1-c0 c2-c1 c3-c2 c4-c3 ns": no memory traffic between
+ * the points, unlike the trace's stamps. tests/bench/combine_clocks.py sums the lines up. */
+#ifndef TRACE_COMBINE_CLOCKS
+#define TRACE_COMBINE_CLOCKS 0
+#endif
+#if TRACE_COMBINE_CLOCKS
+#define COMBINE_CLOCK(k) \
+    do { if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%clock64;" : "=l"(combine_clk[k])::"memory"); } while (0)
+#else
+#define COMBINE_CLOCK(k) do { } while (0)
+#endif
 #if TRACE_COMBINE_PASSES != 1 && !(defined(INGOT_TRACE) && defined(TRACE_COMBINE))
 #error "TRACE_COMBINE_PASSES: a trace build's (-DINGOT_TRACE -DTRACE_COMBINE=K) only"
 #endif
@@ -1424,6 +1438,11 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     __syncthreads();
     if (!last) return;
     TRACE_COMBINE_AT(1);
+#if TRACE_COMBINE_CLOCKS
+    unsigned long long combine_clk[5] = {0, 0, 0, 0, 0}, combine_ns0 = 0, combine_ns1 = 0;
+    if (tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(combine_ns0)::"memory");
+#endif
+    COMBINE_CLOCK(0);
     __threadfence();
 #if TRACE_COMBINE_PASSES > 1
 #pragma unroll 1 /* one copy of the code, run twice */
@@ -1444,6 +1463,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             sl[i] = v.y;
         }
         __syncthreads();
+        COMBINE_CLOCK(1);
         TRACE_COMBINE_AT(2);
         if (wid < rows) {
             float M = -INFINITY, den = 0.0f;
@@ -1456,6 +1476,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
         }
         __syncthreads();
+        COMBINE_CLOCK(2);
         TRACE_COMBINE_AT(7);
         if (wide) {
             /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of
@@ -1513,10 +1534,20 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         if (pass == 0) TRACE_COMBINE_AT(6);
         if (TRACE_COMBINE_PASSES > 1) __syncthreads(); /* the next pass reloads sm and sl */
     }
+    COMBINE_CLOCK(3);
     TRACE_COMBINE_AT(3);
     if (tid == 0) counters[kvh] = 0;
     signal_done(ready);
+    COMBINE_CLOCK(4);
     TRACE_COMBINE_AT(4);
+#if TRACE_COMBINE_CLOCKS
+    if (tid == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(combine_ns1)::"memory");
+        printf("combine-clocks %d %d %llu %llu %llu %llu %llu\n", TOKENS, n_active, combine_clk[1] - combine_clk[0],
+               combine_clk[2] - combine_clk[1], combine_clk[3] - combine_clk[2], combine_clk[4] - combine_clk[3],
+               combine_ns1 - combine_ns0);
+    }
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -63,14 +63,21 @@ def test_tensor_core_attention_compiles_for_sm80_and_sm89(tmp_path, variant):
     _compile_generated(tmp_path, variant, "80", extra_archs=("89",))
 
 
-def _compile_generated(tmp_path, variant, arch, extra_archs=()):
+@pytest.mark.parametrize("flags", ["-DINGOT_TRACE -DTRACE_COMBINE=6 -DTRACE_COMBINE_PASSES=2", "-DTRACE_COMBINE_CLOCKS=1"])
+def test_combine_probe_builds_compile(tmp_path, flags):
+    """The combine's probe builds (PERFORMANCE.md, seventeenth session), run only on the GPU machine
+    by hand: its second pass in a trace build, and its clock64 lines."""
+    _compile_generated(tmp_path, "tiny-gqa", "90", flags=tuple(flags.split()))
+
+
+def _compile_generated(tmp_path, variant, arch, extra_archs=(), flags=()):
     gen = tmp_path / "gen"
     r = subprocess.run([sys.executable, "-m", "codegen", f"tests/models/{variant}", "--out", str(gen), "--cuda-arch", arch],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     gencodes = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in (arch, *extra_archs)]
     r = subprocess.run([NVCC, "-O1", "-std=c++17", *gencodes, "--threads", "2", "-Iruntime", f"-I{gen}",
-                        "-Werror", "all-warnings", "-c", str(gen / "forward_cuda.cu"), "-o", str(tmp_path / "f.o")],
+                        "-Werror", "all-warnings", *flags, "-c", str(gen / "forward_cuda.cu"), "-o", str(tmp_path / "f.o")],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
 
