@@ -235,6 +235,17 @@ struct trace_block {
  * the weights, 3 the outputs written, 4 signalled) and %globaltimer at the first and last, and prints
  * one line a combine, "combine-clocks TOKENS n_active c1-c0 c2-c1 c3-c2 c4-c3 ns": no memory traffic between
  * the points, unlike the trace's stamps. tests/bench/combine_clocks.py sums the lines up. */
+/* -DTRACE_QKV_PAIRS=1 (a probe build): in the decode step at position TRACE_QKV_PAIRS_POS (default
+ * 3), each QKV block's first warp prints one line a layer, "qkv-pairs LAYER SM BLOCK PAIRS D1 D2 D3":
+ * its layer (an id from its weights' address), SM and block, how many pairs it took, and the ns
+ * from its input staged to its first pair's end, then from each pair's end to the next's (0 past its
+ * pairs; up to 3). tests/bench/qkv_pairs.py sums the lines up. */
+#ifndef TRACE_QKV_PAIRS
+#define TRACE_QKV_PAIRS 0
+#endif
+#ifndef TRACE_QKV_PAIRS_POS
+#define TRACE_QKV_PAIRS_POS 3
+#endif
 #ifndef TRACE_COMBINE_CLOCKS
 #define TRACE_COMBINE_CLOCKS 0
 #endif
@@ -724,6 +735,12 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                                          reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
     }
     const int pos = io[IO_POS];
+#if TRACE_QKV_PAIRS
+    unsigned long long qkv_t0 = 0;
+    unsigned qkv_t1 = 0, qkv_t2 = 0, qkv_t3 = 0; /* ns after qkv_t0 */
+    int qkv_n = 0;
+    if (lane == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(qkv_t0)::"memory");
+#endif
     for (bool first = true; p < pairs; p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
@@ -748,7 +765,25 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                 cache[kv_at(pos, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(vb));
             }
         }
+#if TRACE_QKV_PAIRS
+        if (lane == 0) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+            if (qkv_n == 0) qkv_t1 = (unsigned)(t - qkv_t0);
+            else if (qkv_n == 1) qkv_t2 = (unsigned)(t - qkv_t0);
+            else if (qkv_n == 2) qkv_t3 = (unsigned)(t - qkv_t0);
+            qkv_n++;
+        }
+#endif
     }
+#if TRACE_QKV_PAIRS
+    if (threadIdx.x == 0 && pos == TRACE_QKV_PAIRS_POS) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        printf("qkv-pairs %x %u %u %d %u %u %u\n", (unsigned)(reinterpret_cast<uintptr_t>(wq) >> 12), sm, blockIdx.x, qkv_n, qkv_t1,
+               qkv_n > 1 ? qkv_t2 - qkv_t1 : 0u, qkv_n > 2 ? qkv_t3 - qkv_t2 : 0u);
+    }
+#endif
     TRACE_END();
 }
 
