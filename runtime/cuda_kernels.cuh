@@ -43,9 +43,10 @@ static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EA
 /* Of a paired kernel's row steps after the first, how many go to shared memory on cp.async (0:
  * none). Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a
  * step; the copies put the later steps in flight at once, issued when the input is staged, beside
- * the first step's loads. MV_PAIR_ASYNC_IN: in which kernels (MV_ASYNC_QKV | MV_ASYNC_GATE_UP). The
- * generated code sets both from the plan (codegen/plan.py, _qkv_async: QKV where its pairs are one
- * round, as on the 1B; gate/up lost on both shapes measured; PERFORMANCE.md, seventeenth session). */
+ * the first step's loads. MV_PAIR_ASYNC_IN: in which kernels (MV_ASYNC_QKV | MV_ASYNC_GATE_UP; QKV
+ * alone unless a variant build says otherwise: gate/up lost on both shapes measured). The generated
+ * code sets MV_PAIR_ASYNC from the plan (codegen/plan.py, _qkv_async: where QKV's pairs are one
+ * round, as on the 1B; PERFORMANCE.md, seventeenth session). */
 #ifndef MV_PAIR_ASYNC
 #define MV_PAIR_ASYNC 0
 #endif
