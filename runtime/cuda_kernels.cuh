@@ -56,6 +56,15 @@ static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EA
 #define MV_PAIR_ASYNC_IN MV_ASYNC_QKV
 #endif
 static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
+/* QKV's last round of pairs split by K between the two warps of a warp pair (1) or not (0), where
+ * its pairs take more than one round of the grid's warps and the last round's pairs are at most half
+ * of them (the kernel checks, from its grid). On the 7B shapes 960 pairs are left for 2,112 warps
+ * after a round; whole, they took two steps each on 960 warps of 82 SMs while the others idled.
+ * Split, each of 1,920 warps on every SM takes one step, the halves meeting in shared memory: +0.4%
+ * at depths 0 and 4096 (PERFORMANCE.md, eighteenth session). */
+#ifndef QKV_SPLIT_LAST
+#define QKV_SPLIT_LAST 1
+#endif
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -511,6 +520,22 @@ __device__ __forceinline__ float2 row_dot2(row_chunks<U> *fa, row_chunks<U> *fb,
     return make_float2(warp_sum(acc_a), warp_sum(acc_b));
 }
 
+/* Steps s0 .. s1 - 1 of rows ra and rb dotted with sx, loaded here one step at a time: a split
+ * pair's half (QKV_SPLIT_LAST); the warp's two sums in every lane. */
+template <int U>
+__device__ __forceinline__ float2 pair_steps(row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb, const float *sx,
+                                             int K, int lane, int s0, int s1) {
+    float acc_a = 0.0f, acc_b = 0.0f;
+#pragma unroll 1
+    for (int step = s0; step < s1; step++) {
+        load_step(fa, ra, K, step, lane);
+        load_step(fb, rb, K, step, lane);
+        acc_a += dot_step(fa, sx, K, step, lane);
+        acc_b += dot_step(fb, sx, K, step, lane);
+    }
+    return make_float2(warp_sum(acc_a), warp_sum(acc_b));
+}
+
 /* A paired kernel's round: rows ra and rb dotted with sx, their first steps loaded here (and the
  * async steps issued) unless this is the warp's first round (loaded around the wait, the copies
  * issued once the input is staged). */
@@ -741,41 +766,70 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     unsigned qkv_t1 = 0, qkv_t2 = 0, qkv_t3 = 0; /* ns after qkv_t0 */
     int qkv_n = 0;
     if (lane == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(qkv_t0)::"memory");
+    auto qkv_pair_stamp = [&] { /* lane 0: a pair's end */
+        if (lane != 0) return;
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+        if (qkv_n == 0) qkv_t1 = (unsigned)(t - qkv_t0);
+        else if (qkv_n == 1) qkv_t2 = (unsigned)(t - qkv_t0);
+        else if (qkv_n == 2) qkv_t3 = (unsigned)(t - qkv_t0);
+        qkv_n++;
+    };
+#else
+    auto qkv_pair_stamp = [] {};
 #endif
-    for (bool first = true; p < pairs; p += grid_warps(), first = false) {
+    /* lane 0 finishes pair (ra, rb) from its two dot products: scale, bias, RoPE, then q or the cache */
+    auto finish = [&](int ra, int rb, int kind, float2 v) {
+        const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
+        float va = v.x * scale + (bias ? w_to_f32(bias[ra]) : 0.0f), vb = v.y * scale + (bias ? w_to_f32(bias[rb]) : 0.0f);
+        if (kind < 2) {
+            float sn, cs;
+            __sincosf((float)pos * inv_freq[ra % head_dim], &sn, &cs);
+            float ta = va * cs - vb * sn, tb = vb * cs + va * sn;
+            va = ta;
+            vb = tb;
+        }
+        if (kind == 0) {
+            q[ra] = va;
+            q[rb] = vb;
+        } else {
+            uint16_t *cache = kind == 1 ? kc : vc;
+            cache[kv_at(pos, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(va));
+            cache[kv_at(pos, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(vb));
+        }
+    };
+    /* the last round split by K (QKV_SPLIT_LAST) where the pairs fill a round and what is left of
+     * them fits half the warps; the full rounds before it as usual */
+    const int full = pairs / grid_warps() * grid_warps(), left = pairs - full, steps = mv_steps<MV_PAIR_UNROLL>(dim);
+    const bool split = QKV_SPLIT_LAST && full > 0 && left > 0 && 2 * left <= grid_warps() && steps >= 2;
+    for (bool first = true; p < (split ? full : pairs); p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
                               reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane, slots, async);
-        if (lane == 0) {
-            const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
-            float va = v.x * scale + (bias ? w_to_f32(bias[ra]) : 0.0f), vb = v.y * scale + (bias ? w_to_f32(bias[rb]) : 0.0f);
-            if (kind < 2) {
-                float sn, cs;
-                __sincosf((float)pos * inv_freq[ra % head_dim], &sn, &cs);
-                float ta = va * cs - vb * sn, tb = vb * cs + va * sn;
-                va = ta;
-                vb = tb;
+        if (lane == 0) finish(ra, rb, kind, v);
+        qkv_pair_stamp();
+    }
+    if (split) {
+        /* warp pair j (warps 2j, 2j + 1 of a block) of block b takes left-over pair (j * blocks + b): the
+         * blocks in turn, so every SM gets its share. Warp 2j + h takes steps [h * steps / 2, (h + 1) *
+         * steps / 2); the odd warp's sums meet the even's in shared memory at a barrier of the two. */
+        __shared__ float2 halves[MV_WARPS / 2];
+        const int wid = threadIdx.x / WARP_SIZE, h = wid % 2, k = (wid / 2) * (int)gridDim.x + (int)blockIdx.x;
+        if (k < left) {
+            qkv_pair(full + k, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
+            const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+            float2 v = pair_steps(&a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
+                                  reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane, h * steps / 2,
+                                  (h + 1) * steps / 2);
+            if (h == 1 && lane == 0) halves[wid / 2] = v;
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + wid / 2), "r"(2 * WARP_SIZE) : "memory");
+            if (h == 0 && lane == 0) {
+                const float2 o = halves[wid / 2];
+                finish(ra, rb, kind, make_float2(v.x + o.x, v.y + o.y));
             }
-            if (kind == 0) {
-                q[ra] = va;
-                q[rb] = vb;
-            } else {
-                uint16_t *cache = kind == 1 ? kc : vc;
-                cache[kv_at(pos, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(va));
-                cache[kv_at(pos, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(vb));
-            }
+            qkv_pair_stamp();
         }
-#if TRACE_QKV_PAIRS
-        if (lane == 0) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-            if (qkv_n == 0) qkv_t1 = (unsigned)(t - qkv_t0);
-            else if (qkv_n == 1) qkv_t2 = (unsigned)(t - qkv_t0);
-            else if (qkv_n == 2) qkv_t3 = (unsigned)(t - qkv_t0);
-            qkv_n++;
-        }
-#endif
     }
 #if TRACE_QKV_PAIRS
     if (threadIdx.x == 0 && pos == TRACE_QKV_PAIRS_POS) {

@@ -151,6 +151,26 @@ def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
     assert err < GPU_CPU_TOLERANCE, f"{d.name}: persistent step against CPU {err:.2e}"
 
 
+@pytest.mark.parametrize("blocks,unroll", [(136, 8), (80, 4)])
+def test_tiny_gpu_qkv_split_last_equal_cpu(blocks, unroll, tmp_path):
+    """QKV's last round of pairs split by K between two warps (-DQKV_SPLIT_LAST=1) on tiny-wide, its
+    1536 pairs on fewer blocks (GRID_QKV) so that they take rounds: 136 blocks (1088 warps) leave 448
+    pairs after one round, 3 or 4 warp pairs a block, each row's 272 chunks in two steps of 8 (the
+    second partial), after a first round on the plan's cp.async copies; 80 blocks (640 warps) leave
+    256 after two rounds, in three steps of 4, split one and two. Logits (graph and persistent step)
+    and greedy text against the CPU's."""
+    pairs, warps = (2048 + 2 * 512) // 2, blocks * 8
+    assert pairs > warps and 0 < 2 * (pairs % warps) <= warps, "the grid must leave a split last round"
+    flags = f"-DQKV_SPLIT_LAST=1 -DGRID_QKV={blocks} -DMV_PAIR_UNROLL={unroll}"
+    d = tiny_model_dir("tiny-wide", name=f"tiny-wide-split{blocks}")
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab, "persistent"),
+                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
+    assert err < GPU_CPU_TOLERANCE, f"{d.name}: persistent step against CPU {err:.2e}"
+
+
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
 @pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
 def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):

@@ -36,8 +36,11 @@
 #include "cuda_sampler.cuh"
 
 #if !defined(MODEL_WEIGHT_DTYPE_F32)
-/* Blocks each matvec needs, a warp per row (codegen/plan.py); model_cuda_init caps them at one wave. */
+/* Blocks each matvec needs, a warp per row (codegen/plan.py); model_cuda_init caps them at one wave.
+ * A test build may give QKV fewer (-DGRID_QKV=136), so that its pairs take rounds. */
+#ifndef GRID_QKV
 #define GRID_QKV 8
+#endif
 #define GRID_O 8
 #define GRID_GATE_UP 20
 #define GRID_DOWN 8
