@@ -259,6 +259,48 @@ struct trace_block {
 #ifndef TRACE_COMBINE_CLOCKS
 #define TRACE_COMBINE_CLOCKS 0
 #endif
+/* -DTRACE_SM_DONE=1 (a probe build; with or without INGOT_TRACE): each matvec block (QKV, o_proj,
+ * gate/up, down), once all its warps are done, records its SM and %globaltimer for launches
+ * TRACE_SM_DONE_FROM .. + TRACE_SM_DONE_LAUNCHES - 1 of each stage (a stage's launches run one after
+ * another, so block n of them belongs to launch n / grid). The stage's next launch prints them, a
+ * line a record (printf in the measured launches took ~0.8 µs a line, one after another: 7B -55%):
+ *
+ *     sm-done STAGE LAUNCH SM BLOCK NS
+ *
+ * tests/bench/sm_done.py asks whether the blocks that end a stage late are on the same SMs launch
+ * after launch (an SM, or a group of them, slower than the rest) or anywhere. */
+#ifndef TRACE_SM_DONE
+#define TRACE_SM_DONE 0
+#endif
+#ifndef TRACE_SM_DONE_FROM
+#define TRACE_SM_DONE_FROM 200
+#endif
+#ifndef TRACE_SM_DONE_LAUNCHES
+#define TRACE_SM_DONE_LAUNCHES 24
+#endif
+#if TRACE_SM_DONE
+#define SM_DONE_BLOCKS 2048 /* blocks a launch recorded, at most */
+static __device__ unsigned sm_done_seq[ST_COUNT];
+static __device__ unsigned long long sm_done_ns[ST_COUNT][TRACE_SM_DONE_LAUNCHES][SM_DONE_BLOCKS];
+static __device__ unsigned sm_done_sm[ST_COUNT][TRACE_SM_DONE_LAUNCHES][SM_DONE_BLOCKS];
+__device__ __forceinline__ void sm_done_probe(int stage) {
+    __syncthreads();
+    if (threadIdx.x != 0 || blockIdx.x >= SM_DONE_BLOCKS) return;
+    const unsigned launch = atomicAdd(&sm_done_seq[stage], 1u) / gridDim.x;
+    if (launch >= TRACE_SM_DONE_FROM && launch < TRACE_SM_DONE_FROM + TRACE_SM_DONE_LAUNCHES) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(sm_done_ns[stage][launch - TRACE_SM_DONE_FROM][blockIdx.x])::"memory");
+        sm_done_sm[stage][launch - TRACE_SM_DONE_FROM][blockIdx.x] = sm;
+    } else if (launch == TRACE_SM_DONE_FROM + TRACE_SM_DONE_LAUNCHES) {
+        for (int k = 0; k < TRACE_SM_DONE_LAUNCHES; k++)
+            printf("sm-done %d %d %u %u %llu\n", stage, TRACE_SM_DONE_FROM + k, sm_done_sm[stage][k][blockIdx.x], blockIdx.x,
+                   sm_done_ns[stage][k][blockIdx.x]);
+    }
+}
+#else
+__device__ __forceinline__ void sm_done_probe(int) {}
+#endif
 #if TRACE_COMBINE_CLOCKS
 #define COMBINE_CLOCK(k) \
     do { if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%clock64;" : "=l"(combine_clk[k])::"memory"); } while (0)
@@ -840,6 +882,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     }
 #endif
     TRACE_END();
+    sm_done_probe(ST_QKV);
 }
 
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. The input
@@ -893,6 +936,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         }
     }
     TRACE_END();
+    sm_done_probe(stage);
 }
 
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
@@ -931,6 +975,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
     }
     TRACE_END();
+    sm_done_probe(ST_GATE_UP);
 }
 
 /* Each warp's best (value, id) in lane 0, folded into thread 0's (bv, bi): larger value, lower id

@@ -1,7 +1,8 @@
 """The probe builds' report scripts (PERFORMANCE.md, seventeenth session) on lines written here in the
 shapes those builds print, among the bench's own lines: tests/bench/combine_clocks.py (the decode
-combine's clock64 parts, -DTRACE_COMBINE_CLOCKS=1) and tests/bench/qkv_pairs.py (QKV's pairs warp by
-warp, -DTRACE_QKV_PAIRS=1); and their clear errors."""
+combine's clock64 parts, -DTRACE_COMBINE_CLOCKS=1), tests/bench/qkv_pairs.py (QKV's pairs warp by
+warp, -DTRACE_QKV_PAIRS=1) and tests/bench/sm_done.py (the matvec blocks' ends by SM,
+-DTRACE_SM_DONE=1); and their clear errors."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 import combine_clocks  # noqa: E402
 import qkv_pairs  # noqa: E402
+import sm_done  # noqa: E402
 
 
 def test_combine_clocks_groups_parts_and_clock():
@@ -53,11 +55,31 @@ def test_qkv_pairs_by_pairs_and_by_sm():
     assert out[-1] == "| 2 | 2 | 4.50 / 5.00 |"  # SM 0 in a0
 
 
+def test_sm_done_tells_the_same_late_sms_from_any():
+    lines = ["  decode at depth 0: 16 tokens, 282.5 tok/s"]
+    for launch in range(4):
+        for sm in range(10):
+            # gate/up (4): SM 7 ends 2 µs after the rest every launch, the others 0-90 ns apart
+            late = 2000 if sm == 7 else 10 * ((sm * 7 + launch * 3) % 10)
+            lines.append(f"sm-done 4 {200 + launch} {sm} {sm} {1_000_000 * launch + 50_000 + late}")
+            lines.append(f"sm-done 4 {200 + launch} {sm} {sm + 10} {1_000_000 * launch + 49_000}")  # its earlier block
+            # down (5): the late SM moves launch by launch
+            lines.append(f"sm-done 5 {200 + launch} {sm} {sm} {1_000_000 * launch + (1500 if sm == launch else 0)}")
+    out = sm_done.render("\n".join(lines)).splitlines()
+    gate_up = out[3].split(" | ")
+    assert gate_up[:5] == ["| gate/up", "4", "10", "1.95", "1.00"]
+    assert gate_up[5] == "100%" and gate_up[6].startswith("7 +1.9")
+    down = out[4].split(" | ")
+    assert down[:4] == ["| down", "4", "10", "1.50"] and float(down[4]) < 0.5 and down[5] == "25%"  # one launch in four
+
+
 @pytest.mark.parametrize("module,bad", [
     (combine_clocks, {"x\ncombine-clocks 1 17 1 2 3 4\n": "line 2: 6 numbers",
                       "combine-clocks 1 17 a 2 3 4 5\n": "line 1: not a combine-clocks line of integers"}),
     (qkv_pairs, {"x\nqkv-pairs a0 0 0 2 5000 4000\n": "line 2: 6 fields",
                  "qkv-pairs zz 0 0 2 5000 4000 0\n": "line 1: not a qkv-pairs line"}),
+    (sm_done, {"x\nsm-done 4 200 1 1\n": "line 2: 4 fields",
+               "sm-done 4 200 x 1 5\n": "line 1: not an sm-done line of integers"}),
 ])
 def test_errors_name_the_problem(module, bad, tmp_path):
     name = module.__name__

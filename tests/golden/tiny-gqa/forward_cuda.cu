@@ -707,6 +707,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->ctx = ctx;
     m->persistent = persistent;
     const int sms = prop.multiProcessorCount;
+#if TRACE_SM_DONE || TRACE_QKV_PAIRS
+    CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20)); /* a probe build's lines (cuda_kernels.cuh) */
+#endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
