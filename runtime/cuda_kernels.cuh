@@ -56,6 +56,25 @@ static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EA
 #define MV_PAIR_ASYNC_IN MV_ASYNC_QKV
 #endif
 static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
+/* The same for o_proj's and down's pairs of rows (RESIDUAL_PAIRS), issued with the first step
+ * before the wait: MV_RES_ASYNC steps (0: none) in the kernels MV_RES_ASYNC_IN names (MV_ASYNC_O |
+ * MV_ASYNC_DOWN). An experiment (PERFORMANCE.md, eighteenth session): all of the 7B's o_proj in
+ * flight before attention ends, where half of it is now. */
+#ifndef MV_RES_ASYNC
+#define MV_RES_ASYNC 0
+#endif
+#define MV_ASYNC_O 4
+#define MV_ASYNC_DOWN 8
+#ifndef MV_RES_ASYNC_IN
+#define MV_RES_ASYNC_IN MV_ASYNC_O
+#endif
+/* In the joined attention/o_proj grid (ATT_O_GRID), o_proj's copies issued once every KV group's
+ * first split has its values' loads out (1), not with the first step (0): the copies queued ahead
+ * of attention's loads slowed its chain by more than o_proj gained (7B, eighteenth session). */
+#ifndef MV_RES_ASYNC_AFTER
+#define MV_RES_ASYNC_AFTER 0
+#endif
+static_assert(MV_RES_ASYNC >= 0, "MV_RES_ASYNC: 0 or more steps");
 /* QKV's last round of pairs split by K between the two warps of a warp pair (1) or not (0), where
  * its pairs take more than one round of the grid's warps and the last round's pairs are at most half
  * of them (the kernel checks, from its grid). On the 7B shapes 960 pairs are left for 2,112 warps
@@ -186,25 +205,27 @@ struct wait_grid {
  * blocks did, and their count orders everything before them. The acquire load makes their writes
  * visible to this block's loads after the barrier. */
 #define WAIT_COUNT_LIMIT_NS 2000000000ULL /* 2 s: a decode stage takes microseconds */
+/* The calling thread spins (acquire loads, 20 ns apart) until *count reaches target. */
+__device__ __forceinline__ void spin_until(const unsigned *count, unsigned target) {
+    unsigned v;
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+        if (v >= target) break;
+        __nanosleep(20);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > WAIT_COUNT_LIMIT_NS) { /* a count that never comes: an error, not a hang */
+            printf("ingot: a block waited %llu ns for %u of %u (spin_until): stopping\n", t - t0, v, target);
+            __trap();
+        }
+    }
+}
 struct wait_count {
     const unsigned *done;
     unsigned target;
     __device__ __forceinline__ void operator()() const {
-        if (threadIdx.x == 0) {
-            unsigned v;
-            unsigned long long t0, t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-            for (;;) {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done) : "memory");
-                if (v >= target) break;
-                __nanosleep(20);
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-                if (t - t0 > WAIT_COUNT_LIMIT_NS) { /* a count that never comes: an error, not a hang */
-                    printf("ingot: a block waited %llu ns for %u of %u (wait_count): stopping\n", t - t0, v, target);
-                    __trap();
-                }
-            }
-        }
+        if (threadIdx.x == 0) spin_until(done, target);
         __syncthreads();
         pdl_launch_dependents();
     }
@@ -485,28 +506,34 @@ __device__ __forceinline__ float row_dot(row_chunks<U> *first, const uint4 *row,
     return warp_sum(acc);
 }
 
-/* A paired kernel's steps of a row past the first that go through shared memory (MV_PAIR_ASYNC). */
+/* A paired kernel's steps of a row past the first that go through shared memory: at most max
+ * (MV_PAIR_ASYNC in QKV and gate/up, MV_RES_ASYNC in o_proj and down). */
 template <int U>
-__host__ __device__ constexpr int pair_async_steps(int K) {
-    return MV_PAIR_ASYNC < mv_steps<U>(K) - 1 ? MV_PAIR_ASYNC : mv_steps<U>(K) - 1;
+__host__ __device__ constexpr int pair_async_steps(int K, int max = MV_PAIR_ASYNC) {
+    return max < mv_steps<U>(K) - 1 ? max : mv_steps<U>(K) - 1;
 }
 
 /* Shared memory a paired kernel's block needs for them, past its staged input: each warp's steps
  * 1 .. pair_async_steps of both rows, a lane's chunks where it alone reads them. */
 template <int U>
-__host__ __device__ constexpr size_t pair_async_bytes(int K) {
-    return (size_t)pair_async_steps<U>(K) * 2 * U * WARP_SIZE * MV_WARPS * sizeof(uint4);
+__host__ __device__ constexpr size_t pair_async_bytes(int K, int max = MV_PAIR_ASYNC) {
+    return (size_t)pair_async_steps<U>(K, max) * 2 * U * WARP_SIZE * MV_WARPS * sizeof(uint4);
 }
 
 /* Dynamic shared memory of a paired kernel (which: MV_ASYNC_QKV or MV_ASYNC_GATE_UP) whose input has K values. */
 #define MV_PAIR_SMEM_BYTES(K, which) \
     (MV_SMEM_BYTES(K) + ((MV_PAIR_ASYNC_IN & (which)) ? pair_async_bytes<MV_PAIR_UNROLL>(K) : 0))
 
+/* The same for o_proj or down (which: MV_ASYNC_O or MV_ASYNC_DOWN), whose pairs of rows
+ * (RESIDUAL_PAIRS) take the copies where MV_RES_ASYNC_IN says so. */
+#define MV_RES_SMEM_BYTES(K, which) \
+    (MV_SMEM_BYTES(K) + ((MV_RES_ASYNC_IN & (which)) ? pair_async_bytes<MV_UNROLL>(K, MV_RES_ASYNC) : 0))
+
 /* This warp's slots for the async steps: after the block's staged input of K floats (K % 8 == 0, so
  * 16-byte aligned). Slot (s, row, u) holds lane l's chunk at [((s * 2 + row) * U + u) * WARP_SIZE + l]. */
 template <int U>
-__device__ __forceinline__ uint4 *pair_async_slots(float *sx, int K) {
-    return reinterpret_cast<uint4 *>(sx + K) + (size_t)(threadIdx.x / WARP_SIZE) * pair_async_steps<U>(K) * 2 * U * WARP_SIZE;
+__device__ __forceinline__ uint4 *pair_async_slots(float *sx, int K, int max = MV_PAIR_ASYNC) {
+    return reinterpret_cast<uint4 *>(sx + K) + (size_t)(threadIdx.x / WARP_SIZE) * pair_async_steps<U>(K, max) * 2 * U * WARP_SIZE;
 }
 
 /* Steps 1 .. steps of rows ra and rb into this warp's slots on cp.async: each lane copies only the
@@ -893,18 +920,31 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
 template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
-                                                     int block = (int)blockIdx.x, int blocks = (int)gridDim.x) {
+                                                     int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
+                                                     const unsigned *go = nullptr, unsigned go_count = 0) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
     const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
     TRACE_BEGIN(stage);
     (void)stage;
     row_chunks<> a, b;
+    extern __shared__ float sx[];
+    /* the pairs' async steps, where this build has them (MV_RES_ASYNC): issued with the first step */
+    const int async = pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
+    uint4 *slots = pair_async_slots<MV_UNROLL>(sx, K, MV_RES_ASYNC);
     if (row < n) {
         load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
         if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
     }
-    extern __shared__ float sx[];
+    /* the copies go out with the first step, or, given go, once *go reaches go_count (attention's
+     * loads are out: MV_RES_ASYNC_AFTER), so that they queue behind those */
+    if (async > 0 && go) {
+        if (threadIdx.x == 0) spin_until(go, go_count);
+        __syncthreads();
+    }
+    if (async > 0 && row < n)
+        pair_async_issue<MV_UNROLL>(slots, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
+                                    reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, async);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
@@ -922,7 +962,8 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             if (pairs) res_b = __ldcg(out + row + half);
         }
         if (pairs) {
-            const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane);
+            const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane,
+                                        slots, async);
             if (lane == 0) {
                 out[row] = res_a + (v.x + (bias ? w_to_f32(bias[row]) : 0.0f));
                 out[row + half] = res_b + (v.y + (bias ? w_to_f32(bias[row + half]) : 0.0f));
@@ -1186,7 +1227,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
                                                int min_splits, int kvh, int split, unsigned *ready, Wait wait,
-                                               int q_stride = 0, size_t parts = 0) {
+                                               int q_stride = 0, size_t parts = 0, unsigned *loaded = nullptr) {
     static_assert(TOKENS >= 1 && TOKENS <= ATT_MAX_GROUP, "attention rows: TOKENS * kv_mul <= ATT_MAX_GROUP");
     extern __shared__ float smem[];
     const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
@@ -1411,6 +1452,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     __syncthreads();
     TRACE_ATT_AT(1);
+    /* the values' loads go out now (or went with the keys): the joined grid's o_proj blocks may
+     * issue their later row steps behind them (MV_RES_ASYNC_AFTER) */
+    if (loaded && split == 0 && tid == 0) atomicAdd(loaded, 1u);
 
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;

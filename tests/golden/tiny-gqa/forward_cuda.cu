@@ -53,7 +53,8 @@
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 3)
+#define CTR_ATT_LOADED (MODEL_N_KV_HEADS + 3) /* its KV groups' first splits with their loads out (MV_RES_ASYNC_AFTER) */
+#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -136,20 +137,22 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     const int b = arrived;
     if (b < att_blocks) {
         attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                          ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
+                          ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{}, 0, 0,
+                          MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : NULL);
         return;
     }
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
                          wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
-                         (int)gridDim.x - att_blocks);
+                         (int)gridDim.x - att_blocks, MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : NULL,
+                         (unsigned)MODEL_N_KV_HEADS);
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
                                                                                   unsigned *att_done) {
     rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
-    /* past the wait: attention_o_proj_kernel has ended, nobody reads its count until the next layer's */
-    if (blockIdx.x == 0 && threadIdx.x == 0) *att_done = 0;
+    /* past the wait: attention_o_proj_kernel has ended, nobody reads its counts until the next layer's */
+    if (blockIdx.x == 0 && threadIdx.x == 0) att_done[0] = att_done[CTR_ATT_LOADED - CTR_ATT_DONE] = 0;
 }
 
 /* mlp.down_proj + residual */
@@ -459,7 +462,7 @@ static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
               bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES))
 
 /* Dynamic shared memory of attention_o_proj_kernel: attention's or o_proj's staged input. */
-#define ATT_O_SMEM_BYTES bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES)
+#define ATT_O_SMEM_BYTES bytes_max(MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), ATT_DECODE_SMEM_BYTES)
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
@@ -512,14 +515,14 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
                 launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                        m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 mark(ST_ATT);
-                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream, *lw, m->att, m->x);
+                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x);
                 mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
                    m->stream, *lw, m->x, m->hb,
                    m->counters + CTR_ATT_DONE);
             mark(ST_GATE_UP);
-            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw, m->hb, m->x);
+            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw, m->hb, m->x);
             mark(ST_DOWN);
         }
         if (kind != STEP_PROMPT) {
@@ -691,6 +694,10 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     MODEL_REQUIRE(MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV | MV_ASYNC_GATE_UP) <= 227 * 1024, ERR_DEVICE,
                   "--device cuda: the paired matvecs' staged input and cp.async row steps need more than 227 KB of shared "
                   "memory a block (build with -DMV_PAIR_ASYNC=0)");
+    MODEL_REQUIRE(MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O) <= 227 * 1024 &&
+                      MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN) <= 227 * 1024, ERR_DEVICE,
+                  "--device cuda: o_proj's or down's staged input and cp.async row steps need more than 227 KB of shared "
+                  "memory a block (build with -DMV_RES_ASYNC=0)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
     int n_dev = 0;
@@ -712,12 +719,12 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
     m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
                                MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
