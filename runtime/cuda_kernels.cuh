@@ -74,6 +74,19 @@ static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
 #ifndef MV_RES_ASYNC_AFTER
 #define MV_RES_ASYNC_AFTER 0
 #endif
+/* In the joined grid, o_proj's first step loaded before its wait MV_RES_PACE chunks a lane at a
+ * time, each lot only once the last is in, until attention's outputs are counted (0: the whole step
+ * at once). Bytes in flight at a boundary delay every L2 round trip behind them: with QKV's last
+ * round split (QKV_SPLIT_LAST) the joined grid lands at QKV's end, and its 17 MB of o_proj loads
+ * held the 7B's attention chain back ~2 µs a layer. In two lots of 4 chunks, 7B +0.7% / +0.5% /
+ * +0.1% at depths 0 / 4096 / 16384; lots of 2 +0.5% / +0.2%, of 1 -0.3% / -0.5% (PERFORMANCE.md,
+ * eighteenth session). */
+#ifndef MV_RES_PACE
+#define MV_RES_PACE (MV_UNROLL / 2)
+#endif
+static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MV_UNROLL && (MV_RES_PACE == 0 || MV_UNROLL % (MV_RES_PACE ? MV_RES_PACE : 1) == 0),
+              "MV_RES_PACE: 0, or a divisor of MV_UNROLL");
+static_assert(!(MV_RES_PACE && MV_RES_ASYNC_AFTER), "MV_RES_ASYNC_AFTER=1 needs -DMV_RES_PACE=0 (one or the other)");
 static_assert(MV_RES_ASYNC >= 0, "MV_RES_ASYNC: 0 or more steps");
 /* QKV's last round of pairs split by K between the two warps of a warp pair (1) or not (0), where
  * its pairs take more than one round of the grid's warps and the last round's pairs are at most half
@@ -467,6 +480,16 @@ __device__ __forceinline__ void load_chunks(row_chunks<U> *r, const uint4 *row, 
     for (int u = u0; u < u1; u++) {
         int c = (step * U + u) * WARP_SIZE + lane;
         if (c < K / 8) r->v[u] = ld_stream(row + c);
+    }
+}
+
+/* Chunks from .. U - 1 of a step, from known only at run time (static register indices). */
+template <int U>
+__device__ __forceinline__ void load_chunks_from(row_chunks<U> *r, const uint4 *row, int K, int step, int lane, int from) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int c = (step * U + u) * WARP_SIZE + lane;
+        if (u >= from && c < K / 8) r->v[u] = ld_stream(row + c);
     }
 }
 
@@ -932,13 +955,33 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     /* the pairs' async steps, where this build has them (MV_RES_ASYNC): issued with the first step */
     const int async = pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
     uint4 *slots = pair_async_slots<MV_UNROLL>(sx, K, MV_RES_ASYNC);
+    /* the first step's chunks loaded before the wait: all at once, or (MV_RES_PACE, given go) a lot
+     * at a time, each issued with a poll of *go once the last lot is in (the loop's exit reads the
+     * lot's data: an impossible bf16 pair ends it too, only sooner), until *go reaches go_count */
+    int early = MV_UNROLL;
     if (row < n) {
-        load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
-        if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
+        if (MV_RES_PACE > 0 && go) {
+            const uint4 *ra = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
+            const uint4 *rb = reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K);
+            early = 0;
+#pragma unroll
+            for (int u = 0; u < MV_UNROLL; u += (MV_RES_PACE > 0 ? MV_RES_PACE : MV_UNROLL)) {
+                unsigned seen = 0;
+                if (lane == 0) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(go) : "memory");
+                load_chunks(&a, ra, K, 0, lane, u, u + MV_RES_PACE);
+                if (pairs) load_chunks(&b, rb, K, 0, lane, u, u + MV_RES_PACE);
+                early = u + MV_RES_PACE;
+                const bool in = (pairs ? b.v[u].x : a.v[u].x) == 0x7FC00001u; /* waits for the lot */
+                if (__shfl_sync(0xFFFFFFFFu, seen, 0) >= go_count || __any_sync(0xFFFFFFFFu, in)) break;
+            }
+        } else {
+            load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
+            if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
+        }
     }
     /* the copies go out with the first step, or, given go, once *go reaches go_count (attention's
      * loads are out: MV_RES_ASYNC_AFTER), so that they queue behind those */
-    if (async > 0 && go) {
+    if (async > 0 && go && MV_RES_PACE == 0) {
         if (threadIdx.x == 0) spin_until(go, go_count);
         __syncthreads();
     }
@@ -948,7 +991,12 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    stage_input(sx, in, false, K, 0.0f);
+    /* the first step's chunks a paced start left (MV_RES_PACE), behind the input's loads */
+    stage_input(sx, in, false, K, 0.0f, [&] {
+        if (early >= MV_UNROLL || row >= n) return;
+        load_chunks_from(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane, early);
+        if (pairs) load_chunks_from(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane, early);
+    });
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);

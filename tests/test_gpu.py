@@ -133,16 +133,22 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("grid", ["-DATT_O_GRID=0", "-DATT_O_GRID=1", "-DATT_O_GRID=1 -DMV_RES_ASYNC_AFTER=1"])
-def test_tiny_gpu_residual_pairs_async_equal_cpu(grid, tmp_path):
+ASYNC = "-DRESIDUAL_PAIRS=1 -DMV_RES_ASYNC=1 -DMV_RES_ASYNC_IN=12"
+
+
+@pytest.mark.parametrize("flags", [f"{ASYNC} -DATT_O_GRID=0", f"{ASYNC} -DATT_O_GRID=1",
+                                   f"{ASYNC} -DATT_O_GRID=1 -DMV_RES_ASYNC_AFTER=1 -DMV_RES_PACE=0",
+                                   f"{ASYNC} -DATT_O_GRID=1 -DMV_RES_PACE=2", "-DATT_O_GRID=1 -DMV_RES_PACE=1"])
+def test_tiny_gpu_residual_pairs_async_equal_cpu(flags, tmp_path):
     """o_proj's and down's pairs of rows (-DRESIDUAL_PAIRS=1) with their second row step copied into
     shared memory on cp.async before the wait (-DMV_RES_ASYNC=1, in both kernels), on tiny-wide:
     o_proj's rows of 2048 in two steps, the second copied; down's 4352 in three, the third partial
     and from registers. o_proj as its own kernel and in the joined attention grid (ATT_O_GRID), there
-    also with its copies issued once attention's values are out (MV_RES_ASYNC_AFTER). Logits and
+    with its first step paced until attention's outputs are counted (MV_RES_PACE: the default's
+    lots of 4 chunks, lots of 2 in pairs with the copies, of 1 in single rows without them), and with
+    its copies issued once attention's values are out (MV_RES_ASYNC_AFTER, unpaced). Logits and
     greedy text against the CPU's."""
-    d = tiny_model_dir("tiny-wide", name="tiny-wide-res-async" + "".join(f.split("=")[-1] for f in grid.split()))
-    flags = f"-DRESIDUAL_PAIRS=1 -DMV_RES_ASYNC=1 -DMV_RES_ASYNC_IN=12 {grid}"
+    d = tiny_model_dir("tiny-wide", name="tiny-wide-res" + "".join(f.split("=")[-1] for f in flags.split()))
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 

@@ -143,7 +143,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     }
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
                          wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
-                         (int)gridDim.x - att_blocks, MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : NULL,
+                         (int)gridDim.x - att_blocks,
+                         MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : MV_RES_PACE ? counters + CTR_ATT_DONE : NULL,
                          (unsigned)MODEL_N_KV_HEADS);
 }
 
