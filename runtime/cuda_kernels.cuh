@@ -40,6 +40,19 @@
 #define MV_PAIR_EARLY MV_PAIR_UNROLL
 #endif
 static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EARLY: 1 .. MV_PAIR_UNROLL");
+/* The early loads before a kernel's programmatic-dependent-launch wait in lots, each issued once the
+ * last is in (load_lots), as the joined grid's o_proj paces its own (MV_RES_PACE): chunks a lot in
+ * QKV and gate/up (MV_PAIR_LOT, of their MV_PAIR_EARLY) and in o_proj and down launched on their
+ * own (MV_RES_LOT, of MV_UNROLL). One lot, the whole at once, by default. An experiment, not yet
+ * run on a GPU (PERFORMANCE.md, eighteenth session's Next 1). */
+#ifndef MV_PAIR_LOT
+#define MV_PAIR_LOT MV_PAIR_EARLY
+#endif
+#ifndef MV_RES_LOT
+#define MV_RES_LOT MV_UNROLL
+#endif
+static_assert(MV_PAIR_LOT >= 1 && MV_PAIR_LOT <= MV_PAIR_EARLY, "MV_PAIR_LOT: 1 .. MV_PAIR_EARLY");
+static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_UNROLL");
 /* Of a paired kernel's row steps after the first, how many go to shared memory on cp.async (0:
  * none). Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a
  * step; the copies put the later steps in flight at once, issued when the input is staged, beside
@@ -493,6 +506,47 @@ __device__ __forceinline__ void load_chunks_from(row_chunks<U> *r, const uint4 *
     }
 }
 
+/* load_lots' stop conditions: none (a kernel whose wait is griddepcontrol.wait), or a count in
+ * global memory reaching a target (the joined grid's count of attention's outputs), read by lane 0
+ * with each lot's loads and told to the warp once the lot is in. */
+struct never_stop {
+    static constexpr bool waits_last = false; /* the last lot goes on without waiting */
+    __device__ __forceinline__ unsigned issue() const { return 0; }
+    __device__ __forceinline__ bool done(unsigned) const { return false; }
+};
+struct stop_at_count {
+    static constexpr bool waits_last = true; /* the last lot in, and the count read, before going on */
+    const unsigned *count;
+    unsigned target;
+    __device__ __forceinline__ unsigned issue() const {
+        unsigned v = 0;
+        if (threadIdx.x % WARP_SIZE == 0) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+        return v;
+    }
+    __device__ __forceinline__ bool done(unsigned v) const { return __shfl_sync(0xFFFFFFFFu, v, 0) >= target; }
+};
+
+/* Chunks 0 .. u_end - 1 of step 0 of row ra (and rb, given b) in lots of LOT chunks, each lot issued
+ * once the last is in (the loop's exit reads the lot's data: an impossible bf16 pair only ends it
+ * sooner), until stop says so; returns the chunks loaded. One lot (LOT >= u_end): all at once. */
+template <int LOT, int U, typename Stop>
+__device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, const uint4 *ra, const uint4 *rb, int K, int lane,
+                                         int u_end, Stop stop) {
+    int loaded = 0;
+#pragma unroll
+    for (int u = 0; u < U; u += LOT) {
+        if (u >= u_end) break;
+        const unsigned seen = stop.issue();
+        load_chunks(a, ra, K, 0, lane, u, min(u + LOT, u_end));
+        if (b) load_chunks(b, rb, K, 0, lane, u, min(u + LOT, u_end));
+        loaded = min(u + LOT, u_end);
+        if (loaded >= u_end && !Stop::waits_last) break;
+        const bool odd = (b ? b->v[u].x : a->v[u].x) == 0x7FC00001u;
+        if (stop.done(seen) || __any_sync(0xFFFFFFFFu, odd)) break;
+    }
+    return loaded;
+}
+
 template <int U>
 __device__ __forceinline__ void load_step(row_chunks<U> *r, const uint4 *row, int K, int step, int lane) {
     load_chunks(r, row, K, step, lane, 0, U);
@@ -829,8 +883,13 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     if (p < pairs) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
-        load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
+        if (MV_PAIR_LOT < MV_PAIR_EARLY) { /* in lots (an experiment) */
+            load_lots<MV_PAIR_LOT>(&a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
+                                   reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, MV_PAIR_EARLY, never_stop{});
+        } else {
+            load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
+            load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
+        }
     }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
@@ -955,25 +1014,19 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     /* the pairs' async steps, where this build has them (MV_RES_ASYNC): issued with the first step */
     const int async = pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
     uint4 *slots = pair_async_slots<MV_UNROLL>(sx, K, MV_RES_ASYNC);
-    /* the first step's chunks loaded before the wait: all at once, or (MV_RES_PACE, given go) a lot
-     * at a time, each issued with a poll of *go once the last lot is in (the loop's exit reads the
-     * lot's data: an impossible bf16 pair ends it too, only sooner), until *go reaches go_count */
+    /* the first step's chunks loaded before the wait (load_lots): in the joined grid given go, lots
+     * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MV_RES_LOT */
     int early = MV_UNROLL;
     if (row < n) {
+        constexpr int PACE_LOT = MV_RES_PACE > 0 ? MV_RES_PACE : MV_UNROLL;
         if (MV_RES_PACE > 0 && go) {
-            const uint4 *ra = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
-            const uint4 *rb = reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K);
-            early = 0;
-#pragma unroll
-            for (int u = 0; u < MV_UNROLL; u += (MV_RES_PACE > 0 ? MV_RES_PACE : MV_UNROLL)) {
-                unsigned seen = 0;
-                if (lane == 0) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(go) : "memory");
-                load_chunks(&a, ra, K, 0, lane, u, u + MV_RES_PACE);
-                if (pairs) load_chunks(&b, rb, K, 0, lane, u, u + MV_RES_PACE);
-                early = u + MV_RES_PACE;
-                const bool in = (pairs ? b.v[u].x : a.v[u].x) == 0x7FC00001u; /* waits for the lot */
-                if (__shfl_sync(0xFFFFFFFFu, seen, 0) >= go_count || __any_sync(0xFFFFFFFFu, in)) break;
-            }
+            early = load_lots<PACE_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
+                                        reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MV_UNROLL,
+                                        stop_at_count{go, go_count});
+        } else if (MV_RES_LOT < MV_UNROLL) {
+            early = load_lots<MV_RES_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
+                                          reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MV_UNROLL,
+                                          never_stop{});
         } else {
             load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
             if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
@@ -1040,8 +1093,13 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_BEGIN(ST_GATE_UP);
     row_chunks<MV_PAIR_UNROLL> a, b;
     if (i < hidden) {
-        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
-        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
+        if (MV_PAIR_LOT < MV_PAIR_EARLY) { /* in lots (an experiment) */
+            load_lots<MV_PAIR_LOT>(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+                                   reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, MV_PAIR_EARLY, never_stop{});
+        } else {
+            load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
+            load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
+        }
     }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
