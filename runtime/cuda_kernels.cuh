@@ -547,6 +547,18 @@ __device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, con
     return loaded;
 }
 
+/* A paired kernel's early loads, before its wait: the first MV_PAIR_EARLY chunks of rows ra and rb's
+ * first step, at once or in lots of MV_PAIR_LOT (an experiment). */
+template <int U>
+__device__ __forceinline__ void pair_early_loads(row_chunks<U> *a, row_chunks<U> *b, const uint4 *ra, const uint4 *rb, int K, int lane) {
+    if (MV_PAIR_LOT < MV_PAIR_EARLY) {
+        load_lots<MV_PAIR_LOT>(a, b, ra, rb, K, lane, MV_PAIR_EARLY, never_stop{});
+    } else {
+        load_chunks(a, ra, K, 0, lane, 0, MV_PAIR_EARLY);
+        load_chunks(b, rb, K, 0, lane, 0, MV_PAIR_EARLY);
+    }
+}
+
 template <int U>
 __device__ __forceinline__ void load_step(row_chunks<U> *r, const uint4 *row, int K, int step, int lane) {
     load_chunks(r, row, K, step, lane, 0, U);
@@ -883,13 +895,8 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     if (p < pairs) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        if (MV_PAIR_LOT < MV_PAIR_EARLY) { /* in lots (an experiment) */
-            load_lots<MV_PAIR_LOT>(&a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                                   reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, MV_PAIR_EARLY, never_stop{});
-        } else {
-            load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
-            load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
-        }
+        pair_early_loads(&a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
+                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane);
     }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
@@ -1093,13 +1100,8 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_BEGIN(ST_GATE_UP);
     row_chunks<MV_PAIR_UNROLL> a, b;
     if (i < hidden) {
-        if (MV_PAIR_LOT < MV_PAIR_EARLY) { /* in lots (an experiment) */
-            load_lots<MV_PAIR_LOT>(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
-                                   reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, MV_PAIR_EARLY, never_stop{});
-        } else {
-            load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
-            load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, 0, MV_PAIR_EARLY);
-        }
+        pair_early_loads(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+                         reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane);
     }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);

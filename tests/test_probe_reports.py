@@ -74,12 +74,12 @@ def test_sm_done_tells_the_same_late_sms_from_any():
 
 
 @pytest.mark.parametrize("module,bad", [
-    (combine_clocks, {"x\ncombine-clocks 1 17 1 2 3 4\n": "line 2: 6 numbers",
-                      "combine-clocks 1 17 a 2 3 4 5\n": "line 1: not a combine-clocks line of integers"}),
+    (combine_clocks, {"x\ncombine-clocks 1 17 1 2 3 4\n": "line 2: 6 fields, a combine-clocks line has 7",
+                      "combine-clocks 1 17 a 2 3 4 5\n": "line 1: a combine-clocks line holds integers"}),
     (qkv_pairs, {"x\nqkv-pairs a0 0 0 2 5000 4000\n": "line 2: 6 fields",
-                 "qkv-pairs zz 0 0 2 5000 4000 0\n": "line 1: not a qkv-pairs line"}),
+                 "qkv-pairs zz 0 0 2 5000 4000 0\n": "line 1: a qkv-pairs line holds a hex id, then integers"}),
     (sm_done, {"x\nsm-done 4 200 1 1\n": "line 2: 4 fields",
-               "sm-done 4 200 x 1 5\n": "line 1: not an sm-done line of integers"}),
+               "sm-done 4 200 x 1 5\n": "line 1: a sm-done line holds integers"}),
 ])
 def test_errors_name_the_problem(module, bad, tmp_path):
     name = module.__name__

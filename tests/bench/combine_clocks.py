@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from report_file import report_main
+from report_file import probe_lines, report_main
 
 PARTS = ["to (max, sum)", "weights", "outputs", "signal"]
 
@@ -31,17 +31,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 def render(text: str) -> str:
     groups: dict[tuple[int, int], list[list[int]]] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.startswith("combine-clocks "):
-            continue
-        fields = line.split()[1:]
-        try:
-            values = [int(f) for f in fields]
-        except ValueError:
-            raise ValueError(f"line {number}: not a combine-clocks line of integers: {line.strip()}") from None
-        if len(values) != 7:
-            raise ValueError(f"line {number}: {len(values)} numbers, a combine-clocks line has 7: {line.strip()}")
-        groups.setdefault((values[0], values[1]), []).append(values[2:])
+    for values in probe_lines(text, "combine-clocks", 7):
+        groups.setdefault((values[0], values[1]), []).append(list(values[2:]))
     if not groups:
         raise ValueError("no combine-clocks lines (a build with -DTRACE_COMBINE_CLOCKS=1 prints them)")
     cols = ["tokens", "splits", "combines"] + [f"{p} med / p90" for p in PARTS] + ["whole ns med", "GHz med"]

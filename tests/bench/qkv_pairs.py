@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from report_file import report_main
+from report_file import probe_lines, report_main
 
 
 def _percentile(values: list[int], q: float) -> int:
@@ -32,17 +32,7 @@ def _cell(values: list[int]) -> str:
 
 
 def render(text: str) -> str:
-    rows = []  # (layer, sm, block, pairs, d1, d2, d3)
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.startswith("qkv-pairs "):
-            continue
-        fields = line.split()[1:]
-        if len(fields) != 7:
-            raise ValueError(f"line {number}: {len(fields)} fields, a qkv-pairs line has 7: {line.strip()}")
-        try:
-            rows.append((int(fields[0], 16), *(int(f) for f in fields[1:])))
-        except ValueError:
-            raise ValueError(f"line {number}: not a qkv-pairs line (a hex layer id, then integers): {line.strip()}") from None
+    rows = probe_lines(text, "qkv-pairs", 7, hex_first=True)  # (layer, sm, block, pairs, d1, d2, d3)
     if not rows:
         raise ValueError("no qkv-pairs lines (a build with -DTRACE_QKV_PAIRS=1 prints them)")
     out = [f"{len(rows)} blocks over {len({r[0] for r in rows})} layers; µs, median / p90",

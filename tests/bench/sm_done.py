@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from report_file import report_main
+from report_file import probe_lines, report_main
 
 STAGES = {1: "QKV", 3: "o_proj", 4: "gate/up", 5: "down"}  # runtime/cuda_kernels.cuh's ST_*
 
@@ -56,16 +56,7 @@ def _stage_row(name: str, launches: dict[int, dict[int, int]]) -> str:
 
 def render(text: str) -> str:
     ends: dict[int, dict[int, dict[int, int]]] = {}  # stage -> launch -> sm -> its last block's end
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.startswith("sm-done "):
-            continue
-        fields = line.split()[1:]
-        if len(fields) != 5:
-            raise ValueError(f"line {number}: {len(fields)} fields, an sm-done line has 5: {line.strip()}")
-        try:
-            stage, launch, sm, _block, t = (int(f) for f in fields)
-        except ValueError:
-            raise ValueError(f"line {number}: not an sm-done line of integers: {line.strip()}") from None
+    for stage, launch, sm, _block, t in probe_lines(text, "sm-done", 5):
         per_sm = ends.setdefault(stage, {}).setdefault(launch, {})
         per_sm[sm] = max(per_sm.get(sm, 0), t)
     if not ends:
