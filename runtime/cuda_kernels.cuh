@@ -653,6 +653,20 @@ __device__ __forceinline__ void pair_async_read(row_chunks<U> *r, const uint4 *s
     }
 }
 
+/* Steps s0 .. s1 - 1 of rows ra and rb, loaded one step at a time into *fa and *fb, dotted with sx
+ * and added to this lane's *acc_a and *acc_b. */
+template <int U>
+__device__ __forceinline__ void pair_steps_add(row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb, const float *sx,
+                                               int K, int lane, int s0, int s1, float *acc_a, float *acc_b) {
+#pragma unroll 1
+    for (int step = s0; step < s1; step++) {
+        load_step(fa, ra, K, step, lane);
+        load_step(fb, rb, K, step, lane);
+        *acc_a += dot_step(fa, sx, K, step, lane);
+        *acc_b += dot_step(fb, sx, K, step, lane);
+    }
+}
+
 /* Two rows (a, b) of K dotted with sx at once, both rows' loads in flight together, the first
  * steps already in *fa and *fb and the next `async` steps on their way into slots (pair_async_issue):
  * the paired kernels' core (a pair on one warp needs no barrier to meet its other half). */
@@ -668,13 +682,7 @@ __device__ __forceinline__ float2 row_dot2(row_chunks<U> *fa, row_chunks<U> *fb,
         acc_a += dot_step(fa, sx, K, step, lane);
         acc_b += dot_step(fb, sx, K, step, lane);
     }
-#pragma unroll 1
-    for (int step = 1 + async; step < mv_steps<U>(K); step++) {
-        load_step(fa, ra, K, step, lane);
-        load_step(fb, rb, K, step, lane);
-        acc_a += dot_step(fa, sx, K, step, lane);
-        acc_b += dot_step(fb, sx, K, step, lane);
-    }
+    pair_steps_add(fa, fb, ra, rb, sx, K, lane, 1 + async, mv_steps<U>(K), &acc_a, &acc_b);
     return make_float2(warp_sum(acc_a), warp_sum(acc_b));
 }
 
@@ -684,13 +692,7 @@ template <int U>
 __device__ __forceinline__ float2 pair_steps(row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb, const float *sx,
                                              int K, int lane, int s0, int s1) {
     float acc_a = 0.0f, acc_b = 0.0f;
-#pragma unroll 1
-    for (int step = s0; step < s1; step++) {
-        load_step(fa, ra, K, step, lane);
-        load_step(fb, rb, K, step, lane);
-        acc_a += dot_step(fa, sx, K, step, lane);
-        acc_b += dot_step(fb, sx, K, step, lane);
-    }
+    pair_steps_add(fa, fb, ra, rb, sx, K, lane, s0, s1, &acc_a, &acc_b);
     return make_float2(warp_sum(acc_a), warp_sum(acc_b));
 }
 

@@ -112,13 +112,16 @@ def test_tiny_gpu_greedy_equals_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-def assert_logits_and_text_equal_cpu(binary, d, tmp_path):
+def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False):
     """A build's GPU path against its CPU path on TINY_PROMPT: every decode step's logits within
-    GPU_CPU_TOLERANCE, and 48 greedy tokens' text equal."""
+    GPU_CPU_TOLERANCE (with persistent, the persistent step's too), and 48 greedy tokens' text equal."""
     vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab),
-                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
+    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
+    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab), cpu)
     assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
+    if persistent:
+        err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab, "persistent"), cpu)
+        assert err < GPU_CPU_TOLERANCE, f"{d.name}: persistent step against CPU {err:.2e}"
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
@@ -177,11 +180,7 @@ def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
     step) and greedy text against the CPU's."""
     d = tiny_model_dir("tiny-wide", name="tiny-wide-async" + "".join(f.split("=")[-1] for f in flags.split()))
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
-    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab, "persistent"),
-                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
-    assert err < GPU_CPU_TOLERANCE, f"{d.name}: persistent step against CPU {err:.2e}"
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
 @pytest.mark.parametrize("blocks,unroll", [(136, 8), (80, 4)])
@@ -197,11 +196,7 @@ def test_tiny_gpu_qkv_split_last_equal_cpu(blocks, unroll, tmp_path):
     flags = f"-DQKV_SPLIT_LAST=1 -DGRID_QKV={blocks} -DMV_PAIR_UNROLL={unroll}"
     d = tiny_model_dir("tiny-wide", name=f"tiny-wide-split{blocks}")
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
-    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab, "persistent"),
-                         logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
-    assert err < GPU_CPU_TOLERANCE, f"{d.name}: persistent step against CPU {err:.2e}"
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
