@@ -156,14 +156,15 @@ def test_tiny_gpu_residual_pairs_async_equal_cpu(flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-wide", "-DMV_PAIR_LOT=2 -DMV_RES_LOT=4"),
+@pytest.mark.parametrize("variant,flags", [("tiny-wide", "-DMV_PAIR_LOT=MV_PAIR_EARLY -DMV_RES_LOT=MV_UNROLL"),
                                            ("tiny-wide", "-DMV_PAIR_LOT=1 -DMV_RES_LOT=1 -DRESIDUAL_PAIRS=1"),
                                            ("tiny-gqa", "-DMV_PAIR_LOT=1 -DMV_RES_LOT=2")])
 def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
-    """The early loads before the programmatic-dependent-launch wait in lots, each once the last is
-    in (MV_PAIR_LOT in QKV and gate/up, MV_RES_LOT in o_proj and down; an experiment, eighteenth
-    session): two lots of the paired kernels' 4 early chunks and of single rows' 8, lots of one chunk
-    with pairs of rows, and on heads of 64. Logits and greedy text against the CPU's."""
+    """The early loads before the programmatic-dependent-launch wait, in other lots than the
+    default's (two lots of QKV's and gate/up's MV_PAIR_EARLY chunks, four of o_proj's and down's
+    MV_UNROLL; every other GPU test runs those): the whole at once (one lot, the default before the
+    nineteenth session), lots of one chunk with pairs of rows, and on heads of 64. Logits and greedy
+    text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-lots" + "".join(f.split("=")[-1] for f in flags.split()))
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
