@@ -21,7 +21,8 @@ CPU_MULTI_STREAM_FROM_BYTES = 4 * 10**9
 
 GPU_SMS = {"90": 132, "89": 128, "80": 108}  # H100/H200 SXM, RTX 4090 / L40, A100
 MV_WARPS = 8  # warps per matvec block (runtime/cuda_kernels.cuh)
-MV_STEP_VALUES = 8 * 32 * 8  # weights a warp's row step covers: MV_UNROLL chunks of 8 per lane (runtime/cuda_kernels.cuh)
+MV_UNROLL = 8  # 16-byte chunks a lane loads a row step (runtime/cuda_kernels.cuh)
+MV_STEP_VALUES = 8 * 32 * MV_UNROLL  # weights a warp's row step covers: MV_UNROLL chunks of 8 per lane
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Plan:
     pair_unroll: int  # the paired norm'd matvecs' (QKV, gate/up) 16-byte chunks a lane loads a step (_pair_unroll)
     pair_early: int  # of their first step, the chunks a lane loads before the wait; 0: all of them (_pair_early)
     qkv_async: int  # QKV's row steps after the first copied into shared memory on cp.async (_qkv_async)
+    pair_lot: int  # QKV's and gate/up's early loads in lots of this many chunks; 0: one lot (_pair_lot)
+    res_lot: int  # o_proj's and down's (launched on their own) the same, of MV_UNROLL chunks (_res_lot)
 
 
 class CExpr:
@@ -184,6 +187,27 @@ def _pair_early(dim: int) -> int:
     return 4 if _pair_unroll(dim) == 8 else 0
 
 
+def _pair_lot(dim: int) -> int:
+    """The paired kernels' early loads (before the programmatic-dependent-launch wait) in two lots,
+    the second issued once the first is in, where a lane's row fills them (rows of dim / 256 chunks
+    of 16 bytes a lane); 0 (one lot) where it does not. Bytes in flight at a kernel boundary delay
+    the previous kernel's completion and this one's input behind them; a lot at a time keeps memory
+    busy without that queue, but where a row's first step is short there is little to pace and the
+    wait for the first lot is a round trip more. Measured on the H200 (PERFORMANCE.md, nineteenth
+    session): with _res_lot's lots, Mistral-7B +1.1% / +1.5% at depths 0 / 4096, Llama-3.2-1B
+    +1.6-1.8% / +2.5% (lots of one chunk lost), the SmolLM2 shape (rows of 2.25 chunks a lane)
+    -2.4% / -4.9% with this alone and -5% with both."""
+    early = _pair_early(dim) or _pair_unroll(dim)
+    return early // 2 if dim // 256 >= early else 0
+
+
+def _res_lot(q_dim: int, hidden_dim: int) -> int:
+    """o_proj's and down's early loads, launched on their own, in four lots of MV_UNROLL's 8 chunks
+    where both kernels' rows (q_dim and hidden_dim wide) fill a step of them; 0 (one lot) where they
+    do not (as _pair_lot; the joined attention/o_proj grid paces its own, MV_RES_PACE)."""
+    return MV_UNROLL // 4 if min(q_dim, hidden_dim) // 256 >= MV_UNROLL else 0
+
+
 def _qkv_async(spec: Spec, sms: int) -> int:
     """1 (QKV's second step of a pair copied into shared memory on cp.async when the input is staged,
     so both steps are in flight at once) where QKV's pairs take one round of a wave's warps (two
@@ -212,6 +236,8 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         pair_unroll=_pair_unroll(spec.dim),
         pair_early=_pair_early(spec.dim),
         qkv_async=_qkv_async(spec, sms),
+        pair_lot=_pair_lot(spec.dim),
+        res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
         **_gpu_plan(spec, sms),
     )
 
@@ -234,5 +260,7 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         pair_unroll=8,  # a register array's size is a literal
         pair_early=0,
         qkv_async=0,  # its shared memory is sized from the dimensions at build time
+        pair_lot=0,  # a lot is a template argument; the rows' widths are known only at run time
+        res_lot=0,
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -42,16 +42,16 @@
 static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EARLY: 1 .. MV_PAIR_UNROLL");
 /* The early loads before a kernel's programmatic-dependent-launch wait in lots, each issued once the
  * last is in (load_lots), as the joined grid's o_proj paces its own (MV_RES_PACE): chunks a lot in
- * QKV and gate/up (MV_PAIR_LOT, of their MV_PAIR_EARLY: two lots) and in o_proj and down launched
- * on their own (MV_RES_LOT, of MV_UNROLL: four lots). Bytes in flight at a kernel boundary delay
- * the previous kernel's completion and this one's input behind them; lots keep memory busy without
- * that queue. Measured against one lot (PERFORMANCE.md, nineteenth session): 7B +1.1% / +1.5% at
- * depths 0 / 4096, 1B +1.6-1.8% / +2.5%; lots of one chunk lost. */
+ * QKV and gate/up (MV_PAIR_LOT, of their MV_PAIR_EARLY) and in o_proj and down launched on their
+ * own (MV_RES_LOT, of MV_UNROLL). Bytes in flight at a kernel boundary delay the previous kernel's
+ * completion and this one's input behind them; lots keep memory busy without that queue. The
+ * generated code sets them from the plan (codegen/plan.py, _pair_lot and _res_lot: two and four
+ * lots where rows fill a step); one lot, the whole at once, otherwise. */
 #ifndef MV_PAIR_LOT
-#define MV_PAIR_LOT ((MV_PAIR_EARLY + 1) / 2)
+#define MV_PAIR_LOT MV_PAIR_EARLY
 #endif
 #ifndef MV_RES_LOT
-#define MV_RES_LOT (MV_UNROLL / 4)
+#define MV_RES_LOT MV_UNROLL
 #endif
 static_assert(MV_PAIR_LOT >= 1 && MV_PAIR_LOT <= MV_PAIR_EARLY, "MV_PAIR_LOT: 1 .. MV_PAIR_EARLY");
 static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_UNROLL");

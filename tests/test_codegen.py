@@ -204,6 +204,21 @@ def test_plan_pair_steps_by_hidden_size():
     assert (make_generic_plan().pair_unroll, make_generic_plan().pair_early) == (8, 0)
 
 
+def test_plan_early_loads_in_lots_where_rows_fill_a_step():
+    """The early loads before the wait in lots (two of the paired kernels' early chunks, four of
+    o_proj's and down's 8) where the rows fill them: the 1B and 7B shapes (gained), not the SmolLM2
+    shape (rows of 576: lost 5%), not the generic build (a lot is a template argument); tiny-wide
+    (rows of 2176) takes them, so the GPU tests run them."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    lots = {m: (lambda p: (p.pair_lot, p.res_lot))(make_plan(spec_of(load(REPO / "models" / m / "config.json"))))
+            for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2")}
+    assert lots == {"smollm2-135m-instruct": (0, 0), "llama-3.2-1b-instruct": (2, 2), "mistral-7b-instruct-v0.2": (2, 2)}
+    wide = make_plan(spec_of(load(REPO / "tests" / "models" / "tiny-wide" / "config.json")))
+    assert (wide.pair_lot, wide.res_lot) == (2, 2)
+    assert (make_generic_plan().pair_lot, make_generic_plan().res_lot) == (0, 0)
+
+
 def test_plan_qkv_async_where_its_pairs_are_one_round():
     """QKV's later row steps on cp.async where its pairs fit one round of a wave's warps and a row
     takes more than one step: the 1B shape (gained), not Mistral-7B (1.45 rounds: lost), not the

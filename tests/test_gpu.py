@@ -161,10 +161,11 @@ def test_tiny_gpu_residual_pairs_async_equal_cpu(flags, tmp_path):
                                            ("tiny-gqa", "-DMV_PAIR_LOT=1 -DMV_RES_LOT=2")])
 def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
     """The early loads before the programmatic-dependent-launch wait, in other lots than the
-    default's (two lots of QKV's and gate/up's MV_PAIR_EARLY chunks, four of o_proj's and down's
-    MV_UNROLL; every other GPU test runs those): the whole at once (one lot, the default before the
-    nineteenth session), lots of one chunk with pairs of rows, and on heads of 64. Logits and greedy
-    text against the CPU's."""
+    plan's (codegen/plan.py, _pair_lot and _res_lot: two lots of QKV's and gate/up's MV_PAIR_EARLY
+    chunks and four of o_proj's and down's MV_UNROLL where the rows fill them, as tiny-wide's do, so
+    the other GPU tests on tiny-wide run those): tiny-wide's all at once (one lot, the default before
+    the nineteenth session), lots of one chunk with pairs of rows, and tiny-gqa's short rows in lots.
+    Logits and greedy text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-lots" + "".join(f.split("=")[-1] for f in flags.split()))
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
