@@ -28,14 +28,6 @@
 #ifndef MV_PAIR_EARLY
 #define MV_PAIR_EARLY MV_PAIR_UNROLL
 #endif
-/* the early loads before the wait in lots of these many chunks, each once the last is in: QKV's and
- * gate/up's, and o_proj's and down's launched on their own (codegen/plan.py, _pair_lot and _res_lot) */
-#ifndef MV_PAIR_LOT
-#define MV_PAIR_LOT MV_PAIR_EARLY
-#endif
-#ifndef MV_RES_LOT
-#define MV_RES_LOT MV_UNROLL
-#endif
 /* QKV's row steps after the first copied into shared memory on cp.async (codegen/plan.py, _qkv_async) */
 #ifndef MV_PAIR_ASYNC
 #define MV_PAIR_ASYNC 0
