@@ -550,7 +550,7 @@ __device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, con
 }
 
 /* A paired kernel's early loads, before its wait: the first MV_PAIR_EARLY chunks of rows ra and rb's
- * first step, at once or in lots of MV_PAIR_LOT (an experiment). */
+ * first step, in lots of MV_PAIR_LOT where the plan takes them, else at once. */
 template <int U>
 __device__ __forceinline__ void pair_early_loads(row_chunks<U> *a, row_chunks<U> *b, const uint4 *ra, const uint4 *rb, int K, int lane) {
     if (MV_PAIR_LOT < MV_PAIR_EARLY) {
