@@ -64,11 +64,11 @@ def test_tensor_core_attention_compiles_for_sm80_and_sm89(tmp_path, variant):
 
 
 @pytest.mark.parametrize("flags", ["-DINGOT_TRACE -DTRACE_COMBINE=6 -DTRACE_COMBINE_PASSES=2", "-DTRACE_COMBINE_CLOCKS=1",
-                                   "-DTRACE_QKV_PAIRS=1", "-DTRACE_SM_DONE=1", "-DMV_PAIR_LOT=MV_PAIR_EARLY -DMV_RES_LOT=MV_UNROLL"])
+                                   "-DTRACE_QKV_PAIRS=1", "-DTRACE_SM_DONE=1"])
 def test_probe_builds_compile(tmp_path, flags):
     """The probe and experiment builds (PERFORMANCE.md, seventeenth and eighteenth sessions), run
     only on the GPU machine by hand: the combine's second pass in a trace build, its clock64 lines,
-    QKV's pairs warp by warp, the matvec blocks' ends by SM, and the early loads in one lot."""
+    QKV's pairs warp by warp, and the matvec blocks' ends by SM."""
     _compile_generated(tmp_path, "tiny-gqa", "90", flags=tuple(flags.split()))
 
 
