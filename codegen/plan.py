@@ -109,12 +109,16 @@ def _residual_pairs(dim: int, sms: int, o_proj_min_blocks: int) -> int:
     return int(dim % 2 == 0 and dim > 2 * sms * MV_WARPS and o_proj_min_blocks == 2)
 
 
-def _att_o_grid(o_proj_min_blocks: int) -> int:
-    """Attention and o_proj in one grid (attention_o_proj_kernel) where o_proj keeps 2 blocks an SM:
-    the grid's blocks take attention's registers (~128), which a lean o_proj (4 blocks an SM, 64
-    registers) would lose. Measured on the H200 (PERFORMANCE.md, eighth session), depth 0: Mistral-7B
-    +1.9%; Llama-3.2-1B -2.8% and the SmolLM2 shape -3.2%, both with a lean o_proj."""
-    return int(o_proj_min_blocks == 2)
+def _att_o_grid(generic: bool) -> int:
+    """Attention and o_proj in one grid (attention_o_proj_kernel): only in the generic build, so that
+    its GPU tests run the kernel on every tiny model. Its blocks take attention's registers (~128),
+    which a lean o_proj (4 blocks an SM, 64 registers) loses: Llama-3.2-1B -2.8% and the SmolLM2 shape
+    -3.2% at depth 0 (PERFORMANCE.md, eighth session; the 1B -1.7% / -3.0% at 0 / 4096 again in the
+    twentieth). Where o_proj keeps 2 blocks an SM it gained once (Mistral-7B +1.9%, eighth session),
+    but no longer since the split QKV, the paced o_proj and the lots: the 7B without it is even at
+    depth 0, +0.5-0.6% at 4096 and +0.1-0.2% at 16384 (three calls, twentieth session), so the
+    specialized plans leave it out (the 8B and Qwen2.5-7B shapes by the same rule, not measured)."""
+    return int(generic)
 
 
 ATT_MAX_GROUP = 8  # query rows an attention block takes at most (runtime/cuda_kernels.cuh)
@@ -204,7 +208,8 @@ def _pair_lot(dim: int) -> int:
 def _res_lot(q_dim: int, hidden_dim: int) -> int:
     """o_proj's and down's early loads, launched on their own, in four lots of MV_UNROLL's 8 chunks
     where both kernels' rows (q_dim and hidden_dim wide) fill a step of them; 0 (one lot) where they
-    do not (as _pair_lot; the joined attention/o_proj grid paces its own, MV_RES_PACE)."""
+    do not (as _pair_lot; o_proj in the generic build's joined attention/o_proj grid paces its own,
+    MV_RES_PACE)."""
     return MV_UNROLL // 4 if min(q_dim, hidden_dim) // 256 >= MV_UNROLL else 0
 
 
@@ -228,7 +233,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         gpu_sms=sms,
         o_proj_min_blocks=_o_proj_min_blocks(spec.q_dim),
         residual_pairs=_residual_pairs(spec.dim, sms, _o_proj_min_blocks(spec.q_dim)),
-        att_o_grid=_att_o_grid(_o_proj_min_blocks(spec.q_dim)),
+        att_o_grid=_att_o_grid(generic=False),
         prefill_att_tokens=_prefill_att_tokens(spec.head_dim, spec.kv_mul),
         prefill_flash=_prefill_flash(spec.head_dim),
         att_mma=_att_mma(spec.head_dim, spec.kv_mul),
@@ -252,7 +257,7 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         gpu_sms=sms,
         o_proj_min_blocks=2,  # a launch bound is a literal; the generic build keeps the double-buffered rows
         residual_pairs=0,  # one row a warp: a run-time choice would hold both paths' registers
-        att_o_grid=_att_o_grid(2),  # as its o_proj_min_blocks; so the GPU tests run this kernel on the tiny models
+        att_o_grid=_att_o_grid(generic=True),  # so that the GPU tests run this kernel on the tiny models
         prefill_att_tokens=1,  # a template argument is a literal; the group size is known only at run time
         prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
         att_mma=0,  # the head width is a template argument

@@ -149,6 +149,16 @@ __device__ __forceinline__ int prefill_min_chunk(int n) {
 #endif
 #define ATT_CHUNK_STEP (ATT_CHUNK_ALIGN > 0 ? ATT_CHUNK_ALIGN : 1)
 static_assert(ATT_TILE % ATT_CHUNK_STEP == 0, "ATT_CHUNK_ALIGN: a divisor of ATT_TILE");
+/* Positions a split of attention takes when the context is n: min_splits blocks per KV head (a wave
+ * of the GPU), more only when a split would pass a tile (splits sized by the context allocated left
+ * short contexts many tiny blocks in several waves: 1B shape, 131072 allocated, depth 4096: 1000
+ * blocks of 33 positions; PERFORMANCE.md). A prompt's splits take at least prefill_min_chunk(n)
+ * positions and are not aligned. The splits with positions: (n + chunk - 1) / chunk. */
+__device__ __forceinline__ int att_split_len(int n, int n_splits, int min_splits, bool prompt) {
+    const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
+    const int chunk = max((n + splits - 1) / splits, prompt ? prefill_min_chunk(n) : ATT_MIN_CHUNK);
+    return prompt ? chunk : (chunk + ATT_CHUNK_STEP - 1) / ATT_CHUNK_STEP * ATT_CHUNK_STEP;
+}
 static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHUNK >= 1 && PREFILL_MIN_CHUNK <= ATT_TILE,
               "ATT_MIN_CHUNK, PREFILL_MIN_CHUNK: 1 to ATT_TILE positions (a block scores at most a tile)");
 #ifndef ATT_COMBINE_VEC
@@ -1358,13 +1368,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     int tokens = 1; /* the block's tokens that are the batch's: positions up to the last one's are written */
     if constexpr (TOKENS > 1) tokens = min(TOKENS, __ldcg(&io[IO_COUNT]) - ahead);
     const int first_new = __ldcg(&io[IO_POS]), n = first_new + ahead + tokens;
-    /* min_splits blocks per KV head (a wave of the GPU), more only when a split would pass a tile:
-     * splits sized by the context allocated left short contexts many tiny blocks in several waves
-     * (1B shape, 131072 allocated, depth 4096: 1000 blocks of 33 positions; PERFORMANCE.md) */
-    const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
-    int chunk = max((n + splits - 1) / splits, TOKENS > 1 ? prefill_min_chunk(n) : ATT_MIN_CHUNK);
-    if (TOKENS == 1) chunk = (chunk + ATT_CHUNK_STEP - 1) / ATT_CHUNK_STEP * ATT_CHUNK_STEP;
-    const int n_active = (n + chunk - 1) / chunk;
+    const int chunk = att_split_len(n, n_splits, min_splits, TOKENS > 1), n_active = (n + chunk - 1) / chunk;
     if (split >= n_active) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;
     const float scale = rsqrtf((float)head_dim);
@@ -2271,8 +2275,7 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
     pdl_launch_dependents();
     const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
     /* the splits of attention_body, from the batch's last position: every row's split bounds alike */
-    const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
-    const int chunk = max((n + splits - 1) / splits, prefill_min_chunk(n)), n_active = (n + chunk - 1) / chunk;
+    const int chunk = att_split_len(n, n_splits, min_splits, true), n_active = (n + chunk - 1) / chunk;
     const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
     if (split >= n_active || rows <= 0) return;
     const int start = split * chunk, len = min(n, start + chunk) - start;

@@ -125,16 +125,16 @@ def test_plan_pairs_residual_rows_past_one_wave():
                      "llama-3.1-8b-instruct": 1, "qwen2.5-7b-instruct": 1}
 
 
-def test_plan_joins_attention_and_o_proj_where_o_proj_is_not_lean():
-    """attention_o_proj_kernel's blocks take attention's registers: only where o_proj keeps 2 blocks
-    an SM anyway (q_dim past one row step: the 7-8B shapes), and in the generic build, whose GPU
-    tests thereby run it on every tiny model (the specialized tiny builds run the two kernels)."""
+def test_plan_joins_attention_and_o_proj_only_in_the_generic_build():
+    """attention_o_proj_kernel no longer gains on any measured shape (the 7B without it: even at
+    depth 0, +0.5% at 4096; twentieth session), so the specialized plans run the two kernels; the
+    generic build keeps it, whose GPU tests thereby run it on every tiny model."""
     from codegen.plan import make_generic_plan, make_plan
 
     joined = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).att_o_grid
               for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "qwen2.5-7b-instruct")}
-    assert joined == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 0, "mistral-7b-instruct-v0.2": 1,
-                      "qwen2.5-7b-instruct": 1}
+    assert joined == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 0, "mistral-7b-instruct-v0.2": 0,
+                      "qwen2.5-7b-instruct": 0}
     assert make_plan(spec_of(load(REPO / "tests" / "models" / "tiny-gqa" / "config.json"))).att_o_grid == 0
     assert make_generic_plan().att_o_grid == 1
 
