@@ -97,8 +97,15 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 #define ATT_MMA_HD 0
 #endif
 
+/* A variant build may ask the decode attention for more blocks an SM (-DATT_MIN_BLOCKS=2: 128 registers;
+ * the 7B with staged values takes 136, one block an SM, without it) */
+#ifdef ATT_MIN_BLOCKS
+#define ATT_BOUNDS __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)
+#else
+#define ATT_BOUNDS __launch_bounds__(ATT_THREADS)
+#endif
 /* split-K attention over the cache, one block per (KV head, split) */
-static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
     attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
