@@ -1268,7 +1268,9 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
  * the measured choice: keys pipelined at every head width, values on heads of 64 only. At 128 two
  * rounds of values spill 52 bytes in the 7B shape's joined attention/o_proj grid, and there the
  * pipelined build measured -1% against one round at a time; keys alone fit (125 registers in the
- * joined grid) and gained 0.6% at depth 16384 (PERFORMANCE.md, twelfth and thirteenth sessions). */
+ * joined grid) and gained 0.6% at depth 16384 (PERFORMANCE.md, twelfth and thirteenth sessions).
+ * Since the twentieth session the 7B runs attention_kernel alone, where values pipelined on heads of
+ * 128 take 128 registers and spill nothing: not yet measured. */
 #ifndef ATT_MMA_PIPE_KEYS
 #define ATT_MMA_PIPE_KEYS -1
 #endif
@@ -1286,8 +1288,10 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
  * reads, 4 positions x 2 chunks a quarter-warp, fall in 8 bank groups. Measured on the 1B shape
  * (PERFORMANCE.md, fourteenth session): +1.3-1.4% at depths 0 / 1024 / 4096, even at 8192 / 16384
  * with the limit (-1.3% / -2.0% without it); 2 lost 0.8% at 1024. On the 7B shape (heads of 128) the
- * joined grid spills 52 bytes with it and lost 0.7-2.3% at every depth; the SmolLM2 shape lost 2.8%
- * at depth 0. A plan choice (codegen/plan.py, _att_stage_values); 0 here: off. */
+ * joined grid spills 52 bytes with it and lost 0.7-2.3% at every depth (attention_kernel alone, as
+ * the 7B runs it since the twentieth session: 136 registers, or 128 and 12 bytes spilled with
+ * -DATT_MIN_BLOCKS=2; not yet measured); the SmolLM2 shape lost 2.8% at depth 0. A plan choice
+ * (codegen/plan.py, _att_stage_values); 0 here: off. */
 #ifndef ATT_MMA_STAGE_VALUES
 #define ATT_MMA_STAGE_VALUES 0
 #endif
