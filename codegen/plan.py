@@ -255,7 +255,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         qkv_async=_qkv_async(spec, sms),
         pair_lot=_pair_lot(spec.dim),
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
-        o_heads=0,  # a variant (-DO_HEADS=1), not yet measured on a GPU
+        o_heads=0,  # a variant (-DO_HEADS=1): 1B -4.3% / +1.6% at depths 0 / 4096, 7B -2.3% / -1.3% (PERFORMANCE.md, twentieth session)
         o_heads_rows=_o_heads_rows(spec.dim, spec.n_kv_heads, sms),
         **_gpu_plan(spec, sms),
     )
