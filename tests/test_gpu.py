@@ -202,15 +202,15 @@ def test_tiny_gpu_qkv_split_last_equal_cpu(blocks, unroll, tmp_path):
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DO_HEADS_ROWS=32 -DATT_MIN_CHUNK=5"),
-                                           ("tiny-group3", "-DATT_MIN_CHUNK=5"), ("tiny-wide", ""),
-                                           ("tiny-wide", "-DATT_MIN_CHUNK=5")])
+                                           ("tiny-group3", "-DATT_MIN_CHUNK=5"), ("tiny-wide", "")])
 def test_tiny_gpu_o_heads_equal_cpu(variant, flags, tmp_path):
     """o_proj split by KV group (-DO_HEADS=1, a variant build): each block weighs its group's
     attention splits itself and adds its rows' products to the fixed-point residual, which gate/up
-    and down read. Rows of 4 chunks (tiny-gqa: 8 rows a warp at once, 4 a warp in all, with
-    O_HEADS_ROWS=32), of 24 (tiny-group3: lanes past 24 idle) and of 64 (tiny-wide: two chunks a lane
-    a row, in two steps), in one split and in splits of 5 positions (many splits weighed). Logits
-    (graph; the persistent step keeps o_proj whole) and greedy text against the CPU's."""
+    and down read. Rows of 4 chunks (tiny-gqa: a lane a row, its 4 chunks; 4 rows a warp with
+    O_HEADS_ROWS=32), of 24 (tiny-group3: 4 lanes a row, 6 chunks a lane) and of 64 (tiny-wide: 8
+    lanes a row, 2 passes of 4 rows, the second's loads behind the first's products); splits of 5
+    positions (many splits weighed) on the first two, one split on tiny-wide. Logits (graph and the
+    persistent step, which keeps o_proj whole) and greedy text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-oheads" + "".join(f.split("=")[-1] for f in flags.split()))
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DO_HEADS=1 {flags}")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
