@@ -407,7 +407,9 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
 #endif
 /* -DTRACE_ATT=K: attention's blocks stamp DONE at point K of their work after the scores instead of
  * when their value loads are in (K = 2, the default): 1 the softmax's sums, 3 their outputs (or a
- * split's partial sums) written. The next stage's times then count from there. */
+ * split's partial sums) written; on the tensor cores 6 the values' products done (2 may come before
+ * them: the compiler may move the products past the stamp), 4 the barrier after them, 5 the warps'
+ * sums stored, after their barrier. The next stage's times then count from there. */
 #ifndef TRACE_ATT
 #define TRACE_ATT 2
 #endif
@@ -1687,7 +1689,13 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             }
         }
         TRACE_ATT_AT(2); /* its loads are in; the combine comes after */
+#if defined(INGOT_TRACE) && TRACE_ATT == 6 /* the products done: their sums an input of the stamp's asm */
+#pragma unroll
+        for (int t = 0; t < MT; t++) asm volatile("" ::"f"(o[t][0]), "f"(o[t][1]), "f"(o[t][2]), "f"(o[t][3]));
+        TRACE_ATT_AT(6);
+#endif
         __syncthreads(); /* sc is reused below for the warps' sums */
+        TRACE_ATT_AT(4);
 #pragma unroll
         for (int t = 0; t < MT; t++)
 #pragma unroll
@@ -1739,6 +1747,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
     }
     __syncthreads();
+    TRACE_ATT_AT(5);
     for (int i = tid; i < rows * head_dim; i += blockDim.x) {
         float v = 0.0f;
         for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];

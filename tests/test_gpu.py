@@ -260,7 +260,9 @@ def test_tiny_gpu_attention_odd_chunks_equal_cpu(variant):
 def test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu(variant):
     """The prefill attention with every query row of a batch in a block (prefill_flash_body: heads
     of 64 and 128, groups of 3 and 4) with chunks of 5 positions (-DATT_MIN_CHUNK=5): many splits,
-    rows that see none of a split, the last block's combine. Greedy text against the CPU's."""
+    rows that see none of a split, the last block's combine; the prompt's first batch (32 positions,
+    at most PREFILL_FEW_SPLITS x 5) in the graphs with 8 splits, the later ones in those with all
+    the context's splits. Greedy text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-chunk5")
     binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5")
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]

@@ -103,6 +103,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 #define ATT_MMA_HD 0
 #endif
 
+/* -DPROBE_NO_ATT=1, a timing probe whose outputs are wrong: the step without the decode attention's
+ * launch, what attention costs at most; 2: launched, each block waiting and leaving, what its work
+ * costs beyond a boundary (PERFORMANCE.md, twenty-first session) */
+#ifndef PROBE_NO_ATT
+#define PROBE_NO_ATT 0
+#endif
+
 /* A variant build may ask the decode attention for more blocks an SM (-DATT_MIN_BLOCKS=2: 128 registers;
  * the 7B with staged values takes 136, one block an SM, without it) */
 #ifdef ATT_MIN_BLOCKS
@@ -114,6 +121,10 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
+#if PROBE_NO_ATT == 2 /* a timing probe (wrong outputs): the boundary without attention's work */
+    wait_pdl{}();
+    return;
+#endif
     attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                       n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{}, 0, 0, NULL, !O_HEADS);
 }
@@ -411,10 +422,12 @@ struct model_cuda {
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
     /* [0]: attention launched with n_splits blocks a KV head; [1]: with ATT_MIN_SPLITS, for steps
-     * and batches that read at most short_positions (short_att) */
+     * and batches that read at most short_positions (short_att); [2], batches only: with
+     * PREFILL_FEW_SPLITS, for those that read at most few_positions (prefill_tier) */
     cudaGraphExec_t graphs[2][STEP_KINDS]; /* one decode step of each kind */
-    cudaGraphExec_t prefill[2][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
+    cudaGraphExec_t prefill[3][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
+    int few_positions;        /* PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK where n_splits is more, else 0 (no [2]) */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_SPLITS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
@@ -548,8 +561,9 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
                        n_splits);
             } else {
-                launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_DECODE_SMEM_BYTES,
-                       m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
+                if (PROBE_NO_ATT != 1)
+                    launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_DECODE_SMEM_BYTES,
+                           m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 mark(ST_ATT);
 #if O_HEADS
                 launch(o_heads_kernel, MODEL_DIM / O_HEADS_ROWS, MODEL_N_KV_HEADS, MV_THREADS, O_HEADS_DYN_SMEM, m->stream, *lw, m->att, m->part_acc,
@@ -650,6 +664,20 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
     if (s == 0) enqueue_prefill<B>(m, n_splits);
     else if constexpr (B > PREFILL_SMALL) enqueue_prefill_size<B / 2>(m, s - 1, n_splits);
 }
+
+/* Splits a KV head of the prefill batches that read at most PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK
+ * positions (the [2] graphs). A prompt's split takes at least PREFILL_MIN_CHUNK positions
+ * (prefill_min_chunk), so for those batches any split count from this one up cuts the positions
+ * alike, into at most this many: the [1] graphs' ATT_MIN_SPLITS (33 on the 1B and 7B shapes) only
+ * add blocks that find no positions and leave, 25 or more of 33 a KV head and group of rows. Fewer
+ * splits measured the same as 8 (1 at depth 0); 8 takes prompts to 2048 positions
+ * (PERFORMANCE.md, twenty-first session). */
+#ifndef PREFILL_FEW_SPLITS
+#define PREFILL_FEW_SPLITS 8
+#endif
+
+/* Splits a KV head that the graphs of tier s launch (m->graphs[s], m->prefill[s]) */
+static int tier_splits(const model_cuda *m, int s) { return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : PREFILL_FEW_SPLITS; }
 
 /* kind: a STEP_* step, or STEP_KINDS + s for a prefill batch of PREFILL_BATCH >> s; attention
  * launched with n_splits blocks a KV head */
@@ -849,13 +877,17 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * 1024 a layer at depth 0) would each read the position and leave, between QKV and o_proj. 1B:
      * prompt +16%, decode even (PERFORMANCE.md, ninth session). */
     m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
-    for (int s = 0; s < (m->short_positions ? 2 : 1); s++)
-        for (int kind = 0; kind < STEP_KINDS + PREFILL_SIZES; kind++)
-            if ((rc = capture(m, kind, s ? ATT_MIN_SPLITS : m->n_splits,
+    m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK : 0;
+    for (int s = 0; s < 3; s++)
+        for (int kind = 0; kind < STEP_KINDS + PREFILL_SIZES; kind++) {
+            if (s == 1 && !m->short_positions) break;
+            if (s == 2 && (kind < STEP_KINDS || !m->few_positions)) continue; /* batches only */
+            if ((rc = capture(m, kind, tier_splits(m, s),
                               kind < STEP_KINDS ? &m->graphs[s][kind] : &m->prefill[s][kind - STEP_KINDS]))) {
                 model_cuda_free(m);
                 return rc;
             }
+        }
     *out = m;
     return ERR_OK;
 }
@@ -895,6 +927,11 @@ static void trace_write(void) {
 
 /* 1 where a step or batch whose attention reads at most `positions` takes the [1] graphs */
 static int short_att(const model_cuda *m, int positions) { return positions <= m->short_positions; }
+
+/* The graphs a prefill batch whose attention reads at most `positions` takes: [2], [1] or [0] */
+static int prefill_tier(const model_cuda *m, int positions) {
+    return positions <= m->few_positions ? 2 : short_att(m, positions);
+}
 
 /* Queues one step of the given kind at position m->queued (the device's io[IO_POS] by then). */
 static void queue_step(model_cuda *m, int kind) {
@@ -937,7 +974,7 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
         const int b = PREFILL_BATCH >> s;
         count = left < b ? left : b;
         CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaGraphLaunch(m->prefill[short_att(m, m->queued + b)][s], m->stream));
+        CUDA_CHECK(cudaGraphLaunch(m->prefill[prefill_tier(m, m->queued + b)][s], m->stream));
         m->queued += count;
     }
     for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
@@ -1055,8 +1092,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
                     const int count = PREFILL_BATCH; /* the batch's end advances the position by it */
                     CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
                     CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice));
-                    enqueue_prefill<PREFILL_BATCH>(m, short_att(m, pos + PREFILL_BATCH) ? ATT_MIN_SPLITS : m->n_splits, ev,
-                                                   stage_of);
+                    enqueue_prefill<PREFILL_BATCH>(m, tier_splits(m, prefill_tier(m, pos + PREFILL_BATCH)), ev, stage_of);
                 });
     CUDA_CHECK(cudaMemcpy(m->io, io_saved, sizeof io_saved, cudaMemcpyHostToDevice));
     return ERR_OK;
@@ -1082,8 +1118,8 @@ extern "C" void model_cuda_free(model_cuda *m) {
 #if defined(INGOT_TRACE)
     trace_write();
 #endif
-    for (int s = 0; s < 2; s++) {
-        for (int kind = 0; kind < STEP_KINDS; kind++)
+    for (int s = 0; s < 3; s++) {
+        for (int kind = 0; s < 2 && kind < STEP_KINDS; kind++)
             if (m->graphs[s][kind]) cudaGraphExecDestroy(m->graphs[s][kind]);
         for (int b = 0; b < PREFILL_SIZES; b++)
             if (m->prefill[s][b]) cudaGraphExecDestroy(m->prefill[s][b]);
