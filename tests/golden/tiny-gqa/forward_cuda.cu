@@ -669,9 +669,9 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
  * positions (the [2] graphs). A prompt's split takes at least PREFILL_MIN_CHUNK positions
  * (prefill_min_chunk), so for those batches any split count from this one up cuts the positions
  * alike, into at most this many: the [1] graphs' ATT_MIN_SPLITS (33 on the 1B and 7B shapes) only
- * add blocks that find no positions and leave, 25 or more of 33 a KV head and group of rows. Fewer
- * splits measured the same as 8 (1 at depth 0); 8 takes prompts to 2048 positions
- * (PERFORMANCE.md, twenty-first session). */
+ * add blocks that find no positions and leave, 25 or more of 33 a KV head and group of rows. 1B
+ * shape, a 128-token prompt: +5.6% at depth 0, +0.3% at 1024 against the [1] graphs; 1 split instead
+ * of 8 even at 0 and -1.5% at 1024 (PERFORMANCE.md, twenty-first session). */
 #ifndef PREFILL_FEW_SPLITS
 #define PREFILL_FEW_SPLITS 8
 #endif
