@@ -1260,9 +1260,26 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
  * in shared memory after the (max, sum) pairs: 32-bit words. */
 #define ATT_QFRAG_WORDS(head_dim) ((head_dim) / 32 * 8 * WARP_SIZE)
 
+/* The tensor-core path's warps' sums (a variant build's -DATT_RED_PAD=1; off): row r of warp w at
+ * (w rows + r) ATT_RED_STRIDE(hd) floats, dim at dim + dim / 32 in it. A store instruction's lanes
+ * (g, cq) write rows 2 cq + i % 2 at dims 64 u + 8 g + e, so its banks are 2 cq + 8 (g % 4) + g / 4
+ * plus a constant: 32 of them, and the address stays a lane's base plus an immediate. Unpadded (r hd +
+ * dim, hd a multiple of 32) they fall on 4 banks: 4-way conflicts where a group has 4 heads, ~0.57 us
+ * of the 7B's attention at depth 0 for 8 warps' 32 stores a lane. A swizzle (XOR) that spread them
+ * cost more in address arithmetic than it saved (PERFORMANCE.md, twenty-first session). Not yet run
+ * on a GPU: tests/bench/attention_mma_sim.py checks its indices and banks. */
+#ifndef ATT_RED_PAD
+#define ATT_RED_PAD 0
+#endif
+#define ATT_RED_STRIDE(hd) ((hd) + (hd) / 32 + 1)
+/* Floats of the scores, which the warps' sums reuse: rows tiles, or the padded sums where larger */
+#define ATT_SC_FLOATS(rows, hd)                                                                                 \
+    ((size_t)(rows) * (ATT_RED_PAD && (ATT_THREADS / WARP_SIZE) * ATT_RED_STRIDE(hd) > ATT_TILE                   \
+                           ? (ATT_THREADS / WARP_SIZE) * ATT_RED_STRIDE(hd) : ATT_TILE))
+
 /* Dynamic shared memory of attention_body, in bytes. */
 #define ATT_SMEM_BYTES(kv_mul, head_dim) \
-    ((size_t)((kv_mul) * ATT_TILE + 2 * (kv_mul) + ATT_QFRAG_WORDS(head_dim)) * sizeof(float))
+    ((ATT_SC_FLOATS(kv_mul, head_dim) + 2 * (size_t)(kv_mul) + ATT_QFRAG_WORDS(head_dim)) * sizeof(float))
 
 /* This block's outputs are written: one more to *done (NULL: nobody counts), for wait_count. */
 __device__ __forceinline__ void signal_done(unsigned *done) {
@@ -1324,6 +1341,9 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
  * (codegen/plan.py, _att_stage_values); 0 here: off. */
 #ifndef ATT_MMA_STAGE_VALUES
 #define ATT_MMA_STAGE_VALUES 0
+#endif
+#ifndef ATT_PAD_INSNS
+#define ATT_PAD_INSNS 0 /* a probe's instructions after the values (attention_body) */
 #endif
 #ifndef ATT_STAGE_MAX_SPLITS
 #define ATT_STAGE_MAX_SPLITS 17 /* to depth 4352 in splits of 256 */
@@ -1389,7 +1409,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     extern __shared__ float smem[];
     const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
     float *sc = smem;                             /* (rows, ATT_TILE) scores, then probabilities */
-    float *sml = sc + rows * ATT_TILE;            /* (rows, 2) max and sum */
+    float *sml = sc + ATT_SC_FLOATS(rows, head_dim); /* (rows, 2) max and sum */
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
     /* row r's token (from `ahead`) and query head in the group */
@@ -1696,12 +1716,29 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #endif
         __syncthreads(); /* sc is reused below for the warps' sums */
         TRACE_ATT_AT(4);
+#if ATT_PAD_INSNS > 0
+        /* a probe (-DATT_PAD_INSNS=N): warp 0 runs about N more instructions here, 8 independent
+         * chains of shift, xor and multiply (3 instructions a step, which ptxas cannot fold into one
+         * as it does a chain of multiply-adds), ~N issue cycles where its code is cached; much more
+         * where fetching the code is the bound (PERFORMANCE.md, twenty-first session) */
+        if (wid == 0) {
+            unsigned a[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) a[k] = tid * (2 * k + 1);
+#pragma unroll
+            for (int n = 0; n < ATT_PAD_INSNS / 24; n++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) a[k] = (a[k] ^ (a[k] >> 13)) * 0x5bd1e995u;
+            if ((a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7]) == 0x9E3779B9u) red[0] = 0.0f; /* keeps them */
+        }
+#endif
 #pragma unroll
         for (int t = 0; t < MT; t++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
-                if (r < rows) red[(wid * rows + r) * HD + dim] = o[t][i];
+                if (r < rows)
+                    red[ATT_RED_PAD ? (wid * rows + r) * ATT_RED_STRIDE(HD) + dim + dim / 32 : (wid * rows + r) * HD + dim] = o[t][i];
             }
     } else {
         /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
@@ -1748,9 +1785,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     __syncthreads();
     TRACE_ATT_AT(5);
+    constexpr bool red_pad = ATT_RED_PAD && TOKENS == 1 && MMA_HD > 0; /* the padded sums (ATT_RED_PAD) */
+    const int red_row = red_pad ? ATT_RED_STRIDE(head_dim) : head_dim;
     for (int i = tid; i < rows * head_dim; i += blockDim.x) {
         float v = 0.0f;
-        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];
+        const int at = red_pad ? i / head_dim * red_row + i % head_dim + i % head_dim / 32 : i;
+        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * red_row + at];
         const int r = i / head_dim, t = token_of(r), h = kvh * kv_mul + head_of(r);
         if (n_active == 1) /* one split: done */
             out[t * q_stride + h * head_dim + i % head_dim] = v / sml[2 * r + 1];

@@ -2,7 +2,9 @@
 MMA_HD) against plain attention in NumPy: every lane's operand registers built as the kernel builds
 them, each mma.m16n8k16 done on the matrices those registers stand for (the PTX ISA's fragment
 layout, as prefill_pairs_body uses it on the GPU), and the lanes' results put where the kernel puts
-them. One block: a KV head's group of `rows` query heads over `length` positions.
+them. One block: a KV head's group of `rows` query heads over `length` positions. The warps' sums
+go through shared memory in both layouts (ATT_RED_PAD 0 and 1), each checked for its indices, and the
+padded one for its banks: a store instruction's lanes on distinct banks, as a warp's reads are.
 
     python3 tests/bench/attention_mma_sim.py
 """
@@ -47,7 +49,14 @@ def split(v):
     return hi, (v - hi).astype(np.float16).astype(np.float64)
 
 
-def block(K, V, Q, U):
+def red_at(wid, r, dim, rows, hd, pad):
+    """Where warp wid's sum of (row r, dim) goes in shared memory (attention_body, ATT_RED_PAD)."""
+    if not pad:
+        return (wid * rows + r) * hd + dim
+    return (wid * rows + r) * (hd + hd // 32 + 1) + dim + dim // 32
+
+
+def block(K, V, Q, U, pad=False):
     """The kernel's arithmetic for one block: K, V (length, hd) fp16 values, Q (rows, hd)."""
     length, hd = K.shape
     rows = Q.shape[0]
@@ -88,7 +97,7 @@ def block(K, V, Q, U):
     p = np.exp(sc[:, :length] - m)
     l = p.sum(axis=1)
     sc[:, :length] = p
-    red = np.zeros((WARPS, rows, hd))
+    red = np.full(WARPS * rows * (hd + hd // 32 + 1), np.nan)  # shared memory, in floats
     for wid in range(WARPS):
         o = [[np.zeros(4) for _ in range(mt)] for _ in range(32)]
         for tile in warp_tiles(wid, U, n_tiles):
@@ -113,15 +122,27 @@ def block(K, V, Q, U):
                 ot = [o[lane][t] for lane in range(32)]
                 mma(ot, a_t[t], bh)
                 mma(ot, a_t[t], bl)
-        for lane in range(32):
-            g, cq = lane // 4, lane % 4
-            for t in range(mt):
-                for i in range(4):
+        for t in range(mt):
+            for i in range(4):  # one store instruction
+                banks = []
+                for lane in range(32):
+                    g, cq = lane // 4, lane % 4
                     r, d = 2 * cq + i % 2, t + mt * (i // 2)
                     dim = (8 * (d // 8) + g) * 8 + d % 8
                     if r < rows:
-                        red[wid, r, dim] = o[lane][t][i]
-    return red.sum(axis=0) / l[:, None]
+                        at = red_at(wid, r, dim, rows, hd, pad)
+                        red[at] = o[lane][t][i]
+                        banks.append(at % 32)
+                if pad:
+                    assert len(set(banks)) == len(banks), f"the sums' stores share banks: {banks}"
+    out = np.zeros((rows, hd))
+    for e0 in range(0, rows * hd, 32):  # a warp's 32 outputs
+        ats = [red_at(0, e // hd, e % hd, rows, hd, pad) for e in range(e0, min(e0 + 32, rows * hd))]
+        assert len({a % 32 for a in ats}) == len(ats), "the sums' reads share banks"
+    for e in range(rows * hd):
+        out[e // hd, e % hd] = sum(red[red_at(w, e // hd, e % hd, rows, hd, pad)] for w in range(WARPS))
+    assert not np.isnan(out).any(), "a sum read where no warp stored"
+    return out / l[:, None]
 
 
 def main():
@@ -133,10 +154,12 @@ def main():
         s = Q @ K.T / np.sqrt(hd)
         p = np.exp(s - s.max(axis=1, keepdims=True))
         ref = (p / p.sum(axis=1, keepdims=True)) @ V
-        got = block(K, V, Q, U)
-        err = np.abs(got - ref).max() / np.abs(ref).max()
-        print(f"head {hd}, rows {rows}, {length} positions, unroll {U}: max error {err:.2e} of the largest output")
-        assert err < 1e-5, err
+        for pad in (False, True):
+            got = block(K, V, Q, U, pad)
+            err = np.abs(got - ref).max() / np.abs(ref).max()
+            print(f"head {hd}, rows {rows}, {length} positions, unroll {U}, sums {'padded' if pad else 'unpadded'}: "
+                  f"max error {err:.2e} of the largest output")
+            assert err < 1e-5, err
 
 
 if __name__ == "__main__":
