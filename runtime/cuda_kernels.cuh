@@ -1392,6 +1392,44 @@ __device__ __forceinline__ uint32_t half_pair(uint4 x, uint4 y, int e) {
 /* The dim of value d' (0 .. HD/8 - 1) of lane group g in the value pass (the uint4 8u + g of a row). */
 __device__ __forceinline__ int mma_value_dim(int d, int g) { return (8 * (d / 8) + g) * 8 + d % 8; }
 
+/* One tile's scores S^T = K Q^T (16 positions x 8 query rows) into s: lane (g, cq) gives its keys of
+ * positions g (k0) and g + 8 (k1), its uint4 of each 32-dim chunk, and gets (position g, rows 2 cq,
+ * 2 cq + 1), (g + 8, the same) in s[0..3]; the queries' hi and lo terms from qf (attention_body). */
+template <int KCH>
+__device__ __forceinline__ void mma_score_tile(float s[4], const uint4 (&k0)[KCH], const uint4 (&k1)[KCH], const uint32_t *qf,
+                                               int lane) {
+#pragma unroll
+    for (int ch = 0; ch < KCH; ch++) {
+        const uint4 a = k0[ch], b = k1[ch];
+        const uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
+        mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, f[0 * WARP_SIZE], f[1 * WARP_SIZE]); /* hi */
+        mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, f[4 * WARP_SIZE], f[5 * WARP_SIZE]); /* lo */
+        mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, f[2 * WARP_SIZE], f[3 * WARP_SIZE]);
+        mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, f[6 * WARP_SIZE], f[7 * WARP_SIZE]);
+    }
+}
+
+/* One tile's weighted values O^T += V^T P^T into o (m-tile t: dims d' = t and t + MT, query rows
+ * 2 cq, 2 cq + 1): lane (g, cq) gives its uint4s 8 u + g of positions 4 cq .. 4 cq + 3 (v) and row
+ * g's probabilities at those positions (p, 0 past the group or the positions). */
+template <int HD>
+__device__ __forceinline__ void mma_value_tile(float (&o)[HD / 16][4], const uint4 (&v)[4][HD / 64], float4 p) {
+    constexpr int MT = HD / 16;
+    uint32_t ph0, pl0, ph1, pl1;
+    split_h2(p.x, p.y, &ph0, &pl0);
+    split_h2(p.z, p.w, &ph1, &pl1);
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        const int d0 = t, d1 = t + MT; /* rows g and g + 8 of m-tile t */
+        const uint32_t a0 = half_pair(v[0][d0 / 8], v[1][d0 / 8], d0 % 8);
+        const uint32_t a1 = half_pair(v[0][d1 / 8], v[1][d1 / 8], d1 % 8);
+        const uint32_t a2 = half_pair(v[2][d0 / 8], v[3][d0 / 8], d0 % 8);
+        const uint32_t a3 = half_pair(v[2][d1 / 8], v[3][d1 / 8], d1 % 8);
+        mma_f16_16x8x16(o[t], a0, a1, a2, a3, ph0, ph1);
+        mma_f16_16x8x16(o[t], a0, a1, a2, a3, pl0, pl1);
+    }
+}
+
 /* TOKENS > 1 (a prefill batch): the block takes TOKENS tokens of the batch, from token `ahead` on
  * (io[IO_COUNT] of them are the batch's), over the same positions, as TOKENS * kv_mul rows of
  * queries (row r: token r / kv_mul, query head r % kv_mul of the group), so the keys and values
@@ -1507,15 +1545,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 const int tile = wid + WARPS * (round * U + k);
                 if (tile >= n_tiles) break;
                 float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* (position g, rows 2 cq, 2 cq + 1), (g + 8, ...) */
-#pragma unroll
-                for (int ch = 0; ch < KCH; ch++) {
-                    const uint4 a = kr[k][0][ch], b = kr[k][1][ch];
-                    const uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
-                    mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, f[0 * WARP_SIZE], f[1 * WARP_SIZE]); /* hi */
-                    mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, f[4 * WARP_SIZE], f[5 * WARP_SIZE]); /* lo */
-                    mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, f[2 * WARP_SIZE], f[3 * WARP_SIZE]);
-                    mma_f16_16x8x16(s, a.z, b.z, a.w, b.w, f[6 * WARP_SIZE], f[7 * WARP_SIZE]);
-                }
+                mma_score_tile<KCH>(s, kr[k][0], kr[k][1], qf, lane);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
@@ -1676,19 +1706,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 if (j + 1 >= len) p.y = 0.0f;
                 if (j + 2 >= len) p.z = 0.0f;
                 if (j + 3 >= len) p.w = 0.0f;
-                uint32_t ph0, pl0, ph1, pl1;
-                split_h2(p.x, p.y, &ph0, &pl0);
-                split_h2(p.z, p.w, &ph1, &pl1);
-#pragma unroll
-                for (int t = 0; t < MT; t++) {
-                    const int d0 = t, d1 = t + MT; /* rows g and g + 8 of m-tile t */
-                    const uint32_t a0 = half_pair(vr[k][0][d0 / 8], vr[k][1][d0 / 8], d0 % 8);
-                    const uint32_t a1 = half_pair(vr[k][0][d1 / 8], vr[k][1][d1 / 8], d1 % 8);
-                    const uint32_t a2 = half_pair(vr[k][2][d0 / 8], vr[k][3][d0 / 8], d0 % 8);
-                    const uint32_t a3 = half_pair(vr[k][2][d1 / 8], vr[k][3][d1 / 8], d1 % 8);
-                    mma_f16_16x8x16(o[t], a0, a1, a2, a3, ph0, ph1);
-                    mma_f16_16x8x16(o[t], a0, a1, a2, a3, pl0, pl1);
-                }
+                mma_value_tile<HD>(o, vr[k], p);
             }
         };
         auto has_round = [&](int round) { return wid + WARPS * round * U < n_tiles; };
@@ -1926,6 +1944,187 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                combine_ns1 - combine_ns0);
     }
 #endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decode attention at a short context (ATT_SHORT, a variant build's; off, not yet run on a GPU):
+// one block a KV head over all n = pos + 1 positions, at most ATT_SHORT_MAX(HD) (one round of tiles
+// a warp: 128 positions on heads of 128, 256 on heads of 64), flash-decoding within the block. At
+// depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape for almost no work: five
+// block barriers, the softmax through shared memory a row a warp, the values loaded after it (one
+// more L2 round trip), the sums' stores in 4-way bank conflicts (PERFORMANCE.md, twenty-first
+// session). Here:
+// - each warp loads its tiles' keys and values together, the cached positions' before the wait;
+// - scores as attention_body's (S^T = K Q^T on the tensor cores), then each warp's softmax in its
+//   registers: a row's max and sum over the warp's positions in 3 shuffles each;
+// - the probabilities through the warp's own columns of shared memory (a warp barrier) into the
+//   values' products, O^T = V^T P^T as attention_body's;
+// - one block barrier for the warps' (max, sum), each warp scaling its sums by exp(its max - the
+//   block's), one for the sums, then the outputs.
+// So two round trips fewer for nothing but the values, and three block barriers.
+#ifndef ATT_SHORT
+#define ATT_SHORT 0
+#endif
+__host__ __device__ constexpr int att_short_max(int hd) { return ATT_THREADS / WARP_SIZE * att_mma_tiles(hd) * 16; }
+/* Shared memory of attention_short_body: the probabilities (then the warps' sums), each warp's (max,
+ * sum) and the block's sums' divisors, the query operands */
+#define ATT_SHORT_SMEM_BYTES(kv_mul, hd) \
+    ((ATT_SC_FLOATS(kv_mul, hd) + (size_t)(ATT_THREADS / WARP_SIZE) * (kv_mul) * 2 + (kv_mul) + ATT_QFRAG_WORDS(hd)) * sizeof(float))
+
+template <int HD, typename Wait>
+__device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+                                                     float *out, int kv_mul, int ctx, int kvh, Wait wait) {
+    constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = ATT_THREADS / WARP_SIZE;
+    extern __shared__ float smem[];
+    const int rows = kv_mul;
+    float *sp = smem;                                   /* (rows, ATT_TILE): probabilities; then the warps' sums */
+    float *wml = sp + ATT_SC_FLOATS(rows, HD);          /* (WARPS, rows, 2): each warp's max and sum */
+    float *den = wml + WARPS * rows * 2;                /* (rows): the block's sums */
+    uint32_t *qf = reinterpret_cast<uint32_t *>(den + rows); /* query operands, as attention_body's */
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, cq = lane % 4;
+    const int first_new = __ldcg(&io[IO_POS]), n = first_new + 1, n_tiles = (n + 15) / 16;
+    TRACE_BEGIN(ST_ATT);
+    const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(0, kvh, ctx, HD));
+    const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(0, kvh, ctx, HD));
+    /* tile wid + WARPS k: keys of positions 16 tile + g + 8 h (uint4 4 ch + cq of each), values of
+     * 16 tile + 4 cq + i (uint4s 8 u + g); zeros past n */
+    uint4 kr[U][2][KCH], vr[U][4][VU];
+    auto load = [&](bool before_wait) { /* before the wait the cached positions, after it this step's */
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            const int tile = wid + WARPS * k;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = 16 * tile + g + 8 * h;
+                const bool want = j < n && (j < first_new) == before_wait;
+#pragma unroll
+                for (int ch = 0; ch < KCH; ch++)
+                    if (want) kr[k][h][ch] = __ldcg(kb + (size_t)j * (HD / 8) + 4 * ch + cq);
+                    else if (before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = 16 * tile + 4 * cq + i;
+                const bool want = j < n && (j < first_new) == before_wait;
+#pragma unroll
+                for (int u = 0; u < VU; u++)
+                    if (want) vr[k][i][u] = __ldcg(vb + (size_t)j * (HD / 8) + 8 * u + g);
+                    else if (before_wait) vr[k][i][u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    load(true);
+    TRACE_AT(TRACE_READY);
+    wait();
+    TRACE_AT(TRACE_WAITED);
+    load(false);
+    if (wid < KCH) { /* query row g's dims 32 ch + 8 cq .. + 7 as hi and lo fp16 pairs, as attention_body */
+        const int ch = wid;
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+        if (g < rows) {
+            const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)(kvh * kv_mul + g) * HD + 32 * ch + 8 * cq);
+            a = qg[0], b = qg[1];
+        }
+        uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
+        split_h2(a.x, a.y, &f[0 * WARP_SIZE], &f[4 * WARP_SIZE]);
+        split_h2(a.z, a.w, &f[1 * WARP_SIZE], &f[5 * WARP_SIZE]);
+        split_h2(b.x, b.y, &f[2 * WARP_SIZE], &f[6 * WARP_SIZE]);
+        split_h2(b.z, b.w, &f[3 * WARP_SIZE], &f[7 * WARP_SIZE]);
+    }
+    __syncthreads();
+    /* scores: s[k] holds (position g, rows 2 cq, 2 cq + 1), (g + 8, the same) of tile k; -inf past n.
+     * m[e], l[e]: row 2 cq + e's max and sum over the warp's positions */
+    const float scale = rsqrtf((float)HD);
+    float s[U][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+        const int tile = wid + WARPS * k;
+        s[k][0] = s[k][1] = s[k][2] = s[k][3] = 0.0f;
+        if (tile < n_tiles) mma_score_tile<KCH>(s[k], kr[k][0], kr[k][1], qf, lane);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = 16 * tile + g + 8 * (i / 2);
+            s[k][i] = j < n ? s[k][i] * scale : -INFINITY;
+            m[i % 2] = fmaxf(m[i % 2], s[k][i]);
+        }
+    }
+#pragma unroll
+    for (int o = 4; o < WARP_SIZE; o *= 2) { /* over g: the lanes of a cq */
+        m[0] = fmaxf(m[0], __shfl_xor_sync(0xFFFFFFFFu, m[0], o));
+        m[1] = fmaxf(m[1], __shfl_xor_sync(0xFFFFFFFFu, m[1], o));
+    }
+#pragma unroll
+    for (int k = 0; k < U; k++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float p = s[k][i] == -INFINITY ? 0.0f : __expf(s[k][i] - m[i % 2]);
+            l[i % 2] += p;
+            const int tile = wid + WARPS * k, j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
+            if (r < rows && tile < n_tiles) sp[r * ATT_TILE + j] = p; /* the warp's own columns; 0 past n */
+        }
+#pragma unroll
+    for (int o = 4; o < WARP_SIZE; o *= 2) {
+        l[0] += __shfl_xor_sync(0xFFFFFFFFu, l[0], o);
+        l[1] += __shfl_xor_sync(0xFFFFFFFFu, l[1], o);
+    }
+    TRACE_AT(TRACE_STAGED);
+    __syncwarp();
+    float o[MT][4];
+#pragma unroll
+    for (int t = 0; t < MT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+        const int tile = wid + WARPS * k;
+        if (tile >= n_tiles) break;
+        float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* row g's probabilities at positions 4 cq .. + 3 */
+        if (g < rows) p = *reinterpret_cast<const float4 *>(sp + g * ATT_TILE + 16 * tile + 4 * cq);
+        mma_value_tile<HD>(o, vr[k], p);
+    }
+    if (g == 0)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            if (2 * cq + e < rows) {
+                wml[(wid * rows + 2 * cq + e) * 2] = m[e];
+                wml[(wid * rows + 2 * cq + e) * 2 + 1] = l[e];
+            }
+    TRACE_ATT_AT(2);
+    __syncthreads(); /* every warp's (max, sum) in; the probabilities read: their space takes the sums */
+    /* the block's max M of each of the lane's rows, its sum (warp 0 keeps it for the outputs) and this
+     * warp's weight exp(m - M) */
+    float w[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int r = 2 * cq + e;
+        if (r >= rows) continue;
+        float M = -INFINITY, L = 0.0f;
+#pragma unroll
+        for (int v = 0; v < WARPS; v++) M = fmaxf(M, wml[(v * rows + r) * 2]);
+#pragma unroll
+        for (int v = 0; v < WARPS; v++) {
+            const float mv = wml[(v * rows + r) * 2];
+            if (mv != -INFINITY) L += wml[(v * rows + r) * 2 + 1] * __expf(mv - M);
+        }
+        w[e] = m[e] == -INFINITY ? 0.0f : __expf(m[e] - M);
+        if (wid == 0 && g == 0) den[r] = L;
+    }
+    float *red = sp; /* (WARPS, rows, HD) the warps' weighted sums, padded as attention_body's where ATT_RED_PAD */
+    const int red_row = ATT_RED_PAD ? ATT_RED_STRIDE(HD) : HD;
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
+            if (r < rows) red[(wid * rows + r) * red_row + dim + (ATT_RED_PAD ? dim / 32 : 0)] = o[t][i] * w[i % 2];
+        }
+    __syncthreads();
+    TRACE_ATT_AT(5);
+    for (int i = tid; i < rows * HD; i += ATT_THREADS) {
+        const int r = i / HD, dim = i % HD, at = r * red_row + dim + (ATT_RED_PAD ? dim / 32 : 0);
+        float v = 0.0f;
+        for (int u = 0; u < WARPS; u++) v += red[u * rows * red_row + at];
+        out[(size_t)(kvh * kv_mul + r) * HD + dim] = v / den[r];
+    }
+    TRACE_ATT_AT(3);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -229,6 +229,18 @@ def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
+@pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
+def test_tiny_gpu_short_attention_kernel_equals_cpu(variant, tmp_path):
+    """The decode attention of a short context in one block a KV head (attention_short_body,
+    -DATT_SHORT=1, a variant build's; with the padded sums, -DATT_RED_PAD=1), for steps that read at
+    most one round of tiles a warp: tiny-group3 (heads of 64 in groups of 3, up to 256 positions:
+    every step here) and tiny-wide (heads of 128 in groups of 4, up to 128: the logits' steps at
+    positions 0-127 take it, 128 on the other graphs). Logits and greedy text against the CPU's."""
+    d = tiny_model_dir(variant, name=f"{variant}-short")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_SHORT=1 -DATT_RED_PAD=1")
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
+
+
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):

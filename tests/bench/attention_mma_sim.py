@@ -56,36 +56,75 @@ def red_at(wid, r, dim, rows, hd, pad):
     return (wid * rows + r) * (hd + hd // 32 + 1) + dim + dim // 32
 
 
+def query_terms(Q, hd):
+    """The group's query rows padded to 8, as hi and lo fp16 terms."""
+    qpad = np.zeros((8, hd)); qpad[:Q.shape[0]] = Q
+    return split(qpad)
+
+
+def tile_scores(K, qh, ql, tile, length):
+    """mma_score_tile: each lane's s[4], (position g, rows 2 cq, 2 cq + 1), (g + 8, the same)."""
+    hd = K.shape[1]
+    s = [np.zeros(4) for _ in range(32)]
+    for ch in range(hd // 32):
+        for step in range(2):  # (a.x, a.y) then (a.z, a.w)
+            for qq in (qh, ql):
+                a_l, b_l = [], []
+                for lane in range(32):
+                    g, cq = lane // 4, lane % 4
+                    def kw(h, w):  # word w of the lane's uint4 of chunk ch, position g + 8h
+                        j = 16 * tile + g + 8 * h
+                        if j >= length:
+                            return np.zeros(2)
+                        base = (4 * ch + cq) * 8 + 2 * w
+                        return K[j, base:base + 2]
+                    w0, w1 = 2 * step, 2 * step + 1
+                    a_l.append([kw(0, w0), kw(1, w0), kw(0, w1), kw(1, w1)])
+                    qb = 32 * ch + 8 * cq + 4 * step
+                    b_l.append([qq[g, qb:qb + 2], qq[g, qb + 2:qb + 4]])
+                mma(s, a_l, b_l)
+    return s
+
+
+def tile_values(V, prob, tile, length, o):
+    """mma_value_tile into each lane's o: prob(g, j) is row g's probability at position j."""
+    hd = V.shape[1]
+    mt = hd // 16
+    bh, bl, a_t = [], [], [[] for _ in range(mt)]
+    for lane in range(32):
+        g, cq = lane // 4, lane % 4
+        j = 16 * tile + 4 * cq
+        pv = np.array([prob(g, j + i) for i in range(4)])
+        ph, pl = split(pv)
+        bh.append([ph[0:2], ph[2:4]]); bl.append([pl[0:2], pl[2:4]])
+
+        def val(i, d):  # value d' of the lane's uint4s at position 4 cq + i
+            jj = j + i
+            if jj >= length:
+                return 0.0
+            return V[jj, (8 * (d // 8) + g) * 8 + d % 8]
+        for t in range(mt):
+            d0, d1 = t, t + mt
+            a_t[t].append([np.array([val(0, d0), val(1, d0)]), np.array([val(0, d1), val(1, d1)]),
+                           np.array([val(2, d0), val(3, d0)]), np.array([val(2, d1), val(3, d1)])])
+    for t in range(mt):
+        ot = [o[lane][t] for lane in range(32)]
+        mma(ot, a_t[t], bh)
+        mma(ot, a_t[t], bl)
+
+
 def block(K, V, Q, U, pad=False):
-    """The kernel's arithmetic for one block: K, V (length, hd) fp16 values, Q (rows, hd)."""
+    """attention_body's arithmetic for one block: K, V (length, hd) fp16 values, Q (rows, hd)."""
     length, hd = K.shape
     rows = Q.shape[0]
-    kch, mt = hd // 32, hd // 16
+    mt = hd // 16
     n_tiles = (length + 15) // 16
     sc = np.full((rows, TILE), np.nan)
     scale = 1 / np.sqrt(hd)
-    qpad = np.zeros((8, hd)); qpad[:rows] = Q
-    qh, ql = split(qpad)
+    qh, ql = query_terms(Q, hd)
     for wid in range(WARPS):
         for tile in warp_tiles(wid, U, n_tiles):
-            s = [np.zeros(4) for _ in range(32)]
-            for ch in range(kch):
-                for step in range(2):  # (a.x, a.y) then (a.z, a.w)
-                    for qq in (qh, ql):
-                        a_l, b_l = [], []
-                        for lane in range(32):
-                            g, cq = lane // 4, lane % 4
-                            def kw(h, w):  # word w of the lane's uint4 of chunk ch, position g + 8h
-                                j = 16 * tile + g + 8 * h
-                                if j >= length:
-                                    return np.zeros(2)
-                                base = (4 * ch + cq) * 8 + 2 * w
-                                return K[j, base:base + 2]
-                            w0, w1 = 2 * step, 2 * step + 1
-                            a_l.append([kw(0, w0), kw(1, w0), kw(0, w1), kw(1, w1)])
-                            qb = 32 * ch + 8 * cq + 4 * step
-                            b_l.append([qq[g, qb:qb + 2], qq[g, qb + 2:qb + 4]])
-                        mma(s, a_l, b_l)
+            s = tile_scores(K, qh, ql, tile, length)
             for lane in range(32):
                 g, cq = lane // 4, lane % 4
                 for i in range(4):
@@ -101,27 +140,7 @@ def block(K, V, Q, U, pad=False):
     for wid in range(WARPS):
         o = [[np.zeros(4) for _ in range(mt)] for _ in range(32)]
         for tile in warp_tiles(wid, U, n_tiles):
-            bh, bl, a_t = [], [], [[] for _ in range(mt)]
-            for lane in range(32):
-                g, cq = lane // 4, lane % 4
-                j = 16 * tile + 4 * cq
-                pv = np.array([sc[g, j + i] if g < rows and j + i < length else 0.0 for i in range(4)])
-                ph, pl = split(pv)
-                bh.append([ph[0:2], ph[2:4]]); bl.append([pl[0:2], pl[2:4]])
-
-                def val(i, d):  # value d' of the lane's uint4s at position 4 cq + i
-                    jj = j + i
-                    if jj >= length:
-                        return 0.0
-                    return V[jj, (8 * (d // 8) + g) * 8 + d % 8]
-                for t in range(mt):
-                    d0, d1 = t, t + mt
-                    a_t[t].append([np.array([val(0, d0), val(1, d0)]), np.array([val(0, d1), val(1, d1)]),
-                                   np.array([val(2, d0), val(3, d0)]), np.array([val(2, d1), val(3, d1)])])
-            for t in range(mt):
-                ot = [o[lane][t] for lane in range(32)]
-                mma(ot, a_t[t], bh)
-                mma(ot, a_t[t], bl)
+            tile_values(V, lambda g, j: sc[g, j] if g < rows and j < length else 0.0, tile, length, o)
         for t in range(mt):
             for i in range(4):  # one store instruction
                 banks = []
@@ -145,6 +164,67 @@ def block(K, V, Q, U, pad=False):
     return out / l[:, None]
 
 
+def short_block(K, V, Q, U, pad=False):
+    """attention_short_body's arithmetic (ATT_SHORT): one round of tiles a warp, each warp's softmax
+    in its registers (a row's max and sum over the lanes of a cq), its probabilities through its own
+    columns of shared memory into the values' products, the warps' sums weighed by exp(max - the
+    block's max) and divided by the block's sum."""
+    length, hd = K.shape
+    rows = Q.shape[0]
+    mt = hd // 16
+    n_tiles = (length + 15) // 16
+    assert n_tiles <= WARPS * U, "one round a warp"
+    scale = 1 / np.sqrt(hd)
+    qh, ql = query_terms(Q, hd)
+    sp = np.full((rows, TILE), np.nan)
+    wm, wl = np.full((WARPS, rows), np.nan), np.full((WARPS, rows), np.nan)
+    outs = []
+    for wid in range(WARPS):
+        tiles = [wid + WARPS * k for k in range(U) if wid + WARPS * k < n_tiles]
+        s = {t: tile_scores(K, qh, ql, t, length) for t in tiles}
+        m = np.full((4, 2), -np.inf)  # [cq][e]: row 2 cq + e, after the shuffles over g
+        for t in tiles:
+            for lane in range(32):
+                g, cq = lane // 4, lane % 4
+                for i in range(4):
+                    j = 16 * t + g + 8 * (i // 2)
+                    s[t][lane][i] = s[t][lane][i] * scale if j < length else -np.inf
+                    m[cq, i % 2] = max(m[cq, i % 2], s[t][lane][i])
+        l = np.zeros((4, 2))
+        for t in tiles:
+            for lane in range(32):
+                g, cq = lane // 4, lane % 4
+                for i in range(4):
+                    p = 0.0 if s[t][lane][i] == -np.inf else np.exp(s[t][lane][i] - m[cq, i % 2])
+                    l[cq, i % 2] += p
+                    r, j = 2 * cq + i % 2, 16 * t + g + 8 * (i // 2)
+                    if r < rows:
+                        sp[r, j] = p
+        o = [[np.zeros(4) for _ in range(mt)] for _ in range(32)]
+        for t in tiles:
+            tile_values(V, lambda g, j: sp[g, j] if g < rows else 0.0, t, length, o)
+        for r in range(rows):
+            wm[wid, r], wl[wid, r] = m[r // 2, r % 2], l[r // 2, r % 2]
+        outs.append(o)
+    M = wm.max(axis=0)
+    L = np.array([sum(wl[w, r] * np.exp(wm[w, r] - M[r]) for w in range(WARPS) if wm[w, r] != -np.inf)
+                  for r in range(rows)])
+    red = np.full(WARPS * rows * (hd + hd // 32 + 1), np.nan)
+    for wid in range(WARPS):
+        for lane in range(32):
+            g, cq = lane // 4, lane % 4
+            for t in range(mt):
+                for i in range(4):
+                    r, d = 2 * cq + i % 2, t + mt * (i // 2)
+                    if r < rows:
+                        weight = 0.0 if wm[wid, r] == -np.inf else np.exp(wm[wid, r] - M[r])
+                        red[red_at(wid, r, (8 * (d // 8) + g) * 8 + d % 8, rows, hd, pad)] = outs[wid][lane][t][i] * weight
+    out = np.array([[sum(red[red_at(w, r, dim, rows, hd, pad)] for w in range(WARPS)) for dim in range(hd)]
+                    for r in range(rows)])
+    assert not np.isnan(out).any(), "a sum read where no warp stored"
+    return out / L[:, None]
+
+
 def main():
     rng = np.random.default_rng(0)
     for hd, rows, length, U in ((64, 4, 497, 2), (64, 3, 37, 2), (128, 4, 200, 1), (128, 7, 16, 1), (64, 8, 1, 2)):
@@ -160,6 +240,18 @@ def main():
             print(f"head {hd}, rows {rows}, {length} positions, unroll {U}, sums {'padded' if pad else 'unpadded'}: "
                   f"max error {err:.2e} of the largest output")
             assert err < 1e-5, err
+    for hd, rows, length, U in ((64, 4, 256, 2), (64, 3, 37, 2), (128, 4, 128, 1), (128, 4, 100, 1), (128, 7, 16, 1),
+                                (64, 8, 1, 2)):
+        K = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
+        V = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
+        Q = rng.standard_normal((rows, hd)) * 3
+        s = Q @ K.T / np.sqrt(hd)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        ref = (p / p.sum(axis=1, keepdims=True)) @ V
+        got = short_block(K, V, Q, U, pad=hd == 128)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        print(f"short context: head {hd}, rows {rows}, {length} positions, unroll {U}: max error {err:.2e} of the largest output")
+        assert err < 1e-5, err
 
 
 if __name__ == "__main__":

@@ -129,6 +129,18 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
                       n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{}, 0, 0, NULL, !O_HEADS);
 }
 
+#if ATT_SHORT
+#if !ATT_MMA_HD || O_HEADS
+#error "ATT_SHORT: the decode attention on the tensor cores (ATT_MMA_HD), without O_HEADS"
+#endif
+/* the decode attention of a short context, one block a KV head (attention_short_body): the steps
+ * that read at most att_short_max(MODEL_HEAD_DIM) positions launch it, in the [2] graphs */
+static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+                                                                        const int *io, float *att, int ctx) {
+    attention_short_body<ATT_MMA_HD>(q, kc, vc, io, att, MODEL_KV_MUL, ctx, blockIdx.x, wait_pdl{});
+}
+#endif
+
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
 static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
@@ -422,12 +434,14 @@ struct model_cuda {
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
     /* [0]: attention launched with n_splits blocks a KV head; [1]: with ATT_MIN_SPLITS, for steps
-     * and batches that read at most short_positions (short_att); [2], batches only: with
-     * PREFILL_FEW_SPLITS, for those that read at most few_positions (prefill_tier) */
-    cudaGraphExec_t graphs[2][STEP_KINDS]; /* one decode step of each kind */
+     * and batches that read at most short_positions (short_att); [2]: batches with PREFILL_FEW_SPLITS,
+     * for those that read at most few_positions (prefill_tier), and steps with attention_short_kernel
+     * (ATT_SHORT builds), for those that read at most short_kernel_positions (decode_tier) */
+    cudaGraphExec_t graphs[3][STEP_KINDS]; /* one decode step of each kind */
     cudaGraphExec_t prefill[3][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
     int few_positions;        /* PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK where n_splits is more, else 0 (no [2]) */
+    int short_kernel_positions; /* att_short_max(head_dim) in ATT_SHORT builds, else 0 (no [2] steps) */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_SPLITS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
@@ -537,7 +551,7 @@ struct launch_marks {
 /* The decode step's launches, in order: on the token at history[pos], pos read from io on the
  * device. With marks (kernel benchmark, outside a graph) an event is recorded after each launch and
  * *stage_of says which stage it closed. */
-static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *marks, int *stage_of) {
+static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kernel, cudaEvent_t *marks, int *stage_of) {
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
     if (m->persistent && !marks) {
@@ -556,11 +570,17 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, cudaEvent_t *mar
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
-            if (ATT_O_GRID && !marks) { /* the kernel benchmark times the two stages apart */
+            if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
                        n_splits);
             } else {
+#if ATT_SHORT
+                if (short_kernel)
+                    launch(attention_short_kernel, MODEL_N_KV_HEADS, 1, ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                           m->stream, m->q, kc, vc, m->io, m->att, m->ctx);
+                else
+#endif
                 if (PROBE_NO_ATT != 1)
                     launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
@@ -679,14 +699,14 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
 /* Splits a KV head that the graphs of tier s launch (m->graphs[s], m->prefill[s]) */
 static int tier_splits(const model_cuda *m, int s) { return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : PREFILL_FEW_SPLITS; }
 
-/* kind: a STEP_* step, or STEP_KINDS + s for a prefill batch of PREFILL_BATCH >> s; attention
- * launched with n_splits blocks a KV head */
-static err_code capture(model_cuda *m, int kind, int n_splits, cudaGraphExec_t *exec) {
+/* kind: a STEP_* step, or STEP_KINDS + s for a prefill batch of PREFILL_BATCH >> s; the graphs of
+ * tier `tier` (model_cuda's graphs and prefill) */
+static err_code capture(model_cuda *m, int kind, int tier, cudaGraphExec_t *exec) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    if (kind >= STEP_KINDS) enqueue_prefill_size<PREFILL_BATCH>(m, kind - STEP_KINDS, n_splits);
-    else enqueue_step(m, kind, n_splits, NULL, NULL);
+    if (kind >= STEP_KINDS) enqueue_prefill_size<PREFILL_BATCH>(m, kind - STEP_KINDS, tier_splits(m, tier));
+    else enqueue_step(m, kind, tier_splits(m, tier), tier == 2, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -878,11 +898,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * prompt +16%, decode even (PERFORMANCE.md, ninth session). */
     m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
     m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK : 0;
+#if ATT_SHORT
+    m->short_kernel_positions = att_short_max(MODEL_HEAD_DIM);
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
+#endif
     for (int s = 0; s < 3; s++)
         for (int kind = 0; kind < STEP_KINDS + PREFILL_SIZES; kind++) {
             if (s == 1 && !m->short_positions) break;
-            if (s == 2 && (kind < STEP_KINDS || !m->few_positions)) continue; /* batches only */
-            if ((rc = capture(m, kind, tier_splits(m, s),
+            if (s == 2 && (kind < STEP_KINDS ? !m->short_kernel_positions : !m->few_positions)) continue;
+            if ((rc = capture(m, kind, s,
                               kind < STEP_KINDS ? &m->graphs[s][kind] : &m->prefill[s][kind - STEP_KINDS]))) {
                 model_cuda_free(m);
                 return rc;
@@ -933,13 +958,18 @@ static int prefill_tier(const model_cuda *m, int positions) {
     return positions <= m->few_positions ? 2 : short_att(m, positions);
 }
 
+/* The same for a decode step */
+static int decode_tier(const model_cuda *m, int positions) {
+    return positions <= m->short_kernel_positions ? 2 : short_att(m, positions);
+}
+
 /* Queues one step of the given kind at position m->queued (the device's io[IO_POS] by then). */
 static void queue_step(model_cuda *m, int kind) {
 #if defined(INGOT_TRACE)
     static const unsigned zero[TRACE_STAGES] = {0};
     CUDA_CHECK(cudaMemcpyToSymbolAsync(trace_count, zero, sizeof zero, 0, cudaMemcpyHostToDevice, m->stream));
 #endif
-    CUDA_CHECK(cudaGraphLaunch(m->graphs[short_att(m, m->queued + 1)][kind], m->stream));
+    CUDA_CHECK(cudaGraphLaunch(m->graphs[decode_tier(m, m->queued + 1)][kind], m->stream));
     if (kind != STEP_PROMPT) {
         m->kind_at[m->queued % STEP_RING] = kind;
         CUDA_CHECK(cudaEventRecord(m->done[m->queued % STEP_RING], m->stream));
@@ -1073,7 +1103,8 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     fprintf(out, "kernels at depth %d (launched one by one, best of %d):\n", pos, reps);
     stage_table(m, reps, STEP_LAUNCHES, ST_COUNT, stage_names, bytes, "token", out, [&](cudaEvent_t *ev, int *stage_of) {
         CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice)); /* each step advances it */
-        enqueue_step(m, STEP_ARGMAX, short_att(m, pos + 1) ? ATT_MIN_SPLITS : m->n_splits, ev, stage_of);
+        const int tier = decode_tier(m, pos + 1);
+        enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier), tier == 2, ev, stage_of);
     });
     /* A prefill batch of PREFILL_BATCH tokens at positions pos on, where the context has room; the
      * device's io is put back as it was. Attention reads, for the batch's tokens, pos + 1 .. pos + B
@@ -1119,7 +1150,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     trace_write();
 #endif
     for (int s = 0; s < 3; s++) {
-        for (int kind = 0; s < 2 && kind < STEP_KINDS; kind++)
+        for (int kind = 0; kind < STEP_KINDS; kind++)
             if (m->graphs[s][kind]) cudaGraphExecDestroy(m->graphs[s][kind]);
         for (int b = 0; b < PREFILL_SIZES; b++)
             if (m->prefill[s][b]) cudaGraphExecDestroy(m->prefill[s][b]);
