@@ -1392,6 +1392,24 @@ __device__ __forceinline__ uint32_t half_pair(uint4 x, uint4 y, int e) {
 /* The dim of value d' (0 .. HD/8 - 1) of lane group g in the value pass (the uint4 8u + g of a row). */
 __device__ __forceinline__ int mma_value_dim(int d, int g) { return (8 * (d / 8) + g) * 8 + d % 8; }
 
+/* Warp ch's part of the query operands in qf (attention_body): the group's row g's dims 32 ch + 8 cq ..
+ * + 7 (q's rows row0 + g; 0 past rows) as hi and lo fp16 pairs, word w of the chunk of each lane at
+ * qf[(8 ch + w) * 32 + lane], read by every warp's same lane */
+template <int HD>
+__device__ __forceinline__ void mma_query_operands(uint32_t *qf, const float *q, int row0, int rows, int ch, int lane) {
+    const int g = lane / 4, cq = lane % 4;
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+    if (g < rows) {
+        const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)(row0 + g) * HD + 32 * ch + 8 * cq);
+        a = qg[0], b = qg[1];
+    }
+    uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
+    split_h2(a.x, a.y, &f[0 * WARP_SIZE], &f[4 * WARP_SIZE]);
+    split_h2(a.z, a.w, &f[1 * WARP_SIZE], &f[5 * WARP_SIZE]);
+    split_h2(b.x, b.y, &f[2 * WARP_SIZE], &f[6 * WARP_SIZE]);
+    split_h2(b.z, b.w, &f[3 * WARP_SIZE], &f[7 * WARP_SIZE]);
+}
+
 /* One tile's scores S^T = K Q^T (16 positions x 8 query rows) into s: lane (g, cq) gives its keys of
  * positions g (k0) and g + 8 (k1), its uint4 of each 32-dim chunk, and gets (position g, rows 2 cq,
  * 2 cq + 1), (g + 8, the same) in s[0..3]; the queries' hi and lo terms from qf (attention_body). */
@@ -1524,19 +1542,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         TRACE_AT(TRACE_WAITED);
         load_keys(ka, 0, false);
         if (staged) stage_values(false);
-        if (wid < KCH) {
-            const int ch = wid;
-            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-            if (g < rows) {
-                const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)(kvh * kv_mul + g) * HD + 32 * ch + 8 * cq);
-                a = qg[0], b = qg[1];
-            }
-            uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
-            split_h2(a.x, a.y, &f[0 * WARP_SIZE], &f[4 * WARP_SIZE]);
-            split_h2(a.z, a.w, &f[1 * WARP_SIZE], &f[5 * WARP_SIZE]);
-            split_h2(b.x, b.y, &f[2 * WARP_SIZE], &f[6 * WARP_SIZE]);
-            split_h2(b.z, b.w, &f[3 * WARP_SIZE], &f[7 * WARP_SIZE]);
-        }
+        if (wid < KCH) mma_query_operands<HD>(qf, q, kvh * kv_mul, rows, wid, lane);
         __syncthreads();
         auto has_round = [&](int round) { return wid + WARPS * round * U < n_tiles; }; /* the warp's */
         auto score_round = [&](const key_regs &kr, int round) {
@@ -2018,19 +2024,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
     wait();
     TRACE_AT(TRACE_WAITED);
     load(false);
-    if (wid < KCH) { /* query row g's dims 32 ch + 8 cq .. + 7 as hi and lo fp16 pairs, as attention_body */
-        const int ch = wid;
-        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-        if (g < rows) {
-            const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)(kvh * kv_mul + g) * HD + 32 * ch + 8 * cq);
-            a = qg[0], b = qg[1];
-        }
-        uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
-        split_h2(a.x, a.y, &f[0 * WARP_SIZE], &f[4 * WARP_SIZE]);
-        split_h2(a.z, a.w, &f[1 * WARP_SIZE], &f[5 * WARP_SIZE]);
-        split_h2(b.x, b.y, &f[2 * WARP_SIZE], &f[6 * WARP_SIZE]);
-        split_h2(b.z, b.w, &f[3 * WARP_SIZE], &f[7 * WARP_SIZE]);
-    }
+    if (wid < KCH) mma_query_operands<HD>(qf, q, kvh * kv_mul, rows, wid, lane);
     __syncthreads();
     /* scores: s[k] holds (position g, rows 2 cq, 2 cq + 1), (g + 8, the same) of tile k; -inf past n.
      * m[e], l[e]: row 2 cq + e's max and sum over the warp's positions */

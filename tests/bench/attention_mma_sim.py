@@ -225,15 +225,20 @@ def short_block(K, V, Q, U, pad=False):
     return out / L[:, None]
 
 
+def case(rng, hd, rows, length):
+    """Random fp16 keys and values, queries, and attention over them in float64."""
+    K = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
+    V = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
+    Q = rng.standard_normal((rows, hd)) * 3
+    s = Q @ K.T / np.sqrt(hd)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return K, V, Q, (p / p.sum(axis=1, keepdims=True)) @ V
+
+
 def main():
     rng = np.random.default_rng(0)
     for hd, rows, length, U in ((64, 4, 497, 2), (64, 3, 37, 2), (128, 4, 200, 1), (128, 7, 16, 1), (64, 8, 1, 2)):
-        K = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
-        V = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
-        Q = rng.standard_normal((rows, hd)) * 3
-        s = Q @ K.T / np.sqrt(hd)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        ref = (p / p.sum(axis=1, keepdims=True)) @ V
+        K, V, Q, ref = case(rng, hd, rows, length)
         for pad in (False, True):
             got = block(K, V, Q, U, pad)
             err = np.abs(got - ref).max() / np.abs(ref).max()
@@ -242,12 +247,7 @@ def main():
             assert err < 1e-5, err
     for hd, rows, length, U in ((64, 4, 256, 2), (64, 3, 37, 2), (128, 4, 128, 1), (128, 4, 100, 1), (128, 7, 16, 1),
                                 (64, 8, 1, 2)):
-        K = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
-        V = rng.standard_normal((length, hd)).astype(np.float16).astype(np.float64)
-        Q = rng.standard_normal((rows, hd)) * 3
-        s = Q @ K.T / np.sqrt(hd)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        ref = (p / p.sum(axis=1, keepdims=True)) @ V
+        K, V, Q, ref = case(rng, hd, rows, length)
         got = short_block(K, V, Q, U, pad=hd == 128)
         err = np.abs(got - ref).max() / np.abs(ref).max()
         print(f"short context: head {hd}, rows {rows}, {length} positions, unroll {U}: max error {err:.2e} of the largest output")
