@@ -126,3 +126,30 @@ def tiny(request) -> tuple[Path, Binary]:
     variant, build = request.param
     d = tiny_model_dir(variant)
     return d, binary_for(d, build)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run the K-th of N runs of consecutive collected tests (1-based): make test-gpu in calls "
+                          "shorter than a GPU machine's limit, PYTEST_ARGS='--shard 1/2' then '--shard 2/2'")
+
+
+def shard_of(shard: str, n_items: int) -> range:
+    """The indices of the collected tests that --shard K/N keeps: the K-th of N runs of consecutive
+    tests (neighbours share their builds), sizes differing by at most one."""
+    try:
+        k, n = (int(v) for v in shard.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard {shard}: expected K/N with 1 <= K <= N, e.g. 1/2")
+    return range((k - 1) * n_items // n, k * n_items // n)
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("--shard")
+    if not shard:
+        return
+    keep = shard_of(shard, len(items))
+    config.hook.pytest_deselected(items=[it for i, it in enumerate(items) if i not in keep])
+    items[:] = [items[i] for i in keep]
