@@ -44,6 +44,7 @@ class Plan:
     prefill_flash: int  # 1: a prefill batch's attention with all its query rows in a block (_prefill_flash)
     att_mma: int  # 1: the decode step's attention on the tensor cores (_att_mma)
     att_stage_values: int  # 1: that attention's first round of values staged with its keys (_att_stage_values)
+    att_short: int  # 1: a short context's decode attention in one block a KV head (_att_short)
     pair_unroll: int  # the paired norm'd matvecs' (QKV, gate/up) 16-byte chunks a lane loads a step (_pair_unroll)
     pair_early: int  # of their first step, the chunks a lane loads before the wait; 0: all of them (_pair_early)
     qkv_async: int  # QKV's row steps after the first copied into shared memory on cp.async (_qkv_async)
@@ -172,6 +173,14 @@ def _att_stage_values(head_dim: int, kv_mul: int, dim: int) -> int:
     return int(_att_mma(head_dim, kv_mul) == 1 and head_dim == 64 and dim >= STAGE_VALUES_MIN_DIM)
 
 
+def _att_short(head_dim: int, kv_mul: int) -> int:
+    """A short context's decode attention (at most one round of tiles a warp: 128 positions on heads
+    of 128, 256 on heads of 64) in a kernel of its own, one block a KV head (attention_short_body),
+    where the tensor-core attention runs. Measured on the H200 (PERFORMANCE.md, twenty-second
+    session): Llama-3.2-1B +1.9% and Mistral-7B +0.9% at depth 0, both even at 4096 (other graphs)."""
+    return _att_mma(head_dim, kv_mul)
+
+
 PAIR_UNROLL_SHORT_MAX_DIM = 2048  # the largest hidden size measured to gain from 4 chunks a step (below)
 
 
@@ -250,6 +259,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         prefill_flash=_prefill_flash(spec.head_dim),
         att_mma=_att_mma(spec.head_dim, spec.kv_mul),
         att_stage_values=_att_stage_values(spec.head_dim, spec.kv_mul, spec.dim),
+        att_short=_att_short(spec.head_dim, spec.kv_mul),
         pair_unroll=_pair_unroll(spec.dim),
         pair_early=_pair_early(spec.dim),
         qkv_async=_qkv_async(spec, sms),
@@ -276,6 +286,7 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
         att_mma=0,  # the head width is a template argument
         att_stage_values=0,  # with att_mma
+        att_short=0,  # with att_mma
         pair_unroll=8,  # a register array's size is a literal
         pair_early=0,
         qkv_async=0,  # its shared memory is sized from the dimensions at build time

@@ -1260,22 +1260,10 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
  * in shared memory after the (max, sum) pairs: 32-bit words. */
 #define ATT_QFRAG_WORDS(head_dim) ((head_dim) / 32 * 8 * WARP_SIZE)
 
-/* The tensor-core path's warps' sums (a variant build's -DATT_RED_PAD=1; off): row r of warp w at
- * (w rows + r) ATT_RED_STRIDE(hd) floats, dim at dim + dim / 32 in it. A store instruction's lanes
- * (g, cq) write rows 2 cq + i % 2 at dims 64 u + 8 g + e, so its banks are 2 cq + 8 (g % 4) + g / 4
- * plus a constant: 32 of them, and the address stays a lane's base plus an immediate. Unpadded (r hd +
- * dim, hd a multiple of 32) they fall on 4 banks: 4-way conflicts where a group has 4 heads, ~0.57 us
- * of the 7B's attention at depth 0 for 8 warps' 32 stores a lane. A swizzle (XOR) that spread them
- * cost more in address arithmetic than it saved (PERFORMANCE.md, twenty-first session). Not yet run
- * on a GPU: tests/bench/attention_mma_sim.py checks its indices and banks. */
-#ifndef ATT_RED_PAD
-#define ATT_RED_PAD 0
-#endif
-#define ATT_RED_STRIDE(hd) ((hd) + (hd) / 32 + 1)
-/* Floats of the scores, which the warps' sums reuse: rows tiles, or the padded sums where larger */
-#define ATT_SC_FLOATS(rows, hd)                                                                                 \
-    ((size_t)(rows) * (ATT_RED_PAD && (ATT_THREADS / WARP_SIZE) * ATT_RED_STRIDE(hd) > ATT_TILE                   \
-                           ? (ATT_THREADS / WARP_SIZE) * ATT_RED_STRIDE(hd) : ATT_TILE))
+/* Floats of the scores, which the warps' sums reuse. The sums' stores fall on 4 banks where a group
+ * has 4 heads (4-way conflicts, ~0.57 us of the 7B's attention at depth 0); neither a swizzle (XOR)
+ * nor padded rows paid (PERFORMANCE.md, twenty-first and twenty-second sessions). */
+#define ATT_SC_FLOATS(rows, hd) ((size_t)(rows) * ATT_TILE)
 
 /* Dynamic shared memory of attention_body, in bytes. */
 #define ATT_SMEM_BYTES(kv_mul, head_dim) \
@@ -1761,8 +1749,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
-                if (r < rows)
-                    red[ATT_RED_PAD ? (wid * rows + r) * ATT_RED_STRIDE(HD) + dim + dim / 32 : (wid * rows + r) * HD + dim] = o[t][i];
+                if (r < rows) red[(wid * rows + r) * HD + dim] = o[t][i];
             }
     } else {
         /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
@@ -1809,12 +1796,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     __syncthreads();
     TRACE_ATT_AT(5);
-    constexpr bool red_pad = ATT_RED_PAD && TOKENS == 1 && MMA_HD > 0; /* the padded sums (ATT_RED_PAD) */
-    const int red_row = red_pad ? ATT_RED_STRIDE(head_dim) : head_dim;
     for (int i = tid; i < rows * head_dim; i += blockDim.x) {
         float v = 0.0f;
-        const int at = red_pad ? i / head_dim * red_row + i % head_dim + i % head_dim / 32 : i;
-        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * red_row + at];
+        for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];
         const int r = i / head_dim, t = token_of(r), h = kvh * kv_mul + head_of(r);
         if (n_active == 1) /* one split: done */
             out[t * q_stride + h * head_dim + i % head_dim] = v / sml[2 * r + 1];
@@ -1953,8 +1937,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 }
 
 // ---------------------------------------------------------------------------------------------
-// The decode attention at a short context (ATT_SHORT, a variant build's; off, not yet run on a GPU):
-// one block a KV head over all n = pos + 1 positions, at most ATT_SHORT_MAX(HD) (one round of tiles
+// The decode attention at a short context (ATT_SHORT, the plan's where the tensor-core path runs):
+// one block a KV head over all n = pos + 1 positions, at most att_short_max(HD) (one round of tiles
 // a warp: 128 positions on heads of 128, 256 on heads of 64), flash-decoding within the block. At
 // depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape for almost no work: five
 // block barriers, the softmax through shared memory a row a warp, the values loaded after it (one
@@ -1965,17 +1949,15 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 //   registers: a row's max and sum over the warp's positions in 3 shuffles each;
 // - the probabilities through the warp's own columns of shared memory (a warp barrier) into the
 //   values' products, O^T = V^T P^T as attention_body's;
-// - one block barrier for the warps' (max, sum), each warp scaling its sums by exp(its max - the
-//   block's), one for the sums, then the outputs.
-// So two round trips fewer for nothing but the values, and three block barriers.
-#ifndef ATT_SHORT
-#define ATT_SHORT 0
-#endif
+// - the warps that took a tile store their (max, sum) and unscaled sums, one block barrier, and
+//   each output weighs those warps' sums by exp(their max - the largest).
+// So two round trips fewer for nothing but the values, and four block barriers. The 1B shape +1.9%,
+// the 7B +0.9% at depth 0 (PERFORMANCE.md, twenty-second session).
 __host__ __device__ constexpr int att_short_max(int hd) { return ATT_THREADS / WARP_SIZE * att_mma_tiles(hd) * 16; }
-/* Shared memory of attention_short_body: the probabilities (then the warps' sums), each warp's (max,
- * sum) and the block's sums' divisors, the query operands */
+/* Shared memory of attention_short_body: the probabilities, the warps' sums, each warp's (max, sum),
+ * the query operands */
 #define ATT_SHORT_SMEM_BYTES(kv_mul, hd) \
-    ((ATT_SC_FLOATS(kv_mul, hd) + (size_t)(ATT_THREADS / WARP_SIZE) * (kv_mul) * 2 + (kv_mul) + ATT_QFRAG_WORDS(hd)) * sizeof(float))
+    (((size_t)(kv_mul) * (att_short_max(hd) + (ATT_THREADS / WARP_SIZE) * ((hd) + 2)) + ATT_QFRAG_WORDS(hd)) * sizeof(float))
 
 template <int HD, typename Wait>
 __device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
@@ -1983,10 +1965,11 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
     constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = ATT_THREADS / WARP_SIZE;
     extern __shared__ float smem[];
     const int rows = kv_mul;
-    float *sp = smem;                                   /* (rows, ATT_TILE): probabilities; then the warps' sums */
-    float *wml = sp + ATT_SC_FLOATS(rows, HD);          /* (WARPS, rows, 2): each warp's max and sum */
-    float *den = wml + WARPS * rows * 2;                /* (rows): the block's sums */
-    uint32_t *qf = reinterpret_cast<uint32_t *>(den + rows); /* query operands, as attention_body's */
+    constexpr int SP = att_short_max(HD);
+    float *sp = smem;                                  /* (rows, SP): probabilities */
+    float *red = sp + rows * SP;                       /* (WARPS, rows, HD): the warps' sums */
+    float *wml = red + WARPS * rows * HD;              /* (WARPS, rows, 2): each warp's max and sum */
+    uint32_t *qf = reinterpret_cast<uint32_t *>(wml + WARPS * rows * 2); /* query operands, as attention_body's */
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, cq = lane % 4;
     const int first_new = __ldcg(&io[IO_POS]), n = first_new + 1, n_tiles = (n + 15) / 16;
     TRACE_BEGIN(ST_ATT);
@@ -2054,7 +2037,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
             const float p = s[k][i] == -INFINITY ? 0.0f : __expf(s[k][i] - m[i % 2]);
             l[i % 2] += p;
             const int tile = wid + WARPS * k, j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
-            if (r < rows && tile < n_tiles) sp[r * ATT_TILE + j] = p; /* the warp's own columns; 0 past n */
+            if (r < rows && tile < n_tiles) sp[r * SP + j] = p; /* the warp's own columns; 0 past n */
         }
 #pragma unroll
     for (int o = 4; o < WARP_SIZE; o *= 2) {
@@ -2071,52 +2054,45 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
         const int tile = wid + WARPS * k;
         if (tile >= n_tiles) break;
         float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* row g's probabilities at positions 4 cq .. + 3 */
-        if (g < rows) p = *reinterpret_cast<const float4 *>(sp + g * ATT_TILE + 16 * tile + 4 * cq);
+        if (g < rows) p = *reinterpret_cast<const float4 *>(sp + g * SP + 16 * tile + 4 * cq);
         mma_value_tile<HD>(o, vr[k], p);
     }
-    if (g == 0)
+    /* the warps that took a tile: their (max, sum) and unscaled sums, each in its own space, so one
+     * barrier; then each output weighs those warps' sums by exp(m - M), M their max */
+    const int warps = min(WARPS, n_tiles);
+    if (wid < warps) {
+        if (g == 0)
 #pragma unroll
-        for (int e = 0; e < 2; e++)
-            if (2 * cq + e < rows) {
-                wml[(wid * rows + 2 * cq + e) * 2] = m[e];
-                wml[(wid * rows + 2 * cq + e) * 2 + 1] = l[e];
+            for (int e = 0; e < 2; e++)
+                if (2 * cq + e < rows) {
+                    wml[(wid * rows + 2 * cq + e) * 2] = m[e];
+                    wml[(wid * rows + 2 * cq + e) * 2 + 1] = l[e];
+                }
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
+                if (r < rows) red[(wid * rows + r) * HD + dim] = o[t][i];
             }
-    TRACE_ATT_AT(2);
-    __syncthreads(); /* every warp's (max, sum) in; the probabilities read: their space takes the sums */
-    /* the block's max M of each of the lane's rows, its sum (warp 0 keeps it for the outputs) and this
-     * warp's weight exp(m - M) */
-    float w[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int r = 2 * cq + e;
-        if (r >= rows) continue;
-        float M = -INFINITY, L = 0.0f;
-#pragma unroll
-        for (int v = 0; v < WARPS; v++) M = fmaxf(M, wml[(v * rows + r) * 2]);
-#pragma unroll
-        for (int v = 0; v < WARPS; v++) {
-            const float mv = wml[(v * rows + r) * 2];
-            if (mv != -INFINITY) L += wml[(v * rows + r) * 2 + 1] * __expf(mv - M);
-        }
-        w[e] = m[e] == -INFINITY ? 0.0f : __expf(m[e] - M);
-        if (wid == 0 && g == 0) den[r] = L;
     }
-    float *red = sp; /* (WARPS, rows, HD) the warps' weighted sums, padded as attention_body's where ATT_RED_PAD */
-    const int red_row = ATT_RED_PAD ? ATT_RED_STRIDE(HD) : HD;
-#pragma unroll
-    for (int t = 0; t < MT; t++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
-            if (r < rows) red[(wid * rows + r) * red_row + dim + (ATT_RED_PAD ? dim / 32 : 0)] = o[t][i] * w[i % 2];
-        }
+    TRACE_ATT_AT(2);
     __syncthreads();
     TRACE_ATT_AT(5);
     for (int i = tid; i < rows * HD; i += ATT_THREADS) {
-        const int r = i / HD, dim = i % HD, at = r * red_row + dim + (ATT_RED_PAD ? dim / 32 : 0);
-        float v = 0.0f;
-        for (int u = 0; u < WARPS; u++) v += red[u * rows * red_row + at];
-        out[(size_t)(kvh * kv_mul + r) * HD + dim] = v / den[r];
+        const int r = i / HD;
+        float M = -INFINITY, L = 0.0f, v = 0.0f;
+#pragma unroll
+        for (int u = 0; u < WARPS; u++)
+            if (u < warps) M = fmaxf(M, wml[(u * rows + r) * 2]);
+#pragma unroll
+        for (int u = 0; u < WARPS; u++)
+            if (u < warps) { /* every such warp saw a position: its max is finite */
+                const float e = __expf(wml[(u * rows + r) * 2] - M);
+                L += wml[(u * rows + r) * 2 + 1] * e;
+                v += red[u * rows * HD + i] * e;
+            }
+        out[(size_t)(kvh * kv_mul) * HD + i] = v / L;
     }
     TRACE_ATT_AT(3);
 }

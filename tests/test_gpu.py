@@ -223,21 +223,22 @@ def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
     choice on the 1B shape; -DATT_MMA_STAGE_VALUES=1 in a build of its own here): heads of 64 in
     groups of 3 (the staged rows' 16-byte alignment after an odd group's sums) and of 128 (splits
     past one round: later rounds from registers), in one split of the whole context and in splits of
-    5 positions (a tile's rows past the split zero-filled). Logits and greedy text against the CPU's."""
+    5 positions (a tile's rows past the split zero-filled); without the short context's kernel
+    (-DATT_SHORT=0), which would take every step of tiny-group3's. Logits and greedy text against the
+    CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-stage{chunk.split('=')[-1] if chunk else ''}")
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DATT_MMA_STAGE_VALUES=1{chunk}")
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DATT_MMA_STAGE_VALUES=1 -DATT_SHORT=0{chunk}")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
-def test_tiny_gpu_short_attention_kernel_equals_cpu(variant, tmp_path):
-    """The decode attention of a short context in one block a KV head (attention_short_body,
-    -DATT_SHORT=1, a variant build's; with the padded sums, -DATT_RED_PAD=1), for steps that read at
-    most one round of tiles a warp: tiny-group3 (heads of 64 in groups of 3, up to 256 positions:
-    every step here) and tiny-wide (heads of 128 in groups of 4, up to 128: the logits' steps at
-    positions 0-127 take it, 128 on the other graphs). Logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-short")
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_SHORT=1 -DATT_RED_PAD=1")
+def test_tiny_gpu_split_attention_at_short_context_equals_cpu(variant, tmp_path):
+    """The decode attention's split kernel (attention_body) at the short contexts that the plan gives
+    to attention_short_body (ATT_SHORT; the other tests on these two variants run that kernel up to
+    256 positions on heads of 64, every step of tiny-group3's, and 128 on heads of 128): here
+    -DATT_SHORT=0, a build of its own. Logits and greedy text against the CPU's."""
+    d = tiny_model_dir(variant, name=f"{variant}-noshort")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_SHORT=0")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 

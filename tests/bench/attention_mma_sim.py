@@ -2,9 +2,8 @@
 MMA_HD) against plain attention in NumPy: every lane's operand registers built as the kernel builds
 them, each mma.m16n8k16 done on the matrices those registers stand for (the PTX ISA's fragment
 layout, as prefill_pairs_body uses it on the GPU), and the lanes' results put where the kernel puts
-them. One block: a KV head's group of `rows` query heads over `length` positions. The warps' sums
-go through shared memory in both layouts (ATT_RED_PAD 0 and 1), each checked for its indices, and the
-padded one for its banks: a store instruction's lanes on distinct banks, as a warp's reads are.
+them. One block: a KV head's group of `rows` query heads over `length` positions, the warps' sums
+through shared memory as the kernel lays them out. The same for attention_short_body (ATT_SHORT).
 
     python3 tests/bench/attention_mma_sim.py
 """
@@ -49,11 +48,9 @@ def split(v):
     return hi, (v - hi).astype(np.float16).astype(np.float64)
 
 
-def red_at(wid, r, dim, rows, hd, pad):
-    """Where warp wid's sum of (row r, dim) goes in shared memory (attention_body, ATT_RED_PAD)."""
-    if not pad:
-        return (wid * rows + r) * hd + dim
-    return (wid * rows + r) * (hd + hd // 32 + 1) + dim + dim // 32
+def red_at(wid, r, dim, rows, hd):
+    """Where warp wid's sum of (row r, dim) goes in shared memory."""
+    return (wid * rows + r) * hd + dim
 
 
 def query_terms(Q, hd):
@@ -113,7 +110,19 @@ def tile_values(V, prob, tile, length, o):
         mma(ot, a_t[t], bl)
 
 
-def block(K, V, Q, U, pad=False):
+def store_sums(red, wid, o, rows, hd):
+    """Warp wid's lanes' sums o[lane][t][i] (rows 2 cq + i % 2, dims mma_value_dim) into red."""
+    mt = hd // 16
+    for lane in range(32):
+        g, cq = lane // 4, lane % 4
+        for t in range(mt):
+            for i in range(4):
+                r, d = 2 * cq + i % 2, t + mt * (i // 2)
+                if r < rows:
+                    red[red_at(wid, r, (8 * (d // 8) + g) * 8 + d % 8, rows, hd)] = o[lane][t][i]
+
+
+def block(K, V, Q, U):
     """attention_body's arithmetic for one block: K, V (length, hd) fp16 values, Q (rows, hd)."""
     length, hd = K.shape
     rows = Q.shape[0]
@@ -136,50 +145,36 @@ def block(K, V, Q, U, pad=False):
     p = np.exp(sc[:, :length] - m)
     l = p.sum(axis=1)
     sc[:, :length] = p
-    red = np.full(WARPS * rows * (hd + hd // 32 + 1), np.nan)  # shared memory, in floats
+    red = np.full(WARPS * rows * hd, np.nan)  # shared memory, in floats
     for wid in range(WARPS):
         o = [[np.zeros(4) for _ in range(mt)] for _ in range(32)]
         for tile in warp_tiles(wid, U, n_tiles):
             tile_values(V, lambda g, j: sc[g, j] if g < rows and j < length else 0.0, tile, length, o)
-        for t in range(mt):
-            for i in range(4):  # one store instruction
-                banks = []
-                for lane in range(32):
-                    g, cq = lane // 4, lane % 4
-                    r, d = 2 * cq + i % 2, t + mt * (i // 2)
-                    dim = (8 * (d // 8) + g) * 8 + d % 8
-                    if r < rows:
-                        at = red_at(wid, r, dim, rows, hd, pad)
-                        red[at] = o[lane][t][i]
-                        banks.append(at % 32)
-                if pad:
-                    assert len(set(banks)) == len(banks), f"the sums' stores share banks: {banks}"
+        store_sums(red, wid, o, rows, hd)
     out = np.zeros((rows, hd))
-    for e0 in range(0, rows * hd, 32):  # a warp's 32 outputs
-        ats = [red_at(0, e // hd, e % hd, rows, hd, pad) for e in range(e0, min(e0 + 32, rows * hd))]
-        assert len({a % 32 for a in ats}) == len(ats), "the sums' reads share banks"
     for e in range(rows * hd):
-        out[e // hd, e % hd] = sum(red[red_at(w, e // hd, e % hd, rows, hd, pad)] for w in range(WARPS))
+        out[e // hd, e % hd] = sum(red[red_at(w, e // hd, e % hd, rows, hd)] for w in range(WARPS))
     assert not np.isnan(out).any(), "a sum read where no warp stored"
     return out / l[:, None]
 
 
-def short_block(K, V, Q, U, pad=False):
+def short_block(K, V, Q, U):
     """attention_short_body's arithmetic (ATT_SHORT): one round of tiles a warp, each warp's softmax
     in its registers (a row's max and sum over the lanes of a cq), its probabilities through its own
-    columns of shared memory into the values' products, the warps' sums weighed by exp(max - the
-    block's max) and divided by the block's sum."""
+    columns of shared memory into the values' products; the warps that took a tile store their (max,
+    sum) and unscaled sums, and each output weighs those by exp(max - their largest max)."""
     length, hd = K.shape
     rows = Q.shape[0]
     mt = hd // 16
     n_tiles = (length + 15) // 16
     assert n_tiles <= WARPS * U, "one round a warp"
+    warps = min(WARPS, n_tiles)
     scale = 1 / np.sqrt(hd)
     qh, ql = query_terms(Q, hd)
-    sp = np.full((rows, TILE), np.nan)
+    sp = np.full((rows, WARPS * U * 16), np.nan)
     wm, wl = np.full((WARPS, rows), np.nan), np.full((WARPS, rows), np.nan)
-    outs = []
-    for wid in range(WARPS):
+    red = np.full(WARPS * rows * hd, np.nan)
+    for wid in range(warps):
         tiles = [wid + WARPS * k for k in range(U) if wid + WARPS * k < n_tiles]
         s = {t: tile_scores(K, qh, ql, t, length) for t in tiles}
         m = np.full((4, 2), -np.inf)  # [cq][e]: row 2 cq + e, after the shuffles over g
@@ -205,24 +200,17 @@ def short_block(K, V, Q, U, pad=False):
             tile_values(V, lambda g, j: sp[g, j] if g < rows else 0.0, t, length, o)
         for r in range(rows):
             wm[wid, r], wl[wid, r] = m[r // 2, r % 2], l[r // 2, r % 2]
-        outs.append(o)
-    M = wm.max(axis=0)
-    L = np.array([sum(wl[w, r] * np.exp(wm[w, r] - M[r]) for w in range(WARPS) if wm[w, r] != -np.inf)
-                  for r in range(rows)])
-    red = np.full(WARPS * rows * (hd + hd // 32 + 1), np.nan)
-    for wid in range(WARPS):
-        for lane in range(32):
-            g, cq = lane // 4, lane % 4
-            for t in range(mt):
-                for i in range(4):
-                    r, d = 2 * cq + i % 2, t + mt * (i // 2)
-                    if r < rows:
-                        weight = 0.0 if wm[wid, r] == -np.inf else np.exp(wm[wid, r] - M[r])
-                        red[red_at(wid, r, (8 * (d // 8) + g) * 8 + d % 8, rows, hd, pad)] = outs[wid][lane][t][i] * weight
-    out = np.array([[sum(red[red_at(w, r, dim, rows, hd, pad)] for w in range(WARPS)) for dim in range(hd)]
-                    for r in range(rows)])
+        store_sums(red, wid, o, rows, hd)
+    out = np.zeros((rows, hd))
+    for r in range(rows):
+        assert np.isfinite(wm[:warps, r]).all(), "a warp that took a tile saw no position"
+        M = wm[:warps, r].max()
+        e = np.exp(wm[:warps, r] - M)
+        L = (wl[:warps, r] * e).sum()
+        for dim in range(hd):
+            out[r, dim] = sum(red[red_at(w, r, dim, rows, hd)] * e[w] for w in range(warps)) / L
     assert not np.isnan(out).any(), "a sum read where no warp stored"
-    return out / L[:, None]
+    return out
 
 
 def case(rng, hd, rows, length):
@@ -239,16 +227,14 @@ def main():
     rng = np.random.default_rng(0)
     for hd, rows, length, U in ((64, 4, 497, 2), (64, 3, 37, 2), (128, 4, 200, 1), (128, 7, 16, 1), (64, 8, 1, 2)):
         K, V, Q, ref = case(rng, hd, rows, length)
-        for pad in (False, True):
-            got = block(K, V, Q, U, pad)
-            err = np.abs(got - ref).max() / np.abs(ref).max()
-            print(f"head {hd}, rows {rows}, {length} positions, unroll {U}, sums {'padded' if pad else 'unpadded'}: "
-                  f"max error {err:.2e} of the largest output")
-            assert err < 1e-5, err
+        got = block(K, V, Q, U)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        print(f"head {hd}, rows {rows}, {length} positions, unroll {U}: max error {err:.2e} of the largest output")
+        assert err < 1e-5, err
     for hd, rows, length, U in ((64, 4, 256, 2), (64, 3, 37, 2), (128, 4, 128, 1), (128, 4, 100, 1), (128, 7, 16, 1),
-                                (64, 8, 1, 2)):
+                                (64, 8, 1, 2), (64, 4, 17, 2)):
         K, V, Q, ref = case(rng, hd, rows, length)
-        got = short_block(K, V, Q, U, pad=hd == 128)
+        got = short_block(K, V, Q, U)
         err = np.abs(got - ref).max() / np.abs(ref).max()
         print(f"short context: head {hd}, rows {rows}, {length} positions, unroll {U}: max error {err:.2e} of the largest output")
         assert err < 1e-5, err

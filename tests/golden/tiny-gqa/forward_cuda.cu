@@ -129,6 +129,11 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
                       n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{}, 0, 0, NULL, !O_HEADS);
 }
 
+/* A short context's decode attention in one block a KV head where the plan says so (codegen/plan.py,
+ * _att_short; the tensor-core path's, without O_HEADS): -DATT_SHORT=0 turns it off. */
+#ifndef ATT_SHORT
+#define ATT_SHORT (0 && ATT_MMA_HD && !O_HEADS)
+#endif
 #if ATT_SHORT
 #if !ATT_MMA_HD || O_HEADS
 #error "ATT_SHORT: the decode attention on the tensor cores (ATT_MMA_HD), without O_HEADS"
