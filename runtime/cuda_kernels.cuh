@@ -379,18 +379,25 @@ __device__ __forceinline__ unsigned long long global_ns(void) {
     return t;
 }
 
+/* The block's record, in shared memory */
+__device__ __forceinline__ trace_block **trace_slot(void) {
+    __shared__ trace_block *rec;
+    return &rec;
+}
 /* Thread 0 takes the block's record and stamps its start; every thread gets the record through
  * shared memory after the body's first barrier. */
 __device__ __forceinline__ trace_block **trace_begin(int stage) {
-    __shared__ trace_block *rec;
+    trace_block **rec = trace_slot();
     if (threadIdx.x == 0) {
         const unsigned n = atomicAdd(&trace_count[stage], 1u);
-        rec = n < TRACE_BLOCKS ? &trace_buf[stage][n] : NULL;
-        if (rec) rec->t[TRACE_ENTERED] = rec->t[TRACE_READY] = global_ns(), rec->t[TRACE_DONE] = 0;
+        *rec = n < TRACE_BLOCKS ? &trace_buf[stage][n] : NULL;
+        if (*rec) (*rec)->t[TRACE_ENTERED] = (*rec)->t[TRACE_READY] = global_ns(), (*rec)->t[TRACE_DONE] = 0;
     }
-    return &rec;
+    return rec;
 }
 #define TRACE_BEGIN(stage) trace_block **trace_rec_ = trace_begin(stage)
+/* The record TRACE_BEGIN took, in a function that the body calls after it */
+#define TRACE_RESUME() [[maybe_unused]] trace_block **trace_rec_ = trace_slot()
 #define TRACE_AT(i) \
     do { if (threadIdx.x == 0 && *trace_rec_) (*trace_rec_)->t[i] = global_ns(); } while (0)
 #define TRACE_END() \
@@ -417,6 +424,7 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
 #else
 #define TRACE_ATT_AT(k) do { } while (0)
 #define TRACE_BEGIN(stage) do { } while (0)
+#define TRACE_RESUME() do { } while (0)
 #define TRACE_AT(i) do { } while (0)
 #define TRACE_END() do { } while (0)
 #define TRACE_COMBINE_AT(k) do { } while (0)
@@ -1436,6 +1444,138 @@ __device__ __forceinline__ void mma_value_tile(float (&o)[HD / 16][4], const uin
     }
 }
 
+/* A split's block after its partial sums (part_acc, unnormalized) and (max, sum) (part_ml) are stored:
+ * it counts itself in, and the last of the KV head's n_active splits weighs them all into out.
+ * sc: shared memory for the splits' (max, sum), 2 rows n_active floats. Rows, tokens, q_stride and
+ * parts as attention_body's. */
+template <int TOKENS>
+__device__ __forceinline__ void attention_combine(float *sc, const float *part_acc, const float *part_ml, unsigned *counters,
+                                                  float *out, int head_dim, int kv_mul, int n_splits, int n_active, int kvh,
+                                                  unsigned *ready, int q_stride, size_t parts) {
+    __shared__ bool last;
+    const int rows = TOKENS * kv_mul, tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+    auto token_of = [&](int r) { return TOKENS == 1 ? 0 : r / kv_mul; };
+    auto head_of = [&](int r) { return TOKENS == 1 ? r : r % kv_mul; };
+    TRACE_RESUME();
+    __threadfence();
+    __syncthreads();
+    TRACE_COMBINE_AT(5);
+    if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_active - 1;
+    __syncthreads();
+    if (!last) return;
+    TRACE_COMBINE_AT(1);
+#if TRACE_COMBINE_CLOCKS
+    unsigned long long combine_clk[5] = {0, 0, 0, 0, 0}, combine_ns0 = 0, combine_ns1 = 0;
+    if (tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(combine_ns0)::"memory");
+#endif
+    COMBINE_CLOCK(0);
+    __threadfence();
+#if TRACE_COMBINE_PASSES > 1
+#pragma unroll 1 /* one copy of the code, run twice */
+#endif
+    for (int pass = 0; pass < TRACE_COMBINE_PASSES; pass++) { /* more than once only in a trace build */
+        /* The last block of this KV head: every split's (max, sum) of each head loaded at once into
+         * shared memory, turned into the splits' weights by warp h for head h, then each thread one
+         * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
+         * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
+        const bool wide = ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > ATT_THREADS);
+        float *sm = sc, *sl = sc + rows * n_active;
+        for (int i = tid; i < rows * n_active; i += blockDim.x) {
+            const int r = i / n_active;
+            const float *ml = part_ml + (size_t)token_of(r) * parts * 2 +
+                              ((size_t)(kvh * kv_mul + head_of(r)) * n_splits + i % n_active) * 2;
+            const float2 v = __ldcg(reinterpret_cast<const float2 *>(ml));
+            sm[i] = v.x;
+            sl[i] = v.y;
+        }
+        __syncthreads();
+        COMBINE_CLOCK(1);
+        TRACE_COMBINE_AT(2);
+        if (wid < rows) {
+            float M = -INFINITY, den = 0.0f;
+            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
+#pragma unroll
+            for (int o = WARP_SIZE / 2; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
+            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) den += __expf(sm[wid * n_active + s2] - M) * sl[wid * n_active + s2];
+            den = warp_sum(den);
+            __syncwarp();
+            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
+        }
+        __syncthreads();
+        COMBINE_CLOCK(2);
+        TRACE_COMBINE_AT(7);
+        if (wide) {
+            /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of
+             * two up to the threads a group leaves), each loading its splits ATT_COMBINE_LOADS at a time,
+             * the lanes' sums added by shuffles in a fixed order: on the 7B shape at depth two rounds of
+             * loads a thread instead of six */
+            const int groups = rows * head_dim / 4;
+            int per = 1;
+            while (per * 2 * groups <= (int)blockDim.x && per * 2 <= WARP_SIZE) per *= 2;
+            for (int base = 0; base < groups * per; base += blockDim.x) { /* the same trips in every thread */
+                const int gi = (base + tid) / per, part = (base + tid) % per;
+                const bool active = gi < groups;
+                const int hl = active ? gi / (head_dim / 4) : 0, d4 = gi % (head_dim / 4);
+                const int t = token_of(hl), h = kvh * kv_mul + head_of(hl);
+                const float4 *acc_h = reinterpret_cast<const float4 *>(part_acc + (size_t)t * parts * head_dim +
+                                                                       (size_t)h * n_splits * head_dim) + d4;
+                float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int s0 = part; s0 < n_active; s0 += per * ATT_COMBINE_LOADS) {
+                    float4 a[ATT_COMBINE_LOADS];
+#pragma unroll
+                    for (int k = 0; k < ATT_COMBINE_LOADS; k++)
+                        if (active && s0 + k * per < n_active) a[k] = __ldcg(acc_h + (size_t)(s0 + k * per) * (head_dim / 4));
+#pragma unroll
+                    for (int k = 0; k < ATT_COMBINE_LOADS; k++)
+                        if (active && s0 + k * per < n_active) {
+                            const float w = sm[hl * n_active + s0 + k * per];
+                            num.x += w * a[k].x, num.y += w * a[k].y, num.z += w * a[k].z, num.w += w * a[k].w;
+                        }
+                }
+                for (int o = 1; o < per; o *= 2) {
+                    num.x += __shfl_xor_sync(0xFFFFFFFFu, num.x, o);
+                    num.y += __shfl_xor_sync(0xFFFFFFFFu, num.y, o);
+                    num.z += __shfl_xor_sync(0xFFFFFFFFu, num.z, o);
+                    num.w += __shfl_xor_sync(0xFFFFFFFFu, num.w, o);
+                }
+                if (active && part == 0) *reinterpret_cast<float4 *>(out + t * q_stride + h * head_dim + 4 * d4) = num;
+            }
+        } else {
+            for (int i = tid; i < rows * head_dim; i += blockDim.x) {
+                const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
+                const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
+                float num = 0.0f;
+                for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
+                    float a[ATT_COMBINE_VEC];
+#pragma unroll
+                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
+                        if (s0 + k < n_active) a[k] = __ldcg(&acc_h[(size_t)(s0 + k) * head_dim]);
+#pragma unroll
+                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
+                        if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
+                }
+                out[t * q_stride + h * head_dim + dd] = num;
+            }
+        }
+        if (pass == 0) TRACE_COMBINE_AT(6);
+        if (TRACE_COMBINE_PASSES > 1) __syncthreads(); /* the next pass reloads sm and sl */
+    }
+    COMBINE_CLOCK(3);
+    TRACE_COMBINE_AT(3);
+    if (tid == 0) counters[kvh] = 0;
+    signal_done(ready);
+    COMBINE_CLOCK(4);
+    TRACE_COMBINE_AT(4);
+#if TRACE_COMBINE_CLOCKS
+    if (tid == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(combine_ns1)::"memory");
+        printf("combine-clocks %d %d %llu %llu %llu %llu %llu\n", TOKENS, n_active, combine_clk[1] - combine_clk[0],
+               combine_clk[2] - combine_clk[1], combine_clk[3] - combine_clk[2], combine_clk[4] - combine_clk[3],
+               combine_ns1 - combine_ns0);
+    }
+#endif
+}
+
 /* TOKENS > 1 (a prefill batch): the block takes TOKENS tokens of the batch, from token `ahead` on
  * (io[IO_COUNT] of them are the batch's), over the same positions, as TOKENS * kv_mul rows of
  * queries (row r: token r / kv_mul, query head r % kv_mul of the group), so the keys and values
@@ -1454,7 +1594,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
     float *sc = smem;                             /* (rows, ATT_TILE) scores, then probabilities */
     float *sml = sc + ATT_SC_FLOATS(rows, head_dim); /* (rows, 2) max and sum */
-    __shared__ bool last;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
     /* row r's token (from `ahead`) and query head in the group */
     auto token_of = [&](int r) { return TOKENS == 1 ? 0 : r / kv_mul; };
@@ -1817,123 +1956,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         ml[1] = sml[2 * tid + 1];
     }
     if (!combine) return; /* the splits are weighed where they are read (o_heads_body) */
-    __threadfence();
-    __syncthreads();
-    TRACE_COMBINE_AT(5);
-    if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_active - 1;
-    __syncthreads();
-    if (!last) return;
-    TRACE_COMBINE_AT(1);
-#if TRACE_COMBINE_CLOCKS
-    unsigned long long combine_clk[5] = {0, 0, 0, 0, 0}, combine_ns0 = 0, combine_ns1 = 0;
-    if (tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(combine_ns0)::"memory");
-#endif
-    COMBINE_CLOCK(0);
-    __threadfence();
-#if TRACE_COMBINE_PASSES > 1
-#pragma unroll 1 /* one copy of the code, run twice */
-#endif
-    for (int pass = 0; pass < TRACE_COMBINE_PASSES; pass++) { /* more than once only in a trace build */
-        /* The last block of this KV head: every split's (max, sum) of each head loaded at once into
-         * shared memory, turned into the splits' weights by warp h for head h, then each thread one
-         * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
-         * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
-        const bool wide = ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > ATT_THREADS);
-        float *sm = sc, *sl = sc + rows * n_active;
-        for (int i = tid; i < rows * n_active; i += blockDim.x) {
-            const int r = i / n_active;
-            const float *ml = part_ml + (size_t)token_of(r) * parts * 2 +
-                              ((size_t)(kvh * kv_mul + head_of(r)) * n_splits + i % n_active) * 2;
-            const float2 v = __ldcg(reinterpret_cast<const float2 *>(ml));
-            sm[i] = v.x;
-            sl[i] = v.y;
-        }
-        __syncthreads();
-        COMBINE_CLOCK(1);
-        TRACE_COMBINE_AT(2);
-        if (wid < rows) {
-            float M = -INFINITY, den = 0.0f;
-            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
-#pragma unroll
-            for (int o = WARP_SIZE / 2; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
-            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) den += __expf(sm[wid * n_active + s2] - M) * sl[wid * n_active + s2];
-            den = warp_sum(den);
-            __syncwarp();
-            for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
-        }
-        __syncthreads();
-        COMBINE_CLOCK(2);
-        TRACE_COMBINE_AT(7);
-        if (wide) {
-            /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of
-             * two up to the threads a group leaves), each loading its splits ATT_COMBINE_LOADS at a time,
-             * the lanes' sums added by shuffles in a fixed order: on the 7B shape at depth two rounds of
-             * loads a thread instead of six */
-            const int groups = rows * head_dim / 4;
-            int per = 1;
-            while (per * 2 * groups <= (int)blockDim.x && per * 2 <= WARP_SIZE) per *= 2;
-            for (int base = 0; base < groups * per; base += blockDim.x) { /* the same trips in every thread */
-                const int gi = (base + tid) / per, part = (base + tid) % per;
-                const bool active = gi < groups;
-                const int hl = active ? gi / (head_dim / 4) : 0, d4 = gi % (head_dim / 4);
-                const int t = token_of(hl), h = kvh * kv_mul + head_of(hl);
-                const float4 *acc_h = reinterpret_cast<const float4 *>(part_acc + (size_t)t * parts * head_dim +
-                                                                       (size_t)h * n_splits * head_dim) + d4;
-                float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                for (int s0 = part; s0 < n_active; s0 += per * ATT_COMBINE_LOADS) {
-                    float4 a[ATT_COMBINE_LOADS];
-#pragma unroll
-                    for (int k = 0; k < ATT_COMBINE_LOADS; k++)
-                        if (active && s0 + k * per < n_active) a[k] = __ldcg(acc_h + (size_t)(s0 + k * per) * (head_dim / 4));
-#pragma unroll
-                    for (int k = 0; k < ATT_COMBINE_LOADS; k++)
-                        if (active && s0 + k * per < n_active) {
-                            const float w = sm[hl * n_active + s0 + k * per];
-                            num.x += w * a[k].x, num.y += w * a[k].y, num.z += w * a[k].z, num.w += w * a[k].w;
-                        }
-                }
-                for (int o = 1; o < per; o *= 2) {
-                    num.x += __shfl_xor_sync(0xFFFFFFFFu, num.x, o);
-                    num.y += __shfl_xor_sync(0xFFFFFFFFu, num.y, o);
-                    num.z += __shfl_xor_sync(0xFFFFFFFFu, num.z, o);
-                    num.w += __shfl_xor_sync(0xFFFFFFFFu, num.w, o);
-                }
-                if (active && part == 0) *reinterpret_cast<float4 *>(out + t * q_stride + h * head_dim + 4 * d4) = num;
-            }
-        } else {
-            for (int i = tid; i < rows * head_dim; i += blockDim.x) {
-                const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
-                const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
-                float num = 0.0f;
-                for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
-                    float a[ATT_COMBINE_VEC];
-#pragma unroll
-                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                        if (s0 + k < n_active) a[k] = __ldcg(&acc_h[(size_t)(s0 + k) * head_dim]);
-#pragma unroll
-                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                        if (s0 + k < n_active) num += sm[hl * n_active + s0 + k] * a[k];
-                }
-                out[t * q_stride + h * head_dim + dd] = num;
-            }
-        }
-        if (pass == 0) TRACE_COMBINE_AT(6);
-        if (TRACE_COMBINE_PASSES > 1) __syncthreads(); /* the next pass reloads sm and sl */
-    }
-    COMBINE_CLOCK(3);
-    TRACE_COMBINE_AT(3);
-    if (tid == 0) counters[kvh] = 0;
-    signal_done(ready);
-    COMBINE_CLOCK(4);
-    TRACE_COMBINE_AT(4);
-#if TRACE_COMBINE_CLOCKS
-    if (tid == 0) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(combine_ns1)::"memory");
-        printf("combine-clocks %d %d %llu %llu %llu %llu %llu\n", TOKENS, n_active, combine_clk[1] - combine_clk[0],
-               combine_clk[2] - combine_clk[1], combine_clk[3] - combine_clk[2], combine_clk[4] - combine_clk[3],
-               combine_ns1 - combine_ns0);
-    }
-#endif
+    attention_combine<TOKENS>(sc, part_acc, part_ml, counters, out, head_dim, kv_mul, n_splits, n_active, kvh, ready, q_stride,
+                              parts);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1961,7 +1985,9 @@ __host__ __device__ constexpr int att_short_max(int hd) { return ATT_THREADS / W
 
 template <int HD, typename Wait>
 __device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
-                                                     float *out, int kv_mul, int ctx, int kvh, Wait wait) {
+                                                     float *part_acc, float *part_ml, unsigned *counters, float *out,
+                                                     int kv_mul, int ctx, int n_splits, int min_splits, int kvh, int split,
+                                                     Wait wait) {
     constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = ATT_THREADS / WARP_SIZE;
     extern __shared__ float smem[];
     const int rows = kv_mul;
@@ -1971,10 +1997,16 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
     float *wml = red + WARPS * rows * HD;              /* (WARPS, rows, 2): each warp's max and sum */
     uint32_t *qf = reinterpret_cast<uint32_t *>(wml + WARPS * rows * 2); /* query operands, as attention_body's */
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, cq = lane % 4;
-    const int first_new = __ldcg(&io[IO_POS]), n = first_new + 1, n_tiles = (n + 15) / 16;
+    /* positions [start, start + len) of n, split as attention_body's: the host launches this kernel
+     * only where a split takes at most SP positions */
+    const int first_new = __ldcg(&io[IO_POS]), n = first_new + 1;
+    const int chunk = att_split_len(n, n_splits, min_splits, false), n_active = (n + chunk - 1) / chunk;
+    if (split >= n_active) return;
+    const int start = split * chunk, len = min(n, start + chunk) - start, n_tiles = (len + 15) / 16;
+    if (len > SP) __trap();
     TRACE_BEGIN(ST_ATT);
-    const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(0, kvh, ctx, HD));
-    const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(0, kvh, ctx, HD));
+    const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, HD));
+    const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
     /* tile wid + WARPS k: keys of positions 16 tile + g + 8 h (uint4 4 ch + cq of each), values of
      * 16 tile + 4 cq + i (uint4s 8 u + g); zeros past n */
     uint4 kr[U][2][KCH], vr[U][4][VU];
@@ -1985,7 +2017,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int j = 16 * tile + g + 8 * h;
-                const bool want = j < n && (j < first_new) == before_wait;
+                const bool want = j < len && (start + j < first_new) == before_wait;
 #pragma unroll
                 for (int ch = 0; ch < KCH; ch++)
                     if (want) kr[k][h][ch] = __ldcg(kb + (size_t)j * (HD / 8) + 4 * ch + cq);
@@ -1994,7 +2026,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int j = 16 * tile + 4 * cq + i;
-                const bool want = j < n && (j < first_new) == before_wait;
+                const bool want = j < len && (start + j < first_new) == before_wait;
 #pragma unroll
                 for (int u = 0; u < VU; u++)
                     if (want) vr[k][i][u] = __ldcg(vb + (size_t)j * (HD / 8) + 8 * u + g);
@@ -2021,7 +2053,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int j = 16 * tile + g + 8 * (i / 2);
-            s[k][i] = j < n ? s[k][i] * scale : -INFINITY;
+            s[k][i] = j < len ? s[k][i] * scale : -INFINITY;
             m[i % 2] = fmaxf(m[i % 2], s[k][i]);
         }
     }
@@ -2037,7 +2069,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
             const float p = s[k][i] == -INFINITY ? 0.0f : __expf(s[k][i] - m[i % 2]);
             l[i % 2] += p;
             const int tile = wid + WARPS * k, j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
-            if (r < rows && tile < n_tiles) sp[r * SP + j] = p; /* the warp's own columns; 0 past n */
+            if (r < rows && tile < n_tiles) sp[r * SP + j] = p; /* the warp's own columns; 0 past len */
         }
 #pragma unroll
     for (int o = 4; o < WARP_SIZE; o *= 2) {
@@ -2092,9 +2124,17 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
                 L += wml[(u * rows + r) * 2 + 1] * e;
                 v += red[u * rows * HD + i] * e;
             }
-        out[(size_t)(kvh * kv_mul) * HD + i] = v / L;
+        const int h = kvh * kv_mul + r;
+        if (n_active == 1) {
+            out[(size_t)h * HD + i % HD] = v / L;
+        } else { /* the split's partial sums and (max, sum), as attention_body's */
+            part_acc[((size_t)h * n_splits + split) * HD + i % HD] = v;
+            if (i % HD == 0) *reinterpret_cast<float2 *>(part_ml + ((size_t)h * n_splits + split) * 2) = make_float2(M, L);
+        }
     }
     TRACE_ATT_AT(3);
+    if (n_active > 1)
+        attention_combine<1>(sp, part_acc, part_ml, counters, out, HD, kv_mul, n_splits, n_active, kvh, nullptr, 0, 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -112,17 +112,17 @@ def test_tiny_gpu_greedy_equals_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False):
-    """A build's GPU path against its CPU path on TINY_PROMPT: every decode step's logits within
+def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prompt=TINY_PROMPT):
+    """A build's GPU path against its CPU path on the prompt: every decode step's logits within
     GPU_CPU_TOLERANCE (with persistent, the persistent step's too), and 48 greedy tokens' text equal."""
     vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
-    err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab), cpu)
+    cpu = logits_of(binary, d, "cpu", prompt, tmp_path, vocab)
+    err = compare_logits(logits_of(binary, d, "cuda", prompt, tmp_path, vocab), cpu)
     assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
     if persistent:
-        err = compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab, "persistent"), cpu)
+        err = compare_logits(logits_of(binary, d, "cuda", prompt, tmp_path, vocab, "persistent"), cpu)
         assert err < GPU_CPU_TOLERANCE, f"{d.name}: persistent step against CPU {err:.2e}"
-    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    args = ["-m", str(d), "-p", prompt, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
@@ -242,6 +242,16 @@ def test_tiny_gpu_split_attention_at_short_context_equals_cpu(variant, tmp_path)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
+def test_tiny_gpu_short_attention_splits_equal_cpu(tmp_path):
+    """tiny-group3 with a context of 2048 (tests/models/tiny-group3-long): on heads of 64 a split of
+    ATT_MIN_CHUNK (256) positions is one round of tiles a warp, so the short context's kernel takes
+    the steps in splits of 256 a KV head, combined by the last (attention_combine), up to
+    short_kernel_positions. Three times TINY_PROMPT (441 tokens) and 48 more cross 256 twice.
+    Logits of every step and greedy text against the CPU's."""
+    d = tiny_model_dir("tiny-group3-long")
+    assert_logits_and_text_equal_cpu(binary_for(d, "specialized"), d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
+
+
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
@@ -255,11 +265,12 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide"])
+@pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide", "tiny-group3"])
 def test_tiny_gpu_attention_odd_chunks_equal_cpu(variant):
     """Attention chunks of 5 positions (-DATT_MIN_CHUNK=5, in a build of its own): a decode step's
-    attention in many splits, combined (tiny-gqa: one output a thread; tiny-wide: the float4 form,
-    ~39 splits in three rounds of loads); and on tiny-gqa a prefill attention block's group of
+    attention in many splits, combined (tiny-gqa: attention_body, one output a thread; tiny-wide and
+    tiny-group3: the short context's kernel, heads of 128 and 64, the float4 form and the plain one,
+    ~39 splits in rounds of loads); and on tiny-gqa a prefill attention block's group of
     tokens (4 here: 2 query heads a KV head, 8 rows) straddling the bounds of the chunks, so a row
     can see none of a chunk's positions (max -inf, weight 0 in the combine). Greedy text against the
     CPU's."""

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <cuda_runtime.h>
 
 #include "model.h"
@@ -138,11 +140,14 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
 #if !ATT_MMA_HD || O_HEADS
 #error "ATT_SHORT: the decode attention on the tensor cores (ATT_MMA_HD), without O_HEADS"
 #endif
-/* the decode attention of a short context, one block a KV head (attention_short_body): the steps
- * that read at most att_short_max(MODEL_HEAD_DIM) positions launch it, in the [2] graphs */
+/* the decode attention of a short context, one block a (KV head, split) of at most
+ * att_short_max(MODEL_HEAD_DIM) positions (attention_short_body): the steps that read at most
+ * short_kernel_positions launch it, in the [2] graphs */
 static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
-                                                                        const int *io, float *att, int ctx) {
-    attention_short_body<ATT_MMA_HD>(q, kc, vc, io, att, MODEL_KV_MUL, ctx, blockIdx.x, wait_pdl{});
+                                                                        const int *io, float *part_acc, float *part_ml,
+                                                                        unsigned *counters, float *att, int ctx, int n_splits) {
+    attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
+                                     blockIdx.x, blockIdx.y, wait_pdl{});
 }
 #endif
 
@@ -441,12 +446,14 @@ struct model_cuda {
     /* [0]: attention launched with n_splits blocks a KV head; [1]: with ATT_MIN_SPLITS, for steps
      * and batches that read at most short_positions (short_att); [2]: batches with PREFILL_FEW_SPLITS,
      * for those that read at most few_positions (prefill_tier), and steps with attention_short_kernel
-     * (ATT_SHORT builds), for those that read at most short_kernel_positions (decode_tier) */
+     * (ATT_SHORT builds) in short_kernel_splits, for those that read at most short_kernel_positions
+     * (decode_tier) */
     cudaGraphExec_t graphs[3][STEP_KINDS]; /* one decode step of each kind */
     cudaGraphExec_t prefill[3][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
     int few_positions;        /* PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK where n_splits is more, else 0 (no [2]) */
-    int short_kernel_positions; /* att_short_max(head_dim) in ATT_SHORT builds, else 0 (no [2] steps) */
+    int short_kernel_positions; /* short_kernel_splits * att_short_max(head_dim) in ATT_SHORT builds, else 0 (no [2] steps) */
+    int short_kernel_splits;  /* attention_short_kernel's splits a KV head */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_SPLITS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
@@ -582,8 +589,8 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             } else {
 #if ATT_SHORT
                 if (short_kernel)
-                    launch(attention_short_kernel, MODEL_N_KV_HEADS, 1, ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
-                           m->stream, m->q, kc, vc, m->io, m->att, m->ctx);
+                    launch(attention_short_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                           m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 else
 #endif
                 if (PROBE_NO_ATT != 1)
@@ -702,7 +709,9 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
 #endif
 
 /* Splits a KV head that the graphs of tier s launch (m->graphs[s], m->prefill[s]) */
-static int tier_splits(const model_cuda *m, int s) { return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : PREFILL_FEW_SPLITS; }
+static int tier_splits(const model_cuda *m, int s, bool prefill) {
+    return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : prefill ? PREFILL_FEW_SPLITS : m->short_kernel_splits;
+}
 
 /* kind: a STEP_* step, or STEP_KINDS + s for a prefill batch of PREFILL_BATCH >> s; the graphs of
  * tier `tier` (model_cuda's graphs and prefill) */
@@ -710,8 +719,8 @@ static err_code capture(model_cuda *m, int kind, int tier, cudaGraphExec_t *exec
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    if (kind >= STEP_KINDS) enqueue_prefill_size<PREFILL_BATCH>(m, kind - STEP_KINDS, tier_splits(m, tier));
-    else enqueue_step(m, kind, tier_splits(m, tier), tier == 2, NULL, NULL);
+    if (kind >= STEP_KINDS) enqueue_prefill_size<PREFILL_BATCH>(m, kind - STEP_KINDS, tier_splits(m, tier, true));
+    else enqueue_step(m, kind, tier_splits(m, tier, false), tier == 2, NULL, NULL);
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -904,7 +913,15 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
     m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK : 0;
 #if ATT_SHORT
-    m->short_kernel_positions = att_short_max(MODEL_HEAD_DIM);
+    /* The short context's kernel takes a split of at most att_short_max positions. Where that is no
+     * less than a split's least (ATT_MIN_CHUNK: heads of 64), it runs in ATT_MIN_SPLITS splits (no
+     * more than its shared memory holds the (max, sum) of in the combine) up to where their length
+     * passes it, as attention_body's rule cuts them (att_split_len: while a split's length is
+     * ATT_MIN_SPLITS' share); else in one, up to att_short_max positions. */
+    m->short_kernel_splits = 1;
+    if (ATT_MIN_CHUNK <= att_short_max(MODEL_HEAD_DIM))
+        m->short_kernel_splits = std::min({m->n_splits, ATT_MIN_SPLITS, att_short_max(MODEL_HEAD_DIM) / 2});
+    m->short_kernel_positions = m->short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
@@ -1109,7 +1126,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     stage_table(m, reps, STEP_LAUNCHES, ST_COUNT, stage_names, bytes, "token", out, [&](cudaEvent_t *ev, int *stage_of) {
         CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice)); /* each step advances it */
         const int tier = decode_tier(m, pos + 1);
-        enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier), tier == 2, ev, stage_of);
+        enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier == 2, ev, stage_of);
     });
     /* A prefill batch of PREFILL_BATCH tokens at positions pos on, where the context has room; the
      * device's io is put back as it was. Attention reads, for the batch's tokens, pos + 1 .. pos + B
@@ -1128,7 +1145,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
                     const int count = PREFILL_BATCH; /* the batch's end advances the position by it */
                     CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
                     CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice));
-                    enqueue_prefill<PREFILL_BATCH>(m, tier_splits(m, prefill_tier(m, pos + PREFILL_BATCH)), ev, stage_of);
+                    enqueue_prefill<PREFILL_BATCH>(m, tier_splits(m, prefill_tier(m, pos + PREFILL_BATCH), true), ev, stage_of);
                 });
     CUDA_CHECK(cudaMemcpy(m->io, io_saved, sizeof io_saved, cudaMemcpyHostToDevice));
     return ERR_OK;
