@@ -174,13 +174,6 @@ static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHU
 #ifndef ATT_COMBINE_LOADS
 #define ATT_COMBINE_LOADS 9 /* 33 splits (two waves of blocks over 8 KV heads) in two rounds on the 7B shape */
 #endif
-/* -DATT_COMBINE_FLASH=1 (a variant; off): the plain form's combine in one round, each thread
- * loading its output's partial sums with the splits' (max, sum) and weighing them as it goes (an
- * online max), without the (max, sum) staged in shared memory, the weights' two barriers and the
- * round trip before the sums' loads */
-#ifndef ATT_COMBINE_FLASH
-#define ATT_COMBINE_FLASH 0
-#endif
 #ifndef ATT_UNROLL
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
 #endif
@@ -1486,36 +1479,6 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
          * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
          * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
         const bool wide = ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > ATT_THREADS);
-        if (ATT_COMBINE_FLASH && !wide) {
-            for (int i = tid; i < rows * head_dim; i += blockDim.x) {
-                const int hl = i / head_dim, t = token_of(hl), h = kvh * kv_mul + head_of(hl), dd = i % head_dim;
-                const float *acc_h = part_acc + (size_t)t * parts * head_dim + (size_t)h * n_splits * head_dim + dd;
-                const float2 *ml_h = reinterpret_cast<const float2 *>(part_ml + (size_t)t * parts * 2 + (size_t)h * n_splits * 2);
-                float M = -INFINITY, den = 0.0f, num = 0.0f; /* a row that saw no split's position yet: -inf */
-                for (int s0 = 0; s0 < n_active; s0 += ATT_COMBINE_VEC) {
-                    float a[ATT_COMBINE_VEC];
-                    float2 ml[ATT_COMBINE_VEC];
-#pragma unroll
-                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                        if (s0 + k < n_active) a[k] = __ldcg(&acc_h[(size_t)(s0 + k) * head_dim]), ml[k] = __ldcg(ml_h + s0 + k);
-                    float Mn = M;
-#pragma unroll
-                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                        if (s0 + k < n_active) Mn = fmaxf(Mn, ml[k].x);
-                    const float c = M == -INFINITY ? 0.0f : __expf(M - Mn);
-                    num *= c, den *= c;
-#pragma unroll
-                    for (int k = 0; k < ATT_COMBINE_VEC; k++)
-                        if (s0 + k < n_active && ml[k].x != -INFINITY) {
-                            const float w = __expf(ml[k].x - Mn);
-                            num += w * a[k], den += w * ml[k].y;
-                        }
-                    M = Mn;
-                }
-                out[t * q_stride + h * head_dim + dd] = num / den;
-            }
-            continue;
-        }
         float *sm = sc, *sl = sc + rows * n_active;
         for (int i = tid; i < rows * n_active; i += blockDim.x) {
             const int r = i / n_active;
