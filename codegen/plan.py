@@ -176,8 +176,9 @@ def _att_stage_values(head_dim: int, kv_mul: int, dim: int) -> int:
 def _att_short(head_dim: int, kv_mul: int) -> int:
     """A short context's decode attention (at most one round of tiles a warp: 128 positions on heads
     of 128, 256 on heads of 64) in a kernel of its own, one block a KV head (attention_short_body),
-    where the tensor-core attention runs. Measured on the H200 (PERFORMANCE.md, twenty-second
-    session): Llama-3.2-1B +1.9% and Mistral-7B +0.9% at depth 0, both even at 4096 (other graphs)."""
+    where the tensor-core attention runs; on heads of 64 in splits of 256 up to ATT_MIN_SPLITS of them.
+    Measured on the H200 (PERFORMANCE.md, twenty-second session): Llama-3.2-1B +2.2%, Mistral-7B
+    +1.1%, the SmolLM2 shape +11.6% at depth 0; the 1B +1.8% at 1024, +0.4% at 4096."""
     return _att_mma(head_dim, kv_mul)
 
 

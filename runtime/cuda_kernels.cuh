@@ -1962,8 +1962,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 
 // ---------------------------------------------------------------------------------------------
 // The decode attention at a short context (ATT_SHORT, the plan's where the tensor-core path runs):
-// one block a KV head over all n = pos + 1 positions, at most att_short_max(HD) (one round of tiles
-// a warp: 128 positions on heads of 128, 256 on heads of 64), flash-decoding within the block. At
+// one block a (KV head, split) of at most att_short_max(HD) positions (one round of tiles a warp:
+// 128 on heads of 128, 256 on heads of 64), flash-decoding within the block. The splits are
+// attention_body's (att_split_len); where there is more than one, each stores its partial sums and
+// the last combines them (attention_combine). The host launches it in one split up to
+// att_short_max(HD) positions, and on heads of 64, whose 256 is ATT_MIN_CHUNK, in ATT_MIN_SPLITS
+// up to 33 x 256 (forward_cuda.cu.j2, short_kernel_splits). At
 // depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape for almost no work: five
 // block barriers, the softmax through shared memory a row a warp, the values loaded after it (one
 // more L2 round trip), the sums' stores in 4-way bank conflicts (PERFORMANCE.md, twenty-first
@@ -1975,8 +1979,10 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 //   values' products, O^T = V^T P^T as attention_body's;
 // - the warps that took a tile store their (max, sum) and unscaled sums, one block barrier, and
 //   each output weighs those warps' sums by exp(their max - the largest).
-// So two round trips fewer for nothing but the values, and four block barriers. The 1B shape +1.9%,
-// the 7B +0.9% at depth 0 (PERFORMANCE.md, twenty-second session).
+// So two round trips fewer for nothing but the values, and four block barriers. Against
+// attention_body: 1B +2.2%, 7B +1.1%, SmolLM2 +11.6% at depth 0; the 1B +1.8% at 1024 and +0.4% at
+// 4096, where the splits' combine takes most of what they save (PERFORMANCE.md, twenty-second
+// session).
 __host__ __device__ constexpr int att_short_max(int hd) { return ATT_THREADS / WARP_SIZE * att_mma_tiles(hd) * 16; }
 /* Shared memory of attention_short_body: the probabilities, the warps' sums, each warp's (max, sum),
  * the query operands */
