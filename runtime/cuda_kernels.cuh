@@ -1965,13 +1965,13 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // one block a (KV head, split) of at most att_short_max(HD) positions (one round of tiles a warp:
 // 128 on heads of 128, 256 on heads of 64), flash-decoding within the block. The splits are
 // attention_body's (att_split_len); where there is more than one, each stores its partial sums and
-// the last combines them (attention_combine). The host launches it in one split up to
-// att_short_max(HD) positions, and on heads of 64, whose 256 is ATT_MIN_CHUNK, in ATT_MIN_SPLITS
-// up to 33 x 256 (forward_cuda.cu.j2, short_kernel_splits). At
-// depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape for almost no work: five
-// block barriers, the softmax through shared memory a row a warp, the values loaded after it (one
-// more L2 round trip), the sums' stores in 4-way bank conflicts (PERFORMANCE.md, twenty-first
-// session). Here:
+// the last combines them (attention_combine), or, given combine = false (O_HEADS), o_heads_body
+// weighs them. The host launches it in one split up to att_short_max(HD) positions, and on heads
+// of 64, whose 256 is ATT_MIN_CHUNK, in ATT_MIN_SPLITS up to 33 x 256 (forward_cuda.cu.j2,
+// short_kernel_splits). At depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape
+// for almost no work: five block barriers, the softmax through shared memory a row a warp, the
+// values loaded after it (one more L2 round trip), the sums' stores in 4-way bank conflicts
+// (PERFORMANCE.md, twenty-first session). Here:
 // - each warp loads its tiles' keys and values together, the cached positions' before the wait;
 // - scores as attention_body's (S^T = K Q^T on the tensor cores), then each warp's softmax in its
 //   registers: a row's max and sum over the warp's positions in 3 shuffles each;
@@ -1993,7 +1993,7 @@ template <int HD, typename Wait>
 __device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                      float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                      int kv_mul, int ctx, int n_splits, int min_splits, int kvh, int split,
-                                                     Wait wait) {
+                                                     Wait wait, bool combine) {
     constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = ATT_THREADS / WARP_SIZE;
     extern __shared__ float smem[];
     const int rows = kv_mul;
@@ -2139,7 +2139,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
         }
     }
     TRACE_ATT_AT(3);
-    if (n_active > 1)
+    if (n_active > 1 && combine) /* else the splits are weighed where they are read (o_heads_body) */
         attention_combine<1>(sp, part_acc, part_ml, counters, out, HD, kv_mul, n_splits, n_active, kvh, nullptr, 0, 0);
 }
 

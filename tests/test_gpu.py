@@ -209,8 +209,10 @@ def test_tiny_gpu_o_heads_equal_cpu(variant, flags, tmp_path):
     and down read. Rows of 4 chunks (tiny-gqa: a lane a row, its 4 chunks; 4 rows a warp with
     O_HEADS_ROWS=32), of 24 (tiny-group3: 4 lanes a row, 6 chunks a lane) and of 64 (tiny-wide: 8
     lanes a row, 2 passes of 4 rows, the second's loads behind the first's products); splits of 5
-    positions (many splits weighed) on the first two, one split on tiny-wide. Logits (graph and the
-    persistent step, which keeps o_proj whole) and greedy text against the CPU's."""
+    positions (many splits weighed) on the first two, one split on tiny-wide. On tiny-group3 and
+    tiny-wide the splits are the short context's kernel's (ATT_SHORT), which leaves them to
+    o_heads_body too. Logits (graph and the persistent step, which keeps o_proj whole) and greedy
+    text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-oheads" + "".join(f.split("=")[-1] for f in flags.split()))
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DO_HEADS=1 {flags}")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)

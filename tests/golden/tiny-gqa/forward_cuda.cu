@@ -131,14 +131,15 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
                       n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{}, 0, 0, NULL, !O_HEADS);
 }
 
-/* A short context's decode attention in one block a KV head where the plan says so (codegen/plan.py,
- * _att_short; the tensor-core path's, without O_HEADS): -DATT_SHORT=0 turns it off. */
+/* A short context's decode attention in one block a (KV head, split) where the plan says so
+ * (codegen/plan.py, _att_short; the tensor-core path's): -DATT_SHORT=0 turns it off. With O_HEADS
+ * its splits leave their partial sums to o_heads_body, as attention_body's do. */
 #ifndef ATT_SHORT
-#define ATT_SHORT (0 && ATT_MMA_HD && !O_HEADS)
+#define ATT_SHORT (0 && ATT_MMA_HD)
 #endif
 #if ATT_SHORT
-#if !ATT_MMA_HD || O_HEADS
-#error "ATT_SHORT: the decode attention on the tensor cores (ATT_MMA_HD), without O_HEADS"
+#if !ATT_MMA_HD
+#error "ATT_SHORT: the decode attention on the tensor cores (ATT_MMA_HD)"
 #endif
 /* the decode attention of a short context, one block a (KV head, split) of at most
  * att_short_max(MODEL_HEAD_DIM) positions (attention_short_body): the steps that read at most
@@ -147,7 +148,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
-                                     blockIdx.x, blockIdx.y, wait_pdl{});
+                                     blockIdx.x, blockIdx.y, wait_pdl{}, !O_HEADS);
 }
 #endif
 
