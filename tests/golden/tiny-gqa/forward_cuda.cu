@@ -147,6 +147,10 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
 static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
+#if PROBE_NO_ATT == 2 /* a timing probe (wrong outputs): the boundary without attention's work */
+    wait_pdl{}();
+    return;
+#endif
     attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
                                      blockIdx.x, blockIdx.y, wait_pdl{}, !O_HEADS);
 }
@@ -588,15 +592,17 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
                        n_splits);
             } else {
+                if (PROBE_NO_ATT == 1) {
+                    /* a timing probe: no attention launch */
 #if ATT_SHORT
-                if (short_kernel)
+                } else if (short_kernel) {
                     launch(attention_short_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
-                else
 #endif
-                if (PROBE_NO_ATT != 1)
+                } else {
                     launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
+                }
                 mark(ST_ATT);
 #if O_HEADS
                 launch(o_heads_kernel, MODEL_DIM / O_HEADS_ROWS, MODEL_N_KV_HEADS, MV_THREADS, O_HEADS_DYN_SMEM, m->stream, *lw, m->att, m->part_acc,
