@@ -2014,7 +2014,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
     const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, HD));
     const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
     /* tile wid + WARPS k: keys of positions 16 tile + g + 8 h (uint4 4 ch + cq of each), values of
-     * 16 tile + 4 cq + i (uint4s 8 u + g); zeros past n */
+     * 16 tile + 4 cq + i (uint4s 8 u + g); zeros past len */
     uint4 kr[U][2][KCH], vr[U][4][VU];
     auto load = [&](bool before_wait) { /* before the wait the cached positions, after it this step's */
 #pragma unroll
