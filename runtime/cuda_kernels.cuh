@@ -174,6 +174,12 @@ static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHU
 #ifndef ATT_COMBINE_LOADS
 #define ATT_COMBINE_LOADS 9 /* 33 splits (two waves of blocks over 8 KV heads) in two rounds on the 7B shape */
 #endif
+/* -DATT_COMBINE_EARLY=N (a variant; 0, off): where the combine's plain form gives a thread one
+ * output, it loads that output's first N splits' partial sums before the splits' (max, sum), so
+ * both are in flight at once: one L2 round trip fewer on the combine's chain */
+#ifndef ATT_COMBINE_EARLY
+#define ATT_COMBINE_EARLY 0
+#endif
 #ifndef ATT_UNROLL
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
 #endif
@@ -1479,6 +1485,15 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
          * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
          * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
         const bool wide = ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > ATT_THREADS);
+        /* ATT_COMBINE_EARLY: thread tid's output (head tid / head_dim), its first splits' sums */
+        const bool early = ATT_COMBINE_EARLY > 0 && !wide && rows * head_dim <= (int)blockDim.x;
+        const float *acc_e = part_acc + (size_t)token_of(tid / head_dim) * parts * head_dim +
+                             (size_t)(kvh * kv_mul + head_of(tid / head_dim)) * n_splits * head_dim + tid % head_dim;
+        float pre[ATT_COMBINE_EARLY > 0 ? ATT_COMBINE_EARLY : 1];
+        if (early && tid < rows * head_dim)
+#pragma unroll
+            for (int k = 0; k < ATT_COMBINE_EARLY; k++)
+                if (k < n_active) pre[k] = __ldcg(&acc_e[(size_t)k * head_dim]);
         float *sm = sc, *sl = sc + rows * n_active;
         for (int i = tid; i < rows * n_active; i += blockDim.x) {
             const int r = i / n_active;
@@ -1504,7 +1519,17 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
         __syncthreads();
         COMBINE_CLOCK(2);
         TRACE_COMBINE_AT(7);
-        if (wide) {
+        if (early) {
+            if (tid < rows * head_dim) {
+                const int hl = tid / head_dim;
+                float num = 0.0f;
+#pragma unroll
+                for (int k = 0; k < ATT_COMBINE_EARLY; k++)
+                    if (k < n_active) num += sm[hl * n_active + k] * pre[k];
+                for (int s2 = ATT_COMBINE_EARLY; s2 < n_active; s2++) num += sm[hl * n_active + s2] * __ldcg(&acc_e[(size_t)s2 * head_dim]);
+                out[token_of(hl) * q_stride + (kvh * kv_mul + head_of(hl)) * head_dim + tid % head_dim] = num;
+            }
+        } else if (wide) {
             /* 4 dims a thread (float4 loads), a group's splits shared by `per` adjacent lanes (a power of
              * two up to the threads a group leaves), each loading its splits ATT_COMBINE_LOADS at a time,
              * the lanes' sums added by shuffles in a fixed order: on the 7B shape at depth two rounds of

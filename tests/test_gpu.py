@@ -282,6 +282,18 @@ def test_tiny_gpu_attention_odd_chunks_equal_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+@pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-group3"])
+def test_tiny_gpu_combine_early_equal_cpu(variant, tmp_path):
+    """The combine's partial sums loaded with the splits' (max, sum) (-DATT_COMBINE_EARLY=16, a
+    variant) with chunks of 5 positions (-DATT_MIN_CHUNK=5: ~39 splits, so past the 16 loaded early
+    too), in builds of their own: tiny-gqa's attention_body (decode, and prefill groups whose rows
+    can see none of a split) and tiny-group3's short context's kernel. Logits and greedy text
+    against the CPU's."""
+    d = tiny_model_dir(variant, name=f"{variant}-early")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5 -DATT_COMBINE_EARLY=16")
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
+
+
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
 def test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu(variant):
     """The prefill attention with every query row of a batch in a block (prefill_flash_body: heads
