@@ -1601,6 +1601,20 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
 #endif
 }
 
+/* A warp's sums of the values' products (mma_value_tile's o) into red, (warps, rows, HD): lane
+ * (g, cq) holds rows 2 cq + i % 2 at dims mma_value_dim(t + MT (i / 2), g). */
+template <int HD>
+__device__ __forceinline__ void mma_store_sums(float *red, const float (&o)[HD / 16][4], int wid, int rows, int g, int cq) {
+    constexpr int MT = HD / 16;
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
+            if (r < rows) red[(wid * rows + r) * HD + dim] = o[t][i];
+        }
+}
+
 /* TOKENS > 1 (a prefill batch): the block takes TOKENS tokens of the batch, from token `ahead` on
  * (io[IO_COUNT] of them are the batch's), over the same positions, as TOKENS * kv_mul rows of
  * queries (row r: token r / kv_mul, query head r % kv_mul of the group), so the keys and values
@@ -1908,13 +1922,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             if ((a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7]) == 0x9E3779B9u) red[0] = 0.0f; /* keeps them */
         }
 #endif
-#pragma unroll
-        for (int t = 0; t < MT; t++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
-                if (r < rows) red[(wid * rows + r) * HD + dim] = o[t][i];
-            }
+        mma_store_sums<HD>(red, o, wid, rows, g, cq);
     } else {
         /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
          * slice + slices, ..., ATT_UNROLL positions' loads in flight at once. The slices' sums are
@@ -2131,13 +2139,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
                     wml[(wid * rows + 2 * cq + e) * 2] = m[e];
                     wml[(wid * rows + 2 * cq + e) * 2 + 1] = l[e];
                 }
-#pragma unroll
-        for (int t = 0; t < MT; t++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 2 * cq + i % 2, dim = mma_value_dim(t + MT * (i / 2), g);
-                if (r < rows) red[(wid * rows + r) * HD + dim] = o[t][i];
-            }
+        mma_store_sums<HD>(red, o, wid, rows, g, cq);
     }
     TRACE_ATT_AT(2);
     __syncthreads();
