@@ -45,6 +45,7 @@ class Plan:
     att_mma: int  # 1: the decode step's attention on the tensor cores (_att_mma)
     att_stage_values: int  # 1: that attention's first round of values staged with its keys (_att_stage_values)
     att_short: int  # 1: a short context's decode attention in one block a KV head (_att_short)
+    att_combine_early: int  # splits' partial sums the combine loads with their (max, sum); 0: after (_att_combine_early)
     pair_unroll: int  # the paired norm'd matvecs' (QKV, gate/up) 16-byte chunks a lane loads a step (_pair_unroll)
     pair_early: int  # of their first step, the chunks a lane loads before the wait; 0: all of them (_pair_early)
     qkv_async: int  # QKV's row steps after the first copied into shared memory on cp.async (_qkv_async)
@@ -182,6 +183,20 @@ def _att_short(head_dim: int, kv_mul: int) -> int:
     return _att_mma(head_dim, kv_mul)
 
 
+ATT_THREADS = 256  # an attention block's threads (runtime/cuda_kernels.cuh)
+COMBINE_EARLY_MAX = 64  # the most partial sums a combining thread holds in registers (SmolLM2 shape: 88 took 125)
+
+
+def _att_combine_early(head_dim: int, kv_mul: int, att_min_splits: int) -> int:
+    """The splits' partial sums that the combine's plain form (a KV group's heads times the head
+    width within ATT_THREADS: one output a thread) loads before the splits' (max, sum), both in flight
+    at once, one L2 round trip fewer on the chain: the first ATT_MIN_SPLITS (a short context's splits,
+    all of them up to ATT_MIN_SPLITS tiles), at most COMBINE_EARLY_MAX; 0 where the combine takes its
+    float4 form. Measured on the H200 (PERFORMANCE.md, twenty-third session), Llama-3.2-1B with 33:
+    +1.1% at depth 4096, +1.6% at 16384, even at 0 and 1024."""
+    return min(att_min_splits, COMBINE_EARLY_MAX) if kv_mul * head_dim <= ATT_THREADS else 0
+
+
 PAIR_UNROLL_SHORT_MAX_DIM = 2048  # the largest hidden size measured to gain from 4 chunks a step (below)
 
 
@@ -249,6 +264,7 @@ def _o_heads_rows(dim: int, n_kv_heads: int, sms: int) -> int:
 
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
+    gpu = _gpu_plan(spec, sms)
     return Plan(
         cpu_streams=4 if spec.weight_bytes >= CPU_MULTI_STREAM_FROM_BYTES else 1,
         cuda_arch=cuda_arch,
@@ -261,6 +277,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         att_mma=_att_mma(spec.head_dim, spec.kv_mul),
         att_stage_values=_att_stage_values(spec.head_dim, spec.kv_mul, spec.dim),
         att_short=_att_short(spec.head_dim, spec.kv_mul),
+        att_combine_early=_att_combine_early(spec.head_dim, spec.kv_mul, gpu["att_min_splits"]),
         pair_unroll=_pair_unroll(spec.dim),
         pair_early=_pair_early(spec.dim),
         qkv_async=_qkv_async(spec, sms),
@@ -268,7 +285,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
         o_heads=0,  # a variant (-DO_HEADS=1): 1B -4.3% / +1.6% at depths 0 / 4096, 7B -2.3% / -1.3% (PERFORMANCE.md, twentieth session)
         o_heads_rows=_o_heads_rows(spec.dim, spec.n_kv_heads, sms),
-        **_gpu_plan(spec, sms),
+        **gpu,
     )
 
 
@@ -288,6 +305,7 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         att_mma=0,  # the head width is a template argument
         att_stage_values=0,  # with att_mma
         att_short=0,  # with att_mma
+        att_combine_early=0,  # a register array's size is a literal
         pair_unroll=8,  # a register array's size is a literal
         pair_early=0,
         qkv_async=0,  # its shared memory is sized from the dimensions at build time

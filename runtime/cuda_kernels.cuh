@@ -174,9 +174,9 @@ static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHU
 #ifndef ATT_COMBINE_LOADS
 #define ATT_COMBINE_LOADS 9 /* 33 splits (two waves of blocks over 8 KV heads) in two rounds on the 7B shape */
 #endif
-/* -DATT_COMBINE_EARLY=N (a variant; 0, off): where the combine's plain form gives a thread one
- * output, it loads that output's first N splits' partial sums before the splits' (max, sum), so
- * both are in flight at once: one L2 round trip fewer on the combine's chain */
+/* ATT_COMBINE_EARLY=N (the generated code's plan sets it; 0, off): where the combine's plain form
+ * gives a thread one output, it loads that output's first N splits' partial sums before the splits'
+ * (max, sum), so both are in flight at once: one L2 round trip fewer on the combine's chain */
 #ifndef ATT_COMBINE_EARLY
 #define ATT_COMBINE_EARLY 0
 #endif

@@ -192,6 +192,19 @@ def test_plan_stages_values_on_heads_of_64_from_the_1b_shape():
     assert make_generic_plan().att_stage_values == 0
 
 
+def test_plan_loads_combine_sums_early_where_a_thread_takes_one_output():
+    """The combine's first ATT_MIN_SPLITS partial sums loaded with the splits' (max, sum) where a
+    KV group's heads times the head width fit the attention block's 256 threads (the 1B: 4 x 64; the
+    SmolLM2 shape: 3 x 64, its 88 capped at 64 registers' worth); 0 where the combine takes its
+    float4 form (the 7B: 4 x 128) and in the generic build (a register array's size)."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    early = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).att_combine_early
+             for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2")}
+    assert early == {"smollm2-135m-instruct": 64, "llama-3.2-1b-instruct": 33, "mistral-7b-instruct-v0.2": 0}
+    assert make_generic_plan().att_combine_early == 0
+
+
 def test_plan_pair_steps_by_hidden_size():
     """The paired kernels' 4 chunks a step up to a hidden size of 2048 (the 1B shape gained), 8 with
     half the first step after the wait past it (Mistral-7B lost with 4, gained with the half)."""

@@ -284,9 +284,9 @@ def test_tiny_gpu_attention_odd_chunks_equal_cpu(variant):
 
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-group3"])
 def test_tiny_gpu_combine_early_equal_cpu(variant, tmp_path):
-    """The combine's partial sums loaded with the splits' (max, sum) (-DATT_COMBINE_EARLY=16, a
-    variant) with chunks of 5 positions (-DATT_MIN_CHUNK=5: ~39 splits, so past the 16 loaded early
-    too), in builds of their own: tiny-gqa's attention_body (decode, and prefill groups whose rows
+    """The combine's partial sums loaded with the splits' (max, sum) (ATT_COMBINE_EARLY: the plan's
+    64 on these shapes, here 16) with chunks of 5 positions (-DATT_MIN_CHUNK=5: ~39 splits, so past
+    the 16 loaded early too), in builds of their own: tiny-gqa's attention_body (decode, and prefill groups whose rows
     can see none of a split) and tiny-group3's short context's kernel. Logits and greedy text
     against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-early")

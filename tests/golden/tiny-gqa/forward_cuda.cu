@@ -34,6 +34,10 @@
 #ifndef MV_PAIR_ASYNC
 #define MV_PAIR_ASYNC 0
 #endif
+/* the splits' partial sums the combine loads with their (max, sum) (codegen/plan.py, _att_combine_early) */
+#ifndef ATT_COMBINE_EARLY
+#define ATT_COMBINE_EARLY 64
+#endif
 #include "cuda_kernels.cuh"
 #include "cuda_sampler.cuh"
 
