@@ -117,14 +117,6 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 #endif
 /* PROBE_NO_ATT == 2: an attention kernel's blocks wait and leave (the boundary without its work) */
 #define ATT_PROBE_LEAVE() do { if (PROBE_NO_ATT == 2) { wait_pdl{}(); return; } } while (0)
-/* -DATT_TRIGGER_EARLY=1 (a variant, not run on a GPU): the short context's attention lets o_proj
- * launch as it starts, before its wait, so that o_proj's blocks land and issue their first loads
- * under QKV's tail (PROBE_NO_ATT=1 read 7B +2.8%, 1B +3.5% at depth 0, =2 even: what attention
- * costs there is o_proj landing only after QKV has ended); 2: attention_kernel's too */
-#ifndef ATT_TRIGGER_EARLY
-#define ATT_TRIGGER_EARLY 0
-#endif
-#define ATT_TRIGGER(level) do { if (ATT_TRIGGER_EARLY >= (level)) pdl_launch_dependents(); } while (0)
 
 /* A variant build may ask the decode attention for more blocks an SM (-DATT_MIN_BLOCKS=2: 128 registers;
  * the 7B with staged values takes 136, one block an SM, without it) */
@@ -137,7 +129,6 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
-    ATT_TRIGGER(2);
     ATT_PROBE_LEAVE();
     attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                       n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{}, 0, 0, NULL, !O_HEADS);
@@ -159,7 +150,6 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
 static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
-    ATT_TRIGGER(1);
     ATT_PROBE_LEAVE();
     attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
                                      blockIdx.x, blockIdx.y, wait_pdl{}, !O_HEADS);
