@@ -2026,7 +2026,7 @@ template <int HD, typename Wait>
 __device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                      float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                      int kv_mul, int ctx, int n_splits, int min_splits, int kvh, int split,
-                                                     Wait wait, bool combine) {
+                                                     Wait wait, bool combine, unsigned *ready = nullptr) {
     constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = ATT_THREADS / WARP_SIZE;
     extern __shared__ float smem[];
     const int rows = kv_mul;
@@ -2167,7 +2167,8 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
     }
     TRACE_ATT_AT(3);
     if (n_active > 1 && combine) /* else the splits are weighed where they are read (o_heads_body) */
-        attention_combine<1>(sp, part_acc, part_ml, counters, out, HD, kv_mul, n_splits, n_active, kvh, nullptr, 0, 0);
+        attention_combine<1>(sp, part_acc, part_ml, counters, out, HD, kv_mul, n_splits, n_active, kvh, ready, 0, 0);
+    if (ready && n_active == 1) signal_done(ready); /* the joined grid's o_proj counts the outputs written */
 }
 
 // ---------------------------------------------------------------------------------------------

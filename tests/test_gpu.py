@@ -254,6 +254,19 @@ def test_tiny_gpu_short_attention_splits_equal_cpu(tmp_path):
     assert_logits_and_text_equal_cpu(binary_for(d, "specialized"), d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
 
 
+@pytest.mark.parametrize("variant", ["tiny-group3-long", "tiny-wide"])
+def test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu(variant, tmp_path):
+    """The short context's attention and o_proj in one grid (-DATT_O_SHORT=1, a variant): o_proj's
+    blocks wait on the count of KV groups whose outputs attention_short_body has written. On
+    tiny-group3-long (heads of 64 in groups of 3) three times TINY_PROMPT crosses its splits of 256,
+    so the count comes from the combining block; on tiny-wide (heads of 128) from the one split,
+    the steps past 128 positions in the separate kernels. Logits and greedy text against the CPU's."""
+    d = tiny_model_dir(variant, name=f"{variant}-att-o-short")
+    prompt = " ".join([TINY_PROMPT] * 3) if variant == "tiny-group3-long" else TINY_PROMPT
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_O_SHORT=1")
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
+
+
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):

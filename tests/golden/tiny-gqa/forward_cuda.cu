@@ -165,6 +165,15 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #define ATT_O_GRID (O_HEADS ? 0 : 0) /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
 #endif
 static_assert(!(ATT_O_GRID && O_HEADS), "O_HEADS: o_proj in a kernel of its own (ATT_O_GRID 0)");
+/* -DATT_O_SHORT=1 (a variant, not run on a GPU): the short context's steps take the joined grid
+ * too, with attention_short_body's blocks, so that o_proj is QKV's dependent and launches with
+ * attention instead of after it. At depth 0 attention's boundary costs 7B 2.8% and 1B 3.5%
+ * (-DPROBE_NO_ATT=1), its work nothing (=2; PERFORMANCE.md, twenty-third session). */
+#ifndef ATT_O_SHORT
+#define ATT_O_SHORT 0
+#endif
+static_assert(!ATT_O_SHORT || (ATT_SHORT && !O_HEADS && !MV_RES_ASYNC_AFTER),
+              "ATT_O_SHORT: the short context's kernel (ATT_SHORT), o_proj's own rows (no O_HEADS), no CTR_ATT_LOADED count");
 
 #if O_HEADS
 static_assert(O_HEADS_ROWS > 0 && MODEL_DIM % O_HEADS_ROWS == 0, "O_HEADS_ROWS: a divisor of the model's dim, a multiple of 8");
@@ -188,12 +197,13 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
 
 /* Attention and o_proj in one grid, each block one of them, by the order blocks arrive (an atomic
  * count; the last to arrive puts it back to 0 for the next layer): the first n_kv_heads * n_splits
- * are attention_kernel's (kv head, split); the rest take o_proj's rows, whose first loads they issue
+ * are attention_kernel's (kv head, split), or given SHORT attention_short_kernel's (ATT_O_SHORT); the rest take o_proj's rows, whose first loads they issue
  * before waiting for the n_kv_heads KV groups' outputs (counted in counters[CTR_ATT_DONE], which the
  * gate/up kernel resets). So o_proj's blocks land with attention's, under QKV's tail, instead of
  * after attention lets them launch (~2 us a layer in the fifth session's trace). Roles by arrival,
  * not by block index, because CUDA promises no dispatch order: every attention role is held by a
  * block already running, so a waiting o_proj block never waits on one without a slot. */
+template <bool SHORT>
 static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
                                                                               const uint16_t *vc, const int *io, float *part_acc,
                                                                               float *part_ml, unsigned *counters, float *att, float *x,
@@ -207,6 +217,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     __syncthreads();
     const int b = arrived;
     if (b < att_blocks) {
+#if ATT_SHORT
+        if (SHORT) {
+            attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
+                                             b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{}, true, counters + CTR_ATT_DONE);
+            return;
+        }
+#endif
         attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
                           ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{}, 0, 0,
                           MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : NULL);
@@ -423,6 +440,7 @@ struct model_cuda {
     unsigned *barrier;        /* its grid barrier: {count, generation} */
     int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head; /* blocks: needed, at most one wave */
     int grid_att_o;           /* attention_o_proj_kernel's o_proj blocks (after its attention blocks) */
+    int grid_att_o_short;     /* the same with the short context's attention blocks (ATT_O_SHORT) */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
@@ -543,6 +561,7 @@ static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
 
 /* Dynamic shared memory of attention_o_proj_kernel: attention's or o_proj's staged input. */
 #define ATT_O_SMEM_BYTES bytes_max(MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), ATT_DECODE_SMEM_BYTES)
+#define ATT_O_SHORT_SMEM_BYTES bytes_max(MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
@@ -588,9 +607,15 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
             if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
-                launch(attention_o_proj_kernel, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
+                launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
                        n_splits);
+#if ATT_O_SHORT
+            } else if (!marks && short_kernel) {
+                launch(attention_o_proj_kernel<true>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
+                       ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att,
+                       m->x, m->ctx, n_splits);
+#endif
             } else {
                 if (PROBE_NO_ATT == 1) {
                     /* a timing probe: no attention launch */
@@ -831,7 +856,10 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
-    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel, GRID_O, ATT_O_SMEM_BYTES, sms);
+    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms);
+#if ATT_O_SHORT
+    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
+#endif
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
                                MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
