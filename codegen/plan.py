@@ -46,6 +46,7 @@ class Plan:
     att_stage_values: int  # 1: that attention's first round of values staged with its keys (_att_stage_values)
     att_short: int  # 1: a short context's decode attention in one block a KV head (_att_short)
     att_combine_early: int  # splits' partial sums the combine loads with their (max, sum); 0: after (_att_combine_early)
+    att_o_short: int  # 1: a short context's attention and o_proj in one grid (_att_o_short)
     pair_unroll: int  # the paired norm'd matvecs' (QKV, gate/up) 16-byte chunks a lane loads a step (_pair_unroll)
     pair_early: int  # of their first step, the chunks a lane loads before the wait; 0: all of them (_pair_early)
     qkv_async: int  # QKV's row steps after the first copied into shared memory on cp.async (_qkv_async)
@@ -183,6 +184,16 @@ def _att_short(head_dim: int, kv_mul: int) -> int:
     return _att_mma(head_dim, kv_mul)
 
 
+def _att_o_short(att_short: int, o_proj_min_blocks: int) -> int:
+    """A short context's steps (those attention_short_body takes) with attention and o_proj in one
+    grid (attention_o_proj_kernel<true>), so that o_proj is QKV's programmatic dependent and lands
+    with attention instead of after it lets o_proj launch, where o_proj keeps 2 blocks an SM anyway
+    (the joined grid's registers: 126 on the 7B). Measured on the H200 (PERFORMANCE.md,
+    twenty-third session): Mistral-7B +0.6% and +0.5% at depth 0 (two calls); Llama-3.2-1B -2.3%
+    (its o_proj loses 4 blocks an SM). Llama-3.1-8B and Qwen2.5-7B by the same rule, not measured."""
+    return int(att_short == 1 and o_proj_min_blocks == 2)
+
+
 ATT_THREADS = 256  # an attention block's threads (runtime/cuda_kernels.cuh)
 COMBINE_EARLY_MAX = 64  # the most partial sums a combining thread holds in registers (SmolLM2 shape: 88 took 125)
 
@@ -278,6 +289,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         att_stage_values=_att_stage_values(spec.head_dim, spec.kv_mul, spec.dim),
         att_short=_att_short(spec.head_dim, spec.kv_mul),
         att_combine_early=_att_combine_early(spec.head_dim, spec.kv_mul, gpu["att_min_splits"]),
+        att_o_short=_att_o_short(_att_short(spec.head_dim, spec.kv_mul), _o_proj_min_blocks(spec.q_dim)),
         pair_unroll=_pair_unroll(spec.dim),
         pair_early=_pair_early(spec.dim),
         qkv_async=_qkv_async(spec, sms),
@@ -306,6 +318,7 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         att_stage_values=0,  # with att_mma
         att_short=0,  # with att_mma
         att_combine_early=0,  # a register array's size is a literal
+        att_o_short=0,  # with att_short
         pair_unroll=8,  # a register array's size is a literal
         pair_early=0,
         qkv_async=0,  # its shared memory is sized from the dimensions at build time

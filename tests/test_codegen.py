@@ -205,6 +205,21 @@ def test_plan_loads_combine_sums_early_where_a_thread_takes_one_output():
     assert make_generic_plan().att_combine_early == 0
 
 
+def test_plan_joins_short_attention_and_o_proj_where_o_proj_takes_two_blocks_an_sm():
+    """A short context's attention in one grid with o_proj (ATT_O_SHORT) where the short kernel runs
+    and o_proj's rows take more than one step (2 blocks an SM, the joined grid's): the 7B-like
+    shapes (gained); not the 1B or SmolLM2 shapes (o_proj at 4 blocks an SM: the 1B lost), not the
+    generic build (no short kernel)."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    joined = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).att_o_short
+              for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2",
+                        "llama-3.1-8b-instruct", "qwen2.5-7b-instruct")}
+    assert joined == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 0, "mistral-7b-instruct-v0.2": 1,
+                      "llama-3.1-8b-instruct": 1, "qwen2.5-7b-instruct": 1}
+    assert make_generic_plan().att_o_short == 0
+
+
 def test_plan_pair_steps_by_hidden_size():
     """The paired kernels' 4 chunks a step up to a hidden size of 2048 (the 1B shape gained), 8 with
     half the first step after the wait past it (Mistral-7B lost with 4, gained with the half)."""

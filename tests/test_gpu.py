@@ -256,8 +256,8 @@ def test_tiny_gpu_short_attention_splits_equal_cpu(tmp_path):
 
 @pytest.mark.parametrize("variant", ["tiny-group3-long", "tiny-wide"])
 def test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu(variant, tmp_path):
-    """The short context's attention and o_proj in one grid (-DATT_O_SHORT=1, a variant): o_proj's
-    blocks wait on the count of KV groups whose outputs attention_short_body has written. On
+    """The short context's attention and o_proj in one grid (ATT_O_SHORT: the plan's on the 7B-like
+    shapes, none of the tiny models; here forced on): o_proj's blocks wait on the count of KV groups whose outputs attention_short_body has written. On
     tiny-group3-long (heads of 64 in groups of 3) three times TINY_PROMPT crosses its splits of 256,
     so the count comes from the combining block; on tiny-wide (heads of 128) from the one split,
     the steps past 128 positions in the separate kernels. Logits and greedy text against the CPU's."""

@@ -165,12 +165,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #define ATT_O_GRID (O_HEADS ? 0 : 0) /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
 #endif
 static_assert(!(ATT_O_GRID && O_HEADS), "O_HEADS: o_proj in a kernel of its own (ATT_O_GRID 0)");
-/* -DATT_O_SHORT=1 (a variant, not run on a GPU): the short context's steps take the joined grid
- * too, with attention_short_body's blocks, so that o_proj is QKV's dependent and launches with
- * attention instead of after it. At depth 0 attention's boundary costs 7B 2.8% and 1B 3.5%
- * (-DPROBE_NO_ATT=1), its work nothing (=2; PERFORMANCE.md, twenty-third session). */
+/* The short context's steps in the joined grid, with attention_short_body's blocks, where the plan
+ * says so (codegen/plan.py, _att_o_short: o_proj at 2 blocks an SM anyway; -DATT_O_SHORT=0 off),
+ * so that o_proj is QKV's dependent and launches with attention instead of after it. At depth 0
+ * attention's boundary costs 7B 2.8% and 1B 3.5% (-DPROBE_NO_ATT=1), its work nothing (=2); this
+ * gains the 7B 0.5-0.6% (PERFORMANCE.md, twenty-third session). */
 #ifndef ATT_O_SHORT
-#define ATT_O_SHORT 0
+#define ATT_O_SHORT (0 && ATT_SHORT && !O_HEADS && !MV_RES_ASYNC_AFTER)
 #endif
 static_assert(!ATT_O_SHORT || (ATT_SHORT && !O_HEADS && !MV_RES_ASYNC_AFTER),
               "ATT_O_SHORT: the short context's kernel (ATT_SHORT), o_proj's own rows (no O_HEADS), no CTR_ATT_LOADED count");
