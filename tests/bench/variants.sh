@@ -19,7 +19,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for m in "$@"; do
     d=build/bench-models/bench-$m
-    if [ "$trace" = 1 ]; then bench_model_dir "$m" || exit 1; else bench_model "$m" || exit 1; fi
+    # the sources generated once before the parallel builds, which share them (a trace builds no plain binary)
+    if [ "$trace" = 1 ]; then bench_model_dir "$m" && make -s MODEL="$d" generate >/dev/null || exit 1; else bench_model "$m" || exit 1; fi
     for i in "${!variants[@]}"; do
         rm -rf "build/var$i-$m"
         flags=${variants[$i]}

@@ -173,6 +173,14 @@ static_assert(!(ATT_O_GRID && O_HEADS), "O_HEADS: o_proj in a kernel of its own 
 #ifndef ATT_O_SHORT
 #define ATT_O_SHORT (0 && ATT_SHORT && !O_HEADS && !MV_RES_ASYNC_AFTER)
 #endif
+/* -DATT_O_ONE_WAVE=1 (a variant, not run on a GPU): the joined short grid's o_proj blocks a wave
+ * less its attention blocks, so that every block is resident at once. Without it the 7B's grid is
+ * 264 + 8 blocks at 2 an SM: traced at depth 0, its last o_proj blocks land 2.5 us after
+ * attention's end, when attention's have left, and o_proj ends 0.3 us after its p90 block
+ * (PERFORMANCE.md, twenty-third session); with 256 o_proj blocks each warp still takes one pair. */
+#ifndef ATT_O_ONE_WAVE
+#define ATT_O_ONE_WAVE 0
+#endif
 static_assert(!ATT_O_SHORT || (ATT_SHORT && !O_HEADS && !MV_RES_ASYNC_AFTER),
               "ATT_O_SHORT: the short context's kernel (ATT_SHORT), o_proj's own rows (no O_HEADS), no CTR_ATT_LOADED count");
 
@@ -960,6 +968,12 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->short_kernel_positions = m->short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
+#if ATT_O_SHORT && ATT_O_ONE_WAVE
+    /* the joined grid's blocks within one wave: o_proj's a wave less attention's */
+    m->grid_att_o_short = std::max(1, std::min(m->grid_att_o_short, one_wave((const void *)attention_o_proj_kernel<true>, 1 << 30,
+                                                                             ATT_O_SHORT_SMEM_BYTES, sms) -
+                                                                        MODEL_N_KV_HEADS * m->short_kernel_splits));
+#endif
 #endif
     for (int s = 0; s < 3; s++)
         for (int kind = 0; kind < STEP_KINDS + PREFILL_SIZES; kind++) {
