@@ -52,8 +52,6 @@ class Plan:
     qkv_async: int  # QKV's row steps after the first copied into shared memory on cp.async (_qkv_async)
     pair_lot: int  # QKV's and gate/up's early loads in lots of this many chunks; 0: one lot (_pair_lot)
     res_lot: int  # o_proj's and down's (launched on their own) the same, of MV_UNROLL chunks (_res_lot)
-    o_heads: int  # 1: o_proj split by KV group, the attention splits weighed in it (o_heads_body); a variant, 0
-    o_heads_rows: int  # its rows a block (_o_heads_rows)
 
 
 class CExpr:
@@ -263,16 +261,6 @@ def _qkv_async(spec: Spec, sms: int) -> int:
     return int(pairs <= 16 * sms and steps > 1)
 
 
-def _o_heads_rows(dim: int, n_kv_heads: int, sms: int) -> int:
-    """o_proj split by KV group (O_HEADS): the fewest rows a block, a multiple of the block's warps
-    dividing dim, that keep its blocks (n_kv_heads of them a row block) within two an SM: 64 on the
-    1B shape, 128 on the 7B (256 blocks each). 0 where dim has no such divisor."""
-    for rows in range(MV_WARPS, min(dim, 32 * MV_WARPS) + 1, MV_WARPS):
-        if dim % rows == 0 and n_kv_heads * (dim // rows) <= 2 * sms:
-            return rows
-    return 0
-
-
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     gpu = _gpu_plan(spec, sms)
@@ -295,8 +283,6 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         qkv_async=_qkv_async(spec, sms),
         pair_lot=_pair_lot(spec.dim),
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
-        o_heads=0,  # a variant (-DO_HEADS=1): 1B -4.3% / +1.6% at depths 0 / 4096, 7B -2.3% / -1.3% (PERFORMANCE.md, twentieth session)
-        o_heads_rows=_o_heads_rows(spec.dim, spec.n_kv_heads, sms),
         **gpu,
     )
 
@@ -324,7 +310,5 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         qkv_async=0,  # its shared memory is sized from the dimensions at build time
         pair_lot=0,  # a lot is a template argument; the rows' widths are known only at run time
         res_lot=0,
-        o_heads=0,  # its kernel's dimensions are template arguments
-        o_heads_rows=0,
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -813,30 +813,16 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
     });
 }
 
-/* The residual stream between o_proj and down where o_proj is split by KV group (O_HEADS): each
- * group's block adds its rows' products to one int64 a row, fixed point at 2^-32, so that the sum is
- * the same whatever order the groups' atomics land in (fp32 atomics would round differently run to
- * run). Holds |x| < 2^31; a residual value past that wraps. */
-#define FIX_ONE 4294967296.0f /* 2^32 */
-__device__ __forceinline__ unsigned long long to_fix(float v) { return (unsigned long long)__float2ll_rn(v * FIX_ONE); }
-__device__ __forceinline__ float from_fix(long long v) { return __ll2float_rn(v) * (1.0f / FIX_ONE); }
-struct fix4 { /* four of them: a float4 group's */
-    longlong2 a, b;
-};
-__device__ __forceinline__ float4 to_float4(float4 v) { return v; }
-__device__ __forceinline__ float4 to_float4(fix4 v) { return make_float4(from_fix(v.a.x), from_fix(v.a.y), from_fix(v.b.x), from_fix(v.b.y)); }
-
 /* sx (K, shared) = x, or x * norm when stage_norm staged the norm weights there in the same threads;
  * returns RMSNorm's scale 1 / sqrt(mean(x^2) + eps) (1 without a norm), which the caller applies to
  * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
  * of squares meets at the barrier staging needs anyway). Called by the whole block after its wait. */
-template <typename T = float4, typename H = no_hook>
-__device__ __forceinline__ float stage_input_of(float *sx, const T *x, bool norm, int K, float eps, H issued = H{}) {
+template <typename H = no_hook>
+__device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{}) {
     __shared__ float partial[MV_WARPS];
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     float ss = 0.0f;
-    for_each_group(x, K, [&](int g, T t) {
-        float4 v = to_float4(t);
+    for_each_group(reinterpret_cast<const float4 *>(x), K, [&](int g, float4 v) {
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         if (norm) {
             const float4 n = s4[sx_group(g, K)];
@@ -854,13 +840,6 @@ __device__ __forceinline__ float stage_input_of(float *sx, const T *x, bool norm
 #pragma unroll
     for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
     return rsqrtf(ss / (float)K + eps);
-}
-/* The same from x, or, given fix, from the fixed-point residual (O_HEADS) */
-template <typename H = no_hook>
-__device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{},
-                                             const long long *fix = nullptr) {
-    if (fix) return stage_input_of(sx, reinterpret_cast<const fix4 *>(fix), norm, K, eps, issued);
-    return stage_input_of(sx, reinterpret_cast<const float4 *>(x), norm, K, eps, issued);
 }
 
 /* Dynamic shared memory of a matvec kernel whose input has K values. */
@@ -1061,8 +1040,7 @@ template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
-                                                     const unsigned *go = nullptr, unsigned go_count = 0,
-                                                     long long *fix = nullptr) {
+                                                     const unsigned *go = nullptr, unsigned go_count = 0) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
     const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
@@ -1115,16 +1093,11 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         /* The residual's old values, loaded before the row's dot product so that the add at its end
          * waits on no L2 round trip (the compiler keeps `out +=` after the dot product: out may alias
          * for all it knows): SmolLM2 +3.7%, 7B +0.4%, 1B -0.3% (PERFORMANCE.md, tenth session).
-         * Nothing else writes these rows in this stage. Given fix, the residual is there, fixed
-         * point (O_HEADS: o_heads_body's sums), and is put back to 0 for the next layer's. */
+         * Nothing else writes these rows in this stage. */
         float res_a = 0.0f, res_b = 0.0f;
         if (lane == 0) {
-            res_a = fix ? from_fix(__ldcg(fix + row)) : __ldcg(out + row);
-            if (pairs) res_b = fix ? from_fix(__ldcg(fix + row + half)) : __ldcg(out + row + half);
-            if (fix) {
-                fix[row] = 0;
-                if (pairs) fix[row + half] = 0;
-            }
+            res_a = __ldcg(out + row);
+            if (pairs) res_b = __ldcg(out + row + half);
         }
         if (pairs) {
             const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane,
@@ -1150,7 +1123,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
 template <typename Wait>
 __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
                                                           const float *x, float *hb, int dim, int hidden, float eps,
-                                                          Wait wait, const long long *fix = nullptr) {
+                                                          Wait wait) {
     extern __shared__ float sx[];
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
@@ -1170,7 +1143,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
         load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
-    }, fix);
+    });
     TRACE_AT(TRACE_STAGED);
     if (async > 0 && i < hidden)
         pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
@@ -1264,8 +1237,7 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
 // ---------------------------------------------------------------------------------------------
 // Attention: split-K flash decoding. Block (kv head, split) scores its slice of the positions
 // for all kv_mul query heads of the group, so each KV head is read once per group; the last block
-// of a KV head to finish combines the splits' partial softmax sums in split order (deterministic),
-// or, given combine = false (O_HEADS), leaves them to o_heads_body, which weighs them as it reads them.
+// of a KV head to finish combines the splits' partial softmax sums in split order (deterministic).
 // The block that writes a KV group's output (its only split, or the combining block) adds 1 to
 // *ready when given one: the joined attention/o_proj grid's o_proj blocks wait on that count.
 
@@ -1626,8 +1598,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
                                                int min_splits, int kvh, int split, unsigned *ready, Wait wait,
-                                               int q_stride = 0, size_t parts = 0, unsigned *loaded = nullptr,
-                                               bool combine = true) {
+                                               int q_stride = 0, size_t parts = 0, unsigned *loaded = nullptr) {
     static_assert(TOKENS >= 1 && TOKENS <= ATT_MAX_GROUP, "attention rows: TOKENS * kv_mul <= ATT_MAX_GROUP");
     extern __shared__ float smem[];
     const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
@@ -1988,7 +1959,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         ml[0] = sml[2 * tid];
         ml[1] = sml[2 * tid + 1];
     }
-    if (!combine) return; /* the splits are weighed where they are read (o_heads_body) */
     attention_combine<TOKENS>(sc, part_acc, part_ml, counters, out, head_dim, kv_mul, n_splits, n_active, kvh, ready, q_stride,
                               parts);
 }
@@ -1998,8 +1968,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // one block a (KV head, split) of at most att_short_max(HD) positions (one round of tiles a warp:
 // 128 on heads of 128, 256 on heads of 64), flash-decoding within the block. The splits are
 // attention_body's (att_split_len); where there is more than one, each stores its partial sums and
-// the last combines them (attention_combine), or, given combine = false (O_HEADS), o_heads_body
-// weighs them. The host launches it in one split up to att_short_max(HD) positions, and on heads
+// the last combines them (attention_combine). The block that writes a KV group's outputs adds 1 to
+// *ready when given one (the joined attention/o_proj grid, ATT_O_SHORT). The host launches it in one split up to att_short_max(HD) positions, and on heads
 // of 64, whose 256 is ATT_MIN_CHUNK, in ATT_MIN_SPLITS up to 33 x 256 (forward_cuda.cu.j2,
 // short_kernel_splits). At depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape
 // for almost no work: five block barriers, the softmax through shared memory a row a warp, the
@@ -2026,7 +1996,7 @@ template <int HD, typename Wait>
 __device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                      float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                      int kv_mul, int ctx, int n_splits, int min_splits, int kvh, int split,
-                                                     Wait wait, bool combine, unsigned *ready = nullptr) {
+                                                     Wait wait, unsigned *ready = nullptr) {
     constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = ATT_THREADS / WARP_SIZE;
     extern __shared__ float smem[];
     const int rows = kv_mul;
@@ -2166,156 +2136,9 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
         }
     }
     TRACE_ATT_AT(3);
-    if (n_active > 1 && combine) /* else the splits are weighed where they are read (o_heads_body) */
+    if (n_active > 1)
         attention_combine<1>(sp, part_acc, part_ml, counters, out, HD, kv_mul, n_splits, n_active, kvh, ready, 0, 0);
     if (ready && n_active == 1) signal_done(ready); /* the joined grid's o_proj counts the outputs written */
-}
-
-// ---------------------------------------------------------------------------------------------
-// o_proj split by KV group (O_HEADS; a variant build, off in the plan): block (r, g) takes o_proj's
-// rows r * ROWS .. + ROWS against the columns of group g's kv_mul heads only, so its input is that
-// group's attention output, which it weighs from the splits' partial sums itself (attention_body with
-// combine = false). That takes the combine off the step's chain (the splits' fence and count, the
-// last split's loads and its outputs' round trip): the block waits on attention's grid and loads
-// the splits' (max, sum) and partial sums in one round. The groups of a row meet in the fixed-point
-// residual (to_fix), group 0 adding the old residual and the bias; gate/up stages its input from
-// there and down puts it back into x. Deterministic: integer sums do not depend on their order.
-//
-// A warp takes rows wid, wid + 8, ... of the block's ROWS (RPW of them), C = kv_mul * head_dim / 8
-// chunks of 16 bytes a row, in passes of 32 / LPR rows: LPR lanes a row (the fewest, a power of two,
-// that leave a lane at most 8 chunks), lane l chunks l % LPR, + LPR, ... of row l / LPR. So a
-// load instruction reads LPR adjacent chunks of each of its rows, the input's reads are LPR
-// addresses (broadcast to the rows' lanes), and a row's lanes meet in log2(LPR) shuffles. A pass's
-// loads go out before the last pass's products; the first pass's before the wait.
-#ifndef O_HEADS_PROBE_STORE
-#define O_HEADS_PROBE_STORE 0 /* 1: a timing probe's build, plain stores for the atomics (wrong sums) */
-#endif
-#ifndef O_HEADS_ASYNC
-#define O_HEADS_ASYNC 1 /* the first pass's weights on cp.async into shared memory (0: in registers) */
-#endif
-#ifndef O_HEADS_LOADS
-#define O_HEADS_LOADS 8 /* splits' (max, sum) and partial sums a thread loads at once */
-#endif
-__host__ __device__ constexpr int o_heads_lanes(int c) { /* LPR above */
-    return c <= MV_UNROLL ? 1 : c <= 2 * MV_UNROLL ? 2 : c <= 4 * MV_UNROLL ? 4 : c <= 8 * MV_UNROLL ? 8 : c <= 16 * MV_UNROLL ? 16 : 32;
-}
-template <int C, int ROWS, typename Wait>
-__device__ __forceinline__ void o_heads_body(const uint16_t *w, const uint16_t *bias, const float *att, const float *part_acc,
-                                             const float *part_ml, const int *io, const float *x, long long *fix, int q_dim,
-                                             int head_dim, int kv_mul, int n_splits, int min_splits, Wait wait) {
-    constexpr int LPR = o_heads_lanes(C), CPL = (C + LPR - 1) / LPR; /* lanes a row, chunks a lane */
-    constexpr int RPW = ROWS / MV_WARPS, RPP = WARP_SIZE / LPR, PASSES = (RPW + RPP - 1) / RPP;
-    static_assert(ROWS % MV_WARPS == 0 && RPW <= WARP_SIZE, "O_HEADS_ROWS: a multiple of the block's warps, 32 a warp at most");
-    static_assert(CPL <= MV_UNROLL, "o_heads_body: a group's columns take at most 32 * MV_UNROLL chunks");
-    __shared__ __align__(16) float sx[8 * C];
-    const int lane = threadIdx.x % WARP_SIZE, g = blockIdx.y, c0 = lane % LPR;
-    const int row0 = blockIdx.x * ROWS + (int)threadIdx.x / WARP_SIZE; /* the warp's rows: row0 + MV_WARPS * i */
-    const uint16_t *wg = w + (size_t)g * 8 * C;                           /* the group's columns */
-    TRACE_BEGIN(ST_O);
-    auto load = [&](uint4 (&r)[CPL], int p) {
-        const int rl = p * RPP + lane / LPR;
-#pragma unroll
-        for (int k = 0; k < CPL; k++) {
-            const int c = c0 + LPR * k;
-            r[k] = rl < RPW && c < C ? ld_stream(reinterpret_cast<const uint4 *>(wg + (size_t)(row0 + MV_WARPS * rl) * q_dim) + c)
-                                     : make_uint4(0, 0, 0, 0);
-        }
-    };
-    uint4 cur[CPL], nxt[CPL];
-    /* the first pass's chunks: on cp.async into this thread's slots of shared memory (O_HEADS_ASYNC),
-     * so that no registers hold them through the splits' loads, or in registers */
-    __shared__ uint4 first[O_HEADS_ASYNC ? CPL * MV_THREADS : 1];
-    if (O_HEADS_ASYNC) {
-        const int rl = lane / LPR;
-#pragma unroll
-        for (int k = 0; k < CPL; k++) {
-            const int c = c0 + LPR * k;
-            const bool valid = rl < RPW && c < C;
-            cp_async16(&first[k * MV_THREADS + threadIdx.x],
-                       reinterpret_cast<const uint4 *>(wg + (size_t)(row0 + MV_WARPS * (valid ? rl : 0)) * q_dim) + (valid ? c : 0), valid);
-        }
-    } else {
-        load(cur, 0);
-    }
-    const int n = __ldcg(&io[IO_POS]) + 1; /* as attention_body: written by the previous step */
-    const int chunk = att_split_len(n, n_splits, min_splits, false), n_active = (n + chunk - 1) / chunk;
-    TRACE_AT(TRACE_READY);
-    wait();
-    TRACE_AT(TRACE_WAITED);
-    /* lane i: the old residual and the bias of the warp's row i, in group 0 */
-    float base = 0.0f;
-    if (g == 0 && lane < RPW) {
-        const int row = row0 + MV_WARPS * lane;
-        base = __ldcg(x + row) + (bias ? w_to_f32(bias[row]) : 0.0f);
-    }
-    /* the group's attention output: its only split's, or the splits' partial sums weighed as they come
-     * (a running max), O_HEADS_LOADS of them in flight a thread */
-    for (int col = threadIdx.x; col < 8 * C; col += MV_THREADS) {
-        const int h = g * kv_mul + col / head_dim, d = col % head_dim;
-        float v;
-        if (n_active == 1) {
-            v = __ldcg(att + (size_t)h * head_dim + d);
-        } else {
-            const float2 *ml = reinterpret_cast<const float2 *>(part_ml) + (size_t)h * n_splits;
-            const float *acc = part_acc + (size_t)h * n_splits * head_dim + d;
-            float M = -INFINITY, num = 0.0f, den = 0.0f;
-            for (int s0 = 0; s0 < n_active; s0 += O_HEADS_LOADS) {
-                float2 m[O_HEADS_LOADS];
-                float a[O_HEADS_LOADS];
-#pragma unroll
-                for (int k = 0; k < O_HEADS_LOADS; k++)
-                    if (s0 + k < n_active) {
-                        m[k] = __ldcg(ml + s0 + k);
-                        a[k] = __ldcg(acc + (size_t)(s0 + k) * head_dim);
-                    }
-#pragma unroll
-                for (int k = 0; k < O_HEADS_LOADS; k++)
-                    if (s0 + k < n_active) {
-                        const float M2 = fmaxf(M, m[k].x), r = __expf(M - M2), e = __expf(m[k].x - M2);
-                        num = num * r + e * a[k];
-                        den = den * r + e * m[k].y;
-                        M = M2;
-                    }
-            }
-            v = num / den;
-        }
-        sx[col] = v;
-    }
-    __syncthreads();
-    TRACE_AT(TRACE_STAGED);
-    if (O_HEADS_ASYNC) {
-        cp_async_wait_all();
-#pragma unroll
-        for (int k = 0; k < CPL; k++) cur[k] = first[k * MV_THREADS + threadIdx.x]; /* its own copies */
-    }
-#pragma unroll
-    for (int p = 0; p < PASSES; p++) {
-        if (p + 1 < PASSES) load(nxt, p + 1);
-        float part = 0.0f;
-#pragma unroll
-        for (int k = 0; k < CPL; k++) {
-            const int c = min(c0 + LPR * k, C - 1); /* past C: its weights are 0 */
-            const float4 a = *reinterpret_cast<const float4 *>(sx + 8 * c), b = *reinterpret_cast<const float4 *>(sx + 8 * c + 4);
-            float wf[8];
-            w8_to_f32(cur[k], wf);
-            part += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-        }
-#pragma unroll
-        for (int o = LPR / 2; o > 0; o /= 2) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
-        const int rl = p * RPP + lane / LPR;
-        const float b = __shfl_sync(0xFFFFFFFFu, base, rl < RPW ? rl : 0);
-        if (c0 == 0 && rl < RPW) {
-            if (O_HEADS_PROBE_STORE)
-                fix[row0 + MV_WARPS * rl] = (long long)to_fix(part + b);
-            else
-                atomicAdd(reinterpret_cast<unsigned long long *>(fix + row0 + MV_WARPS * rl), to_fix(part + b));
-        }
-        if (p + 1 < PASSES) {
-#pragma unroll
-            for (int k = 0; k < CPL; k++) cur[k] = nxt[k];
-        }
-    }
-    TRACE_END();
 }
 
 // ---------------------------------------------------------------------------------------------

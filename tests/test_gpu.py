@@ -201,23 +201,6 @@ def test_tiny_gpu_qkv_split_last_equal_cpu(blocks, unroll, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DO_HEADS_ROWS=32 -DATT_MIN_CHUNK=5"),
-                                           ("tiny-group3", "-DATT_MIN_CHUNK=5"), ("tiny-wide", "")])
-def test_tiny_gpu_o_heads_equal_cpu(variant, flags, tmp_path):
-    """o_proj split by KV group (-DO_HEADS=1, a variant build): each block weighs its group's
-    attention splits itself and adds its rows' products to the fixed-point residual, which gate/up
-    and down read. Rows of 4 chunks (tiny-gqa: a lane a row, its 4 chunks; 4 rows a warp with
-    O_HEADS_ROWS=32), of 24 (tiny-group3: 4 lanes a row, 6 chunks a lane) and of 64 (tiny-wide: 8
-    lanes a row, 2 passes of 4 rows, the second's loads behind the first's products); splits of 5
-    positions (many splits weighed) on the first two, one split on tiny-wide. On tiny-group3 and
-    tiny-wide the splits are the short context's kernel's (ATT_SHORT), which leaves them to
-    o_heads_body too. Logits (graph and the persistent step, which keeps o_proj whole) and greedy
-    text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-oheads" + "".join(f.split("=")[-1] for f in flags.split()))
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DO_HEADS=1 {flags}")
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
-
-
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
 @pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
 def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):

@@ -61,12 +61,6 @@
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
 #define CTR_ATT_LOADED (MODEL_N_KV_HEADS + 3) /* its KV groups' first splits with their loads out (MV_RES_ASYNC_AFTER) */
 #define CTR_COUNT (MODEL_N_KV_HEADS + 4)
-#ifndef O_HEADS
-#define O_HEADS 0 /* o_proj split by KV group (o_heads_kernel; plan.py): a variant build's -DO_HEADS=1 */
-#endif
-#ifndef O_HEADS_ROWS
-#define O_HEADS_ROWS 8 /* its rows a block */
-#endif
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -131,12 +125,11 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
     ATT_PROBE_LEAVE();
     attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
-                      n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{}, 0, 0, NULL, !O_HEADS);
+                      n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
 /* A short context's decode attention in one block a (KV head, split) where the plan says so
- * (codegen/plan.py, _att_short; the tensor-core path's): -DATT_SHORT=0 turns it off. With O_HEADS
- * its splits leave their partial sums to o_heads_body, as attention_body's do. */
+ * (codegen/plan.py, _att_short; the tensor-core path's): -DATT_SHORT=0 turns it off. */
 #ifndef ATT_SHORT
 #define ATT_SHORT (0 && ATT_MMA_HD)
 #endif
@@ -152,7 +145,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     ATT_PROBE_LEAVE();
     attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
-                                     blockIdx.x, blockIdx.y, wait_pdl{}, !O_HEADS);
+                                     blockIdx.x, blockIdx.y, wait_pdl{});
 }
 #endif
 
@@ -162,16 +155,15 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 }
 
 #ifndef ATT_O_GRID
-#define ATT_O_GRID (O_HEADS ? 0 : 0) /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
+#define ATT_O_GRID 0 /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
 #endif
-static_assert(!(ATT_O_GRID && O_HEADS), "O_HEADS: o_proj in a kernel of its own (ATT_O_GRID 0)");
 /* The short context's steps in the joined grid, with attention_short_body's blocks, where the plan
  * says so (codegen/plan.py, _att_o_short: o_proj at 2 blocks an SM anyway; -DATT_O_SHORT=0 off),
  * so that o_proj is QKV's dependent and launches with attention instead of after it. At depth 0
  * attention's boundary costs 7B 2.8% and 1B 3.5% (-DPROBE_NO_ATT=1), its work nothing (=2); this
  * gains the 7B 0.5-0.6% (PERFORMANCE.md, twenty-third session). */
 #ifndef ATT_O_SHORT
-#define ATT_O_SHORT (0 && ATT_SHORT && !O_HEADS && !MV_RES_ASYNC_AFTER)
+#define ATT_O_SHORT (0 && ATT_SHORT && !MV_RES_ASYNC_AFTER)
 #endif
 /* -DATT_O_ONE_WAVE=1 (a variant, not run on a GPU): the joined short grid's o_proj blocks a wave
  * less its attention blocks, so that every block is resident at once. Without it the 7B's grid is
@@ -181,27 +173,9 @@ static_assert(!(ATT_O_GRID && O_HEADS), "O_HEADS: o_proj in a kernel of its own 
 #ifndef ATT_O_ONE_WAVE
 #define ATT_O_ONE_WAVE 0
 #endif
-static_assert(!ATT_O_SHORT || (ATT_SHORT && !O_HEADS && !MV_RES_ASYNC_AFTER),
-              "ATT_O_SHORT: the short context's kernel (ATT_SHORT), o_proj's own rows (no O_HEADS), no CTR_ATT_LOADED count");
+static_assert(!ATT_O_SHORT || (ATT_SHORT && !MV_RES_ASYNC_AFTER),
+              "ATT_O_SHORT: the short context's kernel (ATT_SHORT), no CTR_ATT_LOADED count");
 
-#if O_HEADS
-static_assert(O_HEADS_ROWS > 0 && MODEL_DIM % O_HEADS_ROWS == 0, "O_HEADS_ROWS: a divisor of the model's dim, a multiple of 8");
-/* self_attn.o_proj (+ bias) split by KV group, the attention splits weighed on the way in, the sums
- * in the fixed-point residual (o_heads_body): blocks (rows / O_HEADS_ROWS, n_kv_heads) */
-#ifndef O_HEADS_DYN_SMEM
-#define O_HEADS_DYN_SMEM 0 /* a probe's: dynamic shared memory it does not use, bytes */
-#endif
-#ifndef O_HEADS_MIN_BLOCKS
-#define O_HEADS_MIN_BLOCKS 4 /* blocks an SM its registers must allow: o_proj's */
-#endif
-static __global__ void __launch_bounds__(MV_THREADS, O_HEADS_MIN_BLOCKS) o_heads_kernel(model_layer_weights w, const float *att, const float *part_acc,
-                                                                     const float *part_ml, const int *io, const float *x,
-                                                                     long long *fix, int n_splits) {
-    o_heads_body<MODEL_KV_MUL * MODEL_HEAD_DIM / 8, O_HEADS_ROWS>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, part_acc, part_ml, io, x,
-                                                                  fix, MODEL_Q_DIM, MODEL_HEAD_DIM, MODEL_KV_MUL, n_splits,
-                                                                  ATT_MIN_SPLITS, wait_pdl{});
-}
-#endif
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
 
 /* Attention and o_proj in one grid, each block one of them, by the order blocks arrive (an atomic
@@ -247,16 +221,15 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
-                                                                                  unsigned *att_done, const long long *fix) {
-    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{}, O_HEADS ? fix : nullptr);
+                                                                                  unsigned *att_done) {
+    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
     /* past the wait: attention_o_proj_kernel has ended, nobody reads its counts until the next layer's */
     if (blockIdx.x == 0 && threadIdx.x == 0) att_done[0] = att_done[CTR_ATT_LOADED - CTR_ATT_DONE] = 0;
 }
 
-/* mlp.down_proj + residual (given fix, the residual from there: O_HEADS) */
-static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x, long long *fix) {
-    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{}, (int)blockIdx.x,
-                         (int)gridDim.x, nullptr, 0, O_HEADS ? fix : nullptr);
+/* mlp.down_proj + residual */
+static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
+    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
 }
 
 /* model.norm, the LM head and the greedy choice */
@@ -453,7 +426,6 @@ struct model_cuda {
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
-    long long *o_fix;         /* (dim) the same from o_proj to down, fixed point (O_HEADS; 0 between them) */
     float *q;                 /* (q_dim) */
     float *att;               /* (q_dim) attention output */
     float *hb;                /* (hidden_dim) */
@@ -638,20 +610,13 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 }
                 mark(ST_ATT);
-#if O_HEADS
-                launch(o_heads_kernel, MODEL_DIM / O_HEADS_ROWS, MODEL_N_KV_HEADS, MV_THREADS, O_HEADS_DYN_SMEM, m->stream, *lw, m->att, m->part_acc,
-                       m->part_ml, m->io, m->x, m->o_fix, n_splits);
-#else
                 launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x);
-#endif
                 mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
-                   m->stream, *lw, m->x, m->hb,
-                   m->counters + CTR_ATT_DONE, (const long long *)(O_HEADS ? m->o_fix : NULL));
+                   m->stream, *lw, m->x, m->hb, m->counters + CTR_ATT_DONE);
             mark(ST_GATE_UP);
-            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw, m->hb, m->x,
-                   O_HEADS ? m->o_fix : NULL);
+            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw, m->hb, m->x);
             mark(ST_DOWN);
         }
         if (kind != STEP_PROMPT) {
@@ -915,8 +880,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
 
     /* PREFILL_BATCH rows each for a prefill batch; a decode step uses the first */
     CUDA_CHECK(cudaMalloc(&m->x, (size_t)PREFILL_BATCH * MODEL_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->o_fix, MODEL_DIM * sizeof(long long)));
-    CUDA_CHECK(cudaMemset(m->o_fix, 0, MODEL_DIM * sizeof(long long)));
     CUDA_CHECK(cudaMalloc(&m->q, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->att, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
@@ -1229,7 +1192,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     }
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
-    void *dev[] = {m->arena, m->x, m->o_fix, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
+    void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
