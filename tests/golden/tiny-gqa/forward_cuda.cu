@@ -203,7 +203,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
 #if ATT_SHORT
         if (SHORT) {
             attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
-                                             b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{}, true, counters + CTR_ATT_DONE);
+                                             b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{}, counters + CTR_ATT_DONE);
             return;
         }
 #endif
