@@ -112,6 +112,15 @@ static_assert(MV_RES_ASYNC >= 0, "MV_RES_ASYNC: 0 or more steps");
 #ifndef QKV_SPLIT_LAST
 #define QKV_SPLIT_LAST 1
 #endif
+/* -DATT_WAIT_GROUPS=1 (a variant, not run on a GPU): in the short context's steps QKV's blocks add
+ * the pairs they finished to their KV group's count (rmsnorm_qkv_rope_body's group_done) and the
+ * short context's attention waits on its group's count instead of QKV's grid (griddepcontrol.wait:
+ * the grid's completion and flush). Traced at depth 0 that wait returned 0.6 µs after QKV's last
+ * block (7B, separate kernels), 1.06 µs in the joined grid (PERFORMANCE.md, twenty-third session). */
+#ifndef ATT_WAIT_GROUPS
+#define ATT_WAIT_GROUPS 0
+#endif
+#define QKV_MAX_GROUPS 64 /* most KV groups rmsnorm_qkv_rope_body counts in shared memory */
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -909,17 +918,26 @@ __device__ __forceinline__ void qkv_pair(int p, int q_pairs, int k_pairs, int he
     }
 }
 
-/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store, a pair per warp. */
+/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store, a pair per warp. Given
+ * group_done (ATT_WAIT_GROUPS), each block adds the pairs it finished to their KV group's count,
+ * (kv_mul + 2) * head_dim / 2 pairs a group in all, after a fence: what the group's attention waits
+ * on. */
 template <typename Wait>
 __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
                                                       const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
                                                       const uint16_t *bv, const float *x, float *q, uint16_t *kc,
                                                       uint16_t *vc, const int *io, const float *inv_freq, int dim,
-                                                      int q_dim, int kv_dim, int head_dim, int ctx, float eps, Wait wait) {
+                                                      int q_dim, int kv_dim, int head_dim, int ctx, float eps, Wait wait,
+                                                      unsigned *group_done = nullptr) {
     extern __shared__ float sx[];
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
-    const int lane = threadIdx.x % WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE, n_groups = kv_dim / head_dim, kv_mul = q_dim / kv_dim;
     int p = grid_warp(), ra = 0, rb = 0, kind = 0;
+    __shared__ unsigned group_pairs[QKV_MAX_GROUPS]; /* this block's finished pairs by KV group (group_done) */
+    if (group_done) {
+        if (n_groups > QKV_MAX_GROUPS) __trap();
+        for (int g = threadIdx.x; g < n_groups; g += blockDim.x) group_pairs[g] = 0; /* stage_input's barrier comes first */
+    }
     TRACE_BEGIN(ST_QKV);
     row_chunks<MV_PAIR_UNROLL> a, b;
     if (p < pairs) {
@@ -985,6 +1003,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
             cache[kv_at(pos, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(va));
             cache[kv_at(pos, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(vb));
         }
+        if (group_done) atomicAdd_block(&group_pairs[ra / head_dim / (kind == 0 ? kv_mul : 1)], 1u);
     };
     /* the last round split by K (QKV_SPLIT_LAST) where the pairs fill a round and what is left of
      * them fits half the warps; the full rounds before it as usual */
@@ -1027,6 +1046,12 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                qkv_n > 1 ? qkv_t2 - qkv_t1 : 0u, qkv_n > 2 ? qkv_t3 - qkv_t2 : 0u);
     }
 #endif
+    if (group_done) { /* the writes above, then the block's counts (the classic fence, barrier, atomic) */
+        __threadfence();
+        __syncthreads();
+        for (int g = threadIdx.x; g < n_groups; g += blockDim.x)
+            if (group_pairs[g]) atomicAdd(group_done + g, group_pairs[g]);
+    }
     TRACE_END();
     sm_done_probe(ST_QKV);
 }

@@ -60,7 +60,8 @@
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
 #define CTR_ATT_LOADED (MODEL_N_KV_HEADS + 3) /* its KV groups' first splits with their loads out (MV_RES_ASYNC_AFTER) */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
+#define CTR_QKV_GROUPS (MODEL_N_KV_HEADS + 4) /* QKV's finished pairs by KV group (ATT_WAIT_GROUPS), MODEL_N_KV_HEADS of them */
+#define CTR_COUNT (2 * MODEL_N_KV_HEADS + 4)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -89,13 +90,26 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 }
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
+/* GROUPS: its blocks count their pairs by KV group into counters[CTR_QKV_GROUPS + g], what the
+ * short context's attention waits on in ATT_WAIT_GROUPS builds (the gate/up kernel resets them) */
+template <bool GROUPS>
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
-                                                                     uint16_t *kc, uint16_t *vc, const int *io, int ctx) {
+                                                                     uint16_t *kc, uint16_t *vc, const int *io, int ctx,
+                                                                     unsigned *counters) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
-                          MODEL_NORM_EPS, wait_pdl{});
+                          MODEL_NORM_EPS, wait_pdl{}, GROUPS ? counters + CTR_QKV_GROUPS : NULL);
 }
+static_assert(MODEL_N_KV_HEADS <= QKV_MAX_GROUPS, "rmsnorm_qkv_rope_body counts at most QKV_MAX_GROUPS KV groups");
+/* What the short context's attention of KV group kvh waits on: in ATT_WAIT_GROUPS builds the group's
+ * QKV pairs counted (QKV launched with GROUPS), else QKV's grid */
+#define QKV_GROUP_PAIRS ((MODEL_KV_MUL + 2) * MODEL_HEAD_DIM / 2)
+#if ATT_WAIT_GROUPS
+#define ATT_SHORT_WAIT(counters, kvh) (wait_count{(counters) + CTR_QKV_GROUPS + (kvh), (unsigned)QKV_GROUP_PAIRS})
+#else
+#define ATT_SHORT_WAIT(counters, kvh) (wait_pdl{})
+#endif
 
 /* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
  * the head width, or 0 for the fp32 path (-DATT_MMA_HD=0 turns it off). */
@@ -145,7 +159,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     ATT_PROBE_LEAVE();
     attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
-                                     blockIdx.x, blockIdx.y, wait_pdl{});
+                                     blockIdx.x, blockIdx.y, ATT_SHORT_WAIT(counters, blockIdx.x));
 }
 #endif
 
@@ -164,14 +178,6 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
  * gains the 7B 0.5-0.6% (PERFORMANCE.md, twenty-third session). */
 #ifndef ATT_O_SHORT
 #define ATT_O_SHORT (0 && ATT_SHORT && !MV_RES_ASYNC_AFTER)
-#endif
-/* -DATT_O_ONE_WAVE=1 (a variant, not run on a GPU): the joined short grid's o_proj blocks a wave
- * less its attention blocks, so that every block is resident at once. Without it the 7B's grid is
- * 264 + 8 blocks at 2 an SM: traced at depth 0, its last o_proj blocks land 2.5 us after
- * attention's end, when attention's have left, and o_proj ends 0.3 us after its p90 block
- * (PERFORMANCE.md, twenty-third session); with 256 o_proj blocks each warp still takes one pair. */
-#ifndef ATT_O_ONE_WAVE
-#define ATT_O_ONE_WAVE 0
 #endif
 static_assert(!ATT_O_SHORT || (ATT_SHORT && !MV_RES_ASYNC_AFTER),
               "ATT_O_SHORT: the short context's kernel (ATT_SHORT), no CTR_ATT_LOADED count");
@@ -203,7 +209,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
 #if ATT_SHORT
         if (SHORT) {
             attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
-                                             b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{}, counters + CTR_ATT_DONE);
+                                             b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, ATT_SHORT_WAIT(counters, b % MODEL_N_KV_HEADS),
+                                             counters + CTR_ATT_DONE);
             return;
         }
 #endif
@@ -221,10 +228,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
-                                                                                  unsigned *att_done) {
+                                                                                  unsigned *counters) {
     rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
-    /* past the wait: attention_o_proj_kernel has ended, nobody reads its counts until the next layer's */
-    if (blockIdx.x == 0 && threadIdx.x == 0) att_done[0] = att_done[CTR_ATT_LOADED - CTR_ATT_DONE] = 0;
+    /* past the wait: attention (and o_proj) have ended, nobody reads these counts until the next layer's */
+    if (blockIdx.x == 0) {
+        if (threadIdx.x == 0) counters[CTR_ATT_DONE] = counters[CTR_ATT_LOADED] = 0;
+        if (ATT_WAIT_GROUPS && threadIdx.x < MODEL_N_KV_HEADS) counters[CTR_QKV_GROUPS + threadIdx.x] = 0;
+    }
 }
 
 /* mlp.down_proj + residual */
@@ -582,11 +592,17 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
-                   m->x, m->q, kc, vc, m->io, m->ctx);
-            mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
-            if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
+            const bool last = kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1;
+            /* QKV counts its pairs by KV group where the short context's attention waits on them */
+            if (ATT_WAIT_GROUPS && short_kernel && !last && PROBE_NO_ATT != 1)
+                launch(rmsnorm_qkv_rope_kernel<true>, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV),
+                       m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx, m->counters);
+            else
+                launch(rmsnorm_qkv_rope_kernel<false>, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV),
+                       m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx, m->counters);
+            mark(ST_QKV);
+            if (last) break;
             if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
@@ -614,7 +630,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                 mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
-                   m->stream, *lw, m->x, m->hb, m->counters + CTR_ATT_DONE);
+                   m->stream, *lw, m->x, m->hb, m->counters);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw, m->hb, m->x);
             mark(ST_DOWN);
@@ -828,7 +844,12 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20)); /* a probe build's lines (cuda_kernels.cuh) */
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel<false>, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
+    /* the counting kernel runs on the same grid: a wave of it too */
+    if (one_wave((const void *)rmsnorm_qkv_rope_kernel<true>, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms) != m->grid_qkv) {
+        free(m);
+        return err_set(ERR_DEVICE, "--device cuda: the QKV kernel's counting form fits another grid than its plain one");
+    }
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
     m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms);
 #if ATT_O_SHORT
@@ -931,12 +952,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->short_kernel_positions = m->short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
-#if ATT_O_SHORT && ATT_O_ONE_WAVE
-    /* the joined grid's blocks within one wave: o_proj's a wave less attention's */
-    m->grid_att_o_short = std::max(1, std::min(m->grid_att_o_short, one_wave((const void *)attention_o_proj_kernel<true>, 1 << 30,
-                                                                             ATT_O_SHORT_SMEM_BYTES, sms) -
-                                                                        MODEL_N_KV_HEADS * m->short_kernel_splits));
-#endif
 #endif
     for (int s = 0; s < 3; s++)
         for (int kind = 0; kind < STEP_KINDS + PREFILL_SIZES; kind++) {
