@@ -1046,11 +1046,19 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                qkv_n > 1 ? qkv_t2 - qkv_t1 : 0u, qkv_n > 2 ? qkv_t3 - qkv_t2 : 0u);
     }
 #endif
-    if (group_done) { /* the writes above, then the block's counts (the classic fence, barrier, atomic) */
-        __threadfence();
+    if (group_done) {
+        /* the writes above, then the block's counts: ATT_WAIT_GROUPS 1, every thread's fence (fence.sc),
+         * a barrier, relaxed atomics; 2, a barrier, then each count a release reduction (PTX's
+         * cumulativity carries the other threads' writes, ordered before it by the barrier) */
+        if (ATT_WAIT_GROUPS != 2) __threadfence();
         __syncthreads();
-        for (int g = threadIdx.x; g < n_groups; g += blockDim.x)
-            if (group_pairs[g]) atomicAdd(group_done + g, group_pairs[g]);
+        for (int g = threadIdx.x; g < n_groups; g += blockDim.x) {
+            if (!group_pairs[g]) continue;
+            if (ATT_WAIT_GROUPS == 2)
+                asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(group_done + g), "r"(group_pairs[g]) : "memory");
+            else
+                atomicAdd(group_done + g, group_pairs[g]);
+        }
     }
     TRACE_END();
     sm_done_probe(ST_QKV);
