@@ -112,15 +112,18 @@ static_assert(MV_RES_ASYNC >= 0, "MV_RES_ASYNC: 0 or more steps");
 #ifndef QKV_SPLIT_LAST
 #define QKV_SPLIT_LAST 1
 #endif
-/* -DATT_WAIT_GROUPS=1 (a variant, not run on a GPU): in the short context's steps QKV's blocks add
- * the pairs they finished to their KV group's count (rmsnorm_qkv_rope_body's group_done) and the
- * short context's attention waits on its group's count instead of QKV's grid (griddepcontrol.wait:
- * the grid's completion and flush). Traced at depth 0 that wait returned 0.6 µs after QKV's last
- * block (7B, separate kernels), 1.06 µs in the joined grid (PERFORMANCE.md, twenty-third session). */
-#ifndef ATT_WAIT_GROUPS
-#define ATT_WAIT_GROUPS 0
+/* -DATT_O_POLL=1 (a variant, not run on a GPU): in the joined short grid (ATT_O_SHORT) o_proj's blocks
+ * wait for attention's outputs themselves, not for its count: attention writes them into att_poll,
+ * whose words read ATT_POLL_WORD until written; an o_proj block polls one float4 of each KV group's
+ * outputs (the last its block writes) and then stages the input polling any float4 still unwritten
+ * (stage_input_polled); the gate/up kernel puts the words back. The count's signal costs attention a
+ * fence and an atomic after its stores, and o_proj a poll's round trip before its staging's: traced
+ * on the 7B at depth 0, o_proj's first block saw the count 1.65 us after attention's last block,
+ * its median staged its input at 2.41 (PERFORMANCE.md, twenty-fourth session). */
+#ifndef ATT_O_POLL
+#define ATT_O_POLL 0
 #endif
-#define QKV_MAX_GROUPS 64 /* most KV groups rmsnorm_qkv_rope_body counts in shared memory */
+#define ATT_POLL_WORD 0xFFFFFFFFu /* att_poll's word not yet written: a NaN that no arithmetic makes */
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -282,6 +285,55 @@ struct wait_count {
         __syncthreads();
         pdl_launch_dependents();
     }
+};
+
+/* A float4 of att_poll (ATT_O_POLL) as it is in L2 now: a relaxed load at GPU scope, never L1's copy. */
+__device__ __forceinline__ float4 ld_poll(const float4 *p) {
+    float4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ bool unwritten(float4 v) {
+    return __float_as_uint(v.x) == ATT_POLL_WORD || __float_as_uint(v.y) == ATT_POLL_WORD ||
+           __float_as_uint(v.z) == ATT_POLL_WORD || __float_as_uint(v.w) == ATT_POLL_WORD;
+}
+/* *p once every word of it is written (polls sleep ns apart; an error after WAIT_COUNT_LIMIT_NS) */
+__device__ __forceinline__ float4 poll_written(const float4 *p, unsigned ns) {
+    float4 v = ld_poll(p);
+    if (!unwritten(v)) return v;
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(ns);
+        v = ld_poll(p);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > WAIT_COUNT_LIMIT_NS) {
+            printf("ingot: a block waited %llu ns for attention's output (poll_written): stopping\n", t - t0);
+            __trap();
+        }
+    } while (unwritten(v));
+    return v;
+}
+/* The joined short grid's o_proj blocks (ATT_O_POLL): thread g < groups polls the last float4 of KV
+ * group g's outputs (group_floats each) in att, then the next kernel may launch as after wait_pdl.
+ * The input's staging (stage_input_polled) makes sure of the rest. */
+struct wait_poll {
+    const float *att;
+    int groups, group_floats;
+    __device__ __forceinline__ void operator()() const {
+        if ((int)threadIdx.x < groups)
+            poll_written(reinterpret_cast<const float4 *>(att + (size_t)(threadIdx.x + 1) * group_floats) - 1, 20);
+        __syncthreads();
+        pdl_launch_dependents();
+    }
+};
+template <typename W>
+struct polls_input {
+    static constexpr bool value = false;
+};
+template <>
+struct polls_input<wait_poll> {
+    static constexpr bool value = true;
 };
 
 /* Nothing to wait for (the caller has already waited). */
@@ -851,6 +903,30 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
     return rsqrtf(ss / (float)K + eps);
 }
 
+/* sx (K, shared) = x as stage_input without a norm, for an input whose words read ATT_POLL_WORD until
+ * written (ATT_O_POLL): each float4 polled until every word of it is. */
+template <typename H = no_hook>
+__device__ __forceinline__ void stage_input_polled(float *sx, const float *x, int K, H issued = H{}) {
+    float4 *s4 = reinterpret_cast<float4 *>(sx);
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+#pragma unroll 1
+    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
+        float4 v[STAGE_VEC];
+#pragma unroll
+        for (int j = 0; j < STAGE_VEC; j++) {
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            if (g < K / 4) v[j] = ld_poll(x4 + g);
+        }
+        if (round == 0) issued();
+#pragma unroll
+        for (int j = 0; j < STAGE_VEC; j++) {
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            if (g < K / 4) s4[sx_group(g, K)] = unwritten(v[j]) ? poll_written(x4 + g, 32) : v[j];
+        }
+    }
+    __syncthreads();
+}
+
 /* Dynamic shared memory of a matvec kernel whose input has K values. */
 #define MV_SMEM_BYTES(K) ((size_t)(K) * sizeof(float))
 
@@ -918,26 +994,17 @@ __device__ __forceinline__ void qkv_pair(int p, int q_pairs, int k_pairs, int he
     }
 }
 
-/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store, a pair per warp. Given
- * group_done (ATT_WAIT_GROUPS), each block adds the pairs it finished to their KV group's count,
- * (kv_mul + 2) * head_dim / 2 pairs a group in all, after a fence: what the group's attention waits
- * on. */
+/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store, a pair per warp. */
 template <typename Wait>
 __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
                                                       const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
                                                       const uint16_t *bv, const float *x, float *q, uint16_t *kc,
                                                       uint16_t *vc, const int *io, const float *inv_freq, int dim,
-                                                      int q_dim, int kv_dim, int head_dim, int ctx, float eps, Wait wait,
-                                                      unsigned *group_done = nullptr) {
+                                                      int q_dim, int kv_dim, int head_dim, int ctx, float eps, Wait wait) {
     extern __shared__ float sx[];
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
-    const int lane = threadIdx.x % WARP_SIZE, n_groups = kv_dim / head_dim, kv_mul = q_dim / kv_dim;
+    const int lane = threadIdx.x % WARP_SIZE;
     int p = grid_warp(), ra = 0, rb = 0, kind = 0;
-    __shared__ unsigned group_pairs[QKV_MAX_GROUPS]; /* this block's finished pairs by KV group (group_done) */
-    if (group_done) {
-        if (n_groups > QKV_MAX_GROUPS) __trap();
-        for (int g = threadIdx.x; g < n_groups; g += blockDim.x) group_pairs[g] = 0; /* stage_input's barrier comes first */
-    }
     TRACE_BEGIN(ST_QKV);
     row_chunks<MV_PAIR_UNROLL> a, b;
     if (p < pairs) {
@@ -1003,7 +1070,6 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
             cache[kv_at(pos, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(va));
             cache[kv_at(pos, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(vb));
         }
-        if (group_done) atomicAdd_block(&group_pairs[ra / head_dim / (kind == 0 ? kv_mul : 1)], 1u);
     };
     /* the last round split by K (QKV_SPLIT_LAST) where the pairs fill a round and what is left of
      * them fits half the warps; the full rounds before it as usual */
@@ -1046,20 +1112,6 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                qkv_n > 1 ? qkv_t2 - qkv_t1 : 0u, qkv_n > 2 ? qkv_t3 - qkv_t2 : 0u);
     }
 #endif
-    if (group_done) {
-        /* the writes above, then the block's counts: ATT_WAIT_GROUPS 1, every thread's fence (fence.sc),
-         * a barrier, relaxed atomics; 2, a barrier, then each count a release reduction (PTX's
-         * cumulativity carries the other threads' writes, ordered before it by the barrier) */
-        if (ATT_WAIT_GROUPS != 2) __threadfence();
-        __syncthreads();
-        for (int g = threadIdx.x; g < n_groups; g += blockDim.x) {
-            if (!group_pairs[g]) continue;
-            if (ATT_WAIT_GROUPS == 2)
-                asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(group_done + g), "r"(group_pairs[g]) : "memory");
-            else
-                atomicAdd(group_done + g, group_pairs[g]);
-        }
-    }
     TRACE_END();
     sm_done_probe(ST_QKV);
 }
@@ -1115,11 +1167,15 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     wait();
     TRACE_AT(TRACE_WAITED);
     /* the first step's chunks a paced start left (MV_RES_PACE), behind the input's loads */
-    stage_input(sx, in, false, K, 0.0f, [&] {
+    auto rest = [&] {
         if (early >= MV_UNROLL || row >= n) return;
         load_chunks_from(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane, early);
         if (pairs) load_chunks_from(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane, early);
-    });
+    };
+    if (polls_input<Wait>::value) /* an input polled word by word (wait_poll, ATT_O_POLL) */
+        stage_input_polled(sx, in, K, rest);
+    else
+        stage_input(sx, in, false, K, 0.0f, rest);
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);

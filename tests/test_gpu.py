@@ -250,17 +250,16 @@ def test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu(variant, tmp_path
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-group3-long", "-DATT_WAIT_GROUPS=1"),
-                                           ("tiny-wide", "-DATT_WAIT_GROUPS=1 -DATT_O_SHORT=1"),
-                                           ("tiny-group3-long", "-DATT_WAIT_GROUPS=2")])
-def test_tiny_gpu_attention_waits_on_qkv_groups_equal_cpu(variant, flags, tmp_path):
-    """ATT_WAIT_GROUPS: QKV's blocks count their pairs by KV group and the short context's attention
-    waits on its group's count instead of QKV's grid. tiny-group3-long: the separate short kernel
-    in splits of 256 (three times TINY_PROMPT); tiny-wide: in the joined attention/o_proj grid.
+@pytest.mark.parametrize("variant", ["tiny-group3-long", "tiny-wide"])
+def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
+    """ATT_O_POLL: in the joined short grid (forced on) o_proj's blocks poll attention's outputs
+    themselves (words that read ATT_POLL_WORD until written, put back by the gate/up kernel)
+    instead of waiting on attention's count. tiny-group3-long: the outputs from the combining
+    block (three times TINY_PROMPT crosses its splits of 256); tiny-wide: from the one split.
     Logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-wait-groups{flags[18]}")
+    d = tiny_model_dir(variant, name=f"{variant}-att-o-poll")
     prompt = " ".join([TINY_PROMPT] * 3) if variant == "tiny-group3-long" else TINY_PROMPT
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_O_SHORT=1 -DATT_O_POLL=1")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 

@@ -60,8 +60,7 @@
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
 #define CTR_ATT_LOADED (MODEL_N_KV_HEADS + 3) /* its KV groups' first splits with their loads out (MV_RES_ASYNC_AFTER) */
-#define CTR_QKV_GROUPS (MODEL_N_KV_HEADS + 4) /* QKV's finished pairs by KV group (ATT_WAIT_GROUPS), MODEL_N_KV_HEADS of them */
-#define CTR_COUNT (2 * MODEL_N_KV_HEADS + 4)
+#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -90,26 +89,13 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 }
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
-/* GROUPS: its blocks count their pairs by KV group into counters[CTR_QKV_GROUPS + g], what the
- * short context's attention waits on in ATT_WAIT_GROUPS builds (the gate/up kernel resets them) */
-template <bool GROUPS>
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
-                                                                     uint16_t *kc, uint16_t *vc, const int *io, int ctx,
-                                                                     unsigned *counters) {
+                                                                     uint16_t *kc, uint16_t *vc, const int *io, int ctx) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
-                          MODEL_NORM_EPS, wait_pdl{}, GROUPS ? counters + CTR_QKV_GROUPS : NULL);
+                          MODEL_NORM_EPS, wait_pdl{});
 }
-static_assert(MODEL_N_KV_HEADS <= QKV_MAX_GROUPS, "rmsnorm_qkv_rope_body counts at most QKV_MAX_GROUPS KV groups");
-/* What the short context's attention of KV group kvh waits on: in ATT_WAIT_GROUPS builds the group's
- * QKV pairs counted (QKV launched with GROUPS), else QKV's grid */
-#define QKV_GROUP_PAIRS ((MODEL_KV_MUL + 2) * MODEL_HEAD_DIM / 2)
-#if ATT_WAIT_GROUPS
-#define ATT_SHORT_WAIT(counters, kvh) (wait_count{(counters) + CTR_QKV_GROUPS + (kvh), (unsigned)QKV_GROUP_PAIRS})
-#else
-#define ATT_SHORT_WAIT(counters, kvh) (wait_pdl{})
-#endif
 
 /* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
  * the head width, or 0 for the fp32 path (-DATT_MMA_HD=0 turns it off). */
@@ -159,7 +145,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     ATT_PROBE_LEAVE();
     attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
-                                     blockIdx.x, blockIdx.y, ATT_SHORT_WAIT(counters, blockIdx.x));
+                                     blockIdx.x, blockIdx.y, wait_pdl{});
 }
 #endif
 
@@ -209,8 +195,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
 #if ATT_SHORT
         if (SHORT) {
             attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
-                                             b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, ATT_SHORT_WAIT(counters, b % MODEL_N_KV_HEADS),
-                                             counters + CTR_ATT_DONE);
+                                             b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{}, counters + CTR_ATT_DONE);
             return;
         }
 #endif
@@ -219,22 +204,26 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
                           MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : NULL);
         return;
     }
-    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
-                         wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
-                         (int)gridDim.x - att_blocks,
-                         MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : MV_RES_PACE ? counters + CTR_ATT_DONE : NULL,
-                         (unsigned)MODEL_N_KV_HEADS);
+    const unsigned *go = MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
+    if constexpr (SHORT && ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+                             wait_poll{att, MODEL_N_KV_HEADS, MODEL_KV_MUL * MODEL_HEAD_DIM}, b - att_blocks,
+                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
+    else
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+                             wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
+                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
-                                                                                  unsigned *counters) {
+                                                                                  unsigned *att_done, float *att_poll) {
     rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
-    /* past the wait: attention (and o_proj) have ended, nobody reads these counts until the next layer's */
-    if (blockIdx.x == 0) {
-        if (threadIdx.x == 0) counters[CTR_ATT_DONE] = counters[CTR_ATT_LOADED] = 0;
-        if (ATT_WAIT_GROUPS && threadIdx.x < MODEL_N_KV_HEADS) counters[CTR_QKV_GROUPS + threadIdx.x] = 0;
-    }
+    /* past the wait: attention_o_proj_kernel has ended, nobody reads its counts until the next layer's */
+    if (blockIdx.x == 0 && threadIdx.x == 0) att_done[0] = att_done[CTR_ATT_LOADED - CTR_ATT_DONE] = 0;
+    /* nor att_poll, whose words read "unwritten" again for the next layer's (ATT_O_POLL) */
+    if (ATT_O_POLL && ATT_O_SHORT && blockIdx.x == gridDim.x - 1)
+        for (int i = threadIdx.x; i < MODEL_Q_DIM; i += blockDim.x) att_poll[i] = __uint_as_float(ATT_POLL_WORD);
 }
 
 /* mlp.down_proj + residual */
@@ -438,6 +427,7 @@ struct model_cuda {
     float *x;                 /* (dim) residual stream */
     float *q;                 /* (q_dim) */
     float *att;               /* (q_dim) attention output */
+    float *att_poll;          /* (q_dim) the joined short grid's (ATT_O_POLL): ATT_POLL_WORD words until written */
     float *hb;                /* (hidden_dim) */
     float *logits;            /* (vocab) */
     uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_kernels.cuh: kv_at) */
@@ -592,17 +582,11 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
-            const bool last = kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1;
-            /* QKV counts its pairs by KV group where the short context's attention waits on them */
-            if (ATT_WAIT_GROUPS && short_kernel && !last && PROBE_NO_ATT != 1)
-                launch(rmsnorm_qkv_rope_kernel<true>, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV),
-                       m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx, m->counters);
-            else
-                launch(rmsnorm_qkv_rope_kernel<false>, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV),
-                       m->stream, *lw, m->x, m->q, kc, vc, m->io, m->ctx, m->counters);
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
+                   m->x, m->q, kc, vc, m->io, m->ctx);
             mark(ST_QKV);
-            if (last) break;
+            /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
+            if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
             if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
@@ -610,7 +594,8 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
 #if ATT_O_SHORT
             } else if (!marks && short_kernel) {
                 launch(attention_o_proj_kernel<true>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
-                       ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att,
+                       ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters,
+                       ATT_O_POLL ? m->att_poll : m->att,
                        m->x, m->ctx, n_splits);
 #endif
             } else {
@@ -630,7 +615,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                 mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
-                   m->stream, *lw, m->x, m->hb, m->counters);
+                   m->stream, *lw, m->x, m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw, m->hb, m->x);
             mark(ST_DOWN);
@@ -844,12 +829,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20)); /* a probe build's lines (cuda_kernels.cuh) */
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel<false>, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
-    /* the counting kernel runs on the same grid: a wave of it too */
-    if (one_wave((const void *)rmsnorm_qkv_rope_kernel<true>, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms) != m->grid_qkv) {
-        free(m);
-        return err_set(ERR_DEVICE, "--device cuda: the QKV kernel's counting form fits another grid than its plain one");
-    }
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
     m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms);
 #if ATT_O_SHORT
@@ -903,6 +883,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->x, (size_t)PREFILL_BATCH * MODEL_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->q, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->att, (size_t)PREFILL_BATCH * MODEL_Q_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->att_poll, MODEL_Q_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->att_poll, 0xFF, MODEL_Q_DIM * sizeof(float))); /* ATT_POLL_WORD */
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
@@ -1207,7 +1189,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     }
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
-    void *dev[] = {m->arena, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
+    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
