@@ -112,17 +112,10 @@ static_assert(MV_RES_ASYNC >= 0, "MV_RES_ASYNC: 0 or more steps");
 #ifndef QKV_SPLIT_LAST
 #define QKV_SPLIT_LAST 1
 #endif
-/* -DATT_O_POLL=1 (a variant, not run on a GPU): in the joined short grid (ATT_O_SHORT) o_proj's blocks
- * wait for attention's outputs themselves, not for its count: attention writes them into att_poll,
- * whose words read ATT_POLL_WORD until written; an o_proj block polls one float4 of each KV group's
- * outputs (the last its block writes) and then stages the input polling any float4 still unwritten
- * (stage_input_polled); the gate/up kernel puts the words back. The count's signal costs attention a
- * fence and an atomic after its stores, and o_proj a poll's round trip before its staging's: traced
- * on the 7B at depth 0, o_proj's first block saw the count 1.65 us after attention's last block,
- * its median staged its input at 2.41 (PERFORMANCE.md, twenty-fourth session). */
-#ifndef ATT_O_POLL
-#define ATT_O_POLL 0
-#endif
+/* The joined short grid's o_proj may wait for attention's outputs themselves instead of its count
+ * (ATT_O_POLL, forward_cuda.cu.j2): attention writes them into a buffer whose words read
+ * ATT_POLL_WORD until written; o_proj's blocks poll a float4 of each KV group's outputs (wait_poll)
+ * and then stage the input polling any float4 still unwritten (stage_input_polled). */
 #define ATT_POLL_WORD 0xFFFFFFFFu /* att_poll's word not yet written: a NaN that no arithmetic makes */
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */

@@ -240,26 +240,28 @@ def test_tiny_gpu_short_attention_splits_equal_cpu(tmp_path):
 @pytest.mark.parametrize("variant", ["tiny-group3-long", "tiny-wide"])
 def test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu(variant, tmp_path):
     """The short context's attention and o_proj in one grid (ATT_O_SHORT: the plan's on the 7B-like
-    shapes, none of the tiny models; here forced on): o_proj's blocks wait on the count of KV groups whose outputs attention_short_body has written. On
+    shapes, none of the tiny models; here forced on) with o_proj's blocks waiting on the count of
+    KV groups whose outputs attention_short_body has written (-DATT_O_POLL=0; the plan's polling is
+    the next test's). On
     tiny-group3-long (heads of 64 in groups of 3) three times TINY_PROMPT crosses its splits of 256,
     so the count comes from the combining block; on tiny-wide (heads of 128) from the one split,
     the steps past 128 positions in the separate kernels. Logits and greedy text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-att-o-short")
     prompt = " ".join([TINY_PROMPT] * 3) if variant == "tiny-group3-long" else TINY_PROMPT
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_O_SHORT=1")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_O_SHORT=1 -DATT_O_POLL=0")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
 @pytest.mark.parametrize("variant", ["tiny-group3-long", "tiny-wide"])
 def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
-    """ATT_O_POLL: in the joined short grid (forced on) o_proj's blocks poll attention's outputs
+    """ATT_O_POLL, the joined short grid's default: there (forced on) o_proj's blocks poll attention's outputs
     themselves (words that read ATT_POLL_WORD until written, put back by the gate/up kernel)
     instead of waiting on attention's count. tiny-group3-long: the outputs from the combining
     block (three times TINY_PROMPT crosses its splits of 256); tiny-wide: from the one split.
     Logits and greedy text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-att-o-poll")
     prompt = " ".join([TINY_PROMPT] * 3) if variant == "tiny-group3-long" else TINY_PROMPT
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_O_SHORT=1 -DATT_O_POLL=1")
+    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_O_SHORT=1")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 

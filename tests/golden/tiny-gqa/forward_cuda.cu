@@ -165,6 +165,16 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #ifndef ATT_O_SHORT
 #define ATT_O_SHORT (0 && ATT_SHORT && !MV_RES_ASYNC_AFTER)
 #endif
+/* In the joined short grid, o_proj's blocks wait for attention's outputs themselves, not for its
+ * count (wait_poll, stage_input_polled): attention writes them into att_poll, whose words read
+ * ATT_POLL_WORD until written and which the gate/up kernel puts back after o_proj. The count's
+ * signal costs attention a fence and an atomic after its stores and o_proj a poll's round trip
+ * before its staging's: 7B +0.4% at depth 0 (three rounds; traced, o_proj's first block passes its
+ * wait 1.09 us after attention's last block instead of 1.65; PERFORMANCE.md, twenty-fourth
+ * session). -DATT_O_POLL=0 waits on the count. */
+#ifndef ATT_O_POLL
+#define ATT_O_POLL ATT_O_SHORT
+#endif
 static_assert(!ATT_O_SHORT || (ATT_SHORT && !MV_RES_ASYNC_AFTER),
               "ATT_O_SHORT: the short context's kernel (ATT_SHORT), no CTR_ATT_LOADED count");
 
@@ -174,7 +184,7 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
  * count; the last to arrive puts it back to 0 for the next layer): the first n_kv_heads * n_splits
  * are attention_kernel's (kv head, split), or given SHORT attention_short_kernel's (ATT_O_SHORT); the rest take o_proj's rows, whose first loads they issue
  * before waiting for the n_kv_heads KV groups' outputs (counted in counters[CTR_ATT_DONE], which the
- * gate/up kernel resets). So o_proj's blocks land with attention's, under QKV's tail, instead of
+ * gate/up kernel resets; given SHORT and ATT_O_POLL, the outputs themselves). So o_proj's blocks land with attention's, under QKV's tail, instead of
  * after attention lets them launch (~2 us a layer in the fifth session's trace). Roles by arrival,
  * not by block index, because CUDA promises no dispatch order: every attention role is held by a
  * block already running, so a waiting o_proj block never waits on one without a slot. */
