@@ -836,18 +836,27 @@ struct no_hook {
     __device__ __forceinline__ void operator()() const {}
 };
 
+/* for_each_group's loads: plain ones, or att_poll's as they are in L2 (ld_poll) */
+struct plain_load {
+    template <typename T>
+    __device__ __forceinline__ T operator()(const T *p) const { return *p; }
+};
+struct poll_load {
+    __device__ __forceinline__ float4 operator()(const float4 *p) const { return ld_poll(p); }
+};
+
 /* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
  * at a time. issued() runs once, after the first round's loads are issued: stage_input's callers
  * queue weight loads behind the input's there. */
-template <typename T, typename F, typename H = no_hook>
-__device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issued = H{}) {
+template <typename T, typename F, typename H = no_hook, typename L = plain_load>
+__device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issued = H{}, L load = L{}) {
 #pragma unroll 1
     for (int round = 0; round < STAGE_ROUNDS(K); round++) {
         T v[STAGE_VEC];
 #pragma unroll
         for (int j = 0; j < STAGE_VEC; j++) {
             int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
-            if (g < K / 4) v[j] = src[g];
+            if (g < K / 4) v[j] = load(src + g);
         }
         if (round == 0) issued();
 #pragma unroll
@@ -902,21 +911,8 @@ template <typename H = no_hook>
 __device__ __forceinline__ void stage_input_polled(float *sx, const float *x, int K, H issued = H{}) {
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     const float4 *x4 = reinterpret_cast<const float4 *>(x);
-#pragma unroll 1
-    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
-        float4 v[STAGE_VEC];
-#pragma unroll
-        for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
-            if (g < K / 4) v[j] = ld_poll(x4 + g);
-        }
-        if (round == 0) issued();
-#pragma unroll
-        for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
-            if (g < K / 4) s4[sx_group(g, K)] = unwritten(v[j]) ? poll_written(x4 + g, 32) : v[j];
-        }
-    }
+    for_each_group(x4, K, [&](int g, float4 v) { s4[sx_group(g, K)] = unwritten(v) ? poll_written(x4 + g, 32) : v; }, issued,
+                   poll_load{});
     __syncthreads();
 }
 
