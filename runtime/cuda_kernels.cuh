@@ -112,11 +112,12 @@ static_assert(MV_RES_ASYNC >= 0, "MV_RES_ASYNC: 0 or more steps");
 #ifndef QKV_SPLIT_LAST
 #define QKV_SPLIT_LAST 1
 #endif
-/* The joined short grid's o_proj may wait for attention's outputs themselves instead of its count
- * (ATT_O_POLL, forward_cuda.cu.j2): attention writes them into a buffer whose words read
- * ATT_POLL_WORD until written; o_proj's blocks poll a float4 of each KV group's outputs (wait_poll)
- * and then stage the input polling any float4 still unwritten (stage_input_polled). */
-#define ATT_POLL_WORD 0xFFFFFFFFu /* att_poll's word not yet written: a NaN that no arithmetic makes */
+/* A stage may wait for its input's words themselves instead of the previous grid's end (the joined
+ * short grid's o_proj, ATT_O_POLL; down, DOWN_POLL: forward_cuda.cu.j2): the previous stage writes
+ * them into a buffer whose words read ATT_POLL_WORD until written; the waiting blocks poll a few
+ * float4s of it (wait_poll) and then stage the input polling any float4 still unwritten
+ * (stage_input_polled). A later kernel puts the words back (unwrite_words). */
+#define ATT_POLL_WORD 0xFFFFFFFFu /* a polled word not yet written: a NaN that no arithmetic makes */
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
@@ -301,21 +302,22 @@ __device__ __forceinline__ float4 poll_written(const float4 *p, unsigned ns) {
         v = ld_poll(p);
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         if (t - t0 > WAIT_COUNT_LIMIT_NS) {
-            printf("ingot: a block waited %llu ns for attention's output (poll_written): stopping\n", t - t0);
+            printf("ingot: a block waited %llu ns for a polled input (poll_written): stopping\n", t - t0);
             __trap();
         }
     } while (unwritten(v));
     return v;
 }
-/* The joined short grid's o_proj blocks (ATT_O_POLL): thread g < groups polls the last float4 of KV
- * group g's outputs (group_floats each) in att, then the next kernel may launch as after wait_pdl.
- * The input's staging (stage_input_polled) makes sure of the rest. */
+/* A stage whose input (n floats, n a multiple of 4) is polled (ATT_O_POLL, DOWN_POLL): thread g <
+ * groups polls the last float4 of the g-th of groups equal parts of it (o_proj: a KV group's
+ * outputs), then the next kernel may launch as after wait_pdl. The input's staging
+ * (stage_input_polled) makes sure of the rest. */
 struct wait_poll {
-    const float *att;
-    int groups, group_floats;
+    const float *in;
+    int groups, n;
     __device__ __forceinline__ void operator()() const {
         if ((int)threadIdx.x < groups)
-            poll_written(reinterpret_cast<const float4 *>(att + (size_t)(threadIdx.x + 1) * group_floats) - 1, 20);
+            poll_written(reinterpret_cast<const float4 *>(in) + ((int)threadIdx.x + 1) * (n / 4) / groups - 1, 20);
         __syncthreads();
         pdl_launch_dependents();
     }
@@ -328,6 +330,14 @@ template <>
 struct polls_input<wait_poll> {
     static constexpr bool value = true;
 };
+
+/* p's n words (n a multiple of 4) read ATT_POLL_WORD again, for the next stage that polls them: a
+ * float4 a thread over the grid's threads. */
+__device__ __forceinline__ void unwrite_words(float *p, int n) {
+    const float u = __uint_as_float(ATT_POLL_WORD);
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n / 4; i += (int)(gridDim.x * blockDim.x))
+        reinterpret_cast<float4 *>(p)[i] = make_float4(u, u, u, u);
+}
 
 /* Nothing to wait for (the caller has already waited). */
 struct wait_none {
@@ -906,7 +916,7 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
 }
 
 /* sx (K, shared) = x as stage_input without a norm, for an input whose words read ATT_POLL_WORD until
- * written (ATT_O_POLL): each float4 polled until every word of it is. */
+ * written (ATT_O_POLL, DOWN_POLL): each float4 polled until every word of it is. */
 template <typename H = no_hook>
 __device__ __forceinline__ void stage_input_polled(float *sx, const float *x, int K, H issued = H{}) {
     float4 *s4 = reinterpret_cast<float4 *>(sx);

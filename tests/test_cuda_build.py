@@ -73,7 +73,7 @@ def test_probe_builds_compile(tmp_path, flags):
 
 
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
-@pytest.mark.parametrize("flags", ["-DATT_SHORT=0", "-DATT_COMBINE_EARLY=0", "-DATT_O_SHORT=1 -DATT_O_POLL=0",
+@pytest.mark.parametrize("flags", ["-DATT_SHORT=0", "-DATT_COMBINE_EARLY=0", "-DATT_O_SHORT=1 -DATT_O_POLL=0", "-DDOWN_POLL=1",
                                    "-DINGOT_TRACE -DTRACE_ATT=6 -DATT_PAD_INSNS=240 -DPROBE_NO_ATT=2"])
 def test_attention_variant_builds_compile(tmp_path, variant, flags):
     """The tensor-core attention's variant builds (PERFORMANCE.md, twenty-first to twenty-third

@@ -265,6 +265,18 @@ def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
+@pytest.mark.parametrize("variant,groups", [("tiny-gqa", 32), ("tiny-wide", 0)])
+def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, groups, tmp_path):
+    """DOWN_POLL (forced on): down's blocks poll gate/up's outputs themselves (words that read
+    ATT_POLL_WORD until written, put back by the next layer's QKV kernel) instead of waiting for
+    gate/up's grid to end; after DOWN_POLL_GROUPS sampled float4s (32 of tiny-gqa's 40; 0: none,
+    the staging's polls alone). Logits and greedy text against the
+    CPU's, every decode step's down after a prompt."""
+    d = tiny_model_dir(variant, name=f"{variant}-down-poll{groups}")
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DDOWN_POLL=1 -DDOWN_POLL_GROUPS={groups}")
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
+
+
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):

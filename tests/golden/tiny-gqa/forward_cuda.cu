@@ -88,13 +88,30 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
     embed_body(embed, io, x, history, MODEL_DIM, wait_pdl{});
 }
 
+/* Down's blocks may wait for gate/up's outputs themselves instead of its grid's end (DOWN_POLL, 0 off):
+ * gate/up writes them into hb_poll, whose words read ATT_POLL_WORD until written; down's blocks
+ * poll the last float4 of each of DOWN_POLL_GROUPS parts of it (none: 0) and stage the rest polling
+ * (wait_poll, stage_input_polled), and call griddepcontrol.wait before they end, so that down's end
+ * still orders all that came before it for the kernels after; the next layer's QKV kernel, past its
+ * wait (down has ended), puts the words back. Not run on a GPU yet. */
+#ifndef DOWN_POLL
+#define DOWN_POLL 0
+#endif
+#ifndef DOWN_POLL_GROUPS
+#define DOWN_POLL_GROUPS 32
+#endif
+static_assert(DOWN_POLL_GROUPS >= 0 && DOWN_POLL_GROUPS <= MV_THREADS, "DOWN_POLL_GROUPS: 0 to a block's threads");
+
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
-                                                                     uint16_t *kc, uint16_t *vc, const int *io, int ctx) {
+                                                                     uint16_t *kc, uint16_t *vc, const int *io, int ctx,
+                                                                     float *hb_poll) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
+    /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own */
+    if (DOWN_POLL) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
 }
 
 /* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
@@ -217,7 +234,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     const unsigned *go = MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
     if constexpr (SHORT && ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
-                             wait_poll{att, MODEL_N_KV_HEADS, MODEL_KV_MUL * MODEL_HEAD_DIM}, b - att_blocks,
+                             wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
     else
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
@@ -238,7 +255,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 
 /* mlp.down_proj + residual */
 static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
-    matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
+    if constexpr (DOWN_POLL != 0) { /* hb is hb_poll */
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
+                             wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM});
+        pdl_wait(); /* gate/up's grid ends before this one does */
+    } else {
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
+    }
 }
 
 /* model.norm, the LM head and the greedy choice */
@@ -439,6 +462,7 @@ struct model_cuda {
     float *att;               /* (q_dim) attention output */
     float *att_poll;          /* (q_dim) the joined short grid's (ATT_O_POLL): ATT_POLL_WORD words until written */
     float *hb;                /* (hidden_dim) */
+    float *hb_poll;           /* (hidden_dim) gate/up's outputs where down polls them (DOWN_POLL): ATT_POLL_WORD words until written */
     float *logits;            /* (vocab) */
     uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_kernels.cuh: kv_at) */
     uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
@@ -593,7 +617,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
-                   m->x, m->q, kc, vc, m->io, m->ctx);
+                   m->x, m->q, kc, vc, m->io, m->ctx, m->hb_poll);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
@@ -625,9 +649,10 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                 mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
-                   m->stream, *lw, m->x, m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
+                   m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
-            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw, m->hb, m->x);
+            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
+                   DOWN_POLL ? m->hb_poll : m->hb, m->x);
             mark(ST_DOWN);
         }
         if (kind != STEP_PROMPT) {
@@ -896,6 +921,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->att_poll, MODEL_Q_DIM * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->att_poll, 0xFF, MODEL_Q_DIM * sizeof(float))); /* ATT_POLL_WORD */
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->hb_poll, MODEL_HIDDEN_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->hb_poll, 0xFF, MODEL_HIDDEN_DIM * sizeof(float))); /* ATT_POLL_WORD */
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_SPLITS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
@@ -1199,7 +1226,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     }
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
-    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
+    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
