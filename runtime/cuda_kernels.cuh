@@ -846,27 +846,18 @@ struct no_hook {
     __device__ __forceinline__ void operator()() const {}
 };
 
-/* for_each_group's loads: plain ones, or att_poll's as they are in L2 (ld_poll) */
-struct plain_load {
-    template <typename T>
-    __device__ __forceinline__ T operator()(const T *p) const { return *p; }
-};
-struct poll_load {
-    __device__ __forceinline__ float4 operator()(const float4 *p) const { return ld_poll(p); }
-};
-
 /* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
  * at a time. issued() runs once, after the first round's loads are issued: stage_input's callers
  * queue weight loads behind the input's there. */
-template <typename T, typename F, typename H = no_hook, typename L = plain_load>
-__device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issued = H{}, L load = L{}) {
+template <typename T, typename F, typename H = no_hook>
+__device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issued = H{}) {
 #pragma unroll 1
     for (int round = 0; round < STAGE_ROUNDS(K); round++) {
         T v[STAGE_VEC];
 #pragma unroll
         for (int j = 0; j < STAGE_VEC; j++) {
             int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
-            if (g < K / 4) v[j] = load(src + g);
+            if (g < K / 4) v[j] = src[g];
         }
         if (round == 0) issued();
 #pragma unroll
@@ -916,13 +907,54 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
 }
 
 /* sx (K, shared) = x as stage_input without a norm, for an input whose words read ATT_POLL_WORD until
- * written (ATT_O_POLL, DOWN_POLL): each float4 polled until every word of it is. */
+ * written (ATT_O_POLL, DOWN_POLL, MLP_GRID): POLL_VEC float4s a thread in flight at once; the ones
+ * still unwritten are polled again together, 32 ns apart, until every word is written (so a late
+ * input costs one round trip after its last write lands, not one a float4). At most
+ * POLL_MAX_FLOATS values (a bit a float4 of the thread's; the model's init checks). */
+#ifndef POLL_VEC
+#define POLL_VEC 8 /* a test builds 2: rounds of them */
+#endif
+#define POLL_MAX_FLOATS (64 * 4 * MV_THREADS)
 template <typename H = no_hook>
 __device__ __forceinline__ void stage_input_polled(float *sx, const float *x, int K, H issued = H{}) {
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     const float4 *x4 = reinterpret_cast<const float4 *>(x);
-    for_each_group(x4, K, [&](int g, float4 v) { s4[sx_group(g, K)] = unwritten(v) ? poll_written(x4 + g, 32) : v; }, issued,
-                   poll_load{});
+    const int n4 = K / 4, rounds = (n4 + POLL_VEC * MV_THREADS - 1) / (POLL_VEC * MV_THREADS);
+    unsigned long long pending = 0, t0 = 0; /* bit round * POLL_VEC + j: that float4 unwritten */
+    for (bool first = true; first || pending; first = false) {
+        if (!first) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t0 == 0) t0 = t;
+            if (t - t0 > WAIT_COUNT_LIMIT_NS) {
+                printf("ingot: a block waited %llu ns for a polled input (stage_input_polled): stopping\n", t - t0);
+                __trap();
+            }
+            __nanosleep(32);
+        }
+#pragma unroll 1
+        for (int round = 0; round < rounds; round++) {
+            float4 v[POLL_VEC];
+#pragma unroll
+            for (int j = 0; j < POLL_VEC; j++) {
+                const int g = (round * POLL_VEC + j) * MV_THREADS + (int)threadIdx.x;
+                if (g < n4 && (first || (pending >> (round * POLL_VEC + j) & 1))) v[j] = ld_poll(x4 + g);
+            }
+            if (first && round == 0) issued();
+#pragma unroll
+            for (int j = 0; j < POLL_VEC; j++) {
+                const int g = (round * POLL_VEC + j) * MV_THREADS + (int)threadIdx.x;
+                const unsigned long long bit = 1ull << (round * POLL_VEC + j);
+                if (g >= n4 || !(first || (pending & bit))) continue;
+                if (unwritten(v[j])) {
+                    pending |= bit;
+                } else {
+                    s4[sx_group(g, K)] = v[j];
+                    pending &= ~bit;
+                }
+            }
+        }
+    }
     __syncthreads();
 }
 

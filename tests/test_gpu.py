@@ -265,15 +265,18 @@ def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
-@pytest.mark.parametrize("variant,groups", [("tiny-gqa", 32), ("tiny-wide", 0)])
-def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, groups, tmp_path):
-    """DOWN_POLL (forced on): down's blocks poll gate/up's outputs themselves (words that read
-    ATT_POLL_WORD until written, put back by the next layer's QKV kernel) instead of waiting for
-    gate/up's grid to end; after DOWN_POLL_GROUPS sampled float4s (32 of tiny-gqa's 40; 0: none,
-    the staging's polls alone). Logits and greedy text against the
-    CPU's, every decode step's down after a prompt."""
-    d = tiny_model_dir(variant, name=f"{variant}-down-poll{groups}")
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DDOWN_POLL=1 -DDOWN_POLL_GROUPS={groups}")
+@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DDOWN_POLL=1 -DDOWN_POLL_GROUPS=32"),
+                                           ("tiny-wide", "-DDOWN_POLL=1 -DDOWN_POLL_GROUPS=0 -DPOLL_VEC=2"),
+                                           ("tiny-gqa", "-DMLP_GRID=1"), ("tiny-wide", "-DMLP_GRID=1 -DPOLL_VEC=2")])
+def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
+    """Down polling gate/up's outputs (words that read ATT_POLL_WORD until written, put back by the
+    next layer's QKV kernel) instead of waiting for gate/up's grid to end, each form forced on: in
+    its own kernel (DOWN_POLL) after DOWN_POLL_GROUPS sampled float4s (32 of tiny-gqa's 40; 0: the
+    staging's polls alone), and in one grid with gate/up (MLP_GRID; tiny-wide: a wave of warps with
+    two or three gate/up rows each). POLL_VEC=2: a thread's five float4s of tiny-wide's input in
+    three rounds of polls. Logits and greedy text against the CPU's."""
+    d = tiny_model_dir(variant, name=f"{variant}-" + flags.split()[0][2:].lower().replace("=", ""))
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 

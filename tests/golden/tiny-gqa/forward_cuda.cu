@@ -88,12 +88,19 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
     embed_body(embed, io, x, history, MODEL_DIM, wait_pdl{});
 }
 
-/* Down's blocks may wait for gate/up's outputs themselves instead of its grid's end (DOWN_POLL, 0 off):
- * gate/up writes them into hb_poll, whose words read ATT_POLL_WORD until written; down's blocks
- * poll the last float4 of each of DOWN_POLL_GROUPS parts of it (none: 0) and stage the rest polling
- * (wait_poll, stage_input_polled), and call griddepcontrol.wait before they end, so that down's end
- * still orders all that came before it for the kernels after; the next layer's QKV kernel, past its
- * wait (down has ended), puts the words back. Not run on a GPU yet. */
+/* Down may wait for gate/up's outputs themselves instead of gate/up's grid's end: gate/up writes them
+ * into hb_poll, whose words read ATT_POLL_WORD until written, down's blocks stage them polling
+ * (stage_input_polled), and the next layer's QKV kernel, past its wait (down has ended), puts the
+ * words back. Two forms, 0 off:
+ * - DOWN_POLL: down's own kernel, after polling the last float4 of each of DOWN_POLL_GROUPS parts of
+ *   hb_poll (none: 0); its blocks call griddepcontrol.wait before they end, so that down's end still
+ *   orders all that came before it for the kernels after. Measured on the H200 (PERFORMANCE.md,
+ *   twenty-fifth session, with the polls one float4 at a time): Llama-3.2-1B -1.3% at depth 0 with
+ *   32 parts, -0.7% with 8, even with none: down's blocks land as gate/up's leave, so the wait is not
+ *   what holds them.
+ * - MLP_GRID: gate/up and down in one grid (mlp_kernel), one wave of blocks, each doing its gate/up
+ *   rows and then its down rows, whose first loads it issues as soon as its gate/up rows are done:
+ *   no down blocks landing as gate/up's leave. Not run on a GPU yet. */
 #ifndef DOWN_POLL
 #define DOWN_POLL 0
 #endif
@@ -101,6 +108,10 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 #define DOWN_POLL_GROUPS 32
 #endif
 static_assert(DOWN_POLL_GROUPS >= 0 && DOWN_POLL_GROUPS <= MV_THREADS, "DOWN_POLL_GROUPS: 0 to a block's threads");
+#ifndef MLP_GRID
+#define MLP_GRID 0
+#endif
+#define HB_POLL (DOWN_POLL || MLP_GRID) /* gate/up writes hb_poll, the next QKV kernel puts it back */
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
@@ -111,7 +122,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
     /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own */
-    if (DOWN_POLL) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
+    if (HB_POLL) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
 }
 
 /* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
@@ -243,15 +254,33 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
-static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
-                                                                                  unsigned *att_done, float *att_poll) {
-    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
-    /* past the wait: attention_o_proj_kernel has ended, nobody reads its counts until the next layer's */
+/* Past gate/up's wait, attention_o_proj_kernel has ended: nobody reads its counts until the next
+ * layer's, nor att_poll, whose words read "unwritten" again for the next layer's (ATT_O_POLL). */
+__device__ __forceinline__ void reset_att_signals(unsigned *att_done, float *att_poll) {
     if (blockIdx.x == 0 && threadIdx.x == 0) att_done[0] = att_done[CTR_ATT_LOADED - CTR_ATT_DONE] = 0;
-    /* nor att_poll, whose words read "unwritten" again for the next layer's (ATT_O_POLL) */
     if (ATT_O_POLL && ATT_O_SHORT && blockIdx.x == gridDim.x - 1)
         for (int i = threadIdx.x; i < MODEL_Q_DIM; i += blockDim.x) att_poll[i] = __uint_as_float(ATT_POLL_WORD);
 }
+
+static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
+                                                                                  unsigned *att_done, float *att_poll) {
+    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+    reset_att_signals(att_done, att_poll);
+}
+
+/* gate/up and down in one grid (MLP_GRID): every block its gate/up rows into hb_poll, then its down
+ * rows polling hb_poll. One wave (the init sizes it), or a block polling for rows of a block without
+ * a slot would wait forever; every warp has gate/up rows (the init checks), so that when hb_poll is
+ * whole every block has staged x, which down then writes. */
+static __global__ void __launch_bounds__(MV_THREADS, 2) mlp_kernel(model_layer_weights w, float *x, float *hb_poll,
+                                                                 unsigned *att_done, float *att_poll) {
+    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb_poll, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+    reset_att_signals(att_done, att_poll);
+    __syncthreads(); /* gate/up's staged input is down's shared memory */
+    matvec_residual_body(w.w_down, NULL, hb_poll, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
+                         wait_poll{hb_poll, 0, MODEL_HIDDEN_DIM});
+}
+#define MLP_SMEM_BYTES bytes_max(MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN))
 
 /* mlp.down_proj + residual */
 static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
@@ -455,6 +484,7 @@ struct model_cuda {
     int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head; /* blocks: needed, at most one wave */
     int grid_att_o;           /* attention_o_proj_kernel's o_proj blocks (after its attention blocks) */
     int grid_att_o_short;     /* the same with the short context's attention blocks (ATT_O_SHORT) */
+    int grid_mlp;             /* mlp_kernel's (MLP_GRID): one wave */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
@@ -647,6 +677,11 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                 mark(ST_ATT);
                 launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x);
                 mark(ST_O);
+            }
+            if (MLP_GRID && !marks) { /* the kernel benchmark times the two stages apart */
+                launch(mlp_kernel, m->grid_mlp, 1, MV_THREADS, MLP_SMEM_BYTES, m->stream, *lw, m->x, m->hb_poll,
+                       m->counters + CTR_ATT_DONE, m->att_poll);
+                continue;
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
                    m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
@@ -846,6 +881,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "memory a block (build with -DMV_RES_ASYNC=0)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
+    MODEL_REQUIRE(!(ATT_O_POLL && MODEL_Q_DIM > POLL_MAX_FLOATS) && !(HB_POLL && MODEL_HIDDEN_DIM > POLL_MAX_FLOATS), ERR_DEVICE,
+                  "--device cuda: a polled input (ATT_O_POLL, DOWN_POLL, MLP_GRID) of more than 65536 values; build with "
+                  "them off (-D...=0)");
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev == 0)
@@ -874,6 +912,13 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
                                MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms);
+    m->grid_mlp = one_wave((const void *)mlp_kernel, GRID_GATE_UP, MLP_SMEM_BYTES, sms);
+    if (MLP_GRID && m->grid_mlp * MV_WARPS > MODEL_HIDDEN_DIM) {
+        const int warps = m->grid_mlp * MV_WARPS;
+        free(m);
+        return err_set(ERR_DEVICE, "--device cuda: MLP_GRID needs a gate/up row for each of its %d warps (intermediate_size %d); "
+                       "build without -DMLP_GRID", warps, (int)MODEL_HIDDEN_DIM);
+    }
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
