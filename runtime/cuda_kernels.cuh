@@ -1156,10 +1156,18 @@ template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
-                                                     const unsigned *go = nullptr, unsigned go_count = 0) {
+                                                     const unsigned *go = nullptr, unsigned go_count = 0,
+                                                     unsigned *claims = nullptr) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
     const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
+    /* a warp's rows (or pairs): every warps-th from its index in the grid, or given claims one at a
+     * time from that count (zeroed by the caller's next kernel), the next claimed as a row starts */
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
+    if (claims) {
+        unsigned c = 0;
+        if (lane == 0) c = atomicAdd(claims, 1u);
+        row = __shfl_sync(0xffffffffu, (int)c, 0);
+    }
     TRACE_BEGIN(stage);
     (void)stage;
     row_chunks<> a, b;
@@ -1208,7 +1216,9 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     else
         stage_input(sx, in, false, K, 0.0f, rest);
     TRACE_AT(TRACE_STAGED);
-    for (bool first = true; row < n; row += warps, first = false) {
+    for (bool first = true; row < n; first = false) {
+        unsigned next = 0;
+        if (claims && lane == 0) next = atomicAdd(claims, 1u); /* its round trip under this row's */
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         /* The residual's old values, loaded before the row's dot product so that the add at its end
          * waits on no L2 round trip (the compiler keeps `out +=` after the dot product: out may alias
@@ -1233,6 +1243,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
                 out[row] = res_a + (v + (bias ? w_to_f32(bias[row]) : 0.0f));
             }
         }
+        row = claims ? __shfl_sync(0xffffffffu, (int)next, 0) : row + warps;
     }
     TRACE_END();
     sm_done_probe(stage);

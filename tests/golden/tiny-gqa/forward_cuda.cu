@@ -60,7 +60,8 @@
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
 #define CTR_ATT_LOADED (MODEL_N_KV_HEADS + 3) /* its KV groups' first splits with their loads out (MV_RES_ASYNC_AFTER) */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
+#define CTR_DOWN_ROWS (MODEL_N_KV_HEADS + 4) /* mlp_kernel's down rows claimed (MLP_ROWS 2) */
+#define CTR_COUNT (MODEL_N_KV_HEADS + 5)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -100,7 +101,14 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
  *   what holds them.
  * - MLP_GRID: gate/up and down in one grid (mlp_kernel), one wave of blocks, each doing its gate/up
  *   rows and then its down rows, whose first loads it issues as soon as its gate/up rows are done:
- *   no down blocks landing as gate/up's leave. Not run on a GPU yet. */
+ *   no down blocks landing as gate/up's leave. Its down rows by MLP_ROWS: 0, a warp's every
+ *   warps-th from its index in the grid as in down's kernel; 1, the same with the blocks counted
+ *   from the grid's end (where gate/up's rows do not divide evenly its last blocks have one row
+ *   fewer, and down's last blocks none); 2, claimed one at a time from a count (CTR_DOWN_ROWS), the
+ *   next as a row starts, so that the blocks done with gate/up first take the most. Measured on the
+ *   H200 (PERFORMANCE.md, twenty-fifth session): with 0, Llama-3.2-1B -0.5% at depth 0: traced,
+ *   down's blocks stage sooner (median 1.68 us after gate/up's last block, against 2.06 in its
+ *   kernel) but its last blocks end as late, those whose gate/up rows ended last. */
 #ifndef DOWN_POLL
 #define DOWN_POLL 0
 #endif
@@ -111,18 +119,23 @@ static_assert(DOWN_POLL_GROUPS >= 0 && DOWN_POLL_GROUPS <= MV_THREADS, "DOWN_POL
 #ifndef MLP_GRID
 #define MLP_GRID 0
 #endif
+#ifndef MLP_ROWS
+#define MLP_ROWS 0
+#endif
 #define HB_POLL (DOWN_POLL || MLP_GRID) /* gate/up writes hb_poll, the next QKV kernel puts it back */
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
                                                                      uint16_t *kc, uint16_t *vc, const int *io, int ctx,
-                                                                     float *hb_poll) {
+                                                                     float *hb_poll, unsigned *down_rows) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
-    /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own */
+    /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own:
+     * hb_poll's words and down's claimed rows put back */
     if (HB_POLL) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
+    if (MLP_GRID && MLP_ROWS == 2 && blockIdx.x == 0 && threadIdx.x == 0) *down_rows = 0;
 }
 
 /* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
@@ -273,12 +286,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
  * a slot would wait forever; every warp has gate/up rows (the init checks), so that when hb_poll is
  * whole every block has staged x, which down then writes. */
 static __global__ void __launch_bounds__(MV_THREADS, 2) mlp_kernel(model_layer_weights w, float *x, float *hb_poll,
-                                                                 unsigned *att_done, float *att_poll) {
+                                                                 unsigned *att_done, float *att_poll, unsigned *down_rows) {
     rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb_poll, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
     __syncthreads(); /* gate/up's staged input is down's shared memory */
     matvec_residual_body(w.w_down, NULL, hb_poll, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
-                         wait_poll{hb_poll, 0, MODEL_HIDDEN_DIM});
+                         wait_poll{hb_poll, 0, MODEL_HIDDEN_DIM}, MLP_ROWS == 1 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x,
+                         (int)gridDim.x, nullptr, 0, MLP_ROWS == 2 ? down_rows : nullptr);
 }
 #define MLP_SMEM_BYTES bytes_max(MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN))
 
@@ -647,7 +661,8 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
-                   m->x, m->q, kc, vc, m->io, m->ctx, m->hb_poll);
+                   m->x, m->q, kc, vc, m->io, m->ctx, m->hb_poll,
+                   m->counters + CTR_DOWN_ROWS);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
@@ -680,7 +695,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             }
             if (MLP_GRID && !marks) { /* the kernel benchmark times the two stages apart */
                 launch(mlp_kernel, m->grid_mlp, 1, MV_THREADS, MLP_SMEM_BYTES, m->stream, *lw, m->x, m->hb_poll,
-                       m->counters + CTR_ATT_DONE, m->att_poll);
+                       m->counters + CTR_ATT_DONE, m->att_poll, m->counters + CTR_DOWN_ROWS);
                 continue;
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
