@@ -116,7 +116,7 @@ static_assert(MV_RES_ASYNC >= 0, "MV_RES_ASYNC: 0 or more steps");
  * short grid's o_proj, ATT_O_POLL; down, DOWN_POLL: forward_cuda.cu.j2): the previous stage writes
  * them into a buffer whose words read ATT_POLL_WORD until written; the waiting blocks poll a few
  * float4s of it (wait_poll) and then stage the input polling any float4 still unwritten
- * (stage_input_polled). A later kernel puts the words back (unwrite_words). */
+ * (stage_input). A later kernel puts the words back (unwrite_words). */
 #define ATT_POLL_WORD 0xFFFFFFFFu /* a polled word not yet written: a NaN that no arithmetic makes */
 #define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
@@ -311,7 +311,7 @@ __device__ __forceinline__ float4 poll_written(const float4 *p, unsigned ns) {
 /* A stage whose input (n floats, n a multiple of 4) is polled (ATT_O_POLL, DOWN_POLL): thread g <
  * groups polls the last float4 of the g-th of groups equal parts of it (o_proj: a KV group's
  * outputs), then the next kernel may launch as after wait_pdl. The input's staging
- * (stage_input_polled) makes sure of the rest. */
+ * (stage_input<true>) makes sure of the rest. */
 struct wait_poll {
     const float *in;
     int groups, n;
@@ -877,48 +877,18 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
     });
 }
 
-/* sx (K, shared) = x, or x * norm when stage_norm staged the norm weights there in the same threads;
- * returns RMSNorm's scale 1 / sqrt(mean(x^2) + eps) (1 without a norm), which the caller applies to
- * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
- * of squares meets at the barrier staging needs anyway). Called by the whole block after its wait. */
-template <typename H = no_hook>
-__device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{}) {
-    __shared__ float partial[MV_WARPS];
-    float4 *s4 = reinterpret_cast<float4 *>(sx);
-    float ss = 0.0f;
-    for_each_group(reinterpret_cast<const float4 *>(x), K, [&](int g, float4 v) {
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        if (norm) {
-            const float4 n = s4[sx_group(g, K)];
-            v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
-        }
-        s4[sx_group(g, K)] = v;
-    }, issued);
-    if (norm) {
-        ss = warp_sum(ss);
-        if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
-    }
-    __syncthreads();
-    if (!norm) return 1.0f;
-    ss = 0.0f;
-#pragma unroll
-    for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
-    return rsqrtf(ss / (float)K + eps);
-}
-
-/* sx (K, shared) = x as stage_input without a norm, for an input whose words read ATT_POLL_WORD until
- * written (ATT_O_POLL, DOWN_POLL, MLP_GRID): POLL_VEC float4s a thread in flight at once; the ones
- * still unwritten are polled again together, 32 ns apart, until every word is written (so a late
- * input costs one round trip after its last write lands, not one a float4). At most
- * POLL_MAX_FLOATS values (a bit a float4 of the thread's; the model's init checks). */
+/* f(g, x4[g]) for each of this thread's float4 groups g of a K-vector whose words read ATT_POLL_WORD
+ * until written (ATT_O_POLL, DOWN_POLL, GATE_UP_POLL), as each is written: POLL_VEC loads in flight
+ * at once, the float4s still unwritten polled again together, 32 ns apart, until every word is (a
+ * late input costs one round trip after its last write lands, not one a float4). At most
+ * POLL_MAX_FLOATS values (a bit a float4 of the thread's; the model's init checks). issued() as
+ * for_each_group's. */
 #ifndef POLL_VEC
 #define POLL_VEC 8 /* a test builds 2: rounds of them */
 #endif
 #define POLL_MAX_FLOATS (64 * 4 * MV_THREADS)
-template <typename H = no_hook>
-__device__ __forceinline__ void stage_input_polled(float *sx, const float *x, int K, H issued = H{}) {
-    float4 *s4 = reinterpret_cast<float4 *>(sx);
-    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+template <typename F, typename H>
+__device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H issued) {
     const int n4 = K / 4, rounds = (n4 + POLL_VEC * MV_THREADS - 1) / (POLL_VEC * MV_THREADS);
     unsigned long long pending = 0, t0 = 0; /* bit round * POLL_VEC + j: that float4 unwritten */
     for (bool first = true; first || pending; first = false) {
@@ -927,7 +897,7 @@ __device__ __forceinline__ void stage_input_polled(float *sx, const float *x, in
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
             if (t0 == 0) t0 = t;
             if (t - t0 > WAIT_COUNT_LIMIT_NS) {
-                printf("ingot: a block waited %llu ns for a polled input (stage_input_polled): stopping\n", t - t0);
+                printf("ingot: a block waited %llu ns for a polled input (poll_each_group): stopping\n", t - t0);
                 __trap();
             }
             __nanosleep(32);
@@ -949,13 +919,46 @@ __device__ __forceinline__ void stage_input_polled(float *sx, const float *x, in
                 if (unwritten(v[j])) {
                     pending |= bit;
                 } else {
-                    s4[sx_group(g, K)] = v[j];
+                    f(g, v[j]);
                     pending &= ~bit;
                 }
             }
         }
     }
+}
+
+/* sx (K, shared) = x, or x * norm when stage_norm staged the norm weights there in the same threads;
+ * returns RMSNorm's scale 1 / sqrt(mean(x^2) + eps) (1 without a norm), which the caller applies to
+ * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
+ * of squares meets at the barrier staging needs anyway). Called by the whole block after its wait.
+ * POLLED: x's words read ATT_POLL_WORD until written (poll_each_group). */
+template <bool POLLED = false, typename H = no_hook>
+__device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{}) {
+    __shared__ float partial[MV_WARPS];
+    float4 *s4 = reinterpret_cast<float4 *>(sx);
+    float ss = 0.0f;
+    auto stage = [&](int g, float4 v) {
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        if (norm) {
+            const float4 n = s4[sx_group(g, K)];
+            v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
+        }
+        s4[sx_group(g, K)] = v;
+    };
+    if constexpr (POLLED)
+        poll_each_group(reinterpret_cast<const float4 *>(x), K, stage, issued);
+    else
+        for_each_group(reinterpret_cast<const float4 *>(x), K, stage, issued);
+    if (norm) {
+        ss = warp_sum(ss);
+        if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
+    }
     __syncthreads();
+    if (!norm) return 1.0f;
+    ss = 0.0f;
+#pragma unroll
+    for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
+    return rsqrtf(ss / (float)K + eps);
 }
 
 /* Dynamic shared memory of a matvec kernel whose input has K values. */
@@ -1147,27 +1150,21 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     sm_done_probe(ST_QKV);
 }
 
-/* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. The input
- * is staged in shared memory like the norm'd kernels' (measured against reading it from L1 chunk by
- * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
- * (a constant of the build: codegen/plan.py's residual_pairs), rows p and p + rows / 2 (rows even)
- * on one warp, both rows' loads in flight together. */
+/* out (rows) = res (rows; out's own by default) + W (rows, K) . in (K) [+ bias]: o_proj and down_proj
+ * with the residual add. The input is staged in shared memory like the norm'd kernels' (measured
+ * against reading it from L1 chunk by chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a
+ * warp, double-buffered; or, with pairs (a constant of the build: codegen/plan.py's residual_pairs),
+ * rows p and p + rows / 2 (rows even) on one warp, both rows' loads in flight together. */
 template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
                                                      const unsigned *go = nullptr, unsigned go_count = 0,
-                                                     unsigned *claims = nullptr) {
+                                                     const float *res = nullptr) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
+    if (!res) res = out; /* the residual's old values: out's own, or given res another buffer's (GATE_UP_POLL) */
     const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
-    /* a warp's rows (or pairs): every warps-th from its index in the grid, or given claims one at a
-     * time from that count (zeroed by the caller's next kernel), the next claimed as a row starts */
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
-    if (claims) {
-        unsigned c = 0;
-        if (lane == 0) c = atomicAdd(claims, 1u);
-        row = __shfl_sync(0xffffffffu, (int)c, 0);
-    }
     TRACE_BEGIN(stage);
     (void)stage;
     row_chunks<> a, b;
@@ -1211,14 +1208,9 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         load_chunks_from(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane, early);
         if (pairs) load_chunks_from(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane, early);
     };
-    if (polls_input<Wait>::value) /* an input polled word by word (wait_poll, ATT_O_POLL) */
-        stage_input_polled(sx, in, K, rest);
-    else
-        stage_input(sx, in, false, K, 0.0f, rest);
+    stage_input<polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest); /* polled: wait_poll */
     TRACE_AT(TRACE_STAGED);
-    for (bool first = true; row < n; first = false) {
-        unsigned next = 0;
-        if (claims && lane == 0) next = atomicAdd(claims, 1u); /* its round trip under this row's */
+    for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         /* The residual's old values, loaded before the row's dot product so that the add at its end
          * waits on no L2 round trip (the compiler keeps `out +=` after the dot product: out may alias
@@ -1226,8 +1218,8 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
          * Nothing else writes these rows in this stage. */
         float res_a = 0.0f, res_b = 0.0f;
         if (lane == 0) {
-            res_a = __ldcg(out + row);
-            if (pairs) res_b = __ldcg(out + row + half);
+            res_a = __ldcg(res + row);
+            if (pairs) res_b = __ldcg(res + row + half);
         }
         if (pairs) {
             const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane,
@@ -1243,7 +1235,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
                 out[row] = res_a + (v + (bias ? w_to_f32(bias[row]) : 0.0f));
             }
         }
-        row = claims ? __shfl_sync(0xffffffffu, (int)next, 0) : row + warps;
     }
     TRACE_END();
     sm_done_probe(stage);
@@ -1270,7 +1261,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_AT(TRACE_WAITED);
     const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
     uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
-    const float scale = stage_input(sx, x, true, dim, eps, [&] {
+    const float scale = stage_input<polls_input<Wait>::value>(sx, x, true, dim, eps, [&] {
         if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
         load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);

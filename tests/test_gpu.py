@@ -266,20 +266,18 @@ def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DDOWN_POLL=1 -DDOWN_POLL_GROUPS=32"),
-                                           ("tiny-wide", "-DDOWN_POLL=1 -DDOWN_POLL_GROUPS=0 -DPOLL_VEC=2"),
-                                           ("tiny-gqa", "-DMLP_GRID=1"), ("tiny-wide", "-DMLP_GRID=1 -DPOLL_VEC=2"),
-                                           ("tiny-gqa", "-DMLP_GRID=1 -DMLP_ROWS=1"),
-                                           ("tiny-wide", "-DMLP_GRID=1 -DMLP_ROWS=2"),
-                                           ("tiny-wide", "-DMLP_GRID=1 -DMLP_ROWS=2 -DRESIDUAL_PAIRS=1")])
-def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
-    """Down polling gate/up's outputs (words that read ATT_POLL_WORD until written, put back by the
-    next layer's QKV kernel) instead of waiting for gate/up's grid to end, each form forced on: in
-    its own kernel (DOWN_POLL) after DOWN_POLL_GROUPS sampled float4s (32 of tiny-gqa's 40; 0: the
-    staging's polls alone), and in one grid with gate/up (MLP_GRID; tiny-wide: a wave of warps with
-    two or three gate/up rows each), its down rows by the warp's index, from the grid's end
-    (MLP_ROWS=1) or claimed (2: tiny-wide's 2176 rows, or 1088 pairs, over 2112 warps). POLL_VEC=2:
-    a thread's five float4s of tiny-wide's input in three rounds of polls. Logits and greedy text
-    against the CPU's."""
+                                           ("tiny-wide", "-DDOWN_POLL=1 -DPOLL_VEC=2"),
+                                           ("tiny-gqa", "-DGATE_UP_POLL=1"),
+                                           ("tiny-wide", "-DGATE_UP_POLL=1 -DDOWN_POLL=1 -DPOLL_VEC=2"),
+                                           ("tiny-wide", "-DGATE_UP_POLL=1 -DATT_O_SHORT=1")])
+def test_tiny_gpu_polled_stage_inputs_equal_cpu(variant, flags, tmp_path):
+    """Stages polling their inputs (words that read ATT_POLL_WORD until written, put back by the
+    next layer's QKV kernel) instead of waiting for the previous grid to end, each forced on: down
+    polling gate/up's outputs (DOWN_POLL; after DOWN_POLL_GROUPS sampled float4s, 32 of tiny-gqa's
+    40, or the staging's polls alone), and gate/up polling the residual stream that o_proj writes
+    into o_poll (GATE_UP_POLL: down adds its rows to it; with o_proj in its own kernel, and in the
+    joined short grid, ATT_O_SHORT). POLL_VEC=2: a thread's five float4s of tiny-wide's hidden
+    input in three rounds of polls. Logits and greedy text against the CPU's."""
     d = tiny_model_dir(variant, name=f"{variant}-" + "-".join(f[2:].lower().replace("=", "") for f in flags.split()))
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)

@@ -60,8 +60,7 @@
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
 #define CTR_ATT_LOADED (MODEL_N_KV_HEADS + 3) /* its KV groups' first splits with their loads out (MV_RES_ASYNC_AFTER) */
-#define CTR_DOWN_ROWS (MODEL_N_KV_HEADS + 4) /* mlp_kernel's down rows claimed (MLP_ROWS 2) */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 5)
+#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -91,51 +90,47 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 
 /* Down may wait for gate/up's outputs themselves instead of gate/up's grid's end: gate/up writes them
  * into hb_poll, whose words read ATT_POLL_WORD until written, down's blocks stage them polling
- * (stage_input_polled), and the next layer's QKV kernel, past its wait (down has ended), puts the
- * words back. Two forms, 0 off:
- * - DOWN_POLL: down's own kernel, after polling the last float4 of each of DOWN_POLL_GROUPS parts of
- *   hb_poll (none: 0); its blocks call griddepcontrol.wait before they end, so that down's end still
- *   orders all that came before it for the kernels after. Measured on the H200 (PERFORMANCE.md,
- *   twenty-fifth session, with the polls one float4 at a time): Llama-3.2-1B -1.3% at depth 0 with
- *   32 parts, -0.7% with 8, even with none: down's blocks land as gate/up's leave, so the wait is not
- *   what holds them.
- * - MLP_GRID: gate/up and down in one grid (mlp_kernel), one wave of blocks, each doing its gate/up
- *   rows and then its down rows, whose first loads it issues as soon as its gate/up rows are done:
- *   no down blocks landing as gate/up's leave. Its down rows by MLP_ROWS: 0, a warp's every
- *   warps-th from its index in the grid as in down's kernel; 1, the same with the blocks counted
- *   from the grid's end (where gate/up's rows do not divide evenly its last blocks have one row
- *   fewer, and down's last blocks none); 2, claimed one at a time from a count (CTR_DOWN_ROWS), the
- *   next as a row starts, so that the blocks done with gate/up first take the most. Measured on the
- *   H200 (PERFORMANCE.md, twenty-fifth session): with 0, Llama-3.2-1B -0.5% at depth 0: traced,
- *   down's blocks stage sooner (median 1.68 us after gate/up's last block, against 2.06 in its
- *   kernel) but its last blocks end as late, those whose gate/up rows ended last. */
+ * (stage_input<true>), and the next layer's QKV kernel, past its wait (down has ended), puts the
+ * words back. 0 off. Two forms were measured on the H200 (PERFORMANCE.md, twenty-fifth session),
+ * Llama-3.2-1B at depths 0 / 1024:
+ * - DOWN_POLL: down's own kernel polls, after polling the last float4 of each of DOWN_POLL_GROUPS
+ *   parts of hb_poll (none: 0); its blocks call griddepcontrol.wait before they end, so that down's
+ *   end still orders all that came before it for the kernels after. With the polls one float4 at a
+ *   time: -1.3% at depth 0 with 32 parts, -0.7% with 8, even with none; with a thread's float4s
+ *   polled together and no parts: +0.3% / +0.9%, and again +0.5% / +1.0%.
+ * - gate/up and down in one grid of one wave, each block its gate/up rows and then its down rows,
+ *   whose first loads it issues as soon as its gate/up rows are done: -0.5% / -0.7% (down's rows by
+ *   the warp's index), -0.3% / -0.1% (the blocks counted from the grid's end), -1.4% / -1.4% (rows
+ *   claimed from a count). Traced, down's blocks stage sooner (median 1.68 us after gate/up's last
+ *   block, against 2.06) but its last blocks end as late: those whose gate/up rows ended last.
+ *   Removed. */
 #ifndef DOWN_POLL
 #define DOWN_POLL 0
 #endif
 #ifndef DOWN_POLL_GROUPS
-#define DOWN_POLL_GROUPS 32
+#define DOWN_POLL_GROUPS 0
 #endif
 static_assert(DOWN_POLL_GROUPS >= 0 && DOWN_POLL_GROUPS <= MV_THREADS, "DOWN_POLL_GROUPS: 0 to a block's threads");
-#ifndef MLP_GRID
-#define MLP_GRID 0
+/* The same for gate/up after o_proj (GATE_UP_POLL, 0 off): o_proj writes the new residual stream
+ * (x + its rows) into o_poll instead of back into x, gate/up's blocks stage and norm it polling,
+ * and down adds its rows to o_poll's values into x; the next layer's QKV kernel puts o_poll's words
+ * back. Gate/up's blocks call griddepcontrol.wait before they end, as DOWN_POLL's. Not run on a GPU
+ * yet. */
+#ifndef GATE_UP_POLL
+#define GATE_UP_POLL 0
 #endif
-#ifndef MLP_ROWS
-#define MLP_ROWS 0
-#endif
-#define HB_POLL (DOWN_POLL || MLP_GRID) /* gate/up writes hb_poll, the next QKV kernel puts it back */
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
                                                                      uint16_t *kc, uint16_t *vc, const int *io, int ctx,
-                                                                     float *hb_poll, unsigned *down_rows) {
+                                                                     float *hb_poll, float *o_poll) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
-    /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own:
-     * hb_poll's words and down's claimed rows put back */
-    if (HB_POLL) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
-    if (MLP_GRID && MLP_ROWS == 2 && blockIdx.x == 0 && threadIdx.x == 0) *down_rows = 0;
+    /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own */
+    if (DOWN_POLL) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
+    if (GATE_UP_POLL) unwrite_words(o_poll, MODEL_DIM);
 }
 
 /* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
@@ -191,8 +186,10 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
 #endif
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
-static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
-    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
+static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att,
+                                                                                                   const float *x, float *x_out) {
+    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x_out, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{},
+                         (int)blockIdx.x, (int)gridDim.x, nullptr, 0, x);
 }
 
 #ifndef ATT_O_GRID
@@ -207,7 +204,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #define ATT_O_SHORT (0 && ATT_SHORT && !MV_RES_ASYNC_AFTER)
 #endif
 /* In the joined short grid, o_proj's blocks wait for attention's outputs themselves, not for its
- * count (wait_poll, stage_input_polled): attention writes them into att_poll, whose words read
+ * count (wait_poll, stage_input<true>): attention writes them into att_poll, whose words read
  * ATT_POLL_WORD until written and which the gate/up kernel puts back after o_proj. The count's
  * signal costs attention a fence and an atomic after its stores and o_proj a poll's round trip
  * before its staging's: 7B +0.4% at depth 0 (three rounds; traced, o_proj's first block passes its
@@ -232,8 +229,8 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
 template <bool SHORT>
 static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
                                                                               const uint16_t *vc, const int *io, float *part_acc,
-                                                                              float *part_ml, unsigned *counters, float *att, float *x,
-                                                                              int ctx, int n_splits) {
+                                                                              float *part_ml, unsigned *counters, float *att, const float *x,
+                                                                              float *x_out, int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
     __shared__ int arrived;
     if (threadIdx.x == 0) {
@@ -257,13 +254,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     }
     const unsigned *go = MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
     if constexpr (SHORT && ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x_out, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
                              wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
-                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
+                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS, x);
     else
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x_out, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
                              wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
-                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
+                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS, x);
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
@@ -277,33 +274,28 @@ __device__ __forceinline__ void reset_att_signals(unsigned *att_done, float *att
 
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
                                                                                   unsigned *att_done, float *att_poll) {
-    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+    if constexpr (GATE_UP_POLL != 0) { /* x is o_poll */
+        rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS,
+                                  wait_poll{x, 0, MODEL_DIM});
+        pdl_wait(); /* o_proj's grid ends before this one does */
+    } else {
+        rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+    }
     reset_att_signals(att_done, att_poll);
 }
 
-/* gate/up and down in one grid (MLP_GRID): every block its gate/up rows into hb_poll, then its down
- * rows polling hb_poll. One wave (the init sizes it), or a block polling for rows of a block without
- * a slot would wait forever; every warp has gate/up rows (the init checks), so that when hb_poll is
- * whole every block has staged x, which down then writes. */
-static __global__ void __launch_bounds__(MV_THREADS, 2) mlp_kernel(model_layer_weights w, float *x, float *hb_poll,
-                                                                 unsigned *att_done, float *att_poll, unsigned *down_rows) {
-    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb_poll, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
-    reset_att_signals(att_done, att_poll);
-    __syncthreads(); /* gate/up's staged input is down's shared memory */
-    matvec_residual_body(w.w_down, NULL, hb_poll, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
-                         wait_poll{hb_poll, 0, MODEL_HIDDEN_DIM}, MLP_ROWS == 1 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x,
-                         (int)gridDim.x, nullptr, 0, MLP_ROWS == 2 ? down_rows : nullptr);
-}
-#define MLP_SMEM_BYTES bytes_max(MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN))
 
 /* mlp.down_proj + residual */
-static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
+static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, const float *res,
+                                                                           float *x) {
     if constexpr (DOWN_POLL != 0) { /* hb is hb_poll */
         matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
-                             wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM});
+                             wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM}, (int)blockIdx.x,
+                             (int)gridDim.x, nullptr, 0, res);
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{}, (int)blockIdx.x,
+                             (int)gridDim.x, nullptr, 0, res);
     }
 }
 
@@ -498,7 +490,6 @@ struct model_cuda {
     int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head; /* blocks: needed, at most one wave */
     int grid_att_o;           /* attention_o_proj_kernel's o_proj blocks (after its attention blocks) */
     int grid_att_o_short;     /* the same with the short context's attention blocks (ATT_O_SHORT) */
-    int grid_mlp;             /* mlp_kernel's (MLP_GRID): one wave */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
@@ -507,6 +498,7 @@ struct model_cuda {
     float *att_poll;          /* (q_dim) the joined short grid's (ATT_O_POLL): ATT_POLL_WORD words until written */
     float *hb;                /* (hidden_dim) */
     float *hb_poll;           /* (hidden_dim) gate/up's outputs where down polls them (DOWN_POLL): ATT_POLL_WORD words until written */
+    float *o_poll;            /* (dim) the residual stream after o_proj where gate/up polls it (GATE_UP_POLL): the same */
     float *logits;            /* (vocab) */
     uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_kernels.cuh: kv_at) */
     uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
@@ -656,26 +648,26 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
     } else {
         launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
         mark(ST_EMBED);
+        /* the residual stream after o_proj: x itself, or o_poll where gate/up polls it (GATE_UP_POLL) */
+        float *x_mid = GATE_UP_POLL ? m->o_poll : m->x;
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
-                   m->x, m->q, kc, vc, m->io, m->ctx, m->hb_poll,
-                   m->counters + CTR_DOWN_ROWS);
+                   m->x, m->q, kc, vc, m->io, m->ctx, m->hb_poll, m->o_poll);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
             if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
-                       m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
-                       n_splits);
+                       m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x,
+                       x_mid, m->ctx, n_splits);
 #if ATT_O_SHORT
             } else if (!marks && short_kernel) {
                 launch(attention_o_proj_kernel<true>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
                        ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters,
-                       ATT_O_POLL ? m->att_poll : m->att,
-                       m->x, m->ctx, n_splits);
+                       ATT_O_POLL ? m->att_poll : m->att, m->x, x_mid, m->ctx, n_splits);
 #endif
             } else {
                 if (PROBE_NO_ATT == 1) {
@@ -690,19 +682,15 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 }
                 mark(ST_ATT);
-                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x);
+                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x,
+                       x_mid);
                 mark(ST_O);
             }
-            if (MLP_GRID && !marks) { /* the kernel benchmark times the two stages apart */
-                launch(mlp_kernel, m->grid_mlp, 1, MV_THREADS, MLP_SMEM_BYTES, m->stream, *lw, m->x, m->hb_poll,
-                       m->counters + CTR_ATT_DONE, m->att_poll, m->counters + CTR_DOWN_ROWS);
-                continue;
-            }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
-                   m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
+                   m->stream, *lw, x_mid, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
-                   DOWN_POLL ? m->hb_poll : m->hb, m->x);
+                   DOWN_POLL ? m->hb_poll : m->hb, x_mid, m->x);
             mark(ST_DOWN);
         }
         if (kind != STEP_PROMPT) {
@@ -896,8 +884,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "memory a block (build with -DMV_RES_ASYNC=0)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
-    MODEL_REQUIRE(!(ATT_O_POLL && MODEL_Q_DIM > POLL_MAX_FLOATS) && !(HB_POLL && MODEL_HIDDEN_DIM > POLL_MAX_FLOATS), ERR_DEVICE,
-                  "--device cuda: a polled input (ATT_O_POLL, DOWN_POLL, MLP_GRID) of more than 65536 values; build with "
+    MODEL_REQUIRE(!(ATT_O_POLL && MODEL_Q_DIM > POLL_MAX_FLOATS) && !(DOWN_POLL && MODEL_HIDDEN_DIM > POLL_MAX_FLOATS) &&
+                      !(GATE_UP_POLL && MODEL_DIM > POLL_MAX_FLOATS), ERR_DEVICE,
+                  "--device cuda: a polled input (ATT_O_POLL, DOWN_POLL, GATE_UP_POLL) of more than 65536 values; build with "
                   "them off (-D...=0)");
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -927,13 +916,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
                                MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms);
-    m->grid_mlp = one_wave((const void *)mlp_kernel, GRID_GATE_UP, MLP_SMEM_BYTES, sms);
-    if (MLP_GRID && m->grid_mlp * MV_WARPS > MODEL_HIDDEN_DIM) {
-        const int warps = m->grid_mlp * MV_WARPS;
-        free(m);
-        return err_set(ERR_DEVICE, "--device cuda: MLP_GRID needs a gate/up row for each of its %d warps (intermediate_size %d); "
-                       "build without -DMLP_GRID", warps, (int)MODEL_HIDDEN_DIM);
-    }
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
@@ -983,6 +965,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->hb_poll, MODEL_HIDDEN_DIM * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->hb_poll, 0xFF, MODEL_HIDDEN_DIM * sizeof(float))); /* ATT_POLL_WORD */
+    CUDA_CHECK(cudaMalloc(&m->o_poll, MODEL_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->o_poll, 0xFF, MODEL_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_SPLITS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
@@ -1286,7 +1270,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     }
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
-    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
+    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->o_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
