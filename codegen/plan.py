@@ -52,6 +52,7 @@ class Plan:
     qkv_async: int  # QKV's row steps after the first copied into shared memory on cp.async (_qkv_async)
     pair_lot: int  # QKV's and gate/up's early loads in lots of this many chunks; 0: one lot (_pair_lot)
     res_lot: int  # o_proj's and down's (launched on their own) the same, of MV_UNROLL chunks (_res_lot)
+    down_poll: int  # 1: down polls gate/up's outputs instead of waiting for its grid's end (_down_poll)
 
 
 class CExpr:
@@ -249,6 +250,15 @@ def _res_lot(q_dim: int, hidden_dim: int) -> int:
     return MV_UNROLL // 4 if min(q_dim, hidden_dim) // 256 >= MV_UNROLL else 0
 
 
+def _down_poll(generic: bool) -> int:
+    """Down's blocks stage gate/up's outputs polling them (words that read "unwritten" until gate/up
+    writes them; DOWN_POLL in forward_cuda.cu.j2) instead of waiting for gate/up's grid to end: in the
+    specialized builds. Measured on the H200 (PERFORMANCE.md, twenty-fifth session), Llama-3.2-1B at
+    depths 0 / 1024: +0.3% / +0.9%, +0.5% / +1.0%, +0.6% / +1.0% in three calls. The generic build
+    keeps the wait (not measured)."""
+    return int(not generic)
+
+
 def _qkv_async(spec: Spec, sms: int) -> int:
     """1 (QKV's second step of a pair copied into shared memory on cp.async when the input is staged,
     so both steps are in flight at once) where QKV's pairs take one round of a wave's warps (two
@@ -283,6 +293,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         qkv_async=_qkv_async(spec, sms),
         pair_lot=_pair_lot(spec.dim),
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
+        down_poll=_down_poll(generic=False),
         **gpu,
     )
 
@@ -310,5 +321,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         qkv_async=0,  # its shared memory is sized from the dimensions at build time
         pair_lot=0,  # a lot is a template argument; the rows' widths are known only at run time
         res_lot=0,
+        down_poll=_down_poll(generic=True),
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -878,7 +878,7 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
 }
 
 /* f(g, x4[g]) for each of this thread's float4 groups g of a K-vector whose words read ATT_POLL_WORD
- * until written (ATT_O_POLL, DOWN_POLL, GATE_UP_POLL), as each is written: POLL_VEC loads in flight
+ * until written (ATT_O_POLL, DOWN_POLL), as each is written: POLL_VEC loads in flight
  * at once, the float4s still unwritten polled again together, 32 ns apart, until every word is (a
  * late input costs one round trip after its last write lands, not one a float4). At most
  * POLL_MAX_FLOATS values (a bit a float4 of the thread's; the model's init checks). issued() as
@@ -1150,19 +1150,17 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     sm_done_probe(ST_QKV);
 }
 
-/* out (rows) = res (rows; out's own by default) + W (rows, K) . in (K) [+ bias]: o_proj and down_proj
- * with the residual add. The input is staged in shared memory like the norm'd kernels' (measured
- * against reading it from L1 chunk by chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a
- * warp, double-buffered; or, with pairs (a constant of the build: codegen/plan.py's residual_pairs),
- * rows p and p + rows / 2 (rows even) on one warp, both rows' loads in flight together. */
+/* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. The input
+ * is staged in shared memory like the norm'd kernels' (measured against reading it from L1 chunk by
+ * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
+ * (a constant of the build: codegen/plan.py's residual_pairs), rows p and p + rows / 2 (rows even)
+ * on one warp, both rows' loads in flight together. */
 template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
-                                                     const unsigned *go = nullptr, unsigned go_count = 0,
-                                                     const float *res = nullptr) {
+                                                     const unsigned *go = nullptr, unsigned go_count = 0) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
-    if (!res) res = out; /* the residual's old values: out's own, or given res another buffer's (GATE_UP_POLL) */
     const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
     TRACE_BEGIN(stage);
@@ -1218,8 +1216,8 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
          * Nothing else writes these rows in this stage. */
         float res_a = 0.0f, res_b = 0.0f;
         if (lane == 0) {
-            res_a = __ldcg(res + row);
-            if (pairs) res_b = __ldcg(res + row + half);
+            res_a = __ldcg(out + row);
+            if (pairs) res_b = __ldcg(out + row + half);
         }
         if (pairs) {
             const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane,

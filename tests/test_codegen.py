@@ -247,6 +247,16 @@ def test_plan_early_loads_in_lots_where_rows_fill_a_step():
     assert (make_generic_plan().pair_lot, make_generic_plan().res_lot) == (0, 0)
 
 
+def test_down_polls_in_specialized_plans_only():
+    """DOWN_POLL (codegen/plan.py, _down_poll): down polls gate/up's outputs in every specialized
+    build; the generic build waits for gate/up's grid."""
+    from codegen.plan import make_generic_plan, make_plan
+
+    for m in ("llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "smollm2-135m-instruct"):
+        assert make_plan(spec_of(load(REPO / "models" / m / "config.json"))).down_poll == 1, m
+    assert make_generic_plan().down_poll == 0
+
+
 def test_plan_qkv_async_where_its_pairs_are_one_round():
     """QKV's later row steps on cp.async where its pairs fit one round of a wave's warps and a row
     takes more than one step: the 1B shape (gained), not Mistral-7B (1.45 rounds: lost), not the

@@ -91,8 +91,9 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 /* Down may wait for gate/up's outputs themselves instead of gate/up's grid's end: gate/up writes them
  * into hb_poll, whose words read ATT_POLL_WORD until written, down's blocks stage them polling
  * (stage_input<true>), and the next layer's QKV kernel, past its wait (down has ended), puts the
- * words back. 0 off. Two forms were measured on the H200 (PERFORMANCE.md, twenty-fifth session),
- * Llama-3.2-1B at depths 0 / 1024:
+ * words back. On where the plan says so (codegen/plan.py, _down_poll: the specialized builds);
+ * -DDOWN_POLL=0 waits for the grid. Two forms were measured on the H200 (PERFORMANCE.md,
+ * twenty-fifth session), Llama-3.2-1B at depths 0 / 1024:
  * - DOWN_POLL: down's own kernel polls, after polling the last float4 of each of DOWN_POLL_GROUPS
  *   parts of hb_poll (none: 0); its blocks call griddepcontrol.wait before they end, so that down's
  *   end still orders all that came before it for the kernels after. With the polls one float4 at a
@@ -105,32 +106,23 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
  *   block, against 2.06) but its last blocks end as late: those whose gate/up rows ended last.
  *   Removed. */
 #ifndef DOWN_POLL
-#define DOWN_POLL 0
+#define DOWN_POLL 1 /* codegen/plan.py, _down_poll */
 #endif
 #ifndef DOWN_POLL_GROUPS
 #define DOWN_POLL_GROUPS 0
 #endif
 static_assert(DOWN_POLL_GROUPS >= 0 && DOWN_POLL_GROUPS <= MV_THREADS, "DOWN_POLL_GROUPS: 0 to a block's threads");
-/* The same for gate/up after o_proj (GATE_UP_POLL, 0 off): o_proj writes the new residual stream
- * (x + its rows) into o_poll instead of back into x, gate/up's blocks stage and norm it polling,
- * and down adds its rows to o_poll's values into x; the next layer's QKV kernel puts o_poll's words
- * back. Gate/up's blocks call griddepcontrol.wait before they end, as DOWN_POLL's. Not run on a GPU
- * yet. */
-#ifndef GATE_UP_POLL
-#define GATE_UP_POLL 0
-#endif
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
                                                                      uint16_t *kc, uint16_t *vc, const int *io, int ctx,
-                                                                     float *hb_poll, float *o_poll) {
+                                                                     float *hb_poll) {
     rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
     /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own */
     if (DOWN_POLL) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
-    if (GATE_UP_POLL) unwrite_words(o_poll, MODEL_DIM);
 }
 
 /* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
@@ -186,10 +178,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
 #endif
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
-static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att,
-                                                                                                   const float *x, float *x_out) {
-    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x_out, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{},
-                         (int)blockIdx.x, (int)gridDim.x, nullptr, 0, x);
+static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
+    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
 #ifndef ATT_O_GRID
@@ -229,8 +219,8 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
 template <bool SHORT>
 static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
                                                                               const uint16_t *vc, const int *io, float *part_acc,
-                                                                              float *part_ml, unsigned *counters, float *att, const float *x,
-                                                                              float *x_out, int ctx, int n_splits) {
+                                                                              float *part_ml, unsigned *counters, float *att, float *x,
+                                                                              int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
     __shared__ int arrived;
     if (threadIdx.x == 0) {
@@ -254,13 +244,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(
     }
     const unsigned *go = MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
     if constexpr (SHORT && ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x_out, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
                              wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
-                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS, x);
+                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
     else
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x_out, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
                              wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
-                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS, x);
+                             (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
@@ -274,28 +264,19 @@ __device__ __forceinline__ void reset_att_signals(unsigned *att_done, float *att
 
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
                                                                                   unsigned *att_done, float *att_poll) {
-    if constexpr (GATE_UP_POLL != 0) { /* x is o_poll */
-        rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS,
-                                  wait_poll{x, 0, MODEL_DIM});
-        pdl_wait(); /* o_proj's grid ends before this one does */
-    } else {
-        rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
-    }
+    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
 }
 
 
 /* mlp.down_proj + residual */
-static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, const float *res,
-                                                                           float *x) {
+static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
     if constexpr (DOWN_POLL != 0) { /* hb is hb_poll */
         matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
-                             wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM}, (int)blockIdx.x,
-                             (int)gridDim.x, nullptr, 0, res);
+                             wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM});
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{}, (int)blockIdx.x,
-                             (int)gridDim.x, nullptr, 0, res);
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
     }
 }
 
@@ -498,7 +479,6 @@ struct model_cuda {
     float *att_poll;          /* (q_dim) the joined short grid's (ATT_O_POLL): ATT_POLL_WORD words until written */
     float *hb;                /* (hidden_dim) */
     float *hb_poll;           /* (hidden_dim) gate/up's outputs where down polls them (DOWN_POLL): ATT_POLL_WORD words until written */
-    float *o_poll;            /* (dim) the residual stream after o_proj where gate/up polls it (GATE_UP_POLL): the same */
     float *logits;            /* (vocab) */
     uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_kernels.cuh: kv_at) */
     uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
@@ -648,26 +628,24 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
     } else {
         launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
         mark(ST_EMBED);
-        /* the residual stream after o_proj: x itself, or o_poll where gate/up polls it (GATE_UP_POLL) */
-        float *x_mid = GATE_UP_POLL ? m->o_poll : m->x;
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &m->w.layers[l];
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
-                   m->x, m->q, kc, vc, m->io, m->ctx, m->hb_poll, m->o_poll);
+                   m->x, m->q, kc, vc, m->io, m->ctx, m->hb_poll);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
             if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
-                       m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x,
-                       x_mid, m->ctx, n_splits);
+                       m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
+                       n_splits);
 #if ATT_O_SHORT
             } else if (!marks && short_kernel) {
                 launch(attention_o_proj_kernel<true>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
                        ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters,
-                       ATT_O_POLL ? m->att_poll : m->att, m->x, x_mid, m->ctx, n_splits);
+                       ATT_O_POLL ? m->att_poll : m->att, m->x, m->ctx, n_splits);
 #endif
             } else {
                 if (PROBE_NO_ATT == 1) {
@@ -682,15 +660,14 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 }
                 mark(ST_ATT);
-                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x,
-                       x_mid);
+                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x);
                 mark(ST_O);
             }
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
-                   m->stream, *lw, x_mid, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
+                   m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
-                   DOWN_POLL ? m->hb_poll : m->hb, x_mid, m->x);
+                   DOWN_POLL ? m->hb_poll : m->hb, m->x);
             mark(ST_DOWN);
         }
         if (kind != STEP_PROMPT) {
@@ -884,9 +861,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "memory a block (build with -DMV_RES_ASYNC=0)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
-    MODEL_REQUIRE(!(ATT_O_POLL && MODEL_Q_DIM > POLL_MAX_FLOATS) && !(DOWN_POLL && MODEL_HIDDEN_DIM > POLL_MAX_FLOATS) &&
-                      !(GATE_UP_POLL && MODEL_DIM > POLL_MAX_FLOATS), ERR_DEVICE,
-                  "--device cuda: a polled input (ATT_O_POLL, DOWN_POLL, GATE_UP_POLL) of more than 65536 values; build with "
+    MODEL_REQUIRE(!(ATT_O_POLL && MODEL_Q_DIM > POLL_MAX_FLOATS) && !(DOWN_POLL && MODEL_HIDDEN_DIM > POLL_MAX_FLOATS), ERR_DEVICE,
+                  "--device cuda: a polled input (ATT_O_POLL, DOWN_POLL) of more than 65536 values; build with "
                   "them off (-D...=0)");
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -965,8 +941,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->hb, (size_t)PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->hb_poll, MODEL_HIDDEN_DIM * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->hb_poll, 0xFF, MODEL_HIDDEN_DIM * sizeof(float))); /* ATT_POLL_WORD */
-    CUDA_CHECK(cudaMalloc(&m->o_poll, MODEL_DIM * sizeof(float)));
-    CUDA_CHECK(cudaMemset(m->o_poll, 0xFF, MODEL_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_SPLITS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
@@ -1270,7 +1244,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     }
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
-    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->o_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
+    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
