@@ -250,13 +250,18 @@ def _res_lot(q_dim: int, hidden_dim: int) -> int:
     return MV_UNROLL // 4 if min(q_dim, hidden_dim) // 256 >= MV_UNROLL else 0
 
 
-def _down_poll(generic: bool) -> int:
+DOWN_POLL_MIN_HIDDEN = 8192  # the smallest intermediate size down's polling was measured on (below)
+
+
+def _down_poll(hidden_dim: int) -> int:
     """Down's blocks stage gate/up's outputs polling them (words that read "unwritten" until gate/up
-    writes them; DOWN_POLL in forward_cuda.cu.j2) instead of waiting for gate/up's grid to end: in the
-    specialized builds. Measured on the H200 (PERFORMANCE.md, twenty-fifth session), Llama-3.2-1B at
-    depths 0 / 1024: +0.3% / +0.9%, +0.5% / +1.0%, +0.6% / +1.0% in three calls. The generic build
-    keeps the wait (not measured)."""
-    return int(not generic)
+    writes them; DOWN_POLL in forward_cuda.cu.j2) instead of waiting for gate/up's grid to end, where
+    the intermediate size is at least that of the shapes it was measured on. Measured on the H200
+    (PERFORMANCE.md, twenty-fifth session): Llama-3.2-1B (8192) +0.3% / +0.9%, +0.5% / +1.0%,
+    +0.6% / +1.0% at depths 0 / 1024 in three calls, +0.5-0.8% at 0 to 32768 in a fourth;
+    Mistral-7B (14336) -0.1% / +0.0% at 0 / 16384. Not measured on the SmolLM2 shape (1536) nor in
+    the generic build, which keep the wait."""
+    return int(hidden_dim >= DOWN_POLL_MIN_HIDDEN)
 
 
 def _qkv_async(spec: Spec, sms: int) -> int:
@@ -293,7 +298,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         qkv_async=_qkv_async(spec, sms),
         pair_lot=_pair_lot(spec.dim),
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
-        down_poll=_down_poll(generic=False),
+        down_poll=_down_poll(spec.hidden_dim),
         **gpu,
     )
 
@@ -321,6 +326,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         qkv_async=0,  # its shared memory is sized from the dimensions at build time
         pair_lot=0,  # a lot is a template argument; the rows' widths are known only at run time
         res_lot=0,
-        down_poll=_down_poll(generic=True),
+        down_poll=0,  # not measured
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -91,8 +91,8 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 /* Down may wait for gate/up's outputs themselves instead of gate/up's grid's end: gate/up writes them
  * into hb_poll, whose words read ATT_POLL_WORD until written, down's blocks stage them polling
  * (stage_input<true>), and the next layer's QKV kernel, past its wait (down has ended), puts the
- * words back. On where the plan says so (codegen/plan.py, _down_poll: the specialized builds);
- * -DDOWN_POLL=0 waits for the grid. Two forms were measured on the H200 (PERFORMANCE.md,
+ * words back. On where the plan says so (codegen/plan.py, _down_poll: the shapes it was measured on,
+ * the 1B's and 7B's); -DDOWN_POLL=0 waits for the grid. Two forms were measured on the H200 (PERFORMANCE.md,
  * twenty-fifth session), Llama-3.2-1B at depths 0 / 1024:
  * - DOWN_POLL: down's own kernel polls, after polling the last float4 of each of DOWN_POLL_GROUPS
  *   parts of hb_poll (none: 0); its blocks call griddepcontrol.wait before they end, so that down's
@@ -106,7 +106,7 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
  *   block, against 2.06) but its last blocks end as late: those whose gate/up rows ended last.
  *   Removed. */
 #ifndef DOWN_POLL
-#define DOWN_POLL 1 /* codegen/plan.py, _down_poll */
+#define DOWN_POLL 0 /* codegen/plan.py, _down_poll */
 #endif
 #ifndef DOWN_POLL_GROUPS
 #define DOWN_POLL_GROUPS 0
