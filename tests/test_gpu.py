@@ -345,8 +345,9 @@ def test_tiny_gpu_short_attention_graphs_equal_cpu():
 
 
 def test_gpu_bench_kernels_times_decode_and_prefill():
-    """--bench-kernels on the GPU: per depth, the decode step's table (as make compare reads it) and a
-    prefill batch's, every stage launched as the batch runs them; the decode that follows still runs."""
+    """--bench-kernels on the GPU: per depth, the decode step's table (as make compare reads it), the
+    steps' time in one graph and a graph a step, and a prefill batch's table, every stage launched as
+    the batch runs them; the decode that follows still runs."""
     import re
     import sys
 
@@ -359,6 +360,9 @@ def test_gpu_bench_kernels_times_decode_and_prefill():
     out = out.decode() if isinstance(out, bytes) else out
     assert sorted(compare.parse_kernel_tables(out)) == [1, 33]
     assert len(re.findall(r"decode at depth \d+: 8 tokens", out)) == 2, out
+    steps = re.findall(r"steps at depth (\d+), 8 greedy steps \(best of \d+\): in one graph ([\d.]+) us/token, "
+                       r"a graph a step ([\d.]+) us/token", out)
+    assert steps and all(float(one) > 0 and float(each) > 0 for _, one, each in steps), out
     batch = re.search(r"a prefill batch of (\d+) tokens at depth 1 ", out)
     assert batch, out
     for depth in (1, 33):

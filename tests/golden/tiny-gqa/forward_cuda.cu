@@ -1180,6 +1180,45 @@ static void stage_table(model_cuda *m, int reps, int n_launches, int n_stages, c
     free(events), free(stage_of), free(best), free(us), free(calls);
 }
 
+/* What the boundary between two steps' graphs costs: BOUNDARY_STEPS greedy steps from pos captured
+ * in one graph (each step's launches chained to the last step's by programmatic dependent launch,
+ * as a step's stages are) against as many launches of the one-step graph back to back, best of reps
+ * each, in µs a token. Where the steps would cross into another graph tier, nothing. */
+#define BOUNDARY_STEPS 8
+static void graph_boundary_bench(model_cuda *m, int pos, int reps, FILE *out) {
+    const int tier = decode_tier(m, pos + 1);
+    if (m->persistent || pos + BOUNDARY_STEPS + 1 > m->ctx || decode_tier(m, pos + BOUNDARY_STEPS) != tier) return;
+    cudaGraph_t graph;
+    cudaGraphExec_t steps;
+    CUDA_CHECK(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
+    for (int k = 0; k < BOUNDARY_STEPS; k++) enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier == 2, NULL, NULL);
+    CUDA_CHECK(cudaStreamEndCapture(m->stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&steps, graph, 0));
+    cudaGraphDestroy(graph);
+    cudaEvent_t t0, t1;
+    CUDA_CHECK(cudaEventCreate(&t0));
+    CUDA_CHECK(cudaEventCreate(&t1));
+    float best[2] = {1e30f, 1e30f}; /* [0]: one graph of the steps, [1]: a graph a step */
+    for (int r = 0; r < reps; r++)
+        for (int form = 0; form < 2; form++) {
+            CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaEventRecord(t0, m->stream));
+            if (form == 0) CUDA_CHECK(cudaGraphLaunch(steps, m->stream));
+            else
+                for (int k = 0; k < BOUNDARY_STEPS; k++) CUDA_CHECK(cudaGraphLaunch(m->graphs[tier][STEP_ARGMAX], m->stream));
+            CUDA_CHECK(cudaEventRecord(t1, m->stream));
+            CUDA_CHECK(cudaEventSynchronize(t1));
+            float ms;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+            if (ms < best[form]) best[form] = ms;
+        }
+    fprintf(out, "steps at depth %d, %d greedy steps (best of %d): in one graph %.1f us/token, a graph a step %.1f us/token\n",
+            pos, BOUNDARY_STEPS, reps, best[0] * 1e3 / BOUNDARY_STEPS, best[1] * 1e3 / BOUNDARY_STEPS);
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    cudaGraphExecDestroy(steps);
+}
+
 extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FILE *out) {
     const double qkv = (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * 2.0, o = (double)MODEL_DIM * MODEL_Q_DIM * 2.0,
                  gate_up = 2.0 * MODEL_HIDDEN_DIM * MODEL_DIM * 2.0, down = (double)MODEL_DIM * MODEL_HIDDEN_DIM * 2.0;
@@ -1193,6 +1232,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
         const int tier = decode_tier(m, pos + 1);
         enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier == 2, ev, stage_of);
     });
+    graph_boundary_bench(m, pos, reps, out);
     /* A prefill batch of PREFILL_BATCH tokens at positions pos on, where the context has room; the
      * device's io is put back as it was. Attention reads, for the batch's tokens, pos + 1 .. pos + B
      * positions. */
