@@ -2544,6 +2544,157 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
     if (q == 0 && p < n_pairs) store(p, va, vb);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Gate/up's prefill as a tiled GEMM (prefill_gemm_body), where its rows fill the GPU's SMs
+// (gate_up_gemm in the generated code): a block takes GEMM_PAIRS pairs of rows (a warp a 16-row tile
+// of 8 pairs, as prefill_pairs_body's) over all of K against the whole batch. Weights and inputs go
+// through shared memory on cp.async, GEMM_KT values of K a stage, GEMM_STAGES stages in flight, and
+// every warp reads the stage's inputs from shared memory (ldmatrix): a block reads its inputs from
+// L2 once for 128 rows, not for 32, and keeps three stages of weights in flight whatever its
+// registers. The input's terms are columns of the GEMM: column t * B + b is token b's term t, as
+// the terms lie in memory (term, B, K), and each token's terms are added after the sums.
+// Measured against prefill_pairs_body (PERFORMANCE.md, twenty-seventh session): gate/up 1.45x on
+// the 1B shape; QKV, o_proj and down, whose few rows need K split over blocks, were slower.
+
+#define GEMM_THREADS 256
+#define GEMM_PAIRS 64 /* pairs of rows a block: 8 warps x 8 */
+#define GEMM_KT 64    /* K values a stage: 128 bytes a row */
+#ifndef GEMM_STAGES
+#define GEMM_STAGES 4
+#endif
+static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
+#define GEMM_A_BYTES (2 * GEMM_PAIRS * GEMM_KT * 2)
+#define GEMM_B_BYTES(B) (PREFILL_TERMS * (B) * GEMM_KT * 2)
+#define GEMM_STAGE_BYTES(B) (GEMM_A_BYTES + GEMM_B_BYTES(B))
+#define GEMM_SMEM_BYTES(B) (GEMM_STAGES * GEMM_STAGE_BYTES(B))
+
+/* Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows: the chunks XOR-swizzled by the
+ * row, so that ldmatrix's eight rows at one chunk hit eight different bank groups. */
+__device__ __forceinline__ uint32_t gemm_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+/* cp_async16 to a shared-memory address */
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+/* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over all of K; in: the terms
+ * (PREFILL_TERMS, B, K). A block of GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory
+ * GEMM_SMEM_BYTES(B). */
+template <int B, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint16_t *__restrict__ in, Pair pair, Store store) {
+    constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
+    extern __shared__ __align__(128) unsigned char gemm_smem[];
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, q = lane % 4;
+    const int n_kt = (K + GEMM_KT - 1) / GEMM_KT;
+    const uint32_t smem = (uint32_t)__cvta_generic_to_shared(gemm_smem);
+
+    /* this thread's weight copies: chunk tid % 8 of rows tid / 8 + 32 i; row r of the tile is pair
+     * 8 (r / 16) + r % 8's a (r % 16 < 8) or b */
+    const uint16_t *arow[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = tid / 8 + 32 * i;
+        const uint4 *ra, *rb;
+        pair(min((int)blockIdx.x * GEMM_PAIRS + 8 * (r / 16) + r % 8, n_pairs - 1), &ra, &rb);
+        arow[i] = reinterpret_cast<const uint16_t *>(r % 16 < 8 ? ra : rb);
+    }
+    auto load_a = [&](int st, int kt) {
+        const uint32_t base = smem + st * GEMM_STAGE_BYTES(B);
+        const int c = tid % 8, k = kt * GEMM_KT + 8 * c;
+#pragma unroll
+        for (int i = 0; i < 4; i++) cp_async16_s(base + gemm_swz(tid / 8 + 32 * i, c), arow[i] + (k < K ? k : 0), k < K);
+    };
+    auto load_b = [&](int st, int kt) {
+        const uint32_t base = smem + st * GEMM_STAGE_BYTES(B) + GEMM_A_BYTES;
+#pragma unroll
+        for (int i = tid; i < T * B * 8; i += GEMM_THREADS) {
+            const int n = i / 8, c = i % 8, k = kt * GEMM_KT + 8 * c;
+            cp_async16_s(base + gemm_swz(n, c), in + (size_t)n * K + (k < K ? k : 0), k < K);
+        }
+    };
+
+    float c[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+    /* the weights of the first stages before the wait (they do not depend on the kernel before),
+     * the inputs after it; a group a stage's part, so that stage 0 waits for its own two */
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+        if (s < n_kt) load_a(s, s);
+        cp_async_commit();
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+        if (s < n_kt) load_b(s, s);
+        cp_async_commit();
+    }
+    for (int i = 0; i < n_kt; i++) {
+        cp_async_wait_group<GEMM_STAGES - 2>();
+        __syncthreads(); /* stage i is in, and every warp is done with the stage the next copies overwrite */
+        if (i + GEMM_STAGES - 1 < n_kt) {
+            load_a((i + GEMM_STAGES - 1) % GEMM_STAGES, i + GEMM_STAGES - 1);
+            load_b((i + GEMM_STAGES - 1) % GEMM_STAGES, i + GEMM_STAGES - 1);
+        }
+        cp_async_commit();
+        const uint32_t a_base = smem + (i % GEMM_STAGES) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < GEMM_KT / 16; kk++) {
+            uint32_t a0, a1, a2, a3; /* rows g, g + 8 at k 2q.. and 2q + 8.. (mma_16x8x16's order) */
+            ldsm_x4(a_base + gemm_swz(16 * wid + (lane / 8 % 2) * 8 + lane % 8, 2 * kk + lane / 16), a0, a1, a2, a3);
+#pragma unroll
+            for (int n = 0; n + 1 < NT; n += 2) { /* columns 8n.. and 8n + 8.. at k 2q.. and 2q + 8.. */
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b_base + gemm_swz(8 * n + (lane / 16) * 8 + lane % 8, 2 * kk + lane / 8 % 2), b0, b1, b2, b3);
+                mma_16x8x16(c[n], a0, a1, a2, a3, b0, b1);
+                mma_16x8x16(c[n + 1], a0, a1, a2, a3, b2, b3);
+            }
+            if constexpr (NT % 2) {
+                uint32_t b0, b1;
+                ldsm_x2(b_base + gemm_swz(8 * (NT - 1) + lane % 8, 2 * kk + lane / 8 % 2), b0, b1);
+                mma_16x8x16(c[NT - 1], a0, a1, a2, a3, b0, b1);
+            }
+        }
+    }
+    cp_async_wait_group<0>();
+
+    /* each token's terms added: s[j] is rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1, gathered
+     * into lane q == 0 as prefill_pairs_body does */
+    const int p = (int)blockIdx.x * GEMM_PAIRS + 8 * wid + g;
+    float s[J][4], va[B], vb[B];
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[j][e] = c[j][e];
+#pragma unroll
+            for (int t = 1; t < T; t++) s[j][e] += c[t * J + j][e];
+        }
+#pragma unroll
+    for (int t = 0; t < B; t++) {
+        const int src = (lane & ~3) | (t % 8 / 2);
+        va[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][t % 2], src);
+        vb[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][2 + t % 2], src);
+    }
+    if (q == 0 && p < n_pairs) store(p, va, vb);
+}
+
+/* Pair tiles of a prefill GEMM of `pairs` pairs */
+static inline int gemm_tiles(int pairs) { return (pairs + GEMM_PAIRS - 1) / GEMM_PAIRS; }
+
 /* q/k/v (+ bias) + RoPE + KV-cache store for a batch of B, on input_layernorm's output as terms
  * (prefill_rms_terms_body): the pairs of qkv_pair. */
 template <int B>
@@ -2615,19 +2766,20 @@ __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const u
 }
 
 /* gate and up + SiLU on post_attention_layernorm's output as terms (prefill_rms_terms_body):
- * hb = silu(gate . x) * (up . x), stored as down's input terms, (PREFILL_TERMS, B, hidden). */
-template <int B>
+ * hb = silu(gate . x) * (up . x), stored as down's input terms, (PREFILL_TERMS, B, hidden); as a
+ * GEMM (prefill_gemm_body) or by prefill_pairs_body. */
+template <int B, bool GEMM>
 __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, const uint16_t *wu, const uint16_t *x_terms,
                                                           uint16_t *hb_terms, int dim, int hidden) {
-    prefill_pairs_body<B>(
-        hidden, dim, 0, (dim + 31) / 32, x_terms,
-        [&](int p, const uint4 **a, const uint4 **b) {
-            *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
-            *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);
-        },
-        [&](int p, const float *va, const float *vb) {
-            for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
-        });
+    auto pair = [&](int p, const uint4 **a, const uint4 **b) {
+        *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
+        *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);
+    };
+    auto store = [&](int p, const float *va, const float *vb) {
+        for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
+    };
+    if constexpr (GEMM) prefill_gemm_body<B>(hidden, dim, x_terms, pair, store);
+    else prefill_pairs_body<B>(hidden, dim, 0, (dim + 31) / 32, x_terms, pair, store);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -280,13 +280,20 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
+GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
+
+
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
-                                           ("tiny-group3", "-DPREFILL_TERMS=3")])
+                                           ("tiny-group3", "-DPREFILL_TERMS=3"), ("tiny-gqa", GATE_UP_GEMM),
+                                           ("tiny-wide", GATE_UP_GEMM), ("tiny-group3", f"{GATE_UP_GEMM} -DPREFILL_TERMS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
-    warp), and inputs as three terms (fp32's 24 bits). Greedy text against the CPU's. (The default
-    build's batches of 32, 16 and 8 all run on TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
+    warp), inputs as three terms (fp32's 24 bits), and gate/up as a GEMM on every model (by default
+    only where its tiles fill the GPU, which no tiny model's do): K of one stage and a partial tile
+    (tiny-gqa), 34 stages (tiny-wide), an odd count of 8-column tiles (three terms, batches of 8).
+    Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
+    TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
     d = tiny_model_dir(variant, name=f"{variant}-{flags.split('=')[0][2:].lower()}")
     binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
@@ -426,6 +433,19 @@ def test_default_model_penalty_greedy_equals_cpu(default_gpu, prompt):
 def test_default_model_chat_on_gpu(default_gpu):
     r = run(default_gpu, "--device", "cuda", "--chat", "-p", "What is the capital of France?", "--temp", "0")
     assert "Paris" in r.stdout.decode()
+
+
+def test_gate_up_gemm_memcheck_clean():
+    """The prefill's gate/up GEMM (forced on, tiny-wide: 34 stages of cp.async copies) under
+    compute-sanitizer's memcheck."""
+    if not shutil.which("compute-sanitizer"):
+        pytest.skip("compute-sanitizer not installed")
+    d = tiny_model_dir("tiny-wide", name="tiny-wide-prefill_gate_up_gemm")
+    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={GATE_UP_GEMM}")
+    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
+                        "--device", "cuda", "-p", TINY_PROMPT, "-n", "4", "--temp", "0"], capture_output=True, timeout=600)
+    out = (r.stdout + r.stderr).decode(errors="replace")
+    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
 
 
 @pytest.mark.parametrize("variant, build", [("tiny-gqa", b) for b in BUILDS] + [("tiny-group3", "specialized"),

@@ -425,7 +425,20 @@ template <int B>
 static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_kernel(model_layer_weights w,
                                                                                               const uint16_t *x_terms,
                                                                                               uint16_t *hb_terms) {
-    prefill_gate_up_silu_body<B>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_silu_body<B, false>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+}
+
+/* The same as a GEMM (prefill_gemm_body): two blocks an SM, as its shared memory allows. Where it
+ * runs: PREFILL_GATE_UP_GEMM 1 where its pair tiles number at least 3/4 of the SMs (the 1B and 7-8B
+ * shapes on an H200: gate/up 1.45x on the 1B; fewer tiles leave SMs idle), 2 always (tests), 0 never. */
+#ifndef PREFILL_GATE_UP_GEMM
+#define PREFILL_GATE_UP_GEMM 1
+#endif
+template <int B>
+static __global__ void __launch_bounds__(GEMM_THREADS, 2) prefill_gate_up_gemm_kernel(model_layer_weights w,
+                                                                                     const uint16_t *x_terms,
+                                                                                     uint16_t *hb_terms) {
+    prefill_gate_up_silu_body<B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 template <int B>
@@ -514,6 +527,7 @@ struct model_cuda {
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
+    int gate_up_gemm;           /* the prefill's gate/up as a GEMM (PREFILL_GATE_UP_GEMM) */
     /* The steps queued and not yet taken (model_cuda_take): positions [taken, queued) of the steps
      * that choose a token, each with its kind and an event recorded after it. */
     int queued, taken;
@@ -736,8 +750,12 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, true,
                lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
-        launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
-               m->prefill_x_terms, m->prefill_hb_terms);
+        if (m->gate_up_gemm)
+            launch(prefill_gate_up_gemm_kernel<B>, gemm_tiles(MODEL_HIDDEN_DIM), 1, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
+                   *lw, m->prefill_x_terms, m->prefill_hb_terms);
+        else
+            launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
+                   m->prefill_x_terms, m->prefill_hb_terms);
         mark(PF_GATE_UP);
         launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
                m->prefill_hb_terms, m->prefill_part_x);
@@ -745,6 +763,14 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
     }
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
     mark(PF_END);
+}
+
+/* prefill_gate_up_gemm_kernel's shared memory, for batches of B, B / 2, ... 8 */
+template <int B>
+static void prefill_gemm_smem(void) {
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_gemm_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)GEMM_SMEM_BYTES(B)));
+    if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
 
 /* A prefill batch of B >> s tokens (s < PREFILL_SIZES): one instance of enqueue_prefill a size. */
@@ -948,6 +974,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->prefill_counters, 0, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
+    m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
+    if (m->gate_up_gemm) prefill_gemm_smem<PREFILL_BATCH>();
     CUDA_CHECK(cudaMalloc(&m->logits, MODEL_VOCAB_SIZE * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->key_cache, cache));
     CUDA_CHECK(cudaMalloc(&m->value_cache, cache));
