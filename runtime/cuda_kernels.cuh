@@ -2550,17 +2550,22 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
 // of 8 pairs, as prefill_pairs_body's) over all of K against the whole batch. Weights and inputs go
 // through shared memory on cp.async, GEMM_KT values of K a stage, GEMM_STAGES stages in flight, and
 // every warp reads the stage's inputs from shared memory (ldmatrix): a block reads its inputs from
-// L2 once for 128 rows, not for 32, and keeps three stages of weights in flight whatever its
+// L2 once for 64 rows, not for 32, and keeps its later stages' weights in flight whatever its
 // registers. The input's terms are columns of the GEMM: column t * B + b is token b's term t, as
 // the terms lie in memory (term, B, K), and each token's terms are added after the sums.
-// Measured against prefill_pairs_body (PERFORMANCE.md, twenty-seventh session): gate/up 1.45x on
-// the 1B shape; QKV, o_proj and down, whose few rows need K split over blocks, were slower.
+// Measured against prefill_pairs_body (PERFORMANCE.md, twenty-seventh session): the prompt +10% on
+// the 1B shape and +17% on the 7B; QKV, o_proj and down, whose few rows need K split over blocks,
+// were slower as GEMMs (their splits' sums added by each tile's last block). ncu: the kernel is
+// bound by latency (a quarter of the issue slots and of the tensor pipe busy), not by a unit.
 
-#define GEMM_THREADS 256
-#define GEMM_PAIRS 64 /* pairs of rows a block: 8 warps x 8 */
+#ifndef GEMM_WARPS
+#define GEMM_WARPS 4 /* 8 (64 pairs a block): 1B prompt -6%, 7B even */
+#endif
+#define GEMM_THREADS (GEMM_WARPS * WARP_SIZE)
+#define GEMM_PAIRS (8 * GEMM_WARPS) /* pairs of rows a block: 8 a warp */
 #define GEMM_KT 64    /* K values a stage: 128 bytes a row */
 #ifndef GEMM_STAGES
-#define GEMM_STAGES 4
+#define GEMM_STAGES 3 /* 4 (three blocks an SM): 1B even, 7B -4% */
 #endif
 static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #define GEMM_A_BYTES (2 * GEMM_PAIRS * GEMM_KT * 2)
@@ -2600,12 +2605,12 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
     const int n_kt = (K + GEMM_KT - 1) / GEMM_KT;
     const uint32_t smem = (uint32_t)__cvta_generic_to_shared(gemm_smem);
 
-    /* this thread's weight copies: chunk tid % 8 of rows tid / 8 + 32 i; row r of the tile is pair
-     * 8 (r / 16) + r % 8's a (r % 16 < 8) or b */
+    /* this thread's weight copies: chunk tid % 8 of rows tid / 8 + GEMM_WARPS 4 i; row r of the tile
+     * is pair 8 (r / 16) + r % 8's a (r % 16 < 8) or b */
     const uint16_t *arow[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int r = tid / 8 + 32 * i;
+        const int r = tid / 8 + GEMM_WARPS * 4 * i;
         const uint4 *ra, *rb;
         pair(min((int)blockIdx.x * GEMM_PAIRS + 8 * (r / 16) + r % 8, n_pairs - 1), &ra, &rb);
         arow[i] = reinterpret_cast<const uint16_t *>(r % 16 < 8 ? ra : rb);
@@ -2614,7 +2619,8 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
         const uint32_t base = smem + st * GEMM_STAGE_BYTES(B);
         const int c = tid % 8, k = kt * GEMM_KT + 8 * c;
 #pragma unroll
-        for (int i = 0; i < 4; i++) cp_async16_s(base + gemm_swz(tid / 8 + 32 * i, c), arow[i] + (k < K ? k : 0), k < K);
+        for (int i = 0; i < 4; i++)
+            cp_async16_s(base + gemm_swz(tid / 8 + GEMM_WARPS * 4 * i, c), arow[i] + (k < K ? k : 0), k < K);
     };
     auto load_b = [&](int st, int kt) {
         const uint32_t base = smem + st * GEMM_STAGE_BYTES(B) + GEMM_A_BYTES;

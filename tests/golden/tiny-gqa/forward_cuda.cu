@@ -428,14 +428,18 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_ker
     prefill_gate_up_silu_body<B, false>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
-/* The same as a GEMM (prefill_gemm_body): two blocks an SM, as its shared memory allows. Where it
- * runs: PREFILL_GATE_UP_GEMM 1 where its pair tiles number at least 3/4 of the SMs (the 1B and 7-8B
- * shapes on an H200: gate/up 1.45x on the 1B; fewer tiles leave SMs idle), 2 always (tests), 0 never. */
+/* The same as a GEMM (prefill_gemm_body). Where it runs: PREFILL_GATE_UP_GEMM 1 where its pair
+ * tiles number at least 3/4 of the SMs (the 1B and 7-8B shapes on an H200: prompt +10% and +17%;
+ * with fewer tiles SMs would idle: the SmolLM2 shape's 48 keep prefill_pairs_body, unmeasured as a
+ * GEMM), 2 always (tests), 0 never. */
 #ifndef PREFILL_GATE_UP_GEMM
 #define PREFILL_GATE_UP_GEMM 1
 #endif
+#ifndef GEMM_BLOCKS_SM
+#define GEMM_BLOCKS_SM 4 /* blocks an SM the launch bounds ask for (four of GEMM_STAGES 3 fit its shared memory) */
+#endif
 template <int B>
-static __global__ void __launch_bounds__(GEMM_THREADS, 2) prefill_gate_up_gemm_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM) prefill_gate_up_gemm_kernel(model_layer_weights w,
                                                                                      const uint16_t *x_terms,
                                                                                      uint16_t *hb_terms) {
     prefill_gate_up_silu_body<B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
