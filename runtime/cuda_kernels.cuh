@@ -2428,6 +2428,20 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
 #endif
 }
 
+/* A 16-row tile's sums s[j] (rows g: pair p's a, g + 8: its b, at tokens 8 j + 2q and 8 j + 2q + 1,
+ * the mma's C fragments) gathered into lane q == 0, which stores pair p's values for the batch. */
+template <int B, typename Store>
+__device__ __forceinline__ void prefill_store_tile(const float (&s)[B / 8][4], int lane, int p, int n_pairs, Store store) {
+    float va[B], vb[B];
+#pragma unroll
+    for (int t = 0; t < B; t++) {
+        const int src = (lane & ~3) | (t % 8 / 2);
+        va[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][t % 2], src);
+        vb[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][2 + t % 2], src);
+    }
+    if (lane % 4 == 0 && p < n_pairs) store(p, va, vb);
+}
+
 /* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
  * store(p, va, vb) gets their products with the B inputs over K's 32-value chunks [c0, c1). The
  * inputs: fp32 values in (B, K), split into PREFILL_TERMS terms here, in every block; or the terms
@@ -2532,16 +2546,7 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
             s[j][i] = 0.0f;
             for (int w = 0; w < MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
         }
-    /* s[j]: rows g (pair g's a) and g + 8 (its b) at tokens 8 j + 2q, 8 j + 2q + 1; lane q == 0
-     * gathers all of the batch's */
-    float va[B], vb[B];
-#pragma unroll
-    for (int t = 0; t < B; t++) {
-        const int src = (lane & ~3) | (t % 8 / 2);
-        va[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][t % 2], src);
-        vb[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][2 + t % 2], src);
-    }
-    if (q == 0 && p < n_pairs) store(p, va, vb);
+    prefill_store_tile<B>(s, lane, p, n_pairs, store);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2601,7 +2606,7 @@ template <int B, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint16_t *__restrict__ in, Pair pair, Store store) {
     constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
     extern __shared__ __align__(128) unsigned char gemm_smem[];
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, q = lane % 4;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4;
     const int n_kt = (K + GEMM_KT - 1) / GEMM_KT;
     const uint32_t smem = (uint32_t)__cvta_generic_to_shared(gemm_smem);
 
@@ -2677,10 +2682,8 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
     }
     cp_async_wait_group<0>();
 
-    /* each token's terms added: s[j] is rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1, gathered
-     * into lane q == 0 as prefill_pairs_body does */
-    const int p = (int)blockIdx.x * GEMM_PAIRS + 8 * wid + g;
-    float s[J][4], va[B], vb[B];
+    /* each token's terms added: s[j] is rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1 */
+    float s[J][4];
 #pragma unroll
     for (int j = 0; j < J; j++)
 #pragma unroll
@@ -2689,13 +2692,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
 #pragma unroll
             for (int t = 1; t < T; t++) s[j][e] += c[t * J + j][e];
         }
-#pragma unroll
-    for (int t = 0; t < B; t++) {
-        const int src = (lane & ~3) | (t % 8 / 2);
-        va[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][t % 2], src);
-        vb[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][2 + t % 2], src);
-    }
-    if (q == 0 && p < n_pairs) store(p, va, vb);
+    prefill_store_tile<B>(s, lane, (int)blockIdx.x * GEMM_PAIRS + 8 * wid + g, n_pairs, store);
 }
 
 /* Pair tiles of a prefill GEMM of `pairs` pairs */
