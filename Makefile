@@ -44,7 +44,9 @@ CUDA_ARCH ?= 90
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 EXTRA_NVCCFLAGS ?=
-NVCCFLAGS := $(EXTRA_NVCCFLAGS) -O3 -std=c++17 -gencode=arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Iruntime \
+# a -gencode in EXTRA_NVCCFLAGS (sm_90a for the prefill's GEMM_WGMMA) replaces CUDA_ARCH's
+NVCC_GENCODE := $(if $(findstring -gencode,$(EXTRA_NVCCFLAGS)),,-gencode=arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH))
+NVCCFLAGS := $(EXTRA_NVCCFLAGS) -O3 -std=c++17 $(NVCC_GENCODE) -Iruntime \
 	-Xcompiler -Wall,-Wextra -Werror all-warnings
 CFLAGS += -DINGOT_CUDA
 CUDA_OBJS = $(if $(GENERIC),$(GENERIC_DTYPES:%=$(OUT)/forward_cuda_%.o),$(OUT)/forward_cuda.o) build/runtime/probe_cuda.o

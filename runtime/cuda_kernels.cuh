@@ -2576,7 +2576,21 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #define GEMM_A_BYTES (2 * GEMM_PAIRS * GEMM_KT * 2)
 #define GEMM_B_BYTES(B) (PREFILL_TERMS * (B) * GEMM_KT * 2)
 #define GEMM_STAGE_BYTES(B) (GEMM_A_BYTES + GEMM_B_BYTES(B))
-#define GEMM_SMEM_BYTES(B) (GEMM_STAGES * GEMM_STAGE_BYTES(B))
+/* GEMM_WGMMA: Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) reads both tiles from shared memory
+ * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync. Prepared
+ * in the twenty-seventh session and not run on a GPU: build it with
+ * EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a' (the Makefile then leaves
+ * out its own -gencode). Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz does,
+ * which is wgmma's 128-byte swizzle when a tile starts on 1024 bytes. */
+#ifndef GEMM_WGMMA
+#define GEMM_WGMMA 0
+#endif
+#if GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
+#endif
+static_assert(!GEMM_WGMMA || (GEMM_WARPS == 4 && PREFILL_TERMS == 2), "GEMM_WGMMA: a block is one warpgroup (64 rows), two terms");
+/* a stage's tiles start on 1024 bytes under GEMM_WGMMA (the dynamic shared memory aligned up) */
+#define GEMM_SMEM_BYTES(B) (GEMM_STAGES * GEMM_STAGE_BYTES(B) + (GEMM_WGMMA ? 1024 : 0))
 
 /* Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows: the chunks XOR-swizzled by the
  * row, so that ldmatrix's eight rows at one chunk hit eight different bank groups. */
@@ -2599,6 +2613,57 @@ __device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
+#if GEMM_WGMMA
+/* wgmma's shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format") for a K-major tile
+ * of 128-byte rows in the 128-byte swizzle: start address >> 4, leading byte offset 16 (unused when
+ * swizzled), stride byte offset 1024 (from 8 rows to the next 8), swizzle mode 1 (bits 62-63). A
+ * step of 16 values of K within the rows is 32 bytes more on the start address. */
+__device__ __forceinline__ uint64_t gemm_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(16 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#define WG_TYPE "bf16"
+#else
+#define WG_TYPE "f16"
+#endif
+#define WG_C4(n) "+f"(c[n][0]), "+f"(c[n][1]), "+f"(c[n][2]), "+f"(c[n][3])
+/* c (64 x NT * 8, this thread's part as mma_16x8x16's C in each 8-column tile n) += A . B over 16
+ * values of K, A (64 rows) and B (NT * 8 rows) K-major in shared memory (descriptors); the block's
+ * four warps issue it together (a warpgroup), between wgmma_fence and wgmma_commit_wait. */
+template <int NT>
+__device__ __forceinline__ void wgmma_k16(float (&c)[NT][4], uint64_t a, uint64_t b);
+template <>
+__device__ __forceinline__ void wgmma_k16<2>(float (&c)[2][4], uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+                 : WG_C4(0), WG_C4(1)
+                 : "l"(a), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<4>(float (&c)[4][4], uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
+                 "%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3)
+                 : "l"(a), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<8>(float (&c)[8][4], uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
+                 "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7)
+                 : "l"(a), "l"(b), "r"(1));
+}
+#undef WG_C4
+__device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_wait(void) {
+    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+/* this thread's cp.async writes, landed, made visible to the async proxy that wgmma reads through */
+__device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
+
 /* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over all of K; in: the terms
  * (PREFILL_TERMS, B, K). A block of GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory
  * GEMM_SMEM_BYTES(B). */
@@ -2608,7 +2673,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4;
     const int n_kt = (K + GEMM_KT - 1) / GEMM_KT;
-    const uint32_t smem = (uint32_t)__cvta_generic_to_shared(gemm_smem);
+    const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + (GEMM_WGMMA ? 1023u : 0u)) & (GEMM_WGMMA ? ~1023u : ~0u);
 
     /* this thread's weight copies: chunk tid % 8 of rows tid / 8 + GEMM_WARPS 4 i; row r of the tile
      * is pair 8 (r / 16) + r % 8's a (r % 16 < 8) or b */
@@ -2655,6 +2720,9 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
     }
     for (int i = 0; i < n_kt; i++) {
         cp_async_wait_group<GEMM_STAGES - 2>();
+#if GEMM_WGMMA
+        fence_proxy_async_shared();
+#endif
         __syncthreads(); /* stage i is in, and every warp is done with the stage the next copies overwrite */
         if (i + GEMM_STAGES - 1 < n_kt) {
             load_a((i + GEMM_STAGES - 1) % GEMM_STAGES, i + GEMM_STAGES - 1);
@@ -2662,6 +2730,12 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
         }
         cp_async_commit();
         const uint32_t a_base = smem + (i % GEMM_STAGES) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
+#if GEMM_WGMMA
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
+        wgmma_commit_wait(); /* done with the stage before the next iteration's copies overwrite it */
+#else
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) {
             uint32_t a0, a1, a2, a3; /* rows g, g + 8 at k 2q.. and 2q + 8.. (mma_16x8x16's order) */
@@ -2679,6 +2753,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
                 mma_16x8x16(c[NT - 1], a0, a1, a2, a3, b0, b1);
             }
         }
+#endif
     }
     cp_async_wait_group<0>();
 

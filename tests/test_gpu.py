@@ -12,6 +12,7 @@ here skips, saying so. Tolerances, as max|a - b| / max|b| per position (referenc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -281,21 +282,30 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
 
 
 GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
+WGMMA = "-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a"
+
+
+def flags_build(variant, flags):
+    """(model dir, specialized binary) of a tiny variant built with other nvcc flags: a model
+    directory (and so a build directory) of its own for each set of flags."""
+    d = tiny_model_dir(variant, name=f"{variant}-{hashlib.sha1(flags.encode()).hexdigest()[:10]}")
+    return d, binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3"), ("tiny-gqa", GATE_UP_GEMM),
-                                           ("tiny-wide", GATE_UP_GEMM), ("tiny-group3", f"{GATE_UP_GEMM} -DPREFILL_TERMS=3")])
+                                           ("tiny-wide", GATE_UP_GEMM), ("tiny-group3", f"{GATE_UP_GEMM} -DPREFILL_TERMS=3"),
+                                           ("tiny-gqa", f"{GATE_UP_GEMM} {WGMMA}"), ("tiny-wide", f"{GATE_UP_GEMM} {WGMMA}")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
     warp), inputs as three terms (fp32's 24 bits), and gate/up as a GEMM on every model (by default
     only where its tiles fill the GPU, which no tiny model's do): K of one stage and a partial tile
-    (tiny-gqa), 34 stages (tiny-wide), an odd count of 8-column tiles (three terms, batches of 8).
-    Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
+    (tiny-gqa), 34 stages (tiny-wide), an odd count of 8-column tiles (three terms, batches of 8);
+    and the GEMM on Hopper's warpgroup MMA (GEMM_WGMMA, sm_90a: prepared in the twenty-seventh
+    session, first run by this test). Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
     TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
-    d = tiny_model_dir(variant, name=f"{variant}-{flags.split('=')[0][2:].lower()}")
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
@@ -440,8 +450,7 @@ def test_gate_up_gemm_memcheck_clean():
     compute-sanitizer's memcheck."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
-    d = tiny_model_dir("tiny-wide", name="tiny-wide-prefill_gate_up_gemm")
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={GATE_UP_GEMM}")
+    d, binary = flags_build("tiny-wide", GATE_UP_GEMM)
     r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
                         "--device", "cuda", "-p", TINY_PROMPT, "-n", "4", "--temp", "0"], capture_output=True, timeout=600)
     out = (r.stdout + r.stderr).decode(errors="replace")
