@@ -2632,29 +2632,24 @@ __device__ __forceinline__ uint64_t gemm_desc(uint32_t addr) {
  * four warps issue it together (a warpgroup), between wgmma_fence and wgmma_commit_wait. */
 template <int NT>
 __device__ __forceinline__ void wgmma_k16(float (&c)[NT][4], uint64_t a, uint64_t b);
-template <>
-__device__ __forceinline__ void wgmma_k16<2>(float (&c)[2][4], uint64_t a, uint64_t b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-                 : WG_C4(0), WG_C4(1)
-                 : "l"(a), "l"(b), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmma_k16<4>(float (&c)[4][4], uint64_t a, uint64_t b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
-                 "%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3)
-                 : "l"(a), "l"(b), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmma_k16<8>(float (&c)[8][4], uint64_t a, uint64_t b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPE "." WG_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
-                 "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7)
-                 : "l"(a), "l"(b), "r"(1));
-}
+/* a specialization of wgmma_k16 for NT tiles of 8 columns (the shape's N): D its accumulators'
+ * operands, A, B and P the operand numbers of the descriptors and of scale-d's predicate (set: add) */
+#define WGMMA_K16(NT, N, D, A, B, P, ...)                                                                     \
+    template <>                                                                                               \
+    __device__ __forceinline__ void wgmma_k16<NT>(float (&c)[NT][4], uint64_t a, uint64_t b) {                 \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                          \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." WG_TYPE "." WG_TYPE " {" D "}, %" #A ", %" #B \
+                     ", p, 1, 1, 0, 0;\n}\n"                                                                    \
+                     : __VA_ARGS__                                                                             \
+                     : "l"(a), "l"(b), "r"(1));                                                               \
+    }
+WGMMA_K16(2, 16, "%0,%1,%2,%3,%4,%5,%6,%7", 8, 9, 10, WG_C4(0), WG_C4(1))
+WGMMA_K16(4, 32, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15", 16, 17, 18, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3))
+WGMMA_K16(8, 64,
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+          "%29,%30,%31",
+          32, 33, 34, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7))
+#undef WGMMA_K16
 #undef WG_C4
 __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit_wait(void) {
