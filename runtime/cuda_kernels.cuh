@@ -2897,6 +2897,50 @@ __device__ __forceinline__ void halves_to_f32(const uint16_t *p, float *f) {
     }
 }
 
+/* A prefill flash block of a context with n_active > 1 splits, after its rows' partial sums (part_acc,
+ * unnormalized) and (max, sum) (part_ml) are stored: it counts itself in, and the last of its KV head's
+ * and row group's splits weighs them all into out, in split order. w: shared memory for the weights,
+ * (rows, n_active) floats; THREADS: the block's. */
+template <int HD, int KV_MUL, int THREADS>
+__device__ __forceinline__ void prefill_flash_combine(float *w, const float *part_acc, const float *part_ml, unsigned *counters,
+                                                      float *out, int q_dim, int n_kv_heads, int row0, int rows, int n_active,
+                                                      int n_splits) {
+    __shared__ bool last;
+    const int tid = threadIdx.x, kvh = blockIdx.x;
+    const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
+    auto token_of = [](int r) { return r / KV_MUL; };
+    auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
+    __threadfence();
+    __syncthreads();
+    unsigned *counter = &counters[blockIdx.z * n_kv_heads + kvh];
+    if (tid == 0) last = atomicAdd(counter, 1u) == (unsigned)n_active - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* each row's weights of the splits (a thread a row), then each (row, dim) output */
+    for (int r = tid; r < rows; r += THREADS) {
+        const int t = token_of(row0 + r), h = head_of(row0 + r);
+        const float *ml = part_ml + (size_t)t * parts * 2 + (size_t)h * n_splits * 2;
+        float M = -INFINITY, den = 0.0f;
+        for (int s2 = 0; s2 < n_active; s2++) M = fmaxf(M, __ldcg(&ml[2 * s2]));
+        for (int s2 = 0; s2 < n_active; s2++) {
+            const float2 v = __ldcg(reinterpret_cast<const float2 *>(&ml[2 * s2]));
+            w[r * n_active + s2] = __expf(v.x - M);
+            den += w[r * n_active + s2] * v.y;
+        }
+        for (int s2 = 0; s2 < n_active; s2++) w[r * n_active + s2] /= den;
+    }
+    __syncthreads();
+    for (int i = tid; i < rows * HD; i += THREADS) {
+        const int r = i / HD, dd = i % HD, t = token_of(row0 + r), h = head_of(row0 + r);
+        const float *acc = part_acc + (size_t)t * parts * HD + (size_t)h * n_splits * HD + dd;
+        float num = 0.0f;
+        for (int s2 = 0; s2 < n_active; s2++) num += w[r * n_active + s2] * __ldcg(&acc[(size_t)s2 * HD]);
+        out[(size_t)t * q_dim + h * HD + dd] = num;
+    }
+    if (tid == 0) *counter = 0;
+}
+
 template <int B, int HD, int KV_MUL>
 __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                    float *part_acc, float *part_ml, unsigned *counters, float *out,
@@ -2909,7 +2953,6 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
     uint16_t *vs = kt + HD * T;                       /* (T, HD) values */
     float *qs = reinterpret_cast<float *>(vs + T * HD); /* (FLASH_ROWS, HD) queries, times 1/sqrt(HD) */
     float *ps = qs + FLASH_ROWS * HD;                  /* (WARPS, WR, T) probabilities */
-    __shared__ bool last;
     const int kvh = blockIdx.x, split = blockIdx.y, row0 = blockIdx.z * FLASH_ROWS;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
     pdl_wait();
@@ -3033,38 +3076,224 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
         if (n_active > 1 && lane == 0)
             *reinterpret_cast<float2 *>(&part_ml[(size_t)t * parts * 2 + ((size_t)h * n_splits + split) * 2]) = make_float2(m[i], l[i]);
     }
-    if (n_active == 1) return;
-    __threadfence();
-    __syncthreads();
-    unsigned *counter = &counters[blockIdx.z * n_kv_heads + kvh];
-    if (tid == 0) last = atomicAdd(counter, 1u) == (unsigned)n_active - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    /* The last split's block: each row's weights of the splits (thread per row), then each (row, dim)
-     * output from the splits' partial sums, in split order. */
-    float *w = qs; /* (rows, n_active) weights over the queries and probabilities: n_active <= FLASH_MAX_SPLITS */
-    for (int r = tid; r < rows; r += ATT_THREADS) {
-        const int t = token_of(row0 + r), h = head_of(row0 + r);
-        const float *ml = part_ml + (size_t)t * parts * 2 + (size_t)h * n_splits * 2;
-        float M = -INFINITY, den = 0.0f;
-        for (int s2 = 0; s2 < n_active; s2++) M = fmaxf(M, __ldcg(&ml[2 * s2]));
-        for (int s2 = 0; s2 < n_active; s2++) {
-            const float2 v = __ldcg(reinterpret_cast<const float2 *>(&ml[2 * s2]));
-            w[r * n_active + s2] = __expf(v.x - M);
-            den += w[r * n_active + s2] * v.y;
+    if (n_active > 1)
+        prefill_flash_combine<HD, KV_MUL, ATT_THREADS>(qs, part_acc, part_ml, counters, out, q_dim, n_kv_heads, row0, rows,
+                                                       n_active, n_splits);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill attention on the tensor cores (PREFILL_FLASH_MMA): prefill_flash_body's blocks (a KV head,
+// a split, FLASH_ROWS query rows), splits and combine, with four warps of 16 query rows. fp16
+// mma.m16n8k16 with fp32 sums, as the decode step's tensor-core attention (attention_body with
+// MMA_HD): the fp32 queries (scaled) and probabilities go in as two fp16 terms each (hi + lo), the
+// cached keys and values are fp16 already. A tile of FMMA_TILE positions' keys and values is staged in
+// shared memory (cp.async, two stages) and read by every warp through ldmatrix:
+// - scores S = Q K^T: A the warp's queries (16 rows x 16 dims a k-step, from shared memory), B the
+//   keys as stored, (position, dim) rows, 8 positions an n-tile;
+// - each row's running max and sum over the tiles (FlashAttention-2: the sums and outputs rescaled
+//   when the max grows), in the four lanes that hold the row;
+// - outputs O += P V: A the probabilities, straight from the scores' accumulators (two n-tiles of
+//   scores are one k-step of positions), B the values through ldmatrix.trans.
+// Shared memory rows are hd halves with their 16-byte chunks XOR-swizzled by the row (fmma_off), so
+// that ldmatrix's eight rows at one chunk fall in eight bank groups.
+
+#ifndef PREFILL_FLASH_MMA
+#define PREFILL_FLASH_MMA 0 /* 1: prefill_flash_mma_body instead of prefill_flash_body. Not run on a GPU yet. */
+#endif
+#define FMMA_WARPS (FLASH_ROWS / 16)
+#define FMMA_THREADS (FMMA_WARPS * WARP_SIZE)
+#ifndef FMMA_TILE
+#define FMMA_TILE 64 /* positions a tile: a multiple of 16 */
+#endif
+static_assert(FMMA_TILE % 16 == 0, "FMMA_TILE: whole k-steps of 16 positions");
+/* Dynamic shared memory: two stages of a tile's keys and values, then the block's queries' hi and lo
+ * terms, all fp16 rows of hd */
+#define FMMA_SMEM_BYTES(hd) ((size_t)(2 * 2 * FMMA_TILE + 2 * FLASH_ROWS) * (hd) * 2)
+static_assert(FMMA_SMEM_BYTES(64) >= (size_t)FLASH_ROWS * FLASH_MAX_SPLITS(64) * 4 &&
+                  FMMA_SMEM_BYTES(128) >= (size_t)FLASH_ROWS * FLASH_MAX_SPLITS(128) * 4,
+              "prefill_flash_mma_body: the combine's weights reuse its shared memory");
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+/* Byte offset of 16-byte chunk c of row r in rows of HD halves, the chunks swizzled */
+template <int HD>
+__device__ __forceinline__ uint32_t fmma_off(int r, int c) {
+    return (uint32_t)(r * HD * 2 + ((c ^ (r & 7)) << 4));
+}
+
+template <int B, int HD, int KV_MUL>
+__device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+                                                       float *part_acc, float *part_ml, unsigned *counters, float *out,
+                                                       int q_dim, int n_kv_heads, int ctx, int n_splits, int min_splits) {
+    static_assert(HD == 64 || HD == 128, "prefill attention on the tensor cores: heads of 64 or 128");
+    constexpr int T = FMMA_TILE, CH = HD / 8 /* chunks a row */, NS = T / 8 /* score n-tiles */, NO = HD / 8 /* output n-tiles */;
+    constexpr int ROWS = B * KV_MUL, TILE_BYTES = T * HD * 2;
+    extern __shared__ __align__(128) unsigned char fmma_smem[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(fmma_smem);
+    const uint32_t q_hi = 4 * TILE_BYTES, q_lo = q_hi + FLASH_ROWS * HD * 2; /* offsets; stage s: keys at 2 s TILE_BYTES */
+    const int kvh = blockIdx.x, split = blockIdx.y, row0 = blockIdx.z * FLASH_ROWS;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, cq = lane % 4;
+    pdl_wait();
+    pdl_launch_dependents();
+    const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
+    const int chunk = att_split_len(n, n_splits, min_splits, true), n_active = (n + chunk - 1) / chunk;
+    const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
+    if (split >= n_active || rows <= 0) return;
+    const int start = split * chunk, len = min(n, start + chunk) - start, n_tiles = (len + T - 1) / T;
+    const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
+    auto token_of = [](int r) { return r / KV_MUL; };
+    auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
+
+    const uint16_t *kg = kc + kv_at(start, kvh, ctx, HD), *vg = vc + kv_at(start, kvh, ctx, HD);
+    auto load_tile = [&](int it) {
+        const uint32_t ks = sbase + (it % 2) * 2 * TILE_BYTES, vs = ks + TILE_BYTES;
+        for (int i = tid; i < T * CH; i += FMMA_THREADS) {
+            const int p = i / CH, c = i % CH, pos = it * T + p;
+            const size_t at = pos < len ? (size_t)pos * HD + 8 * c : 0;
+            cp_async16_s(ks + fmma_off<HD>(p, c), kg + at, pos < len); /* zeros past the split */
+            cp_async16_s(vs + fmma_off<HD>(p, c), vg + at, pos < len);
         }
-        for (int s2 = 0; s2 < n_active; s2++) w[r * n_active + s2] /= den;
+    };
+    load_tile(0);
+    cp_async_commit();
+    /* the block's queries, scaled, as hi and lo fp16 terms (0 past its rows) */
+    const float scale = rsqrtf((float)HD);
+    for (int i = tid; i < FLASH_ROWS * CH; i += FMMA_THREADS) {
+        const int r = i / CH, c = i % CH;
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+        if (r < rows) {
+            const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)token_of(row0 + r) * q_dim + head_of(row0 + r) * HD + 8 * c);
+            a = __ldcg(qg), b = __ldcg(qg + 1);
+        }
+        uint4 hi, lo;
+        split_h2(a.x * scale, a.y * scale, &hi.x, &lo.x);
+        split_h2(a.z * scale, a.w * scale, &hi.y, &lo.y);
+        split_h2(b.x * scale, b.y * scale, &hi.z, &lo.z);
+        split_h2(b.z * scale, b.w * scale, &hi.w, &lo.w);
+        *reinterpret_cast<uint4 *>(fmma_smem + q_hi + fmma_off<HD>(r, c)) = hi;
+        *reinterpret_cast<uint4 *>(fmma_smem + q_lo + fmma_off<HD>(r, c)) = lo;
     }
-    __syncthreads();
-    for (int i = tid; i < rows * HD; i += ATT_THREADS) {
-        const int r = i / HD, dd = i % HD, t = token_of(row0 + r), h = head_of(row0 + r);
-        const float *acc = part_acc + (size_t)t * parts * HD + (size_t)h * n_splits * HD + dd;
-        float num = 0.0f;
-        for (int s2 = 0; s2 < n_active; s2++) num += w[r * n_active + s2] * __ldcg(&acc[(size_t)s2 * HD]);
-        out[(size_t)t * q_dim + h * HD + dd] = num;
+
+    /* this warp's rows wr + g (h = 0) and wr + g + 8 (h = 1) of the block: the last position of the
+     * split each sees (its token's; -1 past the block's rows), running max m and sum l (this lane's
+     * part of the row until the end) */
+    const int wr = 16 * wid;
+    const bool live = wr < rows;
+    int seen[2];
+    float m[2], l[2], o[NO][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = wr + g + 8 * h;
+        seen[h] = r < rows ? first_new + token_of(row0 + r) - start : -1;
+        m[h] = -INFINITY, l[h] = 0.0f;
     }
-    if (tid == 0) *counter = 0;
+#pragma unroll
+    for (int t = 0; t < NO; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait_group<0>();
+        __syncthreads(); /* tile it is in (and the queries), every warp done with the stage the next copies overwrite */
+        if (it + 1 < n_tiles) load_tile(it + 1);
+        cp_async_commit();
+        if (!live) continue;
+        const uint32_t ks = sbase + (it % 2) * 2 * TILE_BYTES, vs = ks + TILE_BYTES;
+        float sc[NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t ah[4], al[4]; /* rows g, g + 8 at dims 16 kk + 2 cq.. and + 8.. */
+            const uint32_t qa = fmma_off<HD>(wr + lane % 8 + 8 * (lane / 8 % 2), 2 * kk + lane / 16);
+            ldsm_x4(sbase + q_hi + qa, ah[0], ah[1], ah[2], ah[3]);
+            ldsm_x4(sbase + q_lo + qa, al[0], al[1], al[2], al[3]);
+#pragma unroll
+            for (int j = 0; j < NS; j += 2) { /* positions 8 j.. and 8 j + 8.. */
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(ks + fmma_off<HD>(8 * j + lane % 8 + 8 * (lane / 16), 2 * kk + lane / 8 % 2), b0, b1, b2, b3);
+                mma_f16_16x8x16(sc[j], ah[0], ah[1], ah[2], ah[3], b0, b1);
+                mma_f16_16x8x16(sc[j], al[0], al[1], al[2], al[3], b0, b1);
+                mma_f16_16x8x16(sc[j + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
+                mma_f16_16x8x16(sc[j + 1], al[0], al[1], al[2], al[3], b2, b3);
+            }
+        }
+        /* sc[j][2 h + e]: row h's score at position it T + 8 j + 2 cq + e; masked past what it sees */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int pos = it * T + 8 * j + 2 * cq + e;
+                    if (pos > seen[h] || pos >= len) sc[j][2 * h + e] = -INFINITY;
+                    mx = fmaxf(mx, sc[j][2 * h + e]);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+            const float m_new = fmaxf(m[h], mx);
+            /* nothing seen yet: no shift, every probability 0 */
+            const float shift = m_new == -INFINITY ? 0.0f : m_new, rescale = m_new == -INFINITY ? 1.0f : __expf(m[h] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    sc[j][2 * h + e] = __expf(sc[j][2 * h + e] - shift);
+                    sum += sc[j][2 * h + e];
+                }
+            l[h] = l[h] * rescale + sum;
+            m[h] = m_new;
+#pragma unroll
+            for (int t = 0; t < NO; t++) o[t][2 * h] *= rescale, o[t][2 * h + 1] *= rescale;
+        }
+        /* O += P V, 16 positions a k-step */
+#pragma unroll
+        for (int kk = 0; kk < T / 16; kk++) {
+            uint32_t ph[4], pl[4]; /* A: rows g, g + 8 at positions 16 kk + 2 cq.. and + 8.. */
+            split_h2(sc[2 * kk][0], sc[2 * kk][1], &ph[0], &pl[0]);
+            split_h2(sc[2 * kk][2], sc[2 * kk][3], &ph[1], &pl[1]);
+            split_h2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &ph[2], &pl[2]);
+            split_h2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &ph[3], &pl[3]);
+#pragma unroll
+            for (int t = 0; t < NO; t += 2) { /* dims 8 t.. and 8 t + 8.. */
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_trans(vs + fmma_off<HD>(16 * kk + lane % 8 + 8 * (lane / 8 % 2), t + lane / 16), b0, b1, b2, b3);
+                mma_f16_16x8x16(o[t], ph[0], ph[1], ph[2], ph[3], b0, b1);
+                mma_f16_16x8x16(o[t], pl[0], pl[1], pl[2], pl[3], b0, b1);
+                mma_f16_16x8x16(o[t + 1], ph[0], ph[1], ph[2], ph[3], b2, b3);
+                mma_f16_16x8x16(o[t + 1], pl[0], pl[1], pl[2], pl[3], b2, b3);
+            }
+        }
+    }
+    cp_async_wait_group<0>();
+
+    /* the warp's rows: done (one split), or this split's partial sums for the last block to combine */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 2);
+        const int r = wr + g + 8 * h;
+        if (!live || r >= rows) continue;
+        const int t = token_of(row0 + r), head = head_of(row0 + r);
+#pragma unroll
+        for (int j = 0; j < NO; j++) {
+            const int d = 8 * j + 2 * cq;
+            if (n_active == 1)
+                *reinterpret_cast<float2 *>(&out[(size_t)t * q_dim + head * HD + d]) = make_float2(o[j][2 * h] / l[h], o[j][2 * h + 1] / l[h]);
+            else
+                *reinterpret_cast<float2 *>(&part_acc[(size_t)t * parts * HD + ((size_t)head * n_splits + split) * HD + d]) =
+                    make_float2(o[j][2 * h], o[j][2 * h + 1]);
+        }
+        if (n_active > 1 && cq == 0)
+            *reinterpret_cast<float2 *>(&part_ml[(size_t)t * parts * 2 + ((size_t)head * n_splits + split) * 2]) = make_float2(m[h], l[h]);
+    }
+    if (n_active > 1)
+        prefill_flash_combine<HD, KV_MUL, FMMA_THREADS>(reinterpret_cast<float *>(fmma_smem), part_acc, part_ml, counters, out,
+                                                        q_dim, n_kv_heads, row0, rows, n_active, n_splits);
 }
 
 /* The batch's end: the position past its last token. */

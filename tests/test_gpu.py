@@ -283,6 +283,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
 
 GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
 WGMMA = "-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a"
+FLASH_MMA = "-DPREFILL_FLASH_MMA=1"
 
 
 def flags_build(variant, flags):
@@ -295,7 +296,10 @@ def flags_build(variant, flags):
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
                                            ("tiny-group3", "-DPREFILL_TERMS=3"), ("tiny-gqa", GATE_UP_GEMM),
                                            ("tiny-wide", GATE_UP_GEMM), ("tiny-group3", f"{GATE_UP_GEMM} -DPREFILL_TERMS=3"),
-                                           ("tiny-gqa", f"{GATE_UP_GEMM} {WGMMA}"), ("tiny-wide", f"{GATE_UP_GEMM} {WGMMA}")])
+                                           ("tiny-gqa", f"{GATE_UP_GEMM} {WGMMA}"), ("tiny-wide", f"{GATE_UP_GEMM} {WGMMA}"),
+                                           ("tiny-wide", FLASH_MMA), ("tiny-group3", FLASH_MMA),
+                                           ("tiny-group3", f"{FLASH_MMA} -DFMMA_TILE=16"), ("tiny-wide", f"{FLASH_MMA} -DATT_MIN_CHUNK=5"),
+                                           ("tiny-group3", f"{FLASH_MMA} -DATT_MIN_CHUNK=5")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
@@ -303,7 +307,11 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     only where its tiles fill the GPU, which no tiny model's do): K of one stage and a partial tile
     (tiny-gqa), 34 stages (tiny-wide), an odd count of 8-column tiles (three terms, batches of 8);
     and the GEMM on Hopper's warpgroup MMA (GEMM_WGMMA, sm_90a: prepared in the twenty-seventh
-    session, first run by this test). Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
+    session, first run by this test); the prefill's attention on the tensor cores (PREFILL_FLASH_MMA) on
+    heads of 128 and of 64 in groups of 3 (the prompt's 147 positions one split, three tiles: the
+    running max and sum across tiles), in tiles of 16 positions, and in splits of 5 positions (a
+    tile's positions past the split, rows that see none of a split, the combine). Greedy
+    text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
     TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
@@ -445,12 +453,15 @@ def test_default_model_chat_on_gpu(default_gpu):
     assert "Paris" in r.stdout.decode()
 
 
-def test_gate_up_gemm_memcheck_clean():
-    """The prefill's gate/up GEMM (forced on, tiny-wide: 34 stages of cp.async copies) under
-    compute-sanitizer's memcheck."""
+@pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", f"{FLASH_MMA} -DATT_MIN_CHUNK=5"),
+                                           ("tiny-group3", f"{FLASH_MMA} -DATT_MIN_CHUNK=5")])
+def test_prefill_builds_memcheck_clean(variant, flags):
+    """Prefill kernels of cp.async copies under compute-sanitizer's memcheck: the gate/up GEMM
+    (forced on, tiny-wide: 34 stages) and the attention on the tensor cores (splits of 5 positions:
+    tiles mostly past their split's end, and the combine)."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
-    d, binary = flags_build("tiny-wide", GATE_UP_GEMM)
+    d, binary = flags_build(variant, flags)
     r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
                         "--device", "cuda", "-p", TINY_PROMPT, "-n", "4", "--temp", "0"], capture_output=True, timeout=600)
     out = (r.stdout + r.stderr).decode(errors="replace")
