@@ -2897,6 +2897,9 @@ __device__ __forceinline__ void halves_to_f32(const uint16_t *p, float *f) {
     }
 }
 
+#ifndef FLASH_COMBINE_LOADS
+#define FLASH_COMBINE_LOADS 8 /* splits' partial sums a thread of prefill_flash_combine loads at once */
+#endif
 /* A prefill flash block of a context with n_active > 1 splits, after its rows' partial sums (part_acc,
  * unnormalized) and (max, sum) (part_ml) are stored: it counts itself in, and the last of its KV head's
  * and row group's splits weighs them all into out, in split order. w: shared memory for the weights,
@@ -2917,26 +2920,59 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
     __syncthreads();
     if (!last) return;
     __threadfence();
-    /* each row's weights of the splits (a thread a row), then each (row, dim) output */
+    /* each row's weights of the splits (a thread a row, the loads FLASH_COMBINE_LOADS splits at a
+     * time, so that a thread waits for L2 once a round, not once a split), then each (row, dim)
+     * output, the sums in split order */
+    constexpr int U = FLASH_COMBINE_LOADS;
     for (int r = tid; r < rows; r += THREADS) {
         const int t = token_of(row0 + r), h = head_of(row0 + r);
-        const float *ml = part_ml + (size_t)t * parts * 2 + (size_t)h * n_splits * 2;
+        const float2 *ml = reinterpret_cast<const float2 *>(part_ml + (size_t)t * parts * 2 + (size_t)h * n_splits * 2);
+        float *wr = w + r * n_active;
         float M = -INFINITY, den = 0.0f;
-        for (int s2 = 0; s2 < n_active; s2++) M = fmaxf(M, __ldcg(&ml[2 * s2]));
-        for (int s2 = 0; s2 < n_active; s2++) {
-            const float2 v = __ldcg(reinterpret_cast<const float2 *>(&ml[2 * s2]));
-            w[r * n_active + s2] = __expf(v.x - M);
-            den += w[r * n_active + s2] * v.y;
+        for (int s0 = 0; s0 < n_active; s0 += U) {
+            float v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = s0 + u < n_active ? __ldcg(&ml[s0 + u].x) : -INFINITY;
+#pragma unroll
+            for (int u = 0; u < U; u++) M = fmaxf(M, v[u]);
         }
-        for (int s2 = 0; s2 < n_active; s2++) w[r * n_active + s2] /= den;
+        for (int s0 = 0; s0 < n_active; s0 += U) { /* again (from L2): the sums need the max */
+            float2 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = s0 + u < n_active ? __ldcg(&ml[s0 + u]) : make_float2(-INFINITY, 0.0f);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (s0 + u < n_active) {
+                    wr[s0 + u] = __expf(v[u].x - M);
+                    den += wr[s0 + u] * v[u].y;
+                }
+        }
+        for (int s2 = 0; s2 < n_active; s2++) wr[s2] /= den;
     }
     __syncthreads();
-    for (int i = tid; i < rows * HD; i += THREADS) {
-        const int r = i / HD, dd = i % HD, t = token_of(row0 + r), h = head_of(row0 + r);
-        const float *acc = part_acc + (size_t)t * parts * HD + (size_t)h * n_splits * HD + dd;
-        float num = 0.0f;
-        for (int s2 = 0; s2 < n_active; s2++) num += w[r * n_active + s2] * __ldcg(&acc[(size_t)s2 * HD]);
-        out[(size_t)t * q_dim + h * HD + dd] = num;
+    /* a thread's outputs: float4s tid + THREADS u of the rows' (rows, HD / 4), all of them in flight
+     * at each split */
+    constexpr int V4 = HD / 4, PER = (FLASH_ROWS * V4 + THREADS - 1) / THREADS;
+    float4 num[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) num[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s2 = 0; s2 < n_active; s2++) {
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int i = tid + THREADS * u, r = i / V4;
+            if (r >= rows) break;
+            const int t = token_of(row0 + r), h = head_of(row0 + r);
+            const float4 a = __ldcg(reinterpret_cast<const float4 *>(part_acc + (size_t)t * parts * HD + ((size_t)h * n_splits + s2) * HD) + i % V4);
+            const float wt = w[r * n_active + s2];
+            num[u].x += wt * a.x, num[u].y += wt * a.y, num[u].z += wt * a.z, num[u].w += wt * a.w;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int i = tid + THREADS * u, r = i / V4;
+        if (r >= rows) break;
+        const int t = token_of(row0 + r), h = head_of(row0 + r);
+        reinterpret_cast<float4 *>(out + (size_t)t * q_dim + h * HD)[i % V4] = num[u];
     }
     if (tid == 0) *counter = 0;
 }
@@ -3083,7 +3119,8 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
 
 // ---------------------------------------------------------------------------------------------
 // Prefill attention on the tensor cores (PREFILL_FLASH_MMA): prefill_flash_body's blocks (a KV head,
-// a split, FLASH_ROWS query rows), splits and combine, with four warps of 16 query rows. fp16
+// a split, FLASH_ROWS query rows) and combine, splits of at least FMMA_MIN_CHUNK positions, with
+// four warps of 16 query rows. fp16
 // mma.m16n8k16 with fp32 sums, as the decode step's tensor-core attention (attention_body with
 // MMA_HD): the fp32 queries (scaled) and probabilities go in as two fp16 terms each (hi + lo), the
 // cached keys and values are fp16 already. A tile of FMMA_TILE positions' keys and values is staged in
@@ -3097,8 +3134,18 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
 // Shared memory rows are hd halves with their 16-byte chunks XOR-swizzled by the row (fmma_off), so
 // that ldmatrix's eight rows at one chunk fall in eight bank groups.
 
+/* 1: prefill_flash_mma_body instead of prefill_flash_body. H200, 128-token prompt, against the fp32
+ * kernel: Llama-3.2-1B +8.6% / +12.4% / +66% at depths 0 / 4096 / 16384, Mistral-7B +8.7% / +14.0% /
+ * +70% (PERFORMANCE.md, twenty-eighth session). */
 #ifndef PREFILL_FLASH_MMA
-#define PREFILL_FLASH_MMA 0 /* 1: prefill_flash_mma_body instead of prefill_flash_body. Not run on a GPU yet. */
+#define PREFILL_FLASH_MMA 1
+#endif
+/* Fewest positions a split of prefill_flash_mma_body takes (above the prompt's splits, att_split_len).
+ * Its blocks are short and each split adds to the last block's combine: splits of 1024 against the
+ * prompt's 256-512 measured faster by 22% at depth 4096 and 29-51% at 16384 in the kernel alone
+ * (1B, 7B; twenty-eighth session). Tests build 5 (many splits, the combine). */
+#ifndef FMMA_MIN_CHUNK
+#define FMMA_MIN_CHUNK ATT_TILE
 #endif
 #define FMMA_WARPS (FLASH_ROWS / 16)
 #define FMMA_THREADS (FMMA_WARPS * WARP_SIZE)
@@ -3108,10 +3155,10 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
 static_assert(FMMA_TILE % 16 == 0, "FMMA_TILE: whole k-steps of 16 positions");
 /* Dynamic shared memory: two stages of a tile's keys and values, then the block's queries' hi and lo
  * terms, all fp16 rows of hd */
-#define FMMA_SMEM_BYTES(hd) ((size_t)(2 * 2 * FMMA_TILE + 2 * FLASH_ROWS) * (hd) * 2)
-static_assert(FMMA_SMEM_BYTES(64) >= (size_t)FLASH_ROWS * FLASH_MAX_SPLITS(64) * 4 &&
-                  FMMA_SMEM_BYTES(128) >= (size_t)FLASH_ROWS * FLASH_MAX_SPLITS(128) * 4,
-              "prefill_flash_mma_body: the combine's weights reuse its shared memory");
+#define FMMA_STAGE_BYTES(hd) ((size_t)(2 * 2 * FMMA_TILE + 2 * FLASH_ROWS) * (hd) * 2)
+/* ... or the combine's weights, (FLASH_ROWS, FLASH_MAX_SPLITS) floats, if more (tiles of fewer positions) */
+#define FMMA_COMBINE_BYTES(hd) ((size_t)FLASH_ROWS * FLASH_MAX_SPLITS(hd) * 4)
+#define FMMA_SMEM_BYTES(hd) (FMMA_STAGE_BYTES(hd) > FMMA_COMBINE_BYTES(hd) ? FMMA_STAGE_BYTES(hd) : FMMA_COMBINE_BYTES(hd))
 
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -3140,7 +3187,7 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uin
     pdl_wait();
     pdl_launch_dependents();
     const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
-    const int chunk = att_split_len(n, n_splits, min_splits, true), n_active = (n + chunk - 1) / chunk;
+    const int chunk = max(att_split_len(n, n_splits, min_splits, true), FMMA_MIN_CHUNK), n_active = (n + chunk - 1) / chunk;
     const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
     if (split >= n_active || rows <= 0) return;
     const int start = split * chunk, len = min(n, start + chunk) - start, n_tiles = (len + T - 1) / T;

@@ -283,7 +283,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
 
 GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
 WGMMA = "-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a"
-FLASH_MMA = "-DPREFILL_FLASH_MMA=1"
+CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
 
 
 def flags_build(variant, flags):
@@ -297,21 +297,18 @@ def flags_build(variant, flags):
                                            ("tiny-group3", "-DPREFILL_TERMS=3"), ("tiny-gqa", GATE_UP_GEMM),
                                            ("tiny-wide", GATE_UP_GEMM), ("tiny-group3", f"{GATE_UP_GEMM} -DPREFILL_TERMS=3"),
                                            ("tiny-gqa", f"{GATE_UP_GEMM} {WGMMA}"), ("tiny-wide", f"{GATE_UP_GEMM} {WGMMA}"),
-                                           ("tiny-wide", FLASH_MMA), ("tiny-group3", FLASH_MMA),
-                                           ("tiny-group3", f"{FLASH_MMA} -DFMMA_TILE=16"), ("tiny-wide", f"{FLASH_MMA} -DATT_MIN_CHUNK=5"),
-                                           ("tiny-group3", f"{FLASH_MMA} -DATT_MIN_CHUNK=5")])
+                                           ("tiny-wide", "-DPREFILL_FLASH_MMA=0"),
+                                           ("tiny-group3", f"-DPREFILL_FLASH_MMA=0 {CHUNK5}"),
+                                           ("tiny-group3", "-DFMMA_TILE=16")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
     warp), inputs as three terms (fp32's 24 bits), and gate/up as a GEMM on every model (by default
     only where its tiles fill the GPU, which no tiny model's do): K of one stage and a partial tile
     (tiny-gqa), 34 stages (tiny-wide), an odd count of 8-column tiles (three terms, batches of 8);
-    and the GEMM on Hopper's warpgroup MMA (GEMM_WGMMA, sm_90a: prepared in the twenty-seventh
-    session, first run by this test); the prefill's attention on the tensor cores (PREFILL_FLASH_MMA) on
-    heads of 128 and of 64 in groups of 3 (the prompt's 147 positions one split, three tiles: the
-    running max and sum across tiles), in tiles of 16 positions, and in splits of 5 positions (a
-    tile's positions past the split, rows that see none of a split, the combine). Greedy
-    text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
+    and the GEMM on Hopper's warpgroup MMA (GEMM_WGMMA, sm_90a); the prefill's fp32 attention
+    (PREFILL_FLASH_MMA=0; alone and in splits of 5 positions), and the tensor cores' in tiles of 16
+    positions (ten a split: the running max and sum across tiles). Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
     TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
@@ -347,13 +344,12 @@ def test_tiny_gpu_combine_early_equal_cpu(variant, tmp_path):
 
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
 def test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu(variant):
-    """The prefill attention with every query row of a batch in a block (prefill_flash_body: heads
-    of 64 and 128, groups of 3 and 4) with chunks of 5 positions (-DATT_MIN_CHUNK=5): many splits,
-    rows that see none of a split, the last block's combine; the prompt's first batch (32 positions,
-    at most PREFILL_FEW_SPLITS x 5) in the graphs with 8 splits, the later ones in those with all
-    the context's splits. Greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-chunk5")
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5")
+    """The prefill attention with every query row of a batch in a block (prefill_flash_mma_body:
+    heads of 64 and 128, groups of 3 and 4) with chunks of 5 positions (CHUNK5): many splits, a
+    tile's positions past its split, rows that see none of a split, the last block's combine; the
+    prompt's first batch (32 positions, at most PREFILL_FEW_SPLITS x 5) in the graphs with 8 splits,
+    the later ones in those with all the context's splits. Greedy text against the CPU's."""
+    d, binary = flags_build(variant, CHUNK5)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
@@ -453,8 +449,7 @@ def test_default_model_chat_on_gpu(default_gpu):
     assert "Paris" in r.stdout.decode()
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", f"{FLASH_MMA} -DATT_MIN_CHUNK=5"),
-                                           ("tiny-group3", f"{FLASH_MMA} -DATT_MIN_CHUNK=5")])
+@pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", CHUNK5), ("tiny-group3", CHUNK5)])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels of cp.async copies under compute-sanitizer's memcheck: the gate/up GEMM
     (forced on, tiny-wide: 34 stages) and the attention on the tensor cores (splits of 5 positions:
