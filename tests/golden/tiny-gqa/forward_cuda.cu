@@ -530,7 +530,7 @@ struct model_cuda {
     cudaGraphExec_t graphs[3][STEP_KINDS]; /* one decode step of each kind */
     cudaGraphExec_t prefill[3][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
-    int few_positions;        /* PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK where n_splits is more, else 0 (no [2]) */
+    int few_positions;        /* PREFILL_FEW_SPLITS * the least split where n_splits is more, else 0 (no [2]) */
     int short_kernel_positions; /* short_kernel_splits * att_short_max(head_dim) in ATT_SHORT builds, else 0 (no [2] steps) */
     int short_kernel_splits;  /* attention_short_kernel's splits a KV head */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
@@ -800,9 +800,9 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
 }
 
 /* Splits a KV head of the prefill batches that read at most PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK
- * positions (the [2] graphs). A prompt's split takes at least PREFILL_MIN_CHUNK positions
- * (prefill_min_chunk), so for those batches any split count from this one up cuts the positions
- * alike, into at most this many: the [1] graphs' ATT_MIN_SPLITS (33 on the 1B and 7B shapes) only
+ * positions, or FMMA_MIN_CHUNK where the tensor cores' flash kernel runs (the [2] graphs). A
+ * prompt's split takes at least that many positions (prefill_min_chunk, FMMA_MIN_CHUNK), so for
+ * those batches any split count from this one up cuts the positions alike, into at most this many: the [1] graphs' ATT_MIN_SPLITS (33 on the 1B and 7B shapes) only
  * add blocks that find no positions and leave, 25 or more of 33 a KV head and group of rows. 1B
  * shape, a 128-token prompt: +5.6% at depth 0, +0.3% at 1024 against the [1] graphs; 1 split instead
  * of 8 even at 0 and -1.5% at 1024 (PERFORMANCE.md, twenty-first session). */
@@ -1023,7 +1023,14 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * 1024 a layer at depth 0) would each read the position and leave, between QKV and o_proj. 1B:
      * prompt +16%, decode even (PERFORMANCE.md, ninth session). */
     m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
-    m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK : 0;
+    /* the prompt's least split: the tensor cores' flash kernel takes at least FMMA_MIN_CHUNK */
+#if PREFILL_FLASH
+    const int least_chunk = PREFILL_FLASH_MMA && m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM) && FMMA_MIN_CHUNK > PREFILL_MIN_CHUNK
+                                ? FMMA_MIN_CHUNK : PREFILL_MIN_CHUNK;
+#else
+    const int least_chunk = PREFILL_MIN_CHUNK;
+#endif
+    m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * least_chunk : 0;
 #if ATT_SHORT
     /* The short context's kernel takes a split of at most att_short_max positions. Where that is no
      * less than a split's least (ATT_MIN_CHUNK: heads of 64), it runs in ATT_MIN_SPLITS splits (no
