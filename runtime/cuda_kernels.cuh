@@ -2577,11 +2577,13 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #define GEMM_B_BYTES(B) (PREFILL_TERMS * (B) * GEMM_KT * 2)
 #define GEMM_STAGE_BYTES(B) (GEMM_A_BYTES + GEMM_B_BYTES(B))
 /* GEMM_WGMMA: Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) reads both tiles from shared memory
- * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync. Prepared
- * in the twenty-seventh session and not run on a GPU: build it with
- * EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a' (the Makefile then leaves
- * out its own -gencode). Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz does,
- * which is wgmma's 128-byte swizzle when a tile starts on 1024 bytes. */
+ * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync. Build it
+ * with EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a' (the Makefile then
+ * leaves out its own -gencode). Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz
+ * does, which is wgmma's 128-byte swizzle when a tile starts on 1024 bytes. Correct (GPU tests), and
+ * gate/up alone faster (1B -6%, 7B -14% of its time), but the prompt slower: 1B -0.9%, 7B -6%
+ * (twenty-eighth session; not explained: at 80 registers instead of 117, down's early-launched
+ * blocks fit beside three GEMM blocks an SM, which may be what costs). Off. */
 #ifndef GEMM_WGMMA
 #define GEMM_WGMMA 0
 #endif
