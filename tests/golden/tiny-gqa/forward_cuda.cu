@@ -383,26 +383,26 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(
 #endif
 static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
 
-/* 1: a prefill batch's attention with all its query rows in a block (prefill_flash_body), where the
- * context's splits fit its combine; 0: attention_body's prefill, PREFILL_ATT_TOKENS tokens a block.
- * A plan choice (codegen/plan.py, _prefill_flash). */
+/* 1: a prefill batch's attention with 64 of its query rows of a KV head in a block (prefill_flash_body,
+ * or on the tensor cores prefill_flash_mma_body: PREFILL_FLASH_MMA), where the context's splits fit
+ * its combine; 0: attention_body's prefill, PREFILL_ATT_TOKENS tokens a block. A plan choice
+ * (codegen/plan.py, _prefill_flash). */
 #ifndef PREFILL_FLASH
 #define PREFILL_FLASH 0
 #endif
 #if PREFILL_FLASH
-template <int B>
-static __global__ void __launch_bounds__(ATT_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
-                                                                      const int *io, float *part_acc, float *part_ml,
-                                                                      unsigned *counters, float *att, int ctx, int n_splits) {
-    prefill_flash_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
-                                                        MODEL_N_KV_HEADS, ctx, n_splits, ATT_MIN_SPLITS);
-}
-/* the same on the tensor cores (PREFILL_FLASH_MMA) */
-template <int B>
-static __global__ void __launch_bounds__(FMMA_THREADS) prefill_flash_mma_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
-                                                                            const int *io, float *part_acc, float *part_ml,
-                                                                            unsigned *counters, float *att, int ctx, int n_splits) {
-    prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
+/* MMA: on the tensor cores (prefill_flash_mma_body, PREFILL_FLASH_MMA), or in fp32 */
+template <int B, bool MMA>
+static __global__ void __launch_bounds__(MMA ? FMMA_THREADS : ATT_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc,
+                                                                                        const uint16_t *vc, const int *io,
+                                                                                        float *part_acc, float *part_ml,
+                                                                                        unsigned *counters, float *att, int ctx,
+                                                                                        int n_splits) {
+    if constexpr (MMA)
+        prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
+                                                                MODEL_N_KV_HEADS, ctx, n_splits, ATT_MIN_SPLITS);
+    else
+        prefill_flash_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
                                                             MODEL_N_KV_HEADS, ctx, n_splits, ATT_MIN_SPLITS);
 }
 #endif
@@ -745,18 +745,13 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         if (l == MODEL_N_LAYERS - 1) break;
 #if PREFILL_FLASH
         if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
-            const dim3 grid(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS);
-            if (PREFILL_FLASH_MMA) {
-                CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_mma_kernel<B>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FMMA_SMEM_BYTES(MODEL_HEAD_DIM)));
-                launch_grid(prefill_flash_mma_kernel<B>, grid, FMMA_THREADS, FMMA_SMEM_BYTES(MODEL_HEAD_DIM), m->stream, m->q, kc,
-                            vc, m->io, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
-            } else {
-                CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)FLASH_SMEM_BYTES(MODEL_HEAD_DIM)));
-                launch_grid(prefill_flash_kernel<B>, grid, ATT_THREADS, FLASH_SMEM_BYTES(MODEL_HEAD_DIM), m->stream, m->q, kc, vc,
-                            m->io, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
-            }
+            constexpr bool mma = PREFILL_FLASH_MMA;
+            const size_t flash_smem = mma ? FMMA_SMEM_BYTES(MODEL_HEAD_DIM) : FLASH_SMEM_BYTES(MODEL_HEAD_DIM);
+            CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, mma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)flash_smem));
+            launch_grid(prefill_flash_kernel<B, mma>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
+                        mma ? FMMA_THREADS : ATT_THREADS, flash_smem, m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+                        m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         } else
 #endif
         launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / PREFILL_ATT_TOKENS), ATT_THREADS,
