@@ -2278,11 +2278,12 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
  * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). Each a
  * multiple of the mma's n, 8. */
 #ifndef PREFILL_BATCH
-#define PREFILL_BATCH 32 /* a test builds 16 */
+#define PREFILL_BATCH 32 /* tests build 16 and 64 (prepared in the twenty-eighth session, not run on a GPU) */
 #endif
 #define PREFILL_SMALL 8
-#define PREFILL_SIZES (PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
-static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32, "prefill batches: 8, 16 or 32 tokens");
+#define PREFILL_SIZES (PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
+static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 || PREFILL_BATCH == 64,
+              "prefill batches: 8, 16, 32 or 64 tokens");
 /* 16-row tiles a warp multiplies with each input it loads: a block reads its inputs from L2 once for
  * 32 rows (1B prompt +26%, 7B +33% against one tile; PERFORMANCE.md, tenth session) */
 #define PREFILL_ROW_TILES 2
@@ -2463,7 +2464,10 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
     constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B), R = PREFILL_ROW_TILES;
     constexpr int in_regs = terms_in ? PREFILL_TERMS : 2; /* uint4s of a token's 8 inputs: its terms, or 8 floats */
     static_assert(R <= MV_WARPS, "a warp a row tile for the sums' gathering");
-    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles * R]; /* the warps' parts of K, summed in warp order */
+    /* row tiles gathered a pass: all of them (32 KB at 32 tokens), or one at a time past that (the
+     * static shared memory's 48 KB) */
+    constexpr int RP = B > 32 ? 1 : R;
+    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles * RP]; /* the warps' parts of K, summed in warp order */
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
     const uint4 *ra[R], *rb[R];
 #pragma unroll
@@ -2529,24 +2533,29 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
             }
     }
 #pragma unroll
-    for (int rt = 0; rt < R; rt++)
+    for (int r0 = 0; r0 < R; r0 += RP) {
+        if (r0 > 0) __syncthreads(); /* the last pass's sums are read */
 #pragma unroll
-        for (int j = 0; j < tiles; j++)
+        for (int rt = 0; rt < RP; rt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) red[wid][lane][4 * (tiles * rt + j) + i] = c[rt][j][i];
-    __syncthreads();
-    if (wid >= R) return;
-    const int rt = wid; /* warp rt gathers row tile rt's sums */
-    const int p = (int)blockIdx.x * PREFILL_BLOCK_PAIRS + 8 * rt + g;
-    float s[tiles][4];
+            for (int j = 0; j < tiles; j++)
 #pragma unroll
-    for (int j = 0; j < tiles; j++)
+                for (int i = 0; i < 4; i++) red[wid][lane][4 * (tiles * rt + j) + i] = c[r0 + rt][j][i];
+        __syncthreads();
+        if (wid < RP) {
+            const int rt = wid; /* warp rt gathers row tile r0 + rt's sums */
+            const int p = (int)blockIdx.x * PREFILL_BLOCK_PAIRS + 8 * (r0 + rt) + g;
+            float s[tiles][4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            s[j][i] = 0.0f;
-            for (int w = 0; w < MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
+            for (int j = 0; j < tiles; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    s[j][i] = 0.0f;
+                    for (int w = 0; w < MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
+                }
+            prefill_store_tile<B>(s, lane, p, n_pairs, store);
         }
-    prefill_store_tile<B>(s, lane, p, n_pairs, store);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -299,7 +299,8 @@ def flags_build(variant, flags):
                                            ("tiny-gqa", f"{GATE_UP_GEMM} {WGMMA}"), ("tiny-wide", f"{GATE_UP_GEMM} {WGMMA}"),
                                            ("tiny-wide", "-DPREFILL_FLASH_MMA=0"),
                                            ("tiny-group3", f"-DPREFILL_FLASH_MMA=0 {CHUNK5}"),
-                                           ("tiny-group3", "-DFMMA_TILE=16")])
+                                           ("tiny-group3", "-DFMMA_TILE=16"), ("tiny-gqa", "-DPREFILL_BATCH=64"),
+                                           ("tiny-wide", f"-DPREFILL_BATCH=64 {GATE_UP_GEMM}")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
@@ -308,7 +309,9 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     (tiny-gqa), 34 stages (tiny-wide), an odd count of 8-column tiles (three terms, batches of 8);
     and the GEMM on Hopper's warpgroup MMA (GEMM_WGMMA, sm_90a); the prefill's fp32 attention
     (PREFILL_FLASH_MMA=0; alone and in splits of 5 positions), and the tensor cores' in tiles of 16
-    positions (ten a split: the running max and sum across tiles). Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
+    positions (ten a split: the running max and sum across tiles); batches of 64 (the prompt as 64,
+    64, 16: the matvecs' sums gathered a row tile at a time, four row groups of attention, the GEMM
+    at 128 columns). Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
     TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]

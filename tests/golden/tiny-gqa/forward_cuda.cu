@@ -446,8 +446,10 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_ker
 #ifndef GEMM_BLOCKS_SM
 #define GEMM_BLOCKS_SM 4 /* blocks an SM the launch bounds ask for (four of GEMM_STAGES 3 fit its shared memory) */
 #endif
+/* ... at batches of 64, three (their stages take 72 KB; at four blocks' 128 registers they spill) */
+#define GEMM_BLOCKS_SM_AT(B) ((B) > 32 ? 3 : GEMM_BLOCKS_SM)
 template <int B>
-static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM) prefill_gate_up_gemm_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_gate_up_gemm_kernel(model_layer_weights w,
                                                                                      const uint16_t *x_terms,
                                                                                      uint16_t *hb_terms) {
     prefill_gate_up_silu_body<B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
@@ -1130,8 +1132,8 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
      * while at least PREFILL_MIN_TAIL are left, then one prompt step each. The thresholds: with a
      * batch of 16 at ~1.7 of one of 8 and one of 32 at ~1.65 of one of 16, 25-32 left go as 32 (2.8
      * against 3.4 as 16 + 16), 17-24 as 16 + 8 (2.7 against 2.8), 10-16 as 16 (9: a batch of 8 and a
-     * step beat one of 16). */
-    auto prefill_from = [](int size) { return size >= 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL; };
+     * step beat one of 16). Batches of 64 (-DPREFILL_BATCH=64) from 41 left: a guess, not measured. */
+    auto prefill_from = [](int size) { return size >= 64 ? 41 : size == 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL; };
     int i = 0;
     for (int count; n - 1 - i >= PREFILL_MIN_TAIL; i += count) {
         const int left = n - 1 - i;
