@@ -9,11 +9,13 @@
 # embedding and 5 launches; the 7-8B shapes join attention and o_proj, 5 launches a layer). Each
 # kernel runs alone under ncu (no overlap between stages, no programmatic early launch). ncu locks the SM clock (1.3
 # GHz on the H200, 1.98 in a run): compare the kernels with each other, not with --bench.
-# source: LAUNCHES (default 4) decode launches of the kernel named KERNEL (e.g. attention_kernel),
-# past the first 60, with stall sampling at every 32 cycles, read by tests/bench/ncu_source.py (the
+# source: LAUNCHES (default 4) launches of the kernel named KERNEL (e.g. attention_kernel, or a
+# template's instances: prefill_flash_kernel), past the first SKIP (default 60), with stall sampling at every 32 cycles, read by tests/bench/ncu_source.py (the
 # CSV kept in build/ncu-<model>-source.csv). REPLAY=application: each of ncu's passes a whole run with
 # the caches left alone, so the kernel meets the caches the kernels before it left, as in the step.
-# DEPTH: the context depth of the profiled decode steps (default 0).
+# DEPTH: the context depth of the profiled decode steps (default 0). --bench feeds its 128-token
+# prompt twice at depth 0 before any depth, so a prefill kernel's first launch at DEPTH is past
+# 8 batches x (layers - 1) launches of it (attention: 120 on the 1B shape, SKIP=120).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
@@ -29,7 +31,7 @@ case $what in
     decode) names='regex:^(embed|rmsnorm_|attention|o_proj|down_|step_end|sample)' skip=6 count=${3:-6} ;;
     source)
         [[ ${3:-} =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || { echo "ncu.sh: source needs a kernel name, e.g. attention_kernel" >&2; exit 2; }
-        names="regex:^$3\$" skip=60 count=${4:-4} ;;
+        names="regex:^$3(\$|<)" skip=${SKIP:-60} count=${4:-4} ;; # a template's instances too (prefill_flash_kernel<32, true>)
     *) echo "ncu.sh: '$what': prefill, decode or source" >&2; exit 2 ;;
 esac
 bench_model "$m" || exit 1
