@@ -3143,7 +3143,8 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
 // - outputs O += P V: A the probabilities, straight from the scores' accumulators (two n-tiles of
 //   scores are one k-step of positions), B the values through ldmatrix.trans.
 // Shared memory rows are hd halves with their 16-byte chunks XOR-swizzled by the row (fmma_off), so
-// that ldmatrix's eight rows at one chunk fall in eight bank groups.
+// that ldmatrix's eight rows at one chunk fall in eight bank groups. tests/bench/flash_mma_sim.py
+// checks the fragments' index arithmetic lane by lane in NumPy (CI runs it).
 
 /* 1: prefill_flash_mma_body instead of prefill_flash_body. H200, 128-token prompt, against the fp32
  * kernel: Llama-3.2-1B +8.6% / +12.4% / +66% at depths 0 / 4096 / 16384, Mistral-7B +8.7% / +14.0% /
