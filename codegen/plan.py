@@ -137,7 +137,7 @@ def _prefill_att_tokens(head_dim: int, kv_mul: int) -> int:
     return 1 if head_dim > 64 else max(1, ATT_MAX_GROUP // kv_mul)
 
 
-FLASH_HEAD_DIMS = (64, 128)  # head widths prefill_flash_body is written for (runtime/cuda_kernels.cuh)
+FLASH_HEAD_DIMS = (64, 128)  # head widths prefill_flash_body is written for (runtime/cuda_prefill.cuh)
 
 
 def _prefill_flash(head_dim: int) -> int:

@@ -1,4 +1,4 @@
-"""prefill_flash_body (runtime/cuda_kernels.cuh) emulated in NumPy against plain causal attention:
+"""prefill_flash_body (runtime/cuda_prefill.cuh) emulated in NumPy against plain causal attention:
 a block's rows (token r / kv_mul, head r % kv_mul) from row0 on, the splits counted from the
 batch's last position, positions staged a tile at a time, each warp's 8 rows keeping their softmax
 running over the tiles (a row that has seen nothing yet: shift 0, rescale 1), the -inf scores past

@@ -39,6 +39,7 @@
 #define ATT_COMBINE_EARLY 64
 #endif
 #include "cuda_kernels.cuh"
+#include "cuda_prefill.cuh"
 #include "cuda_sampler.cuh"
 
 #if !defined(MODEL_WEIGHT_DTYPE_F32)

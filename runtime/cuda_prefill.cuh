@@ -1,0 +1,1115 @@
+/* cuda_prefill.cuh - the CUDA prompt path's kernel bodies: a batch of prompt tokens through every
+ * stage at once (prefill), so that each weight row is read once for the whole batch.
+ *
+ * The matvecs on the tensor cores (prefill_pairs_body: mma row tiles; prefill_gemm_body: gate/up as a
+ * tiled GEMM through shared memory), the RMSNorm that splits its output into 16-bit terms, and the
+ * attention with every query row of a KV head's group in a block (prefill_flash_body in fp32,
+ * prefill_flash_mma_body on the tensor cores). Written, as cuda_kernels.cuh, against the MODEL_*
+ * constants of the generated model_config.h, and included after it by the generated forward_cuda.cu;
+ * it uses that header's helpers (pdl_wait, kv_at, att_split_len, split_h2, ...). */
+#ifndef INGOT_CUDA_PREFILL_CUH
+#define INGOT_CUDA_PREFILL_CUH
+
+#include "cuda_kernels.cuh"
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: a batch of B prompt tokens (8 to 64) at positions io[IO_POS] on through every stage at
+// once, so each weight row is read once for all of them; io[IO_COUNT] of them are the prompt's.
+// Activations are (B, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight
+// rows against 8 tokens, each 8-token tile of the batch in an mma of its own, fp32 sums): a block
+// takes 8 pairs of rows (as the decode kernels' pairs: RoPE partners, gate and up, or two rows of
+// o_proj / down), the pair's rows in the tile's rows g and g + 8, and its warps split K. Each
+// input, after the norm, goes in as PREFILL_TERMS values of the weights' dtype (bf16 or fp16) that
+// sum to it. Grids are as many blocks as the pairs need (several waves): the prompt is not
+// latency-bound.
+
+/* Prompt tokens a prefill batch takes, at most: batches of PREFILL_BATCH, PREFILL_BATCH / 2, ...
+ * down to 8 (PREFILL_SIZES sizes, a graph each), the largest whose threshold the tokens left reach
+ * (prefill_from in the generated code). A batch of 16 costs ~1.7 of one of 8 and one of 32 ~1.65 of
+ * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). Each a
+ * multiple of the mma's n, 8. */
+#ifndef PREFILL_BATCH
+#define PREFILL_BATCH 32 /* tests build 16 and 64 (prepared in the twenty-eighth session, not run on a GPU) */
+#endif
+#define PREFILL_SMALL 8
+#define PREFILL_SIZES (PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
+static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 || PREFILL_BATCH == 64,
+              "prefill batches: 8, 16, 32 or 64 tokens");
+/* 16-row tiles a warp multiplies with each input it loads: a block reads its inputs from L2 once for
+ * 32 rows (1B prompt +26%, 7B +33% against one tile; PERFORMANCE.md, tenth session) */
+#define PREFILL_ROW_TILES 2
+#define PREFILL_BLOCK_PAIRS (8 * PREFILL_ROW_TILES) /* pairs of rows a block takes: 8 a tile of the mma's 16 rows */
+/* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%; 32 takes 1 for its registers) */
+#define PREFILL_UNROLL(B) ((B) == 8 ? 4 : (B) == 16 ? 2 : 1)
+
+/* Splits of K in o_proj's and down's prefill grids: each block (pairs, split) writes its partial
+ * products to a buffer of its own, and the RMSNorm kernel after them adds the splits to the residual
+ * stream in split order (the same sums every run). Without them the two take a block a 16 rows,
+ * 128 blocks on the 1B shape, under one an SM (ncu: 11% occupancy, down 0.6 TB/s). */
+#ifndef PREFILL_SPLITS
+#define PREFILL_SPLITS 4
+#endif
+
+/* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 (+ t2),
+ * each the rounding of what the previous left, so W.x keeps 16 bits of x with bf16 terms (8 + 8; fp16
+ * 22), a relative error of at most 2^-17 an input against the decode kernels' fp32 products. One
+ * term (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. Against 3 terms
+ * (fp32's 24 bits): 1B prompt +7%, 7B +12% (PERFORMANCE.md, tenth session); a test builds 3. */
+#ifndef PREFILL_TERMS
+#define PREFILL_TERMS 2
+#endif
+
+/* A value of the weights' 16-bit type, round to nearest; *rest gets what the rounding left out. */
+__device__ __forceinline__ uint16_t w_split(float *rest) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    const __nv_bfloat16 v = __float2bfloat16_rn(*rest);
+    *rest -= __bfloat162float(v);
+    return __bfloat16_as_ushort(v);
+#else
+    const __half v = __float2half_rn(*rest);
+    *rest -= __half2float(v);
+    return __half_as_ushort(v);
+#endif
+}
+
+/* v as PREFILL_TERMS terms, at terms[t * stride] (the layout the prefill matvecs read: (term, B, K)) */
+__device__ __forceinline__ void store_terms(uint16_t *terms, size_t stride, float v) {
+#pragma unroll
+    for (int t = 0; t < PREFILL_TERMS; t++) terms[t * stride] = w_split(&v);
+}
+
+/* Block b of the batch's gridDim.x: x[b] += the PREFILL_SPLITS partial sums part[s][b] when
+ * add_parts (s in order, rows of dim); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
+ * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, dim).
+ * The pointers do not alias and the loops are unrolled, so that a thread's loads go out together
+ * (one L2 round trip a pass, not one a value: ncu had this kernel at 11 us with 16 blocks). */
+__device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, bool add_parts,
+                                                       const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
+                                                       int dim, float eps) {
+    __shared__ float partial[MV_WARPS];
+    __shared__ float scale;
+    pdl_wait();
+    pdl_launch_dependents();
+    constexpr int U = 4; /* values a thread loads before it uses any */
+    float *__restrict__ xb = x + (size_t)blockIdx.x * dim;
+    const float *__restrict__ pb = part + (size_t)blockIdx.x * dim;
+    const size_t split = (size_t)gridDim.x * dim; /* from one split's (B, dim) to the next */
+    float ss = 0.0f;
+    for (int i0 = threadIdx.x; i0 < dim; i0 += U * MV_THREADS) {
+        float v[U], p[U][PREFILL_SPLITS];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            v[u] = i < dim ? xb[i] : 0.0f;
+#pragma unroll
+            for (int s = 0; s < PREFILL_SPLITS; s++) p[u][s] = add_parts && i < dim ? __ldcg(pb + s * split + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+#pragma unroll
+            for (int s = 0; s < PREFILL_SPLITS; s++) v[u] += p[u][s];
+            if (add_parts && i < dim) xb[i] = v[u];
+            ss += v[u] * v[u];
+        }
+    }
+    ss = warp_sum(ss);
+    if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < MV_WARPS; w++) t += partial[w];
+        scale = rsqrtf(t / (float)dim + eps);
+    }
+    __syncthreads();
+    const size_t stride = (size_t)gridDim.x * dim; /* from one term's (B, dim) to the next */
+    for (int i0 = threadIdx.x; i0 < dim; i0 += U * MV_THREADS) {
+        float v[U], n[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            v[u] = i < dim ? xb[i] : 0.0f;
+            n[u] = i < dim ? w_to_f32(norm_w[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u * MV_THREADS;
+            if (i < dim) store_terms(terms + (size_t)blockIdx.x * dim + i, stride, v[u] * (scale * n[u]));
+        }
+    }
+}
+
+/* x[b] = embed[history[pos + b]], block (i, b); the rows past the batch's tokens repeat its last
+ * (their results are never stored in the cache or read). */
+__device__ __forceinline__ void prefill_embed_body(const uint16_t *embed, const int *io, float *x, const int *history, int dim) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int b = blockIdx.y;
+    const uint16_t *row = embed + (size_t)history[io[IO_POS] + min(b, io[IO_COUNT] - 1)] * dim;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x)
+        x[(size_t)b * dim + i] = w_to_f32(row[i]);
+}
+
+/* Two fp32 values as the weights' 16-bit type, packed low then high (an mma operand register);
+ * *rest_lo and *rest_hi get what the rounding left out. */
+__device__ __forceinline__ uint32_t pack_w2(float *rest_lo, float *rest_hi) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    const __nv_bfloat162 v = __floats2bfloat162_rn(*rest_lo, *rest_hi);
+    const float2 back = __bfloat1622float2(v);
+#else
+    const __half2 v = __floats2half2_rn(*rest_lo, *rest_hi);
+    const float2 back = __half22float2(v);
+#endif
+    *rest_lo -= back.x;
+    *rest_hi -= back.y;
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+
+
+/* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), in the weights' type. */
+__device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                            uint32_t b1) {
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+/* A 16-row tile's sums s[j] (rows g: pair p's a, g + 8: its b, at tokens 8 j + 2q and 8 j + 2q + 1,
+ * the mma's C fragments) gathered into lane q == 0, which stores pair p's values for the batch. */
+template <int B, typename Store>
+__device__ __forceinline__ void prefill_store_tile(const float (&s)[B / 8][4], int lane, int p, int n_pairs, Store store) {
+    float va[B], vb[B];
+#pragma unroll
+    for (int t = 0; t < B; t++) {
+        const int src = (lane & ~3) | (t % 8 / 2);
+        va[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][t % 2], src);
+        vb[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][2 + t % 2], src);
+    }
+    if (lane % 4 == 0 && p < n_pairs) store(p, va, vb);
+}
+
+/* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
+ * store(p, va, vb) gets their products with the B inputs over K's 32-value chunks [c0, c1). The
+ * inputs: fp32 values in (B, K), split into PREFILL_TERMS terms here, in every block; or the terms
+ * themselves, (PREFILL_TERMS, B, K) in the weights' type, split once by the kernel that wrote them
+ * (prefill_rms_terms_body, the gate/up store): the same sums, without the conversions in each of
+ * the grid's blocks.
+ *
+ * The mma's fragments (PTX ISA, m16n8k16, 16-bit types): lane (g = lane / 4, q = lane % 4) holds
+ * A's rows g and g + 8 at columns 2q, 2q + 1, 2q + 8, 2q + 9, B's column (token) g at the same
+ * rows, and C's rows g, g + 8 at tokens 2q, 2q + 1. The sum over K does not care which 16 values
+ * of K a step takes as long as A and B agree, so step s of a 32-value chunk gives lane q's four
+ * columns the values 8q + 4s .. 8q + 4s + 3: a lane reads 16 contiguous bytes of each of its two
+ * rows (pair g's) and 8 inputs of its token, for two steps; with several tiles of 8 tokens, the
+ * same weights meet each tile's token g + 8 j in a tile's own mma. */
+template <int B, typename In, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const In *in, Pair pair, Store store) {
+    constexpr bool terms_in = std::is_same<In, uint16_t>::value;
+    static_assert(terms_in || std::is_same<In, float>::value, "prefill inputs: fp32 values or their 16-bit terms");
+    constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B), R = PREFILL_ROW_TILES;
+    constexpr int in_regs = terms_in ? PREFILL_TERMS : 2; /* uint4s of a token's 8 inputs: its terms, or 8 floats */
+    static_assert(R <= MV_WARPS, "a warp a row tile for the sums' gathering");
+    /* row tiles gathered a pass: all of them (32 KB at 32 tokens), or one at a time past that (the
+     * static shared memory's 48 KB) */
+    constexpr int RP = B > 32 ? 1 : R;
+    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles * RP]; /* the warps' parts of K, summed in warp order */
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
+    const uint4 *ra[R], *rb[R];
+#pragma unroll
+    for (int rt = 0; rt < R; rt++) /* past the last pair: its rows again, not stored */
+        pair(min((int)blockIdx.x * PREFILL_BLOCK_PAIRS + 8 * rt + g, n_pairs - 1), &ra[rt], &rb[rt]);
+    float c[R][tiles][4];
+#pragma unroll
+    for (int rt = 0; rt < R; rt++)
+#pragma unroll
+        for (int j = 0; j < tiles; j++) c[rt][j][0] = c[rt][j][1] = c[rt][j][2] = c[rt][j][3] = 0.0f;
+    pdl_wait();
+    pdl_launch_dependents();
+    for (int i0 = c0 + wid; i0 < c1; i0 += MV_WARPS * unroll) {
+        uint4 wa[unroll][R], wb[unroll][R], xv[unroll][tiles][in_regs];
+#pragma unroll
+        for (int u = 0; u < unroll; u++) {
+            const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
+            const bool in_k = i0 + u * MV_WARPS < c1 && k < K;
+#pragma unroll
+            for (int rt = 0; rt < R; rt++) {
+                wa[u][rt] = in_k ? ld_stream(ra[rt] + k / 8) : make_uint4(0, 0, 0, 0);
+                wb[u][rt] = in_k ? ld_stream(rb[rt] + k / 8) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int j = 0; j < tiles; j++)
+#pragma unroll
+                for (int r = 0; r < in_regs; r++) {
+                    const int t = g + 8 * j; /* tile j's token for this lane */
+                    const uint4 *x = terms_in ? reinterpret_cast<const uint4 *>(in + ((size_t)r * B + t) * K + k)
+                                              : reinterpret_cast<const uint4 *>(in + (size_t)t * K + k) + r;
+                    xv[u][j][r] = in_k ? __ldcg(x) : make_uint4(0, 0, 0, 0);
+                }
+        }
+#pragma unroll
+        for (int u = 0; u < unroll; u++)
+#pragma unroll
+            for (int j = 0; j < tiles; j++) {
+                if constexpr (terms_in) {
+#pragma unroll
+                    for (int t = 0; t < PREFILL_TERMS; t++)
+#pragma unroll
+                        for (int rt = 0; rt < R; rt++) {
+                            const uint4 a = wa[u][rt], b = wb[u][rt], x = xv[u][j][t];
+                            mma_16x8x16(c[rt][j], a.x, b.x, a.y, b.y, x.x, x.y);
+                            mma_16x8x16(c[rt][j], a.z, b.z, a.w, b.w, x.z, x.w);
+                        }
+                } else {
+                    const uint4 x0 = xv[u][j][0], x1 = xv[u][j][in_regs - 1];
+                    float xf[8] = {__uint_as_float(x0.x), __uint_as_float(x0.y), __uint_as_float(x0.z), __uint_as_float(x0.w),
+                                   __uint_as_float(x1.x), __uint_as_float(x1.y), __uint_as_float(x1.z), __uint_as_float(x1.w)};
+#pragma unroll
+                    for (int t = 0; t < PREFILL_TERMS; t++) {
+                        const uint32_t b00 = pack_w2(&xf[0], &xf[1]), b01 = pack_w2(&xf[2], &xf[3]);
+                        const uint32_t b10 = pack_w2(&xf[4], &xf[5]), b11 = pack_w2(&xf[6], &xf[7]);
+#pragma unroll
+                        for (int rt = 0; rt < R; rt++) {
+                            const uint4 a = wa[u][rt], b = wb[u][rt];
+                            mma_16x8x16(c[rt][j], a.x, b.x, a.y, b.y, b00, b01);
+                            mma_16x8x16(c[rt][j], a.z, b.z, a.w, b.w, b10, b11);
+                        }
+                    }
+                }
+            }
+    }
+#pragma unroll
+    for (int r0 = 0; r0 < R; r0 += RP) {
+        if (r0 > 0) __syncthreads(); /* the last pass's sums are read */
+#pragma unroll
+        for (int rt = 0; rt < RP; rt++)
+#pragma unroll
+            for (int j = 0; j < tiles; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) red[wid][lane][4 * (tiles * rt + j) + i] = c[r0 + rt][j][i];
+        __syncthreads();
+        if (wid < RP) {
+            const int rt = wid; /* warp rt gathers row tile r0 + rt's sums */
+            const int p = (int)blockIdx.x * PREFILL_BLOCK_PAIRS + 8 * (r0 + rt) + g;
+            float s[tiles][4];
+#pragma unroll
+            for (int j = 0; j < tiles; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    s[j][i] = 0.0f;
+                    for (int w = 0; w < MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
+                }
+            prefill_store_tile<B>(s, lane, p, n_pairs, store);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gate/up's prefill as a tiled GEMM (prefill_gemm_body), where its rows fill the GPU's SMs
+// (gate_up_gemm in the generated code): a block takes GEMM_PAIRS pairs of rows (a warp a 16-row tile
+// of 8 pairs, as prefill_pairs_body's) over all of K against the whole batch. Weights and inputs go
+// through shared memory on cp.async, GEMM_KT values of K a stage, GEMM_STAGES stages in flight, and
+// every warp reads the stage's inputs from shared memory (ldmatrix): a block reads its inputs from
+// L2 once for 64 rows, not for 32, and keeps its later stages' weights in flight whatever its
+// registers. The input's terms are columns of the GEMM: column t * B + b is token b's term t, as
+// the terms lie in memory (term, B, K), and each token's terms are added after the sums.
+// Measured against prefill_pairs_body (PERFORMANCE.md, twenty-seventh session): the prompt +10% on
+// the 1B shape and +17% on the 7B; QKV, o_proj and down, whose few rows need K split over blocks,
+// were slower as GEMMs (their splits' sums added by each tile's last block). ncu: the kernel is
+// bound by latency (a quarter of the issue slots and of the tensor pipe busy), not by a unit.
+
+#ifndef GEMM_WARPS
+#define GEMM_WARPS 4 /* 8 (64 pairs a block): 1B prompt -6%, 7B even */
+#endif
+#define GEMM_THREADS (GEMM_WARPS * WARP_SIZE)
+#define GEMM_PAIRS (8 * GEMM_WARPS) /* pairs of rows a block: 8 a warp */
+#define GEMM_KT 64    /* K values a stage: 128 bytes a row */
+#ifndef GEMM_STAGES
+#define GEMM_STAGES 3 /* 4 (three blocks an SM): 1B even, 7B -4% */
+#endif
+static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
+#define GEMM_A_BYTES (2 * GEMM_PAIRS * GEMM_KT * 2)
+#define GEMM_B_BYTES(B) (PREFILL_TERMS * (B) * GEMM_KT * 2)
+#define GEMM_STAGE_BYTES(B) (GEMM_A_BYTES + GEMM_B_BYTES(B))
+/* GEMM_WGMMA: Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) reads both tiles from shared memory
+ * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync. Build it
+ * with EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a' (the Makefile then
+ * leaves out its own -gencode). Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz
+ * does, which is wgmma's 128-byte swizzle when a tile starts on 1024 bytes. Correct (GPU tests), and
+ * gate/up alone faster (1B -6%, 7B -14% of its time), but the prompt slower: 1B -0.9%, 7B -6%
+ * (twenty-eighth session; not explained: at 80 registers instead of 117, down's early-launched
+ * blocks fit beside three GEMM blocks an SM, which may be what costs). Off. */
+#ifndef GEMM_WGMMA
+#define GEMM_WGMMA 0
+#endif
+#if GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
+#endif
+static_assert(!GEMM_WGMMA || (GEMM_WARPS == 4 && PREFILL_TERMS == 2), "GEMM_WGMMA: a block is one warpgroup (64 rows), two terms");
+/* a stage's tiles start on 1024 bytes under GEMM_WGMMA (the dynamic shared memory aligned up) */
+#define GEMM_SMEM_BYTES(B) (GEMM_STAGES * GEMM_STAGE_BYTES(B) + (GEMM_WGMMA ? 1024 : 0))
+
+/* Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows: the chunks XOR-swizzled by the
+ * row, so that ldmatrix's eight rows at one chunk hit eight different bank groups. */
+__device__ __forceinline__ uint32_t gemm_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+/* cp_async16 to a shared-memory address */
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+#if GEMM_WGMMA
+/* wgmma's shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format") for a K-major tile
+ * of 128-byte rows in the 128-byte swizzle: start address >> 4, leading byte offset 16 (unused when
+ * swizzled), stride byte offset 1024 (from 8 rows to the next 8), swizzle mode 1 (bits 62-63). A
+ * step of 16 values of K within the rows is 32 bytes more on the start address. */
+__device__ __forceinline__ uint64_t gemm_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(16 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#define WG_TYPE "bf16"
+#else
+#define WG_TYPE "f16"
+#endif
+#define WG_C4(n) "+f"(c[n][0]), "+f"(c[n][1]), "+f"(c[n][2]), "+f"(c[n][3])
+/* c (64 x NT * 8, this thread's part as mma_16x8x16's C in each 8-column tile n) += A . B over 16
+ * values of K, A (64 rows) and B (NT * 8 rows) K-major in shared memory (descriptors); the block's
+ * four warps issue it together (a warpgroup), between wgmma_fence and wgmma_commit_wait. */
+template <int NT>
+__device__ __forceinline__ void wgmma_k16(float (&c)[NT][4], uint64_t a, uint64_t b);
+/* a specialization of wgmma_k16 for NT tiles of 8 columns (the shape's N): D its accumulators'
+ * operands, A, B and P the operand numbers of the descriptors and of scale-d's predicate (set: add) */
+#define WGMMA_K16(NT, N, D, A, B, P, ...)                                                                     \
+    template <>                                                                                               \
+    __device__ __forceinline__ void wgmma_k16<NT>(float (&c)[NT][4], uint64_t a, uint64_t b) {                 \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                          \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." WG_TYPE "." WG_TYPE " {" D "}, %" #A ", %" #B \
+                     ", p, 1, 1, 0, 0;\n}\n"                                                                    \
+                     : __VA_ARGS__                                                                             \
+                     : "l"(a), "l"(b), "r"(1));                                                               \
+    }
+WGMMA_K16(2, 16, "%0,%1,%2,%3,%4,%5,%6,%7", 8, 9, 10, WG_C4(0), WG_C4(1))
+WGMMA_K16(4, 32, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15", 16, 17, 18, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3))
+WGMMA_K16(8, 64,
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+          "%29,%30,%31",
+          32, 33, 34, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7))
+#undef WGMMA_K16
+#undef WG_C4
+__device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_wait(void) {
+    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+/* this thread's cp.async writes, landed, made visible to the async proxy that wgmma reads through */
+__device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
+
+/* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over all of K; in: the terms
+ * (PREFILL_TERMS, B, K). A block of GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory
+ * GEMM_SMEM_BYTES(B). */
+template <int B, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint16_t *__restrict__ in, Pair pair, Store store) {
+    constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
+    extern __shared__ __align__(128) unsigned char gemm_smem[];
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4;
+    const int n_kt = (K + GEMM_KT - 1) / GEMM_KT;
+    const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + (GEMM_WGMMA ? 1023u : 0u)) & (GEMM_WGMMA ? ~1023u : ~0u);
+
+    /* this thread's weight copies: chunk tid % 8 of rows tid / 8 + GEMM_WARPS 4 i; row r of the tile
+     * is pair 8 (r / 16) + r % 8's a (r % 16 < 8) or b */
+    const uint16_t *arow[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = tid / 8 + GEMM_WARPS * 4 * i;
+        const uint4 *ra, *rb;
+        pair(min((int)blockIdx.x * GEMM_PAIRS + 8 * (r / 16) + r % 8, n_pairs - 1), &ra, &rb);
+        arow[i] = reinterpret_cast<const uint16_t *>(r % 16 < 8 ? ra : rb);
+    }
+    auto load_a = [&](int st, int kt) {
+        const uint32_t base = smem + st * GEMM_STAGE_BYTES(B);
+        const int c = tid % 8, k = kt * GEMM_KT + 8 * c;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            cp_async16_s(base + gemm_swz(tid / 8 + GEMM_WARPS * 4 * i, c), arow[i] + (k < K ? k : 0), k < K);
+    };
+    auto load_b = [&](int st, int kt) {
+        const uint32_t base = smem + st * GEMM_STAGE_BYTES(B) + GEMM_A_BYTES;
+#pragma unroll
+        for (int i = tid; i < T * B * 8; i += GEMM_THREADS) {
+            const int n = i / 8, c = i % 8, k = kt * GEMM_KT + 8 * c;
+            cp_async16_s(base + gemm_swz(n, c), in + (size_t)n * K + (k < K ? k : 0), k < K);
+        }
+    };
+
+    float c[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+    /* the weights of the first stages before the wait (they do not depend on the kernel before),
+     * the inputs after it; a group a stage's part, so that stage 0 waits for its own two */
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+        if (s < n_kt) load_a(s, s);
+        cp_async_commit();
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+        if (s < n_kt) load_b(s, s);
+        cp_async_commit();
+    }
+    for (int i = 0; i < n_kt; i++) {
+        cp_async_wait_group<GEMM_STAGES - 2>();
+#if GEMM_WGMMA
+        fence_proxy_async_shared();
+#endif
+        __syncthreads(); /* stage i is in, and every warp is done with the stage the next copies overwrite */
+        if (i + GEMM_STAGES - 1 < n_kt) {
+            load_a((i + GEMM_STAGES - 1) % GEMM_STAGES, i + GEMM_STAGES - 1);
+            load_b((i + GEMM_STAGES - 1) % GEMM_STAGES, i + GEMM_STAGES - 1);
+        }
+        cp_async_commit();
+        const uint32_t a_base = smem + (i % GEMM_STAGES) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
+#if GEMM_WGMMA
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
+        wgmma_commit_wait(); /* done with the stage before the next iteration's copies overwrite it */
+#else
+#pragma unroll
+        for (int kk = 0; kk < GEMM_KT / 16; kk++) {
+            uint32_t a0, a1, a2, a3; /* rows g, g + 8 at k 2q.. and 2q + 8.. (mma_16x8x16's order) */
+            ldsm_x4(a_base + gemm_swz(16 * wid + (lane / 8 % 2) * 8 + lane % 8, 2 * kk + lane / 16), a0, a1, a2, a3);
+#pragma unroll
+            for (int n = 0; n + 1 < NT; n += 2) { /* columns 8n.. and 8n + 8.. at k 2q.. and 2q + 8.. */
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b_base + gemm_swz(8 * n + (lane / 16) * 8 + lane % 8, 2 * kk + lane / 8 % 2), b0, b1, b2, b3);
+                mma_16x8x16(c[n], a0, a1, a2, a3, b0, b1);
+                mma_16x8x16(c[n + 1], a0, a1, a2, a3, b2, b3);
+            }
+            if constexpr (NT % 2) {
+                uint32_t b0, b1;
+                ldsm_x2(b_base + gemm_swz(8 * (NT - 1) + lane % 8, 2 * kk + lane / 8 % 2), b0, b1);
+                mma_16x8x16(c[NT - 1], a0, a1, a2, a3, b0, b1);
+            }
+        }
+#endif
+    }
+    cp_async_wait_group<0>();
+
+    /* each token's terms added: s[j] is rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1 */
+    float s[J][4];
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[j][e] = c[j][e];
+#pragma unroll
+            for (int t = 1; t < T; t++) s[j][e] += c[t * J + j][e];
+        }
+    prefill_store_tile<B>(s, lane, (int)blockIdx.x * GEMM_PAIRS + 8 * wid + g, n_pairs, store);
+}
+
+/* Pair tiles of a prefill GEMM of `pairs` pairs */
+static inline int gemm_tiles(int pairs) { return (pairs + GEMM_PAIRS - 1) / GEMM_PAIRS; }
+
+/* q/k/v (+ bias) + RoPE + KV-cache store for a batch of B, on input_layernorm's output as terms
+ * (prefill_rms_terms_body): the pairs of qkv_pair. */
+template <int B>
+__device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *wq, const uint16_t *wk, const uint16_t *wv,
+                                                      const uint16_t *bq, const uint16_t *bk, const uint16_t *bv,
+                                                      const uint16_t *x_terms, float *q,
+                                                      uint16_t *kc, uint16_t *vc, const int *io, const float *inv_freq, int dim,
+                                                      int q_dim, int kv_dim, int head_dim, int ctx) {
+    const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
+    prefill_pairs_body<B>(
+        pairs, dim, 0, (dim + 31) / 32, x_terms,
+        [&](int p, const uint4 **a, const uint4 **b) {
+            int ra, rb, kind;
+            qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
+            const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+            *a = reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim);
+            *b = reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim);
+        },
+        [&](int p, const float *va, const float *vb) {
+            int ra, rb, kind;
+            qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
+            const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
+            const float ba = bias ? w_to_f32(bias[ra]) : 0.0f, bb = bias ? w_to_f32(bias[rb]) : 0.0f;
+            const int pos0 = io[IO_POS], count = io[IO_COUNT];
+            for (int t = 0; t < B; t++) {
+                if (kind != 0 && t >= count) break; /* past the batch's tokens: nothing into the cache */
+                float a = va[t] + ba, b = vb[t] + bb;
+                if (kind < 2) {
+                    float sn, cs;
+                    __sincosf((float)(pos0 + t) * inv_freq[ra % head_dim], &sn, &cs);
+                    const float ta = a * cs - b * sn, tb = b * cs + a * sn;
+                    a = ta;
+                    b = tb;
+                }
+                if (kind == 0) {
+                    q[(size_t)t * q_dim + ra] = a;
+                    q[(size_t)t * q_dim + rb] = b;
+                } else {
+                    uint16_t *cache = kind == 1 ? kc : vc;
+                    cache[kv_at(pos0 + t, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(a));
+                    cache[kv_at(pos0 + t, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(b));
+                }
+            }
+        });
+}
+
+/* part[s] (B, rows) = W (rows, K) . in over split s = blockIdx.y of gridDim.y's parts of K [+ bias,
+ * in split 0]: rows (i, i + rows / 2) a pair (rows even); in as prefill_pairs_body takes it. The
+ * next RMSNorm kernel adds the splits to the residual stream (prefill_rms_terms_body). */
+template <int B, typename In>
+__device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const In *in, float *part,
+                                                      int rows, int K) {
+    const int half = rows / 2, chunks = (K + 31) / 32, s = blockIdx.y, splits = gridDim.y;
+    float *out = part + (size_t)s * B * rows;
+    if (s != 0) bias = NULL;
+    prefill_pairs_body<B>(
+        half, K, chunks * s / splits, chunks * (s + 1) / splits, in,
+        [&](int p, const uint4 **a, const uint4 **b) {
+            *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
+            *b = reinterpret_cast<const uint4 *>(w + (size_t)(p + half) * K);
+        },
+        [&](int p, const float *va, const float *vb) {
+            const float ba = bias ? w_to_f32(bias[p]) : 0.0f, bb = bias ? w_to_f32(bias[p + half]) : 0.0f;
+            for (int t = 0; t < B; t++) {
+                out[(size_t)t * rows + p] = va[t] + ba;
+                out[(size_t)t * rows + p + half] = vb[t] + bb;
+            }
+        });
+}
+
+/* gate and up + SiLU on post_attention_layernorm's output as terms (prefill_rms_terms_body):
+ * hb = silu(gate . x) * (up . x), stored as down's input terms, (PREFILL_TERMS, B, hidden); as a
+ * GEMM (prefill_gemm_body) or by prefill_pairs_body. */
+template <int B, bool GEMM>
+__device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, const uint16_t *wu, const uint16_t *x_terms,
+                                                          uint16_t *hb_terms, int dim, int hidden) {
+    auto pair = [&](int p, const uint4 **a, const uint4 **b) {
+        *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
+        *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);
+    };
+    auto store = [&](int p, const float *va, const float *vb) {
+        for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
+    };
+    if constexpr (GEMM) prefill_gemm_body<B>(hidden, dim, x_terms, pair, store);
+    else prefill_pairs_body<B>(hidden, dim, 0, (dim + 31) / 32, x_terms, pair, store);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill attention, every query row of a batch in one block (PREFILL_FLASH, a plan choice). A block
+// takes one KV head, one split of the positions (as the decode attention's splits, counted from
+// the batch's last position) and FLASH_ROWS query rows (row r: token r / KV_MUL, head r % KV_MUL
+// of the group). The split's keys and values are staged in shared memory a tile of FLASH_TILE
+// positions at a time, read once for all rows; each warp takes 8 rows and keeps their softmax
+// running over the tiles (max, sum, and the weighted values' sums rescaled when the max grows).
+// fp32 throughout, as the decode kernels: the same sums up to their order. attention_body reads
+// each key and value once for PREFILL_ATT_TOKENS tokens; at depth 4096 on the 1B shape a 32-token
+// batch's attention took ~137 us a layer that way, in 4224 blocks each paying the whole latency
+// chain (PERFORMANCE.md, tenth session). This one: 1B prompt at depth 4096 +72%, 16384 +109%
+// (eleventh session).
+
+#define FLASH_ROWS 64     /* query rows a block: 8 warps of 8 */
+#define FLASH_WARP_ROWS 8 /* a warp's rows */
+/* positions a tile: 32 lanes of 4 (64-wide heads) or 2 (128), so that a tile's keys and values take
+ * 32 KB of shared memory */
+#define FLASH_TILE(hd) ((hd) <= 64 ? 128 : 64)
+/* Dynamic shared memory: the tile's keys transposed (hd, tile) and values (tile, hd) as fp16, the
+ * block's queries (rows, hd) and each warp's probabilities (8, tile) as fp32. */
+#define FLASH_SMEM_BYTES(hd) \
+    ((size_t)2 * FLASH_TILE(hd) * (hd) * 2 + (size_t)FLASH_ROWS * (hd) * 4 + (size_t)(ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd) * 4)
+/* Most splits the combining block takes: their weights, (rows, splits) floats, reuse the queries'
+ * and probabilities' shared memory (192 at either head size). Contexts with more splits (past
+ * 196608 positions) take attention_body's prefill. */
+#define FLASH_MAX_SPLITS(hd) \
+    ((int)(((size_t)FLASH_ROWS * (hd) + (size_t)(ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd)) / FLASH_ROWS))
+
+/* N fp16 values (N = 2 or 4, 4- or 8-byte aligned) at p as floats. */
+template <int N>
+__device__ __forceinline__ void halves_to_f32(const uint16_t *p, float *f) {
+    static_assert(N == 2 || N == 4, "halves_to_f32: 2 or 4 values");
+    if constexpr (N == 2) {
+        const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(p));
+        f[0] = a.x, f[1] = a.y;
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2 *>(p);
+        const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+        f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+    }
+}
+
+#ifndef FLASH_COMBINE_LOADS
+#define FLASH_COMBINE_LOADS 8 /* splits' partial sums a thread of prefill_flash_combine loads at once */
+#endif
+/* A prefill flash block of a context with n_active > 1 splits, after its rows' partial sums (part_acc,
+ * unnormalized) and (max, sum) (part_ml) are stored: it counts itself in, and the last of its KV head's
+ * and row group's splits weighs them all into out, in split order. w: shared memory for the weights,
+ * (rows, n_active) floats; THREADS: the block's. */
+template <int HD, int KV_MUL, int THREADS>
+__device__ __forceinline__ void prefill_flash_combine(float *w, const float *part_acc, const float *part_ml, unsigned *counters,
+                                                      float *out, int q_dim, int n_kv_heads, int row0, int rows, int n_active,
+                                                      int n_splits) {
+    __shared__ bool last;
+    const int tid = threadIdx.x, kvh = blockIdx.x;
+    const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
+    auto token_of = [](int r) { return r / KV_MUL; };
+    auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
+    __threadfence();
+    __syncthreads();
+    unsigned *counter = &counters[blockIdx.z * n_kv_heads + kvh];
+    if (tid == 0) last = atomicAdd(counter, 1u) == (unsigned)n_active - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* each row's weights of the splits (a thread a row, the loads FLASH_COMBINE_LOADS splits at a
+     * time, so that a thread waits for L2 once a round, not once a split), then each (row, dim)
+     * output, the sums in split order */
+    constexpr int U = FLASH_COMBINE_LOADS;
+    for (int r = tid; r < rows; r += THREADS) {
+        const int t = token_of(row0 + r), h = head_of(row0 + r);
+        const float2 *ml = reinterpret_cast<const float2 *>(part_ml + (size_t)t * parts * 2 + (size_t)h * n_splits * 2);
+        float *wr = w + r * n_active;
+        float M = -INFINITY, den = 0.0f;
+        for (int s0 = 0; s0 < n_active; s0 += U) {
+            float v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = s0 + u < n_active ? __ldcg(&ml[s0 + u].x) : -INFINITY;
+#pragma unroll
+            for (int u = 0; u < U; u++) M = fmaxf(M, v[u]);
+        }
+        for (int s0 = 0; s0 < n_active; s0 += U) { /* again (from L2): the sums need the max */
+            float2 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = s0 + u < n_active ? __ldcg(&ml[s0 + u]) : make_float2(-INFINITY, 0.0f);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (s0 + u < n_active) {
+                    wr[s0 + u] = __expf(v[u].x - M);
+                    den += wr[s0 + u] * v[u].y;
+                }
+        }
+        for (int s2 = 0; s2 < n_active; s2++) wr[s2] /= den;
+    }
+    __syncthreads();
+    /* a thread's outputs: float4s tid + THREADS u of the rows' (rows, HD / 4), all of them in flight
+     * at each split */
+    constexpr int V4 = HD / 4, PER = (FLASH_ROWS * V4 + THREADS - 1) / THREADS;
+    float4 num[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) num[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s2 = 0; s2 < n_active; s2++) {
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int i = tid + THREADS * u, r = i / V4;
+            if (r >= rows) break;
+            const int t = token_of(row0 + r), h = head_of(row0 + r);
+            const float4 a = __ldcg(reinterpret_cast<const float4 *>(part_acc + (size_t)t * parts * HD + ((size_t)h * n_splits + s2) * HD) + i % V4);
+            const float wt = w[r * n_active + s2];
+            num[u].x += wt * a.x, num[u].y += wt * a.y, num[u].z += wt * a.z, num[u].w += wt * a.w;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int i = tid + THREADS * u, r = i / V4;
+        if (r >= rows) break;
+        const int t = token_of(row0 + r), h = head_of(row0 + r);
+        reinterpret_cast<float4 *>(out + (size_t)t * q_dim + h * HD)[i % V4] = num[u];
+    }
+    if (tid == 0) *counter = 0;
+}
+
+template <int B, int HD, int KV_MUL>
+__device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+                                                   float *part_acc, float *part_ml, unsigned *counters, float *out,
+                                                   int q_dim, int n_kv_heads, int ctx, int n_splits, int min_splits) {
+    static_assert(HD == 64 || HD == 128, "flash prefill attention: heads of 64 or 128");
+    constexpr int T = FLASH_TILE(HD), PPL = T / WARP_SIZE, DPL = HD / WARP_SIZE, WR = FLASH_WARP_ROWS;
+    constexpr int ROWS = B * KV_MUL;
+    extern __shared__ float smem[];
+    uint16_t *kt = reinterpret_cast<uint16_t *>(smem); /* (HD, T) keys, transposed */
+    uint16_t *vs = kt + HD * T;                       /* (T, HD) values */
+    float *qs = reinterpret_cast<float *>(vs + T * HD); /* (FLASH_ROWS, HD) queries, times 1/sqrt(HD) */
+    float *ps = qs + FLASH_ROWS * HD;                  /* (WARPS, WR, T) probabilities */
+    const int kvh = blockIdx.x, split = blockIdx.y, row0 = blockIdx.z * FLASH_ROWS;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+    pdl_wait();
+    pdl_launch_dependents();
+    const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
+    /* the splits of attention_body, from the batch's last position: every row's split bounds alike */
+    const int chunk = att_split_len(n, n_splits, min_splits, true), n_active = (n + chunk - 1) / chunk;
+    const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
+    if (split >= n_active || rows <= 0) return;
+    const int start = split * chunk, len = min(n, start + chunk) - start;
+    const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
+    auto token_of = [](int r) { return r / KV_MUL; };
+    auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
+
+    /* the block's queries, scaled */
+    const float scale = rsqrtf((float)HD);
+    for (int i = tid; i < FLASH_ROWS * HD; i += ATT_THREADS) {
+        const int r = row0 + i / HD;
+        qs[i] = r < row0 + rows ? __ldcg(&q[(size_t)token_of(r) * q_dim + head_of(r) * HD + i % HD]) * scale : 0.0f;
+    }
+    /* warp wid's rows: row0 + wid * WR + i, i < WR; m, l, o as every lane of the warp holds them */
+    const int wr0 = row0 + wid * WR;
+    float m[WR], l[WR], o[WR][DPL];
+#pragma unroll
+    for (int i = 0; i < WR; i++) {
+        m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) o[i][d] = 0.0f;
+    }
+    float *pw = ps + wid * WR * T;
+    for (int ts = 0; ts < len; ts += T) {
+        const int tlen = min(T, len - ts);
+        __syncthreads(); /* the previous tile's keys and values are read */
+        /* stage positions start + ts .. + tlen, 8 halves a load: values as they are; keys transposed,
+         * a warp's threads on consecutive positions so that their stores meet no bank twice */
+        const uint4 *kg = reinterpret_cast<const uint4 *>(kc + kv_at(start + ts, kvh, ctx, HD));
+        const uint4 *vg = reinterpret_cast<const uint4 *>(vc + kv_at(start + ts, kvh, ctx, HD));
+        for (int i = tid; i < T * HD / 8; i += ATT_THREADS) {
+            reinterpret_cast<uint4 *>(vs)[i] = i / (HD / 8) < tlen ? __ldcg(vg + i) : make_uint4(0, 0, 0, 0);
+            const int j = i % T, d0 = 8 * (i / T);
+            const uint4 k = j < tlen ? __ldcg(kg + (size_t)j * (HD / 8) + d0 / 8) : make_uint4(0, 0, 0, 0);
+            const uint16_t *kh = reinterpret_cast<const uint16_t *>(&k);
+#pragma unroll
+            for (int e = 0; e < 8; e++) kt[(d0 + e) * T + j] = kh[e];
+        }
+        __syncthreads();
+        if (wr0 >= row0 + rows) continue; /* a warp past the batch's rows (barriers above: all warps) */
+        /* scores: lane takes positions lane * PPL .. + PPL of the tile, against the warp's 8 rows */
+        float sc[WR][PPL];
+#pragma unroll
+        for (int i = 0; i < WR; i++)
+#pragma unroll
+            for (int k = 0; k < PPL; k++) sc[i][k] = 0.0f;
+        for (int d = 0; d < HD; d += 4) {
+            float kf[4][PPL];
+#pragma unroll
+            for (int e = 0; e < 4; e++) halves_to_f32<PPL>(kt + (d + e) * T + lane * PPL, kf[e]);
+#pragma unroll
+            for (int i = 0; i < WR; i++) {
+                const float4 qv = *reinterpret_cast<const float4 *>(&qs[(wid * WR + i) * HD + d]);
+#pragma unroll
+                for (int k = 0; k < PPL; k++) sc[i][k] += qv.x * kf[0][k] + qv.y * kf[1][k] + qv.z * kf[2][k] + qv.w * kf[3][k];
+            }
+        }
+        /* the softmax's running max and sum, row by row; a row sees positions up to its token's */
+#pragma unroll
+        for (int i = 0; i < WR; i++) {
+            const int r = wr0 + i, seen = first_new + token_of(r) - (start + ts); /* last tile index it sees */
+            float mx = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < PPL; k++) {
+                const int j = lane * PPL + k;
+                if (j >= tlen || j > seen || r >= row0 + rows) sc[i][k] = -INFINITY;
+                mx = fmaxf(mx, sc[i][k]);
+            }
+#pragma unroll
+            for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+            const float m_new = fmaxf(m[i], mx);
+            /* nothing seen yet: no shift, every probability 0 */
+            const float shift = m_new == -INFINITY ? 0.0f : m_new, rescale = m_new == -INFINITY ? 1.0f : __expf(m[i] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < PPL; k++) {
+                const float p = __expf(sc[i][k] - shift);
+                pw[i * T + lane * PPL + k] = p;
+                sum += p;
+            }
+            l[i] = l[i] * rescale + warp_sum(sum);
+            m[i] = m_new;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) o[i][d] *= rescale;
+        }
+        __syncwarp();
+        /* weighted values: lane takes dims lane * DPL .. + DPL, four positions a step */
+        for (int j = 0; j < tlen; j += 4) {
+            float vf[4][DPL]; /* rows past tlen are staged as zeros, and their probabilities are 0 */
+#pragma unroll
+            for (int e = 0; e < 4; e++) halves_to_f32<DPL>(vs + (j + e) * HD + lane * DPL, vf[e]);
+#pragma unroll
+            for (int i = 0; i < WR; i++) {
+                const float4 p = *reinterpret_cast<const float4 *>(&pw[i * T + j]); /* 0 past tlen */
+#pragma unroll
+                for (int d = 0; d < DPL; d++) o[i][d] += p.x * vf[0][d] + p.y * vf[1][d] + p.z * vf[2][d] + p.w * vf[3][d];
+            }
+        }
+        __syncwarp(); /* pw is rewritten by the next tile */
+    }
+
+    /* the warp's rows: done (one split), or this split's partial sums for the last block to combine */
+#pragma unroll
+    for (int i = 0; i < WR; i++) {
+        const int r = wr0 + i;
+        if (r >= row0 + rows) break;
+        const int t = token_of(r), h = head_of(r);
+#pragma unroll
+        for (int d = 0; d < DPL; d++) {
+            const int dd = lane * DPL + d;
+            if (n_active == 1) out[(size_t)t * q_dim + h * HD + dd] = o[i][d] / l[i];
+            else part_acc[(size_t)t * parts * HD + ((size_t)h * n_splits + split) * HD + dd] = o[i][d];
+        }
+        if (n_active > 1 && lane == 0)
+            *reinterpret_cast<float2 *>(&part_ml[(size_t)t * parts * 2 + ((size_t)h * n_splits + split) * 2]) = make_float2(m[i], l[i]);
+    }
+    if (n_active > 1)
+        prefill_flash_combine<HD, KV_MUL, ATT_THREADS>(qs, part_acc, part_ml, counters, out, q_dim, n_kv_heads, row0, rows,
+                                                       n_active, n_splits);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill attention on the tensor cores (PREFILL_FLASH_MMA): prefill_flash_body's blocks (a KV head,
+// a split, FLASH_ROWS query rows) and combine, splits of at least FMMA_MIN_CHUNK positions, with
+// four warps of 16 query rows. fp16
+// mma.m16n8k16 with fp32 sums, as the decode step's tensor-core attention (attention_body with
+// MMA_HD): the fp32 queries (scaled) and probabilities go in as two fp16 terms each (hi + lo), the
+// cached keys and values are fp16 already. A tile of FMMA_TILE positions' keys and values is staged in
+// shared memory (cp.async, two stages) and read by every warp through ldmatrix:
+// - scores S = Q K^T: A the warp's queries (16 rows x 16 dims a k-step, from shared memory), B the
+//   keys as stored, (position, dim) rows, 8 positions an n-tile;
+// - each row's running max and sum over the tiles (FlashAttention-2: the sums and outputs rescaled
+//   when the max grows), in the four lanes that hold the row;
+// - outputs O += P V: A the probabilities, straight from the scores' accumulators (two n-tiles of
+//   scores are one k-step of positions), B the values through ldmatrix.trans.
+// Shared memory rows are hd halves with their 16-byte chunks XOR-swizzled by the row (fmma_off), so
+// that ldmatrix's eight rows at one chunk fall in eight bank groups. tests/bench/flash_mma_sim.py
+// checks the fragments' index arithmetic lane by lane in NumPy (CI runs it).
+
+/* 1: prefill_flash_mma_body instead of prefill_flash_body. H200, 128-token prompt, against the fp32
+ * kernel: Llama-3.2-1B +8.6% / +12.4% / +66% at depths 0 / 4096 / 16384, Mistral-7B +8.7% / +14.0% /
+ * +70% (PERFORMANCE.md, twenty-eighth session). */
+#ifndef PREFILL_FLASH_MMA
+#define PREFILL_FLASH_MMA 1
+#endif
+/* Fewest positions a split of prefill_flash_mma_body takes (above the prompt's splits, att_split_len).
+ * Its blocks are short and each split adds to the last block's combine: splits of 1024 against the
+ * prompt's 256-512 measured faster by 22% at depth 4096 and 29-51% at 16384 in the kernel alone
+ * (1B, 7B; twenty-eighth session). Tests build 5 (many splits, the combine). */
+#ifndef FMMA_MIN_CHUNK
+#define FMMA_MIN_CHUNK ATT_TILE
+#endif
+#define FMMA_WARPS (FLASH_ROWS / 16)
+#define FMMA_THREADS (FMMA_WARPS * WARP_SIZE)
+#ifndef FMMA_TILE
+#define FMMA_TILE 64 /* positions a tile: a multiple of 16 */
+#endif
+static_assert(FMMA_TILE % 16 == 0, "FMMA_TILE: whole k-steps of 16 positions");
+/* Dynamic shared memory: two stages of a tile's keys and values, then the block's queries' hi and lo
+ * terms, all fp16 rows of hd */
+#define FMMA_STAGE_BYTES(hd) ((size_t)(2 * 2 * FMMA_TILE + 2 * FLASH_ROWS) * (hd) * 2)
+/* ... or the combine's weights, (FLASH_ROWS, FLASH_MAX_SPLITS) floats, if more (tiles of fewer positions) */
+#define FMMA_COMBINE_BYTES(hd) ((size_t)FLASH_ROWS * FLASH_MAX_SPLITS(hd) * 4)
+#define FMMA_SMEM_BYTES(hd) (FMMA_STAGE_BYTES(hd) > FMMA_COMBINE_BYTES(hd) ? FMMA_STAGE_BYTES(hd) : FMMA_COMBINE_BYTES(hd))
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+/* Byte offset of 16-byte chunk c of row r in rows of HD halves, the chunks swizzled */
+template <int HD>
+__device__ __forceinline__ uint32_t fmma_off(int r, int c) {
+    return (uint32_t)(r * HD * 2 + ((c ^ (r & 7)) << 4));
+}
+
+template <int B, int HD, int KV_MUL>
+__device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+                                                       float *part_acc, float *part_ml, unsigned *counters, float *out,
+                                                       int q_dim, int n_kv_heads, int ctx, int n_splits, int min_splits) {
+    static_assert(HD == 64 || HD == 128, "prefill attention on the tensor cores: heads of 64 or 128");
+    constexpr int T = FMMA_TILE, CH = HD / 8 /* chunks a row */, NS = T / 8 /* score n-tiles */, NO = HD / 8 /* output n-tiles */;
+    constexpr int ROWS = B * KV_MUL, TILE_BYTES = T * HD * 2;
+    extern __shared__ __align__(128) unsigned char fmma_smem[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(fmma_smem);
+    const uint32_t q_hi = 4 * TILE_BYTES, q_lo = q_hi + FLASH_ROWS * HD * 2; /* offsets; stage s: keys at 2 s TILE_BYTES */
+    const int kvh = blockIdx.x, split = blockIdx.y, row0 = blockIdx.z * FLASH_ROWS;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, cq = lane % 4;
+    pdl_wait();
+    pdl_launch_dependents();
+    const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
+    const int chunk = max(att_split_len(n, n_splits, min_splits, true), FMMA_MIN_CHUNK), n_active = (n + chunk - 1) / chunk;
+    const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
+    if (split >= n_active || rows <= 0) return;
+    const int start = split * chunk, len = min(n, start + chunk) - start, n_tiles = (len + T - 1) / T;
+    const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
+    auto token_of = [](int r) { return r / KV_MUL; };
+    auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
+
+    const uint16_t *kg = kc + kv_at(start, kvh, ctx, HD), *vg = vc + kv_at(start, kvh, ctx, HD);
+    auto load_tile = [&](int it) {
+        const uint32_t ks = sbase + (it % 2) * 2 * TILE_BYTES, vs = ks + TILE_BYTES;
+        for (int i = tid; i < T * CH; i += FMMA_THREADS) {
+            const int p = i / CH, c = i % CH, pos = it * T + p;
+            const size_t at = pos < len ? (size_t)pos * HD + 8 * c : 0;
+            cp_async16_s(ks + fmma_off<HD>(p, c), kg + at, pos < len); /* zeros past the split */
+            cp_async16_s(vs + fmma_off<HD>(p, c), vg + at, pos < len);
+        }
+    };
+    load_tile(0);
+    cp_async_commit();
+    /* the block's queries, scaled, as hi and lo fp16 terms (0 past its rows) */
+    const float scale = rsqrtf((float)HD);
+    for (int i = tid; i < FLASH_ROWS * CH; i += FMMA_THREADS) {
+        const int r = i / CH, c = i % CH;
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+        if (r < rows) {
+            const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)token_of(row0 + r) * q_dim + head_of(row0 + r) * HD + 8 * c);
+            a = __ldcg(qg), b = __ldcg(qg + 1);
+        }
+        uint4 hi, lo;
+        split_h2(a.x * scale, a.y * scale, &hi.x, &lo.x);
+        split_h2(a.z * scale, a.w * scale, &hi.y, &lo.y);
+        split_h2(b.x * scale, b.y * scale, &hi.z, &lo.z);
+        split_h2(b.z * scale, b.w * scale, &hi.w, &lo.w);
+        *reinterpret_cast<uint4 *>(fmma_smem + q_hi + fmma_off<HD>(r, c)) = hi;
+        *reinterpret_cast<uint4 *>(fmma_smem + q_lo + fmma_off<HD>(r, c)) = lo;
+    }
+
+    /* this warp's rows wr + g (h = 0) and wr + g + 8 (h = 1) of the block: the last position of the
+     * split each sees (its token's; -1 past the block's rows), running max m and sum l (this lane's
+     * part of the row until the end) */
+    const int wr = 16 * wid;
+    const bool live = wr < rows;
+    int seen[2];
+    float m[2], l[2], o[NO][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = wr + g + 8 * h;
+        seen[h] = r < rows ? first_new + token_of(row0 + r) - start : -1;
+        m[h] = -INFINITY, l[h] = 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < NO; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait_group<0>();
+        __syncthreads(); /* tile it is in (and the queries), every warp done with the stage the next copies overwrite */
+        if (it + 1 < n_tiles) load_tile(it + 1);
+        cp_async_commit();
+        if (!live) continue;
+        const uint32_t ks = sbase + (it % 2) * 2 * TILE_BYTES, vs = ks + TILE_BYTES;
+        float sc[NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t ah[4], al[4]; /* rows g, g + 8 at dims 16 kk + 2 cq.. and + 8.. */
+            const uint32_t qa = fmma_off<HD>(wr + lane % 8 + 8 * (lane / 8 % 2), 2 * kk + lane / 16);
+            ldsm_x4(sbase + q_hi + qa, ah[0], ah[1], ah[2], ah[3]);
+            ldsm_x4(sbase + q_lo + qa, al[0], al[1], al[2], al[3]);
+#pragma unroll
+            for (int j = 0; j < NS; j += 2) { /* positions 8 j.. and 8 j + 8.. */
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(ks + fmma_off<HD>(8 * j + lane % 8 + 8 * (lane / 16), 2 * kk + lane / 8 % 2), b0, b1, b2, b3);
+                mma_f16_16x8x16(sc[j], ah[0], ah[1], ah[2], ah[3], b0, b1);
+                mma_f16_16x8x16(sc[j], al[0], al[1], al[2], al[3], b0, b1);
+                mma_f16_16x8x16(sc[j + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
+                mma_f16_16x8x16(sc[j + 1], al[0], al[1], al[2], al[3], b2, b3);
+            }
+        }
+        /* sc[j][2 h + e]: row h's score at position it T + 8 j + 2 cq + e; masked past what it sees */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int pos = it * T + 8 * j + 2 * cq + e;
+                    if (pos > seen[h] || pos >= len) sc[j][2 * h + e] = -INFINITY;
+                    mx = fmaxf(mx, sc[j][2 * h + e]);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+            const float m_new = fmaxf(m[h], mx);
+            /* nothing seen yet: no shift, every probability 0 */
+            const float shift = m_new == -INFINITY ? 0.0f : m_new, rescale = m_new == -INFINITY ? 1.0f : __expf(m[h] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    sc[j][2 * h + e] = __expf(sc[j][2 * h + e] - shift);
+                    sum += sc[j][2 * h + e];
+                }
+            l[h] = l[h] * rescale + sum;
+            m[h] = m_new;
+#pragma unroll
+            for (int t = 0; t < NO; t++) o[t][2 * h] *= rescale, o[t][2 * h + 1] *= rescale;
+        }
+        /* O += P V, 16 positions a k-step */
+#pragma unroll
+        for (int kk = 0; kk < T / 16; kk++) {
+            uint32_t ph[4], pl[4]; /* A: rows g, g + 8 at positions 16 kk + 2 cq.. and + 8.. */
+            split_h2(sc[2 * kk][0], sc[2 * kk][1], &ph[0], &pl[0]);
+            split_h2(sc[2 * kk][2], sc[2 * kk][3], &ph[1], &pl[1]);
+            split_h2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &ph[2], &pl[2]);
+            split_h2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &ph[3], &pl[3]);
+#pragma unroll
+            for (int t = 0; t < NO; t += 2) { /* dims 8 t.. and 8 t + 8.. */
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_trans(vs + fmma_off<HD>(16 * kk + lane % 8 + 8 * (lane / 8 % 2), t + lane / 16), b0, b1, b2, b3);
+                mma_f16_16x8x16(o[t], ph[0], ph[1], ph[2], ph[3], b0, b1);
+                mma_f16_16x8x16(o[t], pl[0], pl[1], pl[2], pl[3], b0, b1);
+                mma_f16_16x8x16(o[t + 1], ph[0], ph[1], ph[2], ph[3], b2, b3);
+                mma_f16_16x8x16(o[t + 1], pl[0], pl[1], pl[2], pl[3], b2, b3);
+            }
+        }
+    }
+    cp_async_wait_group<0>();
+
+    /* the warp's rows: done (one split), or this split's partial sums for the last block to combine */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xFFFFFFFFu, l[h], 2);
+        const int r = wr + g + 8 * h;
+        if (!live || r >= rows) continue;
+        const int t = token_of(row0 + r), head = head_of(row0 + r);
+#pragma unroll
+        for (int j = 0; j < NO; j++) {
+            const int d = 8 * j + 2 * cq;
+            if (n_active == 1)
+                *reinterpret_cast<float2 *>(&out[(size_t)t * q_dim + head * HD + d]) = make_float2(o[j][2 * h] / l[h], o[j][2 * h + 1] / l[h]);
+            else
+                *reinterpret_cast<float2 *>(&part_acc[(size_t)t * parts * HD + ((size_t)head * n_splits + split) * HD + d]) =
+                    make_float2(o[j][2 * h], o[j][2 * h + 1]);
+        }
+        if (n_active > 1 && cq == 0)
+            *reinterpret_cast<float2 *>(&part_ml[(size_t)t * parts * 2 + ((size_t)head * n_splits + split) * 2]) = make_float2(m[h], l[h]);
+    }
+    if (n_active > 1)
+        prefill_flash_combine<HD, KV_MUL, FMMA_THREADS>(reinterpret_cast<float *>(fmma_smem), part_acc, part_ml, counters, out,
+                                                        q_dim, n_kv_heads, row0, rows, n_active, n_splits);
+}
+
+/* The batch's end: the position past its last token. */
+__device__ __forceinline__ void prefill_end_body(int *io) {
+    pdl_wait();
+    if (blockIdx.x == 0 && threadIdx.x == 0) io[IO_POS] += io[IO_COUNT];
+}
+
+#endif
