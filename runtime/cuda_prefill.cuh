@@ -427,6 +427,7 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 template <int B, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint16_t *__restrict__ in, Pair pair, Store store) {
     constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
+    static_assert(!GEMM_WGMMA || NT <= 8, "GEMM_WGMMA: batches of at most 32 tokens (wgmma_k16's shapes: N up to 64)");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4;
     const int n_kt = (K + GEMM_KT - 1) / GEMM_KT;
