@@ -883,11 +883,11 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
 // ---------------------------------------------------------------------------------------------
 // Prefill attention on the tensor cores (PREFILL_FLASH_MMA): prefill_flash_body's blocks (a KV head,
 // a split, FLASH_ROWS query rows) and combine, splits of at least FMMA_MIN_CHUNK positions, with
-// four warps of 16 query rows. fp16
-// mma.m16n8k16 with fp32 sums, as the decode step's tensor-core attention (attention_body with
-// MMA_HD): the fp32 queries (scaled) and probabilities go in as two fp16 terms each (hi + lo), the
-// cached keys and values are fp16 already. A tile of FMMA_TILE positions' keys and values is staged in
-// shared memory (cp.async, two stages) and read by every warp through ldmatrix:
+// four warps of 16 query rows. fp16 mma.m16n8k16 with fp32 sums, as the decode step's tensor-core
+// attention (attention_body with MMA_HD): the fp32 queries (scaled) and probabilities go in as two
+// fp16 terms each (hi + lo), the cached keys and values are fp16 already. A tile of FMMA_TILE
+// positions' keys and values is staged in shared memory (cp.async, two stages) and read by every
+// warp through ldmatrix:
 // - scores S = Q K^T: A the warp's queries (16 rows x 16 dims a k-step, from shared memory), B the
 //   keys as stored, (position, dim) rows, 8 positions an n-tile;
 // - each row's running max and sum over the tiles (FlashAttention-2: the sums and outputs rescaled
