@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from attention_mma_sim import mma, split
-from flash_prefill_sim import causal
+from flash_prefill_sim import block_bounds, causal
 
 ROWS, WARPS, LANES = 64, 4, 32
 
@@ -56,15 +56,10 @@ def block(q, k, v, first_new, count, kv_mul, B, row0, split_i, n_splits, min_spl
     q (B, kv_mul, hd) of the batch; k, v (positions, hd) of the KV head, fp16 values."""
     hd = q.shape[-1]
     CH, NS, NO = hd // 8, T // 8, hd // 8
-    n = first_new + count
-    splits = min(n_splits, max(min_splits, (n + att_tile - 1) // att_tile))
-    chunk = max((n + splits - 1) // splits, min_chunk)
-    n_active = (n + chunk - 1) // chunk
-    rows = min(ROWS, min(B * kv_mul, count * kv_mul) - row0)
+    n_active, rows, start, length = block_bounds(first_new, count, kv_mul, B, row0, split_i, n_splits, min_splits,
+                                                 min_chunk, att_tile)
     if split_i >= n_active or rows <= 0:
         return None, n_active
-    start = split_i * chunk
-    length = min(n, start + chunk) - start
     q_hi, q_lo = Smem(ROWS, hd), Smem(ROWS, hd)
     for r in range(ROWS):
         qv = q[(row0 + r) // kv_mul, (row0 + r) % kv_mul] / math.sqrt(hd) if r < rows else np.zeros(hd)

@@ -17,20 +17,25 @@ def tile_of(hd):
     return 128 if hd <= 64 else 64
 
 
+def block_bounds(first_new, count, kv_mul, B, row0, split, n_splits, min_splits, min_chunk, att_tile, rows_max=ROWS):
+    """A block's splits with positions (n_active), its rows of the batch, and its split's first
+    position and length: the splits counted from the batch's last position, as att_split_len."""
+    n = first_new + count
+    splits = min(n_splits, max(min_splits, (n + att_tile - 1) // att_tile))
+    chunk = max((n + splits - 1) // splits, min_chunk)
+    start = split * chunk
+    return (n + chunk - 1) // chunk, min(rows_max, min(B * kv_mul, count * kv_mul) - row0), start, min(n, start + chunk) - start
+
+
 def block(q, k, v, first_new, count, kv_mul, B, row0, split, n_splits, min_splits, min_chunk, att_tile=1024):
     """One block's work: {row: (m, l, o)} for its rows (o unnormalized), and n_active, or None when the
     block has nothing to do. q (B, kv_mul, hd) of the batch; k, v (positions, hd) of the KV head."""
     hd = q.shape[-1]
     T, PPL = tile_of(hd), tile_of(hd) // LANES
-    n = first_new + count
-    splits = min(n_splits, max(min_splits, (n + att_tile - 1) // att_tile))
-    chunk = max((n + splits - 1) // splits, min_chunk)
-    n_active = (n + chunk - 1) // chunk
-    rows = min(ROWS, min(B * kv_mul, count * kv_mul) - row0)
+    n_active, rows, start, length = block_bounds(first_new, count, kv_mul, B, row0, split, n_splits, min_splits,
+                                                 min_chunk, att_tile)
     if split >= n_active or rows <= 0:
         return None, n_active
-    start = split * chunk
-    length = min(n, start + chunk) - start
     qs = np.zeros((ROWS, hd))
     for i in range(ROWS):
         r = row0 + i
