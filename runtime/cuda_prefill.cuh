@@ -78,63 +78,76 @@ __device__ __forceinline__ void store_terms(uint16_t *terms, size_t stride, floa
     for (int t = 0; t < PREFILL_TERMS; t++) terms[t * stride] = w_split(&v);
 }
 
+#define RMS_THREADS 512 /* prefill_rms_terms_body's block */
+
 /* Block b of the batch's gridDim.x: x[b] += the PREFILL_SPLITS partial sums part[s][b] when
- * add_parts (s in order, rows of dim); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
- * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, dim).
- * The pointers do not alias and the loops are unrolled, so that a thread's loads go out together
- * (one L2 round trip a pass, not one a value: ncu had this kernel at 11 us with 16 blocks). */
+ * add_parts (s in order, rows of DIM); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
+ * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, DIM).
+ * A thread holds float4s tid, tid + RMS_THREADS, ... of the row: every load of x and its parts is
+ * issued before any is used (one L2 round trip), the norm's weights before the PDL wait, and the
+ * terms are written from the registers. Against the earlier form's loops of 4 values a thread, which
+ * read the row twice: 1B 5.4 to 4.8 us a launch, 7B 7.5 to 5.4 (launched one by one; prompt +1%). */
+template <int DIM>
 __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, bool add_parts,
                                                        const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
-                                                       int dim, float eps) {
-    __shared__ float partial[MV_WARPS];
-    __shared__ float scale;
+                                                       float eps) {
+    static_assert(DIM % 4 == 0, "prefill RMSNorm: rows of whole float4s");
+    constexpr int N4 = DIM / 4, V = (N4 + RMS_THREADS - 1) / RMS_THREADS, WARPS = RMS_THREADS / WARP_SIZE;
+    __shared__ float partial[WARPS];
+    const int tid = threadIdx.x;
+    float4 n[V];
+#pragma unroll
+    for (int u = 0; u < V; u++) {
+        const int i = 4 * (tid + u * RMS_THREADS); /* the weights may lie on 2 bytes: loaded one by one */
+        n[u] = i < DIM ? make_float4(w_to_f32(norm_w[i]), w_to_f32(norm_w[i + 1]), w_to_f32(norm_w[i + 2]), w_to_f32(norm_w[i + 3]))
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     pdl_wait();
     pdl_launch_dependents();
-    constexpr int U = 4; /* values a thread loads before it uses any */
-    float *__restrict__ xb = x + (size_t)blockIdx.x * dim;
-    const float *__restrict__ pb = part + (size_t)blockIdx.x * dim;
-    const size_t split = (size_t)gridDim.x * dim; /* from one split's (B, dim) to the next */
+    float4 *__restrict__ xb = reinterpret_cast<float4 *>(x + (size_t)blockIdx.x * DIM);
+    const float4 *__restrict__ pb = reinterpret_cast<const float4 *>(part + (size_t)blockIdx.x * DIM);
+    const size_t split = (size_t)gridDim.x * N4; /* float4s from one split's (B, DIM) to the next */
+    float4 v[V], p[V][PREFILL_SPLITS];
+#pragma unroll
+    for (int u = 0; u < V; u++) {
+        const int i = tid + u * RMS_THREADS;
+        v[u] = i < N4 ? xb[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int s = 0; s < PREFILL_SPLITS; s++)
+            p[u][s] = add_parts && i < N4 ? __ldcg(pb + s * split + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     float ss = 0.0f;
-    for (int i0 = threadIdx.x; i0 < dim; i0 += U * MV_THREADS) {
-        float v[U], p[U][PREFILL_SPLITS];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + u * MV_THREADS;
-            v[u] = i < dim ? xb[i] : 0.0f;
+    for (int u = 0; u < V; u++) {
+        const int i = tid + u * RMS_THREADS;
 #pragma unroll
-            for (int s = 0; s < PREFILL_SPLITS; s++) p[u][s] = add_parts && i < dim ? __ldcg(pb + s * split + i) : 0.0f;
+        for (int s = 0; s < PREFILL_SPLITS; s++) {
+            v[u].x += p[u][s].x;
+            v[u].y += p[u][s].y;
+            v[u].z += p[u][s].z;
+            v[u].w += p[u][s].w;
         }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + u * MV_THREADS;
-#pragma unroll
-            for (int s = 0; s < PREFILL_SPLITS; s++) v[u] += p[u][s];
-            if (add_parts && i < dim) xb[i] = v[u];
-            ss += v[u] * v[u];
-        }
+        if (add_parts && i < N4) xb[i] = v[u];
+        ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
     }
     ss = warp_sum(ss);
-    if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
+    if (tid % WARP_SIZE == 0) partial[tid / WARP_SIZE] = ss;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (int w = 0; w < MV_WARPS; w++) t += partial[w];
-        scale = rsqrtf(t / (float)dim + eps);
-    }
-    __syncthreads();
-    const size_t stride = (size_t)gridDim.x * dim; /* from one term's (B, dim) to the next */
-    for (int i0 = threadIdx.x; i0 < dim; i0 += U * MV_THREADS) {
-        float v[U], n[U];
+    float total = 0.0f; /* every thread adds the warps' sums, in warp order */
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + u * MV_THREADS;
-            v[u] = i < dim ? xb[i] : 0.0f;
-            n[u] = i < dim ? w_to_f32(norm_w[i]) : 0.0f;
-        }
+    for (int w = 0; w < WARPS; w++) total += partial[w];
+    const float scale = rsqrtf(total / (float)DIM + eps);
+    const size_t stride = (size_t)gridDim.x * DIM; /* from one term's (B, DIM) to the next */
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = i0 + u * MV_THREADS;
-            if (i < dim) store_terms(terms + (size_t)blockIdx.x * dim + i, stride, v[u] * (scale * n[u]));
+    for (int u = 0; u < V; u++) {
+        const int i = tid + u * RMS_THREADS;
+        if (i >= N4) continue;
+        float y[4] = {v[u].x * (scale * n[u].x), v[u].y * (scale * n[u].y), v[u].z * (scale * n[u].z), v[u].w * (scale * n[u].w)};
+        uint16_t *out = terms + (size_t)blockIdx.x * DIM + 4 * i;
+#pragma unroll
+        for (int t = 0; t < PREFILL_TERMS; t++) {
+            const uint16_t a = w_split(&y[0]), b = w_split(&y[1]), c = w_split(&y[2]), d = w_split(&y[3]);
+            *reinterpret_cast<uint2 *>(out + t * stride) = make_uint2(a | (uint32_t)b << 16, c | (uint32_t)d << 16);
         }
     }
 }
@@ -531,17 +544,65 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
 /* Pair tiles of a prefill GEMM of `pairs` pairs */
 static inline int gemm_tiles(int pairs) { return (pairs + GEMM_PAIRS - 1) / GEMM_PAIRS; }
 
+/* Splits of K in QKV's prefill grid (gridDim.y): where its pair blocks are few against the SMs
+ * (the 1B shape's 96 on an H200's 132), each split writes its partial sums to a buffer of its own
+ * and prefill_qkv_finish_body adds them in split order before the bias, RoPE and stores. 0: as many
+ * as fill two blocks an SM, at most PREFILL_QKV_MAX_SPLITS (the plan's runtime choice,
+ * qkv_splits in the generated code); N: N always (1: none, QKV stores its sums itself). Against
+ * none (twenty-ninth session): QKV's launches 1B 374 to 351 us a batch (3 splits), 7B 1,417 to
+ * 1,355 (2), the finishing kernel's included; prompt +2%. */
+#ifndef PREFILL_QKV_SPLITS
+#define PREFILL_QKV_SPLITS 0
+#endif
+#define PREFILL_QKV_MAX_SPLITS 4
+static_assert(PREFILL_QKV_SPLITS >= 0 && PREFILL_QKV_SPLITS <= PREFILL_QKV_MAX_SPLITS, "PREFILL_QKV_SPLITS: 0 to 4");
+
+/* q/k/v pair p's sums a, b over K for token t of the batch (+ bias, RoPE at position io[IO_POS] + t)
+ * into q (t, q_dim), or the key or value cache for tokens of the batch's count. */
+__device__ __forceinline__ void prefill_qkv_store(int p, int t, float a, float b, const uint16_t *bq, const uint16_t *bk,
+                                                  const uint16_t *bv, float *q, uint16_t *kc, uint16_t *vc, const int *io,
+                                                  const float *inv_freq, int q_dim, int kv_dim, int head_dim, int ctx) {
+    const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2;
+    int ra, rb, kind;
+    qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
+    const int pos0 = io[IO_POS];
+    if (kind != 0 && t >= io[IO_COUNT]) return; /* past the batch's tokens: nothing into the cache */
+    const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
+    if (bias) {
+        a += w_to_f32(bias[ra]);
+        b += w_to_f32(bias[rb]);
+    }
+    if (kind < 2) {
+        float sn, cs;
+        __sincosf((float)(pos0 + t) * inv_freq[ra % head_dim], &sn, &cs);
+        const float ta = a * cs - b * sn, tb = b * cs + a * sn;
+        a = ta;
+        b = tb;
+    }
+    if (kind == 0) {
+        q[(size_t)t * q_dim + ra] = a;
+        q[(size_t)t * q_dim + rb] = b;
+    } else {
+        uint16_t *cache = kind == 1 ? kc : vc;
+        cache[kv_at(pos0 + t, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(a));
+        cache[kv_at(pos0 + t, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(b));
+    }
+}
+
 /* q/k/v (+ bias) + RoPE + KV-cache store for a batch of B, on input_layernorm's output as terms
- * (prefill_rms_terms_body): the pairs of qkv_pair. */
+ * (prefill_rms_terms_body): the pairs of qkv_pair, over split blockIdx.y of gridDim.y's parts of K.
+ * One split: stored here (prefill_qkv_store). Several: pair p's sums for token t to part[s][t][p]
+ * (float2s of a and b), which prefill_qkv_finish_body adds and stores. */
 template <int B>
 __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *wq, const uint16_t *wk, const uint16_t *wv,
                                                       const uint16_t *bq, const uint16_t *bk, const uint16_t *bv,
-                                                      const uint16_t *x_terms, float *q,
-                                                      uint16_t *kc, uint16_t *vc, const int *io, const float *inv_freq, int dim,
-                                                      int q_dim, int kv_dim, int head_dim, int ctx) {
+                                                      const uint16_t *x_terms, float *q, uint16_t *kc, uint16_t *vc,
+                                                      float2 *part, const int *io, const float *inv_freq, int dim, int q_dim,
+                                                      int kv_dim, int head_dim, int ctx) {
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
+    const int chunks = (dim + 31) / 32, s = blockIdx.y, splits = gridDim.y;
     prefill_pairs_body<B>(
-        pairs, dim, 0, (dim + 31) / 32, x_terms,
+        pairs, dim, chunks * s / splits, chunks * (s + 1) / splits, x_terms,
         [&](int p, const uint4 **a, const uint4 **b) {
             int ra, rb, kind;
             qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -550,31 +611,34 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *wq, const 
             *b = reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim);
         },
         [&](int p, const float *va, const float *vb) {
-            int ra, rb, kind;
-            qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
-            const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
-            const float ba = bias ? w_to_f32(bias[ra]) : 0.0f, bb = bias ? w_to_f32(bias[rb]) : 0.0f;
-            const int pos0 = io[IO_POS], count = io[IO_COUNT];
-            for (int t = 0; t < B; t++) {
-                if (kind != 0 && t >= count) break; /* past the batch's tokens: nothing into the cache */
-                float a = va[t] + ba, b = vb[t] + bb;
-                if (kind < 2) {
-                    float sn, cs;
-                    __sincosf((float)(pos0 + t) * inv_freq[ra % head_dim], &sn, &cs);
-                    const float ta = a * cs - b * sn, tb = b * cs + a * sn;
-                    a = ta;
-                    b = tb;
-                }
-                if (kind == 0) {
-                    q[(size_t)t * q_dim + ra] = a;
-                    q[(size_t)t * q_dim + rb] = b;
-                } else {
-                    uint16_t *cache = kind == 1 ? kc : vc;
-                    cache[kv_at(pos0 + t, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(a));
-                    cache[kv_at(pos0 + t, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(b));
-                }
+            if (splits > 1) {
+#pragma unroll
+                for (int t = 0; t < B; t++) part[((size_t)s * B + t) * pairs + p] = make_float2(va[t], vb[t]);
+                return;
             }
+#pragma unroll
+            for (int t = 0; t < B; t++)
+                prefill_qkv_store(p, t, va[t], vb[t], bq, bk, bv, q, kc, vc, io, inv_freq, q_dim, kv_dim, head_dim, ctx);
         });
+}
+
+/* QKV's splits added in order, for pair blockIdx.x * blockDim.x + threadIdx.x and token blockIdx.y
+ * of a batch of B, then stored (prefill_qkv_store) */
+template <int B>
+__device__ __forceinline__ void prefill_qkv_finish_body(const float2 *part, int splits, const uint16_t *bq, const uint16_t *bk,
+                                                        const uint16_t *bv, float *q, uint16_t *kc, uint16_t *vc, const int *io,
+                                                        const float *inv_freq, int q_dim, int kv_dim, int head_dim, int ctx) {
+    const int pairs = q_dim / 2 + kv_dim, p = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    pdl_wait();
+    pdl_launch_dependents();
+    if (p >= pairs) return;
+    float2 v = __ldcg(part + (size_t)t * pairs + p);
+    for (int s = 1; s < splits; s++) {
+        const float2 w = __ldcg(part + ((size_t)s * B + t) * pairs + p);
+        v.x += w.x;
+        v.y += w.y;
+    }
+    prefill_qkv_store(p, t, v.x, v.y, bq, bk, bv, q, kc, vc, io, inv_freq, q_dim, kv_dim, head_dim, ctx);
 }
 
 /* part[s] (B, rows) = W (rows, K) . in over split s = blockIdx.y of gridDim.y's parts of K [+ bias,

@@ -300,7 +300,8 @@ def flags_build(variant, flags):
                                            ("tiny-wide", "-DPREFILL_FLASH_MMA=0"),
                                            ("tiny-group3", f"-DPREFILL_FLASH_MMA=0 {CHUNK5}"),
                                            ("tiny-group3", "-DFMMA_TILE=16"), ("tiny-gqa", "-DPREFILL_BATCH=64"),
-                                           ("tiny-wide", f"-DPREFILL_BATCH=64 {GATE_UP_GEMM}")])
+                                           ("tiny-wide", f"-DPREFILL_BATCH=64 {GATE_UP_GEMM}"),
+                                           ("tiny-gqa", "-DPREFILL_QKV_SPLITS=1"), ("tiny-wide", "-DPREFILL_QKV_SPLITS=3")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
@@ -311,7 +312,9 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     (PREFILL_FLASH_MMA=0; alone and in splits of 5 positions), and the tensor cores' in tiles of 16
     positions (ten a split: the running max and sum across tiles); batches of 64 (the prompt as 64,
     64, 16: the matvecs' sums gathered a row tile at a time, four row groups of attention, the GEMM
-    at 128 columns). Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
+    at 128 columns); QKV's K in one split (its sums stored by the QKV kernel itself; the default
+    splits the tiny models' few blocks 4 ways, some splits without a chunk of K) and in 3. Greedy
+    text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
     TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]

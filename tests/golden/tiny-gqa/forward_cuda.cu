@@ -361,19 +361,28 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_
     prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS) prefill_rms_terms_kernel(float *x, const float *part, bool add_parts,
+static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, bool add_parts,
                                                                          const uint16_t *norm_w, uint16_t *terms) {
-    prefill_rms_terms_body(x, part, add_parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
+    prefill_rms_terms_body<MODEL_DIM>(x, part, add_parts, norm_w, terms, MODEL_NORM_EPS);
 }
 
 template <int B>
 static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(model_layer_weights w,
                                                                                           const uint16_t *x_terms, float *q,
                                                                                           uint16_t *kc, uint16_t *vc,
-                                                                                          const int *io, int ctx) {
+                                                                                          float2 *part, const int *io, int ctx) {
     prefill_qkv_rope_body<B>(w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
-                             MODEL_QKV_BIAS ? w.bv : NULL, x_terms, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
+                             MODEL_QKV_BIAS ? w.bv : NULL, x_terms, q, kc, vc, part, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
                              MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
+}
+
+template <int B>
+static __global__ void __launch_bounds__(256) prefill_qkv_finish_kernel(model_layer_weights w, const float2 *part, int splits,
+                                                                        float *q, uint16_t *kc, uint16_t *vc, const int *io,
+                                                                        int ctx) {
+    prefill_qkv_finish_body<B>(part, splits, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
+                               MODEL_QKV_BIAS ? w.bv : NULL, q, kc, vc, io, rope_inv_freq, MODEL_Q_DIM, MODEL_KV_DIM,
+                               MODEL_HEAD_DIM, ctx);
 }
 
 /* Tokens of a prefill batch an attention block takes: their queries are rows of the block beside the
@@ -539,6 +548,8 @@ struct model_cuda {
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_SPLITS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
+    float2 *prefill_part_qkv; /* (qkv_splits, PREFILL_BATCH, QKV_PAIRS) QKV's partial sums, where split */
+    int qkv_splits;           /* QKV's splits of K in a prefill batch (PREFILL_QKV_SPLITS) */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
@@ -716,6 +727,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
 #define STEP_LAUNCHES (2 + 5 * MODEL_N_LAYERS)
 
 /* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
+#define QKV_PAIRS ((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2)
 #define PREFILL_GRID(pairs) (((pairs) + PREFILL_BLOCK_PAIRS - 1) / PREFILL_BLOCK_PAIRS)
 
 /* A prefill batch's stages, for the kernel benchmark, and its launches: the last layer's norm and
@@ -739,11 +751,14 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0,
+        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0,
                lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
-        launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2), 1, MV_THREADS, smem, m->stream,
-               *lw, m->prefill_x_terms, m->q, kc, vc, m->io, m->ctx);
+        launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID(QKV_PAIRS), m->qkv_splits, MV_THREADS, smem, m->stream, *lw,
+               m->prefill_x_terms, m->q, kc, vc, m->prefill_part_qkv, m->io, m->ctx);
+        if (m->qkv_splits > 1)
+            launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, m->stream, *lw, m->prefill_part_qkv,
+                   m->qkv_splits, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1) break;
 #if PREFILL_FLASH
@@ -764,7 +779,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
                m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_terms_kernel, B, 1, MV_THREADS, 0, m->stream, m->x, m->prefill_part_x, true,
+        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, true,
                lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         if (m->gate_up_gemm)
@@ -954,7 +969,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     }
     size_t cache = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
     size_t scratch = (size_t)(PREFILL_BATCH * (MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM) + MODEL_VOCAB_SIZE) * sizeof(float) +
-                     (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2);
+                     (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2) +
+                     (size_t)PREFILL_QKV_MAX_SPLITS * PREFILL_BATCH * QKV_PAIRS * sizeof(float2);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     size_t need = total + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
@@ -987,6 +1003,11 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_SPLITS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
+    /* QKV's splits: as many as two blocks an SM (a block's 32 KB of shared memory and its registers
+     * let two fit) take, or the build's */
+    m->qkv_splits = PREFILL_QKV_SPLITS ? PREFILL_QKV_SPLITS : (2 * sms + PREFILL_GRID(QKV_PAIRS) - 1) / PREFILL_GRID(QKV_PAIRS);
+    if (m->qkv_splits > PREFILL_QKV_MAX_SPLITS) m->qkv_splits = PREFILL_QKV_MAX_SPLITS;
+    CUDA_CHECK(cudaMalloc(&m->prefill_part_qkv, (size_t)m->qkv_splits * PREFILL_BATCH * QKV_PAIRS * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
@@ -1338,7 +1359,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
-                   m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
+                   m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
