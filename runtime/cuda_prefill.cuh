@@ -79,20 +79,27 @@ __device__ __forceinline__ void store_terms(uint16_t *terms, size_t stride, floa
 }
 
 #define RMS_THREADS 512 /* prefill_rms_terms_body's block */
+/* float4s of a row a thread holds: the model's, or in the generic build (dims known at run time)
+ * up to 4, rows of at most RMS_MAX_DIM values (model_cuda_create refuses wider ones) */
+#if MODEL_GENERIC
+#define RMS_VALS 4
+#else
+#define RMS_VALS ((MODEL_DIM / 4 + RMS_THREADS - 1) / RMS_THREADS)
+#endif
+#define RMS_MAX_DIM (4 * RMS_VALS * RMS_THREADS)
 
 /* Block b of the batch's gridDim.x: x[b] += the PREFILL_SPLITS partial sums part[s][b] when
- * add_parts (s in order, rows of DIM); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
+ * add_parts (s in order, rows of DIM, at most RMS_MAX_DIM); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
  * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, DIM).
  * A thread holds float4s tid, tid + RMS_THREADS, ... of the row: every load of x and its parts is
  * issued before any is used (one L2 round trip), the norm's weights before the PDL wait, and the
  * terms are written from the registers. Against the earlier form's loops of 4 values a thread, which
  * read the row twice: 1B 5.4 to 4.8 us a launch, 7B 7.5 to 5.4 (launched one by one; prompt +1%). */
-template <int DIM>
 __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, bool add_parts,
                                                        const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
-                                                       float eps) {
-    static_assert(DIM % 4 == 0, "prefill RMSNorm: rows of whole float4s");
-    constexpr int N4 = DIM / 4, V = (N4 + RMS_THREADS - 1) / RMS_THREADS, WARPS = RMS_THREADS / WARP_SIZE;
+                                                       int DIM, float eps) {
+    constexpr int V = RMS_VALS, WARPS = RMS_THREADS / WARP_SIZE;
+    const int N4 = DIM / 4; /* DIM: a multiple of 4 (model_cuda_create) */
     __shared__ float partial[WARPS];
     const int tid = threadIdx.x;
     float4 n[V];

@@ -363,7 +363,7 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_
 
 static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, bool add_parts,
                                                                          const uint16_t *norm_w, uint16_t *terms) {
-    prefill_rms_terms_body<MODEL_DIM>(x, part, add_parts, norm_w, terms, MODEL_NORM_EPS);
+    prefill_rms_terms_body(x, part, add_parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
@@ -931,6 +931,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     if (prop.major * 10 + prop.minor < 90)
         return err_set(ERR_DEVICE, "--device cuda: %s is compute capability %d.%d; this binary was built for sm_90 (make CUDA_ARCH=...)",
                        prop.name, prop.major, prop.minor);
+    if (MODEL_DIM % 4 || MODEL_DIM > RMS_MAX_DIM) /* the prompt's RMSNorm: whole float4s a thread holds (generic build) */
+        return err_set(ERR_DEVICE, "--device cuda: a hidden size of %d; the prompt's RMSNorm takes multiples of 4 up to %d",
+                       MODEL_DIM, RMS_MAX_DIM);
     model_cuda *m = (model_cuda *)calloc(1, sizeof *m);
     if (!m) return err_set(ERR_NOMEM, "CUDA state");
     m->ctx = ctx;
