@@ -50,6 +50,27 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 #define PREFILL_SPLITS 4
 #endif
 
+/* QKV and down as GEMMs (prefill_gemm_body, as gate/up's) with K split over blocks, each split's
+ * sums to a buffer of its own, added in order by the kernel after them (prefill_qkv_finish_body,
+ * the RMSNorm's prefill_rms_terms_body), so that no block waits for another's: the twenty-seventh
+ * session's GEMMs for these stages lost with a split's last block adding the tile's sums (a serial
+ * tail). The lead they test (PERFORMANCE.md, twenty-ninth session): prefill_pairs_body's blocks
+ * read the batch's inputs from L2 for 32 rows, a GEMM block for 64, the inputs' bytes halved.
+ * Splits: as many as fill GEMM_SPLIT_FILL blocks an SM, at most PREFILL_GEMM_MAX_SPLITS and K's
+ * tiles. Prepared in the twenty-ninth session, not run on a GPU: off. */
+#ifndef PREFILL_QKV_GEMM
+#define PREFILL_QKV_GEMM 0
+#endif
+#ifndef PREFILL_DOWN_GEMM
+#define PREFILL_DOWN_GEMM 0
+#endif
+#ifndef GEMM_SPLIT_FILL
+#define GEMM_SPLIT_FILL 2
+#endif
+#define PREFILL_GEMM_MAX_SPLITS 16
+/* the most splits of o_proj's or down's partial sums (prefill_part_x) */
+#define PREFILL_MAX_X_PARTS (PREFILL_DOWN_GEMM && PREFILL_GEMM_MAX_SPLITS > PREFILL_SPLITS ? PREFILL_GEMM_MAX_SPLITS : PREFILL_SPLITS)
+
 /* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 (+ t2),
  * each the rounding of what the previous left, so W.x keeps 16 bits of x with bf16 terms (8 + 8; fp16
  * 22), a relative error of at most 2^-17 an input against the decode kernels' fp32 products. One
@@ -88,17 +109,18 @@ __device__ __forceinline__ void store_terms(uint16_t *terms, size_t stride, floa
 #endif
 #define RMS_MAX_DIM (4 * RMS_VALS * RMS_THREADS)
 
-/* Block b of the batch's gridDim.x: x[b] += the PREFILL_SPLITS partial sums part[s][b] when
- * add_parts (s in order, rows of DIM, at most RMS_MAX_DIM); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
- * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, DIM).
- * A thread holds float4s tid, tid + RMS_THREADS, ... of the row: every load of x and its parts is
- * issued before any is used (one L2 round trip), the norm's weights before the PDL wait, and the
+/* Block b of the batch's gridDim.x: x[b] += the `parts` partial sums part[s][b] (s in order, rows of
+ * DIM, at most RMS_MAX_DIM; none for the first layer's); then RMSNorm's input, x[b] * (1 /
+ * sqrt(mean(x[b]^2) + eps) * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input:
+ * terms (PREFILL_TERMS, B, DIM). A thread holds float4s tid, tid + RMS_THREADS, ... of the row: its
+ * loads of x and of the first PREFILL_SPLITS parts are issued before any is used (one L2 round
+ * trip; more parts, a round each PREFILL_SPLITS), the norm's weights before the PDL wait, and the
  * terms are written from the registers. Against the earlier form's loops of 4 values a thread, which
  * read the row twice: 1B 5.4 to 4.8 us a launch, 7B 7.5 to 5.4 (launched one by one; prompt +1%). */
-__device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, bool add_parts,
+__device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, int parts,
                                                        const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
                                                        int DIM, float eps) {
-    constexpr int V = RMS_VALS, WARPS = RMS_THREADS / WARP_SIZE;
+    constexpr int V = RMS_VALS, WARPS = RMS_THREADS / WARP_SIZE, P = PREFILL_SPLITS;
     const int N4 = DIM / 4; /* DIM: a multiple of 4 (model_cuda_create) */
     __shared__ float partial[WARPS];
     const int tid = threadIdx.x;
@@ -114,27 +136,41 @@ __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, co
     float4 *__restrict__ xb = reinterpret_cast<float4 *>(x + (size_t)blockIdx.x * DIM);
     const float4 *__restrict__ pb = reinterpret_cast<const float4 *>(part + (size_t)blockIdx.x * DIM);
     const size_t split = (size_t)gridDim.x * N4; /* float4s from one split's (B, DIM) to the next */
-    float4 v[V], p[V][PREFILL_SPLITS];
+    float4 v[V], p[V][P];
+    auto load_parts = [&](int s0) { /* parts s0 .. s0 + P - 1, zeros past the last */
+#pragma unroll
+        for (int u = 0; u < V; u++) {
+            const int i = tid + u * RMS_THREADS;
+#pragma unroll
+            for (int j = 0; j < P; j++)
+                p[u][j] = s0 + j < parts && i < N4 ? __ldcg(pb + (s0 + j) * split + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
 #pragma unroll
     for (int u = 0; u < V; u++) {
         const int i = tid + u * RMS_THREADS;
         v[u] = i < N4 ? xb[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    load_parts(0);
+    for (int s0 = 0;;) {
 #pragma unroll
-        for (int s = 0; s < PREFILL_SPLITS; s++)
-            p[u][s] = add_parts && i < N4 ? __ldcg(pb + s * split + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int u = 0; u < V; u++)
+#pragma unroll
+            for (int j = 0; j < P; j++) {
+                v[u].x += p[u][j].x;
+                v[u].y += p[u][j].y;
+                v[u].z += p[u][j].z;
+                v[u].w += p[u][j].w;
+            }
+        s0 += P;
+        if (PREFILL_MAX_X_PARTS <= P || s0 >= parts) break; /* the first round is all but where down is a GEMM */
+        load_parts(s0);
     }
     float ss = 0.0f;
 #pragma unroll
     for (int u = 0; u < V; u++) {
         const int i = tid + u * RMS_THREADS;
-#pragma unroll
-        for (int s = 0; s < PREFILL_SPLITS; s++) {
-            v[u].x += p[u][s].x;
-            v[u].y += p[u][s].y;
-            v[u].z += p[u][s].z;
-            v[u].w += p[u][s].w;
-        }
-        if (add_parts && i < N4) xb[i] = v[u];
+        if (parts && i < N4) xb[i] = v[u];
         ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
     }
     ss = warp_sum(ss);
@@ -441,16 +477,17 @@ __device__ __forceinline__ void wgmma_commit_wait(void) {
 __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif
 
-/* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over all of K; in: the terms
- * (PREFILL_TERMS, B, K). A block of GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory
- * GEMM_SMEM_BYTES(B). */
+/* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over K's GEMM_KT-value tiles
+ * [kt0, kt1) (all of K: gemm_k_tiles(K)); in: the terms (PREFILL_TERMS, B, K). A block of
+ * GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory GEMM_SMEM_BYTES(B). */
 template <int B, typename Pair, typename Store>
-__device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint16_t *__restrict__ in, Pair pair, Store store) {
+__device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, int kt1, const uint16_t *__restrict__ in, Pair pair,
+                                                  Store store) {
     constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
     static_assert(!GEMM_WGMMA || NT <= 8, "GEMM_WGMMA: batches of at most 32 tokens (wgmma_k16's shapes: N up to 64)");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4;
-    const int n_kt = (K + GEMM_KT - 1) / GEMM_KT;
+    const int n_kt = kt1 - kt0; /* this block's K tiles: i of them at kt0 + i */
     const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + (GEMM_WGMMA ? 1023u : 0u)) & (GEMM_WGMMA ? ~1023u : ~0u);
 
     /* this thread's weight copies: chunk tid % 8 of rows tid / 8 + GEMM_WARPS 4 i; row r of the tile
@@ -463,9 +500,9 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
         pair(min((int)blockIdx.x * GEMM_PAIRS + 8 * (r / 16) + r % 8, n_pairs - 1), &ra, &rb);
         arow[i] = reinterpret_cast<const uint16_t *>(r % 16 < 8 ? ra : rb);
     }
-    auto load_a = [&](int st, int kt) {
+    auto load_a = [&](int st, int i) { /* the block's K tile i into stage st */
         const uint32_t base = smem + st * GEMM_STAGE_BYTES(B);
-        const int c = tid % 8, k = kt * GEMM_KT + 8 * c;
+        const int c = tid % 8, k = (kt0 + i) * GEMM_KT + 8 * c;
 #pragma unroll
         for (int i = 0; i < 4; i++)
             cp_async16_s(base + gemm_swz(tid / 8 + GEMM_WARPS * 4 * i, c), arow[i] + (k < K ? k : 0), k < K);
@@ -474,7 +511,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
         const uint32_t base = smem + st * GEMM_STAGE_BYTES(B) + GEMM_A_BYTES;
 #pragma unroll
         for (int i = tid; i < T * B * 8; i += GEMM_THREADS) {
-            const int n = i / 8, c = i % 8, k = kt * GEMM_KT + 8 * c;
+            const int n = i / 8, c = i % 8, k = (kt0 + kt) * GEMM_KT + 8 * c;
             cp_async16_s(base + gemm_swz(n, c), in + (size_t)n * K + (k < K ? k : 0), k < K);
         }
     };
@@ -550,6 +587,8 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, const uint
 
 /* Pair tiles of a prefill GEMM of `pairs` pairs */
 static inline int gemm_tiles(int pairs) { return (pairs + GEMM_PAIRS - 1) / GEMM_PAIRS; }
+/* K's GEMM_KT-value tiles */
+__host__ __device__ inline int gemm_k_tiles(int K) { return (K + GEMM_KT - 1) / GEMM_KT; }
 
 /* Splits of K in QKV's prefill grid (gridDim.y): where its pair blocks are few against the SMs
  * (the 1B shape's 96 on an H200's 132), each split writes its partial sums to a buffer of its own
@@ -563,6 +602,16 @@ static inline int gemm_tiles(int pairs) { return (pairs + GEMM_PAIRS - 1) / GEMM
 #endif
 #define PREFILL_QKV_MAX_SPLITS 4
 static_assert(PREFILL_QKV_SPLITS >= 0 && PREFILL_QKV_SPLITS <= PREFILL_QKV_MAX_SPLITS, "PREFILL_QKV_SPLITS: 0 to 4");
+/* the most splits of QKV's partial sums (prefill_part_qkv) */
+#define PREFILL_MAX_QKV_PARTS (PREFILL_QKV_GEMM ? PREFILL_GEMM_MAX_SPLITS : PREFILL_QKV_MAX_SPLITS)
+
+/* splits of K over a GEMM's `tiles` pair tiles: GEMM_SPLIT_FILL blocks an SM of `sms` */
+static inline int gemm_splits(int tiles, int K, int sms) {
+    int splits = (GEMM_SPLIT_FILL * sms + tiles - 1) / tiles;
+    if (splits > PREFILL_GEMM_MAX_SPLITS) splits = PREFILL_GEMM_MAX_SPLITS;
+    if (splits > gemm_k_tiles(K)) splits = gemm_k_tiles(K);
+    return splits;
+}
 
 /* q/k/v pair p's sums a, b over K for token t of the batch (+ bias, RoPE at position io[IO_POS] + t)
  * into q (t, q_dim), or the key or value cache for tokens of the batch's count. */
@@ -597,36 +646,42 @@ __device__ __forceinline__ void prefill_qkv_store(int p, int t, float a, float b
 }
 
 /* q/k/v (+ bias) + RoPE + KV-cache store for a batch of B, on input_layernorm's output as terms
- * (prefill_rms_terms_body): the pairs of qkv_pair, over split blockIdx.y of gridDim.y's parts of K.
- * One split: stored here (prefill_qkv_store). Several: pair p's sums for token t to part[s][t][p]
- * (float2s of a and b), which prefill_qkv_finish_body adds and stores. */
-template <int B>
+ * (prefill_rms_terms_body): the pairs of qkv_pair, over split blockIdx.y of gridDim.y's parts of K;
+ * by prefill_pairs_body, or as a GEMM (prefill_gemm_body, PREFILL_QKV_GEMM). One split of
+ * prefill_pairs_body: stored here (prefill_qkv_store). Several, or the GEMM: pair p's sums for
+ * token t to part[s][t][p] (float2s of a and b), which prefill_qkv_finish_body adds and stores. */
+template <int B, bool GEMM>
 __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *wq, const uint16_t *wk, const uint16_t *wv,
                                                       const uint16_t *bq, const uint16_t *bk, const uint16_t *bv,
                                                       const uint16_t *x_terms, float *q, uint16_t *kc, uint16_t *vc,
                                                       float2 *part, const int *io, const float *inv_freq, int dim, int q_dim,
                                                       int kv_dim, int head_dim, int ctx) {
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
-    const int chunks = (dim + 31) / 32, s = blockIdx.y, splits = gridDim.y;
-    prefill_pairs_body<B>(
-        pairs, dim, chunks * s / splits, chunks * (s + 1) / splits, x_terms,
-        [&](int p, const uint4 **a, const uint4 **b) {
-            int ra, rb, kind;
-            qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
-            const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-            *a = reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim);
-            *b = reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim);
-        },
-        [&](int p, const float *va, const float *vb) {
-            if (splits > 1) {
+    const int s = blockIdx.y, splits = gridDim.y;
+    auto pair = [&](int p, const uint4 **a, const uint4 **b) {
+        int ra, rb, kind;
+        qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
+        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        *a = reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim);
+        *b = reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim);
+    };
+    auto store = [&](int p, const float *va, const float *vb) {
+        if (GEMM || splits > 1) {
 #pragma unroll
-                for (int t = 0; t < B; t++) part[((size_t)s * B + t) * pairs + p] = make_float2(va[t], vb[t]);
-                return;
-            }
+            for (int t = 0; t < B; t++) part[((size_t)s * B + t) * pairs + p] = make_float2(va[t], vb[t]);
+        } else {
 #pragma unroll
             for (int t = 0; t < B; t++)
                 prefill_qkv_store(p, t, va[t], vb[t], bq, bk, bv, q, kc, vc, io, inv_freq, q_dim, kv_dim, head_dim, ctx);
-        });
+        }
+    };
+    if constexpr (GEMM) {
+        const int n_kt = gemm_k_tiles(dim);
+        prefill_gemm_body<B>(pairs, dim, n_kt * s / splits, n_kt * (s + 1) / splits, x_terms, pair, store);
+    } else {
+        const int chunks = (dim + 31) / 32;
+        prefill_pairs_body<B>(pairs, dim, chunks * s / splits, chunks * (s + 1) / splits, x_terms, pair, store);
+    }
 }
 
 /* QKV's splits added in order, for pair blockIdx.x * blockDim.x + threadIdx.x and token blockIdx.y
@@ -649,27 +704,34 @@ __device__ __forceinline__ void prefill_qkv_finish_body(const float2 *part, int 
 }
 
 /* part[s] (B, rows) = W (rows, K) . in over split s = blockIdx.y of gridDim.y's parts of K [+ bias,
- * in split 0]: rows (i, i + rows / 2) a pair (rows even); in as prefill_pairs_body takes it. The
- * next RMSNorm kernel adds the splits to the residual stream (prefill_rms_terms_body). */
-template <int B, typename In>
+ * in split 0]: rows (i, i + rows / 2) a pair (rows even); in as prefill_pairs_body takes it, or the
+ * terms as a GEMM (prefill_gemm_body over K's tiles, PREFILL_DOWN_GEMM). The next RMSNorm kernel
+ * adds the splits to the residual stream (prefill_rms_terms_body). */
+template <int B, bool GEMM, typename In>
 __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const In *in, float *part,
                                                       int rows, int K) {
-    const int half = rows / 2, chunks = (K + 31) / 32, s = blockIdx.y, splits = gridDim.y;
+    const int half = rows / 2, s = blockIdx.y, splits = gridDim.y;
     float *out = part + (size_t)s * B * rows;
     if (s != 0) bias = NULL;
-    prefill_pairs_body<B>(
-        half, K, chunks * s / splits, chunks * (s + 1) / splits, in,
-        [&](int p, const uint4 **a, const uint4 **b) {
-            *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
-            *b = reinterpret_cast<const uint4 *>(w + (size_t)(p + half) * K);
-        },
-        [&](int p, const float *va, const float *vb) {
-            const float ba = bias ? w_to_f32(bias[p]) : 0.0f, bb = bias ? w_to_f32(bias[p + half]) : 0.0f;
-            for (int t = 0; t < B; t++) {
-                out[(size_t)t * rows + p] = va[t] + ba;
-                out[(size_t)t * rows + p + half] = vb[t] + bb;
-            }
-        });
+    auto pair = [&](int p, const uint4 **a, const uint4 **b) {
+        *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
+        *b = reinterpret_cast<const uint4 *>(w + (size_t)(p + half) * K);
+    };
+    auto store = [&](int p, const float *va, const float *vb) {
+        const float ba = bias ? w_to_f32(bias[p]) : 0.0f, bb = bias ? w_to_f32(bias[p + half]) : 0.0f;
+        for (int t = 0; t < B; t++) {
+            out[(size_t)t * rows + p] = va[t] + ba;
+            out[(size_t)t * rows + p + half] = vb[t] + bb;
+        }
+    };
+    if constexpr (GEMM) {
+        static_assert(std::is_same<In, uint16_t>::value, "a prefill GEMM's input: its terms");
+        const int n_kt = gemm_k_tiles(K);
+        prefill_gemm_body<B>(half, K, n_kt * s / splits, n_kt * (s + 1) / splits, in, pair, store);
+    } else {
+        const int chunks = (K + 31) / 32;
+        prefill_pairs_body<B>(half, K, chunks * s / splits, chunks * (s + 1) / splits, in, pair, store);
+    }
 }
 
 /* gate and up + SiLU on post_attention_layernorm's output as terms (prefill_rms_terms_body):
@@ -685,7 +747,7 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
     auto store = [&](int p, const float *va, const float *vb) {
         for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
     };
-    if constexpr (GEMM) prefill_gemm_body<B>(hidden, dim, x_terms, pair, store);
+    if constexpr (GEMM) prefill_gemm_body<B>(hidden, dim, 0, gemm_k_tiles(dim), x_terms, pair, store);
     else prefill_pairs_body<B>(hidden, dim, 0, (dim + 31) / 32, x_terms, pair, store);
 }
 

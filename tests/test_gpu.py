@@ -284,6 +284,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
 GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
 WGMMA = "-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a"
 CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
+SPLIT_GEMMS = "-DPREFILL_QKV_GEMM=1 -DPREFILL_DOWN_GEMM=1"
 
 
 def flags_build(variant, flags):
@@ -301,7 +302,10 @@ def flags_build(variant, flags):
                                            ("tiny-group3", f"-DPREFILL_FLASH_MMA=0 {CHUNK5}"),
                                            ("tiny-group3", "-DFMMA_TILE=16"), ("tiny-gqa", "-DPREFILL_BATCH=64"),
                                            ("tiny-wide", f"-DPREFILL_BATCH=64 {GATE_UP_GEMM}"),
-                                           ("tiny-gqa", "-DPREFILL_QKV_SPLITS=1"), ("tiny-wide", "-DPREFILL_QKV_SPLITS=3")])
+                                           ("tiny-gqa", "-DPREFILL_QKV_SPLITS=1"), ("tiny-wide", "-DPREFILL_QKV_SPLITS=3"),
+                                           ("tiny-gqa", SPLIT_GEMMS), ("tiny-wide", f"{SPLIT_GEMMS} {GATE_UP_GEMM}"),
+                                           ("tiny-group3", f"{SPLIT_GEMMS} -DPREFILL_TERMS=3"),
+                                           ("tiny-wide", f"{SPLIT_GEMMS} -DPREFILL_BATCH=64")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
@@ -313,8 +317,10 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     positions (ten a split: the running max and sum across tiles); batches of 64 (the prompt as 64,
     64, 16: the matvecs' sums gathered a row tile at a time, four row groups of attention, the GEMM
     at 128 columns); QKV's K in one split (its sums stored by the QKV kernel itself; the default
-    splits the tiny models' few blocks 4 ways, some splits without a chunk of K) and in 3. Greedy
-    text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
+    splits the tiny models' few blocks 4 ways, some splits without a chunk of K) and in 3; QKV and
+    down as GEMMs with K split over blocks (as many splits as K's tiles allow on tiny models: their
+    sums added by the QKV finishing kernel and the RMSNorm's rounds of parts), also with three terms
+    and batches of 64. Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
     TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
@@ -455,10 +461,11 @@ def test_default_model_chat_on_gpu(default_gpu):
     assert "Paris" in r.stdout.decode()
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", CHUNK5), ("tiny-group3", CHUNK5)])
+@pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", CHUNK5), ("tiny-group3", CHUNK5),
+                                           ("tiny-wide", f"{SPLIT_GEMMS} {GATE_UP_GEMM}")])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels of cp.async copies under compute-sanitizer's memcheck: the gate/up GEMM
-    (forced on, tiny-wide: 34 stages) and the attention on the tensor cores (splits of 5 positions:
+    (forced on, tiny-wide: 34 stages), QKV and down as GEMMs over splits of K, and the attention on the tensor cores (splits of 5 positions:
     tiles mostly past their split's end, and the combine)."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")

@@ -361,9 +361,9 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_
     prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, bool add_parts,
+static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, int parts,
                                                                          const uint16_t *norm_w, uint16_t *terms) {
-    prefill_rms_terms_body(x, part, add_parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
+    prefill_rms_terms_body(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
@@ -371,7 +371,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(
                                                                                           const uint16_t *x_terms, float *q,
                                                                                           uint16_t *kc, uint16_t *vc,
                                                                                           float2 *part, const int *io, int ctx) {
-    prefill_qkv_rope_body<B>(w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
+    prefill_qkv_rope_body<B, false>(w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
                              MODEL_QKV_BIAS ? w.bv : NULL, x_terms, q, kc, vc, part, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
                              MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
 }
@@ -436,7 +436,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(c
 template <int B>
 static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
                                                                                 float *part) {
-    prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, part, MODEL_DIM, MODEL_Q_DIM);
+    prefill_residual_body<B, false>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 template <int B>
@@ -469,7 +469,21 @@ template <int B>
 static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_down_residual_kernel(model_layer_weights w,
                                                                                                const uint16_t *hb_terms,
                                                                                                float *part) {
-    prefill_residual_body<B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_residual_body<B, false>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
+}
+
+/* QKV and down as GEMMs with K split over blocks (PREFILL_QKV_GEMM, PREFILL_DOWN_GEMM; not run on a GPU) */
+template <int B>
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_qkv_gemm_kernel(model_layer_weights w,
+                                                                                 const uint16_t *x_terms, float2 *part) {
+    prefill_qkv_rope_body<B, true>(w.wq, w.wk, w.wv, NULL, NULL, NULL, x_terms, NULL, NULL, NULL, part, NULL, NULL, MODEL_DIM,
+                                   MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, 0);
+}
+
+template <int B>
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_down_gemm_kernel(model_layer_weights w,
+                                                                                  const uint16_t *hb_terms, float *part) {
+    prefill_residual_body<B, true>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io) { prefill_end_body(io); }
@@ -547,9 +561,10 @@ struct model_cuda {
     int short_kernel_splits;  /* attention_short_kernel's splits a KV head */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
-    float *prefill_part_x;    /* (PREFILL_SPLITS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
+    float *prefill_part_x;    /* (PREFILL_MAX_X_PARTS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
     float2 *prefill_part_qkv; /* (qkv_splits, PREFILL_BATCH, QKV_PAIRS) QKV's partial sums, where split */
     int qkv_splits;           /* QKV's splits of K in a prefill batch (PREFILL_QKV_SPLITS) */
+    int down_splits;          /* down's splits of K in a prefill batch (PREFILL_SPLITS, or PREFILL_DOWN_GEMM's) */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
@@ -751,12 +766,16 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0,
+        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0 ? m->down_splits : 0,
                lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
-        launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID(QKV_PAIRS), m->qkv_splits, MV_THREADS, smem, m->stream, *lw,
-               m->prefill_x_terms, m->q, kc, vc, m->prefill_part_qkv, m->io, m->ctx);
-        if (m->qkv_splits > 1)
+        if (PREFILL_QKV_GEMM)
+            launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), m->qkv_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
+                   *lw, m->prefill_x_terms, m->prefill_part_qkv);
+        else
+            launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID(QKV_PAIRS), m->qkv_splits, MV_THREADS, smem, m->stream, *lw,
+                   m->prefill_x_terms, m->q, kc, vc, m->prefill_part_qkv, m->io, m->ctx);
+        if (PREFILL_QKV_GEMM || m->qkv_splits > 1)
             launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, m->stream, *lw, m->prefill_part_qkv,
                    m->qkv_splits, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
@@ -779,7 +798,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
                m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, true,
+        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, PREFILL_SPLITS,
                lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         if (m->gate_up_gemm)
@@ -789,19 +808,24 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
             launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
                    m->prefill_x_terms, m->prefill_hb_terms);
         mark(PF_GATE_UP);
-        launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
-               m->prefill_hb_terms, m->prefill_part_x);
+        if (PREFILL_DOWN_GEMM)
+            launch(prefill_down_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), m->down_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B),
+                   m->stream, *lw, m->prefill_hb_terms, m->prefill_part_x);
+        else
+            launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), m->down_splits, MV_THREADS, smem, m->stream, *lw,
+                   m->prefill_hb_terms, m->prefill_part_x);
         mark(PF_DOWN);
     }
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
     mark(PF_END);
 }
 
-/* prefill_gate_up_gemm_kernel's shared memory, for batches of B, B / 2, ... 8 */
+/* the prefill GEMMs' shared memory, for batches of B, B / 2, ... 8 */
 template <int B>
 static void prefill_gemm_smem(void) {
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_gemm_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)GEMM_SMEM_BYTES(B)));
+    const void *kernels[] = {(const void *)prefill_gate_up_gemm_kernel<B>, (const void *)prefill_qkv_gemm_kernel<B>,
+                             (const void *)prefill_down_gemm_kernel<B>};
+    for (const void *k : kernels) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMM_SMEM_BYTES(B)));
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
 
@@ -973,7 +997,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     size_t cache = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
     size_t scratch = (size_t)(PREFILL_BATCH * (MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM) + MODEL_VOCAB_SIZE) * sizeof(float) +
                      (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2) +
-                     (size_t)PREFILL_QKV_MAX_SPLITS * PREFILL_BATCH * QKV_PAIRS * sizeof(float2);
+                     (size_t)PREFILL_MAX_QKV_PARTS * PREFILL_BATCH * QKV_PAIRS * sizeof(float2) +
+                     (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     size_t need = total + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
@@ -1005,18 +1030,20 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMemset(m->hb_poll, 0xFF, MODEL_HIDDEN_DIM * sizeof(float))); /* ATT_POLL_WORD */
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
-    CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_SPLITS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
     /* QKV's splits: as many as two blocks an SM (a block's 32 KB of shared memory and its registers
      * let two fit) take, or the build's */
     m->qkv_splits = PREFILL_QKV_SPLITS ? PREFILL_QKV_SPLITS : (2 * sms + PREFILL_GRID(QKV_PAIRS) - 1) / PREFILL_GRID(QKV_PAIRS);
     if (m->qkv_splits > PREFILL_QKV_MAX_SPLITS) m->qkv_splits = PREFILL_QKV_MAX_SPLITS;
+    if (PREFILL_QKV_GEMM) m->qkv_splits = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms);
+    m->down_splits = PREFILL_DOWN_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms) : PREFILL_SPLITS;
     CUDA_CHECK(cudaMalloc(&m->prefill_part_qkv, (size_t)m->qkv_splits * PREFILL_BATCH * QKV_PAIRS * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->prefill_counters, 0, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
-    if (m->gate_up_gemm) prefill_gemm_smem<PREFILL_BATCH>();
+    if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
     CUDA_CHECK(cudaMalloc(&m->logits, MODEL_VOCAB_SIZE * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->key_cache, cache));
     CUDA_CHECK(cudaMalloc(&m->value_cache, cache));
