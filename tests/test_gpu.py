@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -292,6 +294,37 @@ def flags_build(variant, flags):
     directory (and so a build directory) of its own for each set of flags."""
     d = tiny_model_dir(variant, name=f"{variant}-{hashlib.sha1(flags.encode()).hexdigest()[:10]}")
     return d, binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+
+
+# The tests that build with flags_build, and the (variant, flags) of an item of each
+FLAGS_BUILDS = {
+    "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: (p["variant"], p["flags"]),
+    "test_prefill_builds_memcheck_clean": lambda p: (p["variant"], p["flags"]),
+    "test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu": lambda p: (p["variant"], CHUNK5),
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flags_builds_side_by_side(request):
+    """The selected tests' flags_build binaries, built side by side before the first test runs: each
+    is one nvcc process (~15 s on the GPU machine), and one after another they took most of a
+    `make test-gpu -k prefill_builds` (twenty-two builds). The first is built alone, so that the
+    runtime's shared objects (build/runtime) are up to date before the others link them. A build
+    that fails here is left to its test, which builds it again and reports make's output."""
+    specs = sorted({FLAGS_BUILDS[item.originalname](item.callspec.params) for item in request.session.items
+                    if getattr(item, "originalname", None) in FLAGS_BUILDS and hasattr(item, "callspec")})
+    if not specs or not gpu_present():
+        return
+
+    def build(spec):
+        try:
+            flags_build(*spec)
+        except AssertionError:
+            pass
+
+    build(specs[0])
+    with ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) // 2)) as pool:
+        list(pool.map(build, specs[1:]))
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
