@@ -57,19 +57,25 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
  * tail). The lead they test (PERFORMANCE.md, twenty-ninth session): prefill_pairs_body's blocks
  * read the batch's inputs from L2 for 32 rows, a GEMM block for 64, the inputs' bytes halved.
  * Splits: as many as fill GEMM_SPLIT_FILL blocks an SM, at most PREFILL_GEMM_MAX_SPLITS and K's
- * tiles. Prepared in the twenty-ninth session, not run on a GPU: off. */
+ * tiles. Prepared in the twenty-ninth session, not run on a GPU: off (with PREFILL_O_GEMM below). */
 #ifndef PREFILL_QKV_GEMM
 #define PREFILL_QKV_GEMM 0
 #endif
 #ifndef PREFILL_DOWN_GEMM
 #define PREFILL_DOWN_GEMM 0
 #endif
+/* o_proj too: its input, the attention's fp32 output, split into terms first by a kernel of its own
+ * (prefill_att_terms_body), since the GEMM stages terms */
+#ifndef PREFILL_O_GEMM
+#define PREFILL_O_GEMM 0
+#endif
 #ifndef GEMM_SPLIT_FILL
 #define GEMM_SPLIT_FILL 2
 #endif
 #define PREFILL_GEMM_MAX_SPLITS 16
 /* the most splits of o_proj's or down's partial sums (prefill_part_x) */
-#define PREFILL_MAX_X_PARTS (PREFILL_DOWN_GEMM && PREFILL_GEMM_MAX_SPLITS > PREFILL_SPLITS ? PREFILL_GEMM_MAX_SPLITS : PREFILL_SPLITS)
+#define PREFILL_MAX_X_PARTS \
+    ((PREFILL_DOWN_GEMM || PREFILL_O_GEMM) && PREFILL_GEMM_MAX_SPLITS > PREFILL_SPLITS ? PREFILL_GEMM_MAX_SPLITS : PREFILL_SPLITS)
 
 /* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 (+ t2),
  * each the rounding of what the previous left, so W.x keeps 16 bits of x with bf16 terms (8 + 8; fp16
@@ -97,6 +103,16 @@ __device__ __forceinline__ uint16_t w_split(float *rest) {
 __device__ __forceinline__ void store_terms(uint16_t *terms, size_t stride, float v) {
 #pragma unroll
     for (int t = 0; t < PREFILL_TERMS; t++) terms[t * stride] = w_split(&v);
+}
+
+/* four consecutive values v as their terms, 8 bytes a term at terms[t * stride] (terms 8-byte aligned) */
+__device__ __forceinline__ void store_terms4(uint16_t *terms, size_t stride, float4 v) {
+    float y[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int t = 0; t < PREFILL_TERMS; t++) {
+        const uint16_t a = w_split(&y[0]), b = w_split(&y[1]), c = w_split(&y[2]), d = w_split(&y[3]);
+        *reinterpret_cast<uint2 *>(terms + t * stride) = make_uint2(a | (uint32_t)b << 16, c | (uint32_t)d << 16);
+    }
 }
 
 #define RMS_THREADS 512 /* prefill_rms_terms_body's block */
@@ -185,14 +201,21 @@ __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, co
     for (int u = 0; u < V; u++) {
         const int i = tid + u * RMS_THREADS;
         if (i >= N4) continue;
-        float y[4] = {v[u].x * (scale * n[u].x), v[u].y * (scale * n[u].y), v[u].z * (scale * n[u].z), v[u].w * (scale * n[u].w)};
-        uint16_t *out = terms + (size_t)blockIdx.x * DIM + 4 * i;
-#pragma unroll
-        for (int t = 0; t < PREFILL_TERMS; t++) {
-            const uint16_t a = w_split(&y[0]), b = w_split(&y[1]), c = w_split(&y[2]), d = w_split(&y[3]);
-            *reinterpret_cast<uint2 *>(out + t * stride) = make_uint2(a | (uint32_t)b << 16, c | (uint32_t)d << 16);
-        }
+        store_terms4(terms + (size_t)blockIdx.x * DIM + 4 * i, stride,
+                     make_float4(v[u].x * (scale * n[u].x), v[u].y * (scale * n[u].y), v[u].z * (scale * n[u].z),
+                                 v[u].w * (scale * n[u].w)));
     }
+}
+
+/* The attention's output att (B, n) as the PREFILL_TERMS terms of o_proj's input (PREFILL_TERMS, B, n):
+ * float4 blockIdx.x * blockDim.x + threadIdx.x of token blockIdx.y (PREFILL_O_GEMM). */
+__device__ __forceinline__ void prefill_att_terms_body(const float *__restrict__ att, uint16_t *__restrict__ terms, int n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (i >= n / 4) return;
+    /* from one term's (B, n) to the next: gridDim.y * n */
+    store_terms4(terms + (size_t)t * n + 4 * i, (size_t)gridDim.y * n, __ldcg(reinterpret_cast<const float4 *>(att + (size_t)t * n) + i));
 }
 
 /* x[b] = embed[history[pos + b]], block (i, b); the rows past the batch's tokens repeat its last

@@ -286,7 +286,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
 GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
 WGMMA = "-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a"
 CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
-SPLIT_GEMMS = "-DPREFILL_QKV_GEMM=1 -DPREFILL_DOWN_GEMM=1"
+SPLIT_GEMMS = "-DPREFILL_QKV_GEMM=1 -DPREFILL_DOWN_GEMM=1 -DPREFILL_O_GEMM=1"
 
 
 def flags_build(variant, flags):
@@ -338,7 +338,8 @@ def flags_builds_side_by_side(request):
                                            ("tiny-gqa", "-DPREFILL_QKV_SPLITS=1"), ("tiny-wide", "-DPREFILL_QKV_SPLITS=3"),
                                            ("tiny-gqa", SPLIT_GEMMS), ("tiny-wide", f"{SPLIT_GEMMS} {GATE_UP_GEMM}"),
                                            ("tiny-group3", f"{SPLIT_GEMMS} -DPREFILL_TERMS=3"),
-                                           ("tiny-wide", f"{SPLIT_GEMMS} -DPREFILL_BATCH=64")])
+                                           ("tiny-wide", f"{SPLIT_GEMMS} -DPREFILL_BATCH=64"),
+                                           ("tiny-llama3", SPLIT_GEMMS)])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
@@ -350,10 +351,11 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     positions (ten a split: the running max and sum across tiles); batches of 64 (the prompt as 64,
     64, 16: the matvecs' sums gathered a row tile at a time, four row groups of attention, the GEMM
     at 128 columns); QKV's K in one split (its sums stored by the QKV kernel itself; the default
-    splits the tiny models' few blocks 4 ways, some splits without a chunk of K) and in 3; QKV and
-    down as GEMMs with K split over blocks (as many splits as K's tiles allow on tiny models: their
-    sums added by the QKV finishing kernel and the RMSNorm's rounds of parts), also with three terms
-    and batches of 64. Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
+    splits the tiny models' few blocks 4 ways, some splits without a chunk of K) and in 3; QKV,
+    o_proj and down as GEMMs with K split over blocks (as many splits as K's tiles allow on tiny
+    models: their sums added by the QKV finishing kernel and the RMSNorm's rounds of parts; o_proj's
+    input split into terms first), also with three terms, batches of 64, and o_proj's and QKV's
+    biases (tiny-llama3). Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
     TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]

@@ -486,6 +486,18 @@ static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) pre
     prefill_residual_body<B, true>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
+/* o_proj as a GEMM (PREFILL_O_GEMM; not run on a GPU): the attention's output split into terms, then
+ * the GEMM over splits of K */
+static __global__ void __launch_bounds__(256) prefill_att_terms_kernel(const float *att, uint16_t *terms) {
+    prefill_att_terms_body(att, terms, MODEL_Q_DIM);
+}
+
+template <int B>
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_o_gemm_kernel(model_layer_weights w,
+                                                                               const uint16_t *att_terms, float *part) {
+    prefill_residual_body<B, true>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
+}
+
 static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io) { prefill_end_body(io); }
 
 /* Random fp16 keys and values in [-1, 1) for positions [0, n_pos) of every layer: --bench at a
@@ -565,6 +577,8 @@ struct model_cuda {
     float2 *prefill_part_qkv; /* (qkv_splits, PREFILL_BATCH, QKV_PAIRS) QKV's partial sums, where split */
     int qkv_splits;           /* QKV's splits of K in a prefill batch (PREFILL_QKV_SPLITS) */
     int down_splits;          /* down's splits of K in a prefill batch (PREFILL_SPLITS, or PREFILL_DOWN_GEMM's) */
+    int o_splits;             /* o_proj's splits of K in a prefill batch (PREFILL_SPLITS, or PREFILL_O_GEMM's) */
+    uint16_t *prefill_att_terms; /* (PREFILL_TERMS, PREFILL_BATCH, q_dim) o_proj's input where it is a GEMM, or NULL */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
@@ -795,10 +809,15 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
                     ATT_SMEM_BYTES(MODEL_KV_MUL * PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
-        launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), PREFILL_SPLITS, MV_THREADS, smem, m->stream, *lw,
-               m->att, m->prefill_part_x);
+        if (PREFILL_O_GEMM) {
+            launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
+            launch(prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), m->o_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
+                   *lw, m->prefill_att_terms, m->prefill_part_x);
+        } else
+            launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), m->o_splits, MV_THREADS, smem, m->stream, *lw,
+                   m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, PREFILL_SPLITS,
+        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, m->o_splits,
                lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         if (m->gate_up_gemm)
@@ -824,7 +843,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
 template <int B>
 static void prefill_gemm_smem(void) {
     const void *kernels[] = {(const void *)prefill_gate_up_gemm_kernel<B>, (const void *)prefill_qkv_gemm_kernel<B>,
-                             (const void *)prefill_down_gemm_kernel<B>};
+                             (const void *)prefill_down_gemm_kernel<B>, (const void *)prefill_o_gemm_kernel<B>};
     for (const void *k : kernels) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMM_SMEM_BYTES(B)));
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
@@ -998,7 +1017,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     size_t scratch = (size_t)(PREFILL_BATCH * (MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM) + MODEL_VOCAB_SIZE) * sizeof(float) +
                      (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2) +
                      (size_t)PREFILL_MAX_QKV_PARTS * PREFILL_BATCH * QKV_PAIRS * sizeof(float2) +
-                     (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float);
+                     (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float) +
+                     (size_t)(PREFILL_O_GEMM ? PREFILL_TERMS : 0) * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     size_t need = total + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
@@ -1037,13 +1057,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     if (m->qkv_splits > PREFILL_QKV_MAX_SPLITS) m->qkv_splits = PREFILL_QKV_MAX_SPLITS;
     if (PREFILL_QKV_GEMM) m->qkv_splits = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms);
     m->down_splits = PREFILL_DOWN_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms) : PREFILL_SPLITS;
+    m->o_splits = PREFILL_O_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_Q_DIM, sms) : PREFILL_SPLITS;
+    if (PREFILL_O_GEMM) /* o_proj's input as terms (PREFILL_O_GEMM) */
+        CUDA_CHECK(cudaMalloc(&m->prefill_att_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_qkv, (size_t)m->qkv_splits * PREFILL_BATCH * QKV_PAIRS * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->prefill_counters, 0, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
-    if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
+    if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
     CUDA_CHECK(cudaMalloc(&m->logits, MODEL_VOCAB_SIZE * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->key_cache, cache));
     CUDA_CHECK(cudaMalloc(&m->value_cache, cache));
@@ -1389,7 +1412,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
-                   m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
+                   m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_att_terms, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
