@@ -44,8 +44,10 @@ CUDA_ARCH ?= 90
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 EXTRA_NVCCFLAGS ?=
-# a -gencode in EXTRA_NVCCFLAGS (sm_90a for the prefill's GEMM_WGMMA) replaces CUDA_ARCH's
-NVCC_GENCODE := $(if $(findstring -gencode,$(EXTRA_NVCCFLAGS)),,-gencode=arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH))
+# 90 builds sm_90a, whose wgmma the prefill's GEMMs take (GEMM_WGMMA, the plan's choice for 90);
+# a -gencode in EXTRA_NVCCFLAGS replaces CUDA_ARCH's
+NVCC_SM := $(if $(filter 90,$(CUDA_ARCH)),90a,$(CUDA_ARCH))
+NVCC_GENCODE := $(if $(findstring -gencode,$(EXTRA_NVCCFLAGS)),,-gencode=arch=compute_$(NVCC_SM),code=sm_$(NVCC_SM))
 NVCCFLAGS := $(EXTRA_NVCCFLAGS) -O3 -std=c++17 $(NVCC_GENCODE) -Iruntime \
 	-Xcompiler -Wall,-Wextra -Werror all-warnings
 CFLAGS += -DINGOT_CUDA

@@ -26,10 +26,12 @@
 /* Prompt tokens a prefill batch takes, at most: batches of PREFILL_BATCH, PREFILL_BATCH / 2, ...
  * down to 8 (PREFILL_SIZES sizes, a graph each), the largest whose threshold the tokens left reach
  * (prefill_from in the generated code). A batch of 16 costs ~1.7 of one of 8 and one of 32 ~1.65 of
- * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). Each a
- * multiple of the mma's n, 8. */
+ * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). 64 against
+ * 32 with every matvec a GEMM (thirtieth session): 1B +28%, 7B +23%; with the matvecs of
+ * prefill_pairs_body it lost (twenty-ninth: their time doubles with the tokens). Each a multiple of
+ * the mma's n, 8; tests build 16 and 32. */
 #ifndef PREFILL_BATCH
-#define PREFILL_BATCH 32 /* tests build 16 and 64 (prepared in the twenty-eighth session, not run on a GPU) */
+#define PREFILL_BATCH 64
 #endif
 #define PREFILL_SMALL 8
 #define PREFILL_SIZES (PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
@@ -54,23 +56,25 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
  * sums to a buffer of its own, added in order by the kernel after them (prefill_qkv_finish_body,
  * the RMSNorm's prefill_rms_terms_body), so that no block waits for another's: the twenty-seventh
  * session's GEMMs for these stages lost with a split's last block adding the tile's sums (a serial
- * tail). The lead they test (PERFORMANCE.md, twenty-ninth session): prefill_pairs_body's blocks
- * read the batch's inputs from L2 for 32 rows, a GEMM block for 64, the inputs' bytes halved.
- * Splits: as many as fill GEMM_SPLIT_FILL blocks an SM, at most PREFILL_GEMM_MAX_SPLITS and K's
- * tiles. Prepared in the twenty-ninth session, not run on a GPU: off (with PREFILL_O_GEMM below). */
+ * tail). prefill_pairs_body's blocks read the batch's inputs from L2 for 32 rows, a GEMM block for
+ * 64. Splits: as many as fill GEMM_SPLIT_FILL blocks an SM, at most PREFILL_GEMM_MAX_SPLITS and K's
+ * tiles. Against prefill_pairs_body at batches of 32 (thirtieth session, the three together): 1B
+ * prompt +17%, 7B +21%; and they are what makes batches of 64 pay. 0: prefill_pairs_body. */
 #ifndef PREFILL_QKV_GEMM
-#define PREFILL_QKV_GEMM 0
+#define PREFILL_QKV_GEMM 1
 #endif
 #ifndef PREFILL_DOWN_GEMM
-#define PREFILL_DOWN_GEMM 0
+#define PREFILL_DOWN_GEMM 1
 #endif
 /* o_proj too: its input, the attention's fp32 output, split into terms first by a kernel of its own
- * (prefill_att_terms_body), since the GEMM stages terms */
+ * (prefill_att_terms_body), since the GEMM stages terms (alone on top of the other two: 1B +4%, 7B
+ * +6%) */
 #ifndef PREFILL_O_GEMM
-#define PREFILL_O_GEMM 0
+#define PREFILL_O_GEMM 1
 #endif
+/* 4 against 2 (batches of 64, wgmma): 1B even at depth 0 and +8% at 4096, 7B even, SmolLM2 +1% */
 #ifndef GEMM_SPLIT_FILL
-#define GEMM_SPLIT_FILL 2
+#define GEMM_SPLIT_FILL 4
 #endif
 #define PREFILL_GEMM_MAX_SPLITS 16
 /* the most splits of o_proj's or down's partial sums (prefill_part_x) */
@@ -416,13 +420,14 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #define GEMM_B_BYTES(B) (PREFILL_TERMS * (B) * GEMM_KT * 2)
 #define GEMM_STAGE_BYTES(B) (GEMM_A_BYTES + GEMM_B_BYTES(B))
 /* GEMM_WGMMA: Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) reads both tiles from shared memory
- * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync. Build it
- * with EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a' (the Makefile then
- * leaves out its own -gencode). Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz
- * does, which is wgmma's 128-byte swizzle when a tile starts on 1024 bytes. Correct (GPU tests), and
- * gate/up alone faster (1B -6%, 7B -14% of its time), but the prompt slower: 1B -0.9%, 7B -6%
- * (twenty-eighth session; not explained: at 80 registers instead of 117, down's early-launched
- * blocks fit beside three GEMM blocks an SM, which may be what costs). Off. */
+ * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync: a warp's
+ * 16 rows against the batch's 2 B columns read 16 B fragments for each A fragment from shared
+ * memory, which at batches of 64 bounds the mma.sync loop by shared memory's bandwidth, not the
+ * tensor cores. Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz does, which is
+ * wgmma's 128-byte swizzle when a tile starts on 1024 bytes. The generated code's default on sm_90
+ * (the plan's gemm_wgmma; the Makefile builds sm_90a). At batches of 64 with every matvec a GEMM
+ * (thirtieth session): prompt 1B +17%, 7B +24% against mma.sync; at batches of 32 with gate/up the
+ * only GEMM it had lost (twenty-eighth: 1B -0.9%, 7B -6%). */
 #ifndef GEMM_WGMMA
 #define GEMM_WGMMA 0
 #endif
@@ -490,6 +495,11 @@ WGMMA_K16(8, 64,
           "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
           "%29,%30,%31",
           32, 33, 34, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7))
+WGMMA_K16(16, 128,
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+          "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63",
+          64, 65, 66, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7), WG_C4(8), WG_C4(9),
+          WG_C4(10), WG_C4(11), WG_C4(12), WG_C4(13), WG_C4(14), WG_C4(15))
 #undef WGMMA_K16
 #undef WG_C4
 __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -507,7 +517,7 @@ template <int B, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, int kt1, const uint16_t *__restrict__ in, Pair pair,
                                                   Store store) {
     constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
-    static_assert(!GEMM_WGMMA || NT <= 8, "GEMM_WGMMA: batches of at most 32 tokens (wgmma_k16's shapes: N up to 64)");
+    static_assert(!GEMM_WGMMA || NT == 2 || NT == 4 || NT == 8 || NT == 16, "GEMM_WGMMA: wgmma_k16's shapes, N 16 to 128");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4;
     const int n_kt = kt1 - kt0; /* this block's K tiles: i of them at kt0 + i */

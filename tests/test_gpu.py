@@ -284,9 +284,9 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
 
 
 GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
-WGMMA = "-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a"
+MMA_SYNC = "-DGEMM_WGMMA=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
 CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
-SPLIT_GEMMS = "-DPREFILL_QKV_GEMM=1 -DPREFILL_DOWN_GEMM=1 -DPREFILL_O_GEMM=1"
+NO_GEMMS = "-DPREFILL_QKV_GEMM=0 -DPREFILL_DOWN_GEMM=0 -DPREFILL_O_GEMM=0"  # QKV, o_proj and down on prefill_pairs_body
 
 
 def flags_build(variant, flags):
@@ -328,35 +328,36 @@ def flags_builds_side_by_side(request):
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
-                                           ("tiny-group3", "-DPREFILL_TERMS=3"), ("tiny-gqa", GATE_UP_GEMM),
-                                           ("tiny-wide", GATE_UP_GEMM), ("tiny-group3", f"{GATE_UP_GEMM} -DPREFILL_TERMS=3"),
-                                           ("tiny-gqa", f"{GATE_UP_GEMM} {WGMMA}"), ("tiny-wide", f"{GATE_UP_GEMM} {WGMMA}"),
+                                           ("tiny-gqa", "-DPREFILL_BATCH=32"),
+                                           ("tiny-group3", f"-DPREFILL_TERMS=3 {MMA_SYNC}"), ("tiny-gqa", GATE_UP_GEMM),
+                                           ("tiny-wide", GATE_UP_GEMM),
+                                           ("tiny-group3", f"{GATE_UP_GEMM} -DPREFILL_TERMS=3 {MMA_SYNC}"),
+                                           ("tiny-gqa", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"),
+                                           ("tiny-wide", f"-DPREFILL_BATCH=32 {GATE_UP_GEMM} {MMA_SYNC}"),
+                                           ("tiny-llama3", MMA_SYNC),
                                            ("tiny-wide", "-DPREFILL_FLASH_MMA=0"),
                                            ("tiny-group3", f"-DPREFILL_FLASH_MMA=0 {CHUNK5}"),
-                                           ("tiny-group3", "-DFMMA_TILE=16"), ("tiny-gqa", "-DPREFILL_BATCH=64"),
-                                           ("tiny-wide", f"-DPREFILL_BATCH=64 {GATE_UP_GEMM}"),
-                                           ("tiny-gqa", "-DPREFILL_QKV_SPLITS=1"), ("tiny-wide", "-DPREFILL_QKV_SPLITS=3"),
-                                           ("tiny-gqa", SPLIT_GEMMS), ("tiny-wide", f"{SPLIT_GEMMS} {GATE_UP_GEMM}"),
-                                           ("tiny-group3", f"{SPLIT_GEMMS} -DPREFILL_TERMS=3"),
-                                           ("tiny-wide", f"{SPLIT_GEMMS} -DPREFILL_BATCH=64"),
-                                           ("tiny-llama3", SPLIT_GEMMS)])
+                                           ("tiny-group3", "-DFMMA_TILE=16"),
+                                           ("tiny-gqa", NO_GEMMS), ("tiny-wide", f"{NO_GEMMS} -DPREFILL_BATCH=32"),
+                                           ("tiny-gqa", f"{NO_GEMMS} -DPREFILL_QKV_SPLITS=1"),
+                                           ("tiny-wide", f"{NO_GEMMS} -DPREFILL_QKV_SPLITS=3"),
+                                           ("tiny-llama3", NO_GEMMS)])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
-    at most 16 (two batch sizes, two 8-token tiles in each mma row tile, two chunks of K in flight a
-    warp), inputs as three terms (fp32's 24 bits), and gate/up as a GEMM on every model (by default
-    only where its tiles fill the GPU, which no tiny model's do): K of one stage and a partial tile
-    (tiny-gqa), 34 stages (tiny-wide), an odd count of 8-column tiles (three terms, batches of 8);
-    and the GEMM on Hopper's warpgroup MMA (GEMM_WGMMA, sm_90a); the prefill's fp32 attention
-    (PREFILL_FLASH_MMA=0; alone and in splits of 5 positions), and the tensor cores' in tiles of 16
-    positions (ten a split: the running max and sum across tiles); batches of 64 (the prompt as 64,
-    64, 16: the matvecs' sums gathered a row tile at a time, four row groups of attention, the GEMM
-    at 128 columns); QKV's K in one split (its sums stored by the QKV kernel itself; the default
-    splits the tiny models' few blocks 4 ways, some splits without a chunk of K) and in 3; QKV,
-    o_proj and down as GEMMs with K split over blocks (as many splits as K's tiles allow on tiny
-    models: their sums added by the QKV finishing kernel and the RMSNorm's rounds of parts; o_proj's
-    input split into terms first), also with three terms, batches of 64, and o_proj's and QKV's
-    biases (tiny-llama3). Greedy text against the CPU's. (The default build's batches of 32, 16 and 8 all run on
-    TINY_PROMPT's 147 prefilled tokens: 4 x 32, 16, 3.)"""
+    at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
+    inputs as three terms (fp32's 24 bits, on mma.sync: wgmma takes two), gate/up as a GEMM on
+    every model (by default only where its tiles fill the GPU, which no tiny model's do): K of one
+    stage and a partial tile (tiny-gqa), 34 stages (tiny-wide), an odd count of 8-column tiles (three
+    terms, batches of 8); the GEMMs on mma.sync instead of Hopper's wgmma (GEMM_WGMMA=0), with
+    o_proj's and QKV's biases (tiny-llama3); the prefill's fp32 attention (PREFILL_FLASH_MMA=0; alone
+    and in splits of 5 positions), and the tensor cores' in tiles of 16 positions (ten a split: the
+    running max and sum across tiles); QKV, o_proj and down on prefill_pairs_body instead of GEMMs
+    over splits of K (NO_GEMMS: their sums gathered a row tile at a time at batches of 64), QKV's K
+    there in one split (its sums stored by the QKV kernel itself; the default splits the tiny
+    models' few blocks 4 ways, some splits without a chunk of K) and in 3. Greedy text against the
+    CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
+    K's tiles allow on tiny models, on wgmma; its batches of 64, 16 and 8 run on TINY_PROMPT's 147
+    prefilled tokens: 64, 64, 16, 3; the -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
@@ -497,11 +498,12 @@ def test_default_model_chat_on_gpu(default_gpu):
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", CHUNK5), ("tiny-group3", CHUNK5),
-                                           ("tiny-wide", f"{SPLIT_GEMMS} {GATE_UP_GEMM}")])
+                                           ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}")])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels of cp.async copies under compute-sanitizer's memcheck: the gate/up GEMM
-    (forced on, tiny-wide: 34 stages), QKV and down as GEMMs over splits of K, and the attention on the tensor cores (splits of 5 positions:
-    tiles mostly past their split's end, and the combine)."""
+    (forced on, tiny-wide: 34 stages), on wgmma and on mma.sync, and the attention on the tensor
+    cores (splits of 5 positions: tiles mostly past their split's end, and the combine). The default
+    build's (QKV, o_proj and down as GEMMs over splits of K) run under test_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
     d, binary = flags_build(variant, flags)

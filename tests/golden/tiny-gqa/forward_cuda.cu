@@ -39,6 +39,11 @@
 #define ATT_COMBINE_EARLY 64
 #endif
 #include "cuda_kernels.cuh"
+/* 1: the prefill GEMMs on Hopper's warpgroup MMA (the plan's choice for sm_90, which the Makefile
+ * builds as sm_90a); 0: on mma.sync */
+#ifndef GEMM_WGMMA
+#define GEMM_WGMMA 1
+#endif
 #include "cuda_prefill.cuh"
 #include "cuda_sampler.cuh"
 
@@ -472,7 +477,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_down_residual_ke
     prefill_residual_body<B, false>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
-/* QKV and down as GEMMs with K split over blocks (PREFILL_QKV_GEMM, PREFILL_DOWN_GEMM; not run on a GPU) */
+/* QKV and down as GEMMs with K split over blocks (PREFILL_QKV_GEMM, PREFILL_DOWN_GEMM) */
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_qkv_gemm_kernel(model_layer_weights w,
                                                                                  const uint16_t *x_terms, float2 *part) {
@@ -486,7 +491,7 @@ static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) pre
     prefill_residual_body<B, true>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
-/* o_proj as a GEMM (PREFILL_O_GEMM; not run on a GPU): the attention's output split into terms, then
+/* o_proj as a GEMM (PREFILL_O_GEMM): the attention's output split into terms, then
  * the GEMM over splits of K */
 static __global__ void __launch_bounds__(256) prefill_att_terms_kernel(const float *att, uint16_t *terms) {
     prefill_att_terms_body(att, terms, MODEL_Q_DIM);
@@ -1207,7 +1212,9 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
      * while at least PREFILL_MIN_TAIL are left, then one prompt step each. The thresholds: with a
      * batch of 16 at ~1.7 of one of 8 and one of 32 at ~1.65 of one of 16, 25-32 left go as 32 (2.8
      * against 3.4 as 16 + 16), 17-24 as 16 + 8 (2.7 against 2.8), 10-16 as 16 (9: a batch of 8 and a
-     * step beat one of 16). Batches of 64 (-DPREFILL_BATCH=64) from 41 left: a guess, not measured. */
+     * step beat one of 16). Batches of 64 from 41 left: one costs ~1.37 of one of 32 (1B shape,
+     * mma.sync GEMMs; thirtieth session) against 32 + 16's ~1.6; from 33 to 40 the two are close,
+     * not measured. */
     auto prefill_from = [](int size) { return size >= 64 ? 41 : size == 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL; };
     int i = 0;
     for (int count; n - 1 - i >= PREFILL_MIN_TAIL; i += count) {
