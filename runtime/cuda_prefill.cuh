@@ -431,6 +431,18 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #ifndef GEMM_WGMMA
 #define GEMM_WGMMA 0
 #endif
+/* GEMM_WGMMA_WAIT1: a stage's wgmma left running while the block goes on to the next stage's copies
+ * and wgmma (wgmma.wait_group 1, not 0), so that the tensor cores are not idle while the warps wait;
+ * the copies then go to the stage two back, which the wait has freed, and the prefetch distance is
+ * GEMM_STAGES - 2 tiles (4 stages: 2). The lead (thirtieth session): gate/up on wgmma at 285
+ * TFLOP/s on the 7B shape, a third of the peak, each stage's math waited for before the next
+ * stage's. Prepared in the thirtieth session, not run on a GPU: off. */
+#ifndef GEMM_WGMMA_WAIT1
+#define GEMM_WGMMA_WAIT1 0
+#endif
+static_assert(!GEMM_WGMMA_WAIT1 || (GEMM_WGMMA && GEMM_STAGES >= 3), "GEMM_WGMMA_WAIT1: wgmma and at least 3 stages");
+/* K tiles a GEMM block copies ahead of the one it multiplies */
+#define GEMM_PREFETCH (GEMM_WGMMA_WAIT1 ? GEMM_STAGES - 2 : GEMM_STAGES - 1)
 #if GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
 #endif
@@ -503,9 +515,13 @@ WGMMA_K16(16, 128,
 #undef WGMMA_K16
 #undef WG_C4
 __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+/* the warp's wgmmas issued since the last commit as a group; then wait until at most N groups are
+ * still running */
+template <int N>
 __device__ __forceinline__ void wgmma_commit_wait(void) {
-    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
+    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void wgmma_wait_all(void) { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 /* this thread's cp.async writes, landed, made visible to the async proxy that wgmma reads through */
 __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif
@@ -555,26 +571,28 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
     /* the weights of the first stages before the wait (they do not depend on the kernel before),
      * the inputs after it; a group a stage's part, so that stage 0 waits for its own two */
 #pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+    for (int s = 0; s < GEMM_PREFETCH; s++) {
         if (s < n_kt) load_a(s, s);
         cp_async_commit();
     }
     pdl_wait();
     pdl_launch_dependents();
 #pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+    for (int s = 0; s < GEMM_PREFETCH; s++) {
         if (s < n_kt) load_b(s, s);
         cp_async_commit();
     }
     for (int i = 0; i < n_kt; i++) {
-        cp_async_wait_group<GEMM_STAGES - 2>();
+        cp_async_wait_group<GEMM_PREFETCH - 1>();
 #if GEMM_WGMMA
         fence_proxy_async_shared();
 #endif
-        __syncthreads(); /* stage i is in, and every warp is done with the stage the next copies overwrite */
-        if (i + GEMM_STAGES - 1 < n_kt) {
-            load_a((i + GEMM_STAGES - 1) % GEMM_STAGES, i + GEMM_STAGES - 1);
-            load_b((i + GEMM_STAGES - 1) % GEMM_STAGES, i + GEMM_STAGES - 1);
+        /* stage i is in, and every warp is done with the stage the next copies overwrite (under
+         * GEMM_WGMMA_WAIT1 each warp's wait after the last stage's wgmma saw the one before end) */
+        __syncthreads();
+        if (i + GEMM_PREFETCH < n_kt) {
+            load_a((i + GEMM_PREFETCH) % GEMM_STAGES, i + GEMM_PREFETCH);
+            load_b((i + GEMM_PREFETCH) % GEMM_STAGES, i + GEMM_PREFETCH);
         }
         cp_async_commit();
         const uint32_t a_base = smem + (i % GEMM_STAGES) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
@@ -582,7 +600,8 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
-        wgmma_commit_wait(); /* done with the stage before the next iteration's copies overwrite it */
+        /* done with this stage (WAIT1: with the last one) before the next iteration's copies overwrite it */
+        wgmma_commit_wait<GEMM_WGMMA_WAIT1>();
 #else
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) {
@@ -604,6 +623,9 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
 #endif
     }
     cp_async_wait_group<0>();
+#if GEMM_WGMMA_WAIT1
+    wgmma_wait_all(); /* the last stage's sums */
+#endif
 
     /* each token's terms added: s[j] is rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1 */
     float s[J][4];

@@ -287,6 +287,7 @@ GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
 MMA_SYNC = "-DGEMM_WGMMA=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
 CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
 NO_GEMMS = "-DPREFILL_QKV_GEMM=0 -DPREFILL_DOWN_GEMM=0 -DPREFILL_O_GEMM=0"  # QKV, o_proj and down on prefill_pairs_body
+WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (prepared, thirtieth session)
 
 
 def flags_build(variant, flags):
@@ -341,7 +342,9 @@ def flags_builds_side_by_side(request):
                                            ("tiny-gqa", NO_GEMMS), ("tiny-wide", f"{NO_GEMMS} -DPREFILL_BATCH=32"),
                                            ("tiny-gqa", f"{NO_GEMMS} -DPREFILL_QKV_SPLITS=1"),
                                            ("tiny-wide", f"{NO_GEMMS} -DPREFILL_QKV_SPLITS=3"),
-                                           ("tiny-llama3", NO_GEMMS)])
+                                           ("tiny-llama3", NO_GEMMS),
+                                           ("tiny-gqa", WAIT1), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}"),
+                                           ("tiny-group3", "-DGEMM_WGMMA_WAIT1=1")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -354,8 +357,9 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     running max and sum across tiles); QKV, o_proj and down on prefill_pairs_body instead of GEMMs
     over splits of K (NO_GEMMS: their sums gathered a row tile at a time at batches of 64), QKV's K
     there in one split (its sums stored by the QKV kernel itself; the default splits the tiny
-    models' few blocks 4 ways, some splits without a chunk of K) and in 3. Greedy text against the
-    CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
+    models' few blocks 4 ways, some splits without a chunk of K) and in 3; each stage's wgmma left
+    running while the next stage's copies go out (GEMM_WGMMA_WAIT1; 4 stages, and 3: a prefetch of
+    one tile). Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
     K's tiles allow on tiny models, on wgmma; its batches of 64, 16 and 8 run on TINY_PROMPT's 147
     prefilled tokens: 64, 64, 16, 3; the -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
@@ -498,12 +502,13 @@ def test_default_model_chat_on_gpu(default_gpu):
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", CHUNK5), ("tiny-group3", CHUNK5),
-                                           ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}")])
+                                           ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}")])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels of cp.async copies under compute-sanitizer's memcheck: the gate/up GEMM
-    (forced on, tiny-wide: 34 stages), on wgmma and on mma.sync, and the attention on the tensor
-    cores (splits of 5 positions: tiles mostly past their split's end, and the combine). The default
-    build's (QKV, o_proj and down as GEMMs over splits of K) run under test_memcheck_clean."""
+    (forced on, tiny-wide: 34 stages), on wgmma (also with each stage's left running) and on
+    mma.sync, and the attention on the tensor cores (splits of 5 positions: tiles mostly past their
+    split's end, and the combine). The default build's (QKV, o_proj and down as GEMMs over splits
+    of K) run under test_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
     d, binary = flags_build(variant, flags)
