@@ -1,8 +1,10 @@
 /* cuda_prefill.cuh - the CUDA prompt path's kernel bodies: a batch of prompt tokens through every
  * stage at once (prefill), so that each weight row is read once for the whole batch.
  *
- * The matvecs on the tensor cores (prefill_pairs_body: mma row tiles; prefill_gemm_body: gate/up as a
- * tiled GEMM through shared memory), the RMSNorm that splits its output into 16-bit terms, and the
+ * The matvecs on the tensor cores (prefill_gemm_body: tiled GEMMs through shared memory, on wgmma
+ * or mma.sync, QKV, o_proj and down over splits of K; prefill_pairs_body: mma row tiles, where a
+ * GEMM's tiles would leave SMs idle or a build turns the GEMMs off), the RMSNorm that adds the
+ * splits' sums and splits its output into 16-bit terms, and the
  * attention with every query row of a KV head's group in a block (prefill_flash_body in fp32,
  * prefill_flash_mma_body on the tensor cores). Written, as cuda_kernels.cuh, against the MODEL_*
  * constants of the generated model_config.h, and included after it by the generated forward_cuda.cu;
@@ -15,8 +17,10 @@
 // ---------------------------------------------------------------------------------------------
 // Prefill: a batch of B prompt tokens (8 to 64) at positions io[IO_POS] on through every stage at
 // once, so each weight row is read once for all of them; io[IO_COUNT] of them are the prompt's.
-// Activations are (B, n) row-major. The matvecs run on the tensor cores (mma.m16n8k16: 16 weight
-// rows against 8 tokens, each 8-token tile of the batch in an mma of its own, fp32 sums): a block
+// Activations are (B, n) row-major. prefill_pairs_body, the matvec form (the GEMMs below are the
+// default for QKV, o_proj and down, and for gate/up where its tiles fill the GPU), runs on the
+// tensor cores (mma.m16n8k16: 16 weight rows against 8 tokens, each 8-token tile of the batch in
+// an mma of its own, fp32 sums): a block
 // takes 8 pairs of rows (as the decode kernels' pairs: RoPE partners, gate and up, or two rows of
 // o_proj / down), the pair's rows in the tile's rows g and g + 8, and its warps split K. Each
 // input, after the norm, goes in as PREFILL_TERMS values of the weights' dtype (bf16 or fp16) that
@@ -393,9 +397,10 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Gate/up's prefill as a tiled GEMM (prefill_gemm_body), where its rows fill the GPU's SMs
-// (gate_up_gemm in the generated code): a block takes GEMM_PAIRS pairs of rows (a warp a 16-row tile
-// of 8 pairs, as prefill_pairs_body's) over all of K against the whole batch. Weights and inputs go
+// The prefill's tiled GEMM (prefill_gemm_body): gate/up where its rows fill the GPU's SMs
+// (gate_up_gemm in the generated code), and QKV, o_proj and down over splits of K (PREFILL_QKV_GEMM
+// and the others below): a block takes GEMM_PAIRS pairs of rows (a warp a 16-row tile of 8 pairs,
+// as prefill_pairs_body's) over its K tiles against the whole batch. Weights and inputs go
 // through shared memory on cp.async, GEMM_KT values of K a stage, GEMM_STAGES stages in flight, and
 // every warp reads the stage's inputs from shared memory (ldmatrix): a block reads its inputs from
 // L2 once for 64 rows, not for 32, and keeps its later stages' weights in flight whatever its
@@ -403,8 +408,9 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
 // the terms lie in memory (term, B, K), and each token's terms are added after the sums.
 // Measured against prefill_pairs_body (PERFORMANCE.md, twenty-seventh session): the prompt +10% on
 // the 1B shape and +17% on the 7B; QKV, o_proj and down, whose few rows need K split over blocks,
-// were slower as GEMMs (their splits' sums added by each tile's last block). ncu: the kernel is
-// bound by latency (a quarter of the issue slots and of the tensor pipe busy), not by a unit.
+// were slower as GEMMs while each tile's last split block added the splits' sums (the thirtieth
+// session's, each split to a buffer of its own, won: PREFILL_QKV_GEMM). ncu (mma.sync, batches of
+// 32): bound by latency (a quarter of the issue slots and of the tensor pipe busy), not by a unit.
 
 #ifndef GEMM_WARPS
 #define GEMM_WARPS 4 /* 8 (64 pairs a block): 1B prompt -6%, 7B even */
