@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import BUILDS, DEFAULT_MODEL, REPO, TINY_VARIANTS, binary_for, run, tiny_model_dir
+from conftest import BUILDS, DEFAULT_MODEL, REPO, TINY_VARIANTS, binary_for, build_generic, run, tiny_model_dir
 from reference import compare_logits
 from test_numerics import TINY_PROMPT
 
@@ -39,6 +39,107 @@ pytestmark = pytest.mark.skipif(not gpu_present(), reason="no CUDA GPU here (nvi
 
 GPU_CPU_TOLERANCE = 1e-3
 GPU_HF_TOLERANCE = 5e-3
+
+# nvcc flags the tests build tiny models with (flags_build), besides the ones in their parameters
+RES_PAIRS = "-DRESIDUAL_PAIRS=1"  # o_proj and down a pair of rows a warp
+NO_SHORT = "-DATT_SHORT=0"  # the decode attention's split kernel at short contexts too
+ATT_O_SHORT = "-DATT_O_SHORT=1 -DATT_O_POLL=0"  # the short context's attention and o_proj in one grid, o_proj counting
+ATT_O_POLL = "-DATT_O_SHORT=1"  # ... o_proj polling attention's outputs
+ATT_CHUNK5 = "-DATT_MIN_CHUNK=5"  # the decode attention in splits of 5 positions
+COMBINE_EARLY = "-DATT_MIN_CHUNK=5 -DATT_COMBINE_EARLY=16"
+GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
+MMA_SYNC = "-DGEMM_WGMMA=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
+CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
+NO_GEMMS = "-DPREFILL_QKV_GEMM=0 -DPREFILL_DOWN_GEMM=0 -DPREFILL_O_GEMM=0"  # QKV, o_proj and down on prefill_pairs_body
+WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (prepared, thirtieth session)
+
+
+def split_last_flags(blocks, unroll):
+    return f"-DQKV_SPLIT_LAST=1 -DGRID_QKV={blocks} -DMV_PAIR_UNROLL={unroll}"
+
+
+def staged_flags(chunk):
+    return f"-DATT_MMA_STAGE_VALUES=1 -DATT_SHORT=0{chunk}"
+
+
+def flags_build(variant, flags):
+    """(model dir, specialized binary) of a tiny variant built with other nvcc flags: a model
+    directory (and so a build directory) of its own for each set of flags."""
+    d = tiny_model_dir(variant, name=f"{variant}-{hashlib.sha1(flags.encode()).hexdigest()[:10]}")
+    return d, binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+
+
+# What each test builds, from an item's parameters: ("flags", variant, flags) a flags_build,
+# ("plain", variant, build) binary_for(tiny_model_dir(variant), build). The default model's build is
+# make test-gpu's own.
+TEST_BUILDS = {
+    "test_tiny_gpu_matches_cpu": lambda p: [("plain", *p["tiny_gpu"])],
+    "test_tiny_gpu_matches_transformers": lambda p: [("plain", *p["tiny_gpu"])],
+    "test_generic_gpu_logits_equal_specialized": lambda p: [("plain", p["variant"], b) for b in BUILDS],
+    "test_gpu_sampling_end_to_end": lambda p: [("plain", "tiny-gqa", p["build"])],
+    "test_tiny_gpu_greedy_equals_cpu": lambda p: [("plain", p["variant"], "specialized")],
+    "test_tiny_gpu_residual_pairs_equal_cpu": lambda p: [("flags", p["variant"], RES_PAIRS)],
+    "test_tiny_gpu_residual_pairs_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
+    "test_tiny_gpu_early_lots_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
+    "test_tiny_gpu_pair_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
+    "test_tiny_gpu_qkv_split_last_equal_cpu": lambda p: [("flags", "tiny-wide", split_last_flags(p["blocks"], p["unroll"]))],
+    "test_tiny_gpu_staged_values_equal_cpu": lambda p: [("flags", p["variant"], staged_flags(p["chunk"]))],
+    "test_tiny_gpu_split_attention_at_short_context_equals_cpu": lambda p: [("flags", p["variant"], NO_SHORT)],
+    "test_tiny_gpu_short_attention_splits_equal_cpu": lambda p: [("plain", "tiny-group3-long", "specialized")],
+    "test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_SHORT)],
+    "test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_POLL)],
+    "test_tiny_gpu_down_polls_gate_up_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
+    "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
+    "test_tiny_gpu_attention_odd_chunks_equal_cpu": lambda p: [("flags", p["variant"], ATT_CHUNK5)],
+    "test_tiny_gpu_combine_early_equal_cpu": lambda p: [("flags", p["variant"], COMBINE_EARLY)],
+    "test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu": lambda p: [("flags", p["variant"], CHUNK5)],
+    "test_tiny_gpu_short_attention_graphs_equal_cpu": lambda p: [("plain", "tiny-long-context", "specialized")],
+    "test_gpu_bench_kernels_times_decode_and_prefill": lambda p: [("plain", "tiny-llama", "specialized")],
+    "test_prefill_builds_memcheck_clean": lambda p: [("flags", p["variant"], p["flags"])],
+    "test_memcheck_clean": lambda p: [("plain", p["variant"], p["build"])],
+}
+
+
+def selected_builds(items) -> list[tuple]:
+    """The builds the selected items need (TEST_BUILDS), each once; the generic build (one for
+    every model) as ("plain", None, "generic")."""
+    specs = set()
+    for item in items:
+        name = getattr(item, "originalname", None)
+        if name in TEST_BUILDS:
+            for spec in TEST_BUILDS[name](item.callspec.params if hasattr(item, "callspec") else {}):
+                specs.add(("plain", None, "generic") if spec[2] == "generic" else spec)
+    return sorted(specs, key=str)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def builds_side_by_side(request):
+    """The selected tests' builds, made side by side before the first test runs: each is one nvcc
+    process (~15 s on the GPU machine; the generic build three), and one after another they took
+    most of a `make test-gpu` (over 600 s in the thirtieth session). A specialized build goes first,
+    alone, so that the runtime's shared objects (build/runtime) are up to date before the others
+    link them. A build that fails here is left to its test, which builds it again and reports
+    make's output."""
+    specs = selected_builds(request.session.items)
+    if not specs or not gpu_present():
+        return
+
+    def build(spec):
+        kind, variant, arg = spec
+        try:
+            if kind == "flags":
+                flags_build(variant, arg)
+            elif arg == "generic":
+                build_generic()
+            else:
+                binary_for(tiny_model_dir(variant), arg)
+        except (AssertionError, subprocess.CalledProcessError):
+            pass
+
+    first = next((s for s in specs if s[2] != "generic"), specs[0])
+    build(first)
+    with ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) // 2)) as pool:
+        list(pool.map(build, [s for s in specs if s != first]))
 
 
 def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
@@ -134,8 +235,7 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     """o_proj and down with a pair of rows a warp (the plan takes them where the rows pass a wave's
     warps, as on the 7B shapes, never on a tiny model), forced with -DRESIDUAL_PAIRS=1 in a build of
     its own: logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-pairs")
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DRESIDUAL_PAIRS=1")
+    d, binary = flags_build(variant, RES_PAIRS)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
@@ -154,8 +254,7 @@ def test_tiny_gpu_residual_pairs_async_equal_cpu(flags, tmp_path):
     lots of 4 chunks, lots of 2 in pairs with the copies, of 1 in single rows without them), and with
     its copies issued once attention's values are out (MV_RES_ASYNC_AFTER, unpaced). Logits and
     greedy text against the CPU's."""
-    d = tiny_model_dir("tiny-wide", name="tiny-wide-res" + "".join(f.split("=")[-1] for f in flags.split()))
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    d, binary = flags_build("tiny-wide", flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
@@ -169,8 +268,7 @@ def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
     the other GPU tests on tiny-wide run those): tiny-wide's all at once (one lot, the default before
     the nineteenth session), lots of one chunk with pairs of rows, and tiny-gqa's short rows in lots.
     Logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-lots" + "".join(f.split("=")[-1] for f in flags.split()))
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
@@ -183,8 +281,7 @@ def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
     lane; one of 4 and a third step from registers; two of 4, the second partial. Gate/up's 4352
     rows take several rounds, so later pairs issue their own copies. Logits (graph and persistent
     step) and greedy text against the CPU's."""
-    d = tiny_model_dir("tiny-wide", name="tiny-wide-async" + "".join(f.split("=")[-1] for f in flags.split()))
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    d, binary = flags_build("tiny-wide", flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
@@ -198,9 +295,7 @@ def test_tiny_gpu_qkv_split_last_equal_cpu(blocks, unroll, tmp_path):
     and greedy text against the CPU's."""
     pairs, warps = (2048 + 2 * 512) // 2, blocks * 8
     assert pairs > warps and 0 < 2 * (pairs % warps) <= warps, "the grid must leave a split last round"
-    flags = f"-DQKV_SPLIT_LAST=1 -DGRID_QKV={blocks} -DMV_PAIR_UNROLL={unroll}"
-    d = tiny_model_dir("tiny-wide", name=f"tiny-wide-split{blocks}")
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    d, binary = flags_build("tiny-wide", split_last_flags(blocks, unroll))
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
@@ -214,8 +309,7 @@ def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
     5 positions (a tile's rows past the split zero-filled); without the short context's kernel
     (-DATT_SHORT=0), which would take every step of tiny-group3's. Logits and greedy text against the
     CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-stage{chunk.split('=')[-1] if chunk else ''}")
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS=-DATT_MMA_STAGE_VALUES=1 -DATT_SHORT=0{chunk}")
+    d, binary = flags_build(variant, staged_flags(chunk))
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
@@ -225,8 +319,7 @@ def test_tiny_gpu_split_attention_at_short_context_equals_cpu(variant, tmp_path)
     to attention_short_body (ATT_SHORT; the other tests on these two variants run that kernel up to
     256 positions on heads of 64, every step of tiny-group3's, and 128 on heads of 128): here
     -DATT_SHORT=0, a build of its own. Logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-noshort")
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_SHORT=0")
+    d, binary = flags_build(variant, NO_SHORT)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
@@ -249,9 +342,8 @@ def test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu(variant, tmp_path
     tiny-group3-long (heads of 64 in groups of 3) three times TINY_PROMPT crosses its splits of 256,
     so the count comes from the combining block; on tiny-wide (heads of 128) from the one split,
     the steps past 128 positions in the separate kernels. Logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-att-o-short")
     prompt = " ".join([TINY_PROMPT] * 3) if variant == "tiny-group3-long" else TINY_PROMPT
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_O_SHORT=1 -DATT_O_POLL=0")
+    d, binary = flags_build(variant, ATT_O_SHORT)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
@@ -262,9 +354,8 @@ def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
     instead of waiting on attention's count. tiny-group3-long: the outputs from the combining
     block (three times TINY_PROMPT crosses its splits of 256); tiny-wide: from the one split.
     Logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-att-o-poll")
     prompt = " ".join([TINY_PROMPT] * 3) if variant == "tiny-group3-long" else TINY_PROMPT
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_O_SHORT=1")
+    d, binary = flags_build(variant, ATT_O_POLL)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
@@ -278,54 +369,8 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
     sampled float4s (32 of tiny-gqa's 40), or the staging's polls alone (the plan's); POLL_VEC=2: a
     thread's five float4s of tiny-wide's input in three rounds of polls; tiny-group3: SmolLM2's
     attention shape. Logits and greedy text against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-" + "-".join(f[2:].lower().replace("=", "") for f in flags.split()))
-    binary = binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
-
-
-GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
-MMA_SYNC = "-DGEMM_WGMMA=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
-CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
-NO_GEMMS = "-DPREFILL_QKV_GEMM=0 -DPREFILL_DOWN_GEMM=0 -DPREFILL_O_GEMM=0"  # QKV, o_proj and down on prefill_pairs_body
-WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (prepared, thirtieth session)
-
-
-def flags_build(variant, flags):
-    """(model dir, specialized binary) of a tiny variant built with other nvcc flags: a model
-    directory (and so a build directory) of its own for each set of flags."""
-    d = tiny_model_dir(variant, name=f"{variant}-{hashlib.sha1(flags.encode()).hexdigest()[:10]}")
-    return d, binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
-
-
-# The tests that build with flags_build, and the (variant, flags) of an item of each
-FLAGS_BUILDS = {
-    "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: (p["variant"], p["flags"]),
-    "test_prefill_builds_memcheck_clean": lambda p: (p["variant"], p["flags"]),
-    "test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu": lambda p: (p["variant"], CHUNK5),
-}
-
-
-@pytest.fixture(scope="session", autouse=True)
-def flags_builds_side_by_side(request):
-    """The selected tests' flags_build binaries, built side by side before the first test runs: each
-    is one nvcc process (~15 s on the GPU machine), and one after another they took most of a
-    `make test-gpu -k prefill_builds` (twenty-two builds). The first is built alone, so that the
-    runtime's shared objects (build/runtime) are up to date before the others link them. A build
-    that fails here is left to its test, which builds it again and reports make's output."""
-    specs = sorted({FLAGS_BUILDS[item.originalname](item.callspec.params) for item in request.session.items
-                    if getattr(item, "originalname", None) in FLAGS_BUILDS and hasattr(item, "callspec")})
-    if not specs or not gpu_present():
-        return
-
-    def build(spec):
-        try:
-            flags_build(*spec)
-        except AssertionError:
-            pass
-
-    build(specs[0])
-    with ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) // 2)) as pool:
-        list(pool.map(build, specs[1:]))
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
@@ -376,8 +421,7 @@ def test_tiny_gpu_attention_odd_chunks_equal_cpu(variant):
     tokens (4 here: 2 query heads a KV head, 8 rows) straddling the bounds of the chunks, so a row
     can see none of a chunk's positions (max -inf, weight 0 in the combine). Greedy text against the
     CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-chunk5")
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5")
+    d, binary = flags_build(variant, ATT_CHUNK5)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
@@ -389,8 +433,7 @@ def test_tiny_gpu_combine_early_equal_cpu(variant, tmp_path):
     the 16 loaded early too), in builds of their own: tiny-gqa's attention_body (decode, and prefill groups whose rows
     can see none of a split) and tiny-group3's short context's kernel. Logits and greedy text
     against the CPU's."""
-    d = tiny_model_dir(variant, name=f"{variant}-early")
-    binary = binary_for(d, "specialized", "EXTRA_NVCCFLAGS=-DATT_MIN_CHUNK=5 -DATT_COMBINE_EARLY=16")
+    d, binary = flags_build(variant, COMBINE_EARLY)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
