@@ -440,9 +440,9 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 /* GEMM_WGMMA_WAIT1: a stage's wgmma left running while the block goes on to the next stage's copies
  * and wgmma (wgmma.wait_group 1, not 0), so that the tensor cores are not idle while the warps wait;
  * the copies then go to the stage two back, which the wait has freed, and the prefetch distance is
- * GEMM_STAGES - 2 tiles (4 stages: 2). The lead (thirtieth session): gate/up on wgmma at 285
- * TFLOP/s on the 7B shape, a third of the peak, each stage's math waited for before the next
- * stage's. Prepared in the thirtieth session, not run on a GPU: off. */
+ * GEMM_STAGES - 2 tiles (4 stages: 2). Measured (thirty-first session, with 4 stages, µs a batch):
+ * the 7B's gate/up -10%, but QKV, o_proj and down +10-15% (two blocks an SM at 4 stages, not
+ * three), the prompt +1% (7B) and even (1B): off. */
 #ifndef GEMM_WGMMA_WAIT1
 #define GEMM_WGMMA_WAIT1 0
 #endif
@@ -545,30 +545,42 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
     const int n_kt = kt1 - kt0; /* this block's K tiles: i of them at kt0 + i */
     const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + (GEMM_WGMMA ? 1023u : 0u)) & (GEMM_WGMMA ? ~1023u : ~0u);
 
-    /* this thread's weight copies: chunk tid % 8 of rows tid / 8 + GEMM_WARPS 4 i; row r of the tile
-     * is pair 8 (r / 16) + r % 8's a (r % 16 < 8) or b */
+    /* This thread's copies: chunk tid % 8 (8 values of K) of tile rows tid / 8 + ROWS j, for 4 rows
+     * of weights and T B * 8 / GEMM_THREADS rows of inputs a stage. Row r of the weights' tile is
+     * pair 8 (r / 16) + r % 8's a (r % 16 < 8) or b. The pointers and shared-memory offsets are
+     * worked out once: rows ROWS apart keep r % 8, so their swizzled chunks lie ROWS 128 bytes apart,
+     * and a stage's copies are one address add each (a loop over the copies with a stride from tid
+     * cost ~10 instructions a copy, and its issue half of the GEMM's warps' time: ncu, thirty-first
+     * session). */
+    constexpr int ROWS = GEMM_THREADS / 8, B_COPIES = (T * B + ROWS - 1) / ROWS; /* the last may be part of ROWS rows */
+    static_assert(4 * ROWS == 2 * GEMM_PAIRS, "prefill_gemm_body: the weights' tile is 4 copies of ROWS rows");
+    const int c8 = 8 * (tid % 8);
+    const uint32_t row_off = gemm_swz(tid / 8, tid % 8); /* + ROWS 128 j for row tid / 8 + ROWS j */
     const uint16_t *arow[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int r = tid / 8 + GEMM_WARPS * 4 * i;
+        const int r = tid / 8 + ROWS * i;
         const uint4 *ra, *rb;
         pair(min((int)blockIdx.x * GEMM_PAIRS + 8 * (r / 16) + r % 8, n_pairs - 1), &ra, &rb);
-        arow[i] = reinterpret_cast<const uint16_t *>(r % 16 < 8 ? ra : rb);
+        arow[i] = reinterpret_cast<const uint16_t *>(r % 16 < 8 ? ra : rb) + c8;
     }
-    auto load_a = [&](int st, int i) { /* the block's K tile i into stage st */
-        const uint32_t base = smem + st * GEMM_STAGE_BYTES(B);
-        const int c = tid % 8, k = (kt0 + i) * GEMM_KT + 8 * c;
+    const uint16_t *brow = in + (size_t)(tid / 8) * K + c8;
+    auto load_a = [&](int st, int kt) { /* the block's K tile kt into stage st */
+        const uint32_t dst = smem + st * GEMM_STAGE_BYTES(B) + row_off;
+        const int k = (kt0 + kt) * GEMM_KT;
+        const bool valid = k + c8 < K;
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            cp_async16_s(base + gemm_swz(tid / 8 + GEMM_WARPS * 4 * i, c), arow[i] + (k < K ? k : 0), k < K);
+        for (int i = 0; i < 4; i++) cp_async16_s(dst + ROWS * 128 * i, arow[i] + (valid ? k : 0), valid);
     };
     auto load_b = [&](int st, int kt) {
-        const uint32_t base = smem + st * GEMM_STAGE_BYTES(B) + GEMM_A_BYTES;
+        const uint32_t dst = smem + st * GEMM_STAGE_BYTES(B) + GEMM_A_BYTES + row_off;
+        const int k = (kt0 + kt) * GEMM_KT;
+        const bool valid = k + c8 < K;
+        const uint16_t *src = brow + (valid ? k : 0);
 #pragma unroll
-        for (int i = tid; i < T * B * 8; i += GEMM_THREADS) {
-            const int n = i / 8, c = i % 8, k = (kt0 + kt) * GEMM_KT + 8 * c;
-            cp_async16_s(base + gemm_swz(n, c), in + (size_t)n * K + (k < K ? k : 0), k < K);
-        }
+        for (int j = 0; j < B_COPIES; j++)
+            if (ROWS * (j + 1) <= T * B || tid / 8 + ROWS * j < T * B) /* the first known at compile time */
+                cp_async16_s(dst + ROWS * 128 * j, src + (size_t)ROWS * K * j, valid);
     };
 
     float c[NT][4];

@@ -8,7 +8,8 @@ after its grid-dependency wait, and by region of code between landmark instructi
 
 Several profiled launches of the kernel add up, instruction by instruction (the same code). The
 landmarks are the grid-dependency wait (ACQBULK: griddepcontrol.wait), block barriers, the first mma
-of each run of them, exponentials, cp.async waits, global stores and exits; a region's samples are
+or wgmma (HGMMA) of each run of them, wgmma's fences and waits (WARPGROUP.ARRIVE, WARPGROUP.DEPBAR),
+exponentials, cp.async waits, global stores and exits; a region's samples are
 those of the instructions after the previous landmark, up to and including this one. Only executed
 landmarks are listed. The PERFORMANCE.md sixteenth session's tables came from this reading.
 """
@@ -24,7 +25,7 @@ from report_file import report_main
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
-LANDMARKS = ("ACQBULK", "BAR.SYNC", "HMMA", "MUFU.EX2", "DEPBAR", "STG", "EXIT")
+LANDMARKS = ("ACQBULK", "BAR.SYNC", "HMMA", "HGMMA", "WARPGROUP", "MUFU.EX2", "DEPBAR", "STG", "EXIT")
 
 
 @dataclass
@@ -116,8 +117,8 @@ def render(text: str) -> str:
         op = _opcode(sass)
         if src.executed[i] == 0 or not op.startswith(LANDMARKS):
             continue
-        if op.startswith("HMMA") and previous.startswith("HMMA"):
-            continue  # a run of mma (other instructions between them) is one landmark, its first
+        if op.startswith(("HMMA", "HGMMA")) and previous[:4] == op[:4]:
+            continue  # a run of mma or wgmma (other instructions between them) is one landmark, its first
         out.append(row(f"{i}: {sass[:60]}", f"{src.executed[i]:.0f}", start, i + 1))
         start, previous = i + 1, op
     if start < len(src.code):
