@@ -61,9 +61,10 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
  * the RMSNorm's prefill_rms_terms_body), so that no block waits for another's: the twenty-seventh
  * session's GEMMs for these stages lost with a split's last block adding the tile's sums (a serial
  * tail). prefill_pairs_body's blocks read the batch's inputs from L2 for 32 rows, a GEMM block for
- * 64. Splits: as many as fill GEMM_SPLIT_FILL blocks an SM, at most PREFILL_GEMM_MAX_SPLITS and K's
- * tiles. Against prefill_pairs_body at batches of 32 (thirtieth session, the three together): 1B
- * prompt +17%, 7B +21%; and they are what makes batches of 64 pay. 0: prefill_pairs_body. */
+ * 64. Splits: as GEMM_SPLIT_FILL says (one wave of the resident blocks), at most
+ * PREFILL_GEMM_MAX_SPLITS and K's tiles. Against prefill_pairs_body at batches of 32 (thirtieth
+ * session, the three together): 1B prompt +17%, 7B +21%; and they are what makes batches of 64 pay.
+ * 0: prefill_pairs_body. */
 #ifndef PREFILL_QKV_GEMM
 #define PREFILL_QKV_GEMM 1
 #endif
@@ -76,9 +77,13 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 #ifndef PREFILL_O_GEMM
 #define PREFILL_O_GEMM 1
 #endif
-/* 4 against 2 (batches of 64, wgmma): 1B even at depth 0 and +8% at 4096, 7B even, SmolLM2 +1% */
+/* 0: as many splits as the GEMM's blocks resident an SM (the occupancy the compiled kernel
+ * allows: 3 at batches of 64 on wgmma) fill in one wave, rounded down (gemm_splits). N: N blocks an
+ * SM, rounded up, the thirtieth session's rule (4 against 2 there: 1B even at depth 0 and +8% at
+ * 4096, 7B even, SmolLM2 +1%), which at 3 resident left a second wave of a third of the blocks or
+ * more (1B QKV 528 blocks for 396 places, 7B 576). */
 #ifndef GEMM_SPLIT_FILL
-#define GEMM_SPLIT_FILL 4
+#define GEMM_SPLIT_FILL 0
 #endif
 #define PREFILL_GEMM_MAX_SPLITS 16
 /* the most splits of o_proj's or down's partial sums (prefill_part_x) */
@@ -678,9 +683,11 @@ static_assert(PREFILL_QKV_SPLITS >= 0 && PREFILL_QKV_SPLITS <= PREFILL_QKV_MAX_S
 /* the most splits of QKV's partial sums (prefill_part_qkv) */
 #define PREFILL_MAX_QKV_PARTS (PREFILL_QKV_GEMM ? PREFILL_GEMM_MAX_SPLITS : PREFILL_QKV_MAX_SPLITS)
 
-/* splits of K over a GEMM's `tiles` pair tiles: GEMM_SPLIT_FILL blocks an SM of `sms` */
-static inline int gemm_splits(int tiles, int K, int sms) {
-    int splits = (GEMM_SPLIT_FILL * sms + tiles - 1) / tiles;
+/* splits of K over a GEMM's `tiles` pair tiles on `sms` SMs where `resident` of its blocks fit an SM
+ * (GEMM_SPLIT_FILL) */
+static inline int gemm_splits(int tiles, int K, int sms, int resident) {
+    int splits = GEMM_SPLIT_FILL ? (GEMM_SPLIT_FILL * sms + tiles - 1) / tiles : resident * sms / tiles;
+    if (splits < 1) splits = 1;
     if (splits > PREFILL_GEMM_MAX_SPLITS) splits = PREFILL_GEMM_MAX_SPLITS;
     if (splits > gemm_k_tiles(K)) splits = gemm_k_tiles(K);
     return splits;

@@ -853,6 +853,13 @@ static void prefill_gemm_smem(void) {
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
 
+/* blocks of a prefill GEMM kernel resident an SM at batches of PREFILL_BATCH (after prefill_gemm_smem) */
+static int gemm_resident(const void *kernel) {
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMM_THREADS, GEMM_SMEM_BYTES(PREFILL_BATCH)));
+    return n;
+}
+
 /* A prefill batch of B >> s tokens (s < PREFILL_SIZES): one instance of enqueue_prefill a size. */
 template <int B>
 static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
@@ -1060,9 +1067,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * let two fit) take, or the build's */
     m->qkv_splits = PREFILL_QKV_SPLITS ? PREFILL_QKV_SPLITS : (2 * sms + PREFILL_GRID(QKV_PAIRS) - 1) / PREFILL_GRID(QKV_PAIRS);
     if (m->qkv_splits > PREFILL_QKV_MAX_SPLITS) m->qkv_splits = PREFILL_QKV_MAX_SPLITS;
-    if (PREFILL_QKV_GEMM) m->qkv_splits = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms);
-    m->down_splits = PREFILL_DOWN_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms) : PREFILL_SPLITS;
-    m->o_splits = PREFILL_O_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_Q_DIM, sms) : PREFILL_SPLITS;
+    m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
+    if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
+    if (PREFILL_QKV_GEMM)
+        m->qkv_splits = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms, gemm_resident((const void *)prefill_qkv_gemm_kernel<PREFILL_BATCH>));
+    m->down_splits = PREFILL_DOWN_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms,
+                                                     gemm_resident((const void *)prefill_down_gemm_kernel<PREFILL_BATCH>))
+                                       : PREFILL_SPLITS;
+    m->o_splits = PREFILL_O_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_Q_DIM, sms,
+                                               gemm_resident((const void *)prefill_o_gemm_kernel<PREFILL_BATCH>))
+                                 : PREFILL_SPLITS;
     if (PREFILL_O_GEMM) /* o_proj's input as terms (PREFILL_O_GEMM) */
         CUDA_CHECK(cudaMalloc(&m->prefill_att_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_qkv, (size_t)m->qkv_splits * PREFILL_BATCH * QKV_PAIRS * sizeof(float2)));
@@ -1070,8 +1084,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->prefill_counters, 0, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
-    m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
-    if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
     CUDA_CHECK(cudaMalloc(&m->logits, MODEL_VOCAB_SIZE * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->key_cache, cache));
     CUDA_CHECK(cudaMalloc(&m->value_cache, cache));
