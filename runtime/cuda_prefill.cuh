@@ -447,19 +447,29 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
  * the copies then go to the stage two back, which the wait has freed, and the prefetch distance is
  * GEMM_STAGES - 2 tiles (4 stages: 2). Measured (thirty-first session, with 4 stages, µs a batch):
  * the 7B's gate/up -10%, but QKV, o_proj and down +10-15% (two blocks an SM at 4 stages, not
- * three), the prompt +1% (7B) and even (1B): off. */
+ * three), the prompt +1% (7B) and even (1B); with the splits in one wave of the resident blocks,
+ * +6.7% / +5.7% at depth 0 but the 1B -4.7% at 4096 (one round): off. */
 #ifndef GEMM_WGMMA_WAIT1
 #define GEMM_WGMMA_WAIT1 0
 #endif
-static_assert(!GEMM_WGMMA_WAIT1 || (GEMM_WGMMA && GEMM_STAGES >= 3), "GEMM_WGMMA_WAIT1: wgmma and at least 3 stages");
-/* K tiles a GEMM block copies ahead of the one it multiplies */
-#define GEMM_PREFETCH (GEMM_WGMMA_WAIT1 ? GEMM_STAGES - 2 : GEMM_STAGES - 1)
+/* gate/up's GEMM alone (prefill_gemm_body's S and W1 there; the split GEMMs keep GEMM_STAGES and
+ * GEMM_WGMMA_WAIT1): WAIT1 with 4 stages took the 7B's gate/up from 2,981 to 2,685 µs a batch while
+ * the split GEMMs lost 5-9% at two blocks an SM (thirty-first session). Prepared there, not run on
+ * a GPU in this form: off (the global knobs' values). */
+#ifndef GATE_UP_GEMM_STAGES
+#define GATE_UP_GEMM_STAGES GEMM_STAGES
+#endif
+#ifndef GATE_UP_GEMM_WAIT1
+#define GATE_UP_GEMM_WAIT1 GEMM_WGMMA_WAIT1
+#endif
 #if GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
 #endif
 static_assert(!GEMM_WGMMA || (GEMM_WARPS == 4 && PREFILL_TERMS == 2), "GEMM_WGMMA: a block is one warpgroup (64 rows), two terms");
-/* a stage's tiles start on 1024 bytes under GEMM_WGMMA (the dynamic shared memory aligned up) */
-#define GEMM_SMEM_BYTES(B) (GEMM_STAGES * GEMM_STAGE_BYTES(B) + (GEMM_WGMMA ? 1024 : 0))
+/* a GEMM block's dynamic shared memory at S stages; a stage's tiles start on 1024 bytes under
+ * GEMM_WGMMA (the dynamic shared memory aligned up) */
+#define GEMM_SMEM_BYTES_AT(B, S) ((S) * GEMM_STAGE_BYTES(B) + (GEMM_WGMMA ? 1024 : 0))
+#define GEMM_SMEM_BYTES(B) GEMM_SMEM_BYTES_AT(B, GEMM_STAGES)
 
 /* Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows: the chunks XOR-swizzled by the
  * row, so that ldmatrix's eight rows at one chunk hit eight different bank groups. */
@@ -539,11 +549,15 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 
 /* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over K's GEMM_KT-value tiles
  * [kt0, kt1) (all of K: gemm_k_tiles(K)); in: the terms (PREFILL_TERMS, B, K). A block of
- * GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory GEMM_SMEM_BYTES(B). */
-template <int B, typename Pair, typename Store>
+ * GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory GEMM_SMEM_BYTES_AT(B, S): S stages, W1
+ * as GEMM_WGMMA_WAIT1 (the defaults: those knobs). */
+template <int B, int S = GEMM_STAGES, bool W1 = GEMM_WGMMA_WAIT1, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, int kt1, const uint16_t *__restrict__ in, Pair pair,
                                                   Store store) {
     constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
+    static_assert(S >= 2, "prefill_gemm_body: at least 2 stages");
+    static_assert(!W1 || (GEMM_WGMMA && S >= 3), "GEMM_WGMMA_WAIT1: wgmma and at least 3 stages");
+    constexpr int PREFETCH = W1 ? S - 2 : S - 1; /* K tiles a block copies ahead of the one it multiplies */
     static_assert(!GEMM_WGMMA || NT == 2 || NT == 4 || NT == 8 || NT == 16, "GEMM_WGMMA: wgmma_k16's shapes, N 16 to 128");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4;
@@ -594,37 +608,37 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
     /* the weights of the first stages before the wait (they do not depend on the kernel before),
      * the inputs after it; a group a stage's part, so that stage 0 waits for its own two */
 #pragma unroll
-    for (int s = 0; s < GEMM_PREFETCH; s++) {
+    for (int s = 0; s < PREFETCH; s++) {
         if (s < n_kt) load_a(s, s);
         cp_async_commit();
     }
     pdl_wait();
     pdl_launch_dependents();
 #pragma unroll
-    for (int s = 0; s < GEMM_PREFETCH; s++) {
+    for (int s = 0; s < PREFETCH; s++) {
         if (s < n_kt) load_b(s, s);
         cp_async_commit();
     }
     for (int i = 0; i < n_kt; i++) {
-        cp_async_wait_group<GEMM_PREFETCH - 1>();
+        cp_async_wait_group<PREFETCH - 1>();
 #if GEMM_WGMMA
         fence_proxy_async_shared();
 #endif
         /* stage i is in, and every warp is done with the stage the next copies overwrite (under
          * GEMM_WGMMA_WAIT1 each warp's wait after the last stage's wgmma saw the one before end) */
         __syncthreads();
-        if (i + GEMM_PREFETCH < n_kt) {
-            load_a((i + GEMM_PREFETCH) % GEMM_STAGES, i + GEMM_PREFETCH);
-            load_b((i + GEMM_PREFETCH) % GEMM_STAGES, i + GEMM_PREFETCH);
+        if (i + PREFETCH < n_kt) {
+            load_a((i + PREFETCH) % S, i + PREFETCH);
+            load_b((i + PREFETCH) % S, i + PREFETCH);
         }
         cp_async_commit();
-        const uint32_t a_base = smem + (i % GEMM_STAGES) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
+        const uint32_t a_base = smem + (i % S) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
 #if GEMM_WGMMA
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
         /* done with this stage (WAIT1: with the last one) before the next iteration's copies overwrite it */
-        wgmma_commit_wait<GEMM_WGMMA_WAIT1>();
+        wgmma_commit_wait<W1 ? 1 : 0>();
 #else
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) {
@@ -646,8 +660,8 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
 #endif
     }
     cp_async_wait_group<0>();
-#if GEMM_WGMMA_WAIT1
-    wgmma_wait_all(); /* the last stage's sums */
+#if GEMM_WGMMA
+    if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
 #endif
 
     /* each token's terms added: s[j] is rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1 */
@@ -827,7 +841,8 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
     auto store = [&](int p, const float *va, const float *vb) {
         for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
     };
-    if constexpr (GEMM) prefill_gemm_body<B>(hidden, dim, 0, gemm_k_tiles(dim), x_terms, pair, store);
+    if constexpr (GEMM)
+        prefill_gemm_body<B, GATE_UP_GEMM_STAGES, GATE_UP_GEMM_WAIT1>(hidden, dim, 0, gemm_k_tiles(dim), x_terms, pair, store);
     else prefill_pairs_body<B>(hidden, dim, 0, (dim + 31) / 32, x_terms, pair, store);
 }
 

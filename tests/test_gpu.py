@@ -51,7 +51,8 @@ GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
 MMA_SYNC = "-DGEMM_WGMMA=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
 CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
 NO_GEMMS = "-DPREFILL_QKV_GEMM=0 -DPREFILL_DOWN_GEMM=0 -DPREFILL_O_GEMM=0"  # QKV, o_proj and down on prefill_pairs_body
-WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (prepared, thirtieth session)
+WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (measured, thirty-first session: off)
+GATE_UP_WAIT1 = "-DGATE_UP_GEMM_STAGES=4 -DGATE_UP_GEMM_WAIT1=1"  # ... in gate/up's GEMM alone
 
 
 def split_last_flags(blocks, unroll):
@@ -389,7 +390,8 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-wide", f"{NO_GEMMS} -DPREFILL_QKV_SPLITS=3"),
                                            ("tiny-llama3", NO_GEMMS),
                                            ("tiny-gqa", WAIT1), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}"),
-                                           ("tiny-group3", "-DGEMM_WGMMA_WAIT1=1")])
+                                           ("tiny-group3", "-DGEMM_WGMMA_WAIT1=1"),
+                                           ("tiny-wide", f"{GATE_UP_WAIT1} {GATE_UP_GEMM}")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -404,7 +406,7 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     there in one split (its sums stored by the QKV kernel itself; the default splits the tiny
     models' few blocks 4 ways, some splits without a chunk of K) and in 3; each stage's wgmma left
     running while the next stage's copies go out (GEMM_WGMMA_WAIT1; 4 stages, and 3: a prefetch of
-    one tile). Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
+    one tile), and so in gate/up's GEMM alone beside the split GEMMs' 3 stages. Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
     K's tiles allow on tiny models, on wgmma; its batches of 64, 16 and 8 run on TINY_PROMPT's 147
     prefilled tokens: 64, 64, 16, 3; the -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)

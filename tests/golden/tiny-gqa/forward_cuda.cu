@@ -826,8 +826,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
                lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         if (m->gate_up_gemm)
-            launch(prefill_gate_up_gemm_kernel<B>, gemm_tiles(MODEL_HIDDEN_DIM), 1, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
-                   *lw, m->prefill_x_terms, m->prefill_hb_terms);
+            launch(prefill_gate_up_gemm_kernel<B>, gemm_tiles(MODEL_HIDDEN_DIM), 1, GEMM_THREADS,
+                   GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES), m->stream, *lw, m->prefill_x_terms, m->prefill_hb_terms);
         else
             launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
                    m->prefill_x_terms, m->prefill_hb_terms);
@@ -847,9 +847,11 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
 /* the prefill GEMMs' shared memory, for batches of B, B / 2, ... 8 */
 template <int B>
 static void prefill_gemm_smem(void) {
-    const void *kernels[] = {(const void *)prefill_gate_up_gemm_kernel<B>, (const void *)prefill_qkv_gemm_kernel<B>,
-                             (const void *)prefill_down_gemm_kernel<B>, (const void *)prefill_o_gemm_kernel<B>};
+    const void *kernels[] = {(const void *)prefill_qkv_gemm_kernel<B>, (const void *)prefill_down_gemm_kernel<B>,
+                             (const void *)prefill_o_gemm_kernel<B>};
     for (const void *k : kernels) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMM_SMEM_BYTES(B)));
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_gemm_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES)));
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
 
