@@ -137,59 +137,99 @@ __device__ __forceinline__ void store_terms4(uint16_t *terms, size_t stride, flo
 #define RMS_VALS ((MODEL_DIM / 4 + RMS_THREADS - 1) / RMS_THREADS)
 #endif
 #define RMS_MAX_DIM (4 * RMS_VALS * RMS_THREADS)
+/* PREFILL_RMS_CLUSTER C > 1: a token's row over a cluster of C blocks of RMS_CLUSTER_THREADS, each
+ * adding the parts of its DIM / C values and the blocks' sums of squares added in rank order
+ * through distributed shared memory. The lead (thirty-first session): 64 blocks, one a token of a
+ * batch, for 132 SMs, each loading its row and up to 12 parts of it (104 KB on the 1B) in rounds of
+ * PREFILL_SPLITS; 1B 198 µs a batch of 64 over 31 launches (12% of it), 7B 445. Prediction at C = 4:
+ * a launch's time from ~6.4 to ~4 µs, prompt +3%. Specialized builds (DIM known); prepared, not run
+ * on a GPU: off. */
+#ifndef PREFILL_RMS_CLUSTER
+#define PREFILL_RMS_CLUSTER 0
+#endif
+#if PREFILL_RMS_CLUSTER > 1
+static_assert(!MODEL_GENERIC && MODEL_DIM % (4 * PREFILL_RMS_CLUSTER) == 0 && PREFILL_RMS_CLUSTER <= 8,
+              "PREFILL_RMS_CLUSTER: a specialized build whose rows split into whole float4s, at most 8 blocks (a portable cluster)");
+#define RMS_CLUSTER PREFILL_RMS_CLUSTER
+#define RMS_CLUSTER_THREADS 128
+#define RMS_BLOCK_THREADS RMS_CLUSTER_THREADS
+#define RMS_BLOCK_VALS ((MODEL_DIM / 4 / RMS_CLUSTER + RMS_CLUSTER_THREADS - 1) / RMS_CLUSTER_THREADS)
+#else
+#define RMS_CLUSTER 1 /* blocks a token's row */
+#define RMS_BLOCK_THREADS RMS_THREADS
+#define RMS_BLOCK_VALS RMS_VALS
+#endif
 
-/* Block b of the batch's gridDim.x: x[b] += the `parts` partial sums part[s][b] (s in order, rows of
- * DIM, at most RMS_MAX_DIM; none for the first layer's); then RMSNorm's input, x[b] * (1 /
- * sqrt(mean(x[b]^2) + eps) * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input:
- * terms (PREFILL_TERMS, B, DIM). A thread holds float4s tid, tid + RMS_THREADS, ... of the row: its
- * loads of x and of the first PREFILL_SPLITS parts are issued before any is used (one L2 round
- * trip; more parts, a round each PREFILL_SPLITS), the norm's weights before the PDL wait, and the
- * terms are written from the registers. Against the earlier form's loops of 4 values a thread, which
- * read the row twice: 1B 5.4 to 4.8 us a launch, 7B 7.5 to 5.4 (launched one by one; prompt +1%). */
+/* A thread block cluster's barrier (PTX barrier.cluster): arrive releasing this thread's writes, or
+ * relaxed (nothing to publish); wait, acquiring the others' */
+__device__ __forceinline__ void cluster_arrive_release(void) { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_relaxed(void) { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait(void) { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+/* *p in the shared memory of the cluster's block `rank` (p: this block's copy of the variable) */
+__device__ __forceinline__ float ld_cluster_f32(const float *p, int rank) {
+    uint32_t addr;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+/* Token b of the batch (blocks b C .. b C + C - 1 of gridDim.x, C = RMS_CLUSTER, a cluster where
+ * C > 1): x[b] += the `parts` partial sums part[s][b] (s in order, rows of DIM, at most RMS_MAX_DIM;
+ * none for the first layer's); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *
+ * norm_w), as the PREFILL_TERMS terms of a prefill matvec's input: terms (PREFILL_TERMS, B, DIM).
+ * The cluster's block of rank r takes float4s r N4 / C .. (r + 1) N4 / C - 1 of the row, a thread
+ * float4s tid, tid + THREADS, ... of those (V of them at most): its loads of x and of the first
+ * PREFILL_SPLITS parts are issued before any is used (one L2 round trip; more parts, a round each
+ * PREFILL_SPLITS), the norm's weights before the PDL wait, and the terms are written from the
+ * registers. Against the earlier form's loops of 4 values a thread, which read the row twice: 1B
+ * 5.4 to 4.8 us a launch, 7B 7.5 to 5.4 (launched one by one; prompt +1%). */
+template <int C, int THREADS, int V>
 __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, int parts,
                                                        const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
                                                        int DIM, float eps) {
-    constexpr int V = RMS_VALS, WARPS = RMS_THREADS / WARP_SIZE, P = PREFILL_SPLITS;
-    const int N4 = DIM / 4; /* DIM: a multiple of 4 (model_cuda_create) */
+    constexpr int WARPS = THREADS / WARP_SIZE, P = PREFILL_SPLITS;
+    const int N4 = DIM / 4, Q = N4 / C; /* DIM: a multiple of 4 (model_cuda_create), of 4 C (C > 1) */
+    const int b = (int)blockIdx.x / C, rank = (int)blockIdx.x % C, B = (int)gridDim.x / C, base = rank * Q;
     __shared__ float partial[WARPS];
     const int tid = threadIdx.x;
     float4 n[V];
 #pragma unroll
     for (int u = 0; u < V; u++) {
-        const int i = 4 * (tid + u * RMS_THREADS); /* the weights may lie on 2 bytes: loaded one by one */
-        n[u] = i < DIM ? make_float4(w_to_f32(norm_w[i]), w_to_f32(norm_w[i + 1]), w_to_f32(norm_w[i + 2]), w_to_f32(norm_w[i + 3]))
-                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int j = tid + u * THREADS, i = 4 * (base + j); /* the weights may lie on 2 bytes: loaded one by one */
+        n[u] = j < Q ? make_float4(w_to_f32(norm_w[i]), w_to_f32(norm_w[i + 1]), w_to_f32(norm_w[i + 2]), w_to_f32(norm_w[i + 3]))
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     pdl_wait();
     pdl_launch_dependents();
-    float4 *__restrict__ xb = reinterpret_cast<float4 *>(x + (size_t)blockIdx.x * DIM);
-    const float4 *__restrict__ pb = reinterpret_cast<const float4 *>(part + (size_t)blockIdx.x * DIM);
-    const size_t split = (size_t)gridDim.x * N4; /* float4s from one split's (B, DIM) to the next */
+    float4 *__restrict__ xb = reinterpret_cast<float4 *>(x + (size_t)b * DIM) + base;
+    const float4 *__restrict__ pb = reinterpret_cast<const float4 *>(part + (size_t)b * DIM) + base;
+    const size_t split = (size_t)B * N4; /* float4s from one split's (B, DIM) to the next */
     float4 v[V], p[V][P];
     auto load_parts = [&](int s0) { /* parts s0 .. s0 + P - 1, zeros past the last */
 #pragma unroll
         for (int u = 0; u < V; u++) {
-            const int i = tid + u * RMS_THREADS;
+            const int j = tid + u * THREADS;
 #pragma unroll
-            for (int j = 0; j < P; j++)
-                p[u][j] = s0 + j < parts && i < N4 ? __ldcg(pb + (s0 + j) * split + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int k = 0; k < P; k++)
+                p[u][k] = s0 + k < parts && j < Q ? __ldcg(pb + (s0 + k) * split + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
 #pragma unroll
     for (int u = 0; u < V; u++) {
-        const int i = tid + u * RMS_THREADS;
-        v[u] = i < N4 ? xb[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int j = tid + u * THREADS;
+        v[u] = j < Q ? xb[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     load_parts(0);
     for (int s0 = 0;;) {
 #pragma unroll
         for (int u = 0; u < V; u++)
 #pragma unroll
-            for (int j = 0; j < P; j++) {
-                v[u].x += p[u][j].x;
-                v[u].y += p[u][j].y;
-                v[u].z += p[u][j].z;
-                v[u].w += p[u][j].w;
+            for (int k = 0; k < P; k++) {
+                v[u].x += p[u][k].x;
+                v[u].y += p[u][k].y;
+                v[u].z += p[u][k].z;
+                v[u].w += p[u][k].w;
             }
         s0 += P;
         if (PREFILL_MAX_X_PARTS <= P || s0 >= parts) break; /* the first round is all but where down is a GEMM */
@@ -197,27 +237,35 @@ __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, co
     }
     float ss = 0.0f;
 #pragma unroll
-    for (int u = 0; u < V; u++) {
-        const int i = tid + u * RMS_THREADS;
-        if (parts && i < N4) xb[i] = v[u];
-        ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
-    }
+    for (int u = 0; u < V; u++) ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
     ss = warp_sum(ss);
     if (tid % WARP_SIZE == 0) partial[tid / WARP_SIZE] = ss;
     __syncthreads();
     float total = 0.0f; /* every thread adds the warps' sums, in warp order */
 #pragma unroll
     for (int w = 0; w < WARPS; w++) total += partial[w];
+    if constexpr (C > 1) { /* then the cluster's blocks' sums, in rank order, from their shared memory; */
+        __shared__ float block_ss; /* no global stores yet, so that the release waits for none */
+        if (tid == 0) block_ss = total;
+        cluster_arrive_release();
+        cluster_wait(); /* every block's sum written */
+        total = 0.0f;
+#pragma unroll
+        for (int r = 0; r < C; r++) total += ld_cluster_f32(&block_ss, r);
+        cluster_arrive_relaxed(); /* done reading the others' (waited for at the end) */
+    }
     const float scale = rsqrtf(total / (float)DIM + eps);
-    const size_t stride = (size_t)gridDim.x * DIM; /* from one term's (B, DIM) to the next */
+    const size_t stride = (size_t)B * DIM; /* from one term's (B, DIM) to the next */
 #pragma unroll
     for (int u = 0; u < V; u++) {
-        const int i = tid + u * RMS_THREADS;
-        if (i >= N4) continue;
-        store_terms4(terms + (size_t)blockIdx.x * DIM + 4 * i, stride,
+        const int j = tid + u * THREADS, i = base + j;
+        if (j >= Q) continue;
+        if (parts) xb[j] = v[u];
+        store_terms4(terms + (size_t)b * DIM + 4 * i, stride,
                      make_float4(v[u].x * (scale * n[u].x), v[u].y * (scale * n[u].y), v[u].z * (scale * n[u].z),
                                  v[u].w * (scale * n[u].w)));
     }
+    if constexpr (C > 1) cluster_wait(); /* no block leaves while another may still read its sum */
 }
 
 /* The attention's output att (B, n) as the PREFILL_TERMS terms of o_proj's input (PREFILL_TERMS, B, n):

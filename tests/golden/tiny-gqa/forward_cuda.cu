@@ -366,9 +366,16 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_
     prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, int parts,
-                                                                         const uint16_t *norm_w, uint16_t *terms) {
-    prefill_rms_terms_body(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
+#if RMS_CLUSTER > 1
+#define RMS_CLUSTER_DIMS __cluster_dims__(RMS_CLUSTER, 1, 1)
+#else
+#define RMS_CLUSTER_DIMS
+#endif
+/* RMS_CLUSTER blocks a token of the batch (PREFILL_RMS_CLUSTER) */
+static __global__ void RMS_CLUSTER_DIMS __launch_bounds__(RMS_BLOCK_THREADS) prefill_rms_terms_kernel(float *x, const float *part,
+                                                                                                    int parts, const uint16_t *norm_w,
+                                                                                                    uint16_t *terms) {
+    prefill_rms_terms_body<RMS_CLUSTER, RMS_BLOCK_THREADS, RMS_BLOCK_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
@@ -785,7 +792,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0 ? m->down_splits : 0,
+        launch(prefill_rms_terms_kernel, B * RMS_CLUSTER, 1, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x,
+               l > 0 ? m->down_splits : 0,
                lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         if (PREFILL_QKV_GEMM)
@@ -822,7 +830,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
             launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), m->o_splits, MV_THREADS, smem, m->stream, *lw,
                    m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, m->o_splits,
+        launch(prefill_rms_terms_kernel, B * RMS_CLUSTER, 1, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x, m->o_splits,
                lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         if (m->gate_up_gemm)
