@@ -12,6 +12,8 @@
 #ifndef INGOT_CUDA_PREFILL_CUH
 #define INGOT_CUDA_PREFILL_CUH
 
+#include <cuda.h> /* CUtensorMap (GEMM_TMA) */
+
 #include "cuda_kernels.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -595,6 +597,61 @@ __device__ __forceinline__ void wgmma_wait_all(void) { asm volatile("wgmma.wait_
 __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif
 
+/* GEMM_TMA: gate/up's GEMM (prefill_gate_up_tma_body) with its tiles copied by the Tensor Memory
+ * Accelerator (cp.async.bulk.tensor through tensor maps the host makes, a stage's arrival counted
+ * on an mbarrier) instead of 12 cp.async a thread a stage: one thread issues a stage's 9 copies
+ * (8 boxes of 8 weight rows, the inputs' tile). The lead (thirty-first session, ncu on gate/up):
+ * a third of the warps' time in issuing the copies and waiting at the stage's barrier, gate/up's
+ * weights read at 2.1-2.4 TB/s, half the probe. Specialized sm_90a builds. Prepared in the
+ * thirty-first session, not run on a GPU: off. */
+#ifndef GEMM_TMA
+#define GEMM_TMA 0
+#endif
+static_assert(!GEMM_TMA || (GEMM_WGMMA && !MODEL_GENERIC), "GEMM_TMA: wgmma (sm_90a) and a specialized build");
+#if GEMM_TMA
+/* a shared-memory mbarrier (its shared address) for `count` arrivals */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+/* this thread's arrival, and `bytes` more that the phase waits for (complete_tx of the copies) */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* until the phase of parity `parity` has completed */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+/* the box of `map` at (c0: the inner dimension, c1) into shared memory at dst, counted on bar */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+#endif
+
+/* A GEMM block's sums c (its warp's 16 rows, as mma_16x8x16's C in each 8-column tile) stored:
+ * each token's terms added, s[j] rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1 */
+template <int B, int NT, typename Store>
+__device__ __forceinline__ void prefill_gemm_store(const float (&c)[NT][4], int n_pairs, Store store) {
+    constexpr int T = PREFILL_TERMS, J = B / 8;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4;
+    float s[J][4];
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[j][e] = c[j][e];
+#pragma unroll
+            for (int t = 1; t < T; t++) s[j][e] += c[t * J + j][e];
+        }
+    prefill_store_tile<B>(s, lane, (int)blockIdx.x * GEMM_PAIRS + 8 * wid + g, n_pairs, store);
+}
+
 /* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over K's GEMM_KT-value tiles
  * [kt0, kt1) (all of K: gemm_k_tiles(K)); in: the terms (PREFILL_TERMS, B, K). A block of
  * GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory GEMM_SMEM_BYTES_AT(B, S): S stages, W1
@@ -608,7 +665,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
     constexpr int PREFETCH = W1 ? S - 2 : S - 1; /* K tiles a block copies ahead of the one it multiplies */
     static_assert(!GEMM_WGMMA || NT == 2 || NT == 4 || NT == 8 || NT == 16, "GEMM_WGMMA: wgmma_k16's shapes, N 16 to 128");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4;
+    const int tid = threadIdx.x;
     const int n_kt = kt1 - kt0; /* this block's K tiles: i of them at kt0 + i */
     const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + (GEMM_WGMMA ? 1023u : 0u)) & (GEMM_WGMMA ? ~1023u : ~0u);
 
@@ -688,6 +745,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
         /* done with this stage (WAIT1: with the last one) before the next iteration's copies overwrite it */
         wgmma_commit_wait<W1 ? 1 : 0>();
 #else
+        const int lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) {
             uint32_t a0, a1, a2, a3; /* rows g, g + 8 at k 2q.. and 2q + 8.. (mma_16x8x16's order) */
@@ -711,18 +769,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
 #if GEMM_WGMMA
     if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
 #endif
-
-    /* each token's terms added: s[j] is rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1 */
-    float s[J][4];
-#pragma unroll
-    for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            s[j][e] = c[j][e];
-#pragma unroll
-            for (int t = 1; t < T; t++) s[j][e] += c[t * J + j][e];
-        }
-    prefill_store_tile<B>(s, lane, (int)blockIdx.x * GEMM_PAIRS + 8 * wid + g, n_pairs, store);
+    prefill_gemm_store<B>(c, n_pairs, store);
 }
 
 /* Pair tiles of a prefill GEMM of `pairs` pairs */
@@ -876,6 +923,79 @@ __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const u
     }
 }
 
+/* gate/up's store(p, va, vb): SiLU(gate) * up of pair p for the batch's tokens into down's input terms
+ * hb_terms (PREFILL_TERMS, B, hidden) */
+template <int B>
+__device__ __forceinline__ auto prefill_gate_up_store(uint16_t *hb_terms, int hidden) {
+    return [=](int p, const float *va, const float *vb) {
+        for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
+    };
+}
+
+#if GEMM_TMA
+/* gate/up as prefill_gemm_body's GEMM (GEMM_STAGES stages, GEMM_THREADS a block of GEMM_PAIRS pairs,
+ * dynamic shared memory GEMM_SMEM_BYTES(B)) with its tiles copied by TMA: gate and up, tensor maps
+ * of the (hidden, dim) matrices in boxes of GEMM_KT values by 8 rows, in: of the input terms
+ * (PREFILL_TERMS B, dim) in one box of PREFILL_TERMS B rows; both swizzled 128 bytes, which puts
+ * each 8-row box as gemm_swz lays out a tile's rows (a box starts on 1024 bytes). Thread 0 copies
+ * stage i + GEMM_STAGES - 1 after the block's barrier at stage i (every warp's wgmma on the stage it
+ * overwrites waited for), the warps wait for stage i's mbarrier phase. */
+template <int B>
+__device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate, const CUtensorMap *up, const CUtensorMap *in,
+                                                         uint16_t *hb_terms, int dim, int hidden) {
+    constexpr int T = PREFILL_TERMS, NT = T * B / 8, S = GEMM_STAGES, PREFETCH = S - 1;
+    static_assert(GEMM_A_BYTES == 2 * GEMM_WARPS * 1024, "prefill_gate_up_tma_body: a tile is GEMM_WARPS pairs of 8-row boxes");
+    extern __shared__ __align__(128) unsigned char gemm_smem[];
+    __shared__ __align__(8) uint64_t full[S];
+    const int tid = threadIdx.x, n_kt = gemm_k_tiles(dim), row0 = (int)blockIdx.x * GEMM_PAIRS;
+    const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + 1023u) & ~1023u;
+    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(full);
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) mbar_init(bars + 8 * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
+    }
+    __syncthreads();
+    /* thread 0's: the weights' boxes of K tile kt into stage st, its arrival expecting the stage's bytes
+     * (the weights' and the inputs'); rows 16 j .. 16 j + 7 of the tile gate's rows row0 + 8 j.., the
+     * next 8 up's, as prefill_gemm_body's pairs */
+    auto load_a = [&](int st, int kt) {
+        const uint32_t a = smem + st * GEMM_STAGE_BYTES(B), bar = bars + 8 * st;
+        mbar_arrive_expect_tx(bar, GEMM_STAGE_BYTES(B));
+#pragma unroll
+        for (int j = 0; j < GEMM_WARPS; j++) {
+            tma_load_2d(a + 2048 * j, gate, kt * GEMM_KT, row0 + 8 * j, bar);
+            tma_load_2d(a + 2048 * j + 1024, up, kt * GEMM_KT, row0 + 8 * j, bar);
+        }
+    };
+    auto load_b = [&](int st, int kt) { tma_load_2d(smem + st * GEMM_STAGE_BYTES(B) + GEMM_A_BYTES, in, kt * GEMM_KT, 0, bars + 8 * st); };
+
+    float c[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+    /* the weights of the first stages before the wait (they do not depend on the kernel before) */
+    if (tid == 0)
+        for (int s = 0; s < PREFETCH && s < n_kt; s++) load_a(s, s);
+    pdl_wait();
+    pdl_launch_dependents();
+    if (tid == 0)
+        for (int s = 0; s < PREFETCH && s < n_kt; s++) load_b(s, s);
+    for (int i = 0; i < n_kt; i++) {
+        __syncthreads(); /* every warp done with stage i - 1, which the next copies overwrite */
+        if (tid == 0 && i + PREFETCH < n_kt) {
+            load_a((i + PREFETCH) % S, i + PREFETCH);
+            load_b((i + PREFETCH) % S, i + PREFETCH);
+        }
+        mbar_wait(bars + 8 * (i % S), (uint32_t)(i / S) & 1u); /* stage i's copies landed */
+        const uint32_t a_base = smem + (i % S) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
+        wgmma_commit_wait<0>();
+    }
+    prefill_gemm_store<B>(c, hidden, prefill_gate_up_store<B>(hb_terms, hidden));
+}
+#endif
+
 /* gate and up + SiLU on post_attention_layernorm's output as terms (prefill_rms_terms_body):
  * hb = silu(gate . x) * (up . x), stored as down's input terms, (PREFILL_TERMS, B, hidden); as a
  * GEMM (prefill_gemm_body) or by prefill_pairs_body. */
@@ -886,9 +1006,7 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
         *a = reinterpret_cast<const uint4 *>(wg + (size_t)p * dim);
         *b = reinterpret_cast<const uint4 *>(wu + (size_t)p * dim);
     };
-    auto store = [&](int p, const float *va, const float *vb) {
-        for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
-    };
+    auto store = prefill_gate_up_store<B>(hb_terms, hidden);
     if constexpr (GEMM)
         prefill_gemm_body<B, GATE_UP_GEMM_STAGES, GATE_UP_GEMM_WAIT1>(hidden, dim, 0, gemm_k_tiles(dim), x_terms, pair, store);
     else prefill_pairs_body<B>(hidden, dim, 0, (dim + 31) / 32, x_terms, pair, store);

@@ -53,6 +53,7 @@ CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
 NO_GEMMS = "-DPREFILL_QKV_GEMM=0 -DPREFILL_DOWN_GEMM=0 -DPREFILL_O_GEMM=0"  # QKV, o_proj and down on prefill_pairs_body
 WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (measured, thirty-first session: off)
 GATE_UP_WAIT1 = "-DGATE_UP_GEMM_STAGES=4 -DGATE_UP_GEMM_WAIT1=1"  # ... in gate/up's GEMM alone
+TMA = "-DGEMM_TMA=1 -DPREFILL_GATE_UP_GEMM=2"  # gate/up's GEMM tiles copied by TMA, on every model (prepared, thirty-first session)
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (prepared, thirty-first session)
 
 
@@ -393,7 +394,8 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", WAIT1), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}"),
                                            ("tiny-group3", "-DGEMM_WGMMA_WAIT1=1"),
                                            ("tiny-wide", f"{GATE_UP_WAIT1} {GATE_UP_GEMM}"),
-                                           ("tiny-wide", RMS_CLUSTER4), ("tiny-group3", "-DPREFILL_RMS_CLUSTER=8")])
+                                           ("tiny-wide", RMS_CLUSTER4), ("tiny-group3", "-DPREFILL_RMS_CLUSTER=8"),
+                                           ("tiny-gqa", TMA), ("tiny-wide", TMA)])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -410,7 +412,8 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     running while the next stage's copies go out (GEMM_WGMMA_WAIT1; 4 stages, and 3: a prefetch of
     one tile), and so in gate/up's GEMM alone beside the split GEMMs' 3 stages; the RMSNorm a
     cluster of 4 blocks a token (tiny-wide: 136 float4s a block, a thread's second float4 on 8 of
-    128 threads) and of 8 (tiny-group3: 6 float4s a block). Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
+    128 threads) and of 8 (tiny-group3: 6 float4s a block); gate/up's tiles copied by TMA (tiny-gqa:
+    one K tile, rows past the matrix zero-filled; tiny-wide: 34). Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
     K's tiles allow on tiny models, on wgmma; its batches of 64, 16 and 8 run on TINY_PROMPT's 147
     prefilled tokens: 64, 64, 16, 3; the -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
@@ -552,12 +555,13 @@ def test_default_model_chat_on_gpu(default_gpu):
 
 @pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", CHUNK5), ("tiny-group3", CHUNK5),
                                            ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}"),
-                                           ("tiny-wide", RMS_CLUSTER4)])
+                                           ("tiny-wide", RMS_CLUSTER4), ("tiny-wide", TMA)])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels of cp.async copies under compute-sanitizer's memcheck: the gate/up GEMM
     (forced on, tiny-wide: 34 stages), on wgmma (also with each stage's left running) and on
     mma.sync, and the attention on the tensor cores (splits of 5 positions: tiles mostly past their
-    split's end, and the combine); the RMSNorm's cluster reading its blocks' shared memory. The default build's (QKV, o_proj and down as GEMMs over splits
+    split's end, and the combine); the RMSNorm's cluster reading its blocks' shared memory; gate/up's
+    tiles copied by TMA. The default build's (QKV, o_proj and down as GEMMs over splits
     of K) run under test_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")

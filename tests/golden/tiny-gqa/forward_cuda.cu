@@ -15,6 +15,7 @@
 #include <algorithm>
 
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled (GEMM_TMA) */
 
 #include "model.h"
 /* decode attention's first round of values staged with its keys (codegen/plan.py, _att_stage_values;
@@ -476,6 +477,16 @@ static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) pre
                                                                                      uint16_t *hb_terms) {
     prefill_gate_up_silu_body<B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
+#if GEMM_TMA
+/* ... its tiles copied by TMA (GEMM_TMA): the layer's gate and up and the batch's input terms as
+ * tensor maps (tensor_map_2d) */
+template <int B>
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B))
+    prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
+                               const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
+    prefill_gate_up_tma_body<B>(&gate, &up, &x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+}
+#endif
 
 template <int B>
 static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_down_residual_kernel(model_layer_weights w,
@@ -595,6 +606,11 @@ struct model_cuda {
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
     int gate_up_gemm;           /* the prefill's gate/up as a GEMM (PREFILL_GATE_UP_GEMM) */
+#if GEMM_TMA
+    /* (2 MODEL_N_LAYERS + PREFILL_SIZES) aligned to 64 bytes: layer l's gate and up at 2 l, 2 l + 1,
+     * then prefill_x_terms at batches of PREFILL_BATCH >> s */
+    CUtensorMap *tma_maps;
+#endif
     /* The steps queued and not yet taken (model_cuda_take): positions [taken, queued) of the steps
      * that choose a token, each with its kind and an event recorded after it. */
     int queued, taken;
@@ -779,6 +795,41 @@ static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "pref
                                                           "prefill_down", "prefill_end"};
 #define PREFILL_LAUNCHES (7 * MODEL_N_LAYERS - 3)
 
+#if GEMM_TMA
+/* s of a batch of B = PREFILL_BATCH >> s tokens (the prefill graphs' and tensor maps' index) */
+static constexpr int prefill_size_index(int b) { return b >= PREFILL_BATCH ? 0 : 1 + prefill_size_index(2 * b); }
+
+/* A tensor map of a row-major (rows, cols) matrix of the weights' 16-bit type at base: boxes of
+ * GEMM_KT values by box_rows rows, swizzled 128 bytes, zeros past the edges (prefill_gate_up_tma_body);
+ * the encoder is the driver's, found through the runtime (no -lcuda) */
+static CUtensorMap tensor_map_2d(const void *base, int rows, int cols, int box_rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess) {
+            fprintf(stderr, "ingot: GEMM_TMA: the CUDA driver has no cuTensorMapEncodeTiled\n");
+            exit(1);
+        }
+    }
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+    const CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+#else
+    const CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+#endif
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * sizeof(uint16_t)};
+    const cuuint32_t box[2] = {GEMM_KT, (cuuint32_t)box_rows}, steps[2] = {1, 1};
+    const CUresult r = encode(&map, type, 2, const_cast<void *>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "ingot: GEMM_TMA: cuTensorMapEncodeTiled failed (CUresult %d) for a (%d, %d) matrix\n", (int)r, rows, cols);
+        exit(1);
+    }
+    return map;
+}
+#endif
+
 /* io[IO_COUNT] prompt tokens (at most B) at positions io[IO_POS] on, then the position past them.
  * As a prompt step, the last layer stops after its keys and values. With marks: as enqueue_step. */
 template <int B>
@@ -833,6 +884,13 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         launch(prefill_rms_terms_kernel, B * RMS_CLUSTER, 1, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x, m->o_splits,
                lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
+#if GEMM_TMA
+        if (m->gate_up_gemm)
+            launch(prefill_gate_up_tma_kernel<B>, gemm_tiles(MODEL_HIDDEN_DIM), 1, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
+                   m->tma_maps[2 * l], m->tma_maps[2 * l + 1], m->tma_maps[2 * MODEL_N_LAYERS + prefill_size_index(B)],
+                   m->prefill_hb_terms);
+        else
+#endif
         if (m->gate_up_gemm)
             launch(prefill_gate_up_gemm_kernel<B>, gemm_tiles(MODEL_HIDDEN_DIM), 1, GEMM_THREADS,
                    GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES), m->stream, *lw, m->prefill_x_terms, m->prefill_hb_terms);
@@ -860,6 +918,10 @@ static void prefill_gemm_smem(void) {
     for (const void *k : kernels) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMM_SMEM_BYTES(B)));
     CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_gemm_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES)));
+#if GEMM_TMA
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_tma_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)GEMM_SMEM_BYTES(B)));
+#endif
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
 
@@ -1079,6 +1141,20 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     if (m->qkv_splits > PREFILL_QKV_MAX_SPLITS) m->qkv_splits = PREFILL_QKV_MAX_SPLITS;
     m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
     if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
+#if GEMM_TMA
+    m->tma_maps = (CUtensorMap *)aligned_alloc(64, (2 * MODEL_N_LAYERS + PREFILL_SIZES) * sizeof(CUtensorMap));
+    if (!m->tma_maps) {
+        model_cuda_free(m);
+        return err_set(ERR_NOMEM, "--device cuda: out of memory for the tensor maps");
+    }
+    for (int l = 0; l < MODEL_N_LAYERS; l++) {
+        m->tma_maps[2 * l] = tensor_map_2d(m->w.layers[l].w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
+        m->tma_maps[2 * l + 1] = tensor_map_2d(m->w.layers[l].w_up, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
+    }
+    for (int s = 0; s < PREFILL_SIZES; s++) /* the input terms (PREFILL_TERMS, B, dim) as one matrix */
+        m->tma_maps[2 * MODEL_N_LAYERS + s] = tensor_map_2d(m->prefill_x_terms, PREFILL_TERMS * (PREFILL_BATCH >> s), MODEL_DIM,
+                                                            PREFILL_TERMS * (PREFILL_BATCH >> s));
+#endif
     if (PREFILL_QKV_GEMM)
         m->qkv_splits = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms, gemm_resident((const void *)prefill_qkv_gemm_kernel<PREFILL_BATCH>));
     m->down_splits = PREFILL_DOWN_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms,
@@ -1446,6 +1522,9 @@ extern "C" void model_cuda_free(model_cuda *m) {
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
     if (m->stream) cudaStreamDestroy(m->stream);
+#if GEMM_TMA
+    free(m->tma_maps);
+#endif
     free(m);
 }
 #endif
