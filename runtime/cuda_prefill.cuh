@@ -834,6 +834,21 @@ __device__ __forceinline__ void prefill_qkv_store(int p, int t, float a, float b
     }
 }
 
+/* n_pairs pairs over split blockIdx.y of gridDim.y's parts of K: as a GEMM over K's tiles (in: the
+ * terms) or by prefill_pairs_body over its 32-value chunks; pair and store as theirs */
+template <int B, bool GEMM, typename In, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_split_body(int n_pairs, int K, const In *in, Pair pair, Store store) {
+    const int s = blockIdx.y, splits = gridDim.y;
+    if constexpr (GEMM) {
+        static_assert(std::is_same<In, uint16_t>::value, "a prefill GEMM's input: its terms");
+        const int n_kt = gemm_k_tiles(K);
+        prefill_gemm_body<B>(n_pairs, K, n_kt * s / splits, n_kt * (s + 1) / splits, in, pair, store);
+    } else {
+        const int chunks = (K + 31) / 32;
+        prefill_pairs_body<B>(n_pairs, K, chunks * s / splits, chunks * (s + 1) / splits, in, pair, store);
+    }
+}
+
 /* q/k/v (+ bias) + RoPE + KV-cache store for a batch of B, on input_layernorm's output as terms
  * (prefill_rms_terms_body): the pairs of qkv_pair, over split blockIdx.y of gridDim.y's parts of K;
  * by prefill_pairs_body, or as a GEMM (prefill_gemm_body, PREFILL_QKV_GEMM). One split of
@@ -864,13 +879,7 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *wq, const 
                 prefill_qkv_store(p, t, va[t], vb[t], bq, bk, bv, q, kc, vc, io, inv_freq, q_dim, kv_dim, head_dim, ctx);
         }
     };
-    if constexpr (GEMM) {
-        const int n_kt = gemm_k_tiles(dim);
-        prefill_gemm_body<B>(pairs, dim, n_kt * s / splits, n_kt * (s + 1) / splits, x_terms, pair, store);
-    } else {
-        const int chunks = (dim + 31) / 32;
-        prefill_pairs_body<B>(pairs, dim, chunks * s / splits, chunks * (s + 1) / splits, x_terms, pair, store);
-    }
+    prefill_split_body<B, GEMM>(pairs, dim, x_terms, pair, store);
 }
 
 /* QKV's splits added in order, for pair blockIdx.x * blockDim.x + threadIdx.x and token blockIdx.y
@@ -899,7 +908,7 @@ __device__ __forceinline__ void prefill_qkv_finish_body(const float2 *part, int 
 template <int B, bool GEMM, typename In>
 __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const uint16_t *bias, const In *in, float *part,
                                                       int rows, int K) {
-    const int half = rows / 2, s = blockIdx.y, splits = gridDim.y;
+    const int half = rows / 2, s = blockIdx.y;
     float *out = part + (size_t)s * B * rows;
     if (s != 0) bias = NULL;
     auto pair = [&](int p, const uint4 **a, const uint4 **b) {
@@ -913,14 +922,7 @@ __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const u
             out[(size_t)t * rows + p + half] = vb[t] + bb;
         }
     };
-    if constexpr (GEMM) {
-        static_assert(std::is_same<In, uint16_t>::value, "a prefill GEMM's input: its terms");
-        const int n_kt = gemm_k_tiles(K);
-        prefill_gemm_body<B>(half, K, n_kt * s / splits, n_kt * (s + 1) / splits, in, pair, store);
-    } else {
-        const int chunks = (K + 31) / 32;
-        prefill_pairs_body<B>(half, K, chunks * s / splits, chunks * (s + 1) / splits, in, pair, store);
-    }
+    prefill_split_body<B, GEMM>(half, K, in, pair, store);
 }
 
 /* gate/up's store(p, va, vb): SiLU(gate) * up of pair p for the batch's tokens into down's input terms
