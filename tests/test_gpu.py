@@ -90,7 +90,7 @@ TEST_BUILDS = {
     "test_tiny_gpu_split_attention_at_short_context_equals_cpu": lambda p: [("flags", p["variant"], NO_SHORT)],
     "test_tiny_gpu_short_attention_splits_equal_cpu": lambda p: [("plain", "tiny-group3-long", "specialized")],
     "test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_SHORT)],
-    "test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_POLL)],
+    "test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_down_polls_gate_up_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_attention_odd_chunks_equal_cpu": lambda p: [("flags", p["variant"], ATT_CHUNK5)],
@@ -350,15 +350,17 @@ def test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu(variant, tmp_path
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
-@pytest.mark.parametrize("variant", ["tiny-group3-long", "tiny-wide"])
-def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
+@pytest.mark.parametrize("variant,flags", [("tiny-group3-long", ATT_O_POLL), ("tiny-wide", ATT_O_POLL),
+                                           ("tiny-group3-long", f"{ATT_O_POLL} -DATT_O_MIN_BLOCKS=4")])
+def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, flags, tmp_path):
     """ATT_O_POLL, the joined short grid's default: there (forced on) o_proj's blocks poll attention's outputs
     themselves (words that read ATT_POLL_WORD until written, put back by the gate/up kernel)
     instead of waiting on attention's count. tiny-group3-long: the outputs from the combining
-    block (three times TINY_PROMPT crosses its splits of 256); tiny-wide: from the one split.
+    block (three times TINY_PROMPT crosses its splits of 256); tiny-wide: from the one split; and the
+    joined grid's registers for 4 blocks an SM (ATT_O_MIN_BLOCKS, where attention spills).
     Logits and greedy text against the CPU's."""
     prompt = " ".join([TINY_PROMPT] * 3) if variant == "tiny-group3-long" else TINY_PROMPT
-    d, binary = flags_build(variant, ATT_O_POLL)
+    d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 

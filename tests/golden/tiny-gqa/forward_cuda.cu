@@ -212,6 +212,14 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #endif
 static_assert(!ATT_O_SHORT || (ATT_SHORT && !MV_RES_ASYNC_AFTER),
               "ATT_O_SHORT: the short context's kernel (ATT_SHORT), no CTR_ATT_LOADED count");
+/* The joined grid's registers: for this many blocks an SM. At 2 (the default) its 264 blocks fill
+ * the register file, so gate/up's first blocks land only as o_proj's leave; the 1B's o_proj on its
+ * own kernel takes 64 registers (4 blocks an SM) and leaves half the file to gate/up. At 4 the
+ * joined grid does the same, and attention_short_body spills (1B: 604 bytes): -DATT_O_MIN_BLOCKS=4
+ * with -DATT_O_SHORT=1 on the 1B, prepared in the thirty-second session. */
+#ifndef ATT_O_MIN_BLOCKS
+#define ATT_O_MIN_BLOCKS 2
+#endif
 
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
 
@@ -224,10 +232,9 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
  * not by block index, because CUDA promises no dispatch order: every attention role is held by a
  * block already running, so a waiting o_proj block never waits on one without a slot. */
 template <bool SHORT>
-static __global__ void __launch_bounds__(MV_THREADS, 2) attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc,
-                                                                              const uint16_t *vc, const int *io, float *part_acc,
-                                                                              float *part_ml, unsigned *counters, float *att, float *x,
-                                                                              int ctx, int n_splits) {
+static __global__ void __launch_bounds__(MV_THREADS, ATT_O_MIN_BLOCKS)
+    attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+                            float *part_acc, float *part_ml, unsigned *counters, float *att, float *x, int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
     __shared__ int arrived;
     if (threadIdx.x == 0) {
