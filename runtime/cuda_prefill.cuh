@@ -161,6 +161,16 @@ static_assert(!MODEL_GENERIC && MODEL_DIM % (4 * PREFILL_RMS_CLUSTER) == 0 && PR
 #define RMS_BLOCK_THREADS RMS_THREADS
 #define RMS_BLOCK_VALS RMS_VALS
 #endif
+/* Debugging PREFILL_RMS_CLUSTER's launch failures (thirty-second session: every cluster build failed
+ * with "unspecified launch failure" in its prompt graph, but not under compute-sanitizer):
+ * RMS_CLUSTER_LATE=1 lets the next kernel launch only after the cluster's last barrier;
+ * RMS_CLUSTER_NO_PDL=1 launches the cluster kernel without programmatic stream serialization. */
+#ifndef RMS_CLUSTER_LATE
+#define RMS_CLUSTER_LATE 0
+#endif
+#ifndef RMS_CLUSTER_NO_PDL
+#define RMS_CLUSTER_NO_PDL 0
+#endif
 
 /* A thread block cluster's barrier (PTX barrier.cluster): arrive releasing this thread's writes, or
  * relaxed (nothing to publish); wait, acquiring the others' */
@@ -203,7 +213,7 @@ __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, co
                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     pdl_wait();
-    pdl_launch_dependents();
+    if (C == 1 || !RMS_CLUSTER_LATE) pdl_launch_dependents();
     float4 *__restrict__ xb = reinterpret_cast<float4 *>(x + (size_t)b * DIM) + base;
     const float4 *__restrict__ pb = reinterpret_cast<const float4 *>(part + (size_t)b * DIM) + base;
     const size_t split = (size_t)B * N4; /* float4s from one split's (B, DIM) to the next */
@@ -268,6 +278,7 @@ __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, co
                                  v[u].w * (scale * n[u].w)));
     }
     if constexpr (C > 1) cluster_wait(); /* no block leaves while another may still read its sum */
+    if (C > 1 && RMS_CLUSTER_LATE) pdl_launch_dependents();
 }
 
 /* The attention's output att (B, n) as the PREFILL_TERMS terms of o_proj's input (PREFILL_TERMS, B, n):
@@ -503,14 +514,18 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #define GEMM_WGMMA_WAIT1 0
 #endif
 /* gate/up's GEMM alone (prefill_gemm_body's S and W1 there; the split GEMMs keep GEMM_STAGES and
- * GEMM_WGMMA_WAIT1): WAIT1 with 4 stages took the 7B's gate/up from 2,981 to 2,685 µs a batch while
- * the split GEMMs lost 5-9% at two blocks an SM (thirty-first session). Prepared there, not run on
- * a GPU in this form: off (the global knobs' values). */
+ * GEMM_WGMMA_WAIT1): on wgmma, 4 stages with WAIT1 by default. The split GEMMs lose at 4 stages
+ * (two blocks an SM, not three, and their splits follow the resident blocks), gate/up does not:
+ * it runs one block a tile of rows, not split. Measured against 3 stages without WAIT1 (thirty-
+ * second session, one call, µs a batch of 64 and prompt tok/s at depths 0 / 4096): 7B gate/up
+ * 2,987 to 2,755, prompt +4.4% / +3.6%; 1B gate/up 483 to 476, prompt +0.2% / +0.6%; decode the
+ * same. The thirty-first session's WAIT1 with 4 stages everywhere had the 7B's gate/up at 2,685-
+ * 2,714 too. */
 #ifndef GATE_UP_GEMM_STAGES
-#define GATE_UP_GEMM_STAGES GEMM_STAGES
+#define GATE_UP_GEMM_STAGES (GEMM_WGMMA ? 4 : GEMM_STAGES)
 #endif
 #ifndef GATE_UP_GEMM_WAIT1
-#define GATE_UP_GEMM_WAIT1 GEMM_WGMMA_WAIT1
+#define GATE_UP_GEMM_WAIT1 (GEMM_WGMMA ? 1 : GEMM_WGMMA_WAIT1)
 #endif
 #if GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"

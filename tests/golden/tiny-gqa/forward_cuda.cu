@@ -212,14 +212,6 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #endif
 static_assert(!ATT_O_SHORT || (ATT_SHORT && !MV_RES_ASYNC_AFTER),
               "ATT_O_SHORT: the short context's kernel (ATT_SHORT), no CTR_ATT_LOADED count");
-/* The joined grid's registers: for this many blocks an SM. At 2 (the default) its 264 blocks fill
- * the register file, so gate/up's first blocks land only as o_proj's leave; the 1B's o_proj on its
- * own kernel takes 64 registers (4 blocks an SM) and leaves half the file to gate/up. At 4 the
- * joined grid does the same, and attention_short_body spills (1B: 604 bytes): -DATT_O_MIN_BLOCKS=4
- * with -DATT_O_SHORT=1 on the 1B, prepared in the thirty-second session. */
-#ifndef ATT_O_MIN_BLOCKS
-#define ATT_O_MIN_BLOCKS 2
-#endif
 
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
 
@@ -232,7 +224,7 @@ static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block siz
  * not by block index, because CUDA promises no dispatch order: every attention role is held by a
  * block already running, so a waiting o_proj block never waits on one without a slot. */
 template <bool SHORT>
-static __global__ void __launch_bounds__(MV_THREADS, ATT_O_MIN_BLOCKS)
+static __global__ void __launch_bounds__(MV_THREADS, 2)
     attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                             float *part_acc, float *part_ml, unsigned *counters, float *att, float *x, int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
@@ -674,6 +666,16 @@ static void launch(void (*kernel)(Params...), int grid_x, int grid_y, int block,
     launch_grid(kernel, dim3(grid_x, grid_y), block, smem, stream, args...);
 }
 
+/* The prompt's RMSNorm kernel: as launch, or without programmatic serialization (RMS_CLUSTER_NO_PDL,
+ * a debugging knob of PREFILL_RMS_CLUSTER) */
+template <typename... Params, typename... Args>
+static void launch_rms(void (*kernel)(Params...), int grid, int block, size_t smem, cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = !(RMS_CLUSTER > 1 && RMS_CLUSTER_NO_PDL);
+    launch_with(attr, kernel, dim3(grid), block, smem, stream, args...);
+}
+
 /* A launch whose blocks are guaranteed to be resident together (the persistent kernel's barrier
  * needs every block running). */
 template <typename... Params, typename... Args>
@@ -850,9 +852,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch(prefill_rms_terms_kernel, B * RMS_CLUSTER, 1, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x,
-               l > 0 ? m->down_splits : 0,
-               lw->attn_norm, m->prefill_x_terms);
+        launch_rms(prefill_rms_terms_kernel, B * RMS_CLUSTER, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x,
+                   l > 0 ? m->down_splits : 0, lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         if (PREFILL_QKV_GEMM)
             launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), m->qkv_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
@@ -888,8 +889,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
             launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), m->o_splits, MV_THREADS, smem, m->stream, *lw,
                    m->att, m->prefill_part_x);
         mark(PF_O);
-        launch(prefill_rms_terms_kernel, B * RMS_CLUSTER, 1, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x, m->o_splits,
-               lw->ffn_norm, m->prefill_x_terms);
+        launch_rms(prefill_rms_terms_kernel, B * RMS_CLUSTER, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x,
+                   m->o_splits, lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
 #if GEMM_TMA
         if (m->gate_up_gemm)
