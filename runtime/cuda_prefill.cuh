@@ -143,15 +143,20 @@ __device__ __forceinline__ void store_terms4(uint16_t *terms, size_t stride, flo
  * adding the parts of its DIM / C values and the blocks' sums of squares added in rank order
  * through distributed shared memory. The lead (thirty-first session): 64 blocks, one a token of a
  * batch, for 132 SMs, each loading its row and up to 12 parts of it (104 KB on the 1B) in rounds of
- * PREFILL_SPLITS; 1B 198 µs a batch of 64 over 31 launches (12% of it), 7B 445. Prediction at C = 4:
- * a launch's time from ~6.4 to ~4 µs, prompt +3%. Specialized builds (DIM known); prepared, not run
- * on a GPU: off. */
+ * PREFILL_SPLITS; 1B 198 µs a batch of 64 over 31 launches (12% of it), 7B 445. Measured (thirty-
+ * second session, H200): launched as a programmatic dependent (starting while the kernel before it
+ * runs) every cluster build of the 1B and 7B ended in "unspecified launch failure", also with the
+ * next kernel's trigger after the cluster's last barrier, while compute-sanitizer's serialized run
+ * passed; so the cluster kernel is launched without programmatic serialization (launch_rms), and
+ * then C = 2 and 4 passed on every tiny model and ran the 1B's and 7B's prompts: +2.1% and +1.3%
+ * at depth 0, -0.4% and +0.4% at 4096 (two rounds). C = 8 failed the same way in every form on
+ * tiny-wide and tiny-group3: not allowed. The causes were not found. Off. */
 #ifndef PREFILL_RMS_CLUSTER
 #define PREFILL_RMS_CLUSTER 0
 #endif
 #if PREFILL_RMS_CLUSTER > 1
-static_assert(!MODEL_GENERIC && MODEL_DIM % (4 * PREFILL_RMS_CLUSTER) == 0 && PREFILL_RMS_CLUSTER <= 8,
-              "PREFILL_RMS_CLUSTER: a specialized build whose rows split into whole float4s, at most 8 blocks (a portable cluster)");
+static_assert(!MODEL_GENERIC && MODEL_DIM % (4 * PREFILL_RMS_CLUSTER) == 0 && PREFILL_RMS_CLUSTER <= 4,
+              "PREFILL_RMS_CLUSTER: a specialized build whose rows split into whole float4s, at most 4 blocks (8 failed on the H200)");
 #define RMS_CLUSTER PREFILL_RMS_CLUSTER
 #define RMS_CLUSTER_THREADS 128
 #define RMS_BLOCK_THREADS RMS_CLUSTER_THREADS
@@ -160,16 +165,6 @@ static_assert(!MODEL_GENERIC && MODEL_DIM % (4 * PREFILL_RMS_CLUSTER) == 0 && PR
 #define RMS_CLUSTER 1 /* blocks a token's row */
 #define RMS_BLOCK_THREADS RMS_THREADS
 #define RMS_BLOCK_VALS RMS_VALS
-#endif
-/* Debugging PREFILL_RMS_CLUSTER's launch failures (thirty-second session: every cluster build failed
- * with "unspecified launch failure" in its prompt graph, but not under compute-sanitizer):
- * RMS_CLUSTER_LATE=1 lets the next kernel launch only after the cluster's last barrier;
- * RMS_CLUSTER_NO_PDL=1 launches the cluster kernel without programmatic stream serialization. */
-#ifndef RMS_CLUSTER_LATE
-#define RMS_CLUSTER_LATE 0
-#endif
-#ifndef RMS_CLUSTER_NO_PDL
-#define RMS_CLUSTER_NO_PDL 0
 #endif
 
 /* A thread block cluster's barrier (PTX barrier.cluster): arrive releasing this thread's writes, or
@@ -213,7 +208,7 @@ __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, co
                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     pdl_wait();
-    if (C == 1 || !RMS_CLUSTER_LATE) pdl_launch_dependents();
+    pdl_launch_dependents();
     float4 *__restrict__ xb = reinterpret_cast<float4 *>(x + (size_t)b * DIM) + base;
     const float4 *__restrict__ pb = reinterpret_cast<const float4 *>(part + (size_t)b * DIM) + base;
     const size_t split = (size_t)B * N4; /* float4s from one split's (B, DIM) to the next */
@@ -278,7 +273,6 @@ __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, co
                                  v[u].w * (scale * n[u].w)));
     }
     if constexpr (C > 1) cluster_wait(); /* no block leaves while another may still read its sum */
-    if (C > 1 && RMS_CLUSTER_LATE) pdl_launch_dependents();
 }
 
 /* The attention's output att (B, n) as the PREFILL_TERMS terms of o_proj's input (PREFILL_TERMS, B, n):

@@ -666,13 +666,13 @@ static void launch(void (*kernel)(Params...), int grid_x, int grid_y, int block,
     launch_grid(kernel, dim3(grid_x, grid_y), block, smem, stream, args...);
 }
 
-/* The prompt's RMSNorm kernel: as launch, or without programmatic serialization (RMS_CLUSTER_NO_PDL,
- * a debugging knob of PREFILL_RMS_CLUSTER) */
+/* The prompt's RMSNorm kernel: as launch, but a cluster of blocks a token (PREFILL_RMS_CLUSTER)
+ * without programmatic serialization, which failed (runtime/cuda_prefill.cuh) */
 template <typename... Params, typename... Args>
 static void launch_rms(void (*kernel)(Params...), int grid, int block, size_t smem, cudaStream_t stream, Args... args) {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = !(RMS_CLUSTER > 1 && RMS_CLUSTER_NO_PDL);
+    attr.val.programmaticStreamSerializationAllowed = RMS_CLUSTER == 1;
     launch_with(attr, kernel, dim3(grid), block, smem, stream, args...);
 }
 
