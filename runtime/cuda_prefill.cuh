@@ -612,9 +612,10 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
  * (8 boxes of 8 weight rows, the inputs' tile). The lead (thirty-first session, ncu on gate/up):
  * a third of the warps' time in issuing the copies and waiting at the stage's barrier, gate/up's
  * weights read at 2.1-2.4 TB/s, half the probe. Specialized sm_90a builds, 3 stages without WAIT1.
- * Measured (thirty-second session, against gate/up's cp.async GEMM at 3 stages, µs a batch of 64):
- * 1B 457 against 483, prompt +0.5% / +1.1% at depths 0 / 4096; 7B 3,340 against 2,989, prompt
- * -3.1% / -3.0%. The 7B's loss not read yet: off. */
+ * Measured (thirty-second session, both at 3 stages without WAIT1, µs a batch of 64): 1B 457
+ * against 483, prompt +0.5% / +1.1% at depths 0 / 4096; 7B 3,340 against 2,989, prompt -3.1% /
+ * -3.0%. The 7B's loss not read yet: off. Its stages and wait now follow gate/up's
+ * (GATE_UP_GEMM_STAGES, GATE_UP_GEMM_WAIT1: 4 and WAIT1 on wgmma), which has not run on a GPU. */
 #ifndef GEMM_TMA
 #define GEMM_TMA 0
 #endif
@@ -946,17 +947,19 @@ __device__ __forceinline__ auto prefill_gate_up_store(uint16_t *hb_terms, int hi
 }
 
 #if GEMM_TMA
-/* gate/up as prefill_gemm_body's GEMM (GEMM_STAGES stages, GEMM_THREADS a block of GEMM_PAIRS pairs,
- * dynamic shared memory GEMM_SMEM_BYTES(B)) with its tiles copied by TMA: gate and up, tensor maps
+/* gate/up as prefill_gemm_body's GEMM (S stages, W1 its wait, GEMM_THREADS a block of GEMM_PAIRS
+ * pairs, dynamic shared memory GEMM_SMEM_BYTES_AT(B, S)) with its tiles copied by TMA: gate and up, tensor maps
  * of the (hidden, dim) matrices in boxes of GEMM_KT values by 8 rows, in: of the input terms
  * (PREFILL_TERMS B, dim) in one box of PREFILL_TERMS B rows; both swizzled 128 bytes, which puts
  * each 8-row box as gemm_swz lays out a tile's rows (a box starts on 1024 bytes). Thread 0 copies
- * stage i + GEMM_STAGES - 1 after the block's barrier at stage i (every warp's wgmma on the stage it
- * overwrites waited for), the warps wait for stage i's mbarrier phase. */
-template <int B>
+ * stage i + PREFETCH after the block's barrier at stage i (every warp's wgmma on the stage it
+ * overwrites waited for: under W1 the one two stages back, so PREFETCH is S - 2), the warps wait
+ * for stage i's mbarrier phase. */
+template <int B, int S, bool W1>
 __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate, const CUtensorMap *up, const CUtensorMap *in,
                                                          uint16_t *hb_terms, int dim, int hidden) {
-    constexpr int T = PREFILL_TERMS, NT = T * B / 8, S = GEMM_STAGES, PREFETCH = S - 1;
+    static_assert(S >= 2 && (!W1 || S >= 3), "prefill_gate_up_tma_body: at least 2 stages, 3 with W1");
+    constexpr int T = PREFILL_TERMS, NT = T * B / 8, PREFETCH = W1 ? S - 2 : S - 1;
     static_assert(GEMM_A_BYTES == 2 * GEMM_WARPS * 1024, "prefill_gate_up_tma_body: a tile is GEMM_WARPS pairs of 8-row boxes");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     __shared__ __align__(8) uint64_t full[S];
@@ -1003,8 +1006,9 @@ __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
-        wgmma_commit_wait<0>();
+        wgmma_commit_wait<W1 ? 1 : 0>();
     }
+    if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
     prefill_gemm_store<B>(c, hidden, prefill_gate_up_store<B>(hb_terms, hidden));
 }
 #endif

@@ -395,7 +395,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-group3", "-DGEMM_WGMMA_WAIT1=1"),
                                            ("tiny-wide", f"{GATE_UP_3} {GATE_UP_GEMM}"),
                                            ("tiny-wide", RMS_CLUSTER4), ("tiny-group3", "-DPREFILL_RMS_CLUSTER=2"),
-                                           ("tiny-gqa", TMA), ("tiny-wide", TMA)])
+                                           ("tiny-gqa", TMA), ("tiny-wide", TMA), ("tiny-wide", f"{TMA} {GATE_UP_3}")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -414,7 +414,8 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     cluster of 4 blocks a token (tiny-wide: 136 float4s a block, a thread's second float4 on 8 of
     128 threads) and of 2 (tiny-group3: 24 float4s a block), launched without programmatic
     serialization; gate/up's tiles copied by TMA (tiny-gqa:
-    one K tile, rows past the matrix zero-filled; tiny-wide: 34). Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
+    one K tile, rows past the matrix zero-filled; tiny-wide: 34; at gate/up's wgmma default of 4 stages
+    with WAIT1, and at 3 without). Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
     K's tiles allow on tiny models, on wgmma; its batches of 64, 16 and 8 run on TINY_PROMPT's 147
     prefilled tokens: 64, 64, 16, 3; the -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)

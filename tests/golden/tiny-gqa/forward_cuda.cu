@@ -483,7 +483,8 @@ template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B))
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
-    prefill_gate_up_tma_body<B>(&gate, &up, &x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_tma_body<B, GATE_UP_GEMM_STAGES, GATE_UP_GEMM_WAIT1>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
+                                                                         MODEL_HIDDEN_DIM);
 }
 #endif
 
@@ -894,7 +895,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         mark(PF_SCALES);
 #if GEMM_TMA
         if (m->gate_up_gemm)
-            launch(prefill_gate_up_tma_kernel<B>, gemm_tiles(MODEL_HIDDEN_DIM), 1, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
+            launch(prefill_gate_up_tma_kernel<B>, gemm_tiles(MODEL_HIDDEN_DIM), 1, GEMM_THREADS,
+                   GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES), m->stream,
                    m->tma_maps[2 * l], m->tma_maps[2 * l + 1], m->tma_maps[2 * MODEL_N_LAYERS + prefill_size_index(B)],
                    m->prefill_hb_terms);
         else
@@ -928,7 +930,7 @@ static void prefill_gemm_smem(void) {
                                     (int)GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES)));
 #if GEMM_TMA
     CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_tma_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)GEMM_SMEM_BYTES(B)));
+                                    (int)GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES)));
 #endif
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
