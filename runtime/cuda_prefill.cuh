@@ -611,14 +611,14 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
  * on an mbarrier) instead of 12 cp.async a thread a stage: one thread issues a stage's 9 copies
  * (8 boxes of 8 weight rows, the inputs' tile). The lead (thirty-first session, ncu on gate/up):
  * a third of the warps' time in issuing the copies and waiting at the stage's barrier, gate/up's
- * weights read at 2.1-2.4 TB/s, half the probe. Specialized sm_90a builds, 3 stages without WAIT1.
- * Measured (thirty-second session, both at 3 stages without WAIT1, µs a batch of 64): 1B 457
- * against 483, prompt +0.5% / +1.1% at depths 0 / 4096; 7B 3,340 against 2,989, prompt -3.1% /
- * -3.0%. Its stages and wait now follow gate/up's (GATE_UP_GEMM_STAGES, GATE_UP_GEMM_WAIT1: 4
- * and WAIT1 on wgmma): 7B gate/up 2,562 against 2,749, prompt +2.5% at depth 0 (one round, the 1B
- * not measured so): off until a second round on both models. */
+ * weights read at 2.1-2.4 TB/s, half the probe. On by default in specialized sm_90a builds; its
+ * stages and wait follow gate/up's (GATE_UP_GEMM_STAGES, GATE_UP_GEMM_WAIT1). Measured
+ * (thirty-third session, two rounds, µs a batch of 64 against cp.async at 4 stages with WAIT1):
+ * 1B gate/up 439 against 477, prompt +1.5% / +0.9% at depths 0 / 4096; 7B 2,560 against 2,751,
+ * prompt +2.9% / +1.7%; decode unchanged. At 3 stages without WAIT1 TMA loses on the 7B (gate/up
+ * 3,340 against 2,989). 0: cp.async. */
 #ifndef GEMM_TMA
-#define GEMM_TMA 0
+#define GEMM_TMA (GEMM_WGMMA && !MODEL_GENERIC)
 #endif
 static_assert(!GEMM_TMA || (GEMM_WGMMA && !MODEL_GENERIC), "GEMM_TMA: wgmma (sm_90a) and a specialized build");
 #if GEMM_TMA

@@ -1152,18 +1152,20 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
     if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
-    m->tma_maps = (CUtensorMap *)aligned_alloc(64, (2 * MODEL_N_LAYERS + PREFILL_SIZES) * sizeof(CUtensorMap));
-    if (!m->tma_maps) {
-        model_cuda_free(m);
-        return err_set(ERR_NOMEM, "--device cuda: out of memory for the tensor maps");
+    if (m->gate_up_gemm) { /* the maps only where gate/up runs as a GEMM */
+        m->tma_maps = (CUtensorMap *)aligned_alloc(64, (2 * MODEL_N_LAYERS + PREFILL_SIZES) * sizeof(CUtensorMap));
+        if (!m->tma_maps) {
+            model_cuda_free(m);
+            return err_set(ERR_NOMEM, "--device cuda: out of memory for the tensor maps");
+        }
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            m->tma_maps[2 * l] = tensor_map_2d(m->w.layers[l].w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
+            m->tma_maps[2 * l + 1] = tensor_map_2d(m->w.layers[l].w_up, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
+        }
+        for (int s = 0; s < PREFILL_SIZES; s++) /* the input terms (PREFILL_TERMS, B, dim) as one matrix */
+            m->tma_maps[2 * MODEL_N_LAYERS + s] = tensor_map_2d(m->prefill_x_terms, PREFILL_TERMS * (PREFILL_BATCH >> s),
+                                                                MODEL_DIM, PREFILL_TERMS * (PREFILL_BATCH >> s));
     }
-    for (int l = 0; l < MODEL_N_LAYERS; l++) {
-        m->tma_maps[2 * l] = tensor_map_2d(m->w.layers[l].w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
-        m->tma_maps[2 * l + 1] = tensor_map_2d(m->w.layers[l].w_up, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
-    }
-    for (int s = 0; s < PREFILL_SIZES; s++) /* the input terms (PREFILL_TERMS, B, dim) as one matrix */
-        m->tma_maps[2 * MODEL_N_LAYERS + s] = tensor_map_2d(m->prefill_x_terms, PREFILL_TERMS * (PREFILL_BATCH >> s), MODEL_DIM,
-                                                            PREFILL_TERMS * (PREFILL_BATCH >> s));
 #endif
     if (PREFILL_QKV_GEMM)
         m->qkv_splits = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms, gemm_resident((const void *)prefill_qkv_gemm_kernel<PREFILL_BATCH>));
