@@ -620,7 +620,26 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 #ifndef GEMM_TMA
 #define GEMM_TMA (GEMM_WGMMA && !MODEL_GENERIC)
 #endif
+/* GATE_UP_TMA_WGS: warpgroups a block of the TMA body, each its own 64 rows (32 pairs) against the
+ * stage's one input tile, so that the inputs are read from L2 once for 64 WGS rows: at batches of 64
+ * the input terms (2 x 64 tokens x K) are twice a 64-row weight tile's bytes, and the 7B's gate/up,
+ * 448 blocks a layer, reads 470 MB of them from L2 against 235 MB of weights. GATE_UP_TMA_STAGES:
+ * its stages (default gate/up's). Prepared, not run on a GPU: default 1. */
+#ifndef GATE_UP_TMA_WGS
+#define GATE_UP_TMA_WGS 1
+#endif
+#ifndef GATE_UP_TMA_STAGES
+#define GATE_UP_TMA_STAGES GATE_UP_GEMM_STAGES
+#endif
+#define TMA_STAGE_BYTES(B, WGS) ((WGS) * GEMM_A_BYTES + GEMM_B_BYTES(B))
+#define TMA_SMEM_BYTES(B, S, WGS) ((S) * TMA_STAGE_BYTES(B, WGS) + 1024)
+/* blocks of the TMA body resident an SM, its launch bounds: at one warpgroup gate/up's GEMM's; at
+ * more, as many as an SM's 228 KB of shared memory holds (1 KB of it reserved a block) */
+#define TMA_FIT_SM(B, S, WGS) (233472 / (TMA_SMEM_BYTES(B, S, WGS) + 1024))
+#define TMA_BLOCKS_SM(B, S, WGS) ((WGS) == 1 ? GEMM_BLOCKS_SM_AT(B) : TMA_FIT_SM(B, S, WGS) < 1 ? 1 : TMA_FIT_SM(B, S, WGS))
 static_assert(!GEMM_TMA || (GEMM_WGMMA && !MODEL_GENERIC), "GEMM_TMA: wgmma (sm_90a) and a specialized build");
+static_assert(!GEMM_TMA || TMA_SMEM_BYTES(PREFILL_BATCH, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS) <= 232448,
+              "GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS: the TMA body's stages over a block's 227 KB of shared memory");
 #if GEMM_TMA
 /* a shared-memory mbarrier (its shared address) for `count` arrivals */
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -648,8 +667,9 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
 #endif
 
 /* A GEMM block's sums c (its warp's 16 rows, as mma_16x8x16's C in each 8-column tile) stored:
- * each token's terms added, s[j] rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1 */
-template <int B, int NT, typename Store>
+ * each token's terms added, s[j] rows g, g + 8 at tokens 8 j + 2q, 8 j + 2q + 1; a block of P pairs,
+ * warp w's from pair P blockIdx.x + 8 w */
+template <int B, int P = GEMM_PAIRS, int NT, typename Store>
 __device__ __forceinline__ void prefill_gemm_store(const float (&c)[NT][4], int n_pairs, Store store) {
     constexpr int T = PREFILL_TERMS, J = B / 8;
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4;
@@ -662,7 +682,7 @@ __device__ __forceinline__ void prefill_gemm_store(const float (&c)[NT][4], int 
 #pragma unroll
             for (int t = 1; t < T; t++) s[j][e] += c[t * J + j][e];
         }
-    prefill_store_tile<B>(s, lane, (int)blockIdx.x * GEMM_PAIRS + 8 * wid + g, n_pairs, store);
+    prefill_store_tile<B>(s, lane, (int)blockIdx.x * P + 8 * wid + g, n_pairs, store);
 }
 
 /* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over K's GEMM_KT-value tiles
@@ -948,43 +968,46 @@ __device__ __forceinline__ auto prefill_gate_up_store(uint16_t *hb_terms, int hi
 }
 
 #if GEMM_TMA
-/* gate/up as prefill_gemm_body's GEMM (S stages, W1 its wait, GEMM_THREADS a block of GEMM_PAIRS
- * pairs, dynamic shared memory GEMM_SMEM_BYTES_AT(B, S)) with its tiles copied by TMA: gate and up, tensor maps
- * of the (hidden, dim) matrices in boxes of GEMM_KT values by 8 rows, in: of the input terms
- * (PREFILL_TERMS B, dim) in one box of PREFILL_TERMS B rows; both swizzled 128 bytes, which puts
- * each 8-row box as gemm_swz lays out a tile's rows (a box starts on 1024 bytes). Thread 0 copies
- * stage i + PREFETCH after the block's barrier at stage i (every warp's wgmma on the stage it
- * overwrites waited for: under W1 the one two stages back, so PREFETCH is S - 2), the warps wait
- * for stage i's mbarrier phase. */
-template <int B, int S, bool W1>
+/* gate/up as prefill_gemm_body's GEMM (S stages, W1 its wait) with its tiles copied by TMA, a block
+ * of WGS warpgroups (GEMM_THREADS WGS threads) and GEMM_PAIRS WGS pairs, dynamic shared memory
+ * TMA_SMEM_BYTES(B, S, WGS): gate and up, tensor maps of the (hidden, dim) matrices in boxes of
+ * GEMM_KT values by 8 rows, in: of the input terms (PREFILL_TERMS B, dim) in one box of
+ * PREFILL_TERMS B rows; both swizzled 128 bytes, which puts each 8-row box as gemm_swz lays out a
+ * tile's rows (a box starts on 1024 bytes). A stage: each warpgroup's 64-row weight tile, then the
+ * inputs' tile, which every warpgroup's wgmma reads. Thread 0 copies stage i + PREFETCH after the
+ * block's barrier at stage i (every warp's wgmma on the stage it overwrites waited for: under W1
+ * the one two stages back, so PREFETCH is S - 2), the warps wait for stage i's mbarrier phase. */
+template <int B, int S, bool W1, int WGS>
 __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate, const CUtensorMap *up, const CUtensorMap *in,
                                                          uint16_t *hb_terms, int dim, int hidden) {
     static_assert(S >= 2 && (!W1 || S >= 3), "prefill_gate_up_tma_body: at least 2 stages, 3 with W1");
-    constexpr int T = PREFILL_TERMS, NT = T * B / 8, PREFETCH = W1 ? S - 2 : S - 1;
+    constexpr int T = PREFILL_TERMS, NT = T * B / 8, PREFETCH = W1 ? S - 2 : S - 1, P = GEMM_PAIRS * WGS;
+    constexpr int STAGE = TMA_STAGE_BYTES(B, WGS), A_BYTES = WGS * GEMM_A_BYTES;
     static_assert(GEMM_A_BYTES == 2 * GEMM_WARPS * 1024, "prefill_gate_up_tma_body: a tile is GEMM_WARPS pairs of 8-row boxes");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     __shared__ __align__(8) uint64_t full[S];
-    const int tid = threadIdx.x, n_kt = gemm_k_tiles(dim), row0 = (int)blockIdx.x * GEMM_PAIRS;
+    const int tid = threadIdx.x, n_kt = gemm_k_tiles(dim), row0 = (int)blockIdx.x * P;
     const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + 1023u) & ~1023u;
     const uint32_t bars = (uint32_t)__cvta_generic_to_shared(full);
+    const uint32_t a_wg = (uint32_t)(tid / GEMM_THREADS) * GEMM_A_BYTES; /* this warpgroup's weight tile in a stage */
     if (tid == 0) {
         for (int s = 0; s < S; s++) mbar_init(bars + 8 * s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
     }
     __syncthreads();
     /* thread 0's: the weights' boxes of K tile kt into stage st, its arrival expecting the stage's bytes
-     * (the weights' and the inputs'); rows 16 j .. 16 j + 7 of the tile gate's rows row0 + 8 j.., the
-     * next 8 up's, as prefill_gemm_body's pairs */
+     * (the weights' and the inputs'); rows 16 j .. 16 j + 7 of the stage's weights gate's rows
+     * row0 + 8 j.., the next 8 up's, as prefill_gemm_body's pairs (warpgroup w's tile: j from 4 w) */
     auto load_a = [&](int st, int kt) {
-        const uint32_t a = smem + st * GEMM_STAGE_BYTES(B), bar = bars + 8 * st;
-        mbar_arrive_expect_tx(bar, GEMM_STAGE_BYTES(B));
+        const uint32_t a = smem + st * STAGE, bar = bars + 8 * st;
+        mbar_arrive_expect_tx(bar, STAGE);
 #pragma unroll
-        for (int j = 0; j < GEMM_WARPS; j++) {
+        for (int j = 0; j < WGS * GEMM_WARPS; j++) {
             tma_load_2d(a + 2048 * j, gate, kt * GEMM_KT, row0 + 8 * j, bar);
             tma_load_2d(a + 2048 * j + 1024, up, kt * GEMM_KT, row0 + 8 * j, bar);
         }
     };
-    auto load_b = [&](int st, int kt) { tma_load_2d(smem + st * GEMM_STAGE_BYTES(B) + GEMM_A_BYTES, in, kt * GEMM_KT, 0, bars + 8 * st); };
+    auto load_b = [&](int st, int kt) { tma_load_2d(smem + st * STAGE + A_BYTES, in, kt * GEMM_KT, 0, bars + 8 * st); };
 
     float c[NT][4];
 #pragma unroll
@@ -1003,14 +1026,14 @@ __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate
             load_b((i + PREFETCH) % S, i + PREFETCH);
         }
         mbar_wait(bars + 8 * (i % S), (uint32_t)(i / S) & 1u); /* stage i's copies landed */
-        const uint32_t a_base = smem + (i % S) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
+        const uint32_t stage = smem + (i % S) * STAGE, a_base = stage + a_wg, b_base = stage + A_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
         wgmma_commit_wait<W1 ? 1 : 0>();
     }
     if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
-    prefill_gemm_store<B>(c, hidden, prefill_gate_up_store<B>(hb_terms, hidden));
+    prefill_gemm_store<B, P>(c, hidden, prefill_gate_up_store<B>(hb_terms, hidden));
 }
 #endif
 
