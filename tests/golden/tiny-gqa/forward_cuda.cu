@@ -480,11 +480,11 @@ static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) pre
 /* ... its tiles copied by TMA (GEMM_TMA): the layer's gate and up and the batch's input terms as
  * tensor maps (tensor_map_2d) */
 template <int B>
-static __global__ void __launch_bounds__(GEMM_THREADS * GATE_UP_TMA_WGS, TMA_BLOCKS_SM(B, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS))
+static __global__ void __launch_bounds__(TMA_THREADS(GATE_UP_TMA_WGS, GATE_UP_TMA_WS), TMA_BLOCKS_SM(B, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS, GATE_UP_TMA_WS))
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
-    prefill_gate_up_tma_body<B, GATE_UP_TMA_STAGES, GATE_UP_GEMM_WAIT1, GATE_UP_TMA_WGS>(&gate, &up, &x_terms, hb_terms,
-                                                                                         MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_tma_body<B, GATE_UP_TMA_STAGES, GATE_UP_GEMM_WAIT1, GATE_UP_TMA_WGS, GATE_UP_TMA_WS>(
+        &gate, &up, &x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 #endif
 
@@ -896,7 +896,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
 #if GEMM_TMA
         if (m->gate_up_gemm)
             launch(prefill_gate_up_tma_kernel<B>, (MODEL_HIDDEN_DIM + GEMM_PAIRS * GATE_UP_TMA_WGS - 1) / (GEMM_PAIRS * GATE_UP_TMA_WGS),
-                   1, GEMM_THREADS * GATE_UP_TMA_WGS, TMA_SMEM_BYTES(B, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS), m->stream,
+                   1, TMA_THREADS(GATE_UP_TMA_WGS, GATE_UP_TMA_WS), TMA_SMEM_BYTES(B, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS), m->stream,
                    m->tma_maps[2 * l], m->tma_maps[2 * l + 1], m->tma_maps[2 * MODEL_N_LAYERS + prefill_size_index(B)],
                    m->prefill_hb_terms);
         else
