@@ -620,38 +620,30 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 #ifndef GEMM_TMA
 #define GEMM_TMA (GEMM_WGMMA && !MODEL_GENERIC)
 #endif
-/* GATE_UP_TMA_WGS: warpgroups a block of the TMA body, each its own 64 rows (32 pairs) against the
- * stage's one input tile, so that the inputs are read from L2 once for 64 WGS rows: at batches of 64
- * the input terms (2 x 64 tokens x K) are twice a 64-row weight tile's bytes, and the 7B's gate/up,
- * 448 blocks a layer, reads 470 MB of them from L2 against 235 MB of weights. GATE_UP_TMA_STAGES:
- * its stages (default gate/up's). Default 1 (measured below). */
-#ifndef GATE_UP_TMA_WGS
-#define GATE_UP_TMA_WGS 1
+/* GATE_UP_TMA_WIDE: gate/up's TMA body at two warpgroups a block (prefill_gate_up_tma_body's WGS),
+ * each its own 64 rows against the stage's one input tile, at GATE_UP_WIDE_STAGES stages without
+ * WAIT1, so that two blocks fit an SM: 16 warps an SM, not 8. 1: where its blocks (64 pairs) are
+ * at least as many as the SMs (the 7-8B shapes on an H200; the 1B's 128 would leave it one block an
+ * SM), 2: always (tests), 0: never. Measured (thirty-third session, µs a batch of 64; ncu, 7B): a
+ * block of two warpgroups at one block an SM lost (7B gate/up 3,050 against 2,590 at 4 or 6
+ * stages; 1B 458-484 against 439; also with a warp of its own copying and each stage handed back
+ * through an mbarrier, no block barrier: 3,094-3,199, 1B 484-492, removed, commit 5ad1b2b), at two
+ * an SM the 7B won (2,363, prompt +3.1% / +2.1% at depths 0 / 4096) and the 1B lost (536). ncu:
+ * DRAM read 2.94 TB/s at 7.4 warps an SM (the default), 3.27 at 13.7 (wide), 2.30 at 9.0 (one
+ * block), so the weights' reads want warps in flight, not bytes. */
+#ifndef GATE_UP_TMA_WIDE
+#define GATE_UP_TMA_WIDE 1
 #endif
-#ifndef GATE_UP_TMA_STAGES
-#define GATE_UP_TMA_STAGES GATE_UP_GEMM_STAGES
-#endif
-/* GATE_UP_TMA_WS: the TMA body warp-specialized: a warp of its own issues the copies, each stage's
- * slot handed back by the consumer warps through an mbarrier (no block barrier a stage), so that a
- * warpgroup waits only for its own stage's copies. Measured without it (thirty-third session, µs a
- * batch of 64): two warpgroups a block at one block an SM lost (7B gate/up 3,050 against 2,590 at
- * 4 or 6 stages, 1B 458-472 against 439), at two an SM (3 stages, no WAIT1) the 7B won (2,363,
- * prompt +3.1%) and the 1B lost (536: its 128 blocks one an SM): the block barrier ties the
- * warpgroups together. Prepared, not run on a GPU: default 0. */
-#ifndef GATE_UP_TMA_WS
-#define GATE_UP_TMA_WS 0
-#endif
-#define TMA_THREADS(WGS, WS) (GEMM_THREADS * (WGS) + ((WS) ? WARP_SIZE : 0))
+#define GATE_UP_WIDE_STAGES 3
+/* the TMA body's stages at WGS warpgroups a block, and its blocks (64 WGS pairs) over `pairs` */
+#define TMA_STAGES(WGS) ((WGS) == 1 ? GATE_UP_GEMM_STAGES : GATE_UP_WIDE_STAGES)
+#define TMA_BLOCKS(pairs, WGS) (((pairs) + GEMM_PAIRS * (WGS) - 1) / (GEMM_PAIRS * (WGS)))
 #define TMA_STAGE_BYTES(B, WGS) ((WGS) * GEMM_A_BYTES + GEMM_B_BYTES(B))
 #define TMA_SMEM_BYTES(B, S, WGS) ((S) * TMA_STAGE_BYTES(B, WGS) + 1024)
-/* blocks of the TMA body resident an SM, its launch bounds: at one warpgroup without WS gate/up's
- * GEMM's; else as many as an SM's 228 KB of shared memory holds (1 KB of it reserved a block) */
-#define TMA_FIT_SM(B, S, WGS) (233472 / (TMA_SMEM_BYTES(B, S, WGS) + 1024))
-#define TMA_BLOCKS_SM(B, S, WGS, WS) \
-    ((WGS) == 1 && !(WS) ? GEMM_BLOCKS_SM_AT(B) : TMA_FIT_SM(B, S, WGS) < 1 ? 1 : TMA_FIT_SM(B, S, WGS))
 static_assert(!GEMM_TMA || (GEMM_WGMMA && !MODEL_GENERIC), "GEMM_TMA: wgmma (sm_90a) and a specialized build");
-static_assert(!GEMM_TMA || TMA_SMEM_BYTES(PREFILL_BATCH, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS) <= 232448,
-              "GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS: the TMA body's stages over a block's 227 KB of shared memory");
+static_assert(!GEMM_TMA || (TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(1), 1) <= 232448 &&
+                             TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(2), 2) <= 232448),
+              "GEMM_TMA: the TMA body's stages over a block's 227 KB of shared memory");
 #if GEMM_TMA
 /* a shared-memory mbarrier (its shared address) for `count` arrivals */
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -661,8 +653,6 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
-/* this thread's arrival */
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
 /* until the phase of parity `parity` has completed */
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done = 0;
@@ -983,41 +973,34 @@ __device__ __forceinline__ auto prefill_gate_up_store(uint16_t *hb_terms, int hi
 
 #if GEMM_TMA
 /* gate/up as prefill_gemm_body's GEMM (S stages, W1 its wait) with its tiles copied by TMA, a block
- * of WGS warpgroups and GEMM_PAIRS WGS pairs (TMA_THREADS(WGS, WS) threads, dynamic shared memory
- * TMA_SMEM_BYTES(B, S, WGS)): gate and up, tensor maps of the (hidden, dim) matrices in boxes of
+ * of WGS warpgroups (GEMM_THREADS WGS threads) and GEMM_PAIRS WGS pairs, dynamic shared memory
+ * TMA_SMEM_BYTES(B, S, WGS): gate and up, tensor maps of the (hidden, dim) matrices in boxes of
  * GEMM_KT values by 8 rows, in: of the input terms (PREFILL_TERMS B, dim) in one box of
  * PREFILL_TERMS B rows; both swizzled 128 bytes, which puts each 8-row box as gemm_swz lays out a
  * tile's rows (a box starts on 1024 bytes). A stage: each warpgroup's 64-row weight tile, then the
- * inputs' tile, which every warpgroup's wgmma reads; the warps wait for its `full` mbarrier's phase.
- * Without WS thread 0 copies stage i + PREFETCH after the block's barrier at stage i (every warp's
- * wgmma on the stage it overwrites waited for: under W1 the one two stages back, so PREFETCH is
- * S - 2). With WS the block's last warp copies, each stage once its `empty` mbarrier has every
- * consumer warp's arrival (after the wait that saw its wgmma on that stage end): S stages ahead. */
-template <int B, int S, bool W1, int WGS, bool WS>
+ * inputs' tile, which every warpgroup's wgmma reads. Thread 0 copies stage i + PREFETCH after the
+ * block's barrier at stage i (every warp's wgmma on the stage it overwrites waited for: under W1
+ * the one two stages back, so PREFETCH is S - 2), the warps wait for stage i's mbarrier phase. */
+template <int B, int S, bool W1, int WGS>
 __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate, const CUtensorMap *up, const CUtensorMap *in,
                                                          uint16_t *hb_terms, int dim, int hidden) {
     static_assert(S >= 2 && (!W1 || S >= 3), "prefill_gate_up_tma_body: at least 2 stages, 3 with W1");
-    constexpr int T = PREFILL_TERMS, NT = T * B / 8, P = GEMM_PAIRS * WGS, CONSUMERS = GEMM_THREADS * WGS;
-    constexpr int PREFETCH = WS ? S : W1 ? S - 2 : S - 1;
+    constexpr int T = PREFILL_TERMS, NT = T * B / 8, PREFETCH = W1 ? S - 2 : S - 1, P = GEMM_PAIRS * WGS;
     constexpr int STAGE = TMA_STAGE_BYTES(B, WGS), A_BYTES = WGS * GEMM_A_BYTES;
     static_assert(GEMM_A_BYTES == 2 * GEMM_WARPS * 1024, "prefill_gate_up_tma_body: a tile is GEMM_WARPS pairs of 8-row boxes");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
-    __shared__ __align__(8) uint64_t full[S], empty[S];
+    __shared__ __align__(8) uint64_t full[S];
     const int tid = threadIdx.x, n_kt = gemm_k_tiles(dim), row0 = (int)blockIdx.x * P;
     const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + 1023u) & ~1023u;
-    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(full), empties = (uint32_t)__cvta_generic_to_shared(empty);
+    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(full);
     const uint32_t a_wg = (uint32_t)(tid / GEMM_THREADS) * GEMM_A_BYTES; /* this warpgroup's weight tile in a stage */
-    const int copier = WS ? CONSUMERS : 0;                                 /* the thread that copies */
     if (tid == 0) {
-        for (int s = 0; s < S; s++) {
-            mbar_init(bars + 8 * s, 1);
-            mbar_init(empties + 8 * s, CONSUMERS / WARP_SIZE);
-        }
+        for (int s = 0; s < S; s++) mbar_init(bars + 8 * s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
     }
     __syncthreads();
-    /* the copier's: the weights' boxes of K tile kt into stage st, its arrival expecting the stage's
-     * bytes (the weights' and the inputs'); rows 16 j .. 16 j + 7 of the stage's weights gate's rows
+    /* thread 0's: the weights' boxes of K tile kt into stage st, its arrival expecting the stage's bytes
+     * (the weights' and the inputs'); rows 16 j .. 16 j + 7 of the stage's weights gate's rows
      * row0 + 8 j.., the next 8 up's, as prefill_gemm_body's pairs (warpgroup w's tile: j from 4 w) */
     auto load_a = [&](int st, int kt) {
         const uint32_t a = smem + st * STAGE, bar = bars + 8 * st;
@@ -1030,34 +1013,21 @@ __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate
     };
     auto load_b = [&](int st, int kt) { tma_load_2d(smem + st * STAGE + A_BYTES, in, kt * GEMM_KT, 0, bars + 8 * st); };
 
-    /* the weights of the first stages before the wait (they do not depend on the kernel before) */
-    if (tid == copier)
-        for (int s = 0; s < PREFETCH && s < n_kt; s++) load_a(s, s);
-    pdl_wait();
-    pdl_launch_dependents();
-    if (tid == copier)
-        for (int s = 0; s < PREFETCH && s < n_kt; s++) load_b(s, s);
-    if constexpr (WS)
-        if (tid >= CONSUMERS) { /* the copier's warp: stage kt's slot once tile kt - S is done with */
-            if (tid == copier)
-                for (int kt = S; kt < n_kt; kt++) {
-                    mbar_wait(empties + 8 * (kt % S), (uint32_t)(kt / S - 1) & 1u);
-                    load_a(kt % S, kt);
-                    load_b(kt % S, kt);
-                }
-            return;
-        }
-
     float c[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+    /* the weights of the first stages before the wait (they do not depend on the kernel before) */
+    if (tid == 0)
+        for (int s = 0; s < PREFETCH && s < n_kt; s++) load_a(s, s);
+    pdl_wait();
+    pdl_launch_dependents();
+    if (tid == 0)
+        for (int s = 0; s < PREFETCH && s < n_kt; s++) load_b(s, s);
     for (int i = 0; i < n_kt; i++) {
-        if constexpr (!WS) {
-            __syncthreads(); /* every warp done with stage i - 1, which the next copies overwrite */
-            if (tid == 0 && i + PREFETCH < n_kt) {
-                load_a((i + PREFETCH) % S, i + PREFETCH);
-                load_b((i + PREFETCH) % S, i + PREFETCH);
-            }
+        __syncthreads(); /* every warp done with stage i - 1, which the next copies overwrite */
+        if (tid == 0 && i + PREFETCH < n_kt) {
+            load_a((i + PREFETCH) % S, i + PREFETCH);
+            load_b((i + PREFETCH) % S, i + PREFETCH);
         }
         mbar_wait(bars + 8 * (i % S), (uint32_t)(i / S) & 1u); /* stage i's copies landed */
         const uint32_t stage = smem + (i % S) * STAGE, a_base = stage + a_wg, b_base = stage + A_BYTES;
@@ -1065,10 +1035,6 @@ __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
         wgmma_commit_wait<W1 ? 1 : 0>();
-        if constexpr (WS) { /* this warp done with stage i - 1 (W1) or i */
-            const int done = W1 ? i - 1 : i;
-            if (tid % WARP_SIZE == 0 && done >= 0) mbar_arrive(empties + 8 * (done % S));
-        }
     }
     if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
     prefill_gemm_store<B, P>(c, hidden, prefill_gate_up_store<B>(hb_terms, hidden));

@@ -54,8 +54,7 @@ NO_GEMMS = "-DPREFILL_QKV_GEMM=0 -DPREFILL_DOWN_GEMM=0 -DPREFILL_O_GEMM=0"  # QK
 WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (measured, thirty-first session: off)
 GATE_UP_3 = "-DGATE_UP_GEMM_STAGES=3 -DGATE_UP_GEMM_WAIT1=0"  # gate/up's GEMM as the split GEMMs (its wgmma default: 4 stages, WAIT1)
 NO_TMA = "-DGEMM_TMA=0"  # gate/up's GEMM tiles copied by cp.async (its wgmma default: by TMA)
-TMA_WGS2 = "-DPREFILL_GATE_UP_GEMM=2 -DGATE_UP_TMA_WGS=2"  # gate/up's TMA body two warpgroups a block (thirty-third session)
-TMA_WS = "-DPREFILL_GATE_UP_GEMM=2 -DGATE_UP_TMA_WS=1"  # ... warp-specialized, a copying warp (prepared, thirty-third session)
+TMA_WIDE = "-DPREFILL_GATE_UP_GEMM=2 -DGATE_UP_TMA_WIDE=2"  # gate/up's TMA body two warpgroups a block, on every model
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (thirty-second session: off)
 
 
@@ -399,11 +398,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-wide", RMS_CLUSTER4), ("tiny-group3", "-DPREFILL_RMS_CLUSTER=2"),
                                            ("tiny-gqa", f"{GATE_UP_GEMM} {NO_TMA}"), ("tiny-wide", f"{GATE_UP_GEMM} {NO_TMA}"),
                                            ("tiny-wide", f"{GATE_UP_GEMM} {NO_TMA} {GATE_UP_3}"),
-                                           ("tiny-gqa", TMA_WGS2), ("tiny-wide", TMA_WGS2),
-                                           ("tiny-wide", f"{TMA_WGS2} -DGATE_UP_TMA_STAGES=3 -DGATE_UP_GEMM_WAIT1=0"),
-                                           ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS), ("tiny-gqa", f"{TMA_WS} -DGATE_UP_TMA_WGS=2"),
-                                           ("tiny-wide", f"{TMA_WS} -DGATE_UP_TMA_WGS=2 -DGATE_UP_TMA_STAGES=6"),
-                                           ("tiny-wide", f"{TMA_WS} -DGATE_UP_GEMM_WAIT1=0")])
+                                           ("tiny-gqa", TMA_WIDE), ("tiny-wide", TMA_WIDE), ("tiny-group3", TMA_WIDE)])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -424,9 +419,8 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     serialization; gate/up's GEMM (on wgmma its tiles copied by TMA: tiny-gqa one K tile, rows
     past the matrix zero-filled; tiny-wide 34, at gate/up's default of 4 stages with WAIT1 and at 3
     without) with its tiles copied by cp.async instead (NO_TMA), and the TMA body at two warpgroups a
-    block (TMA_WGS2: tiny-gqa's one block mostly past the matrix; at 4 stages with WAIT1 and 3 without),
-    and warp-specialized (TMA_WS: a copying warp, each stage handed back by the consumers'
-    mbarrier; at one and two warpgroups, 4 and 6 stages, with and without WAIT1). Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
+    block (TMA_WIDE: tiny-gqa's three blocks, the last half past the matrix; tiny-wide; tiny-group3).
+    Greedy text against the CPU's. (The default build: batches of 64 with every matvec a GEMM over splits of K, as many as
     K's tiles allow on tiny models, on wgmma; its batches of 64, 16 and 8 run on TINY_PROMPT's 147
     prefilled tokens: 64, 64, 16, 3; the -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
@@ -569,15 +563,14 @@ def test_default_model_chat_on_gpu(default_gpu):
 @pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", CHUNK5), ("tiny-group3", CHUNK5),
                                            ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}"),
                                            ("tiny-wide", RMS_CLUSTER4), ("tiny-wide", f"{GATE_UP_GEMM} {NO_TMA}"),
-                                           ("tiny-wide", TMA_WGS2), ("tiny-wide", f"{TMA_WS} -DGATE_UP_TMA_WGS=2")])
+                                           ("tiny-wide", TMA_WIDE)])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA; by cp.async with NO_TMA, and with each stage's
     wgmma left running) and on mma.sync, and the attention on the tensor cores (splits of 5
     positions: tiles mostly past their split's end, and the combine); the RMSNorm's cluster reading
-    its blocks' shared memory; the TMA body at two warpgroups a block, and warp-specialized. The
-    default build's (QKV, o_proj and down as GEMMs over splits of K)
-    run under test_memcheck_clean."""
+    its blocks' shared memory; the TMA body at two warpgroups a block. The default build's (QKV,
+    o_proj and down as GEMMs over splits of K) run under test_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
     d, binary = flags_build(variant, flags)

@@ -478,13 +478,13 @@ static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) pre
 }
 #if GEMM_TMA
 /* ... its tiles copied by TMA (GEMM_TMA): the layer's gate and up and the batch's input terms as
- * tensor maps (tensor_map_2d) */
-template <int B>
-static __global__ void __launch_bounds__(TMA_THREADS(GATE_UP_TMA_WGS, GATE_UP_TMA_WS), TMA_BLOCKS_SM(B, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS, GATE_UP_TMA_WS))
+ * tensor maps (tensor_map_2d); WGS warpgroups a block (2: GATE_UP_TMA_WIDE, two blocks an SM) */
+template <int B, int WGS>
+static __global__ void __launch_bounds__(GEMM_THREADS * WGS, WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : 2)
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
-    prefill_gate_up_tma_body<B, GATE_UP_TMA_STAGES, GATE_UP_GEMM_WAIT1, GATE_UP_TMA_WGS, GATE_UP_TMA_WS>(
-        &gate, &up, &x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_tma_body<B, TMA_STAGES(WGS), WGS == 1 && GATE_UP_GEMM_WAIT1, WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
+                                                                                     MODEL_HIDDEN_DIM);
 }
 #endif
 
@@ -606,6 +606,7 @@ struct model_cuda {
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
     int gate_up_gemm;           /* the prefill's gate/up as a GEMM (PREFILL_GATE_UP_GEMM) */
+    int gate_up_wide;           /* ... its TMA body at two warpgroups a block (GATE_UP_TMA_WIDE) */
 #if GEMM_TMA
     /* (2 MODEL_N_LAYERS + PREFILL_SIZES) aligned to 64 bytes: layer l's gate and up at 2 l, 2 l + 1,
      * then prefill_x_terms at batches of PREFILL_BATCH >> s */
@@ -894,11 +895,12 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
                    m->o_splits, lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
 #if GEMM_TMA
-        if (m->gate_up_gemm)
-            launch(prefill_gate_up_tma_kernel<B>, (MODEL_HIDDEN_DIM + GEMM_PAIRS * GATE_UP_TMA_WGS - 1) / (GEMM_PAIRS * GATE_UP_TMA_WGS),
-                   1, TMA_THREADS(GATE_UP_TMA_WGS, GATE_UP_TMA_WS), TMA_SMEM_BYTES(B, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS), m->stream,
-                   m->tma_maps[2 * l], m->tma_maps[2 * l + 1], m->tma_maps[2 * MODEL_N_LAYERS + prefill_size_index(B)],
-                   m->prefill_hb_terms);
+        if (m->gate_up_gemm) {
+            const int wgs = m->gate_up_wide ? 2 : 1;
+            launch(wgs == 2 ? prefill_gate_up_tma_kernel<B, 2> : prefill_gate_up_tma_kernel<B, 1>, TMA_BLOCKS(MODEL_HIDDEN_DIM, wgs), 1,
+                   GEMM_THREADS * wgs, TMA_SMEM_BYTES(B, TMA_STAGES(wgs), wgs), m->stream, m->tma_maps[2 * l], m->tma_maps[2 * l + 1],
+                   m->tma_maps[2 * MODEL_N_LAYERS + prefill_size_index(B)], m->prefill_hb_terms);
+        }
         else
 #endif
         if (m->gate_up_gemm)
@@ -929,8 +931,10 @@ static void prefill_gemm_smem(void) {
     CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_gemm_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES)));
 #if GEMM_TMA
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_tma_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)TMA_SMEM_BYTES(B, GATE_UP_TMA_STAGES, GATE_UP_TMA_WGS)));
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_tma_kernel<B, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)TMA_SMEM_BYTES(B, TMA_STAGES(1), 1)));
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_tma_kernel<B, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)TMA_SMEM_BYTES(B, TMA_STAGES(2), 2)));
 #endif
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
@@ -1152,6 +1156,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
     if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
+    m->gate_up_wide = GATE_UP_TMA_WIDE == 2 || (GATE_UP_TMA_WIDE == 1 && TMA_BLOCKS(MODEL_HIDDEN_DIM, 2) >= sms);
     if (m->gate_up_gemm) { /* the maps only where gate/up runs as a GEMM */
         m->tma_maps = (CUtensorMap *)aligned_alloc(64, (2 * MODEL_N_LAYERS + PREFILL_SIZES) * sizeof(CUtensorMap));
         if (!m->tma_maps) {
