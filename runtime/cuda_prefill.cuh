@@ -623,14 +623,17 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 /* GATE_UP_TMA_WIDE: gate/up's TMA body at two warpgroups a block (prefill_gate_up_tma_body's WGS),
  * each its own 64 rows against the stage's one input tile, at GATE_UP_WIDE_STAGES stages without
  * WAIT1, so that two blocks fit an SM: 16 warps an SM, not 8. 1: where its blocks (64 pairs) are
- * at least as many as the SMs (the 7-8B shapes on an H200; the 1B's 128 would leave it one block an
- * SM), 2: always (tests), 0: never. Measured (thirty-third session, µs a batch of 64; ncu, 7B): a
- * block of two warpgroups at one block an SM lost (7B gate/up 3,050 against 2,590 at 4 or 6
- * stages; 1B 458-484 against 439; also with a warp of its own copying and each stage handed back
- * through an mbarrier, no block barrier: 3,094-3,199, 1B 484-492, removed, commit 5ad1b2b), at two
- * an SM the 7B won (2,363, prompt +3.1% / +2.1% at depths 0 / 4096) and the 1B lost (536). ncu:
- * DRAM read 2.94 TB/s at 7.4 warps an SM (the default), 3.27 at 13.7 (wide), 2.30 at 9.0 (one
- * block), so the weights' reads want warps in flight, not bytes. */
+ * one wave of two an SM, at least as many as the SMs and at most twice (on an H200 the 7B and 8B
+ * shapes' 224; not the 1B's 128, one block an SM, nor the Qwen2.5-7B shape's 296, 1.12 waves),
+ * 2: always (tests), 0: never. Measured (thirty-third session, µs a batch of 64, two rounds):
+ * Mistral-7B shape gate/up 2,334-2,358 against 2,577-2,587, prompt +2.9% / +2.3% at depths 0 /
+ * 4096; Qwen2.5-7B shape 3,302-3,349 against 2,888-2,915, prompt -6.0% / -4.8%; the 1B (forced)
+ * 536 against 439, prompt -8%. A block of two warpgroups at one block an SM lost everywhere (7B
+ * 3,050 against 2,590 at 4 or 6 stages; 1B 458-484 against 439), also with a warp of its own
+ * copying and each stage handed back through an mbarrier instead of the block barrier (7B
+ * 3,094-3,199, 1B 484-492; removed, commit 5ad1b2b). ncu (7B, one launch): DRAM read 2.94 TB/s
+ * at 7.4 warps an SM (one warpgroup), 3.27 at 13.7 (wide), 2.30 at 9.0 (one wide block an SM): the
+ * weights' reads want warps in flight, not staged bytes. */
 #ifndef GATE_UP_TMA_WIDE
 #define GATE_UP_TMA_WIDE 1
 #endif

@@ -1156,7 +1156,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
     if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
-    m->gate_up_wide = GATE_UP_TMA_WIDE == 2 || (GATE_UP_TMA_WIDE == 1 && TMA_BLOCKS(MODEL_HIDDEN_DIM, 2) >= sms);
+    const int wide_blocks = TMA_BLOCKS(MODEL_HIDDEN_DIM, 2);
+    m->gate_up_wide = GATE_UP_TMA_WIDE == 2 || (GATE_UP_TMA_WIDE == 1 && wide_blocks >= sms && wide_blocks <= 2 * sms);
     if (m->gate_up_gemm) { /* the maps only where gate/up runs as a GEMM */
         m->tma_maps = (CUtensorMap *)aligned_alloc(64, (2 * MODEL_N_LAYERS + PREFILL_SIZES) * sizeof(CUtensorMap));
         if (!m->tma_maps) {
