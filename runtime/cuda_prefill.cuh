@@ -29,20 +29,36 @@
 // sum to it. Grids are as many blocks as the pairs need (several waves): the prompt is not
 // latency-bound.
 
+/* GEMM_WGMMA: Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) reads both tiles from shared memory
+ * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync: a warp's
+ * 16 rows against the batch's 2 B columns read 16 B fragments for each A fragment from shared
+ * memory, which at batches of 64 bounds the mma.sync loop by shared memory's bandwidth, not the
+ * tensor cores. Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz does, which is
+ * wgmma's 128-byte swizzle when a tile starts on 1024 bytes. The generated code's default on sm_90
+ * (the plan's gemm_wgmma; the Makefile builds sm_90a). At batches of 64 with every matvec a GEMM
+ * (thirtieth session): prompt 1B +17%, 7B +24% against mma.sync; at batches of 32 with gate/up the
+ * only GEMM it had lost (twenty-eighth: 1B -0.9%, 7B -6%). */
+#ifndef GEMM_WGMMA
+#define GEMM_WGMMA 0
+#endif
+
 /* Prompt tokens a prefill batch takes, at most: batches of PREFILL_BATCH, PREFILL_BATCH / 2, ...
  * down to 8 (PREFILL_SIZES sizes, a graph each), the largest whose threshold the tokens left reach
  * (prefill_from in the generated code). A batch of 16 costs ~1.7 of one of 8 and one of 32 ~1.65 of
  * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). 64 against
  * 32 with every matvec a GEMM (thirtieth session): 1B +28%, 7B +23%; with the matvecs of
- * prefill_pairs_body it lost (twenty-ninth: their time doubles with the tokens). Each a multiple of
- * the mma's n, 8; tests build 16 and 32. */
+ * prefill_pairs_body it lost (twenty-ninth: their time doubles with the tokens). 128 against 64 on
+ * wgmma (thirty-fourth session; its GEMMs 256 columns wide in two terms, one block an SM): 1B prompt
+ * +29%, 7B +10%; a batch of 128 costs 1.33 (1B) to 1.63 (7B) of one of 64. So 128 where the GEMMs
+ * run on wgmma, 64 on mma.sync (its fragments for 256 columns would take 128 registers a lane
+ * more). Each a multiple of the mma's n, 8; tests build 16, 32 and 64. */
 #ifndef PREFILL_BATCH
-#define PREFILL_BATCH 64
+#define PREFILL_BATCH (GEMM_WGMMA ? 128 : 64)
 #endif
 #define PREFILL_SMALL 8
-#define PREFILL_SIZES (PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
-static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 || PREFILL_BATCH == 64,
-              "prefill batches: 8, 16, 32 or 64 tokens");
+#define PREFILL_SIZES (PREFILL_BATCH == 128 ? 5 : PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
+static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 || PREFILL_BATCH == 64 || PREFILL_BATCH == 128,
+              "prefill batches: 8, 16, 32, 64 or 128 tokens");
 /* 16-row tiles a warp multiplies with each input it loads: a block reads its inputs from L2 once for
  * 32 rows (1B prompt +26%, 7B +33% against one tile; PERFORMANCE.md, tenth session) */
 #define PREFILL_ROW_TILES 2
@@ -95,8 +111,13 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 /* Terms of the weights' type an fp32 input is split into for the tensor cores: x = t0 + t1 (+ t2),
  * each the rounding of what the previous left, so W.x keeps 16 bits of x with bf16 terms (8 + 8; fp16
  * 22), a relative error of at most 2^-17 an input against the decode kernels' fp32 products. One
- * term (x rounded to bf16) let tiny-group3's greedy text part from the CPU's. Against 3 terms
- * (fp32's 24 bits): 1B prompt +7%, 7B +12% (PERFORMANCE.md, tenth session); a test builds 3. */
+ * term (x rounded to bf16, as llama.cpp's and transformers' bf16 GEMMs take activations) let
+ * tiny-group3's greedy text part from the CPU's. Against 3 terms (fp32's 24 bits): 1B prompt +7%,
+ * 7B +12% (PERFORMANCE.md, tenth session); tests build 3 (mma.sync) and 1. One term against two
+ * (thirty-fourth session): at batches of 64 the prompt +5% (1B, 7B: the GEMMs stream weights, half
+ * the columns saves little); at batches of 128, where two terms make the GEMMs 256 columns wide and
+ * bound by the tensor cores, 1B +14%, 7B +37%. A build option, not the default: it gives up the
+ * prompt's agreement with the CPU path. */
 #ifndef PREFILL_TERMS
 #define PREFILL_TERMS 2
 #endif
@@ -328,21 +349,22 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
 }
 
 /* A 16-row tile's sums s[j] (rows g: pair p's a, g + 8: its b, at tokens 8 j + 2q and 8 j + 2q + 1,
- * the mma's C fragments) gathered into lane q == 0, which stores pair p's values for the batch. */
+ * the mma's C fragments) stored by the lanes that hold them: store(p, t, a, b) for each of a lane's
+ * tokens, each store instruction four tokens' values. Against gathering a pair's values into one
+ * lane of four by shuffles first (thirty-fourth session, batches of 64, µs a batch): 1B gate/up 442
+ * to 389, the prompt +10%; 7B gate/up 2,374 to 2,230, +6%; and a batch of 128 would have needed 256
+ * registers a lane for the gathered values. */
 template <int B, typename Store>
 __device__ __forceinline__ void prefill_store_tile(const float (&s)[B / 8][4], int lane, int p, int n_pairs, Store store) {
-    float va[B], vb[B];
+    if (p >= n_pairs) return;
 #pragma unroll
-    for (int t = 0; t < B; t++) {
-        const int src = (lane & ~3) | (t % 8 / 2);
-        va[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][t % 2], src);
-        vb[t] = __shfl_sync(0xFFFFFFFFu, s[t / 8][2 + t % 2], src);
-    }
-    if (lane % 4 == 0 && p < n_pairs) store(p, va, vb);
+    for (int j = 0; j < B / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) store(p, 8 * j + 2 * (lane % 4) + e, s[j][e], s[j][2 + e]);
 }
 
 /* The pairs of a prefill matvec: pair(p, &ra, &rb) gives pair p's two weight rows (K values each),
- * store(p, va, vb) gets their products with the B inputs over K's 32-value chunks [c0, c1). The
+ * store(p, t, a, b) gets their products with input t of the B over K's 32-value chunks [c0, c1). The
  * inputs: fp32 values in (B, K), split into PREFILL_TERMS terms here, in every block; or the terms
  * themselves, (PREFILL_TERMS, B, K) in the weights' type, split once by the kernel that wrote them
  * (prefill_rms_terms_body, the gate/up store): the same sums, without the conversions in each of
@@ -355,8 +377,12 @@ __device__ __forceinline__ void prefill_store_tile(const float (&s)[B / 8][4], i
  * columns the values 8q + 4s .. 8q + 4s + 3: a lane reads 16 contiguous bytes of each of its two
  * rows (pair g's) and 8 inputs of its token, for two steps; with several tiles of 8 tokens, the
  * same weights meet each tile's token g + 8 j in a tile's own mma. */
-template <int B, typename In, typename Pair, typename Store>
-__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const In *in, Pair pair, Store store) {
+template <int B, int BS = B, typename In, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const In *in, Pair pair, Store store,
+                                                   int t0 = 0);
+/* ... tokens t0 .. t0 + B - 1 of a batch of BS (BS > B: the batch's inputs in (PREFILL_TERMS, BS, K)) */
+template <int B, int BS, typename In, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_pairs_part(int n_pairs, int K, int c0, int c1, const In *in, Pair pair, Store store, int t0) {
     constexpr bool terms_in = std::is_same<In, uint16_t>::value;
     static_assert(terms_in || std::is_same<In, float>::value, "prefill inputs: fp32 values or their 16-bit terms");
     constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B), R = PREFILL_ROW_TILES;
@@ -393,8 +419,8 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
             for (int j = 0; j < tiles; j++)
 #pragma unroll
                 for (int r = 0; r < in_regs; r++) {
-                    const int t = g + 8 * j; /* tile j's token for this lane */
-                    const uint4 *x = terms_in ? reinterpret_cast<const uint4 *>(in + ((size_t)r * B + t) * K + k)
+                    const int t = t0 + g + 8 * j; /* tile j's token for this lane */
+                    const uint4 *x = terms_in ? reinterpret_cast<const uint4 *>(in + ((size_t)r * BS + t) * K + k)
                                               : reinterpret_cast<const uint4 *>(in + (size_t)t * K + k) + r;
                     xv[u][j][r] = in_k ? __ldcg(x) : make_uint4(0, 0, 0, 0);
                 }
@@ -451,9 +477,22 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
                     s[j][i] = 0.0f;
                     for (int w = 0; w < MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
                 }
-            prefill_store_tile<B>(s, lane, p, n_pairs, store);
+            prefill_store_tile<B>(s, lane, p, n_pairs, [&](int p, int t, float a, float b) { store(p, t0 + t, a, b); });
         }
     }
+}
+
+/* Batches of up to 64 in one pass; of 128 (the sums' gathering would take 64 KB of shared memory
+ * and a lane's 128 sums) in two of 64, the block's weights read twice (the second time mostly from
+ * L2). */
+template <int B, int BS, typename In, typename Pair, typename Store>
+__device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const In *in, Pair pair, Store store,
+                                                   int t0) {
+    if constexpr (B > 64) {
+        prefill_pairs_part<64, B>(n_pairs, K, c0, c1, in, pair, store, 0);
+        __syncthreads(); /* the first half's sums gathered before the second's reuse their shared memory */
+        prefill_pairs_part<64, B>(n_pairs, K, c0, c1, in, pair, store, 64);
+    } else prefill_pairs_part<B, BS>(n_pairs, K, c0, c1, in, pair, store, t0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -485,18 +524,6 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #define GEMM_A_BYTES (2 * GEMM_PAIRS * GEMM_KT * 2)
 #define GEMM_B_BYTES(B) (PREFILL_TERMS * (B) * GEMM_KT * 2)
 #define GEMM_STAGE_BYTES(B) (GEMM_A_BYTES + GEMM_B_BYTES(B))
-/* GEMM_WGMMA: Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) reads both tiles from shared memory
- * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync: a warp's
- * 16 rows against the batch's 2 B columns read 16 B fragments for each A fragment from shared
- * memory, which at batches of 64 bounds the mma.sync loop by shared memory's bandwidth, not the
- * tensor cores. Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz does, which is
- * wgmma's 128-byte swizzle when a tile starts on 1024 bytes. The generated code's default on sm_90
- * (the plan's gemm_wgmma; the Makefile builds sm_90a). At batches of 64 with every matvec a GEMM
- * (thirtieth session): prompt 1B +17%, 7B +24% against mma.sync; at batches of 32 with gate/up the
- * only GEMM it had lost (twenty-eighth: 1B -0.9%, 7B -6%). */
-#ifndef GEMM_WGMMA
-#define GEMM_WGMMA 0
-#endif
 /* GEMM_WGMMA_WAIT1: a stage's wgmma left running while the block goes on to the next stage's copies
  * and wgmma (wgmma.wait_group 1, not 0), so that the tensor cores are not idle while the warps wait;
  * the copies then go to the stage two back, which the wait has freed, and the prefetch distance is
@@ -524,7 +551,7 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #if GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
 #endif
-static_assert(!GEMM_WGMMA || (GEMM_WARPS == 4 && PREFILL_TERMS == 2), "GEMM_WGMMA: a block is one warpgroup (64 rows), two terms");
+static_assert(!GEMM_WGMMA || (GEMM_WARPS == 4 && PREFILL_TERMS <= 2), "GEMM_WGMMA: a block is one warpgroup (64 rows), one or two terms");
 /* a GEMM block's dynamic shared memory at S stages; a stage's tiles start on 1024 bytes under
  * GEMM_WGMMA (the dynamic shared memory aligned up) */
 #define GEMM_SMEM_BYTES_AT(B, S) ((S) * GEMM_STAGE_BYTES(B) + (GEMM_WGMMA ? 1024 : 0))
@@ -581,6 +608,7 @@ __device__ __forceinline__ void wgmma_k16(float (&c)[NT][4], uint64_t a, uint64_
                      : __VA_ARGS__                                                                             \
                      : "l"(a), "l"(b), "r"(1));                                                               \
     }
+WGMMA_K16(1, 8, "%0,%1,%2,%3", 4, 5, 6, WG_C4(0))
 WGMMA_K16(2, 16, "%0,%1,%2,%3,%4,%5,%6,%7", 8, 9, 10, WG_C4(0), WG_C4(1))
 WGMMA_K16(4, 32, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15", 16, 17, 18, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3))
 WGMMA_K16(8, 64,
@@ -592,6 +620,10 @@ WGMMA_K16(16, 128,
           "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63",
           64, 65, 66, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7), WG_C4(8), WG_C4(9),
           WG_C4(10), WG_C4(11), WG_C4(12), WG_C4(13), WG_C4(14), WG_C4(15))
+WGMMA_K16(32, 256,
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+          "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127",
+          128, 129, 130, WG_C4(0), WG_C4(1), WG_C4(2), WG_C4(3), WG_C4(4), WG_C4(5), WG_C4(6), WG_C4(7), WG_C4(8), WG_C4(9), WG_C4(10), WG_C4(11), WG_C4(12), WG_C4(13), WG_C4(14), WG_C4(15), WG_C4(16), WG_C4(17), WG_C4(18), WG_C4(19), WG_C4(20), WG_C4(21), WG_C4(22), WG_C4(23), WG_C4(24), WG_C4(25), WG_C4(26), WG_C4(27), WG_C4(28), WG_C4(29), WG_C4(30), WG_C4(31))
 #undef WGMMA_K16
 #undef WG_C4
 __device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -633,7 +665,9 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
  * copying and each stage handed back through an mbarrier instead of the block barrier (7B
  * 3,094-3,199, 1B 484-492; removed, commit 5ad1b2b). ncu (7B, one launch): DRAM read 2.94 TB/s
  * at 7.4 warps an SM (one warpgroup), 3.27 at 13.7 (wide), 2.30 at 9.0 (one wide block an SM): the
- * weights' reads want warps in flight, not staged bytes. */
+ * weights' reads want warps in flight, not staged bytes. At batches of 128 in two terms (256
+ * columns, 128 sums a thread) either form fits one block an SM; the Mistral-7B shape's two
+ * warpgroups there: gate/up 4,075 against 4,222 µs a batch, prompt +1.9% (thirty-fourth session). */
 #ifndef GATE_UP_TMA_WIDE
 #define GATE_UP_TMA_WIDE 1
 #endif
@@ -692,7 +726,7 @@ __device__ __forceinline__ void prefill_gemm_store(const float (&c)[NT][4], int 
     prefill_store_tile<B>(s, lane, (int)blockIdx.x * P + 8 * wid + g, n_pairs, store);
 }
 
-/* pair(p, &ra, &rb) and store(p, va, vb) as prefill_pairs_body's, over K's GEMM_KT-value tiles
+/* pair(p, &ra, &rb) and store(p, t, a, b) as prefill_pairs_body's, over K's GEMM_KT-value tiles
  * [kt0, kt1) (all of K: gemm_k_tiles(K)); in: the terms (PREFILL_TERMS, B, K). A block of
  * GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory GEMM_SMEM_BYTES_AT(B, S): S stages, W1
  * as GEMM_WGMMA_WAIT1 (the defaults: those knobs). */
@@ -703,7 +737,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
     static_assert(S >= 2, "prefill_gemm_body: at least 2 stages");
     static_assert(!W1 || (GEMM_WGMMA && S >= 3), "GEMM_WGMMA_WAIT1: wgmma and at least 3 stages");
     constexpr int PREFETCH = W1 ? S - 2 : S - 1; /* K tiles a block copies ahead of the one it multiplies */
-    static_assert(!GEMM_WGMMA || NT == 2 || NT == 4 || NT == 8 || NT == 16, "GEMM_WGMMA: wgmma_k16's shapes, N 16 to 128");
+    static_assert(!GEMM_WGMMA || NT == 1 || NT == 2 || NT == 4 || NT == 8 || NT == 16 || NT == 32, "GEMM_WGMMA: wgmma_k16's shapes, N 8 to 256");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const int tid = threadIdx.x;
     const int n_kt = kt1 - kt0; /* this block's K tiles: i of them at kt0 + i */
@@ -909,15 +943,9 @@ __device__ __forceinline__ void prefill_qkv_rope_body(const uint16_t *wq, const 
         *a = reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim);
         *b = reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim);
     };
-    auto store = [&](int p, const float *va, const float *vb) {
-        if (GEMM || splits > 1) {
-#pragma unroll
-            for (int t = 0; t < B; t++) part[((size_t)s * B + t) * pairs + p] = make_float2(va[t], vb[t]);
-        } else {
-#pragma unroll
-            for (int t = 0; t < B; t++)
-                prefill_qkv_store(p, t, va[t], vb[t], bq, bk, bv, q, kc, vc, io, inv_freq, q_dim, kv_dim, head_dim, ctx);
-        }
+    auto store = [&](int p, int t, float a, float b) {
+        if (GEMM || splits > 1) part[((size_t)s * B + t) * pairs + p] = make_float2(a, b);
+        else prefill_qkv_store(p, t, a, b, bq, bk, bv, q, kc, vc, io, inv_freq, q_dim, kv_dim, head_dim, ctx);
     };
     prefill_split_body<B, GEMM>(pairs, dim, x_terms, pair, store);
 }
@@ -955,23 +983,18 @@ __device__ __forceinline__ void prefill_residual_body(const uint16_t *w, const u
         *a = reinterpret_cast<const uint4 *>(w + (size_t)p * K);
         *b = reinterpret_cast<const uint4 *>(w + (size_t)(p + half) * K);
     };
-    auto store = [&](int p, const float *va, const float *vb) {
-        const float ba = bias ? w_to_f32(bias[p]) : 0.0f, bb = bias ? w_to_f32(bias[p + half]) : 0.0f;
-        for (int t = 0; t < B; t++) {
-            out[(size_t)t * rows + p] = va[t] + ba;
-            out[(size_t)t * rows + p + half] = vb[t] + bb;
-        }
+    auto store = [&](int p, int t, float a, float b) {
+        out[(size_t)t * rows + p] = a + (bias ? w_to_f32(bias[p]) : 0.0f);
+        out[(size_t)t * rows + p + half] = b + (bias ? w_to_f32(bias[p + half]) : 0.0f);
     };
     prefill_split_body<B, GEMM>(half, K, in, pair, store);
 }
 
-/* gate/up's store(p, va, vb): SiLU(gate) * up of pair p for the batch's tokens into down's input terms
+/* gate/up's store(p, t, a, b): SiLU(gate) * up of pair p for token t into down's input terms
  * hb_terms (PREFILL_TERMS, B, hidden) */
 template <int B>
 __device__ __forceinline__ auto prefill_gate_up_store(uint16_t *hb_terms, int hidden) {
-    return [=](int p, const float *va, const float *vb) {
-        for (int t = 0; t < B; t++) store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(va[t]) * vb[t]);
-    };
+    return [=](int p, int t, float a, float b) { store_terms(hb_terms + (size_t)t * hidden + p, (size_t)B * hidden, silu(a) * b); };
 }
 
 #if GEMM_TMA

@@ -468,8 +468,9 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_ker
 #ifndef GEMM_BLOCKS_SM
 #define GEMM_BLOCKS_SM 4 /* blocks an SM the launch bounds ask for (four of GEMM_STAGES 3 fit its shared memory) */
 #endif
-/* ... at batches of 64, three (their stages take 72 KB; at four blocks' 128 registers they spill) */
-#define GEMM_BLOCKS_SM_AT(B) ((B) > 32 ? 3 : GEMM_BLOCKS_SM)
+/* ... at batches of 64, three (their stages take 72 KB; at four blocks' 128 registers they spill);
+ * at 256 columns (batches of 128 in two terms: 128 sums a thread, stages of 40 KB) one */
+#define GEMM_BLOCKS_SM_AT(B) (PREFILL_TERMS * (B) > 128 ? 1 : (B) > 32 ? 3 : GEMM_BLOCKS_SM)
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_gate_up_gemm_kernel(model_layer_weights w,
                                                                                      const uint16_t *x_terms,
@@ -480,7 +481,7 @@ static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) pre
 /* ... its tiles copied by TMA (GEMM_TMA): the layer's gate and up and the batch's input terms as
  * tensor maps (tensor_map_2d); WGS warpgroups a block (2: GATE_UP_TMA_WIDE, two blocks an SM) */
 template <int B, int WGS>
-static __global__ void __launch_bounds__(GEMM_THREADS * WGS, WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : 2)
+static __global__ void __launch_bounds__(GEMM_THREADS * WGS, WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : PREFILL_TERMS * (B) > 128 ? 1 : 2)
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
     prefill_gate_up_tma_body<B, TMA_STAGES(WGS), WGS == 1 && GATE_UP_GEMM_WAIT1, WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
@@ -1330,8 +1331,12 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
      * against 3.4 as 16 + 16), 17-24 as 16 + 8 (2.7 against 2.8), 10-16 as 16 (9: a batch of 8 and a
      * step beat one of 16). Batches of 64 from 41 left: one costs ~1.37 of one of 32 (1B shape,
      * mma.sync GEMMs; thirtieth session) against 32 + 16's ~1.6; from 33 to 40 the two are close,
-     * not measured. */
-    auto prefill_from = [](int size) { return size >= 64 ? 41 : size == 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL; };
+     * not measured. Batches of 128 from 97 left: one costs 1.33 of one of 64 on the 1B shape and
+     * 1.63 on the 7B (thirty-fourth session), against 64 + 32's ~1.6-1.7 and 64 + 16's ~1.35-1.45;
+     * the crossing, by those, lies between ~74 (1B) and ~105 (7B) left. */
+    auto prefill_from = [](int size) {
+        return size >= 128 ? 97 : size == 64 ? 41 : size == 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL;
+    };
     int i = 0;
     for (int count; n - 1 - i >= PREFILL_MIN_TAIL; i += count) {
         const int left = n - 1 - i;
