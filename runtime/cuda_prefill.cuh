@@ -671,15 +671,28 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 #ifndef GATE_UP_TMA_WIDE
 #define GATE_UP_TMA_WIDE 1
 #endif
+#ifndef GATE_UP_WIDE_STAGES
 #define GATE_UP_WIDE_STAGES 3
-/* the TMA body's stages at WGS warpgroups a block, and its blocks (64 WGS pairs) over `pairs` */
-#define TMA_STAGES(WGS) ((WGS) == 1 ? GATE_UP_GEMM_STAGES : GATE_UP_WIDE_STAGES)
+#endif
+/* GATE_UP_WIDE_WAIT1 1: where a block of two warpgroups is alone on its SM anyway (256 columns:
+ * batches of 128 in two terms), 4 stages with a stage's wgmma left running (as GATE_UP_GEMM_WAIT1)
+ * instead of GATE_UP_WIDE_STAGES without. Measured (thirty-fourth session, one round, µs a batch of
+ * 128): Mistral-7B shape gate/up 3,183 against 4,034 (604 TFLOP/s counting both terms), prompt
+ * +7.5%; tiny-wide and tiny-gqa greedy text forced on, equal to the CPU's. 0: never. */
+#ifndef GATE_UP_WIDE_WAIT1
+#define GATE_UP_WIDE_WAIT1 1
+#endif
+#define TMA_WIDE_W1(B) (GATE_UP_WIDE_WAIT1 && PREFILL_TERMS * (B) > 128)
+/* the TMA body's stages and wait at batches of B and WGS warpgroups a block, and its blocks (64 WGS
+ * pairs) over `pairs` */
+#define TMA_STAGES(B, WGS) ((WGS) == 1 ? GATE_UP_GEMM_STAGES : TMA_WIDE_W1(B) ? 4 : GATE_UP_WIDE_STAGES)
+#define TMA_WAIT1(B, WGS) ((WGS) == 1 ? GATE_UP_GEMM_WAIT1 : TMA_WIDE_W1(B))
 #define TMA_BLOCKS(pairs, WGS) (((pairs) + GEMM_PAIRS * (WGS) - 1) / (GEMM_PAIRS * (WGS)))
 #define TMA_STAGE_BYTES(B, WGS) ((WGS) * GEMM_A_BYTES + GEMM_B_BYTES(B))
 #define TMA_SMEM_BYTES(B, S, WGS) ((S) * TMA_STAGE_BYTES(B, WGS) + 1024)
 static_assert(!GEMM_TMA || (GEMM_WGMMA && !MODEL_GENERIC), "GEMM_TMA: wgmma (sm_90a) and a specialized build");
-static_assert(!GEMM_TMA || (TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(1), 1) <= 232448 &&
-                             TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(2), 2) <= 232448),
+static_assert(!GEMM_TMA || (TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(PREFILL_BATCH, 1), 1) <= 232448 &&
+                             TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(PREFILL_BATCH, 2), 2) <= 232448),
               "GEMM_TMA: the TMA body's stages over a block's 227 KB of shared memory");
 #if GEMM_TMA
 /* a shared-memory mbarrier (its shared address) for `count` arrivals */

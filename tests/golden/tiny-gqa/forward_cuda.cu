@@ -484,7 +484,7 @@ template <int B, int WGS>
 static __global__ void __launch_bounds__(GEMM_THREADS * WGS, WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : PREFILL_TERMS * (B) > 128 ? 1 : 2)
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
-    prefill_gate_up_tma_body<B, TMA_STAGES(WGS), WGS == 1 && GATE_UP_GEMM_WAIT1, WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
+    prefill_gate_up_tma_body<B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
                                                                                      MODEL_HIDDEN_DIM);
 }
 #endif
@@ -899,7 +899,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         if (m->gate_up_gemm) {
             const int wgs = m->gate_up_wide ? 2 : 1;
             launch(wgs == 2 ? prefill_gate_up_tma_kernel<B, 2> : prefill_gate_up_tma_kernel<B, 1>, TMA_BLOCKS(MODEL_HIDDEN_DIM, wgs), 1,
-                   GEMM_THREADS * wgs, TMA_SMEM_BYTES(B, TMA_STAGES(wgs), wgs), m->stream, m->tma_maps[2 * l], m->tma_maps[2 * l + 1],
+                   GEMM_THREADS * wgs, TMA_SMEM_BYTES(B, TMA_STAGES(B, wgs), wgs), m->stream, m->tma_maps[2 * l], m->tma_maps[2 * l + 1],
                    m->tma_maps[2 * MODEL_N_LAYERS + prefill_size_index(B)], m->prefill_hb_terms);
         }
         else
@@ -933,9 +933,9 @@ static void prefill_gemm_smem(void) {
                                     (int)GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES)));
 #if GEMM_TMA
     CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_tma_kernel<B, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)TMA_SMEM_BYTES(B, TMA_STAGES(1), 1)));
+                                    (int)TMA_SMEM_BYTES(B, TMA_STAGES(B, 1), 1)));
     CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_gate_up_tma_kernel<B, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)TMA_SMEM_BYTES(B, TMA_STAGES(2), 2)));
+                                    (int)TMA_SMEM_BYTES(B, TMA_STAGES(B, 2), 2)));
 #endif
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
