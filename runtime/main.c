@@ -56,6 +56,7 @@ typedef struct {
     const char *device;
     int gpu_persistent;       /* --gpu-step persistent */
     const char *dump_logits;  /* testing aid: the prompt's logits, float32 (n_tokens, vocab) */
+    int dump_prefill;         /* ... its first N tokens fed at once (the prompt path), logits from position N - 1 on */
 } options;
 
 static void usage(FILE *f) {
@@ -96,6 +97,8 @@ static void usage(FILE *f) {
             "                          the GPU step as a CUDA graph of a kernel per stage (default), or as\n"
             "                          one persistent kernel with grid barriers between the stages\n"
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit\n"
+            "      --dump-prefill N    ... its first N tokens fed at once (the prompt path), then one at a\n"
+            "                          time: the logits of positions N - 1 on (n_tokens - N + 1 rows)\n"
             "  -h, --help              this text\n",
             built_for, INGOT_MODEL_DIR, ctx_default);
 }
@@ -194,6 +197,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
             o->device = v;
         }
         else if (FLAG("--dump-logits", "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
+        else if (FLAG("--dump-prefill", "--dump-prefill")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, INT_MAX, &n); o->dump_prefill = (int)n; }
         else return err_set(ERR_ARG, "unknown option '%s' (see --help)", a);
         if (rc) return rc;
 #undef FLAG
@@ -203,6 +207,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
     int modes = !!o->bench + !!o->perplexity_file + !!(o->tokenize || o->chat) + !!o->dump_logits;
     if (modes > 1) return err_set(ERR_ARG, "--chat (or --tokenize), --bench, --perplexity and --dump-logits exclude each other");
     if (o->system && !o->chat) return err_set(ERR_ARG, "--system needs --chat");
+    if (o->dump_prefill && !o->dump_logits) return err_set(ERR_ARG, "--dump-prefill needs --dump-logits");
 #ifdef INGOT_CUDA
     int gpus = cuda_device_count();
     if (!o->device) o->device = gpus > 0 ? "cuda" : "cpu";
@@ -588,15 +593,19 @@ static err_code run_tokenize(engine *e, const options *o, const char *text) {
     return ERR_OK;
 }
 
-static err_code run_dump_logits(engine *e, const char *text, const char *path) {
+/* The prompt's logits, position by position; with prefill > 1 its first `prefill` tokens fed at
+ * once (the prompt path: on the GPU its batches), then the logits of positions prefill - 1 on. */
+static err_code run_dump_logits(engine *e, const char *text, const char *path, int prefill) {
     int *ids, n;
     err_code rc = encode(e, text, 1, &ids, &n);
     if (rc) return rc;
     if (n > e->ctx) { free(ids); return err_set(ERR_CONTEXT, "the prompt is %d tokens, the context %d", n, e->ctx); }
+    if (prefill > n) { free(ids); return err_set(ERR_ARG, "--dump-prefill %d: the prompt is %d token%s", prefill, n, n == 1 ? "" : "s"); }
     FILE *f = fopen(path, "wb");
     if (!f) { free(ids); return err_set(ERR_IO, "%s: %s", path, strerror(errno)); }
-    for (int i = 0; i < n && !rc; i++) {
-        rc = engine_feed(e, ids + i, 1);
+    const int first = prefill > 1 ? prefill : 1; /* tokens the first feed takes */
+    for (int i = 0; i < n && !rc; i += i ? 1 : first) {
+        rc = engine_feed(e, ids + i, i ? 1 : first);
         if (!rc && fwrite(e->logits, sizeof(float), (size_t)MODEL_VOCAB_SIZE, f) != (size_t)MODEL_VOCAB_SIZE) rc = err_set(ERR_IO, "%s: write failed", path);
     }
     if (fclose(f) && !rc) rc = err_set(ERR_IO, "%s: write failed", path);
@@ -809,7 +818,7 @@ int main(int argc, char **argv) {
     rc = engine_open(&e, &o);
     if (!rc) {
         if (o.tokenize) rc = run_tokenize(&e, &o, text);
-        else if (o.dump_logits) rc = run_dump_logits(&e, text, o.dump_logits);
+        else if (o.dump_logits) rc = run_dump_logits(&e, text, o.dump_logits, o.dump_prefill);
         else if (o.perplexity_file) rc = run_perplexity(&e, o.perplexity_file);
         else if (o.bench) rc = run_bench(&e, &o);
         else if (o.chat) rc = run_chat(&e, &o, text);

@@ -47,6 +47,9 @@ def copy_model(src, dst):
         (["-p", "x", "--device", "cuda"], "device unavailable"),
         (["-p", "x", "-f", "y"], "-p and -f both given"),
         (["-p", "x", "--system", "s"], "--system needs --chat"),
+        (["-p", "x", "--dump-prefill", "2"], "--dump-prefill needs --dump-logits"),
+        (["-p", "x", "--dump-logits", "/dev/null", "--dump-prefill", "0"], "--dump-prefill 0: expected an integer in 1.."),
+        (["-p", "x", "--dump-logits", "/dev/null", "--dump-prefill", "9"], "--dump-prefill 9: the prompt is 1 token"),
     ],
 )
 def test_bad_flags(tiny_llama, args, message):

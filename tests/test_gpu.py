@@ -95,6 +95,8 @@ TEST_BUILDS = {
     "test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_POLL)],
     "test_tiny_gpu_down_polls_gate_up_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
+    "test_tiny_gpu_prefill_logits_match_cpu": lambda p: [("flags", p["variant"], p["flags"]) if p["flags"]
+                                                         else ("plain", p["variant"], "specialized")],
     "test_tiny_gpu_attention_odd_chunks_equal_cpu": lambda p: [("flags", p["variant"], ATT_CHUNK5)],
     "test_tiny_gpu_combine_early_equal_cpu": lambda p: [("flags", p["variant"], COMBINE_EARLY)],
     "test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu": lambda p: [("flags", p["variant"], CHUNK5)],
@@ -435,6 +437,41 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
+# The prompt path's logits against the CPU's: two input terms (the default) keep 16 bits of each
+# GEMM input, so GPU_CPU_TOLERANCE holds; one term (ONE_TERM) rounds each to the weights' bf16. The
+# NumPy reference with the prefill's linear inputs rounded so, against it exact, on the six tiny
+# variants (their first 139 tokens prefilled, logits from position 139 on): one term 3.9e-3 to
+# 7.1e-3, two terms 5.4e-5 to 1.5e-4. One term is allowed 2e-2.
+ONE_TERM_TOLERANCE = 2e-2
+PREFILL_DUMP_FROM = 140  # TINY_PROMPT's tokens fed at once: 139 prefilled (batches of 128 and 16), the 140th a step
+
+
+@pytest.mark.parametrize("variant,flags", [("tiny-gqa", None), ("tiny-wide", None), ("tiny-group3", None), ("tiny-qwen2", None),
+                                           ("tiny-llama3", None), ("tiny-wide", TMA_WIDE), ("tiny-gqa", "-DPREFILL_BATCH=64"),
+                                           ("tiny-gqa", ONE_TERM), ("tiny-group3", ONE_TERM), ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}")])
+def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, tmp_path):
+    """--dump-prefill: TINY_PROMPT's first PREFILL_DUMP_FROM tokens fed at once, then one at a time;
+    the GPU's logits from position 139 on (every one after keys and values the prompt path wrote)
+    against the CPU's token by token: the default build (batches of 128 in two terms), gate/up's two
+    warpgroups forced (at 256 columns: 4 stages, WAIT1), batches of at most 64, and one term within
+    ONE_TERM_TOLERANCE."""
+    if flags is None:
+        d = tiny_model_dir(variant)
+        binary = binary_for(d, "specialized")
+    else:
+        d, binary = flags_build(variant, flags)
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    out = tmp_path / "prefill.bin"
+    run(binary, "-m", str(d), "--device", "cuda", "--dump-logits", str(out), "--dump-prefill", str(PREFILL_DUMP_FROM), "-p",
+        TINY_PROMPT)
+    gpu = np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
+    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)[PREFILL_DUMP_FROM - 1:]
+    assert gpu.shape == cpu.shape
+    tolerance = ONE_TERM_TOLERANCE if flags and ONE_TERM in flags else GPU_CPU_TOLERANCE
+    err = compare_logits(gpu, cpu)
+    assert err < tolerance, f"{variant} {flags or ''}: the prompt path's logits against the CPU's {err:.2e}"
 
 
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide", "tiny-group3"])

@@ -17,6 +17,8 @@ test_generic_logits_equal_specialized asserts.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -67,6 +69,21 @@ def test_tiny_prefill_then_greedy_matches_reference(tiny):
         want = want[: want.index(eos)]
     r = run(binary, "-m", str(model_dir), "-p", TINY_PROMPT, "-n", "8", "--temp", "0", "--threads", "2", "--device", "cpu")
     assert r.stdout.decode(errors="replace") == TINY_PROMPT + tok.decode(want, skip_special_tokens=False) + "\n"
+
+
+def test_tiny_prefill_logits_equal_token_by_token(tiny, tmp_path):
+    """--dump-prefill: the prompt's first 140 tokens fed at once (the CPU prefill, batches of 16, the
+    last partial), then one at a time; the logits from position 139 on are the token-by-token
+    path's bit for bit (the prefill computes the decode step's sums, in its order)."""
+    model_dir, binary = tiny
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    every = dump_logits(binary, model_dir, TINY_PROMPT, tmp_path / "every.bin", vocab)
+    out = tmp_path / "prefill.bin"
+    run(binary, "-m", str(model_dir), "--dump-logits", str(out), "--dump-prefill", "140", "-p", TINY_PROMPT, "--threads", "2",
+        "--device", "cpu")
+    prefilled = np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
+    assert prefilled.shape[0] == every.shape[0] - 139
+    assert np.array_equal(prefilled, every[139:])
 
 
 @pytest.mark.parametrize("build", BUILDS)
