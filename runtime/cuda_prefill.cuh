@@ -548,6 +548,19 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #ifndef GATE_UP_GEMM_WAIT1
 #define GATE_UP_GEMM_WAIT1 (GEMM_WGMMA ? 1 : GEMM_WGMMA_WAIT1)
 #endif
+/* GEMM_WIDE_WAIT1 1: the split GEMMs (QKV, o_proj, down) at 256 columns (batches of 128 in two
+ * terms: one block an SM at 3 stages or 4) at 4 stages with WAIT1, their other batch sizes as
+ * GEMM_STAGES and GEMM_WGMMA_WAIT1 say. Measured as GEMM_WGMMA_WAIT1=1 GEMM_STAGES=4 for every
+ * batch size (thirty-fourth session, one round, µs a batch of 128): 7B QKV 1,438 to 1,306, o_proj
+ * 753 to 723, down 2,070 to 2,038, prompt +1.1%; 1B QKV 299 to 283, o_proj 167 to 161, down 353 to
+ * 348, prompt -0.7%. This form: prepared, not run on a GPU; off. */
+#ifndef GEMM_WIDE_WAIT1
+#define GEMM_WIDE_WAIT1 0
+#endif
+#define SPLIT_WIDE_W1(B) (GEMM_WIDE_WAIT1 && GEMM_WGMMA && PREFILL_TERMS * (B) > 128)
+/* the split GEMMs' stages and wait at batches of B */
+#define SPLIT_STAGES(B) (SPLIT_WIDE_W1(B) ? 4 : GEMM_STAGES)
+#define SPLIT_WAIT1(B) (SPLIT_WIDE_W1(B) || GEMM_WGMMA_WAIT1)
 #if GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
 #endif
@@ -555,7 +568,7 @@ static_assert(!GEMM_WGMMA || (GEMM_WARPS == 4 && PREFILL_TERMS <= 2), "GEMM_WGMM
 /* a GEMM block's dynamic shared memory at S stages; a stage's tiles start on 1024 bytes under
  * GEMM_WGMMA (the dynamic shared memory aligned up) */
 #define GEMM_SMEM_BYTES_AT(B, S) ((S) * GEMM_STAGE_BYTES(B) + (GEMM_WGMMA ? 1024 : 0))
-#define GEMM_SMEM_BYTES(B) GEMM_SMEM_BYTES_AT(B, GEMM_STAGES)
+#define GEMM_SMEM_BYTES(B) GEMM_SMEM_BYTES_AT(B, SPLIT_STAGES(B)) /* the split GEMMs' */
 
 /* Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows: the chunks XOR-swizzled by the
  * row, so that ldmatrix's eight rows at one chunk hit eight different bank groups. */
@@ -929,7 +942,8 @@ __device__ __forceinline__ void prefill_split_body(int n_pairs, int K, const In 
     if constexpr (GEMM) {
         static_assert(std::is_same<In, uint16_t>::value, "a prefill GEMM's input: its terms");
         const int n_kt = gemm_k_tiles(K);
-        prefill_gemm_body<B>(n_pairs, K, n_kt * s / splits, n_kt * (s + 1) / splits, in, pair, store);
+        prefill_gemm_body<B, SPLIT_STAGES(B), SPLIT_WAIT1(B)>(n_pairs, K, n_kt * s / splits, n_kt * (s + 1) / splits, in, pair,
+                                                                store);
     } else {
         const int chunks = (K + 31) / 32;
         prefill_pairs_body<B>(n_pairs, K, chunks * s / splits, chunks * (s + 1) / splits, in, pair, store);
