@@ -696,6 +696,18 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 #define GATE_UP_WIDE_WAIT1 1
 #endif
 #define TMA_WIDE_W1(B) (GATE_UP_WIDE_WAIT1 && PREFILL_TERMS * (B) > 128)
+/* GATE_UP_TMA_WS 1: where the two warpgroups run at 256 columns (TMA_WIDE_W1), warp-specialized: a
+ * warp of its own issues the copies, each stage's slot handed back by the consumer warps through an
+ * `empty` mbarrier, no block barrier a stage, S stages ahead (not S - 2). At 256 columns gate/up is
+ * bound by the tensor cores (604 TFLOP/s, thirty-fourth session), where this is the usual form; at
+ * 128 columns (batches of 64, memory-bound) it lost (thirty-third session, 7B gate/up 3,094-3,199
+ * against 2,590; commit 5ad1b2b). Prepared, not run on a GPU: off. */
+#ifndef GATE_UP_TMA_WS
+#define GATE_UP_TMA_WS 0
+#endif
+#define TMA_WS(B, WGS) (GATE_UP_TMA_WS && (WGS) == 2 && TMA_WIDE_W1(B))
+/* the TMA body's threads: WGS warpgroups, and the copying warp under WS */
+#define TMA_THREADS(B, WGS) (GEMM_THREADS * (WGS) + (TMA_WS(B, WGS) ? WARP_SIZE : 0))
 /* the TMA body's stages and wait at batches of B and WGS warpgroups a block, and its blocks (64 WGS
  * pairs) over `pairs` */
 #define TMA_STAGES(B, WGS) ((WGS) == 1 ? GATE_UP_GEMM_STAGES : TMA_WIDE_W1(B) ? 4 : GATE_UP_WIDE_STAGES)
@@ -716,6 +728,8 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
+/* this thread's arrival */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
 /* until the phase of parity `parity` has completed */
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done = 0;
@@ -1026,34 +1040,42 @@ __device__ __forceinline__ auto prefill_gate_up_store(uint16_t *hb_terms, int hi
 
 #if GEMM_TMA
 /* gate/up as prefill_gemm_body's GEMM (S stages, W1 its wait) with its tiles copied by TMA, a block
- * of WGS warpgroups (GEMM_THREADS WGS threads) and GEMM_PAIRS WGS pairs, dynamic shared memory
- * TMA_SMEM_BYTES(B, S, WGS): gate and up, tensor maps of the (hidden, dim) matrices in boxes of
+ * of WGS warpgroups and GEMM_PAIRS WGS pairs (TMA_THREADS(B, WGS) threads, dynamic shared memory
+ * TMA_SMEM_BYTES(B, S, WGS)): gate and up, tensor maps of the (hidden, dim) matrices in boxes of
  * GEMM_KT values by 8 rows, in: of the input terms (PREFILL_TERMS B, dim) in one box of
  * PREFILL_TERMS B rows; both swizzled 128 bytes, which puts each 8-row box as gemm_swz lays out a
  * tile's rows (a box starts on 1024 bytes). A stage: each warpgroup's 64-row weight tile, then the
- * inputs' tile, which every warpgroup's wgmma reads. Thread 0 copies stage i + PREFETCH after the
- * block's barrier at stage i (every warp's wgmma on the stage it overwrites waited for: under W1
- * the one two stages back, so PREFETCH is S - 2), the warps wait for stage i's mbarrier phase. */
-template <int B, int S, bool W1, int WGS>
+ * inputs' tile, which every warpgroup's wgmma reads; the warps wait for its `full` mbarrier's phase.
+ * Without WS thread 0 copies stage i + PREFETCH after the block's barrier at stage i (every warp's
+ * wgmma on the stage it overwrites waited for: under W1 the one two stages back, so PREFETCH is
+ * S - 2). With WS (GATE_UP_TMA_WS) the block's last warp copies, each stage once its `empty`
+ * mbarrier has every consumer warp's arrival (after the wait that saw its wgmma on that stage
+ * end): S stages ahead. */
+template <int B, int S, bool W1, int WGS, bool WS>
 __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate, const CUtensorMap *up, const CUtensorMap *in,
                                                          uint16_t *hb_terms, int dim, int hidden) {
     static_assert(S >= 2 && (!W1 || S >= 3), "prefill_gate_up_tma_body: at least 2 stages, 3 with W1");
-    constexpr int T = PREFILL_TERMS, NT = T * B / 8, PREFETCH = W1 ? S - 2 : S - 1, P = GEMM_PAIRS * WGS;
+    constexpr int T = PREFILL_TERMS, NT = T * B / 8, P = GEMM_PAIRS * WGS, CONSUMERS = GEMM_THREADS * WGS;
+    constexpr int PREFETCH = WS ? S : W1 ? S - 2 : S - 1;
     constexpr int STAGE = TMA_STAGE_BYTES(B, WGS), A_BYTES = WGS * GEMM_A_BYTES;
     static_assert(GEMM_A_BYTES == 2 * GEMM_WARPS * 1024, "prefill_gate_up_tma_body: a tile is GEMM_WARPS pairs of 8-row boxes");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
-    __shared__ __align__(8) uint64_t full[S];
+    __shared__ __align__(8) uint64_t mbars[WS ? 2 * S : S]; /* S `full`, then under WS S `empty` */
     const int tid = threadIdx.x, n_kt = gemm_k_tiles(dim), row0 = (int)blockIdx.x * P;
     const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + 1023u) & ~1023u;
-    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(full);
+    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(mbars), empties = bars + 8 * S;
     const uint32_t a_wg = (uint32_t)(tid / GEMM_THREADS) * GEMM_A_BYTES; /* this warpgroup's weight tile in a stage */
+    const int copier = WS ? CONSUMERS : 0;                                 /* the thread that copies */
     if (tid == 0) {
-        for (int s = 0; s < S; s++) mbar_init(bars + 8 * s, 1);
+        for (int s = 0; s < S; s++) {
+            mbar_init(bars + 8 * s, 1);
+            if (WS) mbar_init(empties + 8 * s, CONSUMERS / WARP_SIZE);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
     }
     __syncthreads();
-    /* thread 0's: the weights' boxes of K tile kt into stage st, its arrival expecting the stage's bytes
-     * (the weights' and the inputs'); rows 16 j .. 16 j + 7 of the stage's weights gate's rows
+    /* the copier's: the weights' boxes of K tile kt into stage st, its arrival expecting the stage's
+     * bytes (the weights' and the inputs'); rows 16 j .. 16 j + 7 of the stage's weights gate's rows
      * row0 + 8 j.., the next 8 up's, as prefill_gemm_body's pairs (warpgroup w's tile: j from 4 w) */
     auto load_a = [&](int st, int kt) {
         const uint32_t a = smem + st * STAGE, bar = bars + 8 * st;
@@ -1066,21 +1088,34 @@ __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate
     };
     auto load_b = [&](int st, int kt) { tma_load_2d(smem + st * STAGE + A_BYTES, in, kt * GEMM_KT, 0, bars + 8 * st); };
 
-    float c[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
     /* the weights of the first stages before the wait (they do not depend on the kernel before) */
-    if (tid == 0)
+    if (tid == copier)
         for (int s = 0; s < PREFETCH && s < n_kt; s++) load_a(s, s);
     pdl_wait();
     pdl_launch_dependents();
-    if (tid == 0)
+    if (tid == copier)
         for (int s = 0; s < PREFETCH && s < n_kt; s++) load_b(s, s);
+    if constexpr (WS)
+        if (tid >= CONSUMERS) { /* the copier's warp: stage kt's slot once tile kt - S is done with */
+            if (tid == copier)
+                for (int kt = S; kt < n_kt; kt++) {
+                    mbar_wait(empties + 8 * (kt % S), (uint32_t)(kt / S - 1) & 1u);
+                    load_a(kt % S, kt);
+                    load_b(kt % S, kt);
+                }
+            return;
+        }
+
+    float c[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
     for (int i = 0; i < n_kt; i++) {
-        __syncthreads(); /* every warp done with stage i - 1, which the next copies overwrite */
-        if (tid == 0 && i + PREFETCH < n_kt) {
-            load_a((i + PREFETCH) % S, i + PREFETCH);
-            load_b((i + PREFETCH) % S, i + PREFETCH);
+        if constexpr (!WS) {
+            __syncthreads(); /* every warp done with stage i - 1, which the next copies overwrite */
+            if (tid == 0 && i + PREFETCH < n_kt) {
+                load_a((i + PREFETCH) % S, i + PREFETCH);
+                load_b((i + PREFETCH) % S, i + PREFETCH);
+            }
         }
         mbar_wait(bars + 8 * (i % S), (uint32_t)(i / S) & 1u); /* stage i's copies landed */
         const uint32_t stage = smem + (i % S) * STAGE, a_base = stage + a_wg, b_base = stage + A_BYTES;
@@ -1088,6 +1123,10 @@ __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
         wgmma_commit_wait<W1 ? 1 : 0>();
+        if constexpr (WS) { /* this warp done with stage i - 1 (W1: its wgmma has ended) or i */
+            const int done = W1 ? i - 1 : i;
+            if (tid % WARP_SIZE == 0 && done >= 0) mbar_arrive(empties + 8 * (done % S));
+        }
     }
     if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
     prefill_gemm_store<B, P>(c, hidden, prefill_gate_up_store<B>(hb_terms, hidden));

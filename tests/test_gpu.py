@@ -56,6 +56,7 @@ GATE_UP_3 = "-DGATE_UP_GEMM_STAGES=3 -DGATE_UP_GEMM_WAIT1=0"  # gate/up's GEMM a
 NO_TMA = "-DGEMM_TMA=0"  # gate/up's GEMM tiles copied by cp.async (its wgmma default: by TMA)
 TMA_WIDE = "-DPREFILL_GATE_UP_GEMM=2 -DGATE_UP_TMA_WIDE=2"  # gate/up's TMA body two warpgroups a block, on every model
 SPLIT_WIDE_W1 = "-DGEMM_WIDE_WAIT1=1"  # the split GEMMs at 256 columns: 4 stages, WAIT1
+TMA_WS = f"{TMA_WIDE} -DGATE_UP_TMA_WS=1"  # ... and gate/up's two warpgroups there warp-specialized
 ONE_TERM = "-DPREFILL_TERMS=1"  # the prompt GEMMs' inputs rounded to the weights' type (batches of 128: 128 columns)
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (thirty-second session: off)
 
@@ -406,7 +407,8 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", "-DPREFILL_BATCH=64"), ("tiny-wide", f"-DPREFILL_BATCH=64 {TMA_WIDE}"),
                                            ("tiny-gqa", ONE_TERM), ("tiny-wide", f"{ONE_TERM} {GATE_UP_GEMM}"),
                                            ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
-                                           ("tiny-wide", SPLIT_WIDE_W1), ("tiny-group3", SPLIT_WIDE_W1)])
+                                           ("tiny-wide", SPLIT_WIDE_W1), ("tiny-group3", SPLIT_WIDE_W1),
+                                           ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS)])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -433,7 +435,8 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     weights' type; on tiny-gqa and tiny-wide the greedy text still agrees, on tiny-group3 it parts,
     so it is not run there), through the split GEMMs, gate/up's TMA body and its two warpgroups; the
     split GEMMs at 256 columns with WAIT1 at 4 stages (SPLIT_WIDE_W1; its batches of 16 and 8 at 3
-    stages without).
+    stages without); gate/up's two warpgroups warp-specialized at 256 columns (TMA_WS: tiny-gqa's
+    one K tile, under the stages; tiny-wide's 34, the copying warp's slots handed back many times).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms; its
     batches of 128, 16 and 8 run on TINY_PROMPT's 147 prefilled tokens: 128, 16, 3; the
@@ -614,7 +617,7 @@ def test_default_model_chat_on_gpu(default_gpu):
                                            ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}"),
                                            ("tiny-wide", RMS_CLUSTER4), ("tiny-wide", f"{GATE_UP_GEMM} {NO_TMA}"),
                                            ("tiny-wide", TMA_WIDE), ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
-                                           ("tiny-wide", SPLIT_WIDE_W1)])
+                                           ("tiny-wide", SPLIT_WIDE_W1), ("tiny-wide", TMA_WS)])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA; by cp.async with NO_TMA, and with each stage's

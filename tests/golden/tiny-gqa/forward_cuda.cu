@@ -481,10 +481,10 @@ static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) pre
 /* ... its tiles copied by TMA (GEMM_TMA): the layer's gate and up and the batch's input terms as
  * tensor maps (tensor_map_2d); WGS warpgroups a block (2: GATE_UP_TMA_WIDE, two blocks an SM) */
 template <int B, int WGS>
-static __global__ void __launch_bounds__(GEMM_THREADS * WGS, WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : PREFILL_TERMS * (B) > 128 ? 1 : 2)
+static __global__ void __launch_bounds__(TMA_THREADS(B, WGS), WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : PREFILL_TERMS * (B) > 128 ? 1 : 2)
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
-    prefill_gate_up_tma_body<B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
+    prefill_gate_up_tma_body<B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS, TMA_WS(B, WGS)>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
                                                                                      MODEL_HIDDEN_DIM);
 }
 #endif
@@ -899,8 +899,9 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
         if (m->gate_up_gemm) {
             const int wgs = m->gate_up_wide ? 2 : 1;
             launch(wgs == 2 ? prefill_gate_up_tma_kernel<B, 2> : prefill_gate_up_tma_kernel<B, 1>, TMA_BLOCKS(MODEL_HIDDEN_DIM, wgs), 1,
-                   GEMM_THREADS * wgs, TMA_SMEM_BYTES(B, TMA_STAGES(B, wgs), wgs), m->stream, m->tma_maps[2 * l], m->tma_maps[2 * l + 1],
-                   m->tma_maps[2 * MODEL_N_LAYERS + prefill_size_index(B)], m->prefill_hb_terms);
+                   wgs == 2 ? TMA_THREADS(B, 2) : TMA_THREADS(B, 1), TMA_SMEM_BYTES(B, TMA_STAGES(B, wgs), wgs), m->stream,
+                   m->tma_maps[2 * l], m->tma_maps[2 * l + 1], m->tma_maps[2 * MODEL_N_LAYERS + prefill_size_index(B)],
+                   m->prefill_hb_terms);
         }
         else
 #endif
