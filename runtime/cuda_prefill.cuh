@@ -1643,10 +1643,27 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uin
                                                         q_dim, n_kv_heads, row0, rows, n_active, n_splits);
 }
 
-/* The batch's end: the position past its last token. */
-__device__ __forceinline__ void prefill_end_body(int *io) {
+/* The last token's residual row of a batch of B whose last layer ran through (a batch that ends a
+ * prompt whose last token's logits or choice are wanted): row io[IO_COUNT] - 1 of x with the last
+ * layer's `parts` partial sums of down added, in prefill_rms_terms_body's order, into x's first row,
+ * where the decode step's LM head reads it. Rows past the first are only read. */
+template <int B>
+__device__ __forceinline__ void prefill_last_row_body(float *__restrict__ x, const float *__restrict__ part, int parts,
+                                                      const int *io, int dim) {
     pdl_wait();
-    if (blockIdx.x == 0 && threadIdx.x == 0) io[IO_POS] += io[IO_COUNT];
+    const int t = __ldcg(&io[IO_COUNT]) - 1;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) {
+        float v = x[(size_t)t * dim + i];
+        for (int s = 0; s < parts; s++) v += __ldcg(&part[((size_t)s * B + t) * dim + i]);
+        x[i] = v;
+    }
+}
+
+/* The batch's end: the position past its tokens, or with keep_last at its last token, whose step's
+ * end (after the LM head) advances it once more. */
+__device__ __forceinline__ void prefill_end_body(int *io, int keep_last) {
+    pdl_wait();
+    if (blockIdx.x == 0 && threadIdx.x == 0) io[IO_POS] += io[IO_COUNT] - keep_last;
 }
 
 #endif

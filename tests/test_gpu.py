@@ -408,7 +408,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", ONE_TERM), ("tiny-wide", f"{ONE_TERM} {GATE_UP_GEMM}"),
                                            ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
                                            ("tiny-wide", SPLIT_WIDE_W1), ("tiny-group3", SPLIT_WIDE_W1),
-                                           ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS)])
+                                           ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS), ("tiny-gqa", "-DPREFILL_LAST=0")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -436,10 +436,12 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     so it is not run there), through the split GEMMs, gate/up's TMA body and its two warpgroups; the
     split GEMMs at 256 columns with WAIT1 at 4 stages (SPLIT_WIDE_W1; its batches of 16 and 8 at 3
     stages without); gate/up's two warpgroups warp-specialized at 256 columns (TMA_WS: tiny-gqa's
-    one K tile, under the stages; tiny-wide's 34, the copying warp's slots handed back many times).
+    one K tile, under the stages; tiny-wide's 34, the copying warp's slots handed back many times);
+    the prompt's last token a step of its own after the batches (PREFILL_LAST=0).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms; its
-    batches of 128, 16 and 8 run on TINY_PROMPT's 147 prefilled tokens: 128, 16, 3; the
+    batches of 128, 16 and 8 run on TINY_PROMPT's 148 tokens: 128, 16, 4, the last batch run through
+    its last layer for the last token's choice; the
     -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
@@ -452,18 +454,25 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
 # variants (their first 139 tokens prefilled, logits from position 139 on): one term 3.9e-3 to
 # 7.1e-3, two terms 5.4e-5 to 1.5e-4. One term is allowed 2e-2.
 ONE_TERM_TOLERANCE = 2e-2
-PREFILL_DUMP_FROM = 140  # TINY_PROMPT's tokens fed at once: 139 prefilled (batches of 128 and 16), the 140th a step
+# TINY_PROMPT's tokens fed at once: in batches of 128 and 16 (12 tokens), the last of which runs
+# through the last layer and chooses (prefill_last)
+PREFILL_DUMP_FROM = 140
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-gqa", None), ("tiny-wide", None), ("tiny-group3", None), ("tiny-qwen2", None),
-                                           ("tiny-llama3", None), ("tiny-wide", TMA_WIDE), ("tiny-gqa", "-DPREFILL_BATCH=64"),
-                                           ("tiny-gqa", ONE_TERM), ("tiny-group3", ONE_TERM), ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}")])
-def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, tmp_path):
-    """--dump-prefill: TINY_PROMPT's first PREFILL_DUMP_FROM tokens fed at once, then one at a time;
-    the GPU's logits from position 139 on (every one after keys and values the prompt path wrote)
-    against the CPU's token by token: the default build (batches of 128 in two terms), gate/up's two
-    warpgroups forced (at 256 columns: 4 stages, WAIT1), batches of at most 64, and one term within
-    ONE_TERM_TOLERANCE."""
+@pytest.mark.parametrize("variant,flags,fed", [("tiny-gqa", None, PREFILL_DUMP_FROM), ("tiny-wide", None, PREFILL_DUMP_FROM),
+                                               ("tiny-group3", None, PREFILL_DUMP_FROM), ("tiny-qwen2", None, PREFILL_DUMP_FROM),
+                                               ("tiny-llama3", None, PREFILL_DUMP_FROM), ("tiny-gqa", None, 130),
+                                               ("tiny-group3", None, 3), ("tiny-wide", TMA_WIDE, PREFILL_DUMP_FROM),
+                                               ("tiny-gqa", "-DPREFILL_BATCH=64", PREFILL_DUMP_FROM),
+                                               ("tiny-gqa", ONE_TERM, PREFILL_DUMP_FROM), ("tiny-group3", ONE_TERM, PREFILL_DUMP_FROM),
+                                               ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}", PREFILL_DUMP_FROM)])
+def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
+    """--dump-prefill: TINY_PROMPT's first `fed` tokens fed at once, then one at a time; the GPU's
+    logits from position fed - 1 on (every one after keys and values the prompt path wrote) against
+    the CPU's token by token: the default build (batches of 128 in two terms; the first logits from
+    the last batch's last token: the last layer run through, its row to the LM head), a batch of 128
+    and then two steps (130), a batch of 8 holding 3 tokens (3), gate/up's two warpgroups forced (at
+    256 columns: 4 stages, WAIT1), batches of at most 64, and one term within ONE_TERM_TOLERANCE."""
     if flags is None:
         d = tiny_model_dir(variant)
         binary = binary_for(d, "specialized")
@@ -471,10 +480,9 @@ def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, tmp_path):
         d, binary = flags_build(variant, flags)
     vocab = json.loads((d / "config.json").read_text())["vocab_size"]
     out = tmp_path / "prefill.bin"
-    run(binary, "-m", str(d), "--device", "cuda", "--dump-logits", str(out), "--dump-prefill", str(PREFILL_DUMP_FROM), "-p",
-        TINY_PROMPT)
+    run(binary, "-m", str(d), "--device", "cuda", "--dump-logits", str(out), "--dump-prefill", str(fed), "-p", TINY_PROMPT)
     gpu = np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
-    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)[PREFILL_DUMP_FROM - 1:]
+    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)[fed - 1:]
     assert gpu.shape == cpu.shape
     tolerance = ONE_TERM_TOLERANCE if flags and ONE_TERM in flags else GPU_CPU_TOLERANCE
     err = compare_logits(gpu, cpu)

@@ -522,7 +522,14 @@ static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) pre
     prefill_residual_body<B, true>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
-static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io) { prefill_end_body(io); }
+/* A batch that ends a prompt whose last token's logits or choice are wanted: that token's residual
+ * row into x's first row, for the LM head (prefill_last_row_body) */
+template <int B>
+static __global__ void __launch_bounds__(256) prefill_last_row_kernel(float *x, const float *part, int parts, const int *io) {
+    prefill_last_row_body<B>(x, part, parts, io, MODEL_DIM);
+}
+
+static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io, int keep_last) { prefill_end_body(io, keep_last); }
 
 /* Random fp16 keys and values in [-1, 1) for positions [0, n_pos) of every layer: --bench at a
  * context depth without prefilling it token by token (decode speed depends on how much cache is
@@ -548,6 +555,12 @@ enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 /* Fewest prompt tokens worth a prefill batch of their own: a batch costs what a full one does, 2-3
  * prompt steps (1B shape: ~1.7 ms against ~0.65; 7B ~7 against ~3.6; PERFORMANCE.md) */
 #define PREFILL_MIN_TAIL 3
+/* 1: a prompt's last token, where it chooses, goes into the last batch (prefill_last, then the
+ * choose graph: its LM head); 0: a step of its own after the batches, as before the thirty-fifth
+ * session (a knob to measure it against) */
+#ifndef PREFILL_LAST
+#define PREFILL_LAST 1
+#endif
 
 struct model_cuda {
     int ctx, n_splits;
@@ -591,6 +604,10 @@ struct model_cuda {
      * (decode_tier) */
     cudaGraphExec_t graphs[3][STEP_KINDS]; /* one decode step of each kind */
     cudaGraphExec_t prefill[3][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
+    /* The same with its last layer run through and its last token's residual row kept for the LM
+     * head, and at the position of that token: a batch that ends a prompt whose last token chooses */
+    cudaGraphExec_t prefill_last[3][PREFILL_SIZES];
+    cudaGraphExec_t choose[STEP_KINDS]; /* after one of those: a step's LM head and choice, of each kind but STEP_PROMPT */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
     int few_positions;        /* PREFILL_FEW_SPLITS * the least split where n_splits is more, else 0 (no [2]) */
     int short_kernel_positions; /* short_kernel_splits * att_short_max(head_dim) in ATT_SHORT builds, else 0 (no [2] steps) */
@@ -724,6 +741,23 @@ struct launch_marks {
     }
 };
 
+/* A step's end, of the given kind, after its layers, at the position io[IO_POS]: with lm_head, the
+ * final norm and LM head on x's first row (the persistent kernel runs its own); the choice; the
+ * position advanced; the logits to the host. */
+static void enqueue_choice(model_cuda *m, int kind, bool lm_head, launch_marks &mark) {
+    if (lm_head && kind != STEP_PROMPT) {
+        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm,
+               m->w.lm_head, m->x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
+        mark(ST_LM_HEAD);
+    }
+    if (kind == STEP_SAMPLE)
+        launch(sample_kernel, 1, 1, SAMPLE_THREADS, 0, m->stream, m->logits, m->history, m->first_seen, m->io, m->params, m->rng);
+    launch(step_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io, m->history, m->chosen_dev, m->ctx, (int)(kind != STEP_PROMPT));
+    if (kind == STEP_LOGITS)
+        CUDA_CHECK(cudaMemcpyAsync(m->logits_host, m->logits, MODEL_VOCAB_SIZE * sizeof(float), cudaMemcpyDeviceToHost,
+                                   m->stream));
+}
+
 /* The decode step's launches, in order: on the token at history[pos], pos read from io on the
  * device. With marks (kernel benchmark, outside a graph) an event is recorded after each launch and
  * *stage_of says which stage it closed. */
@@ -779,18 +813,8 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                    DOWN_POLL ? m->hb_poll : m->hb, m->x);
             mark(ST_DOWN);
         }
-        if (kind != STEP_PROMPT) {
-            launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm,
-                   m->w.lm_head, m->x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
-            mark(ST_LM_HEAD);
-        }
     }
-    if (kind == STEP_SAMPLE)
-        launch(sample_kernel, 1, 1, SAMPLE_THREADS, 0, m->stream, m->logits, m->history, m->first_seen, m->io, m->params, m->rng);
-    launch(step_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io, m->history, m->chosen_dev, m->ctx, (int)(kind != STEP_PROMPT));
-    if (kind == STEP_LOGITS)
-        CUDA_CHECK(cudaMemcpyAsync(m->logits_host, m->logits, MODEL_VOCAB_SIZE * sizeof(float), cudaMemcpyDeviceToHost,
-                                   m->stream));
+    enqueue_choice(m, kind, !(m->persistent && !marks), mark);
 }
 
 #define STEP_LAUNCHES (2 + 5 * MODEL_N_LAYERS)
@@ -843,9 +867,11 @@ static CUtensorMap tensor_map_2d(const void *base, int rows, int cols, int box_r
 #endif
 
 /* io[IO_COUNT] prompt tokens (at most B) at positions io[IO_POS] on, then the position past them.
- * As a prompt step, the last layer stops after its keys and values. With marks: as enqueue_step. */
+ * As a prompt step, the last layer stops after its keys and values; with last, it runs through, the
+ * last token's residual row goes where the LM head reads it and the position stays at that token
+ * (its choice, enqueue_choice, advances it). With marks: as enqueue_step. */
 template <int B>
-static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
+static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
     const size_t smem = 0; /* the matvecs' shared memory is static */
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
@@ -868,7 +894,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
             launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, m->stream, *lw, m->prefill_part_qkv,
                    m->qkv_splits, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
-        if (l == MODEL_N_LAYERS - 1) break;
+        if (l == MODEL_N_LAYERS - 1 && !last) break;
 #if PREFILL_FLASH
         if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
             constexpr bool mma = PREFILL_FLASH_MMA;
@@ -920,7 +946,10 @@ static void enqueue_prefill(model_cuda *m, int n_splits, cudaEvent_t *marks = NU
                    m->prefill_hb_terms, m->prefill_part_x);
         mark(PF_DOWN);
     }
-    launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io);
+    if (last)
+        launch(prefill_last_row_kernel<B>, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->x, m->prefill_part_x, m->down_splits,
+               m->io);
+    launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io, (int)last);
     mark(PF_END);
 }
 
@@ -950,9 +979,9 @@ static int gemm_resident(const void *kernel) {
 
 /* A prefill batch of B >> s tokens (s < PREFILL_SIZES): one instance of enqueue_prefill a size. */
 template <int B>
-static void enqueue_prefill_size(model_cuda *m, int s, int n_splits) {
-    if (s == 0) enqueue_prefill<B>(m, n_splits);
-    else if constexpr (B > PREFILL_SMALL) enqueue_prefill_size<B / 2>(m, s - 1, n_splits);
+static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last) {
+    if (s == 0) enqueue_prefill<B>(m, n_splits, last);
+    else if constexpr (B > PREFILL_SMALL) enqueue_prefill_size<B / 2>(m, s - 1, n_splits, last);
 }
 
 /* Splits a KV head of the prefill batches that read at most PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK
@@ -971,14 +1000,13 @@ static int tier_splits(const model_cuda *m, int s, bool prefill) {
     return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : prefill ? PREFILL_FEW_SPLITS : m->short_kernel_splits;
 }
 
-/* kind: a STEP_* step, or STEP_KINDS + s for a prefill batch of PREFILL_BATCH >> s; the graphs of
- * tier `tier` (model_cuda's graphs and prefill) */
-static err_code capture(model_cuda *m, int kind, int tier, cudaGraphExec_t *exec) {
+/* *exec: a graph of what enqueue() queues on m->stream */
+template <typename Enqueue>
+static err_code capture(model_cuda *m, cudaGraphExec_t *exec, Enqueue enqueue) {
     cudaGraph_t graph;
     cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
-    if (kind >= STEP_KINDS) enqueue_prefill_size<PREFILL_BATCH>(m, kind - STEP_KINDS, tier_splits(m, tier, true));
-    else enqueue_step(m, kind, tier_splits(m, tier, false), tier == 2, NULL, NULL);
+    enqueue();
     if ((e = cudaStreamEndCapture(m->stream, &graph)) != cudaSuccess) return cuda_fail(e, "CUDA graph capture");
     e = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -1239,16 +1267,27 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
-    for (int s = 0; s < 3; s++)
-        for (int kind = 0; kind < STEP_KINDS + PREFILL_SIZES; kind++) {
-            if (s == 1 && !m->short_positions) break;
-            if (s == 2 && (kind < STEP_KINDS ? !m->short_kernel_positions : !m->few_positions)) continue;
-            if ((rc = capture(m, kind, s,
-                              kind < STEP_KINDS ? &m->graphs[s][kind] : &m->prefill[s][kind - STEP_KINDS]))) {
-                model_cuda_free(m);
-                return rc;
-            }
-        }
+    /* the graphs of each tier (model_cuda's graphs, prefill, prefill_last), then the choices */
+    for (int s = 0; s < 3 && !rc; s++) {
+        if (s == 1 && !m->short_positions) continue;
+        for (int kind = 0; kind < STEP_KINDS && !rc; kind++)
+            if (s != 2 || m->short_kernel_positions)
+                rc = capture(m, &m->graphs[s][kind], [&] { enqueue_step(m, kind, tier_splits(m, s, false), s == 2, NULL, NULL); });
+        for (int b = 0; b < (PREFILL_LAST ? 2 : 1) * PREFILL_SIZES && !rc; b++)
+            if (s != 2 || m->few_positions)
+                rc = capture(m, b < PREFILL_SIZES ? &m->prefill[s][b] : &m->prefill_last[s][b - PREFILL_SIZES], [&] {
+                    enqueue_prefill_size<PREFILL_BATCH>(m, b % PREFILL_SIZES, tier_splits(m, s, true), b >= PREFILL_SIZES);
+                });
+    }
+    for (int kind = STEP_PROMPT + 1; kind < STEP_KINDS && PREFILL_LAST && !rc; kind++)
+        rc = capture(m, &m->choose[kind], [&] {
+            launch_marks none = {NULL, NULL, m->stream, 0};
+            enqueue_choice(m, kind, true, none);
+        });
+    if (rc) {
+        model_cuda_free(m);
+        return rc;
+    }
     *out = m;
     return ERR_OK;
 }
@@ -1299,13 +1338,15 @@ static int decode_tier(const model_cuda *m, int positions) {
     return positions <= m->short_kernel_positions ? 2 : short_att(m, positions);
 }
 
-/* Queues one step of the given kind at position m->queued (the device's io[IO_POS] by then). */
-static void queue_step(model_cuda *m, int kind) {
+/* Queues one step of the given kind at position m->queued (the device's io[IO_POS] by then): the
+ * whole step, or with `chosen` only its choice (m->choose), after a batch that ended with its token
+ * (m->prefill_last). */
+static void queue_step(model_cuda *m, int kind, bool chosen = false) {
 #if defined(INGOT_TRACE)
     static const unsigned zero[TRACE_STAGES] = {0};
-    CUDA_CHECK(cudaMemcpyToSymbolAsync(trace_count, zero, sizeof zero, 0, cudaMemcpyHostToDevice, m->stream));
+    if (!chosen) CUDA_CHECK(cudaMemcpyToSymbolAsync(trace_count, zero, sizeof zero, 0, cudaMemcpyHostToDevice, m->stream));
 #endif
-    CUDA_CHECK(cudaGraphLaunch(m->graphs[decode_tier(m, m->queued + 1)][kind], m->stream));
+    CUDA_CHECK(cudaGraphLaunch(chosen ? m->choose[kind] : m->graphs[decode_tier(m, m->queued + 1)][kind], m->stream));
     if (kind != STEP_PROMPT) {
         m->kind_at[m->queued % STEP_RING] = kind;
         CUDA_CHECK(cudaEventRecord(m->done[m->queued % STEP_RING], m->stream));
@@ -1326,8 +1367,12 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->history + pos, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
-    /* all but the last token: batches of the largest size whose threshold the tokens left reach,
-     * while at least PREFILL_MIN_TAIL are left, then one prompt step each. The thresholds: with a
+    const int kind = out == CUDA_OUT_LOGITS ? STEP_LOGITS : out == CUDA_OUT_TOKEN ? (m->sampling ? STEP_SAMPLE : STEP_ARGMAX) : STEP_PROMPT;
+    /* Batches of the largest size whose threshold the tokens left reach, while at least
+     * PREFILL_MIN_TAIL are left, then a step each. A batch that takes the last token runs its last
+     * layer through when that token chooses (prefill_last), and its choice follows: the LM head on
+     * its row (until the thirty-fifth session the last token was a step of its own: ~0.68 ms on
+     * the 1B shape, against ~0.2 for the extra layer and the LM head). The thresholds: with a
      * batch of 16 at ~1.7 of one of 8 and one of 32 at ~1.65 of one of 16, 25-32 left go as 32 (2.8
      * against 3.4 as 16 + 16), 17-24 as 16 + 8 (2.7 against 2.8), 10-16 as 16 (9: a batch of 8 and a
      * step beat one of 16). Batches of 64 from 41 left: one costs ~1.37 of one of 32 (1B shape,
@@ -1339,20 +1384,24 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
         return size >= 128 ? 97 : size == 64 ? 41 : size == 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL;
     };
     int i = 0;
-    for (int count; n - 1 - i >= PREFILL_MIN_TAIL; i += count) {
-        const int left = n - 1 - i;
+    bool chosen = false; /* the last batch took the last token, which chooses */
+    const int batched = PREFILL_LAST || kind == STEP_PROMPT ? n : n - 1; /* tokens the batches may take */
+    for (int count; batched - i >= PREFILL_MIN_TAIL; i += count) {
+        const int left = batched - i;
         int s = 0;
         while (left < prefill_from(PREFILL_BATCH >> s)) s++; /* ends at 8, whose threshold is PREFILL_MIN_TAIL */
         const int b = PREFILL_BATCH >> s;
         count = left < b ? left : b;
+        chosen = count == left && batched == n && kind != STEP_PROMPT;
         CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
-        CUDA_CHECK(cudaGraphLaunch(m->prefill[prefill_tier(m, m->queued + b)][s], m->stream));
-        m->queued += count;
+        CUDA_CHECK(cudaGraphLaunch((chosen ? m->prefill_last : m->prefill)[prefill_tier(m, m->queued + b)][s], m->stream));
+        m->queued += chosen ? count - 1 : count;
     }
     for (; i < n - 1; i++) queue_step(m, STEP_PROMPT);
     m->taken = m->queued; /* only the last step can have a token to take */
-    queue_step(m, out == CUDA_OUT_LOGITS ? STEP_LOGITS : out == CUDA_OUT_TOKEN ? (m->sampling ? STEP_SAMPLE : STEP_ARGMAX) : STEP_PROMPT);
-    if (out == CUDA_OUT_NONE) m->taken = m->queued;
+    if (chosen) queue_step(m, kind, true);
+    else if (i < n) queue_step(m, kind);
+    if (kind == STEP_PROMPT) m->taken = m->queued;
     return ERR_OK;
 }
 
@@ -1505,7 +1554,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
                     const int count = PREFILL_BATCH; /* the batch's end advances the position by it */
                     CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
                     CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice));
-                    enqueue_prefill<PREFILL_BATCH>(m, tier_splits(m, prefill_tier(m, pos + PREFILL_BATCH), true), ev, stage_of);
+                    enqueue_prefill<PREFILL_BATCH>(m, tier_splits(m, prefill_tier(m, pos + PREFILL_BATCH), true), false, ev, stage_of);
                 });
     CUDA_CHECK(cudaMemcpy(m->io, io_saved, sizeof io_saved, cudaMemcpyHostToDevice));
     return ERR_OK;
@@ -1534,9 +1583,13 @@ extern "C" void model_cuda_free(model_cuda *m) {
     for (int s = 0; s < 3; s++) {
         for (int kind = 0; kind < STEP_KINDS; kind++)
             if (m->graphs[s][kind]) cudaGraphExecDestroy(m->graphs[s][kind]);
-        for (int b = 0; b < PREFILL_SIZES; b++)
+        for (int b = 0; b < PREFILL_SIZES; b++) {
             if (m->prefill[s][b]) cudaGraphExecDestroy(m->prefill[s][b]);
+            if (m->prefill_last[s][b]) cudaGraphExecDestroy(m->prefill_last[s][b]);
+        }
     }
+    for (int kind = 0; kind < STEP_KINDS; kind++)
+        if (m->choose[kind]) cudaGraphExecDestroy(m->choose[kind]);
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
