@@ -553,9 +553,12 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
  * GEMM_STAGES and GEMM_WGMMA_WAIT1 say. Measured as GEMM_WGMMA_WAIT1=1 GEMM_STAGES=4 for every
  * batch size (thirty-fourth session, one round, µs a batch of 128): 7B QKV 1,438 to 1,306, o_proj
  * 753 to 723, down 2,070 to 2,038, prompt +1.1%; 1B QKV 299 to 283, o_proj 167 to 161, down 353 to
- * 348, prompt -0.7%. This form: prepared, not run on a GPU; off. */
+ * 348, prompt -0.7%. This form (thirty-fifth session, one round, against 0): 7B QKV 1,457 to 1,313,
+ * o_proj 758 to 720, down 2,087 to 2,061, prompt +1.4% / +5.3% (depths 0 / 4096); 1B QKV 299 to
+ * 280, o_proj 165 to 160, down 355 to 346, the batch's kernels 1,831 to 1,800 µs, prompt +0.2% /
+ * -0.4%. The default; 0 keeps 3 stages without WAIT1. */
 #ifndef GEMM_WIDE_WAIT1
-#define GEMM_WIDE_WAIT1 0
+#define GEMM_WIDE_WAIT1 1
 #endif
 #define SPLIT_WIDE_W1(B) (GEMM_WIDE_WAIT1 && GEMM_WGMMA && PREFILL_TERMS * (B) > 128)
 /* the split GEMMs' stages and wait at batches of B */

@@ -46,6 +46,7 @@ typedef struct {
     const char *perplexity_file;
     int bench;
     const char *bench_depths; /* comma-separated context depths, tokens */
+    int bench_prompt;         /* prompt tokens --bench times */
     int json;
     int bench_kernels;
     int tokenize;
@@ -85,6 +86,7 @@ static void usage(FILE *f) {
             "      --perplexity FILE   perplexity of the model on FILE\n"
             "      --bench             prompt and decode speed, GB/s and share of measured read bandwidth\n"
             "      --bench-depths LIST context depths for --bench decode and prompt (default: cpu 0, cuda 0,4096,16384,32768)\n"
+            "      --bench-prompt N    --bench: prompt tokens timed (default 128)\n"
             "      --json              --bench: print one JSON object\n"
             "      --bench-kernels     --bench: also time each stage of the decode step at each depth\n"
             "                          (on the GPU, of a prefill batch too)\n"
@@ -180,6 +182,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--perplexity", "--perplexity")) { NEEDS_VALUE(); o->perplexity_file = v; }
         else if (FLAG("--bench", "--bench")) o->bench = 1;
         else if (FLAG("--bench-depths", "--bench-depths")) { NEEDS_VALUE(); o->bench_depths = v; }
+        else if (FLAG("--bench-prompt", "--bench-prompt")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, INT_MAX, &n); o->bench_prompt = (int)n; }
         else if (FLAG("--json", "--json")) o->json = 1;
         else if (FLAG("--bench-kernels", "--bench-kernels")) o->bench_kernels = 1;
         else if (FLAG("--tokenize", "--tokenize")) o->tokenize = 1;
@@ -208,6 +211,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
     if (modes > 1) return err_set(ERR_ARG, "--chat (or --tokenize), --bench, --perplexity and --dump-logits exclude each other");
     if (o->system && !o->chat) return err_set(ERR_ARG, "--system needs --chat");
     if (o->dump_prefill && !o->dump_logits) return err_set(ERR_ARG, "--dump-prefill needs --dump-logits");
+    if (o->bench_prompt && !o->bench) return err_set(ERR_ARG, "--bench-prompt needs --bench");
 #ifdef INGOT_CUDA
     int gpus = cuda_device_count();
     if (!o->device) o->device = gpus > 0 ? "cuda" : "cpu";
@@ -650,15 +654,16 @@ static err_code run_perplexity(engine *e, const char *path) {
 /* Prompt and decode speed. On the CPU, decode at depth d first fills the cache with d prompt
  * tokens; on the GPU the cache up to d is filled with random values (decode speed depends on how
  * much cache it reads, not on what the cache holds; prefilling 32k tokens one by one would take
- * minutes). At each depth past 0 the same 128-token prompt is timed once more after the first d
- * (a later turn of a conversation: its attention reads the cache), then decode continues from d.
+ * minutes). The prompt is --bench-prompt tokens (128), its last token's choice included (the time to
+ * the first token). At each depth past 0 it is timed once more after the first d (a later turn of a
+ * conversation: its attention reads the cache), then decode continues from d.
  * GB/s counts the weights and the KV cache each step reads; the share is of the read bandwidth the
  * probe measured in this run on the same device. */
 static err_code run_bench(engine *e, const options *o) {
     static const char text[] =
         "The history of computing is a story of machines that read and write memory. Every step of a language "
         "model's decoding reads all of its weights once, so the speed of one stream is set by memory bandwidth. ";
-    int n_decode = o->n_tokens < 0 ? 64 : o->n_tokens, n_prompt = 128;
+    int n_decode = o->n_tokens < 0 ? 64 : o->n_tokens, n_prompt = o->bench_prompt ? o->bench_prompt : 128;
     int depths[16], n_depths = 0, max_depth = 0;
     for (const char *p = o->bench_depths; *p && n_depths < 16;) {
         char *end;

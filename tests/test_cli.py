@@ -48,6 +48,9 @@ def copy_model(src, dst):
         (["-p", "x", "-f", "y"], "-p and -f both given"),
         (["-p", "x", "--system", "s"], "--system needs --chat"),
         (["-p", "x", "--dump-prefill", "2"], "--dump-prefill needs --dump-logits"),
+        (["--bench-prompt", "64"], "--bench-prompt needs --bench"),
+        (["--bench", "--bench-prompt", "0"], "--bench-prompt 0: expected an integer in 1.."),
+        (["--bench", "--bench-prompt", "250"], "--bench needs at least 314 tokens of context, --ctx is 256"),
         (["-p", "x", "--dump-logits", "/dev/null", "--dump-prefill", "0"], "--dump-prefill 0: expected an integer in 1.."),
         (["-p", "x", "--dump-logits", "/dev/null", "--dump-prefill", "9"], "--dump-prefill 9: the prompt is 1 token"),
     ],
@@ -173,6 +176,10 @@ def test_bench_times_the_prompt_at_each_depth(tiny_llama):
     assert entries[0]["prompt_tok_s"] == result["prompt_tok_s"]
     assert entries[32]["prompt_tok_s"] > 0
     assert entries[160]["prompt_tok_s"] is None  # 160 + 128 > 256
+    r = run(tiny_llama[1], "--bench", "--json", "--bench-prompt", "40", "--bench-depths", "0,160", "-n", "8", "--threads", "1")
+    result = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    assert result["prompt_tokens"] == 40
+    assert result["decode"][1]["prompt_tok_s"] > 0  # 160 + 40 fit
 
 
 def test_bench_kernels_on_cpu(tiny_llama):

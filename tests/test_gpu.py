@@ -55,7 +55,7 @@ WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (
 GATE_UP_3 = "-DGATE_UP_GEMM_STAGES=3 -DGATE_UP_GEMM_WAIT1=0"  # gate/up's GEMM as the split GEMMs (its wgmma default: 4 stages, WAIT1)
 NO_TMA = "-DGEMM_TMA=0"  # gate/up's GEMM tiles copied by cp.async (its wgmma default: by TMA)
 TMA_WIDE = "-DPREFILL_GATE_UP_GEMM=2 -DGATE_UP_TMA_WIDE=2"  # gate/up's TMA body two warpgroups a block, on every model
-SPLIT_WIDE_W1 = "-DGEMM_WIDE_WAIT1=1"  # the split GEMMs at 256 columns: 4 stages, WAIT1
+SPLIT_NARROW = "-DGEMM_WIDE_WAIT1=0"  # the split GEMMs at 256 columns as at other widths: 3 stages, no WAIT1
 TMA_WS = f"{TMA_WIDE} -DGATE_UP_TMA_WS=1"  # ... and gate/up's two warpgroups there warp-specialized
 ONE_TERM = "-DPREFILL_TERMS=1"  # the prompt GEMMs' inputs rounded to the weights' type (batches of 128: 128 columns)
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (thirty-second session: off)
@@ -407,7 +407,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", "-DPREFILL_BATCH=64"), ("tiny-wide", f"-DPREFILL_BATCH=64 {TMA_WIDE}"),
                                            ("tiny-gqa", ONE_TERM), ("tiny-wide", f"{ONE_TERM} {GATE_UP_GEMM}"),
                                            ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
-                                           ("tiny-wide", SPLIT_WIDE_W1), ("tiny-group3", SPLIT_WIDE_W1),
+                                           ("tiny-wide", SPLIT_NARROW), ("tiny-group3", SPLIT_NARROW),
                                            ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS), ("tiny-gqa", "-DPREFILL_LAST=0")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
@@ -434,14 +434,14 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     there with gate/up's two warpgroups a block; the inputs as one term (ONE_TERM: rounded to the
     weights' type; on tiny-gqa and tiny-wide the greedy text still agrees, on tiny-group3 it parts,
     so it is not run there), through the split GEMMs, gate/up's TMA body and its two warpgroups; the
-    split GEMMs at 256 columns with WAIT1 at 4 stages (SPLIT_WIDE_W1; its batches of 16 and 8 at 3
-    stages without); gate/up's two warpgroups warp-specialized at 256 columns (TMA_WS: tiny-gqa's
+    split GEMMs at 256 columns at 3 stages without WAIT1 as at other widths (SPLIT_NARROW; the
+    default runs 4 stages with WAIT1 there); gate/up's two warpgroups warp-specialized at 256 columns (TMA_WS: tiny-gqa's
     one K tile, under the stages; tiny-wide's 34, the copying warp's slots handed back many times);
     the prompt's last token a step of its own after the batches (PREFILL_LAST=0).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
-    splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms; its
-    batches of 128, 16 and 8 run on TINY_PROMPT's 148 tokens: 128, 16, 4, the last batch run through
-    its last layer for the last token's choice; the
+    splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms
+    (there 4 stages with WAIT1); its batches of 128, 16 and 8 run on TINY_PROMPT's 148 tokens: 128,
+    16, 4, the last batch run through its last layer for the last token's choice; the
     -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
@@ -625,7 +625,7 @@ def test_default_model_chat_on_gpu(default_gpu):
                                            ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}"),
                                            ("tiny-wide", RMS_CLUSTER4), ("tiny-wide", f"{GATE_UP_GEMM} {NO_TMA}"),
                                            ("tiny-wide", TMA_WIDE), ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
-                                           ("tiny-wide", SPLIT_WIDE_W1), ("tiny-wide", TMA_WS)])
+                                           ("tiny-wide", SPLIT_NARROW), ("tiny-wide", TMA_WS)])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA; by cp.async with NO_TMA, and with each stage's
