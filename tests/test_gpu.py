@@ -408,7 +408,8 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", ONE_TERM), ("tiny-wide", f"{ONE_TERM} {GATE_UP_GEMM}"),
                                            ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
                                            ("tiny-wide", SPLIT_NARROW), ("tiny-group3", SPLIT_NARROW),
-                                           ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS), ("tiny-gqa", "-DPREFILL_LAST=0")])
+                                           ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS), ("tiny-gqa", "-DPREFILL_LAST=0"),
+                                           ("tiny-wide", "-DPREFILL_COVER=1")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -437,7 +438,8 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     split GEMMs at 256 columns at 3 stages without WAIT1 as at other widths (SPLIT_NARROW; the
     default runs 4 stages with WAIT1 there); gate/up's two warpgroups warp-specialized at 256 columns (TMA_WS: tiny-gqa's
     one K tile, under the stages; tiny-wide's 34, the copying warp's slots handed back many times);
-    the prompt's last token a step of its own after the batches (PREFILL_LAST=0).
+    the prompt's last token a step of its own after the batches (PREFILL_LAST=0); the tokens left
+    as one batch that covers them (PREFILL_COVER: TINY_PROMPT's 148 as 128, then 20 in a batch of 32).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms
     (there 4 stages with WAIT1); its batches of 128, 16 and 8 run on TINY_PROMPT's 148 tokens: 128,

@@ -561,6 +561,13 @@ enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 #ifndef PREFILL_LAST
 #define PREFILL_LAST 1
 #endif
+/* 1: the tokens left go as one batch, the smallest size that covers them (up to PREFILL_BATCH),
+ * instead of prefill_from's thresholds. On the 1B shape a batch of 8 to 64 costs about the same
+ * with the last token in it (1.15-1.37 ms; 9 tokens, a batch of 8 and a step, 1.72; PERFORMANCE.md,
+ * thirty-fifth session). Prepared, not run on a GPU; off. */
+#ifndef PREFILL_COVER
+#define PREFILL_COVER 0
+#endif
 
 struct model_cuda {
     int ctx, n_splits;
@@ -1381,6 +1388,7 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
      * 1.63 on the 7B (thirty-fourth session), against 64 + 32's ~1.6-1.7 and 64 + 16's ~1.35-1.45;
      * the crossing, by those, lies between ~74 (1B) and ~105 (7B) left. */
     auto prefill_from = [](int size) {
+        if (PREFILL_COVER) return size > PREFILL_SMALL ? size / 2 + 1 : PREFILL_MIN_TAIL;
         return size >= 128 ? 97 : size == 64 ? 41 : size == 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL;
     };
     int i = 0;
