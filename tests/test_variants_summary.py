@@ -52,3 +52,31 @@ def test_script_prints_the_table_and_refuses_other_files(tmp_path):
     assert r.returncode == 1 and "no variants.sh rounds in it" in r.stderr
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "missing.txt")], capture_output=True, text=True)
     assert r.returncode == 1 and "missing.txt" in r.stderr
+
+
+# PROMPTS='3 9' as variants.sh prints it (the thirty-fifth session's 1B numbers, one round)
+PROMPTS_OUTPUT = """== llama-3.2-1b-instruct, plain, round 1
+bench: bench-llama-3.2-1b-instruct on NVIDIA H200, step: CUDA graph, 2471.6 MB of weights read per token
+  read bandwidth probe: 4530.7 GB/s
+  prompt: 3 tokens, 2637.4 tok/s
+bench: bench-llama-3.2-1b-instruct on NVIDIA H200, step: CUDA graph, 2471.6 MB of weights read per token
+  read bandwidth probe: 4528.1 GB/s
+  prompt: 9 tokens, 5243.9 tok/s
+== llama-3.2-1b-instruct, -DPREFILL_LAST=0, round 1
+bench: bench-llama-3.2-1b-instruct on NVIDIA H200, step: CUDA graph, 2471.6 MB of weights read per token
+  read bandwidth probe: 4529.0 GB/s
+  prompt: 3 tokens, 1534.1 tok/s
+bench: bench-llama-3.2-1b-instruct on NVIDIA H200, step: CUDA graph, 2471.6 MB of weights read per token
+  read bandwidth probe: 4527.5 GB/s
+  prompt: 9 tokens, 5204.9 tok/s
+"""
+
+
+def test_prompt_lengths_are_columns_of_their_own():
+    runs = variants_summary.parse(PROMPTS_OUTPUT)["llama-3.2-1b-instruct"]
+    assert runs["plain"]["prompt(3)", 0] == [2637.4] and runs["-DPREFILL_LAST=0"]["prompt(9)", 0] == [5204.9]
+    assert ("prompt", 0) not in runs["plain"]  # 128 tokens only
+    lines = variants_summary.table("llama-3.2-1b-instruct", runs).splitlines()
+    assert lines[1] == "| variant | prompt(3) 0 | prompt(9) 0 | probe GB/s |"
+    # 1534.1 against 2637.4: -41.8%
+    assert lines[4] == "| `-DPREFILL_LAST=0` | 1534.1 (-41.8%) | 5204.9 (-0.7%) | 4527.5-4529.0 |"

@@ -4,6 +4,8 @@
 # REPS rounds (default 2), so that run-to-run drift hits all of them alike:
 #   VARIANTS='-DA=1|-DB=2' BENCH_FLAGS='--bench-depths 0 -n 64' bash tests/bench/variants.sh MODEL...
 # MODEL: a name under models/, benchmarked as its random-weight bf16 shape (bench_model.sh).
+# PROMPTS='9 24 65': instead, each round times prompts of those lengths at depth 0 (--bench-prompt,
+# decode left out), a column each in the table.
 # TRACE=1: every variant (no plain build) built with -DINGOT_TRACE and its decode step at depth
 # TRACE_DEPTH (default 0) traced block by block (tests/bench/step_trace.py), one after another.
 # Without it, the rounds end in a table a model (tests/bench/variants_summary.py): each variant's
@@ -15,6 +17,17 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { echo "usage: VARIANTS='-DA=1|-DB=2' bash tests/bench/variants.sh MODEL..." >&2; exit 2; }
 IFS='|' read -ra variants <<<"${VARIANTS:-}"
 trace=${TRACE:-0}
+# bench BINARY MODEL_DIR: one round's run of a binary
+bench() {
+    if [ -z "${PROMPTS:-}" ]; then
+        timeout 300 "$1" -m "$2" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
+        return
+    fi
+    local n
+    for n in $PROMPTS; do
+        timeout 300 "$1" -m "$2" --device cuda --bench -n 2 --bench-depths 0 --bench-prompt "$n" ${BENCH_FLAGS:-} | grep -v "decode at"
+    done
+}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for m in "$@"; do
@@ -39,11 +52,10 @@ for m in "$@"; do
     fi
     for r in $(seq "${REPS:-2}"); do
         echo "== $m, plain, round $r"
-        timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
+        bench "build/bench-$m/ingot" "$d"
         for i in "${!variants[@]}"; do
             echo "== $m, ${variants[$i]}, round $r"
-            timeout 300 "build/var$i-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-} ||
-                echo "variants.sh: ${variants[$i]} failed"
+            bench "build/var$i-$m/ingot" "$d" || echo "variants.sh: ${variants[$i]} failed"
         done
     done 2>&1 | tee -a "$log"
 done

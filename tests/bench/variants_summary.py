@@ -1,5 +1,7 @@
 """tests/bench/variants.sh's output as one markdown table a model: each variant's decode and prompt
 tok/s at each depth over its rounds (min-max), and the change of its mean against the plain build's.
+Prompts of other lengths than --bench's 128 tokens (variants.sh's PROMPTS) are columns of their own,
+"prompt(N) depth".
 
     python3 tests/bench/variants_summary.py OUTPUT.txt
 
@@ -16,14 +18,16 @@ from report_file import report_main
 
 RUN = re.compile(r"^== (\S+), (.*), round (\d+)$")
 DECODE = re.compile(r"decode at depth (\d+): \d+ tokens, ([\d.]+) tok/s.*= ([\d.]+)% of probe")
-PROMPT = re.compile(r"prompt(?: at depth (\d+))?: \d+ tokens, ([\d.]+) tok/s")
+PROMPT = re.compile(r"prompt(?: at depth (\d+))?: (\d+) tokens, ([\d.]+) tok/s")
+BENCH_PROMPT = 128  # --bench's prompt tokens unless --bench-prompt says otherwise
 PROBE = re.compile(r"read bandwidth probe: ([\d.]+) GB/s")
 PLAIN = "plain"
 
 
 def parse(text: str) -> dict[str, dict[str, dict[tuple[str, int], list[float]]]]:
     """{model: {variant: {(kind, depth): [tok/s a round]}}}, kind "decode", "share" (% of the
-    probe), "prompt" or "probe" (GB/s, depth 0), in the order the output has them."""
+    probe), "prompt" (128 tokens), "prompt(N)" (N tokens) or "probe" (GB/s, depth 0), in the order
+    the output has them."""
     runs: dict[str, dict[str, dict[tuple[str, int], list[float]]]] = {}
     cur = None
     for line in text.splitlines():
@@ -37,7 +41,9 @@ def parse(text: str) -> dict[str, dict[str, dict[tuple[str, int], list[float]]]]
             cur["decode", int(m.group(1))].append(float(m.group(2)))
             cur["share", int(m.group(1))].append(float(m.group(3)))
         elif m := PROMPT.search(line):
-            cur["prompt", int(m.group(1) or 0)].append(float(m.group(2)))
+            tokens = int(m.group(2))
+            kind = "prompt" if tokens == BENCH_PROMPT else f"prompt({tokens})"
+            cur[kind, int(m.group(1) or 0)].append(float(m.group(3)))
         elif m := PROBE.search(line):
             cur["probe", 0].append(float(m.group(1)))
     return runs
@@ -60,7 +66,7 @@ def cell(xs: list[float], base: list[float] | None) -> str:
 def table(model: str, variants: dict[str, dict[tuple[str, int], list[float]]]) -> str:
     if PLAIN not in variants:
         raise ValueError(f"{model}: no plain build in the output")
-    keys = [k for k in variants[PLAIN] if k[0] in ("decode", "prompt")]
+    keys = [k for k in variants[PLAIN] if k[0] == "decode" or k[0].startswith("prompt")]
     head = ["variant"] + [f"{kind} {depth}" for kind, depth in keys] + ["probe GB/s"]
     rows = [f"**{model}**", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, res in variants.items():
