@@ -553,7 +553,10 @@ static __global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t see
 enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 #define STEP_RING 4 /* choosing steps queued at once, at most (model_cuda_take drains the oldest) */
 /* Fewest prompt tokens worth a prefill batch of their own: a batch costs what a full one does, 2-3
- * prompt steps (1B shape: ~1.7 ms against ~0.65; 7B ~7 against ~3.6; PERFORMANCE.md) */
+ * prompt steps (1B shape: ~1.7 ms against ~0.65; 7B ~7 against ~3.6; PERFORMANCE.md). Since the
+ * wgmma GEMMs and the last token in the batch (thirty-fifth session) the 1B's batch of 8 with 3
+ * tokens, the last choosing, takes 1.14 ms against a step's 0.69: 2 would pay there; the 7B's
+ * batch of 8 is not measured since. */
 #define PREFILL_MIN_TAIL 3
 /* 1: a prompt's last token, where it chooses, goes into the last batch (prefill_last, then the
  * choose graph: its LM head); 0: a step of its own after the batches, as before the thirty-fifth
