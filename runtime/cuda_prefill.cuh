@@ -121,10 +121,37 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 #ifndef PREFILL_TERMS
 #define PREFILL_TERMS 2
 #endif
+/* PREFILL_F16_TERMS 1 (bf16 weights): the terms in fp16, 11 bits each instead of bf16's 8, and the
+ * prompt's tensor-core products in fp16, each weight converted from bf16 on the way (exactly, down
+ * to fp16's least normal 2^-14; below it fp16's subnormals keep multiples of 2^-24): in shared
+ * memory once a stage has landed, each thread the chunks it copied (prefill_gemm_body) or each
+ * warpgroup its tile (prefill_gate_up_tma_body), in registers in prefill_pairs_body. With one term
+ * (PREFILL_TERMS=1) the inputs keep 11 bits, as the fp16 KV cache keeps keys and values: in NumPy
+ * (tests/bench/prefill_terms.py, thirty-fifth session) one fp16 term costs the logits 5.4e-4 to
+ * 8.4e-4 against the exact model, the fp16 KV cache alone 4.7e-4 to 1.0e-3, one bf16 term 4.9e-3
+ * to 9.7e-3. Inputs past fp16's range are clamped to +-65,504: the RMSNorm's outputs are bounded by
+ * sqrt(dim) times its weights and the attention's by the fp16 values, but down's input (SiLU(gate)
+ * * up) is not. Prepared, not run on a GPU; off. */
+#ifndef PREFILL_F16_TERMS
+#define PREFILL_F16_TERMS 0
+#endif
+#if PREFILL_F16_TERMS && !defined(MODEL_WEIGHT_DTYPE_BF16)
+#error "PREFILL_F16_TERMS: for bf16 weights (fp16 weights take fp16 terms already)"
+#endif
+/* the terms' type, and the prompt's products': bf16 where the weights are, unless PREFILL_F16_TERMS */
+#if defined(MODEL_WEIGHT_DTYPE_BF16) && !PREFILL_F16_TERMS
+#define TERMS_BF16 1
+#else
+#define TERMS_BF16 0
+#endif
 
-/* A value of the weights' 16-bit type, round to nearest; *rest gets what the rounding left out. */
+/* A value of the terms' 16-bit type, round to nearest; *rest gets what the rounding left out. */
 __device__ __forceinline__ uint16_t w_split(float *rest) {
-#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#if PREFILL_F16_TERMS
+    const __half v = __float2half_rn(fminf(fmaxf(*rest, -65504.0f), 65504.0f));
+    *rest -= __half2float(v);
+    return __half_as_ushort(v);
+#elif TERMS_BF16
     const __nv_bfloat16 v = __float2bfloat16_rn(*rest);
     *rest -= __bfloat162float(v);
     return __bfloat16_as_ushort(v);
@@ -318,12 +345,15 @@ __device__ __forceinline__ void prefill_embed_body(const uint16_t *embed, const 
         x[(size_t)b * dim + i] = w_to_f32(row[i]);
 }
 
-/* Two fp32 values as the weights' 16-bit type, packed low then high (an mma operand register);
+/* Two fp32 values as the terms' 16-bit type, packed low then high (an mma operand register);
  * *rest_lo and *rest_hi get what the rounding left out. */
 __device__ __forceinline__ uint32_t pack_w2(float *rest_lo, float *rest_hi) {
-#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#if TERMS_BF16
     const __nv_bfloat162 v = __floats2bfloat162_rn(*rest_lo, *rest_hi);
     const float2 back = __bfloat1622float2(v);
+#elif PREFILL_F16_TERMS
+    const __half2 v = __floats2half2_rn(fminf(fmaxf(*rest_lo, -65504.0f), 65504.0f), fminf(fmaxf(*rest_hi, -65504.0f), 65504.0f));
+    const float2 back = __half22float2(v);
 #else
     const __half2 v = __floats2half2_rn(*rest_lo, *rest_hi);
     const float2 back = __half22float2(v);
@@ -334,10 +364,31 @@ __device__ __forceinline__ uint32_t pack_w2(float *rest_lo, float *rest_hi) {
 }
 
 
-/* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), in the weights' type. */
+/* Two bf16 weights as fp16 (PREFILL_F16_TERMS), packed as they were: exact down to 2^-14 */
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
+    const __half2 h = __floats2half2_rn(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+/* four registers of weights as the products take them: as they are, or as fp16 (PREFILL_F16_TERMS) */
+__device__ __forceinline__ uint4 w_for_mma(uint4 w) {
+#if PREFILL_F16_TERMS
+    return make_uint4(bf16x2_to_f16x2(w.x), bf16x2_to_f16x2(w.y), bf16x2_to_f16x2(w.z), bf16x2_to_f16x2(w.w));
+#else
+    return w;
+#endif
+}
+/* 16 bytes of bf16 weights in shared memory at addr as fp16, in place (PREFILL_F16_TERMS) */
+__device__ __forceinline__ void smem_w_to_f16(uint32_t addr) {
+    uint4 w;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "r"(addr));
+    w = make_uint4(bf16x2_to_f16x2(w.x), bf16x2_to_f16x2(w.y), bf16x2_to_f16x2(w.z), bf16x2_to_f16x2(w.w));
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
+}
+
+/* c (16 x 8, fp32) += a (16 x 16, row-major) . b (16 x 8, column-major), in the terms' type. */
 __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                             uint32_t b1) {
-#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#if TERMS_BF16
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -434,7 +485,7 @@ __device__ __forceinline__ void prefill_pairs_part(int n_pairs, int K, int c0, i
                     for (int t = 0; t < PREFILL_TERMS; t++)
 #pragma unroll
                         for (int rt = 0; rt < R; rt++) {
-                            const uint4 a = wa[u][rt], b = wb[u][rt], x = xv[u][j][t];
+                            const uint4 a = w_for_mma(wa[u][rt]), b = w_for_mma(wb[u][rt]), x = xv[u][j][t];
                             mma_16x8x16(c[rt][j], a.x, b.x, a.y, b.y, x.x, x.y);
                             mma_16x8x16(c[rt][j], a.z, b.z, a.w, b.w, x.z, x.w);
                         }
@@ -448,7 +499,7 @@ __device__ __forceinline__ void prefill_pairs_part(int n_pairs, int K, int c0, i
                         const uint32_t b10 = pack_w2(&xf[4], &xf[5]), b11 = pack_w2(&xf[6], &xf[7]);
 #pragma unroll
                         for (int rt = 0; rt < R; rt++) {
-                            const uint4 a = wa[u][rt], b = wb[u][rt];
+                            const uint4 a = w_for_mma(wa[u][rt]), b = w_for_mma(wb[u][rt]);
                             mma_16x8x16(c[rt][j], a.x, b.x, a.y, b.y, b00, b01);
                             mma_16x8x16(c[rt][j], a.z, b.z, a.w, b.w, b10, b11);
                         }
@@ -602,7 +653,7 @@ __device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r
 __device__ __forceinline__ uint64_t gemm_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(16 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
-#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#if TERMS_BF16
 #define WG_TYPE "bf16"
 #else
 #define WG_TYPE "f16"
@@ -848,6 +899,10 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
     }
     for (int i = 0; i < n_kt; i++) {
         cp_async_wait_group<PREFETCH - 1>();
+#if PREFILL_F16_TERMS
+#pragma unroll
+        for (int j = 0; j < 4; j++) smem_w_to_f16(smem + (i % S) * GEMM_STAGE_BYTES(B) + row_off + ROWS * 128 * j); /* load_a's */
+#endif
 #if GEMM_WGMMA
         fence_proxy_async_shared();
 #endif
@@ -1127,6 +1182,15 @@ __device__ __forceinline__ void prefill_gate_up_tma_body(const CUtensorMap *gate
         }
         mbar_wait(bars + 8 * (i % S), (uint32_t)(i / S) & 1u); /* stage i's copies landed */
         const uint32_t stage = smem + (i % S) * STAGE, a_base = stage + a_wg, b_base = stage + A_BYTES;
+#if PREFILL_F16_TERMS
+        { /* the warpgroup's weight tile as fp16, seen by its wgmma (the async proxy) */
+            const int wt = tid % GEMM_THREADS;
+#pragma unroll
+            for (int j = 0; j < GEMM_A_BYTES / 16 / GEMM_THREADS; j++) smem_w_to_f16(a_base + 16 * (wt + GEMM_THREADS * j));
+            fence_proxy_async_shared();
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + tid / GEMM_THREADS), "n"(GEMM_THREADS) : "memory");
+        }
+#endif
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));

@@ -58,6 +58,8 @@ TMA_WIDE = "-DPREFILL_GATE_UP_GEMM=2 -DGATE_UP_TMA_WIDE=2"  # gate/up's TMA body
 SPLIT_NARROW = "-DGEMM_WIDE_WAIT1=0"  # the split GEMMs at 256 columns as at other widths: 3 stages, no WAIT1
 TMA_WS = f"{TMA_WIDE} -DGATE_UP_TMA_WS=1"  # ... and gate/up's two warpgroups there warp-specialized
 ONE_TERM = "-DPREFILL_TERMS=1"  # the prompt GEMMs' inputs rounded to the weights' type (batches of 128: 128 columns)
+F16_TERMS = "-DPREFILL_F16_TERMS=1"  # the terms, and the prompt's products, in fp16 on bf16 weights (prepared, thirty-fifth session)
+F16_ONE_TERM = f"{F16_TERMS} {ONE_TERM}"  # ... one of them: 11 bits of each input, as the fp16 KV cache keeps
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (thirty-second session: off)
 
 
@@ -409,7 +411,10 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
                                            ("tiny-wide", SPLIT_NARROW), ("tiny-group3", SPLIT_NARROW),
                                            ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS), ("tiny-gqa", "-DPREFILL_LAST=0"),
-                                           ("tiny-wide", "-DPREFILL_COVER=1")])
+                                           ("tiny-wide", "-DPREFILL_COVER=1"),
+                                           ("tiny-gqa", F16_TERMS), ("tiny-gqa", F16_ONE_TERM), ("tiny-group3", F16_ONE_TERM),
+                                           ("tiny-wide", f"{F16_ONE_TERM} {TMA_WIDE}"), ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"),
+                                           ("tiny-gqa", f"{F16_ONE_TERM} {NO_GEMMS}"), ("tiny-wide", f"{F16_TERMS} {MMA_SYNC}")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -439,7 +444,10 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     default runs 4 stages with WAIT1 there); gate/up's two warpgroups warp-specialized at 256 columns (TMA_WS: tiny-gqa's
     one K tile, under the stages; tiny-wide's 34, the copying warp's slots handed back many times);
     the prompt's last token a step of its own after the batches (PREFILL_LAST=0); the tokens left
-    as one batch that covers them (PREFILL_COVER: TINY_PROMPT's 148 as 128, then 20 in a batch of 32).
+    as one batch that covers them (PREFILL_COVER: TINY_PROMPT's 148 as 128, then 20 in a batch of 32);
+    the terms and products in fp16 on bf16 weights (F16_TERMS: two terms, and one, F16_ONE_TERM, also
+    on tiny-group3 where one bf16 term parts; through gate/up's TMA body at two warpgroups, warp-
+    specialized, prefill_pairs_body's registers, and mma.sync's shared memory).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms
     (there 4 stages with WAIT1); its batches of 128, 16 and 8 run on TINY_PROMPT's 148 tokens: 128,
@@ -456,6 +464,9 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
 # variants (their first 139 tokens prefilled, logits from position 139 on): one term 3.9e-3 to
 # 7.1e-3, two terms 5.4e-5 to 1.5e-4. One term is allowed 2e-2.
 ONE_TERM_TOLERANCE = 2e-2
+# One fp16 term (F16_ONE_TERM) in the same NumPy emulation (tests/bench/prefill_terms.py): 5.7e-4 to
+# 8.4e-4 on the tiny variants, about what the fp16 KV cache alone costs; allowed 2e-3.
+F16_ONE_TERM_TOLERANCE = 2e-3
 # TINY_PROMPT's tokens fed at once: in batches of 128 and 16 (12 tokens), the last of which runs
 # through the last layer and chooses (prefill_last)
 PREFILL_DUMP_FROM = 140
@@ -467,14 +478,18 @@ PREFILL_DUMP_FROM = 140
                                                ("tiny-group3", None, 3), ("tiny-wide", TMA_WIDE, PREFILL_DUMP_FROM),
                                                ("tiny-gqa", "-DPREFILL_BATCH=64", PREFILL_DUMP_FROM),
                                                ("tiny-gqa", ONE_TERM, PREFILL_DUMP_FROM), ("tiny-group3", ONE_TERM, PREFILL_DUMP_FROM),
-                                               ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}", PREFILL_DUMP_FROM)])
+                                               ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}", PREFILL_DUMP_FROM),
+                                               ("tiny-gqa", F16_ONE_TERM, PREFILL_DUMP_FROM), ("tiny-llama", F16_ONE_TERM, PREFILL_DUMP_FROM),
+                                               ("tiny-wide", f"{F16_ONE_TERM} {TMA_WIDE}", PREFILL_DUMP_FROM),
+                                               ("tiny-group3", F16_TERMS, PREFILL_DUMP_FROM)])
 def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     """--dump-prefill: TINY_PROMPT's first `fed` tokens fed at once, then one at a time; the GPU's
     logits from position fed - 1 on (every one after keys and values the prompt path wrote) against
     the CPU's token by token: the default build (batches of 128 in two terms; the first logits from
     the last batch's last token: the last layer run through, its row to the LM head), a batch of 128
     and then two steps (130), a batch of 8 holding 3 tokens (3), gate/up's two warpgroups forced (at
-    256 columns: 4 stages, WAIT1), batches of at most 64, and one term within ONE_TERM_TOLERANCE."""
+    256 columns: 4 stages, WAIT1), batches of at most 64, one term within ONE_TERM_TOLERANCE, one fp16
+    term within F16_ONE_TERM_TOLERANCE, and two fp16 terms within GPU_CPU_TOLERANCE."""
     if flags is None:
         d = tiny_model_dir(variant)
         binary = binary_for(d, "specialized")
@@ -486,7 +501,8 @@ def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     gpu = np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
     cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)[fed - 1:]
     assert gpu.shape == cpu.shape
-    tolerance = ONE_TERM_TOLERANCE if flags and ONE_TERM in flags else GPU_CPU_TOLERANCE
+    one_term = flags is not None and ONE_TERM in flags
+    tolerance = (F16_ONE_TERM_TOLERANCE if F16_TERMS in flags else ONE_TERM_TOLERANCE) if one_term else GPU_CPU_TOLERANCE
     err = compare_logits(gpu, cpu)
     assert err < tolerance, f"{variant} {flags or ''}: the prompt path's logits against the CPU's {err:.2e}"
 
@@ -627,13 +643,15 @@ def test_default_model_chat_on_gpu(default_gpu):
                                            ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", f"{WAIT1} {GATE_UP_GEMM}"),
                                            ("tiny-wide", RMS_CLUSTER4), ("tiny-wide", f"{GATE_UP_GEMM} {NO_TMA}"),
                                            ("tiny-wide", TMA_WIDE), ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
-                                           ("tiny-wide", SPLIT_NARROW), ("tiny-wide", TMA_WS)])
+                                           ("tiny-wide", SPLIT_NARROW), ("tiny-wide", TMA_WS),
+                                           ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"), ("tiny-wide", f"{F16_TERMS} {GATE_UP_GEMM} {NO_TMA}")])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA; by cp.async with NO_TMA, and with each stage's
     wgmma left running) and on mma.sync, and the attention on the tensor cores (splits of 5
     positions: tiles mostly past their split's end, and the combine); the RMSNorm's cluster reading
-    its blocks' shared memory; the TMA body at two warpgroups a block. The default build's (QKV,
+    its blocks' shared memory; the TMA body at two warpgroups a block; the fp16 terms' weights
+    converted in shared memory (TMA's warp-specialized body, cp.async's). The default build's (QKV,
     o_proj and down as GEMMs over splits of K) run under test_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
