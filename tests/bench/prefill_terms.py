@@ -68,9 +68,10 @@ def weight_dtype(model_dir: Path) -> str:
     return "float16" if dtype == "float16" else "bfloat16"
 
 
-def measure(model: reference.Model, ids: list[int], fed: int, one_term: tuple[str, ...], dtype: str) -> np.ndarray:
+def measure(model: reference.Model, ids: list[int], fed: int, one_term: tuple[str, ...], dtype: str,
+            largest: dict[str, float] | None = None) -> np.ndarray:
     """logits (len(ids) - fed + 1, vocab) from position fed - 1 on, the first fed tokens' projection
-    inputs in terms"""
+    inputs in terms; with largest, each projection's largest |input| over them (before the terms)"""
     names = {}
     for layer in model.layers:
         for name in ("q", "k", "v", "o", "gate", "up", "down"):
@@ -80,7 +81,10 @@ def measure(model: reference.Model, ids: list[int], fed: int, one_term: tuple[st
 
     def linear(x, wb):
         if active[0]:
-            x = terms(x, 1 if names.get(id(wb[0])) in one_term else 2, dtype)
+            name = names.get(id(wb[0]))
+            if largest is not None:
+                largest[name] = max(largest.get(name, 0.0), float(np.abs(x).max()))
+            x = terms(x, 1 if name in one_term else 2, dtype)
         return exact(x, wb)
 
     reference._linear = linear
@@ -113,8 +117,9 @@ def main(argv: list[str]) -> int:
     print(f"{a.model_dir.name}: {a.fed} of {len(ids)} tokens fed at once, terms of {dtype}; logits from position {a.fed - 1}")
     print("| inputs | error (compare_logits) | argmax differs |")
     print("|---|---|---|")
+    largest: dict[str, float] = {}
     for label, one_term in VARIANTS.items():
-        got = measure(model, ids, a.fed, one_term, dtype)
+        got = measure(model, ids, a.fed, one_term, dtype, largest if not one_term else None)
         differs = int((got.argmax(-1) != exact.argmax(-1)).sum())
         print(f"| {label} | {reference.compare_logits(got, exact):.2e} | {differs} of {len(exact)} |", flush=True)
     # for scale: what the engine's fp16 KV cache alone costs against the exact model
@@ -122,6 +127,8 @@ def main(argv: list[str]) -> int:
     got = model.forward(ids)[a.fed - 1:]
     differs = int((got.argmax(-1) != exact.argmax(-1)).sum())
     print(f"| (for scale: exact inputs, the fp16 KV cache) | {reference.compare_logits(got, exact):.2e} | {differs} of {len(exact)} |")
+    # fp16 holds up to 65,504: how near each GEMM's inputs come
+    print("largest |input| of the fed tokens: " + ", ".join(f"{n} {v:.4g}" for n, v in largest.items()))
     return 0
 
 
