@@ -557,7 +557,9 @@ enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
  * wgmma GEMMs and the last token in the batch (thirty-fifth session) the 1B's batch of 8 with 3
  * tokens, the last choosing, takes 1.14 ms against a step's 0.69: 2 would pay there; the 7B's
  * batch of 8 is not measured since. */
+#ifndef PREFILL_MIN_TAIL
 #define PREFILL_MIN_TAIL 3
+#endif
 /* 1: a prompt's last token, where it chooses, goes into the last batch (prefill_last, then the
  * choose graph: its LM head); 0: a step of its own after the batches, as before the thirty-fifth
  * session (a knob to measure it against) */
