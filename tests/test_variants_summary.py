@@ -54,22 +54,15 @@ def test_script_prints_the_table_and_refuses_other_files(tmp_path):
     assert r.returncode == 1 and "missing.txt" in r.stderr
 
 
-# PROMPTS='3 9' as variants.sh prints it (the thirty-fifth session's 1B numbers, one round)
-PROMPTS_OUTPUT = """== llama-3.2-1b-instruct, plain, round 1
-bench: bench-llama-3.2-1b-instruct on NVIDIA H200, step: CUDA graph, 2471.6 MB of weights read per token
-  read bandwidth probe: 4530.7 GB/s
-  prompt: 3 tokens, 2637.4 tok/s
-bench: bench-llama-3.2-1b-instruct on NVIDIA H200, step: CUDA graph, 2471.6 MB of weights read per token
-  read bandwidth probe: 4528.1 GB/s
-  prompt: 9 tokens, 5243.9 tok/s
-== llama-3.2-1b-instruct, -DPREFILL_LAST=0, round 1
-bench: bench-llama-3.2-1b-instruct on NVIDIA H200, step: CUDA graph, 2471.6 MB of weights read per token
-  read bandwidth probe: 4529.0 GB/s
-  prompt: 3 tokens, 1534.1 tok/s
-bench: bench-llama-3.2-1b-instruct on NVIDIA H200, step: CUDA graph, 2471.6 MB of weights read per token
-  read bandwidth probe: 4527.5 GB/s
-  prompt: 9 tokens, 5204.9 tok/s
-"""
+# PROMPTS='3 9' as variants.sh prints it (the thirty-fifth session's 1B numbers, one round; each
+# run's "bench:" line left out)
+def prompts_output(variant: str, probes: tuple[float, float], tok_s: tuple[float, float]) -> str:
+    runs = [f"  read bandwidth probe: {p} GB/s\n  prompt: {n} tokens, {t} tok/s\n" for p, n, t in zip(probes, (3, 9), tok_s)]
+    return f"== llama-3.2-1b-instruct, {variant}, round 1\n" + "".join(runs)
+
+
+PROMPTS_OUTPUT = (prompts_output("plain", (4530.7, 4528.1), (2637.4, 5243.9)) +
+                  prompts_output("-DPREFILL_LAST=0", (4529.0, 4527.5), (1534.1, 5204.9)))
 
 
 def test_prompt_lengths_are_columns_of_their_own():
