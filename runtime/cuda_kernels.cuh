@@ -20,6 +20,24 @@
 #include <stdint.h>
 #include <type_traits>
 
+/* GPU_WEIGHTS_F16 1 (bf16 models): the weights converted to fp16 as they are uploaded (upload in
+ * forward_cuda.cu; a value past fp16's +-65,504 refuses the model), so every kernel reads fp16 and
+ * the prompt's tensor-core products take fp16 terms, 11 bits of each input to bf16's 8, with no
+ * conversion on the way. Exact for |w| >= 2^-17 (bf16's 8 bits fit fp16's 11 down to there, its
+ * subnormals included); below, the value is rounded to a multiple of 2^-24 (an error <= 2^-25).
+ * GPU_W_BF16: the weights on the device are bf16. */
+#ifndef GPU_WEIGHTS_F16
+#define GPU_WEIGHTS_F16 0
+#endif
+#if GPU_WEIGHTS_F16 && !defined(MODEL_WEIGHT_DTYPE_BF16)
+#error "GPU_WEIGHTS_F16: for bf16 models (fp16 weights are uploaded as they are)"
+#endif
+#if defined(MODEL_WEIGHT_DTYPE_BF16) && !GPU_WEIGHTS_F16
+#define GPU_W_BF16 1
+#else
+#define GPU_W_BF16 0
+#endif
+
 #define WARP_SIZE 32
 #define MV_WARPS 8                      /* warps per matvec block */
 #define MV_THREADS (MV_WARPS * WARP_SIZE)
@@ -525,7 +543,7 @@ __device__ __forceinline__ void h8_to_f32(uint4 u, float f[8]) {
 }
 
 __device__ __forceinline__ void w8_to_f32(uint4 u, float f[8]) {
-#if !defined(MODEL_WEIGHT_DTYPE_BF16)
+#if !GPU_W_BF16
     h8_to_f32(u, f);
 #else
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -538,7 +556,7 @@ __device__ __forceinline__ void w8_to_f32(uint4 u, float f[8]) {
 }
 
 __device__ __forceinline__ float w_to_f32(uint16_t u) {
-#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#if GPU_W_BF16
     return __uint_as_float((uint32_t)u << 16);
 #else
     return __half2float(__ushort_as_half(u));

@@ -135,11 +135,11 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 #ifndef PREFILL_F16_TERMS
 #define PREFILL_F16_TERMS 0
 #endif
-#if PREFILL_F16_TERMS && !defined(MODEL_WEIGHT_DTYPE_BF16)
-#error "PREFILL_F16_TERMS: for bf16 weights (fp16 weights take fp16 terms already)"
+#if PREFILL_F16_TERMS && !GPU_W_BF16
+#error "PREFILL_F16_TERMS: for bf16 weights on the device (fp16 weights take fp16 terms already)"
 #endif
 /* the terms' type, and the prompt's products': bf16 where the weights are, unless PREFILL_F16_TERMS */
-#if defined(MODEL_WEIGHT_DTYPE_BF16) && !PREFILL_F16_TERMS
+#if GPU_W_BF16 && !PREFILL_F16_TERMS
 #define TERMS_BF16 1
 #else
 #define TERMS_BF16 0

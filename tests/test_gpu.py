@@ -60,6 +60,8 @@ TMA_WS = f"{TMA_WIDE} -DGATE_UP_TMA_WS=1"  # ... and gate/up's two warpgroups th
 ONE_TERM = "-DPREFILL_TERMS=1"  # the prompt GEMMs' inputs rounded to the weights' type (batches of 128: 128 columns)
 F16_TERMS = "-DPREFILL_F16_TERMS=1"  # the terms, and the prompt's products, in fp16 on bf16 weights (prepared, thirty-fifth session)
 F16_ONE_TERM = f"{F16_TERMS} {ONE_TERM}"  # ... one of them: 11 bits of each input, as the fp16 KV cache keeps
+F16_WEIGHTS = "-DGPU_WEIGHTS_F16=1"  # bf16 weights converted to fp16 as they are uploaded: every kernel on fp16
+F16_W_ONE_TERM = f"{F16_WEIGHTS} {ONE_TERM}"  # ... and the prompt GEMMs' inputs as one fp16 term
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (thirty-second session: off)
 
 
@@ -99,6 +101,7 @@ TEST_BUILDS = {
     "test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_POLL)],
     "test_tiny_gpu_down_polls_gate_up_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
+    "test_gpu_weights_past_f16_range_refused": lambda p: [("flags", "tiny-gqa", F16_WEIGHTS)],
     "test_tiny_gpu_prefill_logits_match_cpu": lambda p: [("flags", p["variant"], p["flags"]) if p["flags"]
                                                          else ("plain", p["variant"], "specialized")],
     "test_tiny_gpu_attention_odd_chunks_equal_cpu": lambda p: [("flags", p["variant"], ATT_CHUNK5)],
@@ -414,7 +417,10 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-wide", "-DPREFILL_COVER=1"),
                                            ("tiny-gqa", F16_TERMS), ("tiny-gqa", F16_ONE_TERM), ("tiny-group3", F16_ONE_TERM),
                                            ("tiny-wide", f"{F16_ONE_TERM} {TMA_WIDE}"), ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"),
-                                           ("tiny-gqa", f"{F16_ONE_TERM} {NO_GEMMS}"), ("tiny-wide", f"{F16_TERMS} {MMA_SYNC}")])
+                                           ("tiny-gqa", f"{F16_ONE_TERM} {NO_GEMMS}"), ("tiny-wide", f"{F16_TERMS} {MMA_SYNC}"),
+                                           ("tiny-gqa", F16_WEIGHTS), ("tiny-group3", F16_W_ONE_TERM),
+                                           ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WIDE}"), ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}"),
+                                           ("tiny-llama3", F16_W_ONE_TERM)])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -447,7 +453,9 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     as one batch that covers them (PREFILL_COVER: TINY_PROMPT's 148 as 128, then 20 in a batch of 32);
     the terms and products in fp16 on bf16 weights (F16_TERMS: two terms, and one, F16_ONE_TERM, also
     on tiny-group3 where one bf16 term parts; through gate/up's TMA body at two warpgroups, warp-
-    specialized, prefill_pairs_body's registers, and mma.sync's shared memory).
+    specialized, prefill_pairs_body's registers, and mma.sync's shared memory); the weights converted
+    to fp16 as they are uploaded (F16_WEIGHTS: decode and prompt on fp16 weights, two terms and one,
+    through the split GEMMs, gate/up's TMA body at two warpgroups, warp-specialized, and biases).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms
     (there 4 stages with WAIT1); its batches of 128, 16 and 8 run on TINY_PROMPT's 148 tokens: 128,
@@ -482,6 +490,9 @@ PREFILL_DUMP_FROM = 140
                                                ("tiny-gqa", F16_ONE_TERM, PREFILL_DUMP_FROM), ("tiny-llama", F16_ONE_TERM, PREFILL_DUMP_FROM),
                                                ("tiny-wide", f"{F16_ONE_TERM} {TMA_WIDE}", PREFILL_DUMP_FROM),
                                                ("tiny-group3", F16_TERMS, PREFILL_DUMP_FROM),
+                                               ("tiny-gqa", F16_W_ONE_TERM, PREFILL_DUMP_FROM), ("tiny-llama", F16_W_ONE_TERM, PREFILL_DUMP_FROM),
+                                               ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WIDE}", PREFILL_DUMP_FROM),
+                                               ("tiny-group3", F16_WEIGHTS, PREFILL_DUMP_FROM),
                                                ("tiny-gqa", "-DPREFILL_MIN_TAIL=2", 2)])
 def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     """--dump-prefill: TINY_PROMPT's first `fed` tokens fed at once, then one at a time; the GPU's
@@ -490,8 +501,9 @@ def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     the last batch's last token: the last layer run through, its row to the LM head), a batch of 128
     and then two steps (130), a batch of 8 holding 3 tokens (3), gate/up's two warpgroups forced (at
     256 columns: 4 stages, WAIT1), batches of at most 64, one term within ONE_TERM_TOLERANCE, one fp16
-    term within F16_ONE_TERM_TOLERANCE, and two fp16 terms within GPU_CPU_TOLERANCE; a batch of 8
-    holding 2 tokens (PREFILL_MIN_TAIL=2)."""
+    term within F16_ONE_TERM_TOLERANCE, and two fp16 terms within GPU_CPU_TOLERANCE (the terms fp16
+    on bf16 weights: F16_TERMS; or the weights fp16 on the device: F16_WEIGHTS, the decode steps'
+    logits on them too); a batch of 8 holding 2 tokens (PREFILL_MIN_TAIL=2)."""
     if flags is None:
         d = tiny_model_dir(variant)
         binary = binary_for(d, "specialized")
@@ -504,9 +516,31 @@ def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)[fed - 1:]
     assert gpu.shape == cpu.shape
     one_term = flags is not None and ONE_TERM in flags
-    tolerance = (F16_ONE_TERM_TOLERANCE if F16_TERMS in flags else ONE_TERM_TOLERANCE) if one_term else GPU_CPU_TOLERANCE
+    f16 = flags is not None and (F16_TERMS in flags or F16_WEIGHTS in flags)
+    tolerance = (F16_ONE_TERM_TOLERANCE if f16 else ONE_TERM_TOLERANCE) if one_term else GPU_CPU_TOLERANCE
     err = compare_logits(gpu, cpu)
     assert err < tolerance, f"{variant} {flags or ''}: the prompt path's logits against the CPU's {err:.2e}"
+
+
+def test_gpu_weights_past_f16_range_refused(tmp_path):
+    """A build that converts its bf16 weights to fp16 (F16_WEIGHTS) refuses a model with a weight
+    past fp16's range (one of down's set to 2^17), naming the tensor; the CPU path runs it."""
+    d, binary = flags_build("tiny-gqa", F16_WEIGHTS)
+    big = tmp_path / "big"
+    shutil.copytree(d, big)
+    st = big / "model.safetensors"
+    raw = bytearray(st.read_bytes())
+    header_len = int.from_bytes(raw[:8], "little")
+    name = "model.layers.1.mlp.down_proj.weight"
+    begin = json.loads(raw[8:8 + header_len])[name]["data_offsets"][0]
+    raw[8 + header_len + begin:8 + header_len + begin + 2] = (0x4800).to_bytes(2, "little")  # bf16 2^17
+    st.write_bytes(bytes(raw))
+    args = ["-m", str(big), "-p", "Hello", "-n", "2", "--temp", "0"]
+    r = run(binary, *args, "--device", "cuda", check=False)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode != 0 and f"{name} holds 1 weights past fp16's range" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    run(binary, *args, "--device", "cpu", "--threads", "2")
 
 
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide", "tiny-group3"])
@@ -646,14 +680,16 @@ def test_default_model_chat_on_gpu(default_gpu):
                                            ("tiny-wide", RMS_CLUSTER4), ("tiny-wide", f"{GATE_UP_GEMM} {NO_TMA}"),
                                            ("tiny-wide", TMA_WIDE), ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
                                            ("tiny-wide", SPLIT_NARROW), ("tiny-wide", TMA_WS),
-                                           ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"), ("tiny-wide", f"{F16_TERMS} {GATE_UP_GEMM} {NO_TMA}")])
+                                           ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"), ("tiny-wide", f"{F16_TERMS} {GATE_UP_GEMM} {NO_TMA}"),
+                                           ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}")])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA; by cp.async with NO_TMA, and with each stage's
     wgmma left running) and on mma.sync, and the attention on the tensor cores (splits of 5
     positions: tiles mostly past their split's end, and the combine); the RMSNorm's cluster reading
     its blocks' shared memory; the TMA body at two warpgroups a block; the fp16 terms' weights
-    converted in shared memory (TMA's warp-specialized body, cp.async's). The default build's (QKV,
+    converted in shared memory (TMA's warp-specialized body, cp.async's); the weights converted to
+    fp16 as they are uploaded (F16_WEIGHTS). The default build's (QKV,
     o_proj and down as GEMMs over splits of K) run under test_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")

@@ -860,7 +860,7 @@ static CUtensorMap tensor_map_2d(const void *base, int rows, int cols, int box_r
             exit(1);
         }
     }
-#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#if GPU_W_BF16
     const CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 #else
     const CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -1033,8 +1033,24 @@ static size_t tensor_bytes(int t) {
     return bytes;
 }
 
+#if GPU_WEIGHTS_F16
+/* n bf16 weights at w as fp16, in place (GPU_WEIGHTS_F16); *beyond counts those past fp16's range */
+static __global__ void weights_to_f16_kernel(uint16_t *w, size_t n, unsigned *beyond) {
+    unsigned past = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float f = __uint_as_float((uint32_t)w[i] << 16);
+        const __half h = __float2half_rn(f);
+        past += __hisinf(h) && !isinf(f);
+        w[i] = __half_as_ushort(h);
+    }
+    if (past) atomicAdd(beyond, past);
+}
+#endif
+
 /* Copies every tensor into the arena through two pinned staging buffers, so the copy of one chunk
- * overlaps the reading of the next from the mapped file. A bar on a terminal for large models. */
+ * overlaps the reading of the next from the mapped file. A bar on a terminal for large models.
+ * GPU_WEIGHTS_F16: each chunk converted to fp16 once it is in; a tensor holding a value past fp16's
+ * range refuses the model. */
 static err_code upload(model_cuda *m, const void *const *data, const size_t *offsets, size_t total) {
     const size_t chunk = (size_t)64 << 20;
     void *stage[2];
@@ -1046,6 +1062,11 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
     CUDA_CHECK(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming));
     int bar = isatty(STDERR_FILENO) && total > ((size_t)1 << 30), slot = 0, shown = -1;
     size_t sent = 0;
+#if GPU_WEIGHTS_F16
+    unsigned *beyond; /* (MODEL_N_TENSORS) each tensor's values past fp16's range */
+    CUDA_CHECK(cudaMalloc(&beyond, MODEL_N_TENSORS * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemsetAsync(beyond, 0, MODEL_N_TENSORS * sizeof(unsigned), m->stream));
+#endif
     for (int t = 0; t < MODEL_N_TENSORS; t++) {
         size_t bytes = tensor_bytes(t);
         for (size_t off = 0; off < bytes; off += chunk, slot ^= 1) {
@@ -1054,6 +1075,10 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
             memcpy(stage[slot], (const char *)data[t] + off, n);
             CUDA_CHECK(cudaMemcpyAsync((char *)m->arena + offsets[t] + off, stage[slot], n, cudaMemcpyHostToDevice, m->stream));
             CUDA_CHECK(cudaEventRecord(done[slot], m->stream));
+#if GPU_WEIGHTS_F16
+            weights_to_f16_kernel<<<1024, 256, 0, m->stream>>>((uint16_t *)((char *)m->arena + offsets[t] + off), n / sizeof(uint16_t), beyond + t);
+            CUDA_CHECK(cudaGetLastError());
+#endif
             sent += n;
             if (bar && (int)(100 * sent / total) != shown) {
                 shown = (int)(100 * sent / total);
@@ -1066,6 +1091,16 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
     cudaEventDestroy(done[0]);
     cudaEventDestroy(done[1]);
     cudaFreeHost(stage[0]);
+#if GPU_WEIGHTS_F16
+    unsigned past[MODEL_N_TENSORS];
+    CUDA_CHECK(cudaMemcpy(past, beyond, sizeof past, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(beyond));
+    for (int t = 0; t < MODEL_N_TENSORS; t++)
+        if (past[t])
+            return err_set(ERR_DEVICE, "--device cuda: %s holds %u weights past fp16's range (|w| > 65504), which this build "
+                           "(GPU_WEIGHTS_F16) converts its weights to; build without -DGPU_WEIGHTS_F16=1",
+                           model_tensor_specs[t].name, past[t]);
+#endif
     return ERR_OK;
 }
 
