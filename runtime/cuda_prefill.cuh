@@ -43,8 +43,8 @@
 #endif
 
 /* Prompt tokens a prefill batch takes, at most: batches of PREFILL_BATCH, PREFILL_BATCH / 2, ...
- * down to 8 (PREFILL_SIZES sizes, a graph each), the largest whose threshold the tokens left reach
- * (prefill_from in the generated code). A batch of 16 costs ~1.7 of one of 8 and one of 32 ~1.65 of
+ * down to 8 (PREFILL_SIZES sizes, a graph each): full ones, then the smallest that covers the
+ * tokens left (prefill_from in the generated code). A batch of 16 costs ~1.7 of one of 8 and one of 32 ~1.65 of
  * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). 64 against
  * 32 with every matvec a GEMM (thirtieth session): 1B +28%, 7B +23%; with the matvecs of
  * prefill_pairs_body it lost (twenty-ninth: their time doubles with the tokens). 128 against 64 on

@@ -414,7 +414,6 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
                                            ("tiny-wide", SPLIT_NARROW), ("tiny-group3", SPLIT_NARROW),
                                            ("tiny-gqa", TMA_WS), ("tiny-wide", TMA_WS), ("tiny-gqa", "-DPREFILL_LAST=0"),
-                                           ("tiny-wide", "-DPREFILL_COVER=1"),
                                            ("tiny-gqa", F16_TERMS), ("tiny-gqa", F16_ONE_TERM), ("tiny-group3", F16_ONE_TERM),
                                            ("tiny-wide", f"{F16_ONE_TERM} {TMA_WIDE}"), ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"),
                                            ("tiny-gqa", f"{F16_ONE_TERM} {NO_GEMMS}"), ("tiny-wide", f"{F16_TERMS} {MMA_SYNC}"),
@@ -449,8 +448,7 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     split GEMMs at 256 columns at 3 stages without WAIT1 as at other widths (SPLIT_NARROW; the
     default runs 4 stages with WAIT1 there); gate/up's two warpgroups warp-specialized at 256 columns (TMA_WS: tiny-gqa's
     one K tile, under the stages; tiny-wide's 34, the copying warp's slots handed back many times);
-    the prompt's last token a step of its own after the batches (PREFILL_LAST=0); the tokens left
-    as one batch that covers them (PREFILL_COVER: TINY_PROMPT's 148 as 128, then 20 in a batch of 32);
+    the prompt's last token a step of its own after the batches (PREFILL_LAST=0);
     the terms and products in fp16 on bf16 weights (F16_TERMS: two terms, and one, F16_ONE_TERM, also
     on tiny-group3 where one bf16 term parts; through gate/up's TMA body at two warpgroups, warp-
     specialized, prefill_pairs_body's registers, and mma.sync's shared memory); the weights converted
@@ -458,8 +456,8 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     through the split GEMMs, gate/up's TMA body at two warpgroups, warp-specialized, and biases).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms
-    (there 4 stages with WAIT1); its batches of 128, 16 and 8 run on TINY_PROMPT's 148 tokens: 128,
-    16, 4, the last batch run through its last layer for the last token's choice; the
+    (there 4 stages with WAIT1); TINY_PROMPT's 148 tokens go as a batch of 128, then 20 in a batch
+    of 32, the smallest that covers them, run through its last layer for the last token's choice; the
     -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
@@ -482,7 +480,7 @@ PREFILL_DUMP_FROM = 140
 
 @pytest.mark.parametrize("variant,flags,fed", [("tiny-gqa", None, PREFILL_DUMP_FROM), ("tiny-wide", None, PREFILL_DUMP_FROM),
                                                ("tiny-group3", None, PREFILL_DUMP_FROM), ("tiny-qwen2", None, PREFILL_DUMP_FROM),
-                                               ("tiny-llama3", None, PREFILL_DUMP_FROM), ("tiny-gqa", None, 130),
+                                               ("tiny-llama3", None, PREFILL_DUMP_FROM), ("tiny-gqa", None, 130), ("tiny-gqa", None, 129),
                                                ("tiny-group3", None, 3), ("tiny-wide", TMA_WIDE, PREFILL_DUMP_FROM),
                                                ("tiny-gqa", "-DPREFILL_BATCH=64", PREFILL_DUMP_FROM),
                                                ("tiny-gqa", ONE_TERM, PREFILL_DUMP_FROM), ("tiny-group3", ONE_TERM, PREFILL_DUMP_FROM),
@@ -493,17 +491,18 @@ PREFILL_DUMP_FROM = 140
                                                ("tiny-gqa", F16_W_ONE_TERM, PREFILL_DUMP_FROM), ("tiny-llama", F16_W_ONE_TERM, PREFILL_DUMP_FROM),
                                                ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WIDE}", PREFILL_DUMP_FROM),
                                                ("tiny-group3", F16_WEIGHTS, PREFILL_DUMP_FROM),
-                                               ("tiny-gqa", "-DPREFILL_MIN_TAIL=2", 2)])
+                                               ("tiny-gqa", None, 2)])
 def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     """--dump-prefill: TINY_PROMPT's first `fed` tokens fed at once, then one at a time; the GPU's
     logits from position fed - 1 on (every one after keys and values the prompt path wrote) against
     the CPU's token by token: the default build (batches of 128 in two terms; the first logits from
     the last batch's last token: the last layer run through, its row to the LM head), a batch of 128
-    and then two steps (130), a batch of 8 holding 3 tokens (3), gate/up's two warpgroups forced (at
+    and then a batch of 8 holding 2 tokens (130), or a step (129: one token left goes as a step), a
+    batch of 8 holding 3 tokens (3) and 2 (2), gate/up's two warpgroups forced (at
     256 columns: 4 stages, WAIT1), batches of at most 64, one term within ONE_TERM_TOLERANCE, one fp16
     term within F16_ONE_TERM_TOLERANCE, and two fp16 terms within GPU_CPU_TOLERANCE (the terms fp16
     on bf16 weights: F16_TERMS; or the weights fp16 on the device: F16_WEIGHTS, the decode steps'
-    logits on them too); a batch of 8 holding 2 tokens (PREFILL_MIN_TAIL=2)."""
+    logits on them too)."""
     if flags is None:
         d = tiny_model_dir(variant)
         binary = binary_for(d, "specialized")

@@ -552,26 +552,17 @@ static __global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t see
  * logits on the host, or the sampler's draw. */
 enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 #define STEP_RING 4 /* choosing steps queued at once, at most (model_cuda_take drains the oldest) */
-/* Fewest prompt tokens worth a prefill batch of their own: a batch costs what a full one does, 2-3
- * prompt steps (1B shape: ~1.7 ms against ~0.65; 7B ~7 against ~3.6; PERFORMANCE.md). Since the
- * wgmma GEMMs and the last token in the batch (thirty-fifth session) the 1B's batch of 8 with 3
- * tokens, the last choosing, takes 1.14 ms against a step's 0.69: 2 would pay there; the 7B's
- * batch of 8 is not measured since. */
+/* Fewest prompt tokens worth a prefill batch of their own; fewer go as steps. A batch of 8 with
+ * the last token in it costs about 1.7 steps (1B shape: 1.14 ms against 0.69), so 2 tokens pay:
+ * a 2-token prompt 1B +21.5%, 7B +21.2% against 3 (thirty-sixth session); 1 does not. */
 #ifndef PREFILL_MIN_TAIL
-#define PREFILL_MIN_TAIL 3
+#define PREFILL_MIN_TAIL 2
 #endif
 /* 1: a prompt's last token, where it chooses, goes into the last batch (prefill_last, then the
  * choose graph: its LM head); 0: a step of its own after the batches, as before the thirty-fifth
  * session (a knob to measure it against) */
 #ifndef PREFILL_LAST
 #define PREFILL_LAST 1
-#endif
-/* 1: the tokens left go as one batch, the smallest size that covers them (up to PREFILL_BATCH),
- * instead of prefill_from's thresholds. On the 1B shape a batch of 8 to 64 costs about the same
- * with the last token in it (1.15-1.37 ms; 9 tokens, a batch of 8 and a step, 1.72; PERFORMANCE.md,
- * thirty-fifth session). Prepared, not run on a GPU; off. */
-#ifndef PREFILL_COVER
-#define PREFILL_COVER 0
 #endif
 
 struct model_cuda {
@@ -1415,22 +1406,16 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     CUDA_CHECK(cudaMemcpyAsync(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice, m->stream));
     m->queued = pos;
     const int kind = out == CUDA_OUT_LOGITS ? STEP_LOGITS : out == CUDA_OUT_TOKEN ? (m->sampling ? STEP_SAMPLE : STEP_ARGMAX) : STEP_PROMPT;
-    /* Batches of the largest size whose threshold the tokens left reach, while at least
-     * PREFILL_MIN_TAIL are left, then a step each. A batch that takes the last token runs its last
-     * layer through when that token chooses (prefill_last), and its choice follows: the LM head on
-     * its row (until the thirty-fifth session the last token was a step of its own: ~0.68 ms on
-     * the 1B shape, against ~0.2 for the extra layer and the LM head). The thresholds: with a
-     * batch of 16 at ~1.7 of one of 8 and one of 32 at ~1.65 of one of 16, 25-32 left go as 32 (2.8
-     * against 3.4 as 16 + 16), 17-24 as 16 + 8 (2.7 against 2.8), 10-16 as 16 (9: a batch of 8 and a
-     * step beat one of 16). Batches of 64 from 41 left: one costs ~1.37 of one of 32 (1B shape,
-     * mma.sync GEMMs; thirtieth session) against 32 + 16's ~1.6; from 33 to 40 the two are close,
-     * not measured. Batches of 128 from 97 left: one costs 1.33 of one of 64 on the 1B shape and
-     * 1.63 on the 7B (thirty-fourth session), against 64 + 32's ~1.6-1.7 and 64 + 16's ~1.35-1.45;
-     * the crossing, by those, lies between ~74 (1B) and ~105 (7B) left. */
-    auto prefill_from = [](int size) {
-        if (PREFILL_COVER) return size > PREFILL_SMALL ? size / 2 + 1 : PREFILL_MIN_TAIL;
-        return size >= 128 ? 97 : size == 64 ? 41 : size == 32 ? 25 : size == 16 ? 10 : PREFILL_MIN_TAIL;
-    };
+    /* Full batches while more than PREFILL_BATCH tokens are left, then one batch of the smallest
+     * size that covers the rest (PREFILL_BATCH >> s, at least PREFILL_MIN_TAIL tokens; fewer go as
+     * steps). A batch streams every weight once, so below the full size its cost hardly grows with
+     * its tokens: on the 1B shape 1.15-1.37 ms from 8 to 64 with the last token in it. Covering the
+     * rest in one batch beat the thresholds before it (batches of the largest size the tokens left
+     * reached: 9 as 8 + a step, 17-24 as 16 + 8, 40 as 32 + 8, 65 as 64 + a step, 80 as 64 + 16) at
+     * every prompt length measured: 1B +13% to +74%, 7B +23% to +83% (thirty-sixth session). A
+     * batch that takes the last token runs its last layer through when that token chooses
+     * (prefill_last), and its choice follows: the LM head on its row. */
+    auto prefill_from = [](int size) { return size > PREFILL_SMALL ? size / 2 + 1 : PREFILL_MIN_TAIL; };
     int i = 0;
     bool chosen = false; /* the last batch took the last token, which chooses */
     const int batched = PREFILL_LAST || kind == STEP_PROMPT ? n : n - 1; /* tokens the batches may take */
