@@ -25,6 +25,11 @@
  * the prompt's tensor-core products take fp16 terms, 11 bits of each input to bf16's 8, with no
  * conversion on the way. Exact for |w| >= 2^-17 (bf16's 8 bits fit fp16's 11 down to there, its
  * subnormals included); below, the value is rounded to a multiple of 2^-24 (an error <= 2^-25).
+ * Off: the issue asks for weights uploaded in their own dtype, and the 1B's decode lost on fp16
+ * (thirty-sixth session): -1.5% at depth 0 (+0.7% at 4096), the 7B's unchanged; likely fp16's
+ * conversion to fp32 against bf16's shift and mask (the SASS not read). With one prompt
+ * term (PREFILL_TERMS=1) the prompt runs at one bf16 term's speed, 1B +19.3%, 7B +40.6% against
+ * the default's two bf16 terms, at one fp16 term's precision (PREFILL_F16_TERMS).
  * GPU_W_BF16: the weights on the device are bf16. */
 #ifndef GPU_WEIGHTS_F16
 #define GPU_WEIGHTS_F16 0
