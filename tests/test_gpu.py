@@ -592,8 +592,9 @@ def test_tiny_gpu_short_attention_graphs_equal_cpu():
 
 def test_gpu_bench_kernels_times_decode_and_prefill():
     """--bench-kernels on the GPU: per depth, the decode step's table (as make compare reads it), the
-    steps' time in one graph and a graph a step, and a prefill batch's table, every stage launched as
-    the batch runs them; the decode that follows still runs."""
+    steps' time in one graph and a graph a step, and for each prefill batch size, full, a table,
+    every stage launched as the batch runs them, and the batch's time as its graph; the decode that
+    follows still runs."""
     import re
     import sys
 
@@ -609,18 +610,24 @@ def test_gpu_bench_kernels_times_decode_and_prefill():
     steps = re.findall(r"steps at depth (\d+), 8 greedy steps \(best of \d+\): in one graph ([\d.]+) us/token, "
                        r"a graph a step ([\d.]+) us/token", out)
     assert steps and all(float(one) > 0 and float(each) > 0 for _, one, each in steps), out
-    batch = re.search(r"a prefill batch of (\d+) tokens at depth 1 ", out)
-    assert batch, out
+    full = re.search(r"a prefill batch of (\d+) tokens at depth 1 ", out)
+    assert full, out
+    sizes = [int(full[1]) >> s for s in range(int(full[1]).bit_length() - 3)]  # down to 8
+    assert sizes[-1] == 8, sizes
     for depth in (1, 33):
-        head = f"a prefill batch of {batch[1]} tokens at depth {depth} "
-        assert head in out, out
-        rows = out.split(head, 1)[1].splitlines()[2:11]  # after the header and the column names
-        launches = {r.split()[0]: int(r.split()[1]) for r in rows}
-        # tiny-llama, 2 layers: the last layer's scales and QKV only
-        assert launches == {"prefill_embed": 1, "prefill_rms_terms": 3, "prefill_qkv_rope": 2, "prefill_attention": 1,
-                            "prefill_o_proj": 1, "prefill_gate_up_silu": 1, "prefill_down": 1, "prefill_end": 1,
-                            "total": 11}, rows
-        assert all(float(r.split()[2]) > 0 for r in rows), rows
+        for size in sizes:
+            head = f"a prefill batch of {size} tokens at depth {depth} "
+            assert head in out, out
+            lines = out.split(head, 1)[1].splitlines()
+            rows = lines[2:11]  # after the header and the column names
+            launches = {r.split()[0]: int(r.split()[1]) for r in rows}
+            # tiny-llama, 2 layers: the last layer's scales and QKV only
+            assert launches == {"prefill_embed": 1, "prefill_rms_terms": 3, "prefill_qkv_rope": 2, "prefill_attention": 1,
+                                "prefill_o_proj": 1, "prefill_gate_up_silu": 1, "prefill_down": 1, "prefill_end": 1,
+                                "total": 11}, rows
+            assert all(float(r.split()[2]) > 0 for r in rows), rows
+            graph = re.fullmatch(r"  as its graph: ([\d.]+) us/batch, the layers' weights at (\d+) GB/s", lines[11])
+            assert graph and float(graph[1]) > 0, lines[11]
 
 
 def test_tiny_gpu_matches_transformers(tiny_gpu, tmp_path):

@@ -982,9 +982,9 @@ static int gemm_resident(const void *kernel) {
 
 /* A prefill batch of B >> s tokens (s < PREFILL_SIZES): one instance of enqueue_prefill a size. */
 template <int B>
-static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last) {
-    if (s == 0) enqueue_prefill<B>(m, n_splits, last);
-    else if constexpr (B > PREFILL_SMALL) enqueue_prefill_size<B / 2>(m, s - 1, n_splits, last);
+static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
+    if (s == 0) enqueue_prefill<B>(m, n_splits, last, marks, stage_of);
+    else if constexpr (B > PREFILL_SMALL) enqueue_prefill_size<B / 2>(m, s - 1, n_splits, last, marks, stage_of);
 }
 
 /* Splits a KV head of the prefill batches that read at most PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK
@@ -1570,25 +1570,49 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
         enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier == 2, ev, stage_of);
     });
     graph_boundary_bench(m, pos, reps, out);
-    /* A prefill batch of PREFILL_BATCH tokens at positions pos on, where the context has room; the
-     * device's io is put back as it was. Attention reads, for the batch's tokens, pos + 1 .. pos + B
-     * positions. */
-    if (pos + PREFILL_BATCH > m->ctx) return ERR_OK;
+    /* A prefill batch of each size, full, at positions pos on where the context has room, launched
+     * one by one and then as its graph (the prompt's batches' graphs: programmatic dependent
+     * launches); the device's io is put back as it was. Attention reads, for the batch's tokens,
+     * pos + 1 .. pos + b positions. */
+    const int room = std::min(PREFILL_BATCH, m->ctx - pos);
+    if (room < PREFILL_SMALL) return ERR_OK;
     int io_saved[IO_INTS], tokens[PREFILL_BATCH];
     for (int i = 0; i < PREFILL_BATCH; i++) tokens[i] = token;
     CUDA_CHECK(cudaMemcpy(io_saved, m->io, sizeof io_saved, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(m->history + pos, tokens, sizeof tokens, cudaMemcpyHostToDevice));
-    const double pf_bytes[PF_COUNT] = {PREFILL_BATCH * MODEL_DIM * 2.0, 0.0, qkv,
-                                       kv_pos * (PREFILL_BATCH * (pos + 1.0) + PREFILL_BATCH * (PREFILL_BATCH - 1) / 2.0),
-                                       o, gate_up, down, 0.0};
-    fprintf(out, "a prefill batch of %d tokens at depth %d (launched one by one, best of %d):\n", PREFILL_BATCH, pos, reps);
-    stage_table(m, reps, PREFILL_LAUNCHES, PF_COUNT, prefill_stage_names, pf_bytes, "batch", out,
-                [&](cudaEvent_t *ev, int *stage_of) {
-                    const int count = PREFILL_BATCH; /* the batch's end advances the position by it */
-                    CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
-                    CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice));
-                    enqueue_prefill<PREFILL_BATCH>(m, tier_splits(m, prefill_tier(m, pos + PREFILL_BATCH), true), false, ev, stage_of);
-                });
+    CUDA_CHECK(cudaMemcpy(m->history + pos, tokens, (size_t)room * sizeof(int), cudaMemcpyHostToDevice));
+    cudaEvent_t t0, t1;
+    CUDA_CHECK(cudaEventCreate(&t0));
+    CUDA_CHECK(cudaEventCreate(&t1));
+    for (int s = 0; s < PREFILL_SIZES; s++) {
+        const int b = PREFILL_BATCH >> s, tier = prefill_tier(m, pos + b);
+        if (pos + b > m->ctx) continue;
+        auto start = [&]() { /* the batch's end advances the position by b */
+            CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &b, sizeof b, cudaMemcpyHostToDevice));
+        };
+        const double pf_bytes[PF_COUNT] = {b * MODEL_DIM * 2.0, 0.0, qkv, kv_pos * (b * (pos + 1.0) + b * (b - 1) / 2.0), o, gate_up, down, 0.0};
+        fprintf(out, "a prefill batch of %d tokens at depth %d (launched one by one, best of %d):\n", b, pos, reps);
+        stage_table(m, reps, PREFILL_LAUNCHES, PF_COUNT, prefill_stage_names, pf_bytes, "batch", out,
+                    [&](cudaEvent_t *ev, int *stage_of) {
+                        start();
+                        enqueue_prefill_size<PREFILL_BATCH>(m, s, tier_splits(m, tier, true), false, ev, stage_of);
+                    });
+        float best = 1e30f;
+        for (int r = 0; r < reps; r++) {
+            start();
+            CUDA_CHECK(cudaEventRecord(t0, m->stream));
+            CUDA_CHECK(cudaGraphLaunch(m->prefill[tier][s], m->stream));
+            CUDA_CHECK(cudaEventRecord(t1, m->stream));
+            CUDA_CHECK(cudaEventSynchronize(t1));
+            float ms;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+            best = std::min(best, ms);
+        }
+        const double weights = (qkv + o + gate_up + down) * (MODEL_N_LAYERS - 1) + qkv; /* the last layer's QKV only */
+        fprintf(out, "  as its graph: %.1f us/batch, the layers' weights at %.0f GB/s\n", best * 1e3, weights / (best * 1e6));
+    }
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
     CUDA_CHECK(cudaMemcpy(m->io, io_saved, sizeof io_saved, cudaMemcpyHostToDevice));
     return ERR_OK;
 }
