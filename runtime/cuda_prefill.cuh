@@ -366,6 +366,44 @@ __device__ __forceinline__ uint32_t pack_w2(float *rest_lo, float *rest_hi) {
     return *reinterpret_cast<const uint32_t *>(&v);
 }
 
+/* two consecutive values a, b as their terms, 4 bytes a term at terms[t * stride] (terms 4-byte aligned) */
+__device__ __forceinline__ void store_terms2(uint16_t *terms, size_t stride, float a, float b) {
+#pragma unroll
+    for (int t = 0; t < PREFILL_TERMS; t++) *reinterpret_cast<uint32_t *>(terms + t * stride) = pack_w2(&a, &b);
+}
+
+/* FLASH_WRITES_TERMS 1: the flash attention kernels write o_proj's input terms themselves, as
+ * prefill_att_terms_body would from their fp32 output (the same bits), and its launch, one a layer,
+ * is left out where they run (PREFILL_O_GEMM; attention_body's prompt, past FLASH_MAX_SPLITS, still
+ * takes it). At small batches a prompt's launches, not its weights, are what it pays past a decode
+ * step's (1B, a batch of 8: 874 us against a step's 681; thirty-sixth session). Prepared, not run
+ * on a GPU; off. */
+#ifndef FLASH_WRITES_TERMS
+#define FLASH_WRITES_TERMS 0
+#endif
+
+/* Where the prefill attention's output goes: att (B, q_dim) in fp32, or, with terms set, o_proj's
+ * input terms (PREFILL_TERMS, B, q_dim), term_stride (B q_dim) values apart. i: the value's index
+ * in a (B, q_dim) row-major matrix (put2: even, put4: a multiple of 4). Without FLASH_WRITES_TERMS
+ * the terms are never written (the compiler leaves them out). */
+struct att_out {
+    float *att;
+    uint16_t *terms;
+    size_t term_stride;
+    __device__ __forceinline__ void put(size_t i, float v) const {
+        if (FLASH_WRITES_TERMS && terms) store_terms(terms + i, term_stride, v);
+        else att[i] = v;
+    }
+    __device__ __forceinline__ void put2(size_t i, float a, float b) const {
+        if (FLASH_WRITES_TERMS && terms) store_terms2(terms + i, term_stride, a, b);
+        else *reinterpret_cast<float2 *>(att + i) = make_float2(a, b);
+    }
+    __device__ __forceinline__ void put4(size_t i, float4 v) const {
+        if (FLASH_WRITES_TERMS && terms) store_terms4(terms + i, term_stride, v);
+        else *reinterpret_cast<float4 *>(att + i) = v;
+    }
+};
+
 
 /* Two bf16 weights as fp16 (PREFILL_F16_TERMS), packed as they were: exact down to 2^-14 */
 __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
@@ -1275,7 +1313,7 @@ __device__ __forceinline__ void halves_to_f32(const uint16_t *p, float *f) {
  * (rows, n_active) floats; THREADS: the block's. */
 template <int HD, int KV_MUL, int THREADS>
 __device__ __forceinline__ void prefill_flash_combine(float *w, const float *part_acc, const float *part_ml, unsigned *counters,
-                                                      float *out, int q_dim, int n_kv_heads, int row0, int rows, int n_active,
+                                                      att_out out, int q_dim, int n_kv_heads, int row0, int rows, int n_active,
                                                       int n_splits) {
     __shared__ bool last;
     const int tid = threadIdx.x, kvh = blockIdx.x;
@@ -1341,14 +1379,14 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
         const int i = tid + THREADS * u, r = i / V4;
         if (r >= rows) break;
         const int t = token_of(row0 + r), h = head_of(row0 + r);
-        reinterpret_cast<float4 *>(out + (size_t)t * q_dim + h * HD)[i % V4] = num[u];
+        out.put4((size_t)t * q_dim + h * HD + 4 * (i % V4), num[u]);
     }
     if (tid == 0) *counter = 0;
 }
 
 template <int B, int HD, int KV_MUL>
 __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
-                                                   float *part_acc, float *part_ml, unsigned *counters, float *out,
+                                                   float *part_acc, float *part_ml, unsigned *counters, att_out out,
                                                    int q_dim, int n_kv_heads, int ctx, int n_splits, int min_splits) {
     static_assert(HD == 64 || HD == 128, "flash prefill attention: heads of 64 or 128");
     constexpr int T = FLASH_TILE(HD), PPL = T / WARP_SIZE, DPL = HD / WARP_SIZE, WR = FLASH_WARP_ROWS;
@@ -1475,7 +1513,7 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
 #pragma unroll
         for (int d = 0; d < DPL; d++) {
             const int dd = lane * DPL + d;
-            if (n_active == 1) out[(size_t)t * q_dim + h * HD + dd] = o[i][d] / l[i];
+            if (n_active == 1) out.put((size_t)t * q_dim + h * HD + dd, o[i][d] / l[i]);
             else part_acc[(size_t)t * parts * HD + ((size_t)h * n_splits + split) * HD + dd] = o[i][d];
         }
         if (n_active > 1 && lane == 0)
@@ -1544,7 +1582,7 @@ __device__ __forceinline__ uint32_t fmma_off(int r, int c) {
 
 template <int B, int HD, int KV_MUL>
 __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
-                                                       float *part_acc, float *part_ml, unsigned *counters, float *out,
+                                                       float *part_acc, float *part_ml, unsigned *counters, att_out out,
                                                        int q_dim, int n_kv_heads, int ctx, int n_splits, int min_splits) {
     static_assert(HD == 64 || HD == 128, "prefill attention on the tensor cores: heads of 64 or 128");
     constexpr int T = FMMA_TILE, CH = HD / 8 /* chunks a row */, NS = T / 8 /* score n-tiles */, NO = HD / 8 /* output n-tiles */;
@@ -1700,7 +1738,7 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uin
         for (int j = 0; j < NO; j++) {
             const int d = 8 * j + 2 * cq;
             if (n_active == 1)
-                *reinterpret_cast<float2 *>(&out[(size_t)t * q_dim + head * HD + d]) = make_float2(o[j][2 * h] / l[h], o[j][2 * h + 1] / l[h]);
+                out.put2((size_t)t * q_dim + head * HD + d, o[j][2 * h] / l[h], o[j][2 * h + 1] / l[h]);
             else
                 *reinterpret_cast<float2 *>(&part_acc[(size_t)t * parts * HD + ((size_t)head * n_splits + split) * HD + d]) =
                     make_float2(o[j][2 * h], o[j][2 * h + 1]);

@@ -62,6 +62,7 @@ F16_TERMS = "-DPREFILL_F16_TERMS=1"  # the terms, and the prompt's products, in 
 F16_ONE_TERM = f"{F16_TERMS} {ONE_TERM}"  # ... one of them: 11 bits of each input, as the fp16 KV cache keeps
 F16_WEIGHTS = "-DGPU_WEIGHTS_F16=1"  # bf16 weights converted to fp16 as they are uploaded: every kernel on fp16
 F16_W_ONE_TERM = f"{F16_WEIGHTS} {ONE_TERM}"  # ... and the prompt GEMMs' inputs as one fp16 term
+FLASH_TERMS = "-DFLASH_WRITES_TERMS=1"  # the prompt's flash attention writes o_proj's input terms (no att_terms launch)
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (thirty-second session: off)
 
 
@@ -102,6 +103,9 @@ TEST_BUILDS = {
     "test_tiny_gpu_down_polls_gate_up_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_gpu_weights_past_f16_range_refused": lambda p: [("flags", "tiny-gqa", F16_WEIGHTS)],
+    "test_tiny_gpu_flash_terms_equal_default": lambda p: [("flags", p["variant"], f"{FLASH_TERMS} {p['base']}" if p["base"] else FLASH_TERMS),
+                                                          ("flags", p["variant"], p["base"]) if p["base"]
+                                                          else ("plain", p["variant"], "specialized")],
     "test_tiny_gpu_prefill_logits_match_cpu": lambda p: [("flags", p["variant"], p["flags"]) if p["flags"]
                                                          else ("plain", p["variant"], "specialized")],
     "test_tiny_gpu_attention_odd_chunks_equal_cpu": lambda p: [("flags", p["variant"], ATT_CHUNK5)],
@@ -419,7 +423,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", f"{F16_ONE_TERM} {NO_GEMMS}"), ("tiny-wide", f"{F16_TERMS} {MMA_SYNC}"),
                                            ("tiny-gqa", F16_WEIGHTS), ("tiny-group3", F16_W_ONE_TERM),
                                            ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WIDE}"), ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}"),
-                                           ("tiny-llama3", F16_W_ONE_TERM)])
+                                           ("tiny-llama3", F16_W_ONE_TERM), ("tiny-wide", f"{FLASH_TERMS} {ONE_TERM}")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -453,7 +457,8 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     on tiny-group3 where one bf16 term parts; through gate/up's TMA body at two warpgroups, warp-
     specialized, prefill_pairs_body's registers, and mma.sync's shared memory); the weights converted
     to fp16 as they are uploaded (F16_WEIGHTS: decode and prompt on fp16 weights, two terms and one,
-    through the split GEMMs, gate/up's TMA body at two warpgroups, warp-specialized, and biases).
+    through the split GEMMs, gate/up's TMA body at two warpgroups, warp-specialized, and biases);
+    the flash attention writing o_proj's input as one term (FLASH_TERMS).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms
     (there 4 stages with WAIT1); TINY_PROMPT's 148 tokens go as a batch of 128, then 20 in a batch
@@ -579,6 +584,26 @@ def test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+@pytest.mark.parametrize("variant,base", [("tiny-wide", None), ("tiny-group3", None), ("tiny-wide", "-DPREFILL_FLASH_MMA=0"),
+                                          ("tiny-group3", CHUNK5), ("tiny-gqa", None)])
+def test_tiny_gpu_flash_terms_equal_default(variant, base, tmp_path):
+    """FLASH_TERMS: the prompt's flash attention writes o_proj's input terms itself instead of its
+    fp32 output, which prefill_att_terms_kernel split: the prompt path's logits (--dump-prefill)
+    bit for bit those of the build without it (base: that build's other flags). Heads of 128 and
+    64 on the tensor cores (one split: each row's writes), the fp32 flash kernel, splits of 5
+    positions (the last block's combine writes), and tiny-gqa's heads of 16, which take
+    attention_body and so still the terms kernel."""
+    builds = []
+    for flags in (base, f"{FLASH_TERMS} {base}" if base else FLASH_TERMS):
+        builds.append(flags_build(variant, flags) if flags else (tiny_model_dir(variant), binary_for(tiny_model_dir(variant), "specialized")))
+    dumps = []
+    for i, (d, binary) in enumerate(builds):
+        out = tmp_path / f"prefill-{i}.bin"
+        run(binary, "-m", str(d), "--device", "cuda", "--dump-logits", str(out), "--dump-prefill", str(PREFILL_DUMP_FROM), "-p", TINY_PROMPT)
+        dumps.append(np.fromfile(out, dtype=np.float32))
+    assert dumps[0].size > 0 and np.array_equal(dumps[0], dumps[1]), f"{variant} {base or ''}: logits differ"
+
+
 def test_tiny_gpu_short_attention_graphs_equal_cpu():
     """tiny-gqa with a context of 262144 (tests/models/tiny-long-context): past ATT_MIN_SPLITS tiles
     (2 KV heads: 132 splits of 1024 positions), so the binary launches a second set of graphs, with
@@ -687,7 +712,7 @@ def test_default_model_chat_on_gpu(default_gpu):
                                            ("tiny-wide", TMA_WIDE), ("tiny-wide", f"{ONE_TERM} {TMA_WIDE}"),
                                            ("tiny-wide", SPLIT_NARROW), ("tiny-wide", TMA_WS),
                                            ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"), ("tiny-wide", f"{F16_TERMS} {GATE_UP_GEMM} {NO_TMA}"),
-                                           ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}")])
+                                           ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}"), ("tiny-group3", f"{FLASH_TERMS} {CHUNK5}")])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA; by cp.async with NO_TMA, and with each stage's
@@ -695,7 +720,8 @@ def test_prefill_builds_memcheck_clean(variant, flags):
     positions: tiles mostly past their split's end, and the combine); the RMSNorm's cluster reading
     its blocks' shared memory; the TMA body at two warpgroups a block; the fp16 terms' weights
     converted in shared memory (TMA's warp-specialized body, cp.async's); the weights converted to
-    fp16 as they are uploaded (F16_WEIGHTS). The default build's (QKV,
+    fp16 as they are uploaded (F16_WEIGHTS); the flash attention's combine writing o_proj's input
+    terms (FLASH_TERMS, splits of 5 positions). The default build's (QKV,
     o_proj and down as GEMMs over splits of K) run under test_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")

@@ -413,18 +413,20 @@ static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole
 #define PREFILL_FLASH 0
 #endif
 #if PREFILL_FLASH
-/* MMA: on the tensor cores (prefill_flash_mma_body, PREFILL_FLASH_MMA), or in fp32 */
+/* MMA: on the tensor cores (prefill_flash_mma_body, PREFILL_FLASH_MMA), or in fp32. att_terms: NULL,
+ * or o_proj's input terms to write instead of att (FLASH_WRITES_TERMS) */
 template <int B, bool MMA>
 static __global__ void __launch_bounds__(MMA ? FMMA_THREADS : ATT_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc,
                                                                                         const uint16_t *vc, const int *io,
                                                                                         float *part_acc, float *part_ml,
-                                                                                        unsigned *counters, float *att, int ctx,
-                                                                                        int n_splits) {
+                                                                                        unsigned *counters, float *att,
+                                                                                        uint16_t *att_terms, int ctx, int n_splits) {
+    const att_out out = {att, att_terms, (size_t)B * MODEL_Q_DIM};
     if constexpr (MMA)
-        prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
+        prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, out, MODEL_Q_DIM,
                                                                 MODEL_N_KV_HEADS, ctx, n_splits, ATT_MIN_SPLITS);
     else
-        prefill_flash_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
+        prefill_flash_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, out, MODEL_Q_DIM,
                                                             MODEL_N_KV_HEADS, ctx, n_splits, ATT_MIN_SPLITS);
 }
 #endif
@@ -898,6 +900,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
                    m->qkv_splits, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1 && !last) break;
+        bool att_in_terms = false; /* the attention wrote o_proj's input terms (FLASH_WRITES_TERMS) */
 #if PREFILL_FLASH
         if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
             constexpr bool mma = PREFILL_FLASH_MMA;
@@ -906,7 +909,9 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
                                             (int)flash_smem));
             launch_grid(prefill_flash_kernel<B, mma>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
                         mma ? FMMA_THREADS : ATT_THREADS, flash_smem, m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
-                        m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
+                        m->prefill_part_ml, m->prefill_counters, m->att, FLASH_WRITES_TERMS ? m->prefill_att_terms : NULL, m->ctx,
+                        n_splits);
+            att_in_terms = FLASH_WRITES_TERMS && m->prefill_att_terms;
         } else
 #endif
         launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / PREFILL_ATT_TOKENS), ATT_THREADS,
@@ -914,7 +919,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
         if (PREFILL_O_GEMM) {
-            launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
+            if (!att_in_terms)
+                launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
             launch(prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), m->o_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
                    *lw, m->prefill_att_terms, m->prefill_part_x);
         } else
