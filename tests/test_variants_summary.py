@@ -73,3 +73,25 @@ def test_prompt_lengths_are_columns_of_their_own():
     assert lines[1] == "| variant | prompt(3) 0 | prompt(9) 0 | probe GB/s |"
     # 1534.1 against 2637.4: -41.8%
     assert lines[4] == "| `-DPREFILL_LAST=0` | 1534.1 (-41.8%) | 5204.9 (-0.7%) | 4527.5-4529.0 |"
+
+
+# --bench-kernels' prompt batch tables (the thirty-sixth session's 1B numbers, depth 1; the stage
+# rows cut to one), one round
+def kernels_output(variant: str, graphs: tuple[float, float]) -> str:
+    tables = [f"a prefill batch of {n} tokens at depth 1 (launched one by one, best of 20):\n"
+              f"  stage                    launches     us/batch   MB/batch     GB/s\n"
+              f"  prefill_qkv_rope               16        213.2     201.33      944\n"
+              f"  total                         109       1228.1\n"
+              f"  as its graph: {g} us/batch, the layers' weights at 2103 GB/s\n" for n, g in zip((16, 8), graphs)]
+    return (f"== llama-3.2-1b-instruct, {variant}, round 1\n  read bandwidth probe: 4616.4 GB/s\n" + "".join(tables) +
+            "  decode at depth 0: 16 tokens, 1476.6 tok/s, 677 us/token, 3650.0 GB/s = 79.1% of probe\n")
+
+
+def test_batch_graph_times_are_columns_of_their_own():
+    text = kernels_output("plain", (907.1, 873.6)) + kernels_output("-DFLASH_WRITES_TERMS=1", (880.0, 840.2))
+    runs = variants_summary.parse(text)["llama-3.2-1b-instruct"]
+    assert runs["plain"]["batch(16) us", 1] == [907.1] and runs["-DFLASH_WRITES_TERMS=1"]["batch(8) us", 1] == [840.2]
+    lines = variants_summary.table("llama-3.2-1b-instruct", runs).splitlines()
+    assert lines[1] == "| variant | batch(16) us 1 | batch(8) us 1 | decode 0 | probe GB/s |"
+    # 840.2 against 873.6: -3.8%
+    assert lines[4] == "| `-DFLASH_WRITES_TERMS=1` | 880.0 (-3.0%) | 840.2 (-3.8%) | 1476.6 (+0.0%) | 4616.4 |"

@@ -1,7 +1,8 @@
 """tests/bench/variants.sh's output as one markdown table a model: each variant's decode and prompt
 tok/s at each depth over its rounds (min-max), and the change of its mean against the plain build's.
 Prompts of other lengths than --bench's 128 tokens (variants.sh's PROMPTS) are columns of their own,
-"prompt(N) depth".
+"prompt(N) depth"; with --bench-kernels, so is each prompt batch size's time as its graph, "batch(N)
+us depth" (lower is faster: its change against plain is negative then).
 
     python3 tests/bench/variants_summary.py OUTPUT.txt
 
@@ -21,15 +22,18 @@ DECODE = re.compile(r"decode at depth (\d+): \d+ tokens, ([\d.]+) tok/s.*= ([\d.
 PROMPT = re.compile(r"prompt(?: at depth (\d+))?: (\d+) tokens, ([\d.]+) tok/s")
 BENCH_PROMPT = 128  # --bench's prompt tokens unless --bench-prompt says otherwise
 PROBE = re.compile(r"read bandwidth probe: ([\d.]+) GB/s")
+BATCH = re.compile(r"^a prefill batch of (\d+) tokens at depth (\d+) ")  # --bench-kernels' table head ...
+GRAPH = re.compile(r"^  as its graph: ([\d.]+) us/batch")  # ... and its last line
 PLAIN = "plain"
 
 
 def parse(text: str) -> dict[str, dict[str, dict[tuple[str, int], list[float]]]]:
     """{model: {variant: {(kind, depth): [tok/s a round]}}}, kind "decode", "share" (% of the
-    probe), "prompt" (128 tokens), "prompt(N)" (N tokens) or "probe" (GB/s, depth 0), in the order
-    the output has them."""
+    probe), "prompt" (128 tokens), "prompt(N)" (N tokens), "batch(N) us" (a prompt batch of N as
+    its graph, µs) or "probe" (GB/s, depth 0), in the order the output has them."""
     runs: dict[str, dict[str, dict[tuple[str, int], list[float]]]] = {}
     cur = None
+    batch = None  # the --bench-kernels batch table being read: (tokens, depth)
     for line in text.splitlines():
         m = RUN.match(line)
         if m:
@@ -37,7 +41,12 @@ def parse(text: str) -> dict[str, dict[str, dict[tuple[str, int], list[float]]]]
             continue
         if cur is None:
             continue
-        if m := DECODE.search(line):
+        if m := BATCH.match(line):
+            batch = int(m.group(1)), int(m.group(2))
+        elif (m := GRAPH.match(line)) and batch:
+            cur[f"batch({batch[0]}) us", batch[1]].append(float(m.group(1)))
+            batch = None
+        elif m := DECODE.search(line):
             cur["decode", int(m.group(1))].append(float(m.group(2)))
             cur["share", int(m.group(1))].append(float(m.group(3)))
         elif m := PROMPT.search(line):
@@ -66,7 +75,7 @@ def cell(xs: list[float], base: list[float] | None) -> str:
 def table(model: str, variants: dict[str, dict[tuple[str, int], list[float]]]) -> str:
     if PLAIN not in variants:
         raise ValueError(f"{model}: no plain build in the output")
-    keys = [k for k in variants[PLAIN] if k[0] == "decode" or k[0].startswith("prompt")]
+    keys = [k for k in variants[PLAIN] if k[0] == "decode" or k[0].startswith(("prompt", "batch("))]
     head = ["variant"] + [f"{kind} {depth}" for kind, depth in keys] + ["probe GB/s"]
     rows = [f"**{model}**", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, res in variants.items():
