@@ -103,7 +103,18 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 #ifndef GEMM_SPLIT_FILL
 #define GEMM_SPLIT_FILL 0
 #endif
-#define PREFILL_GEMM_MAX_SPLITS 16
+/* GEMM_SPLITS_BY_SIZE 1: each prompt batch size's split GEMMs split K by the occupancy of their own
+ * kernel (a batch of 8's stages are a fifth of a batch of 128's, so more of its blocks fit an SM),
+ * not by that of the batches of PREFILL_BATCH. The reasoning: at batches of 8-32 the split GEMMs
+ * stream their weights at 1.5-2.3 TB/s (Mistral-7B shape) where gate/up's TMA GEMM, 4 to 7 blocks
+ * of 64 rows an SM, streams 3.9; more splits put more of their blocks, and their copies, in
+ * flight. Prepared, not run on a GPU; off. */
+#ifndef GEMM_SPLITS_BY_SIZE
+#define GEMM_SPLITS_BY_SIZE 0
+#endif
+#ifndef PREFILL_GEMM_MAX_SPLITS
+#define PREFILL_GEMM_MAX_SPLITS 16 /* the most splits of K of a prefill GEMM */
+#endif
 /* the most splits of o_proj's or down's partial sums (prefill_part_x) */
 #define PREFILL_MAX_X_PARTS \
     ((PREFILL_DOWN_GEMM || PREFILL_O_GEMM) && PREFILL_GEMM_MAX_SPLITS > PREFILL_SPLITS ? PREFILL_GEMM_MAX_SPLITS : PREFILL_SPLITS)
@@ -380,6 +391,15 @@ __device__ __forceinline__ void store_terms2(uint16_t *terms, size_t stride, flo
  * on a GPU; off. */
 #ifndef FLASH_WRITES_TERMS
 #define FLASH_WRITES_TERMS 0
+#endif
+/* With FLASH_WRITES_TERMS, 0: o_proj's GEMM after the flash attention launched without programmatic
+ * serialization. Measured with it on (thirty-seventh session, Mistral-7B shape, batches of 8-32):
+ * the attention 3 us a launch slower, o_proj 1 us faster, the batch 1-2% slower; the reasoning:
+ * o_proj's blocks, launched as soon as every attention block has started, copy their first stages
+ * of weights before their wait (~7 us of the 7B's 32 MB o_proj at full bandwidth), and the
+ * attention's loads queue behind them. Prepared, not run on a GPU. */
+#ifndef FLASH_TERMS_O_PDL
+#define FLASH_TERMS_O_PDL 1
 #endif
 
 /* Where the prefill attention's output goes: att (B, q_dim) in fp32, or, with terms set, o_proj's

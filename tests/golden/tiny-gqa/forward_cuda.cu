@@ -620,10 +620,11 @@ struct model_cuda {
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_MAX_X_PARTS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
-    float2 *prefill_part_qkv; /* (qkv_splits, PREFILL_BATCH, QKV_PAIRS) QKV's partial sums, where split */
-    int qkv_splits;           /* QKV's splits of K in a prefill batch (PREFILL_QKV_SPLITS) */
-    int down_splits;          /* down's splits of K in a prefill batch (PREFILL_SPLITS, or PREFILL_DOWN_GEMM's) */
-    int o_splits;             /* o_proj's splits of K in a prefill batch (PREFILL_SPLITS, or PREFILL_O_GEMM's) */
+    float2 *prefill_part_qkv; /* (qkv_splits B at most, QKV_PAIRS) QKV's partial sums, where split */
+    /* splits of K in a prefill batch of PREFILL_BATCH >> s tokens, [s] (GEMM_SPLITS_BY_SIZE) */
+    int qkv_splits[PREFILL_SIZES];  /* QKV's (PREFILL_QKV_SPLITS, or PREFILL_QKV_GEMM's) */
+    int down_splits[PREFILL_SIZES]; /* down's (PREFILL_SPLITS, or PREFILL_DOWN_GEMM's) */
+    int o_splits[PREFILL_SIZES];    /* o_proj's (PREFILL_SPLITS, or PREFILL_O_GEMM's) */
     uint16_t *prefill_att_terms; /* (PREFILL_TERMS, PREFILL_BATCH, q_dim) o_proj's input where it is a GEMM, or NULL */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
@@ -691,14 +692,22 @@ static void launch(void (*kernel)(Params...), int grid_x, int grid_y, int block,
     launch_grid(kernel, dim3(grid_x, grid_y), block, smem, stream, args...);
 }
 
+/* As launch, with programmatic serialization only where pdl (without it the kernel starts after
+ * the previous one ends) */
+template <typename... Params, typename... Args>
+static void launch_pdl(bool pdl, void (*kernel)(Params...), int grid_x, int grid_y, int block, size_t smem, cudaStream_t stream,
+                       Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = pdl;
+    launch_with(attr, kernel, dim3(grid_x, grid_y), block, smem, stream, args...);
+}
+
 /* The prompt's RMSNorm kernel: as launch, but a cluster of blocks a token (PREFILL_RMS_CLUSTER)
  * without programmatic serialization, which failed (runtime/cuda_prefill.cuh) */
 template <typename... Params, typename... Args>
 static void launch_rms(void (*kernel)(Params...), int grid, int block, size_t smem, cudaStream_t stream, Args... args) {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = RMS_CLUSTER == 1;
-    launch_with(attr, kernel, dim3(grid), block, smem, stream, args...);
+    launch_pdl(RMS_CLUSTER == 1, kernel, grid, 1, block, smem, stream, args...);
 }
 
 /* A launch whose blocks are guaranteed to be resident together (the persistent kernel's barrier
@@ -836,9 +845,10 @@ static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "pref
                                                           "prefill_down", "prefill_end"};
 #define PREFILL_LAUNCHES (7 * MODEL_N_LAYERS - 3)
 
-#if GEMM_TMA
-/* s of a batch of B = PREFILL_BATCH >> s tokens (the prefill graphs' and tensor maps' index) */
+/* s of a batch of B = PREFILL_BATCH >> s tokens (the prefill graphs', splits' and tensor maps' index) */
 static constexpr int prefill_size_index(int b) { return b >= PREFILL_BATCH ? 0 : 1 + prefill_size_index(2 * b); }
+
+#if GEMM_TMA
 
 /* A tensor map of a row-major (rows, cols) matrix of the weights' 16-bit type at base: boxes of
  * GEMM_KT values by box_rows rows, swizzled 128 bytes, zeros past the edges (prefill_gate_up_tma_body);
@@ -878,6 +888,8 @@ static CUtensorMap tensor_map_2d(const void *base, int rows, int cols, int box_r
 template <int B>
 static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
     const size_t smem = 0; /* the matvecs' shared memory is static */
+    constexpr int size = prefill_size_index(B);
+    const int qkv_splits = m->qkv_splits[size], o_splits = m->o_splits[size], down_splits = m->down_splits[size];
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
     launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, B, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
@@ -887,17 +899,17 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         launch_rms(prefill_rms_terms_kernel, B * RMS_CLUSTER, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x,
-                   l > 0 ? m->down_splits : 0, lw->attn_norm, m->prefill_x_terms);
+                   l > 0 ? down_splits : 0, lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         if (PREFILL_QKV_GEMM)
-            launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), m->qkv_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
+            launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), qkv_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
                    *lw, m->prefill_x_terms, m->prefill_part_qkv);
         else
-            launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID(QKV_PAIRS), m->qkv_splits, MV_THREADS, smem, m->stream, *lw,
+            launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID(QKV_PAIRS), qkv_splits, MV_THREADS, smem, m->stream, *lw,
                    m->prefill_x_terms, m->q, kc, vc, m->prefill_part_qkv, m->io, m->ctx);
-        if (PREFILL_QKV_GEMM || m->qkv_splits > 1)
+        if (PREFILL_QKV_GEMM || qkv_splits > 1)
             launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, m->stream, *lw, m->prefill_part_qkv,
-                   m->qkv_splits, m->q, kc, vc, m->io, m->ctx);
+                   qkv_splits, m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1 && !last) break;
         bool att_in_terms = false; /* the attention wrote o_proj's input terms (FLASH_WRITES_TERMS) */
@@ -921,14 +933,14 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
         if (PREFILL_O_GEMM) {
             if (!att_in_terms)
                 launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
-            launch(prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), m->o_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
-                   *lw, m->prefill_att_terms, m->prefill_part_x);
+            launch_pdl(!att_in_terms || FLASH_TERMS_O_PDL, prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), o_splits,
+                       GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream, *lw, m->prefill_att_terms, m->prefill_part_x);
         } else
-            launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), m->o_splits, MV_THREADS, smem, m->stream, *lw,
+            launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), o_splits, MV_THREADS, smem, m->stream, *lw,
                    m->att, m->prefill_part_x);
         mark(PF_O);
         launch_rms(prefill_rms_terms_kernel, B * RMS_CLUSTER, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x,
-                   m->o_splits, lw->ffn_norm, m->prefill_x_terms);
+                   o_splits, lw->ffn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
 #if GEMM_TMA
         if (m->gate_up_gemm) {
@@ -948,15 +960,15 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
                    m->prefill_x_terms, m->prefill_hb_terms);
         mark(PF_GATE_UP);
         if (PREFILL_DOWN_GEMM)
-            launch(prefill_down_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), m->down_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B),
+            launch(prefill_down_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), down_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B),
                    m->stream, *lw, m->prefill_hb_terms, m->prefill_part_x);
         else
-            launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), m->down_splits, MV_THREADS, smem, m->stream, *lw,
+            launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), down_splits, MV_THREADS, smem, m->stream, *lw,
                    m->prefill_hb_terms, m->prefill_part_x);
         mark(PF_DOWN);
     }
     if (last)
-        launch(prefill_last_row_kernel<B>, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->x, m->prefill_part_x, m->down_splits,
+        launch(prefill_last_row_kernel<B>, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->x, m->prefill_part_x, down_splits,
                m->io);
     launch(prefill_end_kernel, 1, 1, WARP_SIZE, 0, m->stream, m->io, (int)last);
     mark(PF_END);
@@ -979,11 +991,33 @@ static void prefill_gemm_smem(void) {
     if constexpr (B > PREFILL_SMALL) prefill_gemm_smem<B / 2>();
 }
 
-/* blocks of a prefill GEMM kernel resident an SM at batches of PREFILL_BATCH (after prefill_gemm_smem) */
-static int gemm_resident(const void *kernel) {
+/* blocks of a prefill GEMM kernel for batches of b resident an SM (after prefill_gemm_smem) */
+static int gemm_resident(const void *kernel, int b) {
     int n = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMM_THREADS, GEMM_SMEM_BYTES(PREFILL_BATCH)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMM_THREADS, GEMM_SMEM_BYTES(b)));
     return n;
+}
+
+/* The split GEMMs' splits of K for batches of B, B / 2, ... PREFILL_SMALL (after prefill_gemm_smem):
+ * gemm_splits on the occupancy of the kernel for batches of R: B's own (GEMM_SPLITS_BY_SIZE), or
+ * PREFILL_BATCH's for every size. The matvec bodies' (a GEMM's knob off): QKV as many as two
+ * blocks an SM (a block's 32 KB of shared memory and its registers let two fit) take, or the
+ * build's; o_proj and down PREFILL_SPLITS. */
+template <int B>
+static void prefill_split_counts(model_cuda *m, int sms) {
+    constexpr int s = prefill_size_index(B), R = GEMM_SPLITS_BY_SIZE ? B : PREFILL_BATCH;
+    int qkv = PREFILL_QKV_SPLITS ? PREFILL_QKV_SPLITS : (2 * sms + PREFILL_GRID(QKV_PAIRS) - 1) / PREFILL_GRID(QKV_PAIRS);
+    if (qkv > PREFILL_QKV_MAX_SPLITS) qkv = PREFILL_QKV_MAX_SPLITS;
+    m->qkv_splits[s] = PREFILL_QKV_GEMM ? gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms,
+                                                      gemm_resident((const void *)prefill_qkv_gemm_kernel<R>, R))
+                                        : qkv;
+    m->down_splits[s] = PREFILL_DOWN_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms,
+                                                        gemm_resident((const void *)prefill_down_gemm_kernel<R>, R))
+                                          : PREFILL_SPLITS;
+    m->o_splits[s] = PREFILL_O_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_Q_DIM, sms,
+                                                  gemm_resident((const void *)prefill_o_gemm_kernel<R>, R))
+                                    : PREFILL_SPLITS;
+    if constexpr (B > PREFILL_SMALL) prefill_split_counts<B / 2>(m, sms);
 }
 
 /* A prefill batch of B >> s tokens (s < PREFILL_SIZES): one instance of enqueue_prefill a size. */
@@ -1223,10 +1257,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
-    /* QKV's splits: as many as two blocks an SM (a block's 32 KB of shared memory and its registers
-     * let two fit) take, or the build's */
-    m->qkv_splits = PREFILL_QKV_SPLITS ? PREFILL_QKV_SPLITS : (2 * sms + PREFILL_GRID(QKV_PAIRS) - 1) / PREFILL_GRID(QKV_PAIRS);
-    if (m->qkv_splits > PREFILL_QKV_MAX_SPLITS) m->qkv_splits = PREFILL_QKV_MAX_SPLITS;
     m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
     if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
@@ -1247,17 +1277,12 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                                                                 MODEL_DIM, PREFILL_TERMS * (PREFILL_BATCH >> s));
     }
 #endif
-    if (PREFILL_QKV_GEMM)
-        m->qkv_splits = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms, gemm_resident((const void *)prefill_qkv_gemm_kernel<PREFILL_BATCH>));
-    m->down_splits = PREFILL_DOWN_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms,
-                                                     gemm_resident((const void *)prefill_down_gemm_kernel<PREFILL_BATCH>))
-                                       : PREFILL_SPLITS;
-    m->o_splits = PREFILL_O_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_Q_DIM, sms,
-                                               gemm_resident((const void *)prefill_o_gemm_kernel<PREFILL_BATCH>))
-                                 : PREFILL_SPLITS;
+    prefill_split_counts<PREFILL_BATCH>(m, sms);
+    int qkv_rows = 0; /* rows of QKV's partial sums: splits B at most */
+    for (int s = 0; s < PREFILL_SIZES; s++) qkv_rows = std::max(qkv_rows, m->qkv_splits[s] * (PREFILL_BATCH >> s));
     if (PREFILL_O_GEMM) /* o_proj's input as terms (PREFILL_O_GEMM) */
         CUDA_CHECK(cudaMalloc(&m->prefill_att_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t)));
-    CUDA_CHECK(cudaMalloc(&m->prefill_part_qkv, (size_t)m->qkv_splits * PREFILL_BATCH * QKV_PAIRS * sizeof(float2)));
+    CUDA_CHECK(cudaMalloc(&m->prefill_part_qkv, (size_t)qkv_rows * QKV_PAIRS * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
@@ -1597,7 +1622,8 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
             CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &b, sizeof b, cudaMemcpyHostToDevice));
         };
         const double pf_bytes[PF_COUNT] = {b * MODEL_DIM * 2.0, 0.0, qkv, kv_pos * (b * (pos + 1.0) + b * (b - 1) / 2.0), o, gate_up, down, 0.0};
-        fprintf(out, "a prefill batch of %d tokens at depth %d (launched one by one, best of %d):\n", b, pos, reps);
+        fprintf(out, "a prefill batch of %d tokens at depth %d (launched one by one, best of %d; K in %d, %d, %d splits for QKV, o_proj, down):\n",
+                b, pos, reps, m->qkv_splits[s], m->o_splits[s], m->down_splits[s]);
         stage_table(m, reps, PREFILL_LAUNCHES, PF_COUNT, prefill_stage_names, pf_bytes, "batch", out,
                     [&](cudaEvent_t *ev, int *stage_of) {
                         start();
