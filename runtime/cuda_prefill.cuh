@@ -104,16 +104,19 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 #define GEMM_SPLIT_FILL 0
 #endif
 /* GEMM_SPLITS_BY_SIZE 1: each prompt batch size's split GEMMs split K by the occupancy of their own
- * kernel (a batch of 8's stages are a fifth of a batch of 128's, so more of its blocks fit an SM),
- * not by that of the batches of PREFILL_BATCH. The reasoning: at batches of 8-32 the split GEMMs
- * stream their weights at 1.5-2.3 TB/s (Mistral-7B shape) where gate/up's TMA GEMM, 4 to 7 blocks
- * of 64 rows an SM, streams 3.9; more splits put more of their blocks, and their copies, in
- * flight. Prepared, not run on a GPU; off. */
+ * kernel, not all of them by that of the batches of PREFILL_BATCH (0), and at most
+ * PREFILL_GEMM_MAX_SPLITS. At batches of 128 a block's 4 stages take 161 KB, one an SM, so the 7B
+ * shape's QKV ran at every size as 96 blocks (one split) on 132 SMs, o_proj and down as 128; a
+ * batch of 8's 3 stages take 31 KB, 7 an SM: 8 splits each (1B: 48-96 blocks, 2-4 splits, to 8).
+ * Against 0, a batch's graph at depth 1 (thirty-seventh session): Mistral-7B shape 8 tokens
+ * 5,194 to 4,109 us (-21%), 16 -23%, 32 -23%, 64 -22%; 1B -11%, -10%, -11%, -10%; 128 unchanged
+ * (the same splits). At most 16 instead of 8: the 7B the same, the 1B -7% to -4% instead (its 8-token
+ * batch at 16 splits of K's 32 tiles, two tiles a block). */
 #ifndef GEMM_SPLITS_BY_SIZE
-#define GEMM_SPLITS_BY_SIZE 0
+#define GEMM_SPLITS_BY_SIZE 1
 #endif
 #ifndef PREFILL_GEMM_MAX_SPLITS
-#define PREFILL_GEMM_MAX_SPLITS 16 /* the most splits of K of a prefill GEMM */
+#define PREFILL_GEMM_MAX_SPLITS 8 /* the most splits of K of a prefill GEMM */
 #endif
 /* the most splits of o_proj's or down's partial sums (prefill_part_x) */
 #define PREFILL_MAX_X_PARTS \
@@ -386,20 +389,14 @@ __device__ __forceinline__ void store_terms2(uint16_t *terms, size_t stride, flo
 /* FLASH_WRITES_TERMS 1: the flash attention kernels write o_proj's input terms themselves, as
  * prefill_att_terms_body would from their fp32 output (the same bits), and its launch, one a layer,
  * is left out where they run (PREFILL_O_GEMM; attention_body's prompt, past FLASH_MAX_SPLITS, still
- * takes it). At small batches a prompt's launches, not its weights, are what it pays past a decode
- * step's (1B, a batch of 8: 874 us against a step's 681; thirty-sixth session). Prepared, not run
- * on a GPU; off. */
+ * takes it). Measured (thirty-seventh session, GPU tests passed), a batch's graph at depth 1: 1B
+ * -0.6% to -2.9% at 8-128 tokens (the 512-token prompt +1.2%); Mistral-7B shape +0.8% to +2.9% at
+ * 8-64, -0.9% at 128: its flash kernel (heads of 128) ~3 us a launch slower at batches of 8-32,
+ * o_proj ~1 us faster. Not o_proj's GEMM launched early beside it (launched without programmatic
+ * serialization, commit c2d40ff's FLASH_TERMS_O_PDL, the same); registers the same (254, no
+ * spills). Not explained; off. */
 #ifndef FLASH_WRITES_TERMS
 #define FLASH_WRITES_TERMS 0
-#endif
-/* With FLASH_WRITES_TERMS, 0: o_proj's GEMM after the flash attention launched without programmatic
- * serialization. Measured with it on (thirty-seventh session, Mistral-7B shape, batches of 8-32):
- * the attention 3 us a launch slower, o_proj 1 us faster, the batch 1-2% slower; the reasoning:
- * o_proj's blocks, launched as soon as every attention block has started, copy their first stages
- * of weights before their wait (~7 us of the 7B's 32 MB o_proj at full bandwidth), and the
- * attention's loads queue behind them. Prepared, not run on a GPU. */
-#ifndef FLASH_TERMS_O_PDL
-#define FLASH_TERMS_O_PDL 1
 #endif
 
 /* Where the prefill attention's output goes: att (B, q_dim) in fp32, or, with terms set, o_proj's

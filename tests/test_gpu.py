@@ -63,7 +63,7 @@ F16_ONE_TERM = f"{F16_TERMS} {ONE_TERM}"  # ... one of them: 11 bits of each inp
 F16_WEIGHTS = "-DGPU_WEIGHTS_F16=1"  # bf16 weights converted to fp16 as they are uploaded: every kernel on fp16
 F16_W_ONE_TERM = f"{F16_WEIGHTS} {ONE_TERM}"  # ... and the prompt GEMMs' inputs as one fp16 term
 FLASH_TERMS = "-DFLASH_WRITES_TERMS=1"  # the prompt's flash attention writes o_proj's input terms (no att_terms launch)
-SPLITS_BY_SIZE = "-DGEMM_SPLITS_BY_SIZE=1"  # each prompt batch size's split GEMMs split K by their own occupancy
+SPLITS_AT_FULL = "-DGEMM_SPLITS_BY_SIZE=0 -DPREFILL_GEMM_MAX_SPLITS=16"  # every batch size's split GEMMs split as a full batch's
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (thirty-second session: off)
 
 
@@ -425,7 +425,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", F16_WEIGHTS), ("tiny-group3", F16_W_ONE_TERM),
                                            ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WIDE}"), ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}"),
                                            ("tiny-llama3", F16_W_ONE_TERM), ("tiny-wide", f"{FLASH_TERMS} {ONE_TERM}"),
-                                           ("tiny-wide", SPLITS_BY_SIZE), ("tiny-group3", f"{SPLITS_BY_SIZE} -DPREFILL_GEMM_MAX_SPLITS=8")])
+                                           ("tiny-wide", SPLITS_AT_FULL), ("tiny-group3", "-DPREFILL_GEMM_MAX_SPLITS=16")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -460,8 +460,9 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     specialized, prefill_pairs_body's registers, and mma.sync's shared memory); the weights converted
     to fp16 as they are uploaded (F16_WEIGHTS: decode and prompt on fp16 weights, two terms and one,
     through the split GEMMs, gate/up's TMA body at two warpgroups, warp-specialized, and biases);
-    the flash attention writing o_proj's input as one term (FLASH_TERMS); each batch size's split
-    GEMMs split by its own kernel's occupancy (SPLITS_BY_SIZE), and so at most 8 (tiny-group3).
+    the flash attention writing o_proj's input as one term (FLASH_TERMS); every batch size's split
+    GEMMs split as a full batch's, at most 16 (SPLITS_AT_FULL, the form before the thirty-seventh
+    session), and by size at most 16 (tiny-group3).
     Greedy text against the CPU's. (The default build: batches of 128 with every matvec a GEMM over
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms
     (there 4 stages with WAIT1); TINY_PROMPT's 148 tokens go as a batch of 128, then 20 in a batch
@@ -499,7 +500,7 @@ PREFILL_DUMP_FROM = 140
                                                ("tiny-gqa", F16_W_ONE_TERM, PREFILL_DUMP_FROM), ("tiny-llama", F16_W_ONE_TERM, PREFILL_DUMP_FROM),
                                                ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WIDE}", PREFILL_DUMP_FROM),
                                                ("tiny-group3", F16_WEIGHTS, PREFILL_DUMP_FROM),
-                                               ("tiny-gqa", None, 2), ("tiny-wide", SPLITS_BY_SIZE, 130)])
+                                               ("tiny-gqa", None, 2), ("tiny-wide", SPLITS_AT_FULL, 130)])
 def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     """--dump-prefill: TINY_PROMPT's first `fed` tokens fed at once, then one at a time; the GPU's
     logits from position fed - 1 on (every one after keys and values the prompt path wrote) against
@@ -510,7 +511,7 @@ def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     256 columns: 4 stages, WAIT1), batches of at most 64, one term within ONE_TERM_TOLERANCE, one fp16
     term within F16_ONE_TERM_TOLERANCE, and two fp16 terms within GPU_CPU_TOLERANCE (the terms fp16
     on bf16 weights: F16_TERMS; or the weights fp16 on the device: F16_WEIGHTS, the decode steps'
-    logits on them too); each batch size's split GEMMs split by its own occupancy (SPLITS_BY_SIZE:
+    logits on them too); every batch size's split GEMMs split as a full batch's (SPLITS_AT_FULL:
     130 tokens, so batches of 128 and 8)."""
     if flags is None:
         d = tiny_model_dir(variant)
@@ -589,15 +590,14 @@ def test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu(variant):
 
 
 @pytest.mark.parametrize("variant,base", [("tiny-wide", None), ("tiny-group3", None), ("tiny-wide", "-DPREFILL_FLASH_MMA=0"),
-                                          ("tiny-group3", CHUNK5), ("tiny-gqa", None), ("tiny-wide", "-DFLASH_TERMS_O_PDL=0")])
+                                          ("tiny-group3", CHUNK5), ("tiny-gqa", None)])
 def test_tiny_gpu_flash_terms_equal_default(variant, base, tmp_path):
     """FLASH_TERMS: the prompt's flash attention writes o_proj's input terms itself instead of its
     fp32 output, which prefill_att_terms_kernel split: the prompt path's logits (--dump-prefill)
     bit for bit those of the build without it (base: that build's other flags). Heads of 128 and
     64 on the tensor cores (one split: each row's writes), the fp32 flash kernel, splits of 5
-    positions (the last block's combine writes), tiny-gqa's heads of 16, which take
-    attention_body and so still the terms kernel, and o_proj's GEMM after it launched without
-    programmatic serialization (FLASH_TERMS_O_PDL=0)."""
+    positions (the last block's combine writes), and tiny-gqa's heads of 16, which take
+    attention_body and so still the terms kernel."""
     builds = []
     for flags in (base, f"{FLASH_TERMS} {base}" if base else FLASH_TERMS):
         builds.append(flags_build(variant, flags) if flags else (tiny_model_dir(variant), binary_for(tiny_model_dir(variant), "specialized")))
@@ -721,7 +721,7 @@ def test_default_model_chat_on_gpu(default_gpu):
                                            ("tiny-wide", SPLIT_NARROW), ("tiny-wide", TMA_WS),
                                            ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"), ("tiny-wide", f"{F16_TERMS} {GATE_UP_GEMM} {NO_TMA}"),
                                            ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}"), ("tiny-group3", f"{FLASH_TERMS} {CHUNK5}"),
-                                           ("tiny-wide", SPLITS_BY_SIZE)])
+                                           ("tiny-wide", SPLITS_AT_FULL)])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA; by cp.async with NO_TMA, and with each stage's

@@ -933,8 +933,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
         if (PREFILL_O_GEMM) {
             if (!att_in_terms)
                 launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
-            launch_pdl(!att_in_terms || FLASH_TERMS_O_PDL, prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), o_splits,
-                       GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream, *lw, m->prefill_att_terms, m->prefill_part_x);
+            launch(prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), o_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
+                   *lw, m->prefill_att_terms, m->prefill_part_x);
         } else
             launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), o_splits, MV_THREADS, smem, m->stream, *lw,
                    m->att, m->prefill_part_x);
