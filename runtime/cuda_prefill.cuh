@@ -108,9 +108,11 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
  * PREFILL_GEMM_MAX_SPLITS. At batches of 128 a block's 4 stages take 161 KB, one an SM, so the 7B
  * shape's QKV ran at every size as 96 blocks (one split) on 132 SMs, o_proj and down as 128; a
  * batch of 8's 3 stages take 31 KB, 7 an SM: 8 splits each (1B: 48-96 blocks, 2-4 splits, to 8).
- * Against 0, a batch's graph at depth 1 (thirty-seventh session): Mistral-7B shape 8 tokens
- * 5,194 to 4,109 us (-21%), 16 -23%, 32 -23%, 64 -22%; 1B -11%, -10%, -11%, -10%; 128 unchanged
- * (the same splits). At most 16 instead of 8: the 7B the same, the 1B -7% to -4% instead (its 8-token
+ * Against 0 (and at most 16), a batch's graph at depth 1 (thirty-seventh session): Mistral-7B
+ * shape 8 tokens 5,194 to 4,109 us (-21%), 16 -23%, 32 -23%, 64 -22%; Qwen2.5-7B -32%, -21%, -21%,
+ * -19%; 1B -11%, -10%, -11%, -10%; SmolLM2 -3% to -4%, 128 too (o_proj and down 8 splits, not 9
+ * and 14); 128 otherwise unchanged (the same splits). Prompts of 9-40 tokens: 7B +25% to +29%, 1B
+ * +9% to +10%. At most 16 instead of 8: the 7B the same, the 1B -7% to -4% instead (its 8-token
  * batch at 16 splits of K's 32 tiles, two tiles a block). */
 #ifndef GEMM_SPLITS_BY_SIZE
 #define GEMM_SPLITS_BY_SIZE 1
