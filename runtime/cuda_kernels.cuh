@@ -2345,11 +2345,17 @@ __host__ __device__ constexpr int o_group_rows_owned(int rc, int g) { return (rc
 #define ATT_O_GROUP_SMEM_BYTES(kv_mul, hd, g, gw, rc) \
     (ATT_SHORT_SMEM_BYTES(kv_mul, hd) + (size_t)(rc) * (gw) * 2 + (size_t)(gw) * 4 + (size_t)(g) * o_group_rows_owned(rc, g) * 4)
 
-template <int HD, int G, int GW, int RC>
+/* -DATT_O_GROUP_PROBE=1, a timing probe whose outputs are wrong: the kernel without its attention
+ * (the wait only); 2: without its weights' copies */
+#ifndef ATT_O_GROUP_PROBE
+#define ATT_O_GROUP_PROBE 0
+#endif
+template <int HD, int G, int GW>
 __device__ __forceinline__ void attention_o_group_body(const uint16_t *wo, const uint16_t *bo, const float *q, const uint16_t *kc,
                                                        const uint16_t *vc, const int *io, float *x, int dim, int q_dim,
-                                                       int kv_mul, int ctx) {
-    constexpr int CPR = GW / 8, CPL = (CPR + WARP_SIZE - 1) / WARP_SIZE, RG = o_group_rows_owned(RC, G);
+                                                       int kv_mul, int ctx, int RC) {
+    constexpr int CPR = GW / 8, CPL = (CPR + WARP_SIZE - 1) / WARP_SIZE;
+    const int RG = o_group_rows_owned(RC, G);
     static_assert(GW % 8 == 0, "attention_o_group_body: a KV group's columns in 16-byte chunks");
     extern __shared__ float smem[];
     const int g = cluster_rank(), r0 = (int)(blockIdx.x / G) * RC, nr = min(RC, dim - r0);
@@ -2361,12 +2367,14 @@ __device__ __forceinline__ void attention_o_group_body(const uint16_t *wo, const
      * wait before the sends); arriving now costs nothing */
     cluster_arrive_relaxed();
     const uint64_t pol = l2_evict_first_policy();
-    for (int i = tid; i < nr * CPR; i += (int)blockDim.x) {
+    for (int i = tid; i < (ATT_O_GROUP_PROBE == 2 ? 0 : nr * CPR); i += (int)blockDim.x) {
         const int r = i / CPR, ch = i % CPR;
         cp_async16_evict_first(ws + (size_t)r * GW + ch * 8, wo + (size_t)(r0 + r) * q_dim + (size_t)g * GW + ch * 8, pol);
     }
-    attention_short_body<HD>(q, kc, vc, io, nullptr, nullptr, nullptr, satt, kv_mul, ctx, 1, 1, g, 0, wait_pdl{}, nullptr,
-                             g * kv_mul);
+    if (ATT_O_GROUP_PROBE == 1) wait_pdl{}();
+    else
+        attention_short_body<HD>(q, kc, vc, io, nullptr, nullptr, nullptr, satt, kv_mul, ctx, 1, 1, g, 0, wait_pdl{}, nullptr,
+                                 g * kv_mul);
     cp_async_wait_all();
     __syncthreads(); /* the weights and the group's outputs in shared memory */
     float a[CPL][8];
