@@ -54,8 +54,6 @@ class Plan:
     res_lot: int  # o_proj's and down's (launched on their own) the same, of MV_UNROLL chunks (_res_lot)
     down_poll: int  # 1: down polls gate/up's outputs instead of waiting for its grid's end (_down_poll)
     gemm_wgmma: int  # 1: the prefill GEMMs on Hopper's warpgroup MMA, built for sm_90a (_gemm_wgmma)
-    att_o_groups: int  # 1: a short context's attention and o_proj in one kernel by KV group, in clusters (_att_o_groups)
-    att_o_group_clusters: int  # its clusters of n_kv_heads blocks: one block an SM
 
 
 class CExpr:
@@ -286,14 +284,6 @@ def _gemm_wgmma(cuda_arch: str) -> int:
     return 1 if cuda_arch == "90" else 0
 
 
-def _att_o_groups(att_short: int, cuda_arch: str) -> int:
-    """A short context's steps (at most att_short_max positions: one split of attention_short_body)
-    with attention and o_proj in one kernel (attention_o_group_kernel): clusters of n_kv_heads
-    blocks, each block one KV group's attention and o_proj's columns of that group. Off until
-    measured (-DATT_O_GROUPS=1 forces it on where the shape allows)."""
-    return 0 if att_short and cuda_arch == "90" else 0
-
-
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     gpu = _gpu_plan(spec, sms)
@@ -318,8 +308,6 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
         down_poll=_down_poll(spec.hidden_dim),
         gemm_wgmma=_gemm_wgmma(cuda_arch),
-        att_o_groups=_att_o_groups(_att_short(spec.head_dim, spec.kv_mul), cuda_arch),
-        att_o_group_clusters=max(1, sms // spec.n_kv_heads),
         **gpu,
     )
 
@@ -349,7 +337,5 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         res_lot=0,
         down_poll=0,  # not measured
         gemm_wgmma=_gemm_wgmma(cuda_arch),
-        att_o_groups=0,  # with att_short
-        att_o_group_clusters=1,
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -2112,8 +2112,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // 128 on heads of 128, 256 on heads of 64), flash-decoding within the block. The splits are
 // attention_body's (att_split_len); where there is more than one, each stores its partial sums and
 // the last combines them (attention_combine). The block that writes a KV group's outputs adds 1 to
-// *ready when given one (the joined attention/o_proj grid, ATT_O_SHORT). In one split it writes
-// head h's outputs at out + (h - out_head0) * HD (attention_o_group_body: its block's shared memory). The host launches it in one split up to att_short_max(HD) positions, and on heads
+// *ready when given one (the joined attention/o_proj grid, ATT_O_SHORT). The host launches it in one split up to att_short_max(HD) positions, and on heads
 // of 64, whose 256 is ATT_MIN_CHUNK, in ATT_MIN_SPLITS up to 33 x 256 (forward_cuda.cu.j2,
 // short_kernel_splits). At depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape
 // for almost no work: five block barriers, the softmax through shared memory a row a warp, the
@@ -2140,7 +2139,7 @@ template <int HD, typename Wait>
 __device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                      float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                      int kv_mul, int ctx, int n_splits, int min_splits, int kvh, int split,
-                                                     Wait wait, unsigned *ready = nullptr, int out_head0 = 0) {
+                                                     Wait wait, unsigned *ready = nullptr) {
     constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = ATT_THREADS / WARP_SIZE;
     extern __shared__ float smem[];
     const int rows = kv_mul;
@@ -2273,7 +2272,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
             }
         const int h = kvh * kv_mul + r;
         if (n_active == 1) {
-            out[(size_t)(h - out_head0) * HD + i % HD] = v / L;
+            out[(size_t)h * HD + i % HD] = v / L;
         } else { /* the split's partial sums and (max, sum), as attention_body's */
             part_acc[((size_t)h * n_splits + split) * HD + i % HD] = v;
             if (i % HD == 0) *reinterpret_cast<float2 *>(part_ml + ((size_t)h * n_splits + split) * 2) = make_float2(M, L);
@@ -2283,130 +2282,6 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
     if (n_active > 1)
         attention_combine<1>(sp, part_acc, part_ml, counters, out, HD, kv_mul, n_splits, n_active, kvh, ready, 0, 0);
     if (ready && n_active == 1) signal_done(ready); /* the joined grid's o_proj counts the outputs written */
-}
-
-// ---------------------------------------------------------------------------------------------
-// Thread block clusters (sm_90): a cluster's barrier and its blocks' shared memory
-
-/* A thread block cluster's barrier (PTX barrier.cluster): arrive releasing this thread's writes, or
- * relaxed (nothing to publish); wait, acquiring the others' */
-__device__ __forceinline__ void cluster_arrive_release(void) { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_arrive_relaxed(void) { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait(void) { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
-/* *p in the shared memory of the cluster's block `rank` (p: this block's copy of the variable) */
-__device__ __forceinline__ float ld_cluster_f32(const float *p, int rank) {
-    uint32_t addr;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-
-/* *p in the shared memory of the cluster's block `rank` = v (p: this block's copy of the variable) */
-__device__ __forceinline__ void st_cluster_f32(float *p, int rank, float v) {
-    uint32_t addr;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-/* This block's rank in its cluster */
-__device__ __forceinline__ int cluster_rank(void) {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-}
-
-/* 16 bytes from global to shared memory on cp.async, marked first to leave L2 (a weight read once a step) */
-__device__ __forceinline__ uint64_t l2_evict_first_policy(void) {
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-__device__ __forceinline__ void cp_async16_evict_first(void *dst, const void *src, uint64_t pol) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "l"(pol) : "memory");
-}
-
-// ---------------------------------------------------------------------------------------------
-// A short context's attention and o_proj in one kernel, split by KV group (ATT_O_GROUPS). The
-// grid is clusters of G = n_kv_heads blocks; cluster c takes o_proj's rows [c RC, (c + 1) RC) and
-// its block of rank g the columns of KV group g (its kv_mul heads: GW = q_dim / G of them), so
-// that the block's input is the attention of one KV group, which it computes itself
-// (attention_short_body, one split: at most att_short_max(HD) positions) into shared memory. Each
-// KV group's attention is so computed once a cluster, not once a step: its keys and values read
-// from L2 by every cluster (at 256 positions on the 1B shape, 64 KB a block). What that buys: no
-// boundary between attention and o_proj, and o_proj's weights (RC x GW a block) copied into shared
-// memory on cp.async before the wait on QKV, so that they stream under QKV's tail and attention's
-// chain of round trips instead of after them. The G partial sums of a row meet in the shared memory
-// of the block that owns the row (rank r % G) and are added in rank order, then the residual: a
-// fixed order, so the step stays deterministic (not the order of o_proj_residual_kernel's sums).
-// Shared memory: attention_short_body's at the base, then the weights (RC, GW), the group's
-// attention outputs (GW floats), the partial sums sent to this block (G, RG).
-__host__ __device__ constexpr int o_group_rows_owned(int rc, int g) { return (rc + g - 1) / g; }
-#define ATT_O_GROUP_SMEM_BYTES(kv_mul, hd, g, gw, rc) \
-    (ATT_SHORT_SMEM_BYTES(kv_mul, hd) + (size_t)(rc) * (gw) * 2 + (size_t)(gw) * 4 + (size_t)(g) * o_group_rows_owned(rc, g) * 4)
-
-/* -DATT_O_GROUP_PROBE=1, a timing probe whose outputs are wrong: the kernel without its attention
- * (the wait only); 2: without its weights' copies */
-#ifndef ATT_O_GROUP_PROBE
-#define ATT_O_GROUP_PROBE 0
-#endif
-template <int HD, int G, int GW>
-__device__ __forceinline__ void attention_o_group_body(const uint16_t *wo, const uint16_t *bo, const float *q, const uint16_t *kc,
-                                                       const uint16_t *vc, const int *io, float *x, int dim, int q_dim,
-                                                       int kv_mul, int ctx, int RC) {
-    constexpr int CPR = GW / 8, CPL = (CPR + WARP_SIZE - 1) / WARP_SIZE;
-    const int RG = o_group_rows_owned(RC, G);
-    static_assert(GW % 8 == 0, "attention_o_group_body: a KV group's columns in 16-byte chunks");
-    extern __shared__ float smem[];
-    const int g = cluster_rank(), r0 = (int)(blockIdx.x / G) * RC, nr = min(RC, dim - r0);
-    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
-    uint16_t *ws = reinterpret_cast<uint16_t *>(reinterpret_cast<char *>(smem) + ATT_SHORT_SMEM_BYTES(kv_mul, HD)); /* (RC, GW) */
-    float *satt = reinterpret_cast<float *>(ws + (size_t)RC * GW);                                             /* (GW) */
-    float *sin = satt + GW;                                                                                   /* (G, RG) */
-    /* the cluster's blocks have all started before any writes into another's shared memory (the
-     * wait before the sends); arriving now costs nothing */
-    cluster_arrive_relaxed();
-    const uint64_t pol = l2_evict_first_policy();
-    for (int i = tid; i < (ATT_O_GROUP_PROBE == 2 ? 0 : nr * CPR); i += (int)blockDim.x) {
-        const int r = i / CPR, ch = i % CPR;
-        cp_async16_evict_first(ws + (size_t)r * GW + ch * 8, wo + (size_t)(r0 + r) * q_dim + (size_t)g * GW + ch * 8, pol);
-    }
-    if (ATT_O_GROUP_PROBE == 1) wait_pdl{}();
-    else
-        attention_short_body<HD>(q, kc, vc, io, nullptr, nullptr, nullptr, satt, kv_mul, ctx, 1, 1, g, 0, wait_pdl{}, nullptr,
-                                 g * kv_mul);
-    cp_async_wait_all();
-    __syncthreads(); /* the weights and the group's outputs in shared memory */
-    float a[CPL][8];
-#pragma unroll
-    for (int k = 0; k < CPL; k++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) a[k][e] = lane + WARP_SIZE * k < CPR ? satt[(lane + WARP_SIZE * k) * 8 + e] : 0.0f;
-    cluster_wait();
-    for (int r = wid; r < nr; r += (int)blockDim.x / WARP_SIZE) {
-        float v = 0.0f;
-#pragma unroll
-        for (int k = 0; k < CPL; k++) {
-            const int ch = lane + WARP_SIZE * k;
-            if (ch < CPR) {
-                float f[8];
-                w8_to_f32(*reinterpret_cast<const uint4 *>(ws + (size_t)r * GW + ch * 8), f);
-#pragma unroll
-                for (int e = 0; e < 8; e++) v += f[e] * a[k][e];
-            }
-        }
-        v = warp_sum(v);
-        if (lane == 0) st_cluster_f32(sin + g * RG + r / G, r % G, v);
-    }
-    cluster_arrive_release();
-    cluster_wait(); /* every block's sums of this block's rows are in */
-    for (int t = tid; g + G * t < nr; t += (int)blockDim.x) {
-        const int row = r0 + g + G * t;
-        float sum = 0.0f;
-#pragma unroll
-        for (int u = 0; u < G; u++) sum += sin[u * RG + t];
-        x[row] = __ldcg(x + row) + (sum + (bo ? w_to_f32(bo[row]) : 0.0f));
-    }
 }
 
 #endif

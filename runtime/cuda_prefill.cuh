@@ -234,6 +234,20 @@ static_assert(!MODEL_GENERIC && MODEL_DIM % (4 * PREFILL_RMS_CLUSTER) == 0 && PR
 #define RMS_BLOCK_VALS RMS_VALS
 #endif
 
+/* A thread block cluster's barrier (PTX barrier.cluster): arrive releasing this thread's writes, or
+ * relaxed (nothing to publish); wait, acquiring the others' */
+__device__ __forceinline__ void cluster_arrive_release(void) { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_relaxed(void) { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait(void) { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+/* *p in the shared memory of the cluster's block `rank` (p: this block's copy of the variable) */
+__device__ __forceinline__ float ld_cluster_f32(const float *p, int rank) {
+    uint32_t addr;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+
 /* Token b of the batch (blocks b C .. b C + C - 1 of gridDim.x, C = RMS_CLUSTER, a cluster where
  * C > 1): x[b] += the `parts` partial sums part[s][b] (s in order, rows of DIM, at most RMS_MAX_DIM;
  * none for the first layer's); then RMSNorm's input, x[b] * (1 / sqrt(mean(x[b]^2) + eps) *

@@ -65,8 +65,6 @@ F16_W_ONE_TERM = f"{F16_WEIGHTS} {ONE_TERM}"  # ... and the prompt GEMMs' inputs
 FLASH_TERMS = "-DFLASH_WRITES_TERMS=1"  # the prompt's flash attention writes o_proj's input terms (no att_terms launch)
 SPLITS_AT_FULL = "-DGEMM_SPLITS_BY_SIZE=0 -DPREFILL_GEMM_MAX_SPLITS=16"  # every batch size's split GEMMs split as a full batch's
 RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4 blocks a token (thirty-second session: off)
-ATT_O_GROUPS = "-DATT_O_GROUPS=1"  # a short context's attention and o_proj in one kernel by KV group, in clusters
-O_GROUPS_UNEVEN = f"{ATT_O_GROUPS} -DATT_O_GROUP_CLUSTERS=5"  # tiny-group3's 192 rows: clusters of 39, the last of 36
 
 
 def split_last_flags(blocks, unroll):
@@ -104,7 +102,6 @@ TEST_BUILDS = {
     "test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_SHORT)],
     "test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_POLL)],
     "test_tiny_gpu_down_polls_gate_up_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
-    "test_tiny_gpu_attention_o_groups_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_gpu_weights_past_f16_range_refused": lambda p: [("flags", "tiny-gqa", F16_WEIGHTS)],
     "test_tiny_gpu_flash_terms_equal_default": lambda p: [("flags", p["variant"], f"{FLASH_TERMS} {p['base']}" if p["base"] else FLASH_TERMS),
@@ -393,22 +390,6 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
     attention shape. Logits and greedy text against the CPU's."""
     d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
-
-
-@pytest.mark.parametrize("variant,flags", [("tiny-group3", ATT_O_GROUPS), ("tiny-group3-long", ATT_O_GROUPS),
-                                           ("tiny-wide", ATT_O_GROUPS), ("tiny-group3", O_GROUPS_UNEVEN)])
-def test_tiny_gpu_attention_o_groups_equal_cpu(variant, flags, tmp_path):
-    """A short context's attention and o_proj in one kernel (ATT_O_GROUPS, forced on): clusters of
-    n_kv_heads blocks, each block one KV group's attention (attention_short_body, one split) and
-    o_proj's columns of that group, the groups' partial sums added in the shared memory of the block
-    that owns the row. tiny-group3: SmolLM2's attention shape (groups of 3 heads of 64: 24 of a warp's
-    lanes a row), also in 5 clusters, whose last has fewer rows and whose rows split unevenly between
-    the two blocks; tiny-group3-long: three times TINY_PROMPT passes the 256 positions the kernel
-    takes, so the steps after go to the short kernel's graphs; tiny-wide: heads of 128 (128
-    positions, two chunks a lane a row). Logits and greedy text against the CPU's."""
-    prompt = " ".join([TINY_PROMPT] * 3) if variant == "tiny-group3-long" else TINY_PROMPT
-    d, binary = flags_build(variant, flags)
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
@@ -740,8 +721,7 @@ def test_default_model_chat_on_gpu(default_gpu):
                                            ("tiny-wide", SPLIT_NARROW), ("tiny-wide", TMA_WS),
                                            ("tiny-wide", f"{F16_ONE_TERM} {TMA_WS}"), ("tiny-wide", f"{F16_TERMS} {GATE_UP_GEMM} {NO_TMA}"),
                                            ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}"), ("tiny-group3", f"{FLASH_TERMS} {CHUNK5}"),
-                                           ("tiny-wide", SPLITS_AT_FULL), ("tiny-wide", ATT_O_GROUPS),
-                                           ("tiny-group3", O_GROUPS_UNEVEN)])
+                                           ("tiny-wide", SPLITS_AT_FULL)])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA; by cp.async with NO_TMA, and with each stage's
@@ -750,8 +730,7 @@ def test_prefill_builds_memcheck_clean(variant, flags):
     its blocks' shared memory; the TMA body at two warpgroups a block; the fp16 terms' weights
     converted in shared memory (TMA's warp-specialized body, cp.async's); the weights converted to
     fp16 as they are uploaded (F16_WEIGHTS); the flash attention's combine writing o_proj's input
-    terms (FLASH_TERMS, splits of 5 positions); and the decode steps' attention and o_proj by KV
-    group in clusters (ATT_O_GROUPS). The default build's (QKV,
+    terms (FLASH_TERMS, splits of 5 positions). The default build's (QKV,
     o_proj and down as GEMMs over splits of K) run under test_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")

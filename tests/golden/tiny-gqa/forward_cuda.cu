@@ -259,34 +259,6 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
 }
 
-/* A short context's steps with attention and o_proj in one kernel, split by KV group over clusters
- * of MODEL_N_KV_HEADS blocks (attention_o_group_body), where the plan says so (codegen/plan.py,
- * _att_o_groups; -DATT_O_GROUPS=1 forces it on where the shape allows, =0 off): the steps that
- * read at most att_short_max(MODEL_HEAD_DIM) positions take the [3] graphs. ATT_O_GROUP_CLUSTERS
- * clusters (the plan's: one block an SM), each o_proj's rows of ATT_O_GROUP_ROWS. */
-#ifndef ATT_O_GROUPS
-#define ATT_O_GROUPS 0
-#endif
-#if ATT_O_GROUPS
-#ifndef ATT_O_GROUP_CLUSTERS
-#define ATT_O_GROUP_CLUSTERS 66
-#endif
-#define ATT_O_GROUP_ROWS ((MODEL_DIM + ATT_O_GROUP_CLUSTERS - 1) / ATT_O_GROUP_CLUSTERS)
-#define ATT_O_GROUP_GRID (((MODEL_DIM + ATT_O_GROUP_ROWS - 1) / ATT_O_GROUP_ROWS) * MODEL_N_KV_HEADS)
-#define ATT_O_GROUP_COLS (MODEL_Q_DIM / MODEL_N_KV_HEADS)
-#define ATT_O_GROUP_SMEM ATT_O_GROUP_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM, MODEL_N_KV_HEADS, ATT_O_GROUP_COLS, ATT_O_GROUP_ROWS)
-static_assert(ATT_SHORT && 90 >= 90 && MODEL_N_KV_HEADS <= 8 && ATT_O_GROUP_SMEM <= 227 * 1024,
-              "ATT_O_GROUPS: the short context's attention kernel (ATT_SHORT), sm_90's clusters of at most 8 blocks (KV "
-              "heads), and a block's o_proj weights within its shared memory (-DATT_O_GROUP_CLUSTERS=more)");
-/* self_attn (a short context) and self_attn.o_proj (+ bias) + residual, by KV group */
-static __global__ void __cluster_dims__(MODEL_N_KV_HEADS, 1, 1) __launch_bounds__(ATT_THREADS)
-    attention_o_group_kernel(model_layer_weights w, const float *q, const uint16_t *kc, const uint16_t *vc, const int *io, float *x,
-                             int ctx) {
-    attention_o_group_body<ATT_MMA_HD, MODEL_N_KV_HEADS, ATT_O_GROUP_COLS, ATT_O_GROUP_ROWS>(
-        w.wo, MODEL_O_BIAS ? w.bo : NULL, q, kc, vc, io, x, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_MUL, ctx);
-}
-#endif
-
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 /* Past gate/up's wait, attention_o_proj_kernel has ended: nobody reads its counts until the next
  * layer's, nor att_poll, whose words read "unwritten" again for the next layer's (ATT_O_POLL). */
@@ -634,9 +606,8 @@ struct model_cuda {
      * and batches that read at most short_positions (short_att); [2]: batches with PREFILL_FEW_SPLITS,
      * for those that read at most few_positions (prefill_tier), and steps with attention_short_kernel
      * (ATT_SHORT builds) in short_kernel_splits, for those that read at most short_kernel_positions
-     * (decode_tier); [3]: steps with attention_o_group_kernel (ATT_O_GROUPS builds), for those
-     * that read at most group_positions */
-    cudaGraphExec_t graphs[4][STEP_KINDS]; /* one decode step of each kind */
+     * (decode_tier) */
+    cudaGraphExec_t graphs[3][STEP_KINDS]; /* one decode step of each kind */
     cudaGraphExec_t prefill[3][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
     /* The same with its last layer run through and its last token's residual row kept for the LM
      * head, and at the position of that token: a batch that ends a prompt whose last token chooses */
@@ -646,7 +617,6 @@ struct model_cuda {
     int few_positions;        /* PREFILL_FEW_SPLITS * the least split where n_splits is more, else 0 (no [2]) */
     int short_kernel_positions; /* short_kernel_splits * att_short_max(head_dim) in ATT_SHORT builds, else 0 (no [2] steps) */
     int short_kernel_splits;  /* attention_short_kernel's splits a KV head */
-    int group_positions;      /* att_short_max(head_dim) in ATT_O_GROUPS builds, else 0 (no [3] steps) */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_MAX_X_PARTS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
@@ -805,8 +775,7 @@ static void enqueue_choice(model_cuda *m, int kind, bool lm_head, launch_marks &
 /* The decode step's launches, in order: on the token at history[pos], pos read from io on the
  * device. With marks (kernel benchmark, outside a graph) an event is recorded after each launch and
  * *stage_of says which stage it closed. */
-static void enqueue_step(model_cuda *m, int kind, int n_splits, int tier, cudaEvent_t *marks, int *stage_of) {
-    const bool short_kernel = tier == 2;
+static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kernel, cudaEvent_t *marks, int *stage_of) {
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
     if (m->persistent && !marks) {
@@ -825,13 +794,6 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, int tier, cudaEv
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
-#if ATT_O_GROUPS
-            if (tier == 3) {
-                launch(attention_o_group_kernel, ATT_O_GROUP_GRID, 1, ATT_THREADS, ATT_O_GROUP_SMEM, m->stream, *lw, m->q, kc, vc,
-                       m->io, m->x, m->ctx);
-                mark(ST_O);
-            } else
-#endif
             if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
@@ -1078,7 +1040,7 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last, 
 
 /* Splits a KV head that the graphs of tier s launch (m->graphs[s], m->prefill[s]) */
 static int tier_splits(const model_cuda *m, int s, bool prefill) {
-    return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : s == 3 ? 1 : prefill ? PREFILL_FEW_SPLITS : m->short_kernel_splits;
+    return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : prefill ? PREFILL_FEW_SPLITS : m->short_kernel_splits;
 }
 
 /* *exec: a graph of what enqueue() queues on m->stream */
@@ -1374,18 +1336,13 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
-#if ATT_O_GROUPS
-    m->group_positions = std::min(ctx, att_short_max(MODEL_HEAD_DIM));
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_o_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)ATT_O_GROUP_SMEM));
-#endif
-    /* the graphs of each tier (model_cuda's graphs, prefill, prefill_last; [3] steps only), then the choices */
-    for (int s = 0; s < 4 && !rc; s++) {
+    /* the graphs of each tier (model_cuda's graphs, prefill, prefill_last), then the choices */
+    for (int s = 0; s < 3 && !rc; s++) {
         if (s == 1 && !m->short_positions) continue;
         for (int kind = 0; kind < STEP_KINDS && !rc; kind++)
-            if ((s != 2 || m->short_kernel_positions) && (s != 3 || m->group_positions))
-                rc = capture(m, &m->graphs[s][kind], [&] { enqueue_step(m, kind, tier_splits(m, s, false), s, NULL, NULL); });
-        for (int b = 0; b < (PREFILL_LAST ? 2 : 1) * PREFILL_SIZES && !rc && s < 3; b++)
+            if (s != 2 || m->short_kernel_positions)
+                rc = capture(m, &m->graphs[s][kind], [&] { enqueue_step(m, kind, tier_splits(m, s, false), s == 2, NULL, NULL); });
+        for (int b = 0; b < (PREFILL_LAST ? 2 : 1) * PREFILL_SIZES && !rc; b++)
             if (s != 2 || m->few_positions)
                 rc = capture(m, b < PREFILL_SIZES ? &m->prefill[s][b] : &m->prefill_last[s][b - PREFILL_SIZES], [&] {
                     enqueue_prefill_size<PREFILL_BATCH>(m, b % PREFILL_SIZES, tier_splits(m, s, true), b >= PREFILL_SIZES);
@@ -1447,7 +1404,7 @@ static int prefill_tier(const model_cuda *m, int positions) {
 
 /* The same for a decode step */
 static int decode_tier(const model_cuda *m, int positions) {
-    return positions <= m->group_positions ? 3 : positions <= m->short_kernel_positions ? 2 : short_att(m, positions);
+    return positions <= m->short_kernel_positions ? 2 : short_att(m, positions);
 }
 
 /* Queues one step of the given kind at position m->queued (the device's io[IO_POS] by then): the
@@ -1602,7 +1559,7 @@ static void graph_boundary_bench(model_cuda *m, int pos, int reps, FILE *out) {
     cudaGraph_t graph;
     cudaGraphExec_t steps;
     CUDA_CHECK(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
-    for (int k = 0; k < BOUNDARY_STEPS; k++) enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier, NULL, NULL);
+    for (int k = 0; k < BOUNDARY_STEPS; k++) enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier == 2, NULL, NULL);
     CUDA_CHECK(cudaStreamEndCapture(m->stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&steps, graph, 0));
     cudaGraphDestroy(graph);
@@ -1641,7 +1598,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     stage_table(m, reps, STEP_LAUNCHES, ST_COUNT, stage_names, bytes, "token", out, [&](cudaEvent_t *ev, int *stage_of) {
         CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice)); /* each step advances it */
         const int tier = decode_tier(m, pos + 1);
-        enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier, ev, stage_of);
+        enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier == 2, ev, stage_of);
     });
     graph_boundary_bench(m, pos, reps, out);
     /* A prefill batch of each size, full, at positions pos on where the context has room, launched
@@ -1712,10 +1669,10 @@ extern "C" void model_cuda_free(model_cuda *m) {
 #if defined(INGOT_TRACE)
     trace_write();
 #endif
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < 3; s++) {
         for (int kind = 0; kind < STEP_KINDS; kind++)
             if (m->graphs[s][kind]) cudaGraphExecDestroy(m->graphs[s][kind]);
-        for (int b = 0; b < PREFILL_SIZES && s < 3; b++) {
+        for (int b = 0; b < PREFILL_SIZES; b++) {
             if (m->prefill[s][b]) cudaGraphExecDestroy(m->prefill[s][b]);
             if (m->prefill_last[s][b]) cudaGraphExecDestroy(m->prefill_last[s][b]);
         }
