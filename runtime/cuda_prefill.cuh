@@ -258,16 +258,11 @@ __device__ __forceinline__ float ld_cluster_f32(const float *p, int rank) {
  * PREFILL_SPLITS), the norm's weights before the PDL wait, and the terms are written from the
  * registers. Against the earlier form's loops of 4 values a thread, which read the row twice: 1B
  * 5.4 to 4.8 us a launch, 7B 7.5 to 5.4 (launched one by one; prompt +1%). */
-/* Parts of the residual's partial sums a thread loads a round (an L2 round trip each round) */
-#ifndef PREFILL_RMS_ROUND
-#define PREFILL_RMS_ROUND PREFILL_SPLITS
-#endif
-static_assert(PREFILL_RMS_ROUND >= 1 && PREFILL_RMS_ROUND <= 16, "PREFILL_RMS_ROUND: 1 to 16 parts a round");
 template <int C, int THREADS, int V>
 __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, int parts,
                                                        const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
                                                        int DIM, float eps) {
-    constexpr int WARPS = THREADS / WARP_SIZE, P = PREFILL_RMS_ROUND;
+    constexpr int WARPS = THREADS / WARP_SIZE, P = PREFILL_SPLITS;
     const int N4 = DIM / 4, Q = N4 / C; /* DIM: a multiple of 4 (model_cuda_create), of 4 C (C > 1) */
     const int b = (int)blockIdx.x / C, rank = (int)blockIdx.x % C, B = (int)gridDim.x / C, base = rank * Q;
     __shared__ float partial[WARPS];

@@ -425,8 +425,7 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", F16_WEIGHTS), ("tiny-group3", F16_W_ONE_TERM),
                                            ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WIDE}"), ("tiny-wide", f"{F16_W_ONE_TERM} {TMA_WS}"),
                                            ("tiny-llama3", F16_W_ONE_TERM), ("tiny-wide", f"{FLASH_TERMS} {ONE_TERM}"),
-                                           ("tiny-wide", SPLITS_AT_FULL), ("tiny-group3", "-DPREFILL_GEMM_MAX_SPLITS=16"),
-                                           ("tiny-wide", "-DPREFILL_RMS_ROUND=8"), ("tiny-group3", "-DPREFILL_RMS_ROUND=3")])
+                                           ("tiny-wide", SPLITS_AT_FULL), ("tiny-group3", "-DPREFILL_GEMM_MAX_SPLITS=16")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's build options other than the default, each in a build of its own: batches of
     at most 16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp),
@@ -455,9 +454,7 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     split GEMMs at 256 columns at 3 stages without WAIT1 as at other widths (SPLIT_NARROW; the
     default runs 4 stages with WAIT1 there); gate/up's two warpgroups warp-specialized at 256 columns (TMA_WS: tiny-gqa's
     one K tile, under the stages; tiny-wide's 34, the copying warp's slots handed back many times);
-    the prompt's last token a step of its own after the batches (PREFILL_LAST=0); the RMSNorm's
-    parts of the residual's sums loaded 8 a round (PREFILL_RMS_ROUND: tiny-wide's 8 splits in one)
-    and 3 (tiny-group3: rounds that pass the last part);
+    the prompt's last token a step of its own after the batches (PREFILL_LAST=0);
     the terms and products in fp16 on bf16 weights (F16_TERMS: two terms, and one, F16_ONE_TERM, also
     on tiny-group3 where one bf16 term parts; through gate/up's TMA body at two warpgroups, warp-
     specialized, prefill_pairs_body's registers, and mma.sync's shared memory); the weights converted
