@@ -584,6 +584,25 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
 }
 __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+/* bytes (a multiple of 16) at p (16-byte aligned) into L2: a hint nothing waits on (sm_90's bulk
+ * prefetch; nothing on earlier GPUs) */
+__device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+/* Bytes [from, to) of rows r0 .. r1 - 1 of a bf16 matrix of K columns into L2 (prefetch_l2), split
+ * over n threads: row r by the thread numbered (base + r - r0) % n, t this one's (a caller spreading
+ * several ranges over its threads gives each range the base where the last one ended). */
+__device__ __forceinline__ void prefetch_rows_l2(const uint16_t *w, int K, int r0, int r1, int from, int to, int base, int t, int n) {
+    if (from >= to) return;
+    for (int r = r0 + ((t - base) % n + n) % n; r < r1; r += n) prefetch_l2(w + (size_t)r * K + from / 2, (unsigned)(to - from));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
 // as x * norm_w / rms(x): every block computes the same sum of squares, from L2), then each warp
@@ -1178,11 +1197,12 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
  * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
  * (a constant of the build: codegen/plan.py's residual_pairs), rows p and p + rows / 2 (rows even)
  * on one warp, both rows' loads in flight together. */
-template <typename Wait>
+template <typename Wait, typename Staged = no_hook, typename Done = no_hook>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
-                                                     const unsigned *go = nullptr, unsigned go_count = 0) {
+                                                     const unsigned *go = nullptr, unsigned go_count = 0,
+                                                     Staged staged = {}, Done done = {}) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
     const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
@@ -1231,6 +1251,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     };
     stage_input<polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest); /* polled: wait_poll */
     TRACE_AT(TRACE_STAGED);
+    staged(); /* the whole block, its input staged (the o_proj kernel's prefetch, O_PREFETCH_GATE_UP) */
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         /* The residual's old values, loaded before the row's dot product so that the add at its end
@@ -1257,6 +1278,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             }
         }
     }
+    done(); /* each warp, its rows done (the down kernel's prefetch, DOWN_PREFETCH_QKV) */
     TRACE_END();
     sm_done_probe(stage);
 }
