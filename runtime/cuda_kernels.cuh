@@ -595,12 +595,27 @@ __device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
 #endif
 }
 
-/* Bytes [from, to) of rows r0 .. r1 - 1 of a bf16 matrix of K columns into L2 (prefetch_l2), split
- * over n threads: row r by the thread numbered (base + r - r0) % n, t this one's (a caller spreading
- * several ranges over its threads gives each range the base where the last one ended). */
-__device__ __forceinline__ void prefetch_rows_l2(const uint16_t *w, int K, int r0, int r1, int from, int to, int base, int t, int n) {
-    if (from >= to) return;
-    for (int r = r0 + ((t - base) % n + n) % n; r < r1; r += n) prefetch_l2(w + (size_t)r * K + from / 2, (unsigned)(to - from));
+/* L2 prefetches as one bulk prefetch a row's span (0), or as prefetch.global.L2 of each 128-byte
+ * line, a thread's at a time (1) */
+#ifndef L2_PREFETCH_LINES
+#define L2_PREFETCH_LINES 0
+#endif
+
+/* Bytes [from, to) of rows r0 .. r1 - 1 of a bf16 matrix of K columns into L2, split over n threads
+ * in units (a row's span, or a line of it: L2_PREFETCH_LINES), the unit numbered u by the thread
+ * numbered (base + u) % n, t this one's; returns base plus the units, where a caller spreading
+ * several ranges over its threads starts the next. */
+__device__ __forceinline__ int prefetch_rows_l2(const uint16_t *w, int K, int r0, int r1, int from, int to, int base, int t, int n) {
+    if (from >= to || r0 >= r1) return base;
+    const int per_row = L2_PREFETCH_LINES ? (to - from + 127) / 128 : 1, units = (r1 - r0) * per_row;
+    for (int u = ((t - base) % n + n) % n; u < units; u += n) {
+        const char *row = reinterpret_cast<const char *>(w + (size_t)(r0 + u / per_row) * K) + from;
+        if (L2_PREFETCH_LINES)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (u % per_row) * 128));
+        else
+            prefetch_l2(row, (unsigned)(to - from));
+    }
+    return base + units;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -396,12 +396,14 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
 PREFETCH = "-DO_PREFETCH_GATE_UP=3 -DO_PREFETCH_WAVE=8 -DDOWN_PREFETCH_QKV=4096"
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-gqa", PREFETCH), ("tiny-wide", "-DO_PREFETCH_GATE_UP=1 -DDOWN_PREFETCH_QKV=32")])
+@pytest.mark.parametrize("variant,flags", [("tiny-gqa", PREFETCH), ("tiny-wide", "-DO_PREFETCH_GATE_UP=1 -DDOWN_PREFETCH_QKV=32"),
+                                           ("tiny-wide", "-DL2_PREFETCH_LINES=1 -DO_PREFETCH_GATE_UP=2 -DDOWN_PREFETCH_QKV=208")])
 def test_tiny_gpu_l2_prefetch_equal_cpu(variant, flags, tmp_path):
     """o_proj's blocks prefetch gate/up's first rows into L2 (O_PREFETCH_GATE_UP), down's warps the
     next layer's q, k and v rows (DOWN_PREFETCH_QKV): with waves of 8 pairs, tiny-gqa's rows past
     the first wave whole and every q/k/v row whole (4096 bytes: past a row's end, clamped), tiny-wide
-    its first wave's rows past their early chunks and 32 bytes of each q/k/v row. A hint can change
+    its first wave's rows past their early chunks and 32 bytes of each q/k/v row, or (L2_PREFETCH_LINES)
+    each 128-byte line a thread's prefetch.global.L2, 208 bytes of a q/k/v row two lines. A hint can change
     no result: logits and greedy text against the CPU's, and no error under compute-sanitizer's
     memcheck (where installed) with the prefetches' addresses."""
     d, binary = flags_build(variant, flags)

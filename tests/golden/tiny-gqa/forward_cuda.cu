@@ -206,10 +206,10 @@ __device__ __forceinline__ void prefetch_gate_up(const model_layer_weights &w) {
     const int early = min(row, MV_PAIR_EARLY * WARP_SIZE * 16);
     /* spread over the blocks first: a block's bulk prefetches go through its SM's copy engine */
     const int t = (int)(threadIdx.x * gridDim.x + blockIdx.x), n = (int)(gridDim.x * blockDim.x);
-    prefetch_rows_l2(w.w_gate, MODEL_DIM, 0, first, early, row, 0, t, n);
-    prefetch_rows_l2(w.w_up, MODEL_DIM, 0, first, early, row, first, t, n);
-    prefetch_rows_l2(w.w_gate, MODEL_DIM, first, end, 0, row, 2 * first, t, n);
-    prefetch_rows_l2(w.w_up, MODEL_DIM, first, end, 0, row, 2 * first + (end - first), t, n);
+    int base = prefetch_rows_l2(w.w_gate, MODEL_DIM, 0, first, early, row, 0, t, n);
+    base = prefetch_rows_l2(w.w_up, MODEL_DIM, 0, first, early, row, base, t, n);
+    base = prefetch_rows_l2(w.w_gate, MODEL_DIM, first, end, 0, row, base, t, n);
+    prefetch_rows_l2(w.w_up, MODEL_DIM, first, end, 0, row, base, t, n);
 }
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
@@ -316,9 +316,9 @@ static_assert(DOWN_PREFETCH_QKV % 16 == 0, "DOWN_PREFETCH_QKV: a multiple of 16 
 __device__ __forceinline__ void prefetch_next_qkv(const model_layer_weights *next) {
     const int to = min(DOWN_PREFETCH_QKV, MODEL_DIM * 2), warps = grid_warps();
     const int t = (int)(threadIdx.x % WARP_SIZE) * warps + grid_warp(), n = warps * WARP_SIZE; /* the warps first */
-    prefetch_rows_l2(next->wq, MODEL_DIM, 0, MODEL_Q_DIM, 0, to, 0, t, n);
-    prefetch_rows_l2(next->wk, MODEL_DIM, 0, MODEL_KV_DIM, 0, to, MODEL_Q_DIM, t, n);
-    prefetch_rows_l2(next->wv, MODEL_DIM, 0, MODEL_KV_DIM, 0, to, MODEL_Q_DIM + MODEL_KV_DIM, t, n);
+    int base = prefetch_rows_l2(next->wq, MODEL_DIM, 0, MODEL_Q_DIM, 0, to, 0, t, n);
+    base = prefetch_rows_l2(next->wk, MODEL_DIM, 0, MODEL_KV_DIM, 0, to, base, t, n);
+    prefetch_rows_l2(next->wv, MODEL_DIM, 0, MODEL_KV_DIM, 0, to, base, t, n);
 }
 
 /* mlp.down_proj + residual; next: the next layer's weights (the last layer's: NULL), whose q, k and
