@@ -584,40 +584,6 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
 }
 __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-/* bytes (a multiple of 16) at p (16-byte aligned) into L2: a hint nothing waits on (sm_90's bulk
- * prefetch; nothing on earlier GPUs) */
-__device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
-/* L2 prefetches as one bulk prefetch a row's span (0), or as prefetch.global.L2 of each 128-byte
- * line, a thread's at a time (1) */
-#ifndef L2_PREFETCH_LINES
-#define L2_PREFETCH_LINES 0
-#endif
-
-/* Bytes [from, to) of rows r0 .. r1 - 1 of a bf16 matrix of K columns into L2, split over n threads
- * in units (a row's span, or a line of it: L2_PREFETCH_LINES), the unit numbered u by the thread
- * numbered (base + u) % n, t this one's; returns base plus the units, where a caller spreading
- * several ranges over its threads starts the next. */
-__device__ __forceinline__ int prefetch_rows_l2(const uint16_t *w, int K, int r0, int r1, int from, int to, int base, int t, int n) {
-    if (from >= to || r0 >= r1) return base;
-    const int per_row = L2_PREFETCH_LINES ? (to - from + 127) / 128 : 1, units = (r1 - r0) * per_row;
-    for (int u = ((t - base) % n + n) % n; u < units; u += n) {
-        const char *row = reinterpret_cast<const char *>(w + (size_t)(r0 + u / per_row) * K) + from;
-        if (L2_PREFETCH_LINES)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (u % per_row) * 128));
-        else
-            prefetch_l2(row, (unsigned)(to - from));
-    }
-    return base + units;
-}
-
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
 // as x * norm_w / rms(x): every block computes the same sum of squares, from L2), then each warp
@@ -1212,12 +1178,11 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
  * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
  * (a constant of the build: codegen/plan.py's residual_pairs), rows p and p + rows / 2 (rows even)
  * on one warp, both rows' loads in flight together. */
-template <typename Wait, typename Staged = no_hook, typename Done = no_hook>
+template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
-                                                     const unsigned *go = nullptr, unsigned go_count = 0,
-                                                     Staged staged = {}, Done done = {}) {
+                                                     const unsigned *go = nullptr, unsigned go_count = 0) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
     const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
     int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
@@ -1266,7 +1231,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     };
     stage_input<polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest); /* polled: wait_poll */
     TRACE_AT(TRACE_STAGED);
-    staged(); /* the whole block, its input staged (the o_proj kernel's prefetch, O_PREFETCH_GATE_UP) */
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         /* The residual's old values, loaded before the row's dot product so that the add at its end
@@ -1293,7 +1257,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             }
         }
     }
-    done(); /* each warp, its rows done (the down kernel's prefetch, DOWN_PREFETCH_QKV) */
     TRACE_END();
     sm_done_probe(stage);
 }

@@ -184,40 +184,9 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
 }
 #endif
 
-/* o_proj's blocks, their input staged (attention has ended, and o_proj's weights are in flight or
- * in), prefetch into L2 the gate/up rows that gate/up's blocks load first: from attention's end
- * until o_proj's blocks leave and gate/up's next blocks land, the DRAM would idle (~3 µs a layer on
- * the 1B shape, PERFORMANCE.md, twenty-fifth session). O_PREFETCH_GATE_UP waves of gate/up's pairs,
- * a wave one block an SM (what fits beside o_proj's): the first wave's rows past the chunks its
- * blocks loaded before their wait, then whole rows; 0: none. */
-#ifndef O_PREFETCH_GATE_UP
-#define O_PREFETCH_GATE_UP 0
-#endif
-__device__ __forceinline__ void prefetch_gate_up(const model_layer_weights &w) {
-#ifdef O_PREFETCH_WAVE /* a test's: a wave's pairs, so that a tiny model's rows past the first wave are prefetched whole */
-    const int wave = O_PREFETCH_WAVE;
-#else
-    unsigned sms;
-    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-    const int wave = (int)sms * MV_WARPS;
-#endif
-    const int first = min(wave, MODEL_HIDDEN_DIM);
-    const int end = min(wave * O_PREFETCH_GATE_UP, MODEL_HIDDEN_DIM), row = MODEL_DIM * 2;
-    const int early = min(row, MV_PAIR_EARLY * WARP_SIZE * 16);
-    /* spread over the blocks first: a block's bulk prefetches go through its SM's copy engine */
-    const int t = (int)(threadIdx.x * gridDim.x + blockIdx.x), n = (int)(gridDim.x * blockDim.x);
-    int base = prefetch_rows_l2(w.w_gate, MODEL_DIM, 0, first, early, row, 0, t, n);
-    base = prefetch_rows_l2(w.w_up, MODEL_DIM, 0, first, early, row, base, t, n);
-    base = prefetch_rows_l2(w.w_gate, MODEL_DIM, first, end, 0, row, base, t, n);
-    prefetch_rows_l2(w.w_up, MODEL_DIM, first, end, 0, row, base, t, n);
-}
-
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
 static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
-    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{},
-                         (int)blockIdx.x, (int)gridDim.x, nullptr, 0, [&] {
-                             if (O_PREFETCH_GATE_UP > 0) prefetch_gate_up(w);
-                         });
+    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
 #ifndef ATT_O_GRID
@@ -306,36 +275,14 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 }
 
 
-/* Down's warps, each once its rows are done, prefetch into L2 their share of the next layer's q, k
- * and v rows, the first DOWN_PREFETCH_QKV bytes of each (0: none): the next QKV kernel's blocks
- * land only as down's leave (the register file is full), and its loads start from there. */
-#ifndef DOWN_PREFETCH_QKV
-#define DOWN_PREFETCH_QKV 0
-#endif
-static_assert(DOWN_PREFETCH_QKV % 16 == 0, "DOWN_PREFETCH_QKV: a multiple of 16 bytes");
-__device__ __forceinline__ void prefetch_next_qkv(const model_layer_weights *next) {
-    const int to = min(DOWN_PREFETCH_QKV, MODEL_DIM * 2), warps = grid_warps();
-    const int t = (int)(threadIdx.x % WARP_SIZE) * warps + grid_warp(), n = warps * WARP_SIZE; /* the warps first */
-    int base = prefetch_rows_l2(next->wq, MODEL_DIM, 0, MODEL_Q_DIM, 0, to, 0, t, n);
-    base = prefetch_rows_l2(next->wk, MODEL_DIM, 0, MODEL_KV_DIM, 0, to, base, t, n);
-    prefetch_rows_l2(next->wv, MODEL_DIM, 0, MODEL_KV_DIM, 0, to, base, t, n);
-}
-
-/* mlp.down_proj + residual; next: the next layer's weights (the last layer's: NULL), whose q, k and
- * v rows it may prefetch (DOWN_PREFETCH_QKV) */
-static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x,
-                                                                            const model_layer_weights *next) {
-    auto done = [&] {
-        if (DOWN_PREFETCH_QKV > 0 && next) prefetch_next_qkv(next);
-    };
+/* mlp.down_proj + residual */
+static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
     if constexpr (DOWN_POLL != 0) { /* hb is hb_poll */
         matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
-                             wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM},
-                             (int)blockIdx.x, (int)gridDim.x, nullptr, 0, no_hook{}, done);
+                             wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM});
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{},
-                             (int)blockIdx.x, (int)gridDim.x, nullptr, 0, no_hook{}, done);
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
     }
 }
 
@@ -877,8 +824,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                    m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
-                   DOWN_POLL ? m->hb_poll : m->hb, m->x,
-                   (const model_layer_weights *)(l + 1 < MODEL_N_LAYERS ? &m->w_device->layers[l + 1] : NULL));
+                   DOWN_POLL ? m->hb_poll : m->hb, m->x);
             mark(ST_DOWN);
         }
     }
