@@ -11,8 +11,11 @@
 # GHz on the H200, 1.98 in a run): compare the kernels with each other, not with --bench.
 # source: LAUNCHES (default 4) launches of the kernel named KERNEL (e.g. attention_kernel, or a
 # template's instances: prefill_flash_kernel), past the first SKIP (default 60), with stall sampling at every 32 cycles, read by tests/bench/ncu_source.py (the
-# CSV kept in build/ncu-<model>-source.csv). REPLAY=application: each of ncu's passes a whole run with
-# the caches left alone, so the kernel meets the caches the kernels before it left, as in the step.
+# CSV kept in build/ncu-<model>-source.csv). REPLAY=application (any mode): each of ncu's passes a
+# whole run with the caches left alone, so the kernel meets the caches the kernels before it left, as
+# in the step. Under the default kernel replay ncu's memory save and restore between passes leave the
+# L2 cold even with --cache-control none: a kernel reading what the one before left in L2 shows its
+# DRAM bytes only under application replay (PERFORMANCE.md, thirty-ninth session).
 # DEPTH: the context depth of the profiled decode steps (default 0). --bench feeds its 128-token
 # prompt twice at depth 0 before any depth, so a prefill kernel's first launch at DEPTH is past
 # 8 batches x (layers - 1) launches of it (attention: 120 on the 1B shape, SKIP=120).
@@ -36,10 +39,14 @@ case $what in
 esac
 bench_model "$m" || exit 1
 d=build/bench-models/bench-$m
+replay=()
+case ${REPLAY:-kernel} in
+    kernel) ;;
+    application) replay=(--replay-mode application --cache-control none) ;;
+    *) echo "ncu.sh: REPLAY='$REPLAY': kernel or application" >&2; exit 2 ;;
+esac
 if [ "$what" = source ]; then
     rep=build/ncu-$m-source
-    replay=()
-    [ "${REPLAY:-kernel}" = application ] && replay=(--replay-mode application --cache-control none)
     rm -f "$rep.ncu-rep"
     timeout 300 ncu --kernel-name "$names" --launch-skip "$skip" --launch-count "$count" "${replay[@]}" \
         --section SourceCounters --section WarpStateStats --warp-sampling-interval 0 -o "$rep" \
@@ -51,7 +58,7 @@ if [ "$what" = source ]; then
 fi
 report=build/ncu-$m-$what.txt
 # --bench-depths 0 -n 8: a 128-token prompt (8 batches) and 8 decode steps, enough launches to skip into
-timeout 300 ncu --kernel-name "$names" --launch-skip "$skip" --launch-count "$count" \
+timeout 300 ncu --kernel-name "$names" --launch-skip "$skip" --launch-count "$count" "${replay[@]}" \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     "build/bench-$m/ingot" -m "$d" --device cuda --bench --bench-depths "${DEPTH:-0}" -n 8 >"$report" 2>&1 ||
