@@ -827,16 +827,10 @@ __device__ __forceinline__ float2 pair_round(bool first, row_chunks<U> *fa, row_
 
 /* row . sx as row_dot, with the next step's loads in flight while this one multiplies (double
  * buffering): for the single-row kernels (o_proj, down), whose registers allow it. */
-struct no_step_hook {
-    __device__ __forceinline__ void operator()(int) const {}
-};
-/* before(step) runs before each step's multiply, its next step's loads out (streamed_input) */
-template <int U, typename B = no_step_hook>
-__device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, const uint4 *row, const float *x, int K, int lane,
-                                                  B before = B{}) {
+template <int U>
+__device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, const uint4 *row, const float *x, int K, int lane) {
     float acc;
     if (mv_steps<U>(K) == 1) {
-        before(0);
         acc = dot_step(first, x, K, 0, lane);
     } else {
         acc = 0.0f;
@@ -845,7 +839,6 @@ __device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, co
         for (int step = 0; step < mv_steps<U>(K); step++) {
             row_chunks<U> nxt;
             if (step + 1 < mv_steps<U>(K)) load_step(&nxt, row, K, step + 1, lane);
-            before(step);
             acc += dot_step(&cur, x, K, step, lane);
             cur = nxt;
         }
@@ -990,73 +983,6 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
     for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
     return rsqrtf(ss / (float)K + eps);
 }
-
-/* DOWN_STREAM=1: down's polled input (DOWN_POLL) staged a row step at a time (streamed_input), so
- * that its warps multiply their first steps while gate/up still writes its last outputs; 0 stages it
- * whole first (stage_input). One row a warp only (not RESIDUAL_PAIRS). */
-#ifndef DOWN_STREAM
-#define DOWN_STREAM 0
-#endif
-
-/* The polled input (K values whose words read ATT_POLL_WORD until written) of a one-row-a-warp
- * matvec staged into sx (sx_group's layout) a row step of U chunks at a time. begin(issued) loads
- * this thread's float4 groups g = j * MV_THREADS + tid, POLL_VEC at once, and stages those written;
- * ready(s), called by every thread of the block for s = 0, 1, ... in turn, polls the groups of steps
- * up to s still unwritten until they are, then a barrier: every warp may multiply step s. Step s is
- * groups [2 U 32 s, 2 U 32 (s + 1)) (a chunk of 8 values two groups). At most 32 groups a thread
- * (matvec_residual_body stages larger inputs whole). */
-template <int U>
-struct streamed_input {
-    const float4 *x4;
-    float4 *s4;
-    int K;
-    unsigned pending = 0; /* bit j: group j * MV_THREADS + tid not staged yet */
-    __device__ __forceinline__ int per_thread() const { return (K / 4 + MV_THREADS - 1) / MV_THREADS; }
-    __device__ __forceinline__ int group(int j) const { return j * MV_THREADS + (int)threadIdx.x; }
-    __device__ __forceinline__ void stage(int j, float4 v) {
-        if (unwritten(v)) pending |= 1u << j;
-        else s4[sx_group(group(j), K)] = v;
-    }
-    template <typename H>
-    __device__ __forceinline__ void begin(H issued) {
-#pragma unroll 1
-        for (int j0 = 0; j0 < per_thread(); j0 += POLL_VEC) {
-            float4 v[POLL_VEC];
-#pragma unroll
-            for (int j = 0; j < POLL_VEC; j++)
-                if (j0 + j < per_thread() && group(j0 + j) < K / 4) v[j] = ld_poll(x4 + group(j0 + j));
-            if (j0 == 0) issued();
-#pragma unroll
-            for (int j = 0; j < POLL_VEC; j++)
-                if (j0 + j < per_thread() && group(j0 + j) < K / 4) stage(j0 + j, v[j]);
-        }
-    }
-    __device__ __forceinline__ void ready(int s) {
-        const int end = 2 * U * WARP_SIZE * (s + 1); /* groups below it: steps up to s */
-        unsigned long long t0 = 0;
-        for (;;) {
-            bool left = false;
-#pragma unroll 1
-            for (int j = 0; j < per_thread(); j++) {
-                if (!(pending >> j & 1) || group(j) >= end) continue;
-                const float4 v = ld_poll(x4 + group(j));
-                pending &= ~(1u << j);
-                stage(j, v);
-                left |= (pending >> j & 1) != 0;
-            }
-            if (!left) break;
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t0 == 0) t0 = t;
-            if (t - t0 > WAIT_COUNT_LIMIT_NS) {
-                printf("ingot: a block waited %llu ns for a polled input (streamed_input): stopping\n", t - t0);
-                __trap();
-            }
-            __nanosleep(32);
-        }
-        __syncthreads();
-    }
-};
 
 /* Dynamic shared memory of a matvec kernel whose input has K values. */
 #define MV_SMEM_BYTES(K) ((size_t)(K) * sizeof(float))
@@ -1303,17 +1229,8 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         load_chunks_from(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane, early);
         if (pairs) load_chunks_from(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane, early);
     };
-    /* polled (wait_poll); in down with DOWN_STREAM a step at a time, each warp's first row waiting
-     * on each step's part (the warps without a row too, for the barriers) */
-    const bool streamed = DOWN_STREAM && polls_input<Wait>::value && stage == ST_DOWN && !pairs && K / 4 <= 32 * MV_THREADS;
-    streamed_input<MV_UNROLL> steps{reinterpret_cast<const float4 *>(in), reinterpret_cast<float4 *>(sx), K};
-    if (streamed)
-        steps.begin(rest);
-    else
-        stage_input<polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest);
+    stage_input<polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest); /* polled: wait_poll */
     TRACE_AT(TRACE_STAGED);
-    if (streamed && row >= n)
-        for (int s = 0; s < mv_steps<MV_UNROLL>(K); s++) steps.ready(s);
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         /* The residual's old values, loaded before the row's dot product so that the add at its end
@@ -1334,9 +1251,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             }
         } else {
             if (!first) load_step(&a, r, K, 0, lane);
-            const float v = row_dot_buffered(&a, r, sx, K, lane, [&](int s) {
-                if (streamed && first) steps.ready(s);
-            });
+            const float v = row_dot_buffered(&a, r, sx, K, lane);
             if (lane == 0) {
                 out[row] = res_a + (v + (bias ? w_to_f32(bias[row]) : 0.0f));
             }
