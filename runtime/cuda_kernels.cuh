@@ -77,7 +77,31 @@ static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EA
 #define MV_RES_LOT MV_UNROLL
 #endif
 static_assert(MV_PAIR_LOT >= 1 && MV_PAIR_LOT <= MV_PAIR_EARLY, "MV_PAIR_LOT: 1 .. MV_PAIR_EARLY");
+/* gate/up's own chunks a step, of them those loaded before the wait, and their lots (the paired
+ * kernels' MV_PAIR_* unless a variant build sets them): a variant that gives gate/up fewer blocks an
+ * SM (GATE_UP_PER_SM, forward_cuda.cu.j2) keeps its bytes in flight with more chunks a step. */
+#ifndef GATE_UP_UNROLL
+#define GATE_UP_UNROLL MV_PAIR_UNROLL
+#endif
+#ifndef GATE_UP_EARLY
+#define GATE_UP_EARLY (GATE_UP_UNROLL == MV_PAIR_UNROLL ? MV_PAIR_EARLY : GATE_UP_UNROLL)
+#endif
+#ifndef GATE_UP_LOT
+#define GATE_UP_LOT (MV_PAIR_LOT < GATE_UP_EARLY ? MV_PAIR_LOT : GATE_UP_EARLY)
+#endif
+static_assert(GATE_UP_EARLY >= 1 && GATE_UP_EARLY <= GATE_UP_UNROLL && GATE_UP_LOT >= 1 && GATE_UP_LOT <= GATE_UP_EARLY,
+              "GATE_UP_EARLY: 1 .. GATE_UP_UNROLL, GATE_UP_LOT: 1 .. GATE_UP_EARLY");
 static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_UNROLL");
+/* Of o_proj's and down's first step (launched on their own), the chunks a lane loads before the
+ * wait (in MV_RES_LOT lots); the rest go out once the input's loads are issued, behind them, as
+ * MV_PAIR_EARLY's do in the paired kernels. A variant build may set them. */
+#ifndef O_EARLY
+#define O_EARLY MV_UNROLL
+#endif
+#ifndef DOWN_EARLY
+#define DOWN_EARLY MV_UNROLL
+#endif
+static_assert(O_EARLY >= 1 && O_EARLY <= MV_UNROLL && DOWN_EARLY >= 1 && DOWN_EARLY <= MV_UNROLL, "O_EARLY, DOWN_EARLY: 1 .. MV_UNROLL");
 /* Of a paired kernel's row steps after the first, how many go to shared memory on cp.async (0:
  * none). Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a
  * step; the copies put the later steps in flight at once, issued when the input is staged, beside
@@ -94,6 +118,8 @@ static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_U
 #define MV_PAIR_ASYNC_IN MV_ASYNC_QKV
 #endif
 static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
+static_assert(GATE_UP_UNROLL == MV_PAIR_UNROLL || !(MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP),
+              "GATE_UP_UNROLL: gate/up's async steps (MV_PAIR_SMEM_BYTES) are sized by MV_PAIR_UNROLL");
 /* The same for o_proj's and down's pairs of rows (RESIDUAL_PAIRS), issued with the first step
  * before the wait: MV_RES_ASYNC steps (0: none) in the kernels MV_RES_ASYNC_IN names (MV_ASYNC_O |
  * MV_ASYNC_DOWN). An experiment (PERFORMANCE.md, eighteenth session): all of the 7B's o_proj in
@@ -662,15 +688,15 @@ __device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, con
     return loaded;
 }
 
-/* A paired kernel's early loads, before its wait: the first MV_PAIR_EARLY chunks of rows ra and rb's
- * first step, in lots of MV_PAIR_LOT where the plan takes them, else at once. */
-template <int U>
+/* A paired kernel's early loads, before its wait: the first EARLY chunks of rows ra and rb's first
+ * step (MV_PAIR_EARLY; gate/up's GATE_UP_EARLY), in lots of LOT where the plan takes them, else at once. */
+template <int U, int EARLY = MV_PAIR_EARLY, int LOT = MV_PAIR_LOT>
 __device__ __forceinline__ void pair_early_loads(row_chunks<U> *a, row_chunks<U> *b, const uint4 *ra, const uint4 *rb, int K, int lane) {
-    if (MV_PAIR_LOT < MV_PAIR_EARLY) {
-        load_lots<MV_PAIR_LOT>(a, b, ra, rb, K, lane, MV_PAIR_EARLY, never_stop{});
+    if (LOT < EARLY) {
+        load_lots<LOT>(a, b, ra, rb, K, lane, EARLY, never_stop{});
     } else {
-        load_chunks(a, ra, K, 0, lane, 0, MV_PAIR_EARLY);
-        load_chunks(b, rb, K, 0, lane, 0, MV_PAIR_EARLY);
+        load_chunks(a, ra, K, 0, lane, 0, EARLY);
+        load_chunks(b, rb, K, 0, lane, 0, EARLY);
     }
 }
 
@@ -1194,7 +1220,8 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     const int async = pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
     uint4 *slots = pair_async_slots<MV_UNROLL>(sx, K, MV_RES_ASYNC);
     /* the first step's chunks loaded before the wait (load_lots): in the joined grid given go, lots
-     * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MV_RES_LOT */
+     * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MV_RES_LOT
+     * up to O_EARLY or DOWN_EARLY chunks */
     int early = MV_UNROLL;
     if (row < n) {
         constexpr int PACE_LOT = MV_RES_PACE > 0 ? MV_RES_PACE : MV_UNROLL;
@@ -1202,10 +1229,10 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             early = load_lots<PACE_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
                                         reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MV_UNROLL,
                                         stop_at_count{go, go_count});
-        } else if (MV_RES_LOT < MV_UNROLL) {
+        } else if (MV_RES_LOT < MV_UNROLL || (stage == ST_DOWN ? DOWN_EARLY : O_EARLY) < MV_UNROLL) {
             early = load_lots<MV_RES_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
-                                          reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MV_UNROLL,
-                                          never_stop{});
+                                          reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane,
+                                          stage == ST_DOWN ? DOWN_EARLY : O_EARLY, never_stop{});
         } else {
             load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
             if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
@@ -1271,25 +1298,25 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
     TRACE_BEGIN(ST_GATE_UP);
-    row_chunks<MV_PAIR_UNROLL> a, b;
+    row_chunks<GATE_UP_UNROLL> a, b;
     if (i < hidden) {
-        pair_early_loads(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+        pair_early_loads<GATE_UP_UNROLL, GATE_UP_EARLY, GATE_UP_LOT>(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                          reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane);
     }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
-    uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
+    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP) ? pair_async_steps<GATE_UP_UNROLL>(dim) : 0;
+    uint4 *slots = pair_async_slots<GATE_UP_UNROLL>(sx, dim);
     const float scale = stage_input<polls_input<Wait>::value>(sx, x, true, dim, eps, [&] {
-        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
-        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
-        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+        if (GATE_UP_EARLY == GATE_UP_UNROLL || i >= hidden) return;
+        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, GATE_UP_EARLY, GATE_UP_UNROLL);
+        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, GATE_UP_EARLY, GATE_UP_UNROLL);
     });
     TRACE_AT(TRACE_STAGED);
     if (async > 0 && i < hidden)
-        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+        pair_async_issue<GATE_UP_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                                          reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, async);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),

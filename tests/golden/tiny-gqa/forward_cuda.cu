@@ -1137,10 +1137,27 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
 
 /* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
  * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
-static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
+/* Blocks a matvec's grid takes an SM at most (0: as many as fit). A variant build may give a stage
+ * fewer than fit, so that the next stage's blocks find registers free beside its own and land (and
+ * issue their loads) before it ends: -DGATE_UP_PER_SM=1 -DGATE_UP_UNROLL=8 keeps gate/up's bytes in
+ * flight with half its warps. */
+#ifndef QKV_PER_SM
+#define QKV_PER_SM 0
+#endif
+#ifndef O_PER_SM
+#define O_PER_SM 0
+#endif
+#ifndef GATE_UP_PER_SM
+#define GATE_UP_PER_SM 0
+#endif
+#ifndef DOWN_PER_SM
+#define DOWN_PER_SM 0
+#endif
+static int one_wave(const void *kernel, int needed, size_t smem, int sms, int cap = 0) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
+    if (cap > 0 && per_sm > cap) per_sm = cap;
     /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower; the
      * fewest blocks for the same rounds of rows (every warp as many rows as any other, or one fewer)
      * measured even or slower (PERFORMANCE.md, sixteenth session). */
@@ -1192,16 +1209,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20)); /* a probe build's lines (cuda_kernels.cuh) */
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
-    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms, QKV_PER_SM);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms, O_PER_SM);
+    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms, O_PER_SM);
 #if ATT_O_SHORT
-    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
+    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms, O_PER_SM);
 #endif
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
-                               MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms);
+                               MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms, GATE_UP_PER_SM);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms, DOWN_PER_SM);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
