@@ -92,6 +92,9 @@ static_assert(MV_PAIR_LOT >= 1 && MV_PAIR_LOT <= MV_PAIR_EARLY, "MV_PAIR_LOT: 1 
 static_assert(GATE_UP_EARLY >= 1 && GATE_UP_EARLY <= GATE_UP_UNROLL && GATE_UP_LOT >= 1 && GATE_UP_LOT <= GATE_UP_EARLY,
               "GATE_UP_EARLY: 1 .. GATE_UP_UNROLL, GATE_UP_LOT: 1 .. GATE_UP_EARLY");
 static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_UNROLL");
+#ifndef PROBE_DOWN_STAGE_DIV
+#define PROBE_DOWN_STAGE_DIV 1
+#endif
 /* Of o_proj's and down's first step (launched on their own), the chunks a lane loads before the
  * wait (in MV_RES_LOT lots); the rest go out once the input's loads are issued, behind them, as
  * MV_PAIR_EARLY's do in the paired kernels. A variant build may set them. */
@@ -888,7 +891,7 @@ __device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, co
 __device__ __forceinline__ int sx_group(int g, int K) { return (g % 2) * (K / 8) + g / 2; }
 
 #define STAGE_VEC 4 /* float4 groups a thread loads at once (8: -1% on the 7B shape) */
-#define STAGE_ROUNDS(K) (((K) / 4 + STAGE_VEC * MV_THREADS - 1) / (STAGE_VEC * MV_THREADS))
+#define STAGE_ROUNDS(K, THREADS) (((K) / 4 + STAGE_VEC * (THREADS) - 1) / (STAGE_VEC * (THREADS)))
 
 /* A hook that does nothing (for_each_group's and stage_input's default). */
 struct no_hook {
@@ -898,20 +901,20 @@ struct no_hook {
 /* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
  * at a time. issued() runs once, after the first round's loads are issued: stage_input's callers
  * queue weight loads behind the input's there. */
-template <typename T, typename F, typename H = no_hook>
+template <int THREADS = MV_THREADS, typename T, typename F, typename H = no_hook>
 __device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issued = H{}) {
 #pragma unroll 1
-    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
+    for (int round = 0; round < STAGE_ROUNDS(K, THREADS); round++) {
         T v[STAGE_VEC];
 #pragma unroll
         for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            int g = (round * STAGE_VEC + j) * THREADS + threadIdx.x;
             if (g < K / 4) v[j] = src[g];
         }
         if (round == 0) issued();
 #pragma unroll
         for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
+            int g = (round * STAGE_VEC + j) * THREADS + threadIdx.x;
             if (g < K / 4) f(g, v[j]);
         }
     }
@@ -936,9 +939,9 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
 #define POLL_VEC 8 /* a test builds 2: rounds of them */
 #endif
 #define POLL_MAX_FLOATS (64 * 4 * MV_THREADS)
-template <typename F, typename H>
+template <int THREADS, typename F, typename H>
 __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H issued) {
-    const int n4 = K / 4, rounds = (n4 + POLL_VEC * MV_THREADS - 1) / (POLL_VEC * MV_THREADS);
+    const int n4 = K / 4, rounds = (n4 + POLL_VEC * THREADS - 1) / (POLL_VEC * THREADS);
     unsigned long long pending = 0, t0 = 0; /* bit round * POLL_VEC + j: that float4 unwritten */
     for (bool first = true; first || pending; first = false) {
         if (!first) {
@@ -956,13 +959,13 @@ __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H 
             float4 v[POLL_VEC];
 #pragma unroll
             for (int j = 0; j < POLL_VEC; j++) {
-                const int g = (round * POLL_VEC + j) * MV_THREADS + (int)threadIdx.x;
+                const int g = (round * POLL_VEC + j) * THREADS + (int)threadIdx.x;
                 if (g < n4 && (first || (pending >> (round * POLL_VEC + j) & 1))) v[j] = ld_poll(x4 + g);
             }
             if (first && round == 0) issued();
 #pragma unroll
             for (int j = 0; j < POLL_VEC; j++) {
-                const int g = (round * POLL_VEC + j) * MV_THREADS + (int)threadIdx.x;
+                const int g = (round * POLL_VEC + j) * THREADS + (int)threadIdx.x;
                 const unsigned long long bit = 1ull << (round * POLL_VEC + j);
                 if (g >= n4 || !(first || (pending & bit))) continue;
                 if (unwritten(v[j])) {
@@ -981,9 +984,9 @@ __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H 
  * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
  * of squares meets at the barrier staging needs anyway). Called by the whole block after its wait.
  * POLLED: x's words read ATT_POLL_WORD until written (poll_each_group). */
-template <bool POLLED = false, typename H = no_hook>
+template <bool POLLED = false, typename H = no_hook, int THREADS = MV_THREADS>
 __device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{}) {
-    __shared__ float partial[MV_WARPS];
+    __shared__ float partial[THREADS / WARP_SIZE];
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     float ss = 0.0f;
     auto stage = [&](int g, float4 v) {
@@ -995,9 +998,9 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
         s4[sx_group(g, K)] = v;
     };
     if constexpr (POLLED)
-        poll_each_group(reinterpret_cast<const float4 *>(x), K, stage, issued);
+        poll_each_group<THREADS>(reinterpret_cast<const float4 *>(x), K, stage, issued);
     else
-        for_each_group(reinterpret_cast<const float4 *>(x), K, stage, issued);
+        for_each_group<THREADS>(reinterpret_cast<const float4 *>(x), K, stage, issued);
     if (norm) {
         ss = warp_sum(ss);
         if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
@@ -1006,7 +1009,7 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
     if (!norm) return 1.0f;
     ss = 0.0f;
 #pragma unroll
-    for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
+    for (int w = 0; w < THREADS / WARP_SIZE; w++) ss += partial[w];
     return rsqrtf(ss / (float)K + eps);
 }
 
@@ -1203,21 +1206,21 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
  * is staged in shared memory like the norm'd kernels' (measured against reading it from L1 chunk by
  * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
  * (a constant of the build: codegen/plan.py's residual_pairs), rows p and p + rows / 2 (rows even)
- * on one warp, both rows' loads in flight together. */
-template <typename Wait>
+ * on one warp, both rows' loads in flight together. WARPS: the block's warps (down's DOWN_WARPS). */
+template <typename Wait, int WARPS = MV_WARPS>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
                                                      const unsigned *go = nullptr, unsigned go_count = 0) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
-    const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
-    int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
+    const int warps = blocks * WARPS; /* the grid's, or the part of it this stage has */
+    int row = block * WARPS + (int)threadIdx.x / WARP_SIZE;
     TRACE_BEGIN(stage);
     (void)stage;
     row_chunks<> a, b;
     extern __shared__ float sx[];
     /* the pairs' async steps, where this build has them (MV_RES_ASYNC): issued with the first step */
-    const int async = pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
+    const int async = WARPS == MV_WARPS && pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
     uint4 *slots = pair_async_slots<MV_UNROLL>(sx, K, MV_RES_ASYNC);
     /* the first step's chunks loaded before the wait (load_lots): in the joined grid given go, lots
      * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MV_RES_LOT
@@ -1247,6 +1250,13 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     if (async > 0 && row < n)
         pair_async_issue<MV_UNROLL>(slots, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
                                     reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, async);
+    /* -DPROBE_DOWN_STAGE_DIV=N, a timing probe whose outputs are wrong: down stages only the first
+     * 1/N of its input, the rest of sx zeros (finite sums), to time what the staging's bytes cost */
+    const int stage_K = stage == ST_DOWN ? K / PROBE_DOWN_STAGE_DIV : K;
+    if (PROBE_DOWN_STAGE_DIV > 1 && stage == ST_DOWN) {
+        for (int i = threadIdx.x; i < K; i += WARPS * WARP_SIZE) sx[i] = 0.0f;
+        __syncthreads();
+    }
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
@@ -1256,7 +1266,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         load_chunks_from(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane, early);
         if (pairs) load_chunks_from(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane, early);
     };
-    stage_input<polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest); /* polled: wait_poll */
+    stage_input<polls_input<Wait>::value, decltype(rest), WARPS * WARP_SIZE>(sx, in, false, stage_K, 0.0f, rest); /* polled: wait_poll */
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);

@@ -310,13 +310,15 @@ def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-wide", "-DGATE_UP_PER_SM=1 -DGATE_UP_UNROLL=4 -DDOWN_PER_SM=1 -DQKV_PER_SM=1 -DO_PER_SM=1"),
-                                           ("tiny-gqa", "-DGATE_UP_UNROLL=8 -DGATE_UP_EARLY=4 -DGATE_UP_LOT=1")])
+                                           ("tiny-gqa", "-DGATE_UP_UNROLL=8 -DGATE_UP_EARLY=4 -DGATE_UP_LOT=1"),
+                                           ("tiny-wide", "-DDOWN_WARPS=16"), ("tiny-gqa", "-DDOWN_WARPS=16 -DDOWN_POLL=1")])
 def test_tiny_gpu_blocks_per_sm_equal_cpu(variant, flags, tmp_path):
     """The matvec grids capped at one block an SM (QKV_PER_SM, O_PER_SM, GATE_UP_PER_SM, DOWN_PER_SM),
     so that every stage takes more rounds of rows, and gate/up's own step size (GATE_UP_UNROLL):
     tiny-wide's gate/up rows of 2176 in steps of 4 chunks a lane (the plan's 8 in QKV), the last
     partial, its 4352 pairs in rounds of one block an SM; tiny-gqa's short rows in a step of 8 (the
-    plan's 4 in QKV), half of it before the wait in lots of one chunk. Logits (graph and persistent step) and greedy text against the CPU's."""
+    plan's 4 in QKV), half of it before the wait in lots of one chunk; down in blocks of 16 warps
+    (DOWN_WARPS), its input staged (or polled, DOWN_POLL) by 512 threads. Logits (graph and persistent step) and greedy text against the CPU's."""
     d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 

@@ -275,14 +275,21 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 }
 
 
-/* mlp.down_proj + residual */
-static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
+/* mlp.down_proj + residual. DOWN_WARPS: warps a block; a variant build may give it 16, one block an
+ * SM, whose warps share one staged copy of gate/up's outputs (8 a block: two blocks an SM, each
+ * staging its own 4 * MODEL_HIDDEN_DIM bytes from L2). */
+#ifndef DOWN_WARPS
+#define DOWN_WARPS MV_WARPS
+#endif
+static_assert(DOWN_WARPS == MV_WARPS || DOWN_WARPS == 2 * MV_WARPS, "DOWN_WARPS: MV_WARPS or twice it");
+#define DOWN_THREADS (DOWN_WARPS * WARP_SIZE)
+static __global__ void __launch_bounds__(DOWN_THREADS, 2 * MV_WARPS / DOWN_WARPS) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
     if constexpr (DOWN_POLL != 0) { /* hb is hb_poll */
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
+        matvec_residual_body<wait_poll, DOWN_WARPS>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
                              wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM});
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
+        matvec_residual_body<wait_pdl, DOWN_WARPS>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
     }
 }
 
@@ -823,7 +830,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
                    m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
-            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
+            launch(down_residual_kernel, m->grid_down, 1, DOWN_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
                    DOWN_POLL ? m->hb_poll : m->hb, m->x);
             mark(ST_DOWN);
         }
@@ -1153,10 +1160,10 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
 #ifndef DOWN_PER_SM
 #define DOWN_PER_SM 0
 #endif
-static int one_wave(const void *kernel, int needed, size_t smem, int sms, int cap = 0) {
+static int one_wave(const void *kernel, int needed, size_t smem, int sms, int cap = 0, int threads = MV_THREADS) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
     if (cap > 0 && per_sm > cap) per_sm = cap;
     /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower; the
      * fewest blocks for the same rounds of rows (every warp as many rows as any other, or one fewer)
@@ -1218,7 +1225,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
                                MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms, GATE_UP_PER_SM);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms, DOWN_PER_SM);
+    m->grid_down = one_wave((const void *)down_residual_kernel, (GRID_DOWN * MV_WARPS + DOWN_WARPS - 1) / DOWN_WARPS,
+                            MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms, DOWN_PER_SM, DOWN_THREADS);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
