@@ -77,34 +77,7 @@ static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EA
 #define MV_RES_LOT MV_UNROLL
 #endif
 static_assert(MV_PAIR_LOT >= 1 && MV_PAIR_LOT <= MV_PAIR_EARLY, "MV_PAIR_LOT: 1 .. MV_PAIR_EARLY");
-/* gate/up's own chunks a step, of them those loaded before the wait, and their lots (the paired
- * kernels' MV_PAIR_* unless a variant build sets them): a variant that gives gate/up fewer blocks an
- * SM (GATE_UP_PER_SM, forward_cuda.cu.j2) keeps its bytes in flight with more chunks a step. */
-#ifndef GATE_UP_UNROLL
-#define GATE_UP_UNROLL MV_PAIR_UNROLL
-#endif
-#ifndef GATE_UP_EARLY
-#define GATE_UP_EARLY (GATE_UP_UNROLL == MV_PAIR_UNROLL ? MV_PAIR_EARLY : GATE_UP_UNROLL)
-#endif
-#ifndef GATE_UP_LOT
-#define GATE_UP_LOT (MV_PAIR_LOT < GATE_UP_EARLY ? MV_PAIR_LOT : GATE_UP_EARLY)
-#endif
-static_assert(GATE_UP_EARLY >= 1 && GATE_UP_EARLY <= GATE_UP_UNROLL && GATE_UP_LOT >= 1 && GATE_UP_LOT <= GATE_UP_EARLY,
-              "GATE_UP_EARLY: 1 .. GATE_UP_UNROLL, GATE_UP_LOT: 1 .. GATE_UP_EARLY");
 static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_UNROLL");
-#ifndef PROBE_DOWN_STAGE_DIV
-#define PROBE_DOWN_STAGE_DIV 1
-#endif
-/* Of o_proj's and down's first step (launched on their own), the chunks a lane loads before the
- * wait (in MV_RES_LOT lots); the rest go out once the input's loads are issued, behind them, as
- * MV_PAIR_EARLY's do in the paired kernels. A variant build may set them. */
-#ifndef O_EARLY
-#define O_EARLY MV_UNROLL
-#endif
-#ifndef DOWN_EARLY
-#define DOWN_EARLY MV_UNROLL
-#endif
-static_assert(O_EARLY >= 1 && O_EARLY <= MV_UNROLL && DOWN_EARLY >= 1 && DOWN_EARLY <= MV_UNROLL, "O_EARLY, DOWN_EARLY: 1 .. MV_UNROLL");
 /* Of a paired kernel's row steps after the first, how many go to shared memory on cp.async (0:
  * none). Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a
  * step; the copies put the later steps in flight at once, issued when the input is staged, beside
@@ -121,8 +94,6 @@ static_assert(O_EARLY >= 1 && O_EARLY <= MV_UNROLL && DOWN_EARLY >= 1 && DOWN_EA
 #define MV_PAIR_ASYNC_IN MV_ASYNC_QKV
 #endif
 static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
-static_assert(GATE_UP_UNROLL == MV_PAIR_UNROLL || !(MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP),
-              "GATE_UP_UNROLL: gate/up's async steps (MV_PAIR_SMEM_BYTES) are sized by MV_PAIR_UNROLL");
 /* The same for o_proj's and down's pairs of rows (RESIDUAL_PAIRS), issued with the first step
  * before the wait: MV_RES_ASYNC steps (0: none) in the kernels MV_RES_ASYNC_IN names (MV_ASYNC_O |
  * MV_ASYNC_DOWN). An experiment (PERFORMANCE.md, eighteenth session): all of the 7B's o_proj in
@@ -691,15 +662,15 @@ __device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, con
     return loaded;
 }
 
-/* A paired kernel's early loads, before its wait: the first EARLY chunks of rows ra and rb's first
- * step (MV_PAIR_EARLY; gate/up's GATE_UP_EARLY), in lots of LOT where the plan takes them, else at once. */
-template <int U, int EARLY = MV_PAIR_EARLY, int LOT = MV_PAIR_LOT>
+/* A paired kernel's early loads, before its wait: the first MV_PAIR_EARLY chunks of rows ra and rb's
+ * first step, in lots of MV_PAIR_LOT where the plan takes them, else at once. */
+template <int U>
 __device__ __forceinline__ void pair_early_loads(row_chunks<U> *a, row_chunks<U> *b, const uint4 *ra, const uint4 *rb, int K, int lane) {
-    if (LOT < EARLY) {
-        load_lots<LOT>(a, b, ra, rb, K, lane, EARLY, never_stop{});
+    if (MV_PAIR_LOT < MV_PAIR_EARLY) {
+        load_lots<MV_PAIR_LOT>(a, b, ra, rb, K, lane, MV_PAIR_EARLY, never_stop{});
     } else {
-        load_chunks(a, ra, K, 0, lane, 0, EARLY);
-        load_chunks(b, rb, K, 0, lane, 0, EARLY);
+        load_chunks(a, ra, K, 0, lane, 0, MV_PAIR_EARLY);
+        load_chunks(b, rb, K, 0, lane, 0, MV_PAIR_EARLY);
     }
 }
 
@@ -891,7 +862,7 @@ __device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, co
 __device__ __forceinline__ int sx_group(int g, int K) { return (g % 2) * (K / 8) + g / 2; }
 
 #define STAGE_VEC 4 /* float4 groups a thread loads at once (8: -1% on the 7B shape) */
-#define STAGE_ROUNDS(K, THREADS) (((K) / 4 + STAGE_VEC * (THREADS) - 1) / (STAGE_VEC * (THREADS)))
+#define STAGE_ROUNDS(K) (((K) / 4 + STAGE_VEC * MV_THREADS - 1) / (STAGE_VEC * MV_THREADS))
 
 /* A hook that does nothing (for_each_group's and stage_input's default). */
 struct no_hook {
@@ -901,20 +872,20 @@ struct no_hook {
 /* f(g, src[g]) for each of this thread's float4 groups g of a K-vector, STAGE_VEC loads in flight
  * at a time. issued() runs once, after the first round's loads are issued: stage_input's callers
  * queue weight loads behind the input's there. */
-template <int THREADS = MV_THREADS, typename T, typename F, typename H = no_hook>
+template <typename T, typename F, typename H = no_hook>
 __device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issued = H{}) {
 #pragma unroll 1
-    for (int round = 0; round < STAGE_ROUNDS(K, THREADS); round++) {
+    for (int round = 0; round < STAGE_ROUNDS(K); round++) {
         T v[STAGE_VEC];
 #pragma unroll
         for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * THREADS + threadIdx.x;
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
             if (g < K / 4) v[j] = src[g];
         }
         if (round == 0) issued();
 #pragma unroll
         for (int j = 0; j < STAGE_VEC; j++) {
-            int g = (round * STAGE_VEC + j) * THREADS + threadIdx.x;
+            int g = (round * STAGE_VEC + j) * MV_THREADS + threadIdx.x;
             if (g < K / 4) f(g, v[j]);
         }
     }
@@ -939,9 +910,9 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
 #define POLL_VEC 8 /* a test builds 2: rounds of them */
 #endif
 #define POLL_MAX_FLOATS (64 * 4 * MV_THREADS)
-template <int THREADS, typename F, typename H>
+template <typename F, typename H>
 __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H issued) {
-    const int n4 = K / 4, rounds = (n4 + POLL_VEC * THREADS - 1) / (POLL_VEC * THREADS);
+    const int n4 = K / 4, rounds = (n4 + POLL_VEC * MV_THREADS - 1) / (POLL_VEC * MV_THREADS);
     unsigned long long pending = 0, t0 = 0; /* bit round * POLL_VEC + j: that float4 unwritten */
     for (bool first = true; first || pending; first = false) {
         if (!first) {
@@ -959,13 +930,13 @@ __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H 
             float4 v[POLL_VEC];
 #pragma unroll
             for (int j = 0; j < POLL_VEC; j++) {
-                const int g = (round * POLL_VEC + j) * THREADS + (int)threadIdx.x;
+                const int g = (round * POLL_VEC + j) * MV_THREADS + (int)threadIdx.x;
                 if (g < n4 && (first || (pending >> (round * POLL_VEC + j) & 1))) v[j] = ld_poll(x4 + g);
             }
             if (first && round == 0) issued();
 #pragma unroll
             for (int j = 0; j < POLL_VEC; j++) {
-                const int g = (round * POLL_VEC + j) * THREADS + (int)threadIdx.x;
+                const int g = (round * POLL_VEC + j) * MV_THREADS + (int)threadIdx.x;
                 const unsigned long long bit = 1ull << (round * POLL_VEC + j);
                 if (g >= n4 || !(first || (pending & bit))) continue;
                 if (unwritten(v[j])) {
@@ -984,9 +955,9 @@ __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H 
  * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
  * of squares meets at the barrier staging needs anyway). Called by the whole block after its wait.
  * POLLED: x's words read ATT_POLL_WORD until written (poll_each_group). */
-template <bool POLLED = false, typename H = no_hook, int THREADS = MV_THREADS>
+template <bool POLLED = false, typename H = no_hook>
 __device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{}) {
-    __shared__ float partial[THREADS / WARP_SIZE];
+    __shared__ float partial[MV_WARPS];
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     float ss = 0.0f;
     auto stage = [&](int g, float4 v) {
@@ -998,9 +969,9 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
         s4[sx_group(g, K)] = v;
     };
     if constexpr (POLLED)
-        poll_each_group<THREADS>(reinterpret_cast<const float4 *>(x), K, stage, issued);
+        poll_each_group(reinterpret_cast<const float4 *>(x), K, stage, issued);
     else
-        for_each_group<THREADS>(reinterpret_cast<const float4 *>(x), K, stage, issued);
+        for_each_group(reinterpret_cast<const float4 *>(x), K, stage, issued);
     if (norm) {
         ss = warp_sum(ss);
         if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
@@ -1009,7 +980,7 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
     if (!norm) return 1.0f;
     ss = 0.0f;
 #pragma unroll
-    for (int w = 0; w < THREADS / WARP_SIZE; w++) ss += partial[w];
+    for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
     return rsqrtf(ss / (float)K + eps);
 }
 
@@ -1206,25 +1177,24 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
  * is staged in shared memory like the norm'd kernels' (measured against reading it from L1 chunk by
  * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
  * (a constant of the build: codegen/plan.py's residual_pairs), rows p and p + rows / 2 (rows even)
- * on one warp, both rows' loads in flight together. WARPS: the block's warps (down's DOWN_WARPS). */
-template <typename Wait, int WARPS = MV_WARPS>
+ * on one warp, both rows' loads in flight together. */
+template <typename Wait>
 __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
                                                      const unsigned *go = nullptr, unsigned go_count = 0) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
-    const int warps = blocks * WARPS; /* the grid's, or the part of it this stage has */
-    int row = block * WARPS + (int)threadIdx.x / WARP_SIZE;
+    const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
+    int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
     TRACE_BEGIN(stage);
     (void)stage;
     row_chunks<> a, b;
     extern __shared__ float sx[];
     /* the pairs' async steps, where this build has them (MV_RES_ASYNC): issued with the first step */
-    const int async = WARPS == MV_WARPS && pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
+    const int async = pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
     uint4 *slots = pair_async_slots<MV_UNROLL>(sx, K, MV_RES_ASYNC);
     /* the first step's chunks loaded before the wait (load_lots): in the joined grid given go, lots
-     * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MV_RES_LOT
-     * up to O_EARLY or DOWN_EARLY chunks */
+     * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MV_RES_LOT */
     int early = MV_UNROLL;
     if (row < n) {
         constexpr int PACE_LOT = MV_RES_PACE > 0 ? MV_RES_PACE : MV_UNROLL;
@@ -1232,10 +1202,10 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             early = load_lots<PACE_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
                                         reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MV_UNROLL,
                                         stop_at_count{go, go_count});
-        } else if (MV_RES_LOT < MV_UNROLL || (stage == ST_DOWN ? DOWN_EARLY : O_EARLY) < MV_UNROLL) {
+        } else if (MV_RES_LOT < MV_UNROLL) {
             early = load_lots<MV_RES_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
-                                          reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane,
-                                          stage == ST_DOWN ? DOWN_EARLY : O_EARLY, never_stop{});
+                                          reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MV_UNROLL,
+                                          never_stop{});
         } else {
             load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
             if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
@@ -1250,13 +1220,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     if (async > 0 && row < n)
         pair_async_issue<MV_UNROLL>(slots, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
                                     reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, async);
-    /* -DPROBE_DOWN_STAGE_DIV=N, a timing probe whose outputs are wrong: down stages only the first
-     * 1/N of its input, the rest of sx zeros (finite sums), to time what the staging's bytes cost */
-    const int stage_K = stage == ST_DOWN ? K / PROBE_DOWN_STAGE_DIV : K;
-    if (PROBE_DOWN_STAGE_DIV > 1 && stage == ST_DOWN) {
-        for (int i = threadIdx.x; i < K; i += WARPS * WARP_SIZE) sx[i] = 0.0f;
-        __syncthreads();
-    }
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
@@ -1266,7 +1229,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         load_chunks_from(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane, early);
         if (pairs) load_chunks_from(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane, early);
     };
-    stage_input<polls_input<Wait>::value, decltype(rest), WARPS * WARP_SIZE>(sx, in, false, stage_K, 0.0f, rest); /* polled: wait_poll */
+    stage_input<polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest); /* polled: wait_poll */
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; row < n; row += warps, first = false) {
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
@@ -1308,25 +1271,25 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
     TRACE_BEGIN(ST_GATE_UP);
-    row_chunks<GATE_UP_UNROLL> a, b;
+    row_chunks<MV_PAIR_UNROLL> a, b;
     if (i < hidden) {
-        pair_early_loads<GATE_UP_UNROLL, GATE_UP_EARLY, GATE_UP_LOT>(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+        pair_early_loads(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                          reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane);
     }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP) ? pair_async_steps<GATE_UP_UNROLL>(dim) : 0;
-    uint4 *slots = pair_async_slots<GATE_UP_UNROLL>(sx, dim);
+    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
+    uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input<polls_input<Wait>::value>(sx, x, true, dim, eps, [&] {
-        if (GATE_UP_EARLY == GATE_UP_UNROLL || i >= hidden) return;
-        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, GATE_UP_EARLY, GATE_UP_UNROLL);
-        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, GATE_UP_EARLY, GATE_UP_UNROLL);
+        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
+        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
     });
     TRACE_AT(TRACE_STAGED);
     if (async > 0 && i < hidden)
-        pair_async_issue<GATE_UP_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
+        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                                          reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, async);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),

@@ -95,7 +95,6 @@ TEST_BUILDS = {
     "test_tiny_gpu_residual_pairs_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_early_lots_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_pair_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
-    "test_tiny_gpu_blocks_per_sm_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_qkv_split_last_equal_cpu": lambda p: [("flags", "tiny-wide", split_last_flags(p["blocks"], p["unroll"]))],
     "test_tiny_gpu_staged_values_equal_cpu": lambda p: [("flags", p["variant"], staged_flags(p["chunk"]))],
     "test_tiny_gpu_split_attention_at_short_context_equals_cpu": lambda p: [("flags", p["variant"], NO_SHORT)],
@@ -280,17 +279,13 @@ def test_tiny_gpu_residual_pairs_async_equal_cpu(flags, tmp_path):
 
 @pytest.mark.parametrize("variant,flags", [("tiny-wide", "-DMV_PAIR_LOT=MV_PAIR_EARLY -DMV_RES_LOT=MV_UNROLL"),
                                            ("tiny-wide", "-DMV_PAIR_LOT=1 -DMV_RES_LOT=1 -DRESIDUAL_PAIRS=1"),
-                                           ("tiny-gqa", "-DMV_PAIR_LOT=1 -DMV_RES_LOT=2"),
-                                           ("tiny-wide", "-DDOWN_EARLY=2 -DO_EARLY=6 -DMV_PAIR_EARLY=2 -DGATE_UP_EARLY=4"),
-                                           ("tiny-gqa", "-DDOWN_EARLY=3 -DO_EARLY=1 -DDOWN_POLL=1")])
+                                           ("tiny-gqa", "-DMV_PAIR_LOT=1 -DMV_RES_LOT=2")])
 def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
     """The early loads before the programmatic-dependent-launch wait, in other lots than the
     plan's (codegen/plan.py, _pair_lot and _res_lot: two lots of QKV's and gate/up's MV_PAIR_EARLY
     chunks and four of o_proj's and down's MV_UNROLL where the rows fill them, as tiny-wide's do, so
     the other GPU tests on tiny-wide run those): tiny-wide's all at once (one lot, the default before
-    the nineteenth session), lots of one chunk with pairs of rows, and tiny-gqa's short rows in lots;
-    then fewer early chunks than a step, the rest loaded behind the input's (O_EARLY, DOWN_EARLY,
-    MV_PAIR_EARLY for QKV apart from gate/up's GATE_UP_EARLY), down polling gate/up on tiny-gqa.
+    the nineteenth session), lots of one chunk with pairs of rows, and tiny-gqa's short rows in lots.
     Logits and greedy text against the CPU's."""
     d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
@@ -306,20 +301,6 @@ def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
     rows take several rounds, so later pairs issue their own copies. Logits (graph and persistent
     step) and greedy text against the CPU's."""
     d, binary = flags_build("tiny-wide", flags)
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
-
-
-@pytest.mark.parametrize("variant,flags", [("tiny-wide", "-DGATE_UP_PER_SM=1 -DGATE_UP_UNROLL=4 -DDOWN_PER_SM=1 -DQKV_PER_SM=1 -DO_PER_SM=1"),
-                                           ("tiny-gqa", "-DGATE_UP_UNROLL=8 -DGATE_UP_EARLY=4 -DGATE_UP_LOT=1"),
-                                           ("tiny-wide", "-DDOWN_WARPS=16"), ("tiny-gqa", "-DDOWN_WARPS=16 -DDOWN_POLL=1")])
-def test_tiny_gpu_blocks_per_sm_equal_cpu(variant, flags, tmp_path):
-    """The matvec grids capped at one block an SM (QKV_PER_SM, O_PER_SM, GATE_UP_PER_SM, DOWN_PER_SM),
-    so that every stage takes more rounds of rows, and gate/up's own step size (GATE_UP_UNROLL):
-    tiny-wide's gate/up rows of 2176 in steps of 4 chunks a lane (the plan's 8 in QKV), the last
-    partial, its 4352 pairs in rounds of one block an SM; tiny-gqa's short rows in a step of 8 (the
-    plan's 4 in QKV), half of it before the wait in lots of one chunk; down in blocks of 16 warps
-    (DOWN_WARPS), its input staged (or polled, DOWN_POLL) by 512 threads. Logits (graph and persistent step) and greedy text against the CPU's."""
-    d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 

@@ -275,21 +275,14 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 }
 
 
-/* mlp.down_proj + residual. DOWN_WARPS: warps a block; a variant build may give it 16, one block an
- * SM, whose warps share one staged copy of gate/up's outputs (8 a block: two blocks an SM, each
- * staging its own 4 * MODEL_HIDDEN_DIM bytes from L2). */
-#ifndef DOWN_WARPS
-#define DOWN_WARPS MV_WARPS
-#endif
-static_assert(DOWN_WARPS == MV_WARPS || DOWN_WARPS == 2 * MV_WARPS, "DOWN_WARPS: MV_WARPS or twice it");
-#define DOWN_THREADS (DOWN_WARPS * WARP_SIZE)
-static __global__ void __launch_bounds__(DOWN_THREADS, 2 * MV_WARPS / DOWN_WARPS) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
+/* mlp.down_proj + residual */
+static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
     if constexpr (DOWN_POLL != 0) { /* hb is hb_poll */
-        matvec_residual_body<wait_poll, DOWN_WARPS>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
                              wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM});
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
-        matvec_residual_body<wait_pdl, DOWN_WARPS>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
     }
 }
 
@@ -830,7 +823,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
                    m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
-            launch(down_residual_kernel, m->grid_down, 1, DOWN_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
+            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
                    DOWN_POLL ? m->hb_poll : m->hb, m->x);
             mark(ST_DOWN);
         }
@@ -1144,27 +1137,10 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
 
 /* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
  * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
-/* Blocks a matvec's grid takes an SM at most (0: as many as fit). A variant build may give a stage
- * fewer than fit, so that the next stage's blocks find registers free beside its own and land (and
- * issue their loads) before it ends: -DGATE_UP_PER_SM=1 -DGATE_UP_UNROLL=8 keeps gate/up's bytes in
- * flight with half its warps. */
-#ifndef QKV_PER_SM
-#define QKV_PER_SM 0
-#endif
-#ifndef O_PER_SM
-#define O_PER_SM 0
-#endif
-#ifndef GATE_UP_PER_SM
-#define GATE_UP_PER_SM 0
-#endif
-#ifndef DOWN_PER_SM
-#define DOWN_PER_SM 0
-#endif
-static int one_wave(const void *kernel, int needed, size_t smem, int sms, int cap = 0, int threads = MV_THREADS) {
+static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    if (cap > 0 && per_sm > cap) per_sm = cap;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
     /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower; the
      * fewest blocks for the same rounds of rows (every warp as many rows as any other, or one fewer)
      * measured even or slower (PERFORMANCE.md, sixteenth session). */
@@ -1216,17 +1192,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20)); /* a probe build's lines (cuda_kernels.cuh) */
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms, QKV_PER_SM);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms, O_PER_SM);
-    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms, O_PER_SM);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
+    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms);
 #if ATT_O_SHORT
-    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms, O_PER_SM);
+    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
 #endif
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
-                               MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms, GATE_UP_PER_SM);
-    m->grid_down = one_wave((const void *)down_residual_kernel, (GRID_DOWN * MV_WARPS + DOWN_WARPS - 1) / DOWN_WARPS,
-                            MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms, DOWN_PER_SM, DOWN_THREADS);
+                               MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
