@@ -94,11 +94,6 @@ static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_U
 #define MV_PAIR_ASYNC_IN MV_ASYNC_QKV
 #endif
 static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
-/* QKV's async steps issued before its wait, with its first step's early loads (1), instead of once
- * its input is staged (0). A variant build may set it. */
-#ifndef QKV_ASYNC_EARLY
-#define QKV_ASYNC_EARLY 0
-#endif
 /* The same for o_proj's and down's pairs of rows (RESIDUAL_PAIRS), issued with the first step
  * before the wait: MV_RES_ASYNC steps (0: none) in the kernels MV_RES_ASYNC_IN names (MV_ASYNC_O |
  * MV_ASYNC_DOWN). An experiment (PERFORMANCE.md, eighteenth session): all of the 7B's o_proj in
@@ -1075,20 +1070,14 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         pair_early_loads(&a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
                          reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane);
     }
-    /* the async steps (below) issued here, before the wait, under the previous stage's tail */
-    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_QKV) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
-    uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
-    if (QKV_ASYNC_EARLY && async > 0 && p < pairs) {
-        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
-    }
     stage_norm(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
     /* the async steps, where this build has them (MV_PAIR_ASYNC): issued once the input is staged (in
      * stage_input's hook, right behind the input's loads: 7B -1.1%, 1B 0.3 points less gain) */
+    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_QKV) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
+    uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input(sx, x, true, dim, eps, [&] {
         if (MV_PAIR_EARLY == MV_PAIR_UNROLL || p >= pairs) return;
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
@@ -1096,7 +1085,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
     });
     TRACE_AT(TRACE_STAGED);
-    if (!QKV_ASYNC_EARLY && async > 0 && p < pairs) {
+    if (async > 0 && p < pairs) {
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
         pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
                                          reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);

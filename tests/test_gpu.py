@@ -292,13 +292,12 @@ def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
 
 
 @pytest.mark.parametrize("flags", ["-DMV_PAIR_ASYNC_IN=3", "-DMV_PAIR_ASYNC_IN=3 -DMV_PAIR_UNROLL=4",
-                                   "-DMV_PAIR_ASYNC=2 -DMV_PAIR_ASYNC_IN=3 -DMV_PAIR_UNROLL=4", "-DQKV_ASYNC_EARLY=1"])
+                                   "-DMV_PAIR_ASYNC=2 -DMV_PAIR_ASYNC_IN=3 -DMV_PAIR_UNROLL=4"])
 def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
     """The paired kernels' later row steps copied into shared memory on cp.async (MV_PAIR_ASYNC: the
     plan has it in QKV on tiny-wide, as on the 1B; here in gate/up too, in a build of its own), on
     tiny-wide (rows of 2176: 272 chunks, so the last step is partial): one async step of 8 chunks a
-    lane; one of 4 and a third step from registers; two of 4, the second partial; QKV's copies
-    issued before its wait (QKV_ASYNC_EARLY). Gate/up's 4352
+    lane; one of 4 and a third step from registers; two of 4, the second partial. Gate/up's 4352
     rows take several rounds, so later pairs issue their own copies. Logits (graph and persistent
     step) and greedy text against the CPU's."""
     d, binary = flags_build("tiny-wide", flags)
