@@ -583,6 +583,10 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+/* until at most N of this thread's committed groups are in flight */
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
@@ -1296,6 +1300,130 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
                               reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane, slots, async);
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
     }
+    TRACE_END();
+    sm_done_probe(ST_GATE_UP);
+}
+
+/* gate/up streamed through shared memory (GATE_UP_RING slots a warp, 0: the register-held steps
+ * above): a warp's pairs and their row steps are one sequence of tiles (a step of both rows: U
+ * chunks a lane, 2 * U * 32 * 16 bytes), each copied on cp.async into the warp's ring, RING - 1
+ * tiles ahead of the one being multiplied, and read back by the lane that copied its chunks (so a
+ * lane's own wait_group is all the reading needs). The first RING - 1 tiles go out before the wait.
+ * The weights in flight live in shared memory, not registers: at ~64 registers a thread the SM's
+ * register file has room for the next stage's blocks (down's) beside two of these. */
+#ifndef GATE_UP_RING
+#define GATE_UP_RING 0
+#endif
+static_assert(GATE_UP_RING == 0 || GATE_UP_RING >= 2, "GATE_UP_RING: 0, or 2 slots or more");
+/* 1: a tile's two row steps copied by the warp's lane 0 as two bulk copies (cp.async.bulk, counted
+ * on the slot's mbarrier), not 2 * U copies of 16 bytes in every lane */
+#ifndef GATE_UP_RING_BULK
+#define GATE_UP_RING_BULK 0
+#endif
+/* Shared memory of the ring body's block: the staged input (K floats), then every warp's ring. */
+#define GATE_UP_RING_BYTES(K) \
+    (MV_SMEM_BYTES(K) + (size_t)MV_WARPS * GATE_UP_RING * (2 * MV_PAIR_UNROLL * WARP_SIZE * sizeof(uint4) + sizeof(uint64_t)))
+
+template <typename Wait>
+__device__ __forceinline__ void rmsnorm_gate_up_ring_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
+                                                          const float *x, float *hb, int dim, int hidden, float eps, Wait wait) {
+    constexpr int U = MV_PAIR_UNROLL, R = GATE_UP_RING > 0 ? GATE_UP_RING : 2, TILE = 2 * U * WARP_SIZE; /* uint4s a tile */
+    extern __shared__ float sx[];
+    const int lane = threadIdx.x % WARP_SIZE, first = grid_warp(), stride = grid_warps();
+    uint4 *ring = reinterpret_cast<uint4 *>(sx + dim) + (size_t)(threadIdx.x / WARP_SIZE) * R * TILE;
+    /* the bulk form's mbarriers, one a slot, after every warp's ring */
+    uint64_t *full = reinterpret_cast<uint64_t *>(reinterpret_cast<uint4 *>(sx + dim) + (size_t)MV_WARPS * R * TILE) +
+                     (threadIdx.x / WARP_SIZE) * R;
+    const int steps = mv_steps<U>(dim), pairs = first < hidden ? (hidden - 1 - first) / stride + 1 : 0, tiles = pairs * steps;
+    TRACE_BEGIN(ST_GATE_UP);
+    if (GATE_UP_RING_BULK) {
+        if (lane == 0) {
+            for (int r = 0; r < R; r++)
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((unsigned)__cvta_generic_to_shared(full + r)) : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+    }
+    /* tile t (pair t / steps, step t % steps) into slot t % R; a group committed either way */
+    auto issue = [&](int t) {
+        if (GATE_UP_RING_BULK) {
+            __syncwarp(); /* every lane done reading the slot (tile t - R) */
+            if (t < tiles && lane == 0) {
+                const int i = first + (t / steps) * stride, step = t % steps;
+                const int c0 = step * U * WARP_SIZE, n = min(U * WARP_SIZE, dim / 8 - c0); /* chunks of the step */
+                const unsigned bar = (unsigned)__cvta_generic_to_shared(full + t % R), bytes = (unsigned)n * 16u;
+                const unsigned dst = (unsigned)__cvta_generic_to_shared(ring + (t % R) * TILE);
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * bytes) : "memory");
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                             "l"(reinterpret_cast<const uint4 *>(wg + (size_t)i * dim) + c0), "r"(bytes), "r"(bar)
+                             : "memory");
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst + U * WARP_SIZE * 16),
+                             "l"(reinterpret_cast<const uint4 *>(wu + (size_t)i * dim) + c0), "r"(bytes), "r"(bar)
+                             : "memory");
+            }
+            return;
+        }
+        if (t < tiles) {
+            const int i = first + (t / steps) * stride, step = t % steps;
+            const uint4 *ra = reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), *rb = reinterpret_cast<const uint4 *>(wu + (size_t)i * dim);
+            uint4 *slot = ring + (t % R) * TILE;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = (step * U + u) * WARP_SIZE + lane;
+                if (c < dim / 8) {
+                    cp_async16(slot + u * WARP_SIZE + lane, ra + c, true);
+                    cp_async16(slot + (U + u) * WARP_SIZE + lane, rb + c, true);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int t = 0; t < R - 1; t++) issue(t);
+    stage_norm(sx, norm_w, dim);
+    TRACE_AT(TRACE_READY);
+    wait();
+    TRACE_AT(TRACE_WAITED);
+    const float scale = stage_input(sx, x, true, dim, eps);
+    TRACE_AT(TRACE_STAGED);
+    float acc_a = 0.0f, acc_b = 0.0f; /* a step's sums added to them, as row_dot2 adds dot_step's */
+#pragma unroll 1
+    for (int t = 0; t < tiles; t++) {
+        issue(t + R - 1);
+        if (GATE_UP_RING_BULK) {
+            const unsigned bar = (unsigned)__cvta_generic_to_shared(full + t % R), parity = (unsigned)(t / R) & 1u;
+            unsigned done = 0;
+            while (!done)
+                asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                             : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        } else {
+            cp_async_wait_group<R - 1>();
+        }
+        const uint4 *slot = ring + (t % R) * TILE;
+        const int step = t % steps;
+        float pa = 0.0f, pb = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = (step * U + u) * WARP_SIZE + lane;
+            if (c < dim / 8) {
+                const float4 xa = reinterpret_cast<const float4 *>(sx)[c], xb = reinterpret_cast<const float4 *>(sx)[dim / 8 + c];
+                float w[8];
+                w8_to_f32(slot[u * WARP_SIZE + lane], w);
+                pa += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x + w[5] * xb.y + w[6] * xb.z + w[7] * xb.w;
+                w8_to_f32(slot[(U + u) * WARP_SIZE + lane], w);
+                pb += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x + w[5] * xb.y + w[6] * xb.z + w[7] * xb.w;
+            }
+        }
+        acc_a += pa;
+        acc_b += pb;
+        if (step == steps - 1) {
+            const float ga = warp_sum(acc_a), ub = warp_sum(acc_b);
+            if (lane == 0) hb[first + (t / steps) * stride] = silu(ga * scale) * (ub * scale);
+            acc_a = acc_b = 0.0f;
+        }
+    }
+    cp_async_wait_all();
     TRACE_END();
     sm_done_probe(ST_GATE_UP);
 }
