@@ -95,7 +95,6 @@ TEST_BUILDS = {
     "test_tiny_gpu_residual_pairs_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_early_lots_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_pair_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
-    "test_tiny_gpu_gate_up_ring_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_qkv_split_last_equal_cpu": lambda p: [("flags", "tiny-wide", split_last_flags(p["blocks"], p["unroll"]))],
     "test_tiny_gpu_staged_values_equal_cpu": lambda p: [("flags", p["variant"], staged_flags(p["chunk"]))],
     "test_tiny_gpu_split_attention_at_short_context_equals_cpu": lambda p: [("flags", p["variant"], NO_SHORT)],
@@ -302,20 +301,6 @@ def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
     rows take several rounds, so later pairs issue their own copies. Logits (graph and persistent
     step) and greedy text against the CPU's."""
     d, binary = flags_build("tiny-wide", flags)
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
-
-
-@pytest.mark.parametrize("variant,flags", [("tiny-wide", "-DGATE_UP_RING=2"), ("tiny-gqa", "-DGATE_UP_RING=3 -DDOWN_POLL=0"),
-                                           ("tiny-wide", "-DGATE_UP_RING=2 -DGATE_UP_RING_BULK=1"),
-                                           ("tiny-gqa", "-DGATE_UP_RING=3 -DGATE_UP_RING_BULK=1")])
-def test_tiny_gpu_gate_up_ring_equal_cpu(variant, flags, tmp_path):
-    """gate/up streamed through a shared-memory ring on cp.async (GATE_UP_RING slots a warp): on
-    tiny-wide its rows of 2176 in two steps of 8 chunks a lane, the second partial, 4352 pairs in
-    rounds of two blocks an SM, so that a warp's tiles run across pairs and wrap the ring; tiny-gqa's
-    short rows (one step of 4, lanes 8 and up idle) in a ring of three; both again with the tiles
-    copied by lane 0 as bulk copies (GATE_UP_RING_BULK), the partial step's too. Logits (graph and persistent
-    step, which keeps the register-held body) and greedy text against the CPU's."""
-    d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 

@@ -268,19 +268,9 @@ __device__ __forceinline__ void reset_att_signals(unsigned *att_done, float *att
         for (int i = threadIdx.x; i < MODEL_Q_DIM; i += blockDim.x) att_poll[i] = __uint_as_float(ATT_POLL_WORD);
 }
 
-/* With GATE_UP_RING (runtime/cuda_kernels.cuh, a variant build's), gate/up streams through shared
- * memory at 64 registers a thread (launch bounds of 4 blocks), GATE_UP_PER_SM blocks an SM (2), so
- * that a down block fits beside its two. */
-#ifndef GATE_UP_PER_SM
-#define GATE_UP_PER_SM (GATE_UP_RING ? 2 : 0)
-#endif
-#define GATE_UP_SMEM_BYTES (GATE_UP_RING ? GATE_UP_RING_BYTES(MODEL_DIM) : MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP))
-static __global__ void __launch_bounds__(MV_THREADS, GATE_UP_RING ? 4 : 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
+static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
                                                                                   unsigned *att_done, float *att_poll) {
-    if constexpr (GATE_UP_RING != 0)
-        rmsnorm_gate_up_ring_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
-    else
-        rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
 }
 
@@ -830,7 +820,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                 launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x);
                 mark(ST_O);
             }
-            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, GATE_UP_SMEM_BYTES,
+            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
                    m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
@@ -1147,11 +1137,10 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
 
 /* Needed blocks of a matvec kernel with smem bytes of staged input, capped at what the GPU holds
  * resident at once; also lifts the kernel's dynamic shared-memory limit past the default 48 KB. */
-static int one_wave(const void *kernel, int needed, size_t smem, int sms, int cap = 0) {
+static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
-    if (cap > 0 && per_sm > cap) per_sm = cap; /* at most cap blocks an SM (GATE_UP_PER_SM) */
     /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower; the
      * fewest blocks for the same rounds of rows (every warp as many rows as any other, or one fewer)
      * measured even or slower (PERFORMANCE.md, sixteenth session). */
@@ -1210,12 +1199,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
 #endif
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
-    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP, GATE_UP_SMEM_BYTES, sms, GATE_UP_PER_SM);
-    if (GATE_UP_RING) { /* shared memory for gate/up's ring beside the blocks of the kernels around it */
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)o_proj_residual_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)down_residual_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)rmsnorm_gate_up_silu_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    }
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
+                               MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
