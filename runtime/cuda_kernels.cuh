@@ -375,8 +375,9 @@ struct wait_none {
 // a layer). The host resets the counts before each step and writes the last step's records out
 // (tests/bench/step_trace.py reads them).
 
-/* The step's stages, in launch order. */
-enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_COUNT };
+/* The step's stages, in launch order; ST_MLP, the fused MLP (MLP_FUSED), takes gate/up's and down's
+ * place in a layer. */
+enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_MLP, ST_COUNT };
 
 #define TRACE_STAGES ST_COUNT
 #define TRACE_BLOCKS 65536 /* records kept per stage and step */
@@ -1299,6 +1300,189 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_END();
     sm_done_probe(ST_GATE_UP);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The MLP in one kernel (MLP_FUSED, the plan's where the hidden size is 2048 on sm_90): gate/up,
+// SiLU and down without the boundary between gate/up and down, which cost the Llama-3.2-1B shape
+// ~2.5 us a layer beyond down's bytes. One block of MLP_WARPS warps an SM takes a range of hidden
+// units [u0, u1), in batches of MLP_WARPS (a unit a warp). For each batch:
+// - each warp dots its unit's gate and up rows with the staged, normed input (as the decode gate/up
+//   does) and puts silu(g) * u into shared memory, then loads the next batch's rows at once, so
+//   that they are in flight under this batch's down phase;
+// - the batch's rows of down's transpose (MLP_WARPS x dim, contiguous: the runtime keeps a copy of
+//   down_proj transposed) land in shared memory on the bulk-copy engine, MLP_SLOTS batches ahead,
+//   counted on the slot's mbarrier (the first before the wait, the rest after it);
+// - past a block barrier each warp multiplies its dim / MLP_WARPS output columns (4 a lane) by the
+//   batch's hidden values.
+// The block ends with a partial sum of every output, added into `out` in L2 (red.global.add.v4.f32;
+// block 0 adds the residual x too): out must be zero before, so each layer's kernel zeroes the
+// buffer the next layer adds into (`zero`, the last layer's input, dead past this kernel's wait).
+// The reductions' order is not fixed: a build with MLP_FUSED is not reproducible to the last bit
+// from run to run (the fp32 rounding of 132 partial sums an output). Measured alone first
+// (tests/bench/fused_mlp.cu, forty-second session, PERFORMANCE.md): 16 chained 1B-shaped MLPs in
+// 24.2 us a layer against 26.6 for the two kernels, the reductions 0.3 of it; clusters summing their
+// blocks' partials in distributed shared memory first held fewer SMs and lost, fixed-point
+// reductions (reproducible) cost 5 us more (four times the atomic operations).
+
+#define MLP_WARPS 16
+#define MLP_THREADS (MLP_WARPS * WARP_SIZE)
+#define MLP_SLOTS 2       /* down's tiles in flight (3 lost 1.3 us a layer alone) */
+#define MLP_EARLY_TILES 1 /* of them, issued before the wait (2: -0.7 us a layer alone) */
+/* Dynamic shared memory of mlp_fused_body: the tiles of down's transpose, then the staged input */
+#define MLP_SMEM_BYTES(dim) ((size_t)MLP_SLOTS * MLP_WARPS * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float))
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+/* a shared-memory mbarrier (its shared address) for `count` arrivals */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+/* this thread's arrival, and `bytes` more that the phase waits for (complete_tx of the copies) */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* this thread's arrival */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory"); }
+/* until the phase of parity `parity` has completed */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+/* bytes (a multiple of 16) from global src to shared dst on the bulk-copy engine, the phase of bar
+ * waiting for them (the calling thread's arrival) */
+__device__ __forceinline__ void bulk_copy_shared(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    mbar_arrive_expect_tx(bar, bytes);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src),
+                 "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+/* 4 weights (a uint2) to fp32 */
+__device__ __forceinline__ void w4_to_f32(uint2 u, float f[4]) {
+#if GPU_W_BF16
+    f[0] = __uint_as_float(u.x << 16), f[1] = __uint_as_float(u.x & 0xFFFF0000u);
+    f[2] = __uint_as_float(u.y << 16), f[3] = __uint_as_float(u.y & 0xFFFF0000u);
+#else
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+#endif
+}
+
+template <int DIM, int HIDDEN, typename Wait>
+__device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu, const uint16_t *down_t,
+                                               const float *x, float *out, float *zero, float eps, Wait wait) {
+    constexpr int DCH = DIM / 8, LCH = DCH / WARP_SIZE, CPL = DIM / MLP_WARPS / WARP_SIZE, NB = MLP_WARPS;
+    static_assert(DCH % WARP_SIZE == 0 && LCH <= 8 && CPL == 4, "mlp_fused_body: a hidden size of 2048 (8 chunks a lane a row, 4 columns)");
+    static_assert(MLP_EARLY_TILES >= 1 && MLP_EARLY_TILES <= MLP_SLOTS, "MLP_EARLY_TILES: 1 .. MLP_SLOTS");
+    extern __shared__ __align__(16) float smem[];
+    uint16_t *tiles = reinterpret_cast<uint16_t *>(smem);      /* (MLP_SLOTS, NB, DIM) */
+    float4 *sx4 = reinterpret_cast<float4 *>(smem + MLP_SLOTS * NB * DIM / 2); /* the input, in halves as stage_input's */
+    __shared__ float partial[MLP_WARPS], hs[NB];
+    __shared__ __align__(8) uint64_t bars[MLP_SLOTS];
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, w = tid / WARP_SIZE, G = gridDim.x, b = blockIdx.x;
+    const int u0 = (int)((long long)b * HIDDEN / G), n = (int)((long long)(b + 1) * HIDDEN / G) - u0, nb = (n + NB - 1) / NB;
+    const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars), tiles0 = (uint32_t)__cvta_generic_to_shared(tiles);
+    auto rows_of = [&](int k) { return min(NB, n - k * NB); };
+    auto issue_tile = [&](int k) {
+        bulk_copy_shared(tiles0 + (uint32_t)((k % MLP_SLOTS) * NB * DIM * sizeof(uint16_t)), down_t + (size_t)(u0 + k * NB) * DIM,
+                         (uint32_t)(rows_of(k) * DIM * sizeof(uint16_t)), bar0 + 8 * (k % MLP_SLOTS));
+    };
+    auto load_row = [&](uint4 r[LCH], const uint16_t *row) {
+#pragma unroll
+        for (int j = 0; j < LCH; j++) r[j] = ld_stream(reinterpret_cast<const uint4 *>(row) + j * WARP_SIZE + lane);
+    };
+    TRACE_BEGIN(ST_MLP);
+    if (tid == 0) {
+        for (int i = 0; i < MLP_SLOTS; i++) mbar_init(bar0 + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
+        for (int k = 0; k < MLP_EARLY_TILES && k < nb; k++) issue_tile(k);
+    }
+    uint4 ga[LCH], ua[LCH]; /* this warp's gate and up rows of the batch */
+    if (w < rows_of(0)) {
+        load_row(ga, wg + (size_t)(u0 + w) * DIM);
+        load_row(ua, wu + (size_t)(u0 + w) * DIM);
+    }
+    if (tid < DCH) { /* the norm weights, before the wait */
+        float f[8];
+        w8_to_f32(reinterpret_cast<const uint4 *>(norm_w)[tid], f);
+        sx4[tid] = make_float4(f[0], f[1], f[2], f[3]);
+        sx4[DCH + tid] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+    TRACE_AT(TRACE_READY);
+    wait();
+    TRACE_AT(TRACE_WAITED);
+    if (tid == 0)
+        for (int k = MLP_EARLY_TILES; k < MLP_SLOTS && k < nb; k++) issue_tile(k);
+    for (int i = b * MLP_THREADS + tid; i < DIM; i += G * MLP_THREADS) zero[i] = 0.0f;
+    float ss = 0.0f;
+    if (tid < DCH) { /* x * norm, and x's sum of squares */
+        const float4 p = __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid), q = __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid + 1);
+        ss = p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+        const float4 np = sx4[tid], nq = sx4[DCH + tid];
+        sx4[tid] = make_float4(p.x * np.x, p.y * np.y, p.z * np.z, p.w * np.w);
+        sx4[DCH + tid] = make_float4(q.x * nq.x, q.y * nq.y, q.z * nq.z, q.w * nq.w);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) partial[w] = ss;
+    __syncthreads(); /* the input staged; also the mbarriers' inits seen by every thread */
+    ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MLP_WARPS; i++) ss += partial[i];
+    const float scale = rsqrtf(ss / (float)DIM + eps);
+    TRACE_AT(TRACE_STAGED);
+    const int col = w * (DIM / MLP_WARPS) + lane * CPL;
+    float acc[CPL] = {};
+    for (int k = 0; k < nb; k++) {
+        const int rows = rows_of(k);
+        float hv = 0.0f;
+        if (w < rows) {
+            float sg = 0.0f, su = 0.0f;
+#pragma unroll
+            for (int j = 0; j < LCH; j++) { /* each staged float4 read once for both rows */
+                const int c = j * WARP_SIZE + lane;
+                const float4 p = sx4[c], q = sx4[DCH + c];
+                float fg[8], fu[8];
+                w8_to_f32(ga[j], fg);
+                w8_to_f32(ua[j], fu);
+                sg += fg[0] * p.x + fg[1] * p.y + fg[2] * p.z + fg[3] * p.w + fg[4] * q.x + fg[5] * q.y + fg[6] * q.z + fg[7] * q.w;
+                su += fu[0] * p.x + fu[1] * p.y + fu[2] * p.z + fu[3] * p.w + fu[4] * q.x + fu[5] * q.y + fu[6] * q.z + fu[7] * q.w;
+            }
+            hv = silu(warp_sum(sg) * scale) * (warp_sum(su) * scale);
+        }
+        if (k + 1 < nb && w < rows_of(k + 1)) { /* the next batch's rows, in flight under this one's down phase */
+            load_row(ga, wg + (size_t)(u0 + (k + 1) * NB + w) * DIM);
+            load_row(ua, wu + (size_t)(u0 + (k + 1) * NB + w) * DIM);
+        }
+        if (lane == 0) hs[w] = hv;
+        __syncthreads(); /* the batch's hidden values */
+        mbar_wait(bar0 + 8 * (k % MLP_SLOTS), (uint32_t)(k / MLP_SLOTS) & 1u);
+        const uint16_t *t = tiles + (size_t)(k % MLP_SLOTS) * NB * DIM + col;
+#pragma unroll 4
+        for (int r = 0; r < rows; r++) {
+            float f[4];
+            w4_to_f32(*reinterpret_cast<const uint2 *>(t + (size_t)r * DIM), f);
+            const float h = hs[r];
+#pragma unroll
+            for (int e = 0; e < CPL; e++) acc[e] += h * f[e];
+        }
+        __syncthreads(); /* the slot and hs are free */
+        if (tid == 0 && k + MLP_SLOTS < nb) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the slot's reads before the copy's writes */
+            issue_tile(k + MLP_SLOTS);
+        }
+    }
+    float4 v = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if (b == 0) { /* the residual, once */
+        const float4 r = __ldcg(reinterpret_cast<const float4 *>(x + col));
+        v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
+    }
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out + col), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+    TRACE_END();
+}
+#endif
 
 /* Each warp's best (value, id) in lane 0, folded into thread 0's (bv, bi): larger value, lower id
  * on ties, as the CPU sampler chooses. Called by the whole block (one barrier). */

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-STAGES = ["embed", "qkv", "attention", "o_proj", "gate_up", "down", "lm_head"]
+STAGES = ["embed", "qkv", "attention", "o_proj", "gate_up", "down", "lm_head", "mlp"]  # mlp: the fused MLP (MLP_FUSED)
 ENTERED, WAITED, STAGED, DONE, READY = range(5)
 
 
@@ -37,7 +37,7 @@ def weight_bytes(cfg):
     kv = cfg.get("num_key_value_heads", heads)
     hd = cfg.get("head_dim", dim // heads)
     return {"qkv": 2 * dim * (heads + 2 * kv) * hd, "o_proj": 2 * heads * hd * dim, "gate_up": 4 * dim * hidden,
-            "down": 2 * hidden * dim, "lm_head": 2 * dim * cfg["vocab_size"]}
+            "down": 2 * hidden * dim, "lm_head": 2 * dim * cfg["vocab_size"], "mlp": 6 * dim * hidden}
 
 
 def summarize(n_layers, recs):
@@ -45,8 +45,9 @@ def summarize(n_layers, recs):
     max; done median, p90, max; blocks; ready median, max)}, times in us after the previous stage's last block was done,
     and the step's span in us (first QKV block's start to the last block's end)."""
     seq = []  # (layer, stage, records), in launch order
+    fused = len(recs) > 7 and len(recs[7]) > 0  # a layer's MLP in one kernel: QKV, attention, o_proj, mlp
     for layer in range(n_layers):
-        for st in range(1, 6):
+        for st in ([1, 2, 3, 7] if fused else range(1, 6)):
             r = recs[st]
             per = len(r) // n_layers
             if per == 0:

@@ -91,8 +91,11 @@ static __constant__ float rope_inv_freq[MODEL_MAX_HEAD_DIM / 2];
 // The kernels: each stage body with this model's constants. Everything here is static: a generic
 // build links one copy of this file per weight dtype.
 
-static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, const int *history) {
+/* zero: the buffer the first layer's fused MLP adds into (MLP_FUSED), or NULL */
+static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, const int *history, float *zero) {
     embed_body(embed, io, x, history, MODEL_DIM, wait_pdl{});
+    if (zero)
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < MODEL_DIM; i += gridDim.x * blockDim.x) zero[i] = 0.0f;
 }
 
 /* Down may wait for gate/up's outputs themselves instead of gate/up's grid's end: gate/up writes them
@@ -118,6 +121,16 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 #ifndef DOWN_POLL_GROUPS
 #define DOWN_POLL_GROUPS 0
 #endif
+
+/* The decode step's MLP in one kernel (mlp_fused_body) where the plan says so (codegen/plan.py,
+ * _mlp_fused: a hidden size of 2048 on sm_90); -DMLP_FUSED=0 runs gate/up and down as two. Its
+ * reductions' order is not fixed: such a build's decode is not reproducible to the last bit. */
+#ifndef MLP_FUSED
+#define MLP_FUSED 0
+#endif
+#if MLP_FUSED && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "MLP_FUSED: sm_90 (bulk copies onto mbarriers); build with -DMLP_FUSED=0"
+#endif
 static_assert(DOWN_POLL_GROUPS >= 0 && DOWN_POLL_GROUPS <= MV_THREADS, "DOWN_POLL_GROUPS: 0 to a block's threads");
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
@@ -129,7 +142,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
     /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own */
-    if (DOWN_POLL) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
+    if (DOWN_POLL && !MLP_FUSED) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
 }
 
 /* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
@@ -285,6 +298,26 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(mod
         matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
     }
 }
+
+#if MLP_FUSED
+/* post_attention_layernorm, mlp.gate_proj, mlp.up_proj, SiLU, mlp.down_proj + residual: x's next
+ * value added into out (zero before), and zero zeroed for the next layer's */
+static __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
+                                                                        float *out, float *zero, unsigned *att_done, float *att_poll) {
+    mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{});
+    reset_att_signals(att_done, att_poll);
+}
+
+/* out (cols, rows) = in (rows, cols), 16-bit words: down_proj's transpose, made once at load */
+static __global__ void __launch_bounds__(256) transpose_words_kernel(const uint16_t *in, uint16_t *out, int rows, int cols) {
+    __shared__ uint16_t t[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * 32;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) t[i][threadIdx.x] = in[(size_t)(r0 + i) * cols + c];
+    __syncthreads();
+    const int r = r0 + threadIdx.x, c0 = blockIdx.x * 32;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) out[(size_t)(c0 + i) * rows + r] = t[threadIdx.x][i];
+}
+#endif
 
 /* model.norm, the LM head and the greedy choice */
 static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_lm_head_argmax_kernel(const uint16_t *norm_w, const uint16_t *w,
@@ -579,6 +612,11 @@ struct model_cuda {
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
+    /* MLP_FUSED: the residual stream's other two buffers, (dim) each: layer l reads the stream from
+     * buffer l % 3 of {x, x_mlp[0], x_mlp[1]} (residual_at) and its MLP adds the next into l + 1 */
+    float *x_mlp[2];
+    uint16_t *down_t;         /* MLP_FUSED: (n_layers, hidden_dim, dim) down_proj transposed */
+    int grid_mlp;             /* mlp_fused_kernel's blocks: one an SM */
     float *q;                 /* (q_dim) */
     float *att;               /* (q_dim) attention output */
     float *att_poll;          /* (q_dim) the joined short grid's (ATT_O_POLL): ATT_POLL_WORD words until written */
@@ -736,7 +774,7 @@ static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
-                                                  "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head_argmax"};
+                                                  "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head_argmax", "mlp_fused"};
 
 /* For the kernel benchmark (outside a graph): events[0] before the first launch and events[k + 1]
  * after launch k, and the stage launch k closed. events NULL: nothing recorded (a captured graph). */
@@ -757,11 +795,12 @@ struct launch_marks {
 
 /* A step's end, of the given kind, after its layers, at the position io[IO_POS]: with lm_head, the
  * final norm and LM head on x's first row (the persistent kernel runs its own); the choice; the
- * position advanced; the logits to the host. */
-static void enqueue_choice(model_cuda *m, int kind, bool lm_head, launch_marks &mark) {
+ * position advanced; the logits to the host. x: the residual stream after the layers (m->x, or
+ * residual_at(m, MODEL_N_LAYERS) after fused MLPs). */
+static void enqueue_choice(model_cuda *m, int kind, bool lm_head, launch_marks &mark, const float *x) {
     if (lm_head && kind != STEP_PROMPT) {
         launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm,
-               m->w.lm_head, m->x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
+               m->w.lm_head, x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
         mark(ST_LM_HEAD);
     }
     if (kind == STEP_SAMPLE)
@@ -775,6 +814,13 @@ static void enqueue_choice(model_cuda *m, int kind, bool lm_head, launch_marks &
 /* The decode step's launches, in order: on the token at history[pos], pos read from io on the
  * device. With marks (kernel benchmark, outside a graph) an event is recorded after each launch and
  * *stage_of says which stage it closed. */
+/* The buffer that holds the residual stream at layer l's start: x, unless the fused MLPs move it
+ * round three buffers (MLP_FUSED: each adds the next into a buffer it cannot be reading) */
+static float *residual_at(model_cuda *m, int l) {
+    if (!MLP_FUSED || l % 3 == 0) return m->x;
+    return m->x_mlp[l % 3 - 1];
+}
+
 static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kernel, cudaEvent_t *marks, int *stage_of) {
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
@@ -783,26 +829,28 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                           m->part_ml, m->counters, m->block_best, m->io, m->history, m->barrier, m->ctx, m->n_splits};
         launch_cooperative(persistent_step_kernel, m->grid_persistent, MV_THREADS, PERSISTENT_SMEM_BYTES, m->stream, b);
     } else {
-        launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
+        launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history,
+               MLP_FUSED ? residual_at(m, 1) : (float *)NULL);
         mark(ST_EMBED);
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &m->w.layers[l];
+            float *x = residual_at(m, l);
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
-                   m->x, m->q, kc, vc, m->io, m->ctx, m->hb_poll);
+                   x, m->q, kc, vc, m->io, m->ctx, m->hb_poll);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
             if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
-                       m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->x, m->ctx,
+                       m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, x, m->ctx,
                        n_splits);
 #if ATT_O_SHORT
             } else if (!marks && short_kernel) {
                 launch(attention_o_proj_kernel<true>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
                        ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters,
-                       ATT_O_POLL ? m->att_poll : m->att, m->x, m->ctx, n_splits);
+                       ATT_O_POLL ? m->att_poll : m->att, x, m->ctx, n_splits);
 #endif
             } else {
                 if (PROBE_NO_ATT == 1) {
@@ -817,21 +865,28 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 }
                 mark(ST_ATT);
-                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, m->x);
+                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, x);
                 mark(ST_O);
             }
+#if MLP_FUSED
+            launch(mlp_fused_kernel, m->grid_mlp, 1, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM), m->stream, *lw,
+                   m->down_t + (size_t)l * MODEL_HIDDEN_DIM * MODEL_DIM, x, residual_at(m, l + 1), residual_at(m, l + 2),
+                   m->counters + CTR_ATT_DONE, m->att_poll);
+            mark(ST_MLP);
+            continue;
+#endif
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
-                   m->stream, *lw, m->x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
+                   m->stream, *lw, x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
-                   DOWN_POLL ? m->hb_poll : m->hb, m->x);
+                   DOWN_POLL ? m->hb_poll : m->hb, x);
             mark(ST_DOWN);
         }
     }
-    enqueue_choice(m, kind, !(m->persistent && !marks), mark);
+    enqueue_choice(m, kind, !(m->persistent && !marks), mark, m->persistent && !marks ? m->x : residual_at(m, MODEL_N_LAYERS));
 }
 
-#define STEP_LAUNCHES (2 + 5 * MODEL_N_LAYERS)
+#define STEP_LAUNCHES (2 + (MLP_FUSED ? 4 : 5) * MODEL_N_LAYERS)
 
 /* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
 #define QKV_PAIRS ((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2)
@@ -1203,6 +1258,19 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                                MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
+#if MLP_FUSED
+    { /* one block an SM: its units are the SM's share of the hidden size */
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)mlp_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MLP_SMEM_BYTES(MODEL_DIM)));
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)mlp_fused_kernel, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM)));
+        if (per_sm < 1) {
+            free(m);
+            return err_set(ERR_DEVICE, "--device cuda: the fused MLP kernel (%zu bytes of shared memory) does not fit an SM of %s; build with -DMLP_FUSED=0",
+                           (size_t)MLP_SMEM_BYTES(MODEL_DIM), prop.name);
+        }
+        m->grid_mlp = sms < MODEL_HIDDEN_DIM ? sms : MODEL_HIDDEN_DIM;
+    }
+#endif
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
@@ -1227,11 +1295,13 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                      (size_t)(PREFILL_O_GEMM ? PREFILL_TERMS : 0) * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    size_t need = total + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
+    const size_t down_t = MLP_FUSED ? (size_t)MODEL_N_LAYERS * MODEL_HIDDEN_DIM * MODEL_DIM * sizeof(uint16_t) : 0;
+    scratch += MLP_FUSED ? 2 * MODEL_DIM * sizeof(float) : 0;
+    size_t need = total + down_t + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
     if (need > free_b) {
         free(m);
         return err_set(ERR_DEVICE, "--device cuda: weights (%.2f GB) and a KV cache of %d tokens (%.2f GB) need %.2f GB, %s has %.2f GB free (lower --ctx)",
-                       total / 1e9, ctx, 2 * cache / 1e9, need / 1e9, prop.name, free_b / 1e9);
+                       (total + down_t) / 1e9, ctx, 2 * cache / 1e9, need / 1e9, prop.name, free_b / 1e9);
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMalloc(&m->arena, total));
@@ -1240,6 +1310,18 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     const void *dev[MODEL_N_TENSORS];
     for (int t = 0; t < MODEL_N_TENSORS; t++) dev[t] = (const char *)m->arena + offsets[t];
     model_weights_bind(&m->w, dev);
+#if MLP_FUSED
+    CUDA_CHECK(cudaMalloc(&m->down_t, down_t));
+    for (int l = 0; l < MODEL_N_LAYERS; l++)
+        transpose_words_kernel<<<dim3(MODEL_HIDDEN_DIM / 32, MODEL_DIM / 32), dim3(32, 8), 0, m->stream>>>(
+            m->w.layers[l].w_down, m->down_t + (size_t)l * MODEL_HIDDEN_DIM * MODEL_DIM, MODEL_DIM, MODEL_HIDDEN_DIM);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(cudaMalloc(&m->x_mlp[i], MODEL_DIM * sizeof(float)));
+        CUDA_CHECK(cudaMemset(m->x_mlp[i], 0, MODEL_DIM * sizeof(float)));
+    }
+#endif
     CUDA_CHECK(cudaMalloc(&m->w_device, sizeof m->w));
     CUDA_CHECK(cudaMemcpy(m->w_device, &m->w, sizeof m->w, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMalloc(&m->barrier, 2 * sizeof(unsigned)));
@@ -1351,7 +1433,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     for (int kind = STEP_PROMPT + 1; kind < STEP_KINDS && PREFILL_LAST && !rc; kind++)
         rc = capture(m, &m->choose[kind], [&] {
             launch_marks none = {NULL, NULL, m->stream, 0};
-            enqueue_choice(m, kind, true, none);
+            enqueue_choice(m, kind, true, none, m->x); /* prefill_last put the last token's row in x */
         });
     if (rc) {
         model_cuda_free(m);
@@ -1591,7 +1673,8 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     const double qkv = (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * 2.0, o = (double)MODEL_DIM * MODEL_Q_DIM * 2.0,
                  gate_up = 2.0 * MODEL_HIDDEN_DIM * MODEL_DIM * 2.0, down = (double)MODEL_DIM * MODEL_HIDDEN_DIM * 2.0;
     const double kv_pos = 2.0 * MODEL_KV_DIM * 2.0; /* a position's keys and values, one layer */
-    const double bytes[ST_COUNT] = {MODEL_DIM * 2.0, qkv, kv_pos * (pos + 1), o, gate_up, down, (double)MODEL_VOCAB_SIZE * MODEL_DIM * 2.0};
+    const double bytes[ST_COUNT] = {MODEL_DIM * 2.0, qkv, kv_pos * (pos + 1), o, gate_up, down, (double)MODEL_VOCAB_SIZE * MODEL_DIM * 2.0,
+                                    gate_up + down};
     const int token = 1;
     CUDA_CHECK(cudaMemcpy(m->history + pos, &token, sizeof token, cudaMemcpyHostToDevice));
     fprintf(out, "kernels at depth %d (launched one by one, best of %d):\n", pos, reps);
@@ -1683,7 +1766,8 @@ extern "C" void model_cuda_free(model_cuda *m) {
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
-                   m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_att_terms, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters};
+                   m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_att_terms, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters,
+                   m->down_t, m->x_mlp[0], m->x_mlp[1]};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
