@@ -1327,7 +1327,12 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 #define MLP_WARPS 16
 #define MLP_THREADS (MLP_WARPS * WARP_SIZE)
 #define MLP_SLOTS 2       /* down's tiles in flight (3 lost 1.3 us a layer alone) */
+#ifndef MLP_EARLY_TILES
 #define MLP_EARLY_TILES 1 /* of them, issued before the wait (2: -0.7 us a layer alone) */
+#endif
+#ifndef MLP_EARLY_ROWS
+#define MLP_EARLY_ROWS 1 /* 1: the first batch's gate and up rows loaded before the wait; 0: once the input is staged */
+#endif
 /* Dynamic shared memory of mlp_fused_body: the tiles of down's transpose, then the staged input */
 #define MLP_SMEM_BYTES(dim) ((size_t)MLP_SLOTS * MLP_WARPS * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float))
 
@@ -1395,22 +1400,22 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
         for (int j = 0; j < LCH; j++) r[j] = ld_stream(reinterpret_cast<const uint4 *>(row) + j * WARP_SIZE + lane);
     };
     TRACE_BEGIN(ST_MLP);
+    /* the norm weights first, into registers: a load that waits behind the block's weight loads
+     * held every block's staging ~5 us (traced, forty-second session) */
+    const uint4 nw = tid < DCH ? __ldg(reinterpret_cast<const uint4 *>(norm_w) + tid) : make_uint4(0, 0, 0, 0);
     if (tid == 0) {
         for (int i = 0; i < MLP_SLOTS; i++) mbar_init(bar0 + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
         for (int k = 0; k < MLP_EARLY_TILES && k < nb; k++) issue_tile(k);
     }
     uint4 ga[LCH], ua[LCH]; /* this warp's gate and up rows of the batch */
-    if (w < rows_of(0)) {
-        load_row(ga, wg + (size_t)(u0 + w) * DIM);
-        load_row(ua, wu + (size_t)(u0 + w) * DIM);
-    }
-    if (tid < DCH) { /* the norm weights, before the wait */
-        float f[8];
-        w8_to_f32(reinterpret_cast<const uint4 *>(norm_w)[tid], f);
-        sx4[tid] = make_float4(f[0], f[1], f[2], f[3]);
-        sx4[DCH + tid] = make_float4(f[4], f[5], f[6], f[7]);
-    }
+    auto load_first_rows = [&] {
+        if (w < rows_of(0)) {
+            load_row(ga, wg + (size_t)(u0 + w) * DIM);
+            load_row(ua, wu + (size_t)(u0 + w) * DIM);
+        }
+    };
+    if (MLP_EARLY_ROWS) load_first_rows();
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
@@ -1420,11 +1425,13 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     float ss = 0.0f;
     if (tid < DCH) { /* x * norm, and x's sum of squares */
         const float4 p = __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid), q = __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid + 1);
+        float f[8];
+        w8_to_f32(nw, f);
         ss = p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
-        const float4 np = sx4[tid], nq = sx4[DCH + tid];
-        sx4[tid] = make_float4(p.x * np.x, p.y * np.y, p.z * np.z, p.w * np.w);
-        sx4[DCH + tid] = make_float4(q.x * nq.x, q.y * nq.y, q.z * nq.z, q.w * nq.w);
+        sx4[tid] = make_float4(p.x * f[0], p.y * f[1], p.z * f[2], p.w * f[3]);
+        sx4[DCH + tid] = make_float4(q.x * f[4], q.y * f[5], q.z * f[6], q.w * f[7]);
     }
+    if (!MLP_EARLY_ROWS) load_first_rows();
     ss = warp_sum(ss);
     if (lane == 0) partial[w] = ss;
     __syncthreads(); /* the input staged; also the mbarriers' inits seen by every thread */
