@@ -260,11 +260,11 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("flags", [None, "-DMLP_FUSED=0"])
+@pytest.mark.parametrize("flags", [None, "-DMLP_FUSED=0", "-DMLP_MAXNREG=96"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
-    """The decode MLP in one kernel (the plan's on tiny-d2048) and, in a build of its own, as gate/up
-    and down: logits (the persistent step's too, which keeps the two) and greedy text against the
-    CPU's."""
+    """The decode MLP in one kernel (the plan's on tiny-d2048), in builds of their own as gate/up and
+    down and at 96 registers: logits (the persistent step's too, which keeps the two kernels) and
+    greedy text against the CPU's."""
     d, binary = flags_build(FUSED_MLP_MODEL, flags) if flags else (tiny_model_dir(FUSED_MLP_MODEL),
                                                                   binary_for(tiny_model_dir(FUSED_MLP_MODEL), "specialized"))
     assert "#define MLP_FUSED 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()  # the plan takes it
