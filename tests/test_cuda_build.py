@@ -92,6 +92,13 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
     _compile_generated(tmp_path, variant, "90", flags=tuple(flags.split()))
 
 
+@pytest.mark.parametrize("arch,flags", [("90", ""), ("90", "-DMLP_MAXNREG=96"), ("90", "-DINGOT_TRACE"), ("80", "")])
+def test_fused_mlp_builds_compile(tmp_path, arch, flags):
+    """tiny-d2048's plan fuses the decode MLP on sm_90 (codegen/plan.py, _mlp_fused), in the
+    default build, at 96 registers and traced; on sm_80 it keeps the two kernels."""
+    _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
+
+
 def _compile_generated(tmp_path, variant, arch, extra_archs=(), flags=()):
     gen = tmp_path / "gen"
     r = subprocess.run([sys.executable, "-m", "codegen", f"tests/models/{variant}", "--out", str(gen), "--cuda-arch", arch],
@@ -104,7 +111,7 @@ def _compile_generated(tmp_path, variant, arch, extra_archs=(), flags=()):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("source", ["read_patterns.cu", "stream_chain.cu", "timer_resolution.cu"])
+@pytest.mark.parametrize("source", ["read_patterns.cu", "stream_chain.cu", "timer_resolution.cu", "fused_mlp.cu"])
 def test_bench_programs_compile(tmp_path, source):
     """The GPU machine's measuring programs under tests/bench/ (built there by hand) build here too."""
     r = subprocess.run([NVCC, "-O1", "-std=c++17", "-gencode=arch=compute_90,code=sm_90", "-Werror", "all-warnings",
