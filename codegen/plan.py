@@ -54,7 +54,7 @@ class Plan:
     res_lot: int  # o_proj's and down's (launched on their own) the same, of MV_UNROLL chunks (_res_lot)
     down_poll: int  # 1: down polls gate/up's outputs instead of waiting for its grid's end (_down_poll)
     gemm_wgmma: int  # 1: the prefill GEMMs on Hopper's warpgroup MMA, built for sm_90a (_gemm_wgmma)
-    mlp_fused: int  # 1: the decode step's gate/up and down in one kernel (_mlp_fused)
+    mlp_fused_fits: int  # 1: the decode step's gate/up and down can run as one kernel, -DMLP_FUSED=1 (_mlp_fused_fits)
 
 
 class CExpr:
@@ -285,14 +285,16 @@ def _gemm_wgmma(cuda_arch: str) -> int:
     return 1 if cuda_arch == "90" else 0
 
 
-def _mlp_fused(dim: int, hidden_dim: int, cuda_arch: str) -> int:
-    """The decode step's MLP in one kernel (runtime/cuda_kernels.cuh, mlp_fused_body: gate/up and
-    down's transpose in batches of 16 hidden units a block, the blocks' partial sums added in L2)
-    where its shape holds: a hidden size of 2048 (8 chunks a lane a row, 4 output columns a lane),
-    an intermediate size of whole 32-value tiles (the transpose), and sm_90 (bulk copies on
-    mbarriers). Measured alone on the H200 (tests/bench/fused_mlp.cu, forty-second session,
-    PERFORMANCE.md): 16 chained Llama-3.2-1B-shaped MLPs 24.2 us a layer against 26.6 for the two
-    kernels. Its sums' order is not fixed (a build with it is not reproducible to the last bit)."""
+def _mlp_fused_fits(dim: int, hidden_dim: int, cuda_arch: str) -> int:
+    """Whether the decode step's MLP can run as one kernel (runtime/cuda_kernels.cuh, mlp_fused_body:
+    gate/up and down's transpose in batches of 16 hidden units a block, the blocks' partial sums
+    added in L2), a build option (-DMLP_FUSED=1), off by default: a hidden size of 2048 (8 chunks a
+    lane a row, 4 output columns a lane), an intermediate size of whole 32-value tiles (the
+    transpose), and sm_90 (bulk copies on mbarriers). Measured on the H200 (forty-second session,
+    PERFORMANCE.md): alone, 16 chained Llama-3.2-1B-shaped MLPs 24.2 us a layer against 26.6 for two
+    kernels (tests/bench/fused_mlp.cu); in the 1B's step -0.3% to -0.7% at depth 0 and +0.3% to
+    +1.0% at 4096, its neighbours (o_proj, QKV) no longer landing beside it. Its sums' order is
+    not fixed: a build with it is not reproducible to the last bit."""
     return int(cuda_arch == "90" and dim == 2048 and hidden_dim % 32 == 0)
 
 
@@ -320,7 +322,7 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
         down_poll=_down_poll(spec.hidden_dim),
         gemm_wgmma=_gemm_wgmma(cuda_arch),
-        mlp_fused=_mlp_fused(spec.dim, spec.hidden_dim, cuda_arch),
+        mlp_fused_fits=_mlp_fused_fits(spec.dim, spec.hidden_dim, cuda_arch),
         **gpu,
     )
 
@@ -350,6 +352,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         res_lot=0,
         down_poll=0,  # not measured
         gemm_wgmma=_gemm_wgmma(cuda_arch),
-        mlp_fused=0,  # its shapes are template arguments
+        mlp_fused_fits=0,  # its shapes are template arguments
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )

@@ -139,21 +139,21 @@ def test_plan_joins_attention_and_o_proj_only_in_the_generic_build():
     assert make_generic_plan().att_o_grid == 1
 
 
-def test_plan_fuses_the_decode_mlp_at_a_hidden_size_of_2048_on_sm_90():
-    """The decode MLP in one kernel (mlp_fused_body: 8 chunks a lane a row of 2048, bulk copies on
-    mbarriers) on the Llama-3.2-1B shape and the tiny model made for it, on sm_90 only; never in the
-    generic build."""
+def test_plan_fits_the_fused_decode_mlp_at_a_hidden_size_of_2048_on_sm_90():
+    """The decode MLP in one kernel (-DMLP_FUSED=1; mlp_fused_body: 8 chunks a lane a row of 2048,
+    bulk copies on mbarriers) fits the Llama-3.2-1B shape and the tiny model made for it, on sm_90
+    only; never the generic build."""
     from codegen.plan import make_generic_plan, make_plan
 
-    fused = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).mlp_fused
+    fused = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).mlp_fused_fits
              for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "llama-3.1-8b-instruct",
                        "qwen2.5-7b-instruct")}
     assert fused == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 1, "mistral-7b-instruct-v0.2": 0,
                      "llama-3.1-8b-instruct": 0, "qwen2.5-7b-instruct": 0}
     tiny = spec_of(load(REPO / "tests" / "models" / "tiny-d2048" / "config.json"))
-    assert make_plan(tiny).mlp_fused == 1
-    assert make_plan(tiny, cuda_arch="89").mlp_fused == 0 and make_plan(tiny, cuda_arch="80").mlp_fused == 0
-    assert make_generic_plan().mlp_fused == 0
+    assert make_plan(tiny).mlp_fused_fits == 1
+    assert make_plan(tiny, cuda_arch="89").mlp_fused_fits == 0 and make_plan(tiny, cuda_arch="80").mlp_fused_fits == 0
+    assert make_generic_plan().mlp_fused_fits == 0
 
 
 def test_plan_groups_prefill_attention_tokens_on_64_wide_heads():

@@ -92,10 +92,11 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
     _compile_generated(tmp_path, variant, "90", flags=tuple(flags.split()))
 
 
-@pytest.mark.parametrize("arch,flags", [("90", ""), ("90", "-DMLP_MAXNREG=96"), ("90", "-DINGOT_TRACE"), ("80", "")])
+@pytest.mark.parametrize("arch,flags", [("90", "-DMLP_FUSED=1"), ("90", "-DMLP_FUSED=1 -DMLP_MAXNREG=96"),
+                                        ("90", "-DMLP_FUSED=1 -DINGOT_TRACE"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
-    """tiny-d2048's plan fuses the decode MLP on sm_90 (codegen/plan.py, _mlp_fused), in the
-    default build, at 96 registers and traced; on sm_80 it keeps the two kernels."""
+    """The fused decode MLP fits tiny-d2048 on sm_90 (codegen/plan.py, _mlp_fused_fits): its build,
+    at 96 registers and traced; sm_80 builds the model without it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 
 

@@ -92,8 +92,8 @@ TEST_BUILDS = {
     "test_gpu_sampling_end_to_end": lambda p: [("plain", "tiny-gqa", p["build"])],
     "test_tiny_gpu_greedy_equals_cpu": lambda p: [("plain", p["variant"], "specialized")],
     "test_tiny_gpu_residual_pairs_equal_cpu": lambda p: [("flags", p["variant"], RES_PAIRS)],
-    "test_tiny_gpu_fused_mlp_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"]) if p["flags"]
-                                                    else ("plain", FUSED_MLP_MODEL, "specialized")],
+    "test_tiny_gpu_fused_mlp_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
+    "test_fused_mlp_memcheck_clean": lambda p: [("flags", FUSED_MLP_MODEL, FUSED)],
     "test_tiny_gpu_residual_pairs_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_early_lots_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_pair_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
@@ -170,10 +170,11 @@ def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
     return np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
 
 
-# tiny-d2048: the hidden size of Llama-3.2-1B (2048), where the plan fuses the decode MLP into one
-# kernel (codegen/plan.py, _mlp_fused); its 4352 hidden units give 132 blocks 32 or 33 each, so a
-# block's last batch of 16 holds one unit and its tiles' slots are reused. Not in TINY_VARIANTS: its
-# 150 MB of weights would slow every CPU test.
+# tiny-d2048: the hidden size of Llama-3.2-1B (2048), where the decode MLP fits one kernel
+# (-DMLP_FUSED=1; codegen/plan.py, _mlp_fused_fits); its 4352 hidden units give 132 blocks 32 or 33
+# each, so a block's last batch of 16 holds one unit and its tiles' slots are reused. Not in
+# TINY_VARIANTS: its 150 MB of weights would slow every CPU test.
+FUSED = "-DMLP_FUSED=1"
 FUSED_MLP_MODEL = "tiny-d2048"
 
 
@@ -181,7 +182,7 @@ FUSED_MLP_MODEL = "tiny-d2048"
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def tiny_gpu(request):
     """(model dir, binary) for each tiny variant and each build (specialized, generic), and the fused
-    MLP's model in its specialized build."""
+    MLP's model (the 1B's hidden size) in its specialized build."""
     variant, build = request.param
     d = tiny_model_dir(variant)
     return d, binary_for(d, build)
@@ -260,15 +261,26 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("flags", [None, "-DMLP_FUSED=0", "-DMLP_MAXNREG=96"])
+@pytest.mark.parametrize("flags", [FUSED, f"{FUSED} -DMLP_MAXNREG=96"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
-    """The decode MLP in one kernel (the plan's on tiny-d2048), in builds of their own as gate/up and
-    down and at 96 registers: logits (the persistent step's too, which keeps the two kernels) and
-    greedy text against the CPU's."""
-    d, binary = flags_build(FUSED_MLP_MODEL, flags) if flags else (tiny_model_dir(FUSED_MLP_MODEL),
-                                                                  binary_for(tiny_model_dir(FUSED_MLP_MODEL), "specialized"))
-    assert "#define MLP_FUSED 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()  # the plan takes it
+    """The decode MLP in one kernel (tiny-d2048, where it fits), and at 96 registers: logits (the
+    persistent step's too, which keeps the two kernels) and greedy text against the CPU's. (The
+    plain build, gate/up and down, runs in tiny_gpu's tests.)"""
+    d, binary = flags_build(FUSED_MLP_MODEL, flags)
+    assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
+
+
+def test_fused_mlp_memcheck_clean():
+    """The fused MLP (bulk copies onto mbarriers, reductions into the residual stream's buffers)
+    under compute-sanitizer's memcheck."""
+    if not shutil.which("compute-sanitizer"):
+        pytest.skip("compute-sanitizer not installed")
+    d, binary = flags_build(FUSED_MLP_MODEL, FUSED)
+    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
+                        "--device", "cuda", "-p", TINY_PROMPT, "-n", "8", "--temp", "0"], capture_output=True, timeout=600)
+    out = (r.stdout + r.stderr).decode(errors="replace")
+    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
 
 
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-qwen2"])
@@ -764,13 +776,12 @@ def test_prefill_builds_memcheck_clean(variant, flags):
 
 
 @pytest.mark.parametrize("variant, build", [("tiny-gqa", b) for b in BUILDS] + [("tiny-group3", "specialized"),
-                                                                              ("tiny-wide", "specialized"),
-                                                                              (FUSED_MLP_MODEL, "specialized")])
+                                                                              ("tiny-wide", "specialized")])
 @pytest.mark.parametrize("step", ["graph", "persistent"])
 def test_memcheck_clean(tmp_path, step, variant, build):
     """tiny-gqa (heads of 16) runs the fp32 attention and the grouped prefill; tiny-group3 and
     tiny-wide (heads of 64 and 128) the specialized build's tensor-core decode attention and flash
-    prefill (codegen/plan.py: _att_mma, _prefill_flash); tiny-d2048 the fused MLP (_mlp_fused)."""
+    prefill (codegen/plan.py: _att_mma, _prefill_flash); the fused MLP: test_fused_mlp_memcheck_clean."""
     if not shutil.which("compute-sanitizer"):
         pytest.skip("compute-sanitizer not installed")
     d = tiny_model_dir(variant)

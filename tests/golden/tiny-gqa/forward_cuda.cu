@@ -122,14 +122,20 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 #define DOWN_POLL_GROUPS 0
 #endif
 
-/* The decode step's MLP in one kernel (mlp_fused_body) where the plan says so (codegen/plan.py,
- * _mlp_fused: a hidden size of 2048 on sm_90); -DMLP_FUSED=0 runs gate/up and down as two. Its
- * reductions' order is not fixed: such a build's decode is not reproducible to the last bit. */
+/* -DMLP_FUSED=1: the decode step's MLP in one kernel (mlp_fused_body) instead of gate/up and down,
+ * where it fits (codegen/plan.py, _mlp_fused_fits: a hidden size of 2048 on sm_90). Off: on the
+ * 1B shape it measured -0.3% to -0.7% at depth 0 and +0.3% to +1.0% at 4096 (PERFORMANCE.md,
+ * forty-second session). Its reductions' order is not fixed: such a build's decode is not
+ * reproducible to the last bit. */
+#define MLP_FUSED_FITS 0
 #ifndef MLP_FUSED
 #define MLP_FUSED 0
 #endif
+#if MLP_FUSED && !MLP_FUSED_FITS
+#error "MLP_FUSED: this model's shape or target does not fit the fused MLP (codegen/plan.py, _mlp_fused_fits)"
+#endif
 #if MLP_FUSED && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "MLP_FUSED: sm_90 (bulk copies onto mbarriers); build with -DMLP_FUSED=0"
+#error "MLP_FUSED: sm_90 (bulk copies onto mbarriers)"
 #endif
 static_assert(DOWN_POLL_GROUPS >= 0 && DOWN_POLL_GROUPS <= MV_THREADS, "DOWN_POLL_GROUPS: 0 to a block's threads");
 
@@ -302,7 +308,14 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(mod
 #if MLP_FUSED
 /* post_attention_layernorm, mlp.gate_proj, mlp.up_proj, SiLU, mlp.down_proj + residual: x's next
  * value added into out (zero before), and zero zeroed for the next layer's */
-static __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
+/* -DMLP_MAXNREG=96: at most 96 registers a thread, so that a block fits an SM beside one of o_proj's
+ * (64 registers x 256 threads), not only once both of them have left */
+#ifdef MLP_MAXNREG
+#define MLP_BOUNDS __maxnreg__(MLP_MAXNREG)
+#else
+#define MLP_BOUNDS __launch_bounds__(MLP_THREADS, 1)
+#endif
+static __global__ void MLP_BOUNDS mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
                                                                         float *out, float *zero, unsigned *att_done, float *att_poll) {
     mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
