@@ -247,6 +247,19 @@ def test_tiny_gpu_greedy_equals_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+def skip_without_sanitizer():
+    if not shutil.which("compute-sanitizer"):
+        pytest.skip("compute-sanitizer not installed")
+
+
+def assert_memcheck_clean(binary, d, *args):
+    """binary on model d on the GPU with args under compute-sanitizer's memcheck: no error."""
+    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
+                        "--device", "cuda", *args], capture_output=True, timeout=600)
+    out = (r.stdout + r.stderr).decode(errors="replace")  # sampled text of a random model: any bytes
+    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
+
+
 def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prompt=TINY_PROMPT):
     """A build's GPU path against its CPU path on the prompt: every decode step's logits within
     GPU_CPU_TOLERANCE (with persistent, the persistent step's too), and 48 greedy tokens' text equal."""
@@ -274,13 +287,9 @@ def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
 def test_fused_mlp_memcheck_clean():
     """The fused MLP (bulk copies onto mbarriers, reductions into the residual stream's buffers)
     under compute-sanitizer's memcheck."""
-    if not shutil.which("compute-sanitizer"):
-        pytest.skip("compute-sanitizer not installed")
+    skip_without_sanitizer()
     d, binary = flags_build(FUSED_MLP_MODEL, FUSED)
-    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
-                        "--device", "cuda", "-p", TINY_PROMPT, "-n", "8", "--temp", "0"], capture_output=True, timeout=600)
-    out = (r.stdout + r.stderr).decode(errors="replace")
-    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
+    assert_memcheck_clean(binary, d, "-p", TINY_PROMPT, "-n", "8", "--temp", "0")
 
 
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-qwen2"])
@@ -766,13 +775,9 @@ def test_prefill_builds_memcheck_clean(variant, flags):
     fp16 as they are uploaded (F16_WEIGHTS); the flash attention's combine writing o_proj's input
     terms (FLASH_TERMS, splits of 5 positions). The default build's (QKV,
     o_proj and down as GEMMs over splits of K) run under test_memcheck_clean."""
-    if not shutil.which("compute-sanitizer"):
-        pytest.skip("compute-sanitizer not installed")
+    skip_without_sanitizer()
     d, binary = flags_build(variant, flags)
-    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
-                        "--device", "cuda", "-p", TINY_PROMPT, "-n", "4", "--temp", "0"], capture_output=True, timeout=600)
-    out = (r.stdout + r.stderr).decode(errors="replace")
-    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
+    assert_memcheck_clean(binary, d, "-p", TINY_PROMPT, "-n", "4", "--temp", "0")
 
 
 @pytest.mark.parametrize("variant, build", [("tiny-gqa", b) for b in BUILDS] + [("tiny-group3", "specialized"),
@@ -782,13 +787,7 @@ def test_memcheck_clean(tmp_path, step, variant, build):
     """tiny-gqa (heads of 16) runs the fp32 attention and the grouped prefill; tiny-group3 and
     tiny-wide (heads of 64 and 128) the specialized build's tensor-core decode attention and flash
     prefill (codegen/plan.py: _att_mma, _prefill_flash); the fused MLP: test_fused_mlp_memcheck_clean."""
-    if not shutil.which("compute-sanitizer"):
-        pytest.skip("compute-sanitizer not installed")
+    skip_without_sanitizer()
     d = tiny_model_dir(variant)
-    binary = binary_for(d, build)
-    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
-                        "--device", "cuda", "--gpu-step", step, "-p", TINY_PROMPT, "-n", "8", "--temp", "0.8",
-                        "--repeat-penalty", "1.2"],
-                       capture_output=True, timeout=600)
-    out = (r.stdout + r.stderr).decode(errors="replace")  # sampled text of a random model: any bytes
-    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
+    assert_memcheck_clean(binary_for(d, build), d, "--gpu-step", step, "-p", TINY_PROMPT, "-n", "8", "--temp", "0.8",
+                          "--repeat-penalty", "1.2")
