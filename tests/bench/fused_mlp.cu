@@ -24,7 +24,12 @@
  *             (which add cp.async steps, lots and polling);
  *   fused     the kernel above, by block size, slots and tiles issued before the wait, with the
  *             reductions or plain stores in their place ("stores": wrong outputs, what the
- *             reductions cost).
+ *             reductions cost);
+ *   layer     a layer without attention, QKV (pairs of rows, as gate/up) and o_proj (as down, rows
+ *             of 2048) before the MLP, split or fused: the MLP beside the decode step's neighbours.
+ *             The MLP chained with itself hid what cost the fused kernel its gain in the step
+ *             (PERFORMANCE.md, forty-second session: QKV's blocks land only once its block leaves);
+ *             a fused form that wins here is the one to put in the step.
  * Checked: layer 0 of both forms against a double-precision host reference, and the 16 layers'
  * outputs of the two forms against each other (relative error printed; the reductions' order is not
  * fixed, so the fused outputs differ between runs in their last bits).
@@ -40,7 +45,6 @@
 
 constexpr int D = 2048, H = 8192, L = 16;
 constexpr int DCH = D / 8;    /* 16-byte chunks of a row of D */
-constexpr int HCH = H / 8;
 constexpr int LCH = DCH / 32; /* chunks of a row of D a lane holds */
 constexpr float EPS = 1e-5f;
 constexpr size_t MAT = (size_t)H * D; /* elements of one layer's matrix */
@@ -137,73 +141,82 @@ __device__ __forceinline__ float2 dot_pair(const uint4 a[LCH], const uint4 b[LCH
 
 // ---------------------------------------------------------------------------------------------
 // split: gate/up (a warp a pair of rows), then down (a warp a row of H, 4 steps of 8 chunks a lane,
-// double-buffered), two blocks of 256 threads an SM each.
+// double-buffered), two blocks of 256 threads an SM each. The same two kernels are the layer
+// chains' QKV (pairs of adjacent rows, no SiLU) and o_proj (rows of D, one step).
 
-__global__ void __launch_bounds__(256, 2) gate_up_kernel(const uint16_t *wg, const uint16_t *wu, const float *x, float *h) {
+/* pairs [0, pairs) of rows wa + p stride, wb + p stride dotted with the staged, normed x: SILU,
+ * out[p] = silu(a) * b (gate/up); else out[2p], out[2p + 1] = a, b (QKV's rows) */
+template <bool SILU>
+__global__ void __launch_bounds__(256, 2) pair_kernel(const uint16_t *wa, const uint16_t *wb, size_t stride, int pairs, const float *x,
+                                                      float *out) {
     __shared__ float4 sx4[2 * DCH];
     __shared__ float red[32];
     const int lane = threadIdx.x % 32, G = gridDim.x * (blockDim.x / 32);
     int p = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     uint4 a[LCH], b[LCH];
-    if (p < H) {
-        load_row(a, wg + (size_t)p * D, lane);
-        load_row(b, wu + (size_t)p * D, lane);
+    if (p < pairs) {
+        load_row(a, wa + (size_t)p * stride, lane);
+        load_row(b, wb + (size_t)p * stride, lane);
     }
     pdl_wait();
     const float scale = stage_x(sx4, red, x);
     pdl_trigger();
-    for (bool first = true; p < H; p += G, first = false) {
+    for (bool first = true; p < pairs; p += G, first = false) {
         if (!first) {
-            load_row(a, wg + (size_t)p * D, lane);
-            load_row(b, wu + (size_t)p * D, lane);
+            load_row(a, wa + (size_t)p * stride, lane);
+            load_row(b, wb + (size_t)p * stride, lane);
         }
         const float2 d = dot_pair(a, b, sx4, lane);
-        const float g = warp_sum(d.x), u = warp_sum(d.y);
-        if (lane == 0) h[p] = silu(g * scale) * (u * scale);
+        const float g = warp_sum(d.x) * scale, u = warp_sum(d.y) * scale;
+        if (lane == 0) {
+            if (SILU) out[p] = silu(g) * u;
+            else out[2 * p] = g, out[2 * p + 1] = u;
+        }
     }
 }
-
-constexpr int DSTEPS = HCH / (32 * 8); /* steps of 8 chunks a lane of a row of H */
 
 __device__ __forceinline__ void load_step8(uint4 w[8], const uint16_t *row, int step, int lane) {
 #pragma unroll
     for (int j = 0; j < 8; j++) w[j] = __ldcs(reinterpret_cast<const uint4 *>(row) + (step * 8 + j) * 32 + lane);
 }
 
-__global__ void __launch_bounds__(256, 2) down_kernel(const uint16_t *wd, const float *h, const float *x_in, float *x_out) {
-    __shared__ float4 sh4[2 * HCH]; /* 32 KB */
+/* x_out[r] = x_in[r] + w[r] . in for the D rows of K (down: K = H; o_proj: K = D), in place where
+ * x_out is x_in (a row's warp reads its residual before it writes it) */
+template <int K>
+__global__ void __launch_bounds__(256, 2) res_kernel(const uint16_t *w, const float *in, const float *x_in, float *x_out) {
+    constexpr int KCH = K / 8, STEPS = KCH / (32 * 8); /* steps of 8 chunks a lane */
+    static_assert(STEPS >= 1 && KCH % (32 * 8) == 0, "rows of whole steps");
+    __shared__ float4 sh4[2 * KCH];
     const int lane = threadIdx.x % 32, G = gridDim.x * (blockDim.x / 32);
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     uint4 buf[2][8]; /* steps s and s + 1 in flight: the dot of one, the loads of the other */
-    if (r < D) {
-        load_step8(buf[0], wd + (size_t)r * H, 0, lane);
-        load_step8(buf[1], wd + (size_t)r * H, 1, lane);
-    }
+    auto first_loads = [&](const uint16_t *row) {
+        load_step8(buf[0], row, 0, lane);
+        if (STEPS > 1) load_step8(buf[1], row, 1, lane);
+    };
+    if (r < D) first_loads(w + (size_t)r * K);
     pdl_wait();
-    for (int c = threadIdx.x; c < HCH; c += blockDim.x) {
-        sh4[c] = __ldcg(reinterpret_cast<const float4 *>(h) + 2 * c);
-        sh4[HCH + c] = __ldcg(reinterpret_cast<const float4 *>(h) + 2 * c + 1);
+    for (int c = threadIdx.x; c < KCH; c += blockDim.x) {
+        sh4[c] = __ldcg(reinterpret_cast<const float4 *>(in) + 2 * c);
+        sh4[KCH + c] = __ldcg(reinterpret_cast<const float4 *>(in) + 2 * c + 1);
     }
     __syncthreads();
     pdl_trigger();
     for (bool first = true; r < D; r += G, first = false) {
-        const uint16_t *row = wd + (size_t)r * H;
-        if (!first) {
-            load_step8(buf[0], row, 0, lane);
-            load_step8(buf[1], row, 1, lane);
-        }
+        const uint16_t *row = w + (size_t)r * K;
+        if (!first) first_loads(row);
         float acc = 0.0f;
 #pragma unroll
-        for (int s = 0; s < DSTEPS; s++) {
-            const uint4 *w = buf[s % 2];
+        for (int s = 0; s < STEPS; s++) {
+            const uint4 *q = buf[s % 2];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int c = (s * 8 + j) * 32 + lane;
-                const float4 a = sh4[c], b = sh4[HCH + c];
-                acc += bf_lo(w[j].x) * a.x + bf_hi(w[j].x) * a.y + bf_lo(w[j].y) * a.z + bf_hi(w[j].y) * a.w + bf_lo(w[j].z) * b.x +
-                       bf_hi(w[j].z) * b.y + bf_lo(w[j].w) * b.z + bf_hi(w[j].w) * b.w;
+                const float4 a = sh4[c], b = sh4[KCH + c];
+                acc += bf_lo(q[j].x) * a.x + bf_hi(q[j].x) * a.y + bf_lo(q[j].y) * a.z + bf_hi(q[j].y) * a.w + bf_lo(q[j].z) * b.x +
+                       bf_hi(q[j].z) * b.y + bf_lo(q[j].w) * b.z + bf_hi(q[j].w) * b.w;
             }
-            if (s + 2 < DSTEPS) load_step8(buf[s % 2], row, s + 2, lane);
+            if (s + 2 < STEPS) load_step8(buf[s % 2], row, s + 2, lane);
         }
         acc = warp_sum(acc);
         if (lane == 0) x_out[r] = x_in[r] + acc;
@@ -332,8 +345,12 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
 // ---------------------------------------------------------------------------------------------
 // host
 
+constexpr int QKV_ROWS = 3072;                  /* the 1B's q, k and v rows */
+constexpr size_t QKV_MAT = (size_t)QKV_ROWS * D, O_MAT = (size_t)D * D;
+
 struct weights {
     uint16_t *g, *u, *dt, *d; /* (L, H, D) gate, up, down's transpose; (L, D, H) down */
+    uint16_t *qkv, *o;        /* the layer chains': (L, QKV_ROWS, D), (L, D, D) */
 };
 
 /* a launch as the decode step's: a programmatic dependent of the one before it */
@@ -352,9 +369,13 @@ static void launch(K kernel, int grid, int threads, size_t smem, cudaStream_t st
     CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
+/* kinds: the MLP alone, split or fused; a layer without attention (QKV, o_proj, then the MLP), split
+ * or fused, so that the MLP has the decode step's neighbours: QKV's blocks after it, o_proj's before */
+enum { MLP_SPLIT, MLP_FUSED, LAYER_SPLIT, LAYER_FUSED };
+
 struct variant {
     const char *name;
-    int kind; /* 0 split, 1 fused */
+    int kind;
     void (*fused)(const uint16_t *, const uint16_t *, const uint16_t *, const float *, float *, float *);
     int grid;   /* blocks */
     int threads;
@@ -363,7 +384,7 @@ struct variant {
 };
 
 static int sms;
-static float *xbuf, *hbuf; /* xbuf: 3 rotating vectors of D, floats or (fixed) int64 */
+static float *xbuf, *hbuf, *qbuf; /* xbuf: 3 rotating vectors of D, floats or (fixed) int64 */
 
 static float *vec(const variant &v, int i) { return xbuf + (size_t)(i % 3) * D * (v.fixed ? 2 : 1); }
 
@@ -389,15 +410,25 @@ static std::vector<float> download(const variant &v, int i) {
     return x;
 }
 
-/* layers first .. first + n - 1 of the chain */
+/* where the chain's vector is after n layers: the split layers update one buffer in place */
+static int out_index(const variant &v, int n) { return v.kind == LAYER_SPLIT ? 0 : n; }
+
+/* layers 0 .. n - 1 of the chain */
 static void enqueue(const variant &v, const weights &w, cudaStream_t st, int n = L) {
     for (int l = 0; l < n; l++) {
         float *in = vec(v, l), *out = vec(v, l + 1), *zero = vec(v, l + 2);
         const size_t o = (size_t)l * MAT;
-        if (v.kind == 0) {
-            launch(gate_up_kernel, 2 * sms, 256, 0, st, (const uint16_t *)(w.g + o), (const uint16_t *)(w.u + o), (const float *)in,
-                   hbuf);
-            launch(down_kernel, 2 * sms, 256, 0, st, (const uint16_t *)(w.d + o), (const float *)hbuf, (const float *)in, out);
+        if (v.kind == LAYER_SPLIT) in = out = vec(v, 0);
+        if (v.kind == LAYER_SPLIT || v.kind == LAYER_FUSED) { /* QKV, then o_proj on its first D outputs, in place */
+            const uint16_t *wq = w.qkv + (size_t)l * QKV_MAT;
+            launch(pair_kernel<false>, 2 * sms, 256, 0, st, wq, wq + D, (size_t)2 * D, QKV_ROWS / 2, (const float *)in, qbuf);
+            launch(res_kernel<D>, 2 * sms, 256, 0, st, (const uint16_t *)(w.o + (size_t)l * O_MAT), (const float *)qbuf,
+                   (const float *)in, in);
+        }
+        if (v.kind == MLP_SPLIT || v.kind == LAYER_SPLIT) {
+            launch(pair_kernel<true>, 2 * sms, 256, 0, st, (const uint16_t *)(w.g + o), (const uint16_t *)(w.u + o), (size_t)D, H,
+                   (const float *)in, hbuf);
+            launch(res_kernel<H>, 2 * sms, 256, 0, st, (const uint16_t *)(w.d + o), (const float *)hbuf, (const float *)in, out);
         } else {
             launch(v.fused, v.grid, v.threads, v.smem, st, (const uint16_t *)(w.g + o), (const uint16_t *)(w.u + o),
                    (const uint16_t *)(w.dt + o), (const float *)in, out, zero);
@@ -412,7 +443,7 @@ static std::vector<float> run_once(const variant &v, const weights &w, const std
     enqueue(v, w, st, n);
     CHECK(cudaStreamSynchronize(st));
     CHECK(cudaGetLastError());
-    return download(v, n);
+    return download(v, out_index(v, n));
 }
 
 static double rel_err(const std::vector<float> &a, const std::vector<double> &ref) {
@@ -468,6 +499,10 @@ int main(void) {
     for (int l = 0; l < L; l++) transpose_kernel<<<dim3(D / 32, H / 32), dim3(32, 8)>>>(w.dt + l * MAT, w.d + l * MAT, H, D);
     CHECK(cudaMalloc(&xbuf, 3 * D * sizeof(long long)));
     CHECK(cudaMalloc(&hbuf, H * sizeof(float)));
+    CHECK(cudaMalloc(&qbuf, QKV_ROWS * sizeof(float)));
+    CHECK(cudaMalloc(&w.qkv, (size_t)L * (QKV_MAT + O_MAT) * 2));
+    w.o = w.qkv + (size_t)L * QKV_MAT;
+    fill_bf16_kernel<<<sms * 8, 256>>>(w.qkv, (size_t)L * (QKV_MAT + O_MAT), 3u, 0.02f);
     unsigned *sink;
     CHECK(cudaMalloc(&sink, sizeof(unsigned)));
     CHECK(cudaDeviceSynchronize());
@@ -477,7 +512,7 @@ int main(void) {
 #define FUSED(REDUCE, SLOTS, WARPS, PRE, FIXED) \
     fused_mlp_kernel<REDUCE, SLOTS, WARPS, PRE, FIXED>, sms * 16 / WARPS, WARPS * 32, SLOTS * tile_bytes<WARPS>(), FIXED
     std::vector<variant> vs = {
-        {"split (gate/up, down)", 0, nullptr, 0, 0, 0, false},
+        {"split (gate/up, down)", MLP_SPLIT, nullptr, 0, 0, 0, false},
         {"fused 16 warps, 2 slots", 1, FUSED(true, 2, 16, 2, false)},
         {"fused 16 warps, 2 slots, stores", 1, FUSED(false, 2, 16, 2, false)},
         {"fused 16 warps, 2 slots, 1 early", 1, FUSED(true, 2, 16, 1, false)},
@@ -489,10 +524,12 @@ int main(void) {
         {"fused 8 warps, 2 slots, fixed", 1, FUSED(true, 2, 8, 2, true)},
         {"fused 8 warps, 3 slots", 1, FUSED(true, 3, 8, 3, false)},
         {"fused 8 warps, 3 slots, 1 early", 1, FUSED(true, 3, 8, 1, false)},
+        {"layer: QKV, o_proj, split MLP", LAYER_SPLIT, nullptr, 0, 0, 0, false},
+        {"layer: QKV, o_proj, fused MLP", LAYER_FUSED, FUSED(true, 2, 16, 1, false)},
     };
     printf("%s, %d SMs; %d layers of a %d x %d MLP (bf16), %.1f MB a layer\n", prop.name, sms, L, D, H, 3.0 * MAT * 2 / 1e6);
     for (variant &v : vs) {
-        if (v.kind != 1) continue;
+        if (!v.fused) continue;
         CHECK(cudaFuncSetAttribute(v.fused, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
         cudaFuncAttributes fa;
         CHECK(cudaFuncGetAttributes(&fa, v.fused));
@@ -506,10 +543,12 @@ int main(void) {
         }
     }
     cudaFuncAttributes fa;
-    CHECK(cudaFuncGetAttributes(&fa, gate_up_kernel));
-    printf("  gate_up_kernel %d registers, %zu B spilled; ", fa.numRegs, (size_t)fa.localSizeBytes);
-    CHECK(cudaFuncGetAttributes(&fa, down_kernel));
-    printf("down_kernel %d registers, %zu B spilled\n", fa.numRegs, (size_t)fa.localSizeBytes);
+    CHECK(cudaFuncGetAttributes(&fa, pair_kernel<true>));
+    printf("  gate/up %d registers, %zu B spilled; ", fa.numRegs, (size_t)fa.localSizeBytes);
+    CHECK(cudaFuncGetAttributes(&fa, res_kernel<H>));
+    printf("down %d registers, %zu B spilled; ", fa.numRegs, (size_t)fa.localSizeBytes);
+    CHECK(cudaFuncGetAttributes(&fa, res_kernel<D>));
+    printf("o_proj %d registers, %zu B spilled\n", fa.numRegs, (size_t)fa.localSizeBytes);
 
     /* correctness */
     std::vector<float> x0(D);
@@ -518,10 +557,19 @@ int main(void) {
         std::vector<double> ref = reference_layer0(w, x0);
         const std::vector<float> split_out = run_once(vs[0], w, x0, st, L);
         const std::vector<double> split_ref(split_out.begin(), split_out.end());
+        std::vector<double> layer_ref; /* the split layer chain's 16 layers */
         for (const variant &v : vs) {
             if (strstr(v.name, "stores") || strstr(v.name, ", st")) continue;
-            const std::vector<float> l0 = run_once(v, w, x0, st, 1), all_out = run_once(v, w, x0, st, L);
+            const bool layer = v.kind == LAYER_SPLIT || v.kind == LAYER_FUSED;
+            const std::vector<float> all_out = run_once(v, w, x0, st, L);
             const bool same = run_once(v, w, x0, st, L) == all_out;
+            if (v.kind == LAYER_SPLIT) layer_ref.assign(all_out.begin(), all_out.end());
+            if (layer) {
+                printf("  %-34s 16 layers against the split layers: %.2e; a second run %s\n", v.name,
+                       rel_err(all_out, layer_ref), same ? "equal" : "differs");
+                continue;
+            }
+            const std::vector<float> l0 = run_once(v, w, x0, st, 1);
             printf("  %-34s layer 0 against the host: rel. error %.2e; 16 layers against split: %.2e; a second run %s\n", v.name,
                    rel_err(l0, ref), rel_err(all_out, split_ref), same ? "equal" : "differs");
         }
@@ -532,8 +580,9 @@ int main(void) {
         const size_t n = bytes / 16;
         const float ms = best_ms(st, [&] { probe_kernel<<<sms * 4, 512, 0, st>>>(reinterpret_cast<const uint4 *>(all), n, sink, 0); });
         const double probe = (double)bytes / (ms * 1e-3) / 1e9;
-        const double layer_bytes = 3.0 * MAT * 2, floor_us = layer_bytes / (probe * 1e3);
-        printf("probe %.0f GB/s; a layer's bytes take %.2f us at it\n", probe, floor_us);
+        const double mlp_bytes = 3.0 * MAT * 2, layer_bytes = mlp_bytes + (QKV_MAT + O_MAT) * 2.0;
+        printf("probe %.0f GB/s; an MLP's bytes take %.2f us at it, a layer's (QKV, o_proj, MLP) %.2f\n", probe,
+               mlp_bytes / (probe * 1e3), layer_bytes / (probe * 1e3));
         printf("%-34s %10s %10s %8s %9s\n", "variant", "us/layer", "GB/s", "share", "over(us)");
         for (int round = 0; round < 2; round++)
             for (const variant &v : vs) {
@@ -547,8 +596,9 @@ int main(void) {
                 for (int rep = 0; rep < 3; rep++) best = fminf(best, best_ms(st, [&] { CHECK(cudaGraphLaunch(exec, st)); }));
                 cudaGraphExecDestroy(exec);
                 cudaGraphDestroy(graph);
-                const double us = best * 1e3 / L, gbs = layer_bytes / (us * 1e3);
-                printf("%-34s %10.2f %10.0f %7.1f%% %9.2f\n", v.name, us, gbs, 100 * gbs / probe, us - floor_us);
+                const double b = v.kind == LAYER_SPLIT || v.kind == LAYER_FUSED ? layer_bytes : mlp_bytes;
+                const double us = best * 1e3 / L, gbs = b / (us * 1e3);
+                printf("%-34s %10.2f %10.0f %7.1f%% %9.2f\n", v.name, us, gbs, 100 * gbs / probe, us - b / (probe * 1e3));
                 fflush(stdout);
             }
     }
