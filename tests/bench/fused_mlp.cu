@@ -37,6 +37,7 @@
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tests/bench/fused_mlp.cu -o build/fused_mlp
  *   build/fused_mlp             (on the GPU machine) */
 #include "bench_common.cuh"
+#include "../../runtime/cuda_transpose.cuh" /* transpose_words_kernel: down_proj's transpose */
 
 #include <math.h>
 #include <string.h>
@@ -73,16 +74,6 @@ __global__ void fill_bf16_kernel(uint16_t *p, size_t n, uint32_t seed, float sca
         const float v = ((float)(hash32((uint32_t)i * 2654435761u ^ seed) >> 8) * (1.0f / 16777216.0f) - 0.5f) * 2.0f * scale;
         p[i] = (uint16_t)(__float_as_uint(v) >> 16);
     }
-}
-
-/* out (cols, rows) = in (rows, cols) transposed, bf16 */
-__global__ void transpose_kernel(const uint16_t *in, uint16_t *out, int rows, int cols) {
-    __shared__ uint16_t t[32][33];
-    const int c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * 32;
-    for (int i = threadIdx.y; i < 32; i += blockDim.y) t[i][threadIdx.x] = in[(size_t)(r0 + i) * cols + c];
-    __syncthreads();
-    const int r = r0 + threadIdx.x, c0 = blockIdx.x * 32;
-    for (int i = threadIdx.y; i < 32; i += blockDim.y) out[(size_t)(c0 + i) * rows + r] = t[threadIdx.x][i];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -496,7 +487,7 @@ int main(void) {
     weights w = {all, all + L * MAT, all + 2 * L * MAT, all + 3 * L * MAT};
     fill_bf16_kernel<<<sms * 8, 256>>>(w.g, 2 * L * MAT, 1u, 0.02f);
     fill_bf16_kernel<<<sms * 8, 256>>>(w.dt, L * MAT, 2u, 0.01f);
-    for (int l = 0; l < L; l++) transpose_kernel<<<dim3(D / 32, H / 32), dim3(32, 8)>>>(w.dt + l * MAT, w.d + l * MAT, H, D);
+    for (int l = 0; l < L; l++) transpose_words_kernel<<<dim3(D / 32, H / 32), dim3(32, 8)>>>(w.dt + l * MAT, w.d + l * MAT, H, D);
     CHECK(cudaMalloc(&xbuf, 3 * D * sizeof(long long)));
     CHECK(cudaMalloc(&hbuf, H * sizeof(float)));
     CHECK(cudaMalloc(&qbuf, QKV_ROWS * sizeof(float)));

@@ -321,15 +321,7 @@ static __global__ void MLP_BOUNDS mlp_fused_kernel(model_layer_weights w, const 
     reset_att_signals(att_done, att_poll);
 }
 
-/* out (cols, rows) = in (rows, cols), 16-bit words: down_proj's transpose, made once at load */
-static __global__ void __launch_bounds__(256) transpose_words_kernel(const uint16_t *in, uint16_t *out, int rows, int cols) {
-    __shared__ uint16_t t[32][33];
-    const int c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * 32;
-    for (int i = threadIdx.y; i < 32; i += blockDim.y) t[i][threadIdx.x] = in[(size_t)(r0 + i) * cols + c];
-    __syncthreads();
-    const int r = r0 + threadIdx.x, c0 = blockIdx.x * 32;
-    for (int i = threadIdx.y; i < 32; i += blockDim.y) out[(size_t)(c0 + i) * rows + r] = t[threadIdx.x][i];
-}
+#include "cuda_transpose.cuh" /* transpose_words_kernel: down_proj's transpose, made once at load */
 #endif
 
 /* model.norm, the LM head and the greedy choice */
