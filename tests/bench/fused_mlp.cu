@@ -29,7 +29,9 @@
  *             of 2048) before the MLP, split or fused: the MLP beside the decode step's neighbours.
  *             The MLP chained with itself hid what cost the fused kernel its gain in the step
  *             (PERFORMANCE.md, forty-second session: QKV's blocks land only once its block leaves);
- *             a fused form that wins here is the one to put in the step.
+ *             a fused form that wins here is the one to put in the step;
+ *   smem      fused, its gate and up rows through shared memory too (bulk copies, as down's), so
+ *             that a block holds <= 64 registers a thread and one of QKV's blocks fits beside it.
  * Checked: layer 0 of both forms against a double-precision host reference, and the 16 layers'
  * outputs of the two forms against each other (relative error printed; the reductions' order is not
  * fixed, so the fused outputs differ between runs in their last bits).
@@ -334,10 +336,127 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
 }
 
 // ---------------------------------------------------------------------------------------------
+// fused, every row through shared memory ("smem"): one block of 16 warps an SM that leaves room
+// beside it for a QKV block (<= 64 registers a thread: __launch_bounds__(512, 2); 3 x NB x D x 2
+// bytes a slot). Stage k is NB hidden units: their gate, up and down-transpose rows (each NB x D
+// bf16, contiguous) land in slot k % SLOTS by three bulk copies (gate and up on one mbarrier, down
+// on another), SLOTS stages ahead, PRE of them issued before the wait. A unit's gate and up dots are
+// split over WPU = 16 / NB warps, each a fixed range of the row whose normed input it holds in
+// registers (staged once); their partial sums meet in shared memory, and past one block barrier a
+// stage every thread multiplies its 4 output columns by the stage's NB hidden values. The barrier
+// also frees the slot of stage k - 1 (its down rows were read before it), which takes stage
+// k - 1 + SLOTS.
+
+template <int NB, int SLOTS, int PRE>
+__global__ void __launch_bounds__(512, 2)
+    smem_mlp_kernel(const uint16_t *wg, const uint16_t *wu, const uint16_t *wdt, const float *x_in, float *x_out, float *zero) {
+    constexpr int WARPS = 16, THREADS = WARPS * 32, WPU = WARPS / NB; /* warps a unit */
+    constexpr int QCH = DCH / WPU, LQ = QCH / 32;                     /* chunks of a row a warp, a lane dots */
+    constexpr int ROWS = NB * D;                                      /* elements of a stage's rows of one matrix */
+    static_assert(WARPS % NB == 0 && LQ >= 1 && QCH % 32 == 0, "NB: 1, 2, 4 or 8 units a stage");
+    static_assert(PRE >= 1 && PRE <= SLOTS && SLOTS >= 2, "PRE: 1 .. SLOTS stages before the wait");
+    static_assert(D == 4 * THREADS, "a thread owns 4 output columns");
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint16_t *slots = reinterpret_cast<uint16_t *>(smem);
+    __shared__ float4 sx4[2 * DCH];
+    __shared__ float red[32];
+    __shared__ float2 part[2][NB][WPU];
+    __shared__ __align__(8) uint64_t bar_gu[SLOTS], bar_d[SLOTS];
+    const int tid = threadIdx.x, lane = tid % 32, w = tid / 32, G = gridDim.x, b = blockIdx.x;
+    const int j = w / WPU, q = w % WPU; /* this warp's unit of a stage, its range of the rows */
+    const int u0 = (int)((long)b * H / G), n = (int)((long)(b + 1) * H / G) - u0, ns = (n + NB - 1) / NB;
+    auto rows_of = [&](int k) { return min(NB, n - k * NB); };
+    auto issue = [&](int k) {
+        uint16_t *s = slots + (size_t)(k % SLOTS) * 3 * ROWS;
+        const size_t at = (size_t)(u0 + k * NB) * D;
+        const uint32_t bytes = (uint32_t)rows_of(k) * D * 2;
+        bulk_copy(s, wg + at, bytes, &bar_gu[k % SLOTS]);
+        bulk_copy(s + ROWS, wu + at, bytes, &bar_gu[k % SLOTS]);
+        bulk_copy(s + 2 * ROWS, wdt + at, bytes, &bar_d[k % SLOTS]);
+    };
+    if (tid == 0) {
+        for (int i = 0; i < SLOTS; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;" ::"r"(saddr(&bar_gu[i])) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&bar_d[i])) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int k = 0; k < PRE && k < ns; k++) issue(k);
+    }
+    pdl_wait();
+    if (tid == 0)
+        for (int k = PRE; k < SLOTS && k < ns; k++) issue(k);
+    for (int i = b * THREADS + tid; i < D; i += G * THREADS) zero[i] = 0.0f; /* the buffer the next layer adds into */
+    const float scale = stage_x(sx4, red, x_in); /* its barrier also publishes the mbarriers' init */
+    pdl_trigger();
+    float4 xr[LQ][2]; /* the input of this warp's range, chunk c's 8 values */
+#pragma unroll
+    for (int i = 0; i < LQ; i++) {
+        const int c = q * QCH + i * 32 + lane;
+        xr[i][0] = sx4[c], xr[i][1] = sx4[DCH + c];
+    }
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < ns; k++) {
+        const int rows = rows_of(k);
+        const uint16_t *s = slots + (size_t)(k % SLOTS) * 3 * ROWS;
+        const uint32_t parity = (uint32_t)(k / SLOTS) % 2;
+        if (j < rows) {
+            bar_wait(&bar_gu[k % SLOTS], parity);
+            const uint4 *gr = reinterpret_cast<const uint4 *>(s + (size_t)j * D), *ur = reinterpret_cast<const uint4 *>(s + ROWS + (size_t)j * D);
+            float sg = 0.0f, su = 0.0f;
+#pragma unroll
+            for (int i = 0; i < LQ; i++) {
+                const int c = q * QCH + i * 32 + lane;
+                const uint4 a = gr[c], e = ur[c];
+                const float4 p = xr[i][0], r = xr[i][1];
+                sg += bf_lo(a.x) * p.x + bf_hi(a.x) * p.y + bf_lo(a.y) * p.z + bf_hi(a.y) * p.w + bf_lo(a.z) * r.x + bf_hi(a.z) * r.y +
+                      bf_lo(a.w) * r.z + bf_hi(a.w) * r.w;
+                su += bf_lo(e.x) * p.x + bf_hi(e.x) * p.y + bf_lo(e.y) * p.z + bf_hi(e.y) * p.w + bf_lo(e.z) * r.x + bf_hi(e.z) * r.y +
+                      bf_lo(e.w) * r.z + bf_hi(e.w) * r.w;
+            }
+            sg = warp_sum(sg), su = warp_sum(su);
+            if (lane == 0) part[k % 2][j][q] = make_float2(sg, su);
+        }
+        __syncthreads(); /* the stage's partial sums; stage k - 1's slot is free */
+        if (tid == 0 && k >= 1 && k - 1 + SLOTS < ns) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(k - 1 + SLOTS);
+        }
+        float hv[NB];
+#pragma unroll
+        for (int r = 0; r < NB; r++) {
+            float g = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int t = 0; t < WPU; t++) g += part[k % 2][r][t].x, u += part[k % 2][r][t].y;
+            hv[r] = r < rows ? silu(g * scale) * (u * scale) : 0.0f;
+        }
+        bar_wait(&bar_d[k % SLOTS], parity);
+        const uint16_t *dr = s + 2 * ROWS + 4 * tid;
+#pragma unroll
+        for (int r = 0; r < NB; r++) {
+            if (r < rows) {
+                const uint2 v = *reinterpret_cast<const uint2 *>(dr + (size_t)r * D);
+                acc[0] += hv[r] * bf_lo(v.x), acc[1] += hv[r] * bf_hi(v.x), acc[2] += hv[r] * bf_lo(v.y), acc[3] += hv[r] * bf_hi(v.y);
+            }
+        }
+    }
+    const int col = 4 * tid;
+    float4 v = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if (b == 0) { /* the residual, once */
+        const float4 r = __ldcg(reinterpret_cast<const float4 *>(x_in + col));
+        v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
+    }
+    red_add4(x_out + col, v);
+}
+
+// ---------------------------------------------------------------------------------------------
 // host
 
 constexpr int QKV_ROWS = 3072;                  /* the 1B's q, k and v rows */
 constexpr size_t QKV_MAT = (size_t)QKV_ROWS * D, O_MAT = (size_t)D * D;
+/* dynamic shared memory the layer chains' QKV blocks hold unused, so that with the 8 KB of their
+ * staged input they hold the engine's 40 KB (its input and one step of cp.async copies a warp):
+ * what lands beside an MLP block here is what would in the step */
+constexpr size_t QKV_PAD = 32 * 1024;
 
 struct weights {
     uint16_t *g, *u, *dt, *d; /* (L, H, D) gate, up, down's transpose; (L, D, H) down */
@@ -412,7 +531,7 @@ static void enqueue(const variant &v, const weights &w, cudaStream_t st, int n =
         if (v.kind == LAYER_SPLIT) in = out = vec(v, 0);
         if (v.kind == LAYER_SPLIT || v.kind == LAYER_FUSED) { /* QKV, then o_proj on its first D outputs, in place */
             const uint16_t *wq = w.qkv + (size_t)l * QKV_MAT;
-            launch(pair_kernel<false>, 2 * sms, 256, 0, st, wq, wq + D, (size_t)2 * D, QKV_ROWS / 2, (const float *)in, qbuf);
+            launch(pair_kernel<false>, 2 * sms, 256, QKV_PAD, st, wq, wq + D, (size_t)2 * D, QKV_ROWS / 2, (const float *)in, qbuf);
             launch(res_kernel<D>, 2 * sms, 256, 0, st, (const uint16_t *)(w.o + (size_t)l * O_MAT), (const float *)qbuf,
                    (const float *)in, in);
         }
@@ -502,6 +621,7 @@ int main(void) {
 
 #define FUSED(REDUCE, SLOTS, WARPS, PRE, FIXED) \
     fused_mlp_kernel<REDUCE, SLOTS, WARPS, PRE, FIXED>, sms * 16 / WARPS, WARPS * 32, SLOTS * tile_bytes<WARPS>(), FIXED
+#define SMEM(NB, SLOTS, PRE) smem_mlp_kernel<NB, SLOTS, PRE>, sms, 512, (size_t)(SLOTS) * 3 * (NB) * D * 2, false
     std::vector<variant> vs = {
         {"split (gate/up, down)", MLP_SPLIT, nullptr, 0, 0, 0, false},
         {"fused 16 warps, 2 slots", 1, FUSED(true, 2, 16, 2, false)},
@@ -515,8 +635,15 @@ int main(void) {
         {"fused 8 warps, 2 slots, fixed", 1, FUSED(true, 2, 8, 2, true)},
         {"fused 8 warps, 3 slots", 1, FUSED(true, 3, 8, 3, false)},
         {"fused 8 warps, 3 slots, 1 early", 1, FUSED(true, 3, 8, 1, false)},
+        {"smem 4 units x 3 slots, 1 early", 1, SMEM(4, 3, 1)},
+        {"smem 4 units x 3 slots, 2 early", 1, SMEM(4, 3, 2)},
+        {"smem 2 units x 6 slots, 2 early", 1, SMEM(2, 6, 2)},
+        {"smem 2 units x 6 slots, 4 early", 1, SMEM(2, 6, 4)},
+        {"smem 8 units x 2 slots, 1 early", 1, SMEM(8, 2, 1)},
         {"layer: QKV, o_proj, split MLP", LAYER_SPLIT, nullptr, 0, 0, 0, false},
         {"layer: QKV, o_proj, fused MLP", LAYER_FUSED, FUSED(true, 2, 16, 1, false)},
+        {"layer: smem MLP 4 x 3, 1 early", LAYER_FUSED, SMEM(4, 3, 1)},
+        {"layer: smem MLP 2 x 6, 2 early", LAYER_FUSED, SMEM(2, 6, 2)},
     };
     printf("%s, %d SMs; %d layers of a %d x %d MLP (bf16), %.1f MB a layer\n", prop.name, sms, L, D, H, 3.0 * MAT * 2 / 1e6);
     for (variant &v : vs) {
