@@ -174,9 +174,10 @@ __device__ __forceinline__ void load_step8(uint4 w[8], const uint16_t *row, int 
 }
 
 /* x_out[r] = x_in[r] + w[r] . in for the D rows of K (down: K = H; o_proj: K = D), in place where
- * x_out is x_in (a row's warp reads its residual before it writes it) */
+ * x_out is x_in (a row's warp reads its residual before it writes it); o_proj at <= 64 registers
+ * (its one step fits), as the engine's, so that what fits beside its blocks is what would there */
 template <int K>
-__global__ void __launch_bounds__(256, 2) res_kernel(const uint16_t *w, const float *in, const float *x_in, float *x_out) {
+__global__ void __launch_bounds__(256, K == D ? 4 : 2) res_kernel(const uint16_t *w, const float *in, const float *x_in, float *x_out) {
     constexpr int KCH = K / 8, STEPS = KCH / (32 * 8); /* steps of 8 chunks a lane */
     static_assert(STEPS >= 1 && KCH % (32 * 8) == 0, "rows of whole steps");
     __shared__ float4 sh4[2 * KCH];
