@@ -128,6 +128,13 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
  * forty-second session). Its reductions' order is not fixed: such a build's decode is not
  * reproducible to the last bit. */
 #define MLP_FUSED_FITS 0
+/* -DSMEM_CARVEOUT=P (0..100): every decode kernel's preferred split of the SM's L1 and shared memory
+ * set alike, P percent of the most to shared memory, so that no SM has to drain to change its split
+ * between two stages (a block that needs more shared memory than the split it finds lands only on
+ * an SM whose blocks have all left); -1, the default: the driver's choice a kernel. */
+#ifndef SMEM_CARVEOUT
+#define SMEM_CARVEOUT -1
+#endif
 #ifndef MLP_FUSED
 #define MLP_FUSED 0
 #endif
@@ -1250,6 +1257,27 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     const int sms = prop.multiProcessorCount;
 #if TRACE_SM_DONE || TRACE_QKV_PAIRS
     CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20)); /* a probe build's lines (cuda_kernels.cuh) */
+#endif
+#if SMEM_CARVEOUT >= 0
+    { /* before the occupancy queries below, which count with it */
+        const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
+                                        (const void *)attention_kernel, (const void *)attention_o_proj_kernel<false>,
+#if ATT_SHORT
+                                        (const void *)attention_short_kernel,
+#endif
+#if ATT_O_SHORT
+                                        (const void *)attention_o_proj_kernel<true>,
+#endif
+#if MLP_FUSED
+                                        (const void *)mlp_fused_kernel,
+#endif
+                                        (const void *)o_proj_residual_kernel, (const void *)rmsnorm_gate_up_silu_kernel,
+                                        (const void *)down_residual_kernel, (const void *)rmsnorm_lm_head_argmax_kernel,
+                                        (const void *)sample_kernel, (const void *)step_end_kernel,
+                                        (const void *)persistent_step_kernel};
+        for (const void *k : decode_kernels)
+            CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, SMEM_CARVEOUT));
+    }
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
