@@ -1336,8 +1336,16 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 #ifndef MLP_EARLY_ROWS
 #define MLP_EARLY_ROWS 1 /* 1: the first batch's gate and up rows loaded before the wait; 0: once the input is staged */
 #endif
-/* Dynamic shared memory of mlp_fused_body: the tiles of down's transpose, then the staged input */
-#define MLP_SMEM_BYTES(dim) ((size_t)MLP_SLOTS * MLP_WARPS * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float))
+/* 1: the input x lands in shared memory by one bulk copy after the wait, not by the threads'
+ * loads, which queue behind the block's 192 KB of first weight loads when the block lands at its
+ * producer's end (traced, forty-third session: staged median 6.5 us after o_proj's end); 0: loads */
+#ifndef MLP_X_BULK
+#define MLP_X_BULK 0
+#endif
+/* Dynamic shared memory of mlp_fused_body: the tiles of down's transpose, then the staged input
+ * (and with MLP_X_BULK the copy of x it is made from) */
+#define MLP_SMEM_BYTES(dim) \
+    ((size_t)MLP_SLOTS * MLP_WARPS * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float) * (MLP_X_BULK ? 2 : 1))
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 /* a shared-memory mbarrier (its shared address) for `count` arrivals */
@@ -1389,7 +1397,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     uint16_t *tiles = reinterpret_cast<uint16_t *>(smem);      /* (MLP_SLOTS, NB, DIM) */
     float4 *sx4 = reinterpret_cast<float4 *>(smem + MLP_SLOTS * NB * DIM / 2); /* the input, in halves as stage_input's */
     __shared__ float partial[MLP_WARPS], hs[NB];
-    __shared__ __align__(8) uint64_t bars[MLP_SLOTS];
+    __shared__ __align__(8) uint64_t bars[MLP_SLOTS + MLP_X_BULK]; /* the tiles' slots, then x's copy */
+    const float4 *x_raw = reinterpret_cast<const float4 *>(sx4 + 2 * DCH);  /* MLP_X_BULK: x as it is */
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, w = tid / WARP_SIZE, G = gridDim.x, b = blockIdx.x;
     const int u0 = (int)((long long)b * HIDDEN / G), n = (int)((long long)(b + 1) * HIDDEN / G) - u0, nb = (n + NB - 1) / NB;
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars), tiles0 = (uint32_t)__cvta_generic_to_shared(tiles);
@@ -1407,7 +1416,7 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
      * held every block's staging ~5 us (traced, forty-second session) */
     const uint4 nw = tid < DCH ? __ldg(reinterpret_cast<const uint4 *>(norm_w) + tid) : make_uint4(0, 0, 0, 0);
     if (tid == 0) {
-        for (int i = 0; i < MLP_SLOTS; i++) mbar_init(bar0 + 8 * i, 1);
+        for (int i = 0; i < MLP_SLOTS + MLP_X_BULK; i++) mbar_init(bar0 + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
         for (int k = 0; k < MLP_EARLY_TILES && k < nb; k++) issue_tile(k);
     }
@@ -1422,12 +1431,22 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    if (tid == 0)
+    if (tid == 0) {
+        if (MLP_X_BULK) {
+            asm volatile("fence.proxy.async.global;" ::: "memory"); /* the producer's x, for the async proxy */
+            bulk_copy_shared((uint32_t)__cvta_generic_to_shared(x_raw), x, DIM * sizeof(float), bar0 + 8 * MLP_SLOTS);
+        }
         for (int k = MLP_EARLY_TILES; k < MLP_SLOTS && k < nb; k++) issue_tile(k);
+    }
     for (int i = b * MLP_THREADS + tid; i < DIM; i += G * MLP_THREADS) zero[i] = 0.0f;
     float ss = 0.0f;
+    if (MLP_X_BULK) {
+        __syncthreads(); /* the mbarriers' inits, seen by every thread before its wait */
+        mbar_wait(bar0 + 8 * MLP_SLOTS, 0);
+    }
     if (tid < DCH) { /* x * norm, and x's sum of squares */
-        const float4 p = __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid), q = __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid + 1);
+        const float4 p = MLP_X_BULK ? x_raw[2 * tid] : __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid);
+        const float4 q = MLP_X_BULK ? x_raw[2 * tid + 1] : __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid + 1);
         float f[8];
         w8_to_f32(nw, f);
         ss = p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;

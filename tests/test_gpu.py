@@ -274,11 +274,12 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("flags", [FUSED, f"{FUSED} -DMLP_MAXNREG=96"])
+@pytest.mark.parametrize("flags", [FUSED, f"{FUSED} -DMLP_MAXNREG=96", f"{FUSED} -DMLP_X_BULK=1 -DSMEM_CARVEOUT=72"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
-    """The decode MLP in one kernel (tiny-d2048, where it fits), and at 96 registers: logits (the
-    persistent step's too, which keeps the two kernels) and greedy text against the CPU's. (The
-    plain build, gate/up and down, runs in tiny_gpu's tests.)"""
+    """The decode MLP in one kernel (tiny-d2048, where it fits), at 96 registers, and with its input
+    by a bulk copy (every kernel's carveout alike): logits (the persistent step's too, which keeps
+    the two kernels) and greedy text against the CPU's. (The plain build, gate/up and down, runs in
+    tiny_gpu's tests.)"""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
