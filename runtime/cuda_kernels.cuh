@@ -1336,11 +1336,13 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 #ifndef MLP_EARLY_ROWS
 #define MLP_EARLY_ROWS 1 /* 1: the first batch's gate and up rows loaded before the wait; 0: once the input is staged */
 #endif
-/* 1: the input x lands in shared memory by one bulk copy after the wait, not by the threads'
- * loads, which queue behind the block's 192 KB of first weight loads when the block lands at its
- * producer's end (traced, forty-third session: staged median 6.5 us after o_proj's end); 0: loads */
+/* 1 (default): the input x lands in shared memory by one bulk copy after the wait, not by the
+ * threads' loads, which queue behind the block's 192 KB of first weight loads when the block lands
+ * at its producer's end (traced, forty-third session: staged median 6.5 us after o_proj's end); on
+ * the 1B +0.6% (the matvecs' MV_BULK_INPUT, the same for every stage, lost 11% in an earlier
+ * session: their blocks land before their producer ends); 0: the threads' loads */
 #ifndef MLP_X_BULK
-#define MLP_X_BULK 0
+#define MLP_X_BULK 1
 #endif
 /* Dynamic shared memory of mlp_fused_body: the tiles of down's transpose, then the staged input
  * (and with MLP_X_BULK the copy of x it is made from) */

@@ -93,12 +93,13 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
 
 
 @pytest.mark.parametrize("arch,flags", [("90", "-DMLP_FUSED=1"), ("90", "-DMLP_FUSED=1 -DMLP_MAXNREG=96"),
-                                        ("90", "-DMLP_FUSED=1 -DINGOT_TRACE"), ("90", "-DMLP_FUSED=1 -DSMEM_CARVEOUT=72"),
-                                        ("80", "")])
+                                        ("90", "-DMLP_FUSED=1 -DINGOT_TRACE"), ("90", "-DMLP_FUSED=1 -DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"),
+                                        ("90", "-DSMEM_CARVEOUT=72"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP fits tiny-d2048 on sm_90 (codegen/plan.py, _mlp_fused_fits): its build,
-    at 96 registers, traced, and with every decode kernel's carveout set alike; sm_80 builds the
-    model without it."""
+    at 96 registers, traced, as first built (the threads load its input, the driver's carveouts);
+    the split build with every decode kernel's carveout set alike; sm_80 builds the model without
+    it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 
 

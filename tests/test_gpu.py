@@ -93,7 +93,7 @@ TEST_BUILDS = {
     "test_tiny_gpu_greedy_equals_cpu": lambda p: [("plain", p["variant"], "specialized")],
     "test_tiny_gpu_residual_pairs_equal_cpu": lambda p: [("flags", p["variant"], RES_PAIRS)],
     "test_tiny_gpu_fused_mlp_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
-    "test_fused_mlp_memcheck_clean": lambda p: [("flags", FUSED_MLP_MODEL, FUSED)],
+    "test_fused_mlp_memcheck_clean": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
     "test_tiny_gpu_residual_pairs_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_early_lots_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_pair_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
@@ -274,22 +274,24 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("flags", [FUSED, f"{FUSED} -DMLP_MAXNREG=96", f"{FUSED} -DMLP_X_BULK=1 -DSMEM_CARVEOUT=72"])
+@pytest.mark.parametrize("flags", [FUSED, f"{FUSED} -DMLP_MAXNREG=96", f"{FUSED} -DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
-    """The decode MLP in one kernel (tiny-d2048, where it fits), at 96 registers, and with its input
-    by a bulk copy (every kernel's carveout alike): logits (the persistent step's too, which keeps
-    the two kernels) and greedy text against the CPU's. (The plain build, gate/up and down, runs in
-    tiny_gpu's tests.)"""
+    """The decode MLP in one kernel (tiny-d2048, where it fits), at 96 registers, and as first built
+    (its input by the threads' loads, the driver's carveouts): logits (the persistent step's too,
+    which keeps the two kernels) and greedy text against the CPU's. (The plain build, gate/up and
+    down, runs in tiny_gpu's tests.)"""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
-def test_fused_mlp_memcheck_clean():
-    """The fused MLP (bulk copies onto mbarriers, reductions into the residual stream's buffers)
-    under compute-sanitizer's memcheck."""
+@pytest.mark.parametrize("flags", [FUSED, f"{FUSED} -DMLP_X_BULK=0"])
+def test_fused_mlp_memcheck_clean(flags):
+    """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
+    residual stream's buffers), and with its input by the threads' loads, under compute-sanitizer's
+    memcheck."""
     skip_without_sanitizer()
-    d, binary = flags_build(FUSED_MLP_MODEL, FUSED)
+    d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert_memcheck_clean(binary, d, "-p", TINY_PROMPT, "-n", "8", "--temp", "0")
 
 

@@ -124,19 +124,24 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 
 /* -DMLP_FUSED=1: the decode step's MLP in one kernel (mlp_fused_body) instead of gate/up and down,
  * where it fits (codegen/plan.py, _mlp_fused_fits: a hidden size of 2048 on sm_90). Off: on the
- * 1B shape it measured -0.3% to -0.7% at depth 0 and +0.3% to +1.0% at 4096 (PERFORMANCE.md,
- * forty-second session). Its reductions' order is not fixed: such a build's decode is not
- * reproducible to the last bit. */
+ * 1B shape, as first built, it measured -0.3% to -0.7% at depth 0 and +0.3% to +1.0% at 4096
+ * (PERFORMANCE.md, forty-second session); with its input by a bulk copy (MLP_X_BULK) and every
+ * kernel's carveout alike (SMEM_CARVEOUT), +0.2% at depth 0 and +1.9% at 4096 (forty-third), not yet
+ * the default: the full GPU suite has not run on it. Its reductions' order is not fixed: such a
+ * build's decode is not reproducible to the last bit. */
 #define MLP_FUSED_FITS 0
+#ifndef MLP_FUSED
+#define MLP_FUSED 0
+#endif
 /* -DSMEM_CARVEOUT=P (0..100): every decode kernel's preferred split of the SM's L1 and shared memory
  * set alike, P percent of the most to shared memory, so that no SM has to drain to change its split
  * between two stages (a block that needs more shared memory than the split it finds lands only on
- * an SM whose blocks have all left); -1, the default: the driver's choice a kernel. */
+ * an SM whose blocks have all left); -1: the driver's choice a kernel. Default: -1, and 72 (164 KB
+ * of 228) with the fused MLP, whose 145 KB blocks otherwise met SMs split for their neighbours: on
+ * the 1B the fused build gained 0.6% by it, the split build lost 0.1%, and 100 (the most) cost the
+ * fused build 2.9%, its neighbours' L1 taken (PERFORMANCE.md, forty-third session). */
 #ifndef SMEM_CARVEOUT
-#define SMEM_CARVEOUT -1
-#endif
-#ifndef MLP_FUSED
-#define MLP_FUSED 0
+#define SMEM_CARVEOUT (MLP_FUSED ? 72 : -1)
 #endif
 #if MLP_FUSED && !MLP_FUSED_FITS
 #error "MLP_FUSED: this model's shape or target does not fit the fused MLP (codegen/plan.py, _mlp_fused_fits)"
