@@ -27,11 +27,13 @@
  *             reductions cost);
  *   layer     a layer without attention, QKV (pairs of rows, as gate/up) and o_proj (as down, rows
  *             of 2048) before the MLP, split or fused: the MLP beside the decode step's neighbours.
- *             The MLP chained with itself hid what cost the fused kernel its gain in the step
- *             (PERFORMANCE.md, forty-second session: QKV's blocks land only once its block leaves);
- *             a fused form that wins here is the one to put in the step;
+ *             Measured (forty-third session): fused gains 2.4 us a layer here too, so these chains
+ *             do not show what cost it in the step (attention's boundary, and its block's landing
+ *             at o_proj's end: PERFORMANCE.md);
  *   smem      fused, its gate and up rows through shared memory too (bulk copies, as down's), so
  *             that a block holds <= 64 registers a thread and one of QKV's blocks fits beside it.
+ *             Measured: it loses alone, ~0.5 us a stage beyond its bytes (bulk copies do not
+ *             stream as the registers' loads do).
  * Checked: layer 0 of both forms against a double-precision host reference, and the 16 layers'
  * outputs of the two forms against each other (relative error printed; the reductions' order is not
  * fixed, so the fused outputs differ between runs in their last bits).
