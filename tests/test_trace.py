@@ -6,6 +6,7 @@ import struct
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import REPO
 
@@ -15,10 +16,13 @@ import step_trace  # noqa: E402
 
 def write_trace(path, n_layers, blocks):
     """Every stage of every layer starts 10 us after the previous one's start; its block b starts
-    at +0.1*b us, is ready at +1 + 0.1*b, waits until +2, is staged at +2.5, is done at +5 + 0.3*b us."""
+    at +0.1*b us, is ready at +1 + 0.1*b, waits until +2, is staged at +2.5, is done at +5 + 0.3*b us.
+    A stage without blocks (blocks[st] == 0) is not launched."""
     t, recs = 1_000_000, {st: [] for st in range(7)}
     for _ in range(n_layers):
         for st in range(1, 6):
+            if not blocks[st]:
+                continue
             for b in range(blocks[st]):
                 recs[st].append([t + 100 * b, t + 2000, t + 2500, t + 5000 + 300 * b, t + 1000 + 100 * b])
             t += 10_000
@@ -49,3 +53,17 @@ def test_trace_summary(tmp_path):
     assert np.allclose([ready_med, ready_max], [5.7 + 0.15, 5.7 + 0.3])
     # 3 layers of 5 stages 10 us apart, the LM head's last stamp 9 us after its start
     assert np.isclose(span, 150 + 9)
+
+
+def test_trace_summary_without_attention(tmp_path):
+    """A -DPROBE_NO_ATT=1 build launches no attention: o_proj follows QKV, and its times are after
+    QKV's last block; a trace without QKV's records is refused."""
+    path = tmp_path / "t.bin"
+    write_trace(path, 3, {1: 4, 2: 0, 3: 4, 4: 4, 5: 4})
+    rows, _ = step_trace.summarize(*step_trace.read(path))
+    assert 2 not in rows and sorted(rows) == [1, 3, 4, 5, 6]
+    # QKV's last block (of 4) is done at +5.9 us after its start, o_proj starts 10 us after QKV did
+    assert np.allclose(rows[3][:3], [4.1, 4.25, 4.4])
+    write_trace(path, 3, {1: 0, 2: 2, 3: 4, 4: 4, 5: 4})
+    with pytest.raises(SystemExit, match="no records of qkv"):
+        step_trace.summarize(*step_trace.read(path))

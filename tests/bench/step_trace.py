@@ -46,13 +46,16 @@ def summarize(n_layers, recs):
     and the step's span in us (first QKV block's start to the last block's end)."""
     seq = []  # (layer, stage, records), in launch order
     fused = len(recs) > 7 and len(recs[7]) > 0  # a layer's MLP in one kernel: QKV, attention, o_proj, mlp
+    stages = [1, 2, 3, 7] if fused else list(range(1, 6))
+    for st in stages:
+        if len(recs[st]) == 0 and st != 2:  # attention: none in a -DPROBE_NO_ATT=1 build, the next stage after QKV
+            sys.exit(f"step_trace.py: no records of {STAGES[st]}: was the binary built with -DINGOT_TRACE?")
     for layer in range(n_layers):
-        for st in ([1, 2, 3, 7] if fused else range(1, 6)):
+        for st in stages:
             r = recs[st]
             per = len(r) // n_layers
-            if per == 0:
-                sys.exit(f"trace.py: no records of {STAGES[st]}: was the binary built with -DINGOT_TRACE?")
-            seq.append((layer, st, r[layer * per:(layer + 1) * per]))
+            if per:
+                seq.append((layer, st, r[layer * per:(layer + 1) * per]))
     if len(recs[6]):
         seq.append((n_layers, 6, recs[6]))
     rows = {}
