@@ -92,15 +92,22 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
     _compile_generated(tmp_path, variant, "90", flags=tuple(flags.split()))
 
 
-@pytest.mark.parametrize("arch,flags", [("90", "-DMLP_FUSED=1"), ("90", "-DMLP_FUSED=1 -DMLP_MAXNREG=96"),
-                                        ("90", "-DMLP_FUSED=1 -DINGOT_TRACE"), ("90", "-DMLP_FUSED=1 -DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"),
-                                        ("90", "-DSMEM_CARVEOUT=72"), ("80", "")])
+@pytest.mark.parametrize("arch,flags", [("90", ""), ("90", "-DMLP_MAXNREG=96"), ("90", "-DINGOT_TRACE"),
+                                        ("90", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"),
+                                        ("90", "-DMLP_FUSED=0"), ("90", "-DMLP_FUSED=0 -DSMEM_CARVEOUT=72"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
-    """The fused decode MLP fits tiny-d2048 on sm_90 (codegen/plan.py, _mlp_fused_fits): its build,
-    at 96 registers, traced, as first built (the threads load its input, the driver's carveouts);
-    the split build with every decode kernel's carveout set alike; sm_80 builds the model without
-    it."""
+    """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
+    that build, at 96 registers, traced, as first built (the threads load its input, the driver's
+    carveouts); the split build, and with every decode kernel's carveout set alike; sm_80 builds the
+    model without it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
+
+
+def test_fused_mlp_refused_where_it_does_not_fit(tmp_path):
+    """-DMLP_FUSED=1 on a plan whose shape or target does not fit it (tiny-d2048 for sm_80) stops
+    the build with the reason, rather than building something else."""
+    with pytest.raises(AssertionError, match="does not fit the fused MLP"):
+        _compile_generated(tmp_path, "tiny-d2048", "80", flags=("-DMLP_FUSED=1",))
 
 
 def _compile_generated(tmp_path, variant, arch, extra_archs=(), flags=()):

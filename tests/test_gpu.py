@@ -170,11 +170,11 @@ def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
     return np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
 
 
-# tiny-d2048: the hidden size of Llama-3.2-1B (2048), where the decode MLP fits one kernel
-# (-DMLP_FUSED=1; codegen/plan.py, _mlp_fused_fits); its 4352 hidden units give 132 blocks 32 or 33
+# tiny-d2048: the hidden size of Llama-3.2-1B (2048), where the decode MLP is one kernel by default
+# (MLP_FUSED; codegen/plan.py, _mlp_fused_fits); its 4352 hidden units give 132 blocks 32 or 33
 # each, so a block's last batch of 16 holds one unit and its tiles' slots are reused. Not in
 # TINY_VARIANTS: its 150 MB of weights would slow every CPU test.
-FUSED = "-DMLP_FUSED=1"
+SPLIT_MLP = "-DMLP_FUSED=0"
 FUSED_MLP_MODEL = "tiny-d2048"
 
 
@@ -274,18 +274,18 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("flags", [FUSED, f"{FUSED} -DMLP_MAXNREG=96", f"{FUSED} -DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"])
+@pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
-    """The decode MLP in one kernel (tiny-d2048, where it fits), at 96 registers, and as first built
+    """tiny-d2048, where the decode MLP is one kernel by default (that build runs in tiny_gpu's
+    tests): with gate/up and down instead, and the fused MLP at 96 registers and as first built
     (its input by the threads' loads, the driver's carveouts): logits (the persistent step's too,
-    which keeps the two kernels) and greedy text against the CPU's. (The plain build, gate/up and
-    down, runs in tiny_gpu's tests.)"""
+    which keeps the two kernels) and greedy text against the CPU's."""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
-@pytest.mark.parametrize("flags", [FUSED, f"{FUSED} -DMLP_X_BULK=0"])
+@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0"])
 def test_fused_mlp_memcheck_clean(flags):
     """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
     residual stream's buffers), and with its input by the threads' loads, under compute-sanitizer's

@@ -122,16 +122,17 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 #define DOWN_POLL_GROUPS 0
 #endif
 
-/* -DMLP_FUSED=1: the decode step's MLP in one kernel (mlp_fused_body) instead of gate/up and down,
- * where it fits (codegen/plan.py, _mlp_fused_fits: a hidden size of 2048 on sm_90). Off: on the
- * 1B shape, as first built, it measured -0.3% to -0.7% at depth 0 and +0.3% to +1.0% at 4096
- * (PERFORMANCE.md, forty-second session); with its input by a bulk copy (MLP_X_BULK) and every
- * kernel's carveout alike (SMEM_CARVEOUT), +0.2% at depth 0 and +1.9% at 4096 (forty-third), not yet
- * the default: the full GPU suite has not run on it. Its reductions' order is not fixed: such a
- * build's decode is not reproducible to the last bit. */
+/* MLP_FUSED: the decode step's MLP in one kernel (mlp_fused_body) instead of gate/up and down,
+ * by default where it fits (codegen/plan.py, _mlp_fused_fits: a hidden size of 2048 on sm_90, the
+ * 1B shape); -DMLP_FUSED=0 keeps the two kernels. As first built it measured -0.3% to -0.7% at
+ * depth 0 and +0.3% to +1.0% at 4096 on the 1B (PERFORMANCE.md, forty-second session); with its
+ * input by a bulk copy (MLP_X_BULK) and every kernel's carveout alike (SMEM_CARVEOUT), +0.2% at
+ * depth 0 and +1.9% at 4096 (forty-third); the default since the forty-fourth, the full GPU suite
+ * passed on it. Its reductions' order is not fixed: its decode is not reproducible to the last bit
+ * (-DMLP_FUSED=0 is). */
 #define MLP_FUSED_FITS 0
 #ifndef MLP_FUSED
-#define MLP_FUSED 0
+#define MLP_FUSED MLP_FUSED_FITS
 #endif
 /* -DSMEM_CARVEOUT=P (0..100): every decode kernel's preferred split of the SM's L1 and shared memory
  * set alike, P percent of the most to shared memory, so that no SM has to drain to change its split
