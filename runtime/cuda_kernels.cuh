@@ -272,12 +272,6 @@ struct wait_grid {
     }
 };
 
-/* griddepcontrol.wait alone: the caller lets the next kernel launch itself, later (mlp_fused_body's
- * o_proj phase, past its grid barrier). */
-struct wait_pdl_only {
-    __device__ __forceinline__ void operator()() const { pdl_wait(); }
-};
-
 /* In a kernel whose blocks do two stages (attention and o_proj, ATT_O_GRID): the later stage's
  * blocks wait until *done reaches target (each earlier block that finishes adds 1 after a fence),
  * then let the next kernel launch, as wait_pdl. They never call griddepcontrol.wait: the earlier
@@ -1395,75 +1389,21 @@ __device__ __forceinline__ void w4_to_f32(uint2 u, float f[4]) {
 #endif
 }
 
-/* -DMLP_WITH_O=1 (templates/forward_cuda.cu.j2): o_proj's rows + the residual in the fused MLP's own
- * blocks, before its MLP, so that the MLP's first loads (and o_proj's rows, by one bulk copy a block)
- * go out while attention still runs and no kernel boundary lies between o_proj and the MLP: block b
- * takes o_proj's rows [b dim / G, (b + 1) dim / G), at most MLP_WARPS (a row a warp, from the slot
- * of down's tiles the early tiles leave free), adds them into the residual in place, and the
- * blocks meet at a grid barrier (grid_meet) before any stages the new residual. */
-struct o_phase {
-    const uint16_t *wo;      /* self_attn.o_proj (dim, q_dim); NULL: no o_proj phase */
-    const float *att;        /* its input (q_dim) */
-    float *x;                /* the residual stream (dim), the MLP's input: updated in place */
-    unsigned *count, *generation; /* the grid barrier's */
-};
-
-/* Every block of a grid whose blocks are all resident here, before any goes on: wait_grid's count
- * and generation (the last to arrive resets the count and advances the generation), its spin
- * bounded as spin_until's (a block that never comes is an error, not a hang). Writes before it are
- * visible to every block after it. */
-__device__ __forceinline__ void grid_meet(unsigned *count, unsigned *generation) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned g = *(volatile unsigned *)generation;
-        __threadfence();
-        if (atomicAdd(count, 1u) == gridDim.x - 1) {
-            *count = 0;
-            __threadfence();
-            atomicAdd(generation, 1u);
-        } else {
-            unsigned v;
-            unsigned long long t0, t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-            for (;;) {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(generation) : "memory");
-                if (v != g) break;
-                __nanosleep(20);
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-                if (t - t0 > WAIT_COUNT_LIMIT_NS) {
-                    printf("ingot: a block waited %llu ns at a grid barrier (grid_meet): stopping\n", t - t0);
-                    __trap();
-                }
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-template <int DIM, int HIDDEN, int QD = 0, typename Wait>
+template <int DIM, int HIDDEN, typename Wait>
 __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu, const uint16_t *down_t,
-                                               const float *x, float *out, float *zero, float eps, Wait wait,
-                                               o_phase op = {}) {
+                                               const float *x, float *out, float *zero, float eps, Wait wait) {
     constexpr int DCH = DIM / 8, LCH = DCH / WARP_SIZE, CPL = DIM / MLP_WARPS / WARP_SIZE, NB = MLP_WARPS;
-    constexpr bool WITH_O = QD > 0; /* o_proj's rows first (MLP_WITH_O; op) */
-    static_assert(!WITH_O || (QD == DIM && MLP_X_BULK && MLP_EARLY_TILES < MLP_SLOTS),
-                  "mlp_fused_body: o_proj's rows (q_dim == dim) fill the tile slot the early tiles leave free; its input by a bulk copy");
     static_assert(DCH % WARP_SIZE == 0 && LCH <= 8 && CPL == 4, "mlp_fused_body: a hidden size of 2048 (8 chunks a lane a row, 4 columns)");
     static_assert(MLP_EARLY_TILES >= 1 && MLP_EARLY_TILES <= MLP_SLOTS, "MLP_EARLY_TILES: 1 .. MLP_SLOTS");
     extern __shared__ __align__(16) float smem[];
     uint16_t *tiles = reinterpret_cast<uint16_t *>(smem);      /* (MLP_SLOTS, NB, DIM) */
     float4 *sx4 = reinterpret_cast<float4 *>(smem + MLP_SLOTS * NB * DIM / 2); /* the input, in halves as stage_input's */
     __shared__ float partial[MLP_WARPS], hs[NB];
-    __shared__ __align__(8) uint64_t bars[MLP_SLOTS + MLP_X_BULK + WITH_O]; /* the tiles' slots, x's copy, o_proj's rows */
+    __shared__ __align__(8) uint64_t bars[MLP_SLOTS + MLP_X_BULK]; /* the tiles' slots, then x's copy */
     const float4 *x_raw = reinterpret_cast<const float4 *>(sx4 + 2 * DCH);  /* MLP_X_BULK: x as it is */
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, w = tid / WARP_SIZE, G = gridDim.x, b = blockIdx.x;
     const int u0 = (int)((long long)b * HIDDEN / G), n = (int)((long long)(b + 1) * HIDDEN / G) - u0, nb = (n + NB - 1) / NB;
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars), tiles0 = (uint32_t)__cvta_generic_to_shared(tiles);
-    const uint32_t bar_x = bar0 + 8 * MLP_SLOTS, bar_o = bar_x + 8 * MLP_X_BULK;
-    /* WITH_O: this block's rows of o_proj, in the last tile slot (not among the early tiles') */
-    const int o0 = WITH_O ? (int)((long long)b * DIM / G) : 0, on = WITH_O ? (int)((long long)(b + 1) * DIM / G) - o0 : 0;
-    const uint16_t *o_rows = tiles + (size_t)(MLP_SLOTS - 1) * NB * DIM;
     auto rows_of = [&](int k) { return min(NB, n - k * NB); };
     auto issue_tile = [&](int k) {
         bulk_copy_shared(tiles0 + (uint32_t)((k % MLP_SLOTS) * NB * DIM * sizeof(uint16_t)), down_t + (size_t)(u0 + k * NB) * DIM,
@@ -1478,10 +1418,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
      * held every block's staging ~5 us (traced, forty-second session) */
     const uint4 nw = tid < DCH ? __ldg(reinterpret_cast<const uint4 *>(norm_w) + tid) : make_uint4(0, 0, 0, 0);
     if (tid == 0) {
-        for (int i = 0; i < MLP_SLOTS + MLP_X_BULK + WITH_O; i++) mbar_init(bar0 + 8 * i, 1);
+        for (int i = 0; i < MLP_SLOTS + MLP_X_BULK; i++) mbar_init(bar0 + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
-        if (WITH_O && on > 0) /* o_proj's rows first: they are needed first */
-            bulk_copy_shared((uint32_t)__cvta_generic_to_shared(o_rows), op.wo + (size_t)o0 * QD, (uint32_t)(on * QD * sizeof(uint16_t)), bar_o);
         for (int k = 0; k < MLP_EARLY_TILES && k < nb; k++) issue_tile(k);
     }
     uint4 ga[LCH], ua[LCH]; /* this warp's gate and up rows of the batch */
@@ -1495,45 +1433,18 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    if constexpr (WITH_O) { /* o_proj + the residual, this block's rows; then every block's, met */
-        if (tid == 0) {
-            asm volatile("fence.proxy.async.global;" ::: "memory"); /* attention's outputs, for the async proxy */
-            bulk_copy_shared((uint32_t)__cvta_generic_to_shared(x_raw), op.att, QD * sizeof(float), bar_x);
-        }
-        __syncthreads(); /* the mbarriers' inits, seen by every thread before its wait */
-        mbar_wait(bar_x, 0);
-        if (w < on) {
-            mbar_wait(bar_o, 0);
-            const uint4 *row = reinterpret_cast<const uint4 *>(o_rows + (size_t)w * QD);
-            float s = 0.0f;
-#pragma unroll
-            for (int j = 0; j < LCH; j++) {
-                const int c = j * WARP_SIZE + lane;
-                const float4 p = x_raw[2 * c], q = x_raw[2 * c + 1];
-                float f[8];
-                w8_to_f32(row[c], f);
-                s += f[0] * p.x + f[1] * p.y + f[2] * p.z + f[3] * p.w + f[4] * q.x + f[5] * q.y + f[6] * q.z + f[7] * q.w;
-            }
-            s = warp_sum(s);
-            if (lane == 0) op.x[o0 + w] = __ldcg(op.x + o0 + w) + s;
-        }
-        grid_meet(op.count, op.generation);
-        pdl_launch_dependents(); /* only now: a block of the next kernel on an SM this grid has not reached would hold the barrier */
-        if (tid == 0)
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the reads of x_raw and the slot before the copies' writes */
-    }
     if (tid == 0) {
         if (MLP_X_BULK) {
             asm volatile("fence.proxy.async.global;" ::: "memory"); /* the producer's x, for the async proxy */
-            bulk_copy_shared((uint32_t)__cvta_generic_to_shared(x_raw), x, DIM * sizeof(float), bar_x);
+            bulk_copy_shared((uint32_t)__cvta_generic_to_shared(x_raw), x, DIM * sizeof(float), bar0 + 8 * MLP_SLOTS);
         }
         for (int k = MLP_EARLY_TILES; k < MLP_SLOTS && k < nb; k++) issue_tile(k);
     }
     for (int i = b * MLP_THREADS + tid; i < DIM; i += G * MLP_THREADS) zero[i] = 0.0f;
     float ss = 0.0f;
     if (MLP_X_BULK) {
-        if (!WITH_O) __syncthreads(); /* the mbarriers' inits, seen by every thread before its wait */
-        mbar_wait(bar_x, WITH_O ? 1 : 0);
+        __syncthreads(); /* the mbarriers' inits, seen by every thread before its wait */
+        mbar_wait(bar0 + 8 * MLP_SLOTS, 0);
     }
     if (tid < DCH) { /* x * norm, and x's sum of squares */
         const float4 p = MLP_X_BULK ? x_raw[2 * tid] : __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid);
@@ -1596,7 +1507,7 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     }
     float4 v = make_float4(acc[0], acc[1], acc[2], acc[3]);
     if (b == 0) { /* the residual, once */
-        const float4 r = MLP_X_BULK ? x_raw[col / 4] : __ldcg(reinterpret_cast<const float4 *>(x + col));
+        const float4 r = __ldcg(reinterpret_cast<const float4 *>(x + col));
         v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
     }
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out + col), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");

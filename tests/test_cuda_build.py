@@ -94,24 +94,20 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
 
 @pytest.mark.parametrize("arch,flags", [("90", ""), ("90", "-DMLP_MAXNREG=96"), ("90", "-DINGOT_TRACE"),
                                         ("90", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"),
-                                        ("90", "-DMLP_WITH_O=1"), ("90", "-DMLP_WITH_O=1 -DINGOT_TRACE"),
                                         ("90", "-DMLP_FUSED=0"), ("90", "-DMLP_FUSED=0 -DSMEM_CARVEOUT=72"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
     that build, at 96 registers, traced, as first built (the threads load its input, the driver's
-    carveouts), with o_proj in its kernel (and traced); the split build, and with every decode kernel's carveout set alike; sm_80 builds the
+    carveouts); the split build, and with every decode kernel's carveout set alike; sm_80 builds the
     model without it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 
 
 def test_fused_mlp_refused_where_it_does_not_fit(tmp_path):
-    """-DMLP_FUSED=1 on a plan whose shape or target does not fit it (tiny-d2048 for sm_80), and
-    -DMLP_WITH_O=1 without the fused MLP, stop the build with the reason, rather than building
-    something else."""
+    """-DMLP_FUSED=1 on a plan whose shape or target does not fit it (tiny-d2048 for sm_80) stops
+    the build with the reason, rather than building something else."""
     with pytest.raises(AssertionError, match="does not fit the fused MLP"):
         _compile_generated(tmp_path, "tiny-d2048", "80", flags=("-DMLP_FUSED=1",))
-    with pytest.raises(AssertionError, match="MLP_WITH_O: o_proj in the fused MLP's kernel needs MLP_FUSED"):
-        _compile_generated(tmp_path, "tiny-d2048", "90", flags=("-DMLP_FUSED=0", "-DMLP_WITH_O=1"))
 
 
 def _compile_generated(tmp_path, variant, arch, extra_archs=(), flags=()):

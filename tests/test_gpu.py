@@ -274,23 +274,22 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1", "-DMLP_WITH_O=1"])
+@pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     """tiny-d2048, where the decode MLP is one kernel by default (that build runs in tiny_gpu's
-    tests): with gate/up and down instead, the fused MLP at 96 registers and as first built (its
-    input by the threads' loads, the driver's carveouts), and with o_proj in its kernel before a
-    grid barrier: logits (the persistent step's too, which keeps the separate kernels) and greedy
-    text against the CPU's."""
+    tests): with gate/up and down instead, and the fused MLP at 96 registers and as first built
+    (its input by the threads' loads, the driver's carveouts): logits (the persistent step's too,
+    which keeps the two kernels) and greedy text against the CPU's."""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
-@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0", "-DMLP_WITH_O=1"])
+@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0"])
 def test_fused_mlp_memcheck_clean(flags):
     """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
-    residual stream's buffers), with its input by the threads' loads, and with o_proj in its kernel,
-    under compute-sanitizer's memcheck."""
+    residual stream's buffers), and with its input by the threads' loads, under compute-sanitizer's
+    memcheck."""
     skip_without_sanitizer()
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert_memcheck_clean(binary, d, "-p", TINY_PROMPT, "-n", "8", "--temp", "0")

@@ -17,22 +17,20 @@ import step_trace  # noqa: E402
 def write_trace(path, n_layers, blocks):
     """Every stage of every layer starts 10 us after the previous one's start; its block b starts
     at +0.1*b us, is ready at +1 + 0.1*b, waits until +2, is staged at +2.5, is done at +5 + 0.3*b us.
-    A stage without blocks (blocks.get(st, 0) == 0) is not launched; a layer's stages in the order
-    of blocks' keys (7: the fused MLP, after o_proj or in its place)."""
-    n_stages = 8 if 7 in blocks else 7
-    t, recs = 1_000_000, {st: [] for st in range(n_stages)}
+    A stage without blocks (blocks[st] == 0) is not launched."""
+    t, recs = 1_000_000, {st: [] for st in range(7)}
     for _ in range(n_layers):
-        for st in blocks:
+        for st in range(1, 6):
             if not blocks[st]:
                 continue
             for b in range(blocks[st]):
                 recs[st].append([t + 100 * b, t + 2000, t + 2500, t + 5000 + 300 * b, t + 1000 + 100 * b])
             t += 10_000
     recs[6] = [[t, t + 2000, t + 2500, t + 9000, t + 1000]]
-    counts = [len(recs[st]) for st in range(n_stages)]
+    counts = [len(recs[st]) for st in range(7)]
     with open(path, "wb") as f:
-        f.write(struct.pack("iii", n_layers, n_stages, 5) + np.array(counts, np.uint32).tobytes())
-        for st in range(n_stages):
+        f.write(struct.pack("iii", n_layers, 7, 5) + np.array(counts, np.uint32).tobytes())
+        for st in range(7):
             if recs[st]:
                 f.write(np.array(recs[st], np.uint64).tobytes())
 
@@ -68,26 +66,4 @@ def test_trace_summary_without_attention(tmp_path):
     assert np.allclose(rows[3][:3], [4.1, 4.25, 4.4])
     write_trace(path, 3, {1: 0, 2: 2, 3: 4, 4: 4, 5: 4})
     with pytest.raises(SystemExit, match="no records of qkv"):
-        step_trace.summarize(*step_trace.read(path))
-
-
-def test_trace_summary_of_fused_mlp_with_o_proj(tmp_path, capsys):
-    """A -DMLP_WITH_O=1 build has no o_proj records (its rows run in the fused MLP's kernel): the
-    MLP follows attention, and its GB/s count o_proj's bytes; a fused trace without the MLP's own
-    records, or with neither, is refused as before."""
-    path = tmp_path / "t.bin"
-    write_trace(path, 3, {1: 4, 2: 2, 3: 0, 7: 4})
-    rows, _ = step_trace.summarize(*step_trace.read(path))
-    assert sorted(rows) == [1, 2, 6, 7]
-    # attention's last block (of 2) is done at +5.3 us after its start, the MLP starts 10 us after attention did
-    assert np.allclose(rows[7][:3], [4.7, 4.85, 5.0])
-    cfg = tmp_path / "config.json"
-    cfg.write_text('{"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100}')
-    sys.argv = ["step_trace.py", str(path), "--config", str(cfg)]
-    step_trace.main()
-    mlp = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("mlp+o_proj"))
-    done_max = 4.7 + 5 + 0.9  # after attention's end: the MLP's start, its last block's done
-    assert mlp.split()[-1] == "%.0f" % ((6 * 64 * 128 + 2 * 64 * 64) / (done_max * 1e3))
-    write_trace(path, 3, {1: 4, 2: 2, 3: 0, 4: 4, 5: 4})
-    with pytest.raises(SystemExit, match="no records of o_proj"):
         step_trace.summarize(*step_trace.read(path))

@@ -47,11 +47,8 @@ def summarize(n_layers, recs):
     seq = []  # (layer, stage, records), in launch order
     fused = len(recs) > 7 and len(recs[7]) > 0  # a layer's MLP in one kernel: QKV, attention, o_proj, mlp
     stages = [1, 2, 3, 7] if fused else list(range(1, 6))
-    # attention: none in a -DPROBE_NO_ATT=1 build, the next stage after QKV; o_proj: none where the
-    # fused MLP's kernel runs its rows (-DMLP_WITH_O=1), the MLP after attention
-    optional = (2, 3) if fused else (2,)
     for st in stages:
-        if len(recs[st]) == 0 and st not in optional:
+        if len(recs[st]) == 0 and st != 2:  # attention: none in a -DPROBE_NO_ATT=1 build, the next stage after QKV
             sys.exit(f"step_trace.py: no records of {STAGES[st]}: was the binary built with -DINGOT_TRACE?")
     for layer in range(n_layers):
         for st in stages:
@@ -85,10 +82,6 @@ def main():
     n_layers, recs = read(args.path)
     bytes_of = weight_bytes(json.load(open(args.config))) if args.config else {}
     rows, span = summarize(n_layers, recs)
-    names = list(STAGES)
-    if 7 in rows and len(recs[3]) == 0 and bytes_of:  # o_proj's rows in the fused MLP's kernel (MLP_WITH_O)
-        bytes_of["mlp"] += bytes_of["o_proj"]
-        names[7] = "mlp+o_proj"
     hdr = ("stage", "blocks", "enter min", "med", "max", "ready med", "max", "waited min", "max", "staged med", "max",
            "done med", "p90", "max", "GB/s")
     print("us after the previous stage's last block finished, mean over layers 1..%d" % (n_layers - 1))
@@ -98,7 +91,7 @@ def main():
         b = bytes_of.get(STAGES[st])
         gbs = "%6.0f" % (b / (m[9] * 1e3)) if b else "%6s" % "-"
         print("%-10s %6d | %9.2f %6.2f %6.2f | %9.2f %6.2f | %10.2f %6.2f | %10.2f %6.2f | %8.2f %6.2f %6.2f | %s"
-              % (names[st], m[10], *m[:3], m[11], m[12], *m[3:10], gbs))
+              % (STAGES[st], m[10], *m[:3], m[11], m[12], *m[3:10], gbs))
     print("step: %.1f us from the first QKV block's start to the last block's end" % span)
 
 
