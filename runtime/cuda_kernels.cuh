@@ -1331,7 +1331,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 #define MLP_THREADS (MLP_WARPS * WARP_SIZE)
 #define MLP_SLOTS 2       /* down's tiles in flight (3 lost 1.3 us a layer alone) */
 #ifndef MLP_EARLY_TILES
-#define MLP_EARLY_TILES 1 /* of them, issued before the wait (2: -0.7 us a layer alone) */
+#define MLP_EARLY_TILES 1 /* of them, issued before the wait (2: -0.7 us a layer alone; 0: all after x's copy) */
 #endif
 #ifndef MLP_EARLY_ROWS
 #define MLP_EARLY_ROWS 1 /* 1: the first batch's gate and up rows loaded before the wait; 0: once the input is staged */
@@ -1394,7 +1394,7 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
                                                const float *x, float *out, float *zero, float eps, Wait wait) {
     constexpr int DCH = DIM / 8, LCH = DCH / WARP_SIZE, CPL = DIM / MLP_WARPS / WARP_SIZE, NB = MLP_WARPS;
     static_assert(DCH % WARP_SIZE == 0 && LCH <= 8 && CPL == 4, "mlp_fused_body: a hidden size of 2048 (8 chunks a lane a row, 4 columns)");
-    static_assert(MLP_EARLY_TILES >= 1 && MLP_EARLY_TILES <= MLP_SLOTS, "MLP_EARLY_TILES: 1 .. MLP_SLOTS");
+    static_assert(MLP_EARLY_TILES >= 0 && MLP_EARLY_TILES <= MLP_SLOTS, "MLP_EARLY_TILES: 0 .. MLP_SLOTS");
     extern __shared__ __align__(16) float smem[];
     uint16_t *tiles = reinterpret_cast<uint16_t *>(smem);      /* (MLP_SLOTS, NB, DIM) */
     float4 *sx4 = reinterpret_cast<float4 *>(smem + MLP_SLOTS * NB * DIM / 2); /* the input, in halves as stage_input's */
