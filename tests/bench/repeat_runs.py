@@ -29,11 +29,12 @@ def main() -> int:
     if args.runs < 2:
         sys.exit("repeat_runs.py: --runs must be at least 2")
 
-    def run(*extra: str) -> str:
+    def run(*extra: str) -> bytes:
+        """the run's standard output, as bytes (a random-weight model's text need not be UTF-8)"""
         r = subprocess.run([args.binary, "-m", args.model_dir, "--device", "cuda", "-p", args.prompt, *extra],
-                           capture_output=True, text=True)
+                           capture_output=True)
         if r.returncode != 0:
-            sys.exit(f"repeat_runs.py: {args.binary} failed: {r.stderr.strip()[-300:]}")
+            sys.exit(f"repeat_runs.py: {args.binary} failed: {r.stderr.decode(errors='replace').strip()[-300:]}")
         return r.stdout
 
     with tempfile.TemporaryDirectory() as tmp:
