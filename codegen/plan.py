@@ -54,7 +54,7 @@ class Plan:
     res_lot: int  # o_proj's and down's (launched on their own) the same, of MV_UNROLL chunks (_res_lot)
     down_poll: int  # 1: down polls gate/up's outputs instead of waiting for its grid's end (_down_poll)
     gemm_wgmma: int  # 1: the prefill GEMMs on Hopper's warpgroup MMA, built for sm_90a (_gemm_wgmma)
-    mlp_fused_fits: int  # 1: the decode step's gate/up and down can run as one kernel, -DMLP_FUSED=1 (_mlp_fused_fits)
+    mlp_fused_fits: int  # 1: the decode step's gate/up and down run as one kernel by default, MLP_FUSED (_mlp_fused_fits)
 
 
 class CExpr:

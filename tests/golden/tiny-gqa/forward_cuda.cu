@@ -127,9 +127,9 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
  * 1B shape); -DMLP_FUSED=0 keeps the two kernels. As first built it measured -0.3% to -0.7% at
  * depth 0 and +0.3% to +1.0% at 4096 on the 1B (PERFORMANCE.md, forty-second session); with its
  * input by a bulk copy (MLP_X_BULK) and every kernel's carveout alike (SMEM_CARVEOUT), +0.2% at
- * depth 0 and +1.9% at 4096 (forty-third); the default since the forty-fourth, the full GPU suite
- * passed on it. Its reductions' order is not fixed: its decode is not reproducible to the last bit
- * (-DMLP_FUSED=0 is). */
+ * depth 0 and +1.9% at 4096 (forty-third); the default since the forty-fourth (its GPU tests on
+ * tiny-d2048 passed). Its reductions' order is not fixed: its decode is not reproducible to the
+ * last bit (-DMLP_FUSED=0 is; tests/bench/repeat_runs.py). */
 #define MLP_FUSED_FITS 0
 #ifndef MLP_FUSED
 #define MLP_FUSED MLP_FUSED_FITS
@@ -1304,7 +1304,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)mlp_fused_kernel, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM)));
         if (per_sm < 1) {
             free(m);
-            return err_set(ERR_DEVICE, "--device cuda: the fused MLP kernel (%zu bytes of shared memory) does not fit an SM of %s; build without -DMLP_FUSED=1",
+            return err_set(ERR_DEVICE, "--device cuda: the fused MLP kernel (%zu bytes of shared memory) does not fit an SM of %s; build with EXTRA_NVCCFLAGS=-DMLP_FUSED=0",
                            (size_t)MLP_SMEM_BYTES(MODEL_DIM), prop.name);
         }
         m->grid_mlp = sms < MODEL_HIDDEN_DIM ? sms : MODEL_HIDDEN_DIM;
