@@ -95,11 +95,13 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
 @pytest.mark.parametrize("arch,flags", [("90", ""), ("90", "-DMLP_MAXNREG=96"), ("90", "-DINGOT_TRACE"),
                                         ("90", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"),
                                         ("90", "-DMLP_FUSED=0"), ("90", "-DMLP_FUSED=0 -DSMEM_CARVEOUT=72"),
-                                        ("90", "-DATT_O_GRID=1 -DATT_O_SHORT=1"), ("80", "")])
+                                        ("90", "-DATT_O_GRID=1 -DATT_O_SHORT=1"),
+                                        ("90", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
     that build, at 96 registers, traced, as first built (the threads load its input, the driver's
-    carveouts); after the joined attention/o_proj grid; the split build, and with every decode
+    carveouts); after the joined attention/o_proj grid; with every attention kernel and o_proj
+    letting the next launch before their wait; the split build, and with every decode
     kernel's carveout set alike; sm_80 builds the model without it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 

@@ -179,6 +179,25 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 /* PROBE_NO_ATT == 2: an attention kernel's blocks wait and leave (the boundary without its work) */
 #define ATT_PROBE_LEAVE() do { if (PROBE_NO_ATT == 2) { wait_pdl{}(); return; } } while (0)
 
+/* ATT_TRIGGER_EARLY=K: the decode attention lets the next kernel (o_proj) launch as its blocks
+ * start, before their wait, so that o_proj's blocks land and issue their first rows under attention
+ * (o_proj still waits for attention's grid to end: griddepcontrol.wait); 1: attention_short_kernel,
+ * 2: attention_kernel, 3: both, 0: after their wait. Default: 1 with the fused MLP, 0 without.
+ * Before the fused MLP it measured -0.2% / -0.0% / -0.1% on the 1B at depths 0 / 1024 / 16384:
+ * o_proj ended 1.0 us sooner, but gate/up, which fits beside o_proj's blocks, landed no sooner
+ * (PERFORMANCE.md, twenty-sixth session). The fused MLP's block an SM lands only as o_proj's
+ * blocks leave, so o_proj's end is its start: +1.2-1.3% at depth 0, even at 4096, o_proj's last
+ * block 1.4 us sooner after attention, attention's 0.3 us later (forty-sixth). 2 (attention_kernel,
+ * the longer contexts') is even at 4096. */
+#ifndef ATT_TRIGGER_EARLY
+#define ATT_TRIGGER_EARLY (MLP_FUSED ? 1 : 0)
+#endif
+/* -DO_PROJ_TRIGGER_EARLY=1 (a variant build): o_proj likewise lets the MLP launch as its blocks
+ * start. With the fused MLP: even at depth 0, -3.5% at 4096 (forty-sixth session). */
+#ifndef O_PROJ_TRIGGER_EARLY
+#define O_PROJ_TRIGGER_EARLY 0
+#endif
+
 /* A variant build may ask the decode attention for more blocks an SM (-DATT_MIN_BLOCKS=2: 128 registers;
  * the 7B with staged values takes 136, one block an SM, without it) */
 #ifdef ATT_MIN_BLOCKS
@@ -191,6 +210,7 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
     ATT_PROBE_LEAVE();
+    if (ATT_TRIGGER_EARLY & 2) pdl_launch_dependents();
     attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                       n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
@@ -211,6 +231,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     ATT_PROBE_LEAVE();
+    if (ATT_TRIGGER_EARLY & 1) pdl_launch_dependents();
     attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
                                      blockIdx.x, blockIdx.y, wait_pdl{});
 }
@@ -218,6 +239,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
 static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
+    if (O_PROJ_TRIGGER_EARLY) pdl_launch_dependents();
     matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
