@@ -396,8 +396,10 @@ def test_tiny_gpu_short_attention_splits_equal_cpu(tmp_path):
     """tiny-group3 with a context of 2048 (tests/models/tiny-group3-long): on heads of 64 a split of
     ATT_MIN_CHUNK (256) positions is one round of tiles a warp, so the short context's kernel takes
     the steps in splits of 256 a KV head, combined by the last (attention_combine), up to
-    short_kernel_positions. Three times TINY_PROMPT (441 tokens) and 48 more cross 256 twice.
-    Logits of every step and greedy text against the CPU's."""
+    short_kernel_positions; the steps that read at most 256 positions take the graphs that launch
+    it in one split (model_cuda's graphs[3]). Three times TINY_PROMPT (441 tokens, its logits a
+    position at a time) and 48 more cross 256 twice. Logits of every step and greedy text against
+    the CPU's."""
     d = tiny_model_dir("tiny-group3-long")
     assert_logits_and_text_equal_cpu(binary_for(d, "specialized"), d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
 

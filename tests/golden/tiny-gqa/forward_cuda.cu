@@ -640,6 +640,13 @@ enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 #define PREFILL_LAST 1
 #endif
 
+#define PREFILL_TIERS 3 /* model_cuda's prefill and prefill_last: [0], [1], [2] */
+#define DECODE_TIERS 4  /* its graphs: those and [3] */
+/* -DONE_SPLIT_GRAPHS=0 (a variant build): no graphs[3], the short steps all in short_kernel_splits */
+#ifndef ONE_SPLIT_GRAPHS
+#define ONE_SPLIT_GRAPHS 1
+#endif
+
 struct model_cuda {
     int ctx, n_splits;
     int persistent;           /* the step is persistent_step_kernel, not a kernel per stage */
@@ -684,17 +691,19 @@ struct model_cuda {
      * and batches that read at most short_positions (short_att); [2]: batches with PREFILL_FEW_SPLITS,
      * for those that read at most few_positions (prefill_tier), and steps with attention_short_kernel
      * (ATT_SHORT builds) in short_kernel_splits, for those that read at most short_kernel_positions
-     * (decode_tier) */
-    cudaGraphExec_t graphs[3][STEP_KINDS]; /* one decode step of each kind */
-    cudaGraphExec_t prefill[3][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
+     * (decode_tier); [3] (decode only): steps with attention_short_kernel in one split, for those that
+     * read at most one_split_positions */
+    cudaGraphExec_t graphs[DECODE_TIERS][STEP_KINDS]; /* one decode step of each kind */
+    cudaGraphExec_t prefill[PREFILL_TIERS][PREFILL_SIZES]; /* [s]: a batch of PREFILL_BATCH >> s prompt tokens */
     /* The same with its last layer run through and its last token's residual row kept for the LM
      * head, and at the position of that token: a batch that ends a prompt whose last token chooses */
-    cudaGraphExec_t prefill_last[3][PREFILL_SIZES];
+    cudaGraphExec_t prefill_last[PREFILL_TIERS][PREFILL_SIZES];
     cudaGraphExec_t choose[STEP_KINDS]; /* after one of those: a step's LM head and choice, of each kind but STEP_PROMPT */
     int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
     int few_positions;        /* PREFILL_FEW_SPLITS * the least split where n_splits is more, else 0 (no [2]) */
     int short_kernel_positions; /* short_kernel_splits * att_short_max(head_dim) in ATT_SHORT builds, else 0 (no [2] steps) */
     int short_kernel_splits;  /* attention_short_kernel's splits a KV head */
+    int one_split_positions;  /* att_short_max(head_dim) where short_kernel_splits is more than 1, else 0 (no [3] steps) */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_MAX_X_PARTS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
@@ -1135,8 +1144,10 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last, 
 
 /* Splits a KV head that the graphs of tier s launch (m->graphs[s], m->prefill[s]) */
 static int tier_splits(const model_cuda *m, int s, bool prefill) {
-    return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : prefill ? PREFILL_FEW_SPLITS : m->short_kernel_splits;
+    return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : s == 3 ? 1 : prefill ? PREFILL_FEW_SPLITS : m->short_kernel_splits;
 }
+/* Whether a decode step of tier s launches attention_short_kernel */
+static bool tier_short_kernel(int s) { return s >= 2; }
 
 /* *exec: a graph of what enqueue() queues on m->stream */
 template <typename Enqueue>
@@ -1476,16 +1487,21 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     if (ATT_MIN_CHUNK <= att_short_max(MODEL_HEAD_DIM))
         m->short_kernel_splits = std::min({m->n_splits, ATT_MIN_SPLITS, att_short_max(MODEL_HEAD_DIM) / 2});
     m->short_kernel_positions = m->short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
+    /* The steps that one split holds launch it in one: the other splits' blocks (256 of 264 on the
+     * 1B at depth 0) would find no positions and leave, yet still take their launch's time and the
+     * SMs' slots as o_proj's blocks land (1B +0.3% at depth 0, PERFORMANCE.md, forty-sixth session) */
+    m->one_split_positions = ONE_SPLIT_GRAPHS && m->short_kernel_splits > 1 ? att_short_max(MODEL_HEAD_DIM) : 0;
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
     /* the graphs of each tier (model_cuda's graphs, prefill, prefill_last), then the choices */
-    for (int s = 0; s < 3 && !rc; s++) {
-        if (s == 1 && !m->short_positions) continue;
+    for (int s = 0; s < DECODE_TIERS && !rc; s++) {
+        if ((s == 1 && !m->short_positions) || (s == 3 && !m->one_split_positions)) continue;
         for (int kind = 0; kind < STEP_KINDS && !rc; kind++)
             if (s != 2 || m->short_kernel_positions)
-                rc = capture(m, &m->graphs[s][kind], [&] { enqueue_step(m, kind, tier_splits(m, s, false), s == 2, NULL, NULL); });
-        for (int b = 0; b < (PREFILL_LAST ? 2 : 1) * PREFILL_SIZES && !rc; b++)
+                rc = capture(m, &m->graphs[s][kind],
+                             [&] { enqueue_step(m, kind, tier_splits(m, s, false), tier_short_kernel(s), NULL, NULL); });
+        for (int b = 0; b < (PREFILL_LAST ? 2 : 1) * PREFILL_SIZES && s < PREFILL_TIERS && !rc; b++)
             if (s != 2 || m->few_positions)
                 rc = capture(m, b < PREFILL_SIZES ? &m->prefill[s][b] : &m->prefill_last[s][b - PREFILL_SIZES], [&] {
                     enqueue_prefill_size<PREFILL_BATCH>(m, b % PREFILL_SIZES, tier_splits(m, s, true), b >= PREFILL_SIZES);
@@ -1547,7 +1563,7 @@ static int prefill_tier(const model_cuda *m, int positions) {
 
 /* The same for a decode step */
 static int decode_tier(const model_cuda *m, int positions) {
-    return positions <= m->short_kernel_positions ? 2 : short_att(m, positions);
+    return positions <= m->one_split_positions ? 3 : positions <= m->short_kernel_positions ? 2 : short_att(m, positions);
 }
 
 /* Queues one step of the given kind at position m->queued (the device's io[IO_POS] by then): the
@@ -1702,7 +1718,8 @@ static void graph_boundary_bench(model_cuda *m, int pos, int reps, FILE *out) {
     cudaGraph_t graph;
     cudaGraphExec_t steps;
     CUDA_CHECK(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
-    for (int k = 0; k < BOUNDARY_STEPS; k++) enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier == 2, NULL, NULL);
+    for (int k = 0; k < BOUNDARY_STEPS; k++)
+        enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier_short_kernel(tier), NULL, NULL);
     CUDA_CHECK(cudaStreamEndCapture(m->stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&steps, graph, 0));
     cudaGraphDestroy(graph);
@@ -1742,7 +1759,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     stage_table(m, reps, STEP_LAUNCHES, ST_COUNT, stage_names, bytes, "token", out, [&](cudaEvent_t *ev, int *stage_of) {
         CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice)); /* each step advances it */
         const int tier = decode_tier(m, pos + 1);
-        enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier == 2, ev, stage_of);
+        enqueue_step(m, STEP_ARGMAX, tier_splits(m, tier, false), tier_short_kernel(tier), ev, stage_of);
     });
     graph_boundary_bench(m, pos, reps, out);
     /* A prefill batch of each size, full, at positions pos on where the context has room, launched
@@ -1813,10 +1830,10 @@ extern "C" void model_cuda_free(model_cuda *m) {
 #if defined(INGOT_TRACE)
     trace_write();
 #endif
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < DECODE_TIERS; s++) {
         for (int kind = 0; kind < STEP_KINDS; kind++)
             if (m->graphs[s][kind]) cudaGraphExecDestroy(m->graphs[s][kind]);
-        for (int b = 0; b < PREFILL_SIZES; b++) {
+        for (int b = 0; b < PREFILL_SIZES && s < PREFILL_TIERS; b++) {
             if (m->prefill[s][b]) cudaGraphExecDestroy(m->prefill[s][b]);
             if (m->prefill_last[s][b]) cudaGraphExecDestroy(m->prefill_last[s][b]);
         }
