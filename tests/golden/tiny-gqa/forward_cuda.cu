@@ -186,9 +186,9 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
  * Before the fused MLP it measured -0.2% / -0.0% / -0.1% on the 1B at depths 0 / 1024 / 16384:
  * o_proj ended 1.0 us sooner, but gate/up, which fits beside o_proj's blocks, landed no sooner
  * (PERFORMANCE.md, twenty-sixth session). The fused MLP's block an SM lands only as o_proj's
- * blocks leave, so o_proj's end is its start: +1.2-1.3% at depth 0, even at 4096, o_proj's last
- * block 1.4 us sooner after attention, attention's 0.3 us later (forty-sixth). 2 (attention_kernel,
- * the longer contexts') is even at 4096. */
+ * blocks leave, so o_proj's end is its start: +1.2-1.3% at depth 0, even at 4096 (the short
+ * kernel's 16 splits), o_proj's last block 1.4 us sooner after attention, attention's 0.3 us later
+ * (forty-sixth). attention_kernel's (2: past short_kernel_positions) was not measured apart. */
 #ifndef ATT_TRIGGER_EARLY
 #define ATT_TRIGGER_EARLY (MLP_FUSED ? 1 : 0)
 #endif
