@@ -247,6 +247,15 @@ struct wait_pdl {
     }
 };
 
+/* The same, but the next kernel may launch once every block has issued its early loads, before
+ * the wait (a variant build's o_proj: O_PROJ_TRIGGER_EARLY=2) */
+struct trigger_then_wait_pdl {
+    __device__ __forceinline__ void operator()() const {
+        pdl_launch_dependents();
+        pdl_wait();
+    }
+};
+
 /* In the persistent kernel, every stage in one launch: a barrier across the grid, whose blocks are
  * all resident (a cooperative launch). count and generation live in device memory, zeroed once;
  * the last block to arrive resets count and advances generation, the others spin on it. Writes

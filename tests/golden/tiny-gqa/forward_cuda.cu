@@ -193,7 +193,15 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 #define ATT_TRIGGER_EARLY (MLP_FUSED ? 1 : 0)
 #endif
 /* -DO_PROJ_TRIGGER_EARLY=1 (a variant build): o_proj likewise lets the MLP launch as its blocks
- * start. With the fused MLP: even at depth 0, -3.5% at 4096 (forty-sixth session). */
+ * start, in every step; 2: once they have issued their early loads, before their wait. With the
+ * fused MLP, 1: even at depth 0, -3.5% at 4096; 2: +1.3% at depth 0, -3.5% at 4096 (forty-sixth
+ * session). Traced (1): the MLP launched early lands where o_proj's blocks have left, 1.6 us sooner,
+ * and its first loads (192 KB a block) slow o_proj's last blocks and attention; where attention
+ * is short that is a gain, at 4096 a loss. So by default (O_PROJ_TRIGGER_SHORTEST, with the fused
+ * MLP) only the one-split graphs' o_proj (the steps of at most 256 positions) takes 2. */
+#ifndef O_PROJ_TRIGGER_SHORTEST
+#define O_PROJ_TRIGGER_SHORTEST MLP_FUSED
+#endif
 #ifndef O_PROJ_TRIGGER_EARLY
 #define O_PROJ_TRIGGER_EARLY 0
 #endif
@@ -238,9 +246,15 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
 #endif
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
+/* SHORTEST: the one-split graphs' launch, which lets the next kernel launch before its wait where
+ * O_PROJ_TRIGGER_SHORTEST says so */
+template <bool SHORTEST>
 static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
-    if (O_PROJ_TRIGGER_EARLY) pdl_launch_dependents();
-    matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
+    if (O_PROJ_TRIGGER_EARLY == 1) pdl_launch_dependents();
+    if (O_PROJ_TRIGGER_EARLY == 2 || (SHORTEST && O_PROJ_TRIGGER_SHORTEST))
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, trigger_then_wait_pdl{});
+    else
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
 #ifndef ATT_O_GRID
@@ -914,7 +928,12 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 }
                 mark(ST_ATT);
-                launch(o_proj_residual_kernel, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream, *lw, m->att, x);
+                if (short_kernel && n_splits == 1) /* the one-split graphs (or heads of 128's short steps) */
+                    launch(o_proj_residual_kernel<true>, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream,
+                           *lw, m->att, x);
+                else
+                    launch(o_proj_residual_kernel<false>, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream,
+                           *lw, m->att, x);
                 mark(ST_O);
             }
 #if MLP_FUSED
@@ -1310,7 +1329,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
 #if MLP_FUSED
                                         (const void *)mlp_fused_kernel,
 #endif
-                                        (const void *)o_proj_residual_kernel, (const void *)rmsnorm_gate_up_silu_kernel,
+                                        (const void *)o_proj_residual_kernel<false>, (const void *)o_proj_residual_kernel<true>,
+                                        (const void *)rmsnorm_gate_up_silu_kernel,
                                         (const void *)down_residual_kernel, (const void *)rmsnorm_lm_head_argmax_kernel,
                                         (const void *)sample_kernel, (const void *)step_end_kernel,
                                         (const void *)persistent_step_kernel};
@@ -1320,7 +1340,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O)));
     m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms);
 #if ATT_O_SHORT
     m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
