@@ -96,7 +96,8 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
                                         ("90", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"),
                                         ("90", "-DMLP_FUSED=0"), ("90", "-DMLP_FUSED=0 -DSMEM_CARVEOUT=72"),
                                         ("90", "-DATT_O_GRID=1 -DATT_O_SHORT=1"),
-                                        ("90", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1"), ("80", "")])
+                                        ("90", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1"),
+                                        ("90", "-DO_PROJ_TRIGGER_SHORTEST=1"), ("90", "-DO_PROJ_TRIGGER_EARLY=2"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
     that build, at 96 registers, traced, as first built (the threads load its input, the driver's
