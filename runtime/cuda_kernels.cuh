@@ -78,40 +78,18 @@ static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EA
 #endif
 static_assert(MV_PAIR_LOT >= 1 && MV_PAIR_LOT <= MV_PAIR_EARLY, "MV_PAIR_LOT: 1 .. MV_PAIR_EARLY");
 static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_UNROLL");
-/* Of a paired kernel's row steps after the first, how many go to shared memory on cp.async (0:
- * none). Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a
- * step; the copies put the later steps in flight at once, issued when the input is staged, beside
- * the first step's loads. MV_PAIR_ASYNC_IN: in which kernels (MV_ASYNC_QKV | MV_ASYNC_GATE_UP; QKV
- * alone unless a variant build says otherwise: gate/up lost on both shapes measured). The generated
- * code sets MV_PAIR_ASYNC from the plan (codegen/plan.py, _qkv_async: where QKV's pairs are one
- * round, as on the 1B; PERFORMANCE.md, seventeenth session). */
+/* Of QKV's row steps after the first, how many go to shared memory on cp.async (0: none).
+ * Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a step; the
+ * copies put the later steps in flight at once, issued when the input is staged, beside the first
+ * step's loads. The generated code sets it from the plan (codegen/plan.py, _qkv_async: where QKV's
+ * pairs are one round, as on the 1B; PERFORMANCE.md, seventeenth session). The same copies lost in
+ * gate/up on both shapes measured (seventeenth), and in o_proj and down, all of the 7B's o_proj in
+ * flight before attention ends, -0.4% / -0.7% at depths 0 / 4096, or issued once attention's values
+ * were out, even (eighteenth): removed. */
 #ifndef MV_PAIR_ASYNC
 #define MV_PAIR_ASYNC 0
 #endif
-#define MV_ASYNC_QKV 1
-#define MV_ASYNC_GATE_UP 2
-#ifndef MV_PAIR_ASYNC_IN
-#define MV_PAIR_ASYNC_IN MV_ASYNC_QKV
-#endif
 static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
-/* The same for o_proj's and down's pairs of rows (RESIDUAL_PAIRS), issued with the first step
- * before the wait: MV_RES_ASYNC steps (0: none) in the kernels MV_RES_ASYNC_IN names (MV_ASYNC_O |
- * MV_ASYNC_DOWN). An experiment (PERFORMANCE.md, eighteenth session): all of the 7B's o_proj in
- * flight before attention ends, where half of it is now. */
-#ifndef MV_RES_ASYNC
-#define MV_RES_ASYNC 0
-#endif
-#define MV_ASYNC_O 4
-#define MV_ASYNC_DOWN 8
-#ifndef MV_RES_ASYNC_IN
-#define MV_RES_ASYNC_IN MV_ASYNC_O
-#endif
-/* In the joined attention/o_proj grid (ATT_O_GRID), o_proj's copies issued once every KV group's
- * first split has its values' loads out (1), not with the first step (0): the copies queued ahead
- * of attention's loads slowed its chain by more than o_proj gained (7B, eighteenth session). */
-#ifndef MV_RES_ASYNC_AFTER
-#define MV_RES_ASYNC_AFTER 0
-#endif
 /* In the joined grid, o_proj's first step loaded before its wait MV_RES_PACE chunks a lane at a
  * time, each lot only once the last is in, until attention's outputs are counted (0: the whole step
  * at once). Bytes in flight at a boundary delay every L2 round trip behind them: with QKV's last
@@ -124,8 +102,6 @@ static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
 #endif
 static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MV_UNROLL && (MV_RES_PACE == 0 || MV_UNROLL % (MV_RES_PACE ? MV_RES_PACE : 1) == 0),
               "MV_RES_PACE: 0, or a divisor of MV_UNROLL");
-static_assert(!(MV_RES_PACE && MV_RES_ASYNC_AFTER), "MV_RES_ASYNC_AFTER=1 needs -DMV_RES_PACE=0 (one or the other)");
-static_assert(MV_RES_ASYNC >= 0, "MV_RES_ASYNC: 0 or more steps");
 /* QKV's last round of pairs split by K between the two warps of a warp pair (1) or not (0), where
  * its pairs take more than one round of the grid's warps and the last round's pairs are at most half
  * of them (the kernel checks, from its grid). On the 7B shapes 960 pairs are left for 2,112 warps
@@ -722,34 +698,27 @@ __device__ __forceinline__ float row_dot(row_chunks<U> *first, const uint4 *row,
     return warp_sum(acc);
 }
 
-/* A paired kernel's steps of a row past the first that go through shared memory: at most max
- * (MV_PAIR_ASYNC in QKV and gate/up, MV_RES_ASYNC in o_proj and down). */
+/* QKV's steps of a row past the first that go through shared memory: at most MV_PAIR_ASYNC. */
 template <int U>
-__host__ __device__ constexpr int pair_async_steps(int K, int max = MV_PAIR_ASYNC) {
-    return max < mv_steps<U>(K) - 1 ? max : mv_steps<U>(K) - 1;
+__host__ __device__ constexpr int pair_async_steps(int K) {
+    return MV_PAIR_ASYNC < mv_steps<U>(K) - 1 ? MV_PAIR_ASYNC : mv_steps<U>(K) - 1;
 }
 
-/* Shared memory a paired kernel's block needs for them, past its staged input: each warp's steps
+/* Shared memory QKV's block needs for them, past its staged input: each warp's steps
  * 1 .. pair_async_steps of both rows, a lane's chunks where it alone reads them. */
 template <int U>
-__host__ __device__ constexpr size_t pair_async_bytes(int K, int max = MV_PAIR_ASYNC) {
-    return (size_t)pair_async_steps<U>(K, max) * 2 * U * WARP_SIZE * MV_WARPS * sizeof(uint4);
+__host__ __device__ constexpr size_t pair_async_bytes(int K) {
+    return (size_t)pair_async_steps<U>(K) * 2 * U * WARP_SIZE * MV_WARPS * sizeof(uint4);
 }
 
-/* Dynamic shared memory of a paired kernel (which: MV_ASYNC_QKV or MV_ASYNC_GATE_UP) whose input has K values. */
-#define MV_PAIR_SMEM_BYTES(K, which) \
-    (MV_SMEM_BYTES(K) + ((MV_PAIR_ASYNC_IN & (which)) ? pair_async_bytes<MV_PAIR_UNROLL>(K) : 0))
-
-/* The same for o_proj or down (which: MV_ASYNC_O or MV_ASYNC_DOWN), whose pairs of rows
- * (RESIDUAL_PAIRS) take the copies where MV_RES_ASYNC_IN says so. */
-#define MV_RES_SMEM_BYTES(K, which) \
-    (MV_SMEM_BYTES(K) + ((MV_RES_ASYNC_IN & (which)) ? pair_async_bytes<MV_UNROLL>(K, MV_RES_ASYNC) : 0))
+/* Dynamic shared memory of QKV's block, whose input has K values. */
+#define QKV_SMEM_BYTES(K) (MV_SMEM_BYTES(K) + pair_async_bytes<MV_PAIR_UNROLL>(K))
 
 /* This warp's slots for the async steps: after the block's staged input of K floats (K % 8 == 0, so
  * 16-byte aligned). Slot (s, row, u) holds lane l's chunk at [((s * 2 + row) * U + u) * WARP_SIZE + l]. */
 template <int U>
-__device__ __forceinline__ uint4 *pair_async_slots(float *sx, int K, int max = MV_PAIR_ASYNC) {
-    return reinterpret_cast<uint4 *>(sx + K) + (size_t)(threadIdx.x / WARP_SIZE) * pair_async_steps<U>(K, max) * 2 * U * WARP_SIZE;
+__device__ __forceinline__ uint4 *pair_async_slots(float *sx, int K) {
+    return reinterpret_cast<uint4 *>(sx + K) + (size_t)(threadIdx.x / WARP_SIZE) * pair_async_steps<U>(K) * 2 * U * WARP_SIZE;
 }
 
 /* Steps 1 .. steps of rows ra and rb into this warp's slots on cp.async: each lane copies only the
@@ -1088,7 +1057,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     TRACE_AT(TRACE_WAITED);
     /* the async steps, where this build has them (MV_PAIR_ASYNC): issued once the input is staged (in
      * stage_input's hook, right behind the input's loads: 7B -1.1%, 1B 0.3 points less gain) */
-    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_QKV) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
+    const int async = pair_async_steps<MV_PAIR_UNROLL>(dim);
     uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input(sx, x, true, dim, eps, [&] {
         if (MV_PAIR_EARLY == MV_PAIR_UNROLL || p >= pairs) return;
@@ -1202,9 +1171,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     (void)stage;
     row_chunks<> a, b;
     extern __shared__ float sx[];
-    /* the pairs' async steps, where this build has them (MV_RES_ASYNC): issued with the first step */
-    const int async = pairs && (MV_RES_ASYNC_IN & (stage == ST_O ? MV_ASYNC_O : MV_ASYNC_DOWN)) ? pair_async_steps<MV_UNROLL>(K, MV_RES_ASYNC) : 0;
-    uint4 *slots = pair_async_slots<MV_UNROLL>(sx, K, MV_RES_ASYNC);
     /* the first step's chunks loaded before the wait (load_lots): in the joined grid given go, lots
      * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MV_RES_LOT */
     int early = MV_UNROLL;
@@ -1223,15 +1189,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
         }
     }
-    /* the copies go out with the first step, or, given go, once *go reaches go_count (attention's
-     * loads are out: MV_RES_ASYNC_AFTER), so that they queue behind those */
-    if (async > 0 && go && MV_RES_PACE == 0) {
-        if (threadIdx.x == 0) spin_until(go, go_count);
-        __syncthreads();
-    }
-    if (async > 0 && row < n)
-        pair_async_issue<MV_UNROLL>(slots, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
-                                    reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, async);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
@@ -1255,8 +1212,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             if (pairs) res_b = __ldcg(out + row + half);
         }
         if (pairs) {
-            const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane,
-                                        slots, async);
+            const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane);
             if (lane == 0) {
                 out[row] = res_a + (v.x + (bias ? w_to_f32(bias[row]) : 0.0f));
                 out[row + half] = res_b + (v.y + (bias ? w_to_f32(bias[row + half]) : 0.0f));
@@ -1292,20 +1248,15 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const int async = (MV_PAIR_ASYNC_IN & MV_ASYNC_GATE_UP) ? pair_async_steps<MV_PAIR_UNROLL>(dim) : 0;
-    uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input<polls_input<Wait>::value>(sx, x, true, dim, eps, [&] {
         if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
         load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
         load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
     });
     TRACE_AT(TRACE_STAGED);
-    if (async > 0 && i < hidden)
-        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
-                                         reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane, async);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
-                              reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane, slots, async);
+                              reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
     }
     TRACE_END();
@@ -1967,7 +1918,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
                                                int min_splits, int kvh, int split, unsigned *ready, Wait wait,
-                                               int q_stride = 0, size_t parts = 0, unsigned *loaded = nullptr) {
+                                               int q_stride = 0, size_t parts = 0) {
     static_assert(TOKENS >= 1 && TOKENS <= ATT_MAX_GROUP, "attention rows: TOKENS * kv_mul <= ATT_MAX_GROUP");
     extern __shared__ float smem[];
     const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
@@ -2165,9 +2116,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     }
     __syncthreads();
     TRACE_ATT_AT(1);
-    /* the values' loads go out now (or went with the keys): the joined grid's o_proj blocks may
-     * issue their later row steps behind them (MV_RES_ASYNC_AFTER) */
-    if (loaded && split == 0 && tid == 0) atomicAdd(loaded, 1u);
 
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;

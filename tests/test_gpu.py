@@ -94,7 +94,7 @@ TEST_BUILDS = {
     "test_tiny_gpu_residual_pairs_equal_cpu": lambda p: [("flags", p["variant"], RES_PAIRS)],
     "test_tiny_gpu_fused_mlp_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
     "test_fused_mlp_memcheck_clean": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
-    "test_tiny_gpu_residual_pairs_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
+    "test_tiny_gpu_joined_o_proj_paced_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_early_lots_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_pair_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_qkv_split_last_equal_cpu": lambda p: [("flags", "tiny-wide", split_last_flags(p["blocks"], p["unroll"]))],
@@ -310,21 +310,14 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-ASYNC = "-DRESIDUAL_PAIRS=1 -DMV_RES_ASYNC=1 -DMV_RES_ASYNC_IN=12"
-
-
-@pytest.mark.parametrize("flags", [f"{ASYNC} -DATT_O_GRID=0", f"{ASYNC} -DATT_O_GRID=1",
-                                   f"{ASYNC} -DATT_O_GRID=1 -DMV_RES_ASYNC_AFTER=1 -DMV_RES_PACE=0",
-                                   f"{ASYNC} -DATT_O_GRID=1 -DMV_RES_PACE=2", "-DATT_O_GRID=1 -DMV_RES_PACE=1"])
-def test_tiny_gpu_residual_pairs_async_equal_cpu(flags, tmp_path):
-    """o_proj's and down's pairs of rows (-DRESIDUAL_PAIRS=1) with their second row step copied into
-    shared memory on cp.async before the wait (-DMV_RES_ASYNC=1, in both kernels), on tiny-wide:
-    o_proj's rows of 2048 in two steps, the second copied; down's 4352 in three, the third partial
-    and from registers. o_proj as its own kernel and in the joined attention grid (ATT_O_GRID), there
-    with its first step paced until attention's outputs are counted (MV_RES_PACE: the default's
-    lots of 4 chunks, lots of 2 in pairs with the copies, of 1 in single rows without them), and with
-    its copies issued once attention's values are out (MV_RES_ASYNC_AFTER, unpaced). Logits and
-    greedy text against the CPU's."""
+@pytest.mark.parametrize("flags", ["-DRESIDUAL_PAIRS=1 -DATT_O_GRID=1", "-DRESIDUAL_PAIRS=1 -DATT_O_GRID=1 -DMV_RES_PACE=2",
+                                   "-DRESIDUAL_PAIRS=1 -DATT_O_GRID=1 -DMV_RES_PACE=0", "-DATT_O_GRID=1 -DMV_RES_PACE=1"])
+def test_tiny_gpu_joined_o_proj_paced_equal_cpu(flags, tmp_path):
+    """o_proj in the joined attention grid (ATT_O_GRID, the plan's on the 7B shapes), its first row
+    step paced until attention's outputs are counted (MV_RES_PACE: the default's lots of 4 chunks,
+    lots of 2, unpaced, and lots of 1 in single rows), on tiny-wide: o_proj's rows of 2048 in two
+    steps, in pairs of rows (-DRESIDUAL_PAIRS=1) or one a warp. Logits and greedy text against the
+    CPU's."""
     d, binary = flags_build("tiny-wide", flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
@@ -343,15 +336,13 @@ def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("flags", ["-DMV_PAIR_ASYNC_IN=3", "-DMV_PAIR_ASYNC_IN=3 -DMV_PAIR_UNROLL=4",
-                                   "-DMV_PAIR_ASYNC=2 -DMV_PAIR_ASYNC_IN=3 -DMV_PAIR_UNROLL=4"])
+@pytest.mark.parametrize("flags", ["-DMV_PAIR_UNROLL=4", "-DMV_PAIR_ASYNC=2 -DMV_PAIR_UNROLL=4"])
 def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
-    """The paired kernels' later row steps copied into shared memory on cp.async (MV_PAIR_ASYNC: the
-    plan has it in QKV on tiny-wide, as on the 1B; here in gate/up too, in a build of its own), on
-    tiny-wide (rows of 2176: 272 chunks, so the last step is partial): one async step of 8 chunks a
-    lane; one of 4 and a third step from registers; two of 4, the second partial. Gate/up's 4352
-    rows take several rounds, so later pairs issue their own copies. Logits (graph and persistent
-    step) and greedy text against the CPU's."""
+    """QKV's later row steps copied into shared memory on cp.async (MV_PAIR_ASYNC: the plan has one
+    async step of 8 chunks a lane on tiny-wide, as on the 1B, which every other tiny-wide test
+    runs), on tiny-wide (rows of 2176: 272 chunks, so the last step is partial), in builds of their
+    own: one async step of 4 and a third step from registers; two of 4, the second partial. Logits
+    (graph and persistent step) and greedy text against the CPU's."""
     d, binary = flags_build("tiny-wide", flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
@@ -432,16 +423,15 @@ def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DDOWN_POLL=1 -DDOWN_POLL_GROUPS=32"),
+@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DDOWN_POLL=1"),
                                            ("tiny-wide", "-DDOWN_POLL=1 -DPOLL_VEC=2"),
                                            ("tiny-group3", "-DDOWN_POLL=1")])
 def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
     """Down's blocks poll gate/up's outputs (DOWN_POLL, the plan's on the 1B and 7B shapes, none of
     the tiny models; here forced on: words that read ATT_POLL_WORD until written, put back by the
-    next layer's QKV kernel) instead of waiting for gate/up's grid to end: after DOWN_POLL_GROUPS
-    sampled float4s (32 of tiny-gqa's 40), or the staging's polls alone (the plan's); POLL_VEC=2: a
-    thread's five float4s of tiny-wide's input in three rounds of polls; tiny-group3: SmolLM2's
-    attention shape. Logits and greedy text against the CPU's."""
+    next layer's QKV kernel) instead of waiting for gate/up's grid to end, polling as they stage it;
+    POLL_VEC=2: a thread's five float4s of tiny-wide's input in three rounds of polls; tiny-group3:
+    SmolLM2's attention shape. Logits and greedy text against the CPU's."""
     d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 

@@ -66,8 +66,7 @@
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
-#define CTR_ATT_LOADED (MODEL_N_KV_HEADS + 3) /* its KV groups' first splits with their loads out (MV_RES_ASYNC_AFTER) */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
+#define CTR_COUNT (MODEL_N_KV_HEADS + 3)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -104,11 +103,11 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
  * words back. On where the plan says so (codegen/plan.py, _down_poll: the shapes it was measured on,
  * the 1B's and 7B's); -DDOWN_POLL=0 waits for the grid. Two forms were measured on the H200 (PERFORMANCE.md,
  * twenty-fifth session), Llama-3.2-1B at depths 0 / 1024:
- * - DOWN_POLL: down's own kernel polls, after polling the last float4 of each of DOWN_POLL_GROUPS
- *   parts of hb_poll (none: 0); its blocks call griddepcontrol.wait before they end, so that down's
- *   end still orders all that came before it for the kernels after. With the polls one float4 at a
- *   time: -1.3% at depth 0 with 32 parts, -0.7% with 8, even with none; with a thread's float4s
- *   polled together and no parts: +0.3% / +0.9%, and again +0.5% / +1.0%.
+ * - DOWN_POLL: down's own kernel polls as it stages its input; its blocks call griddepcontrol.wait
+ *   before they end, so that down's end still orders all that came before it for the kernels after.
+ *   With the polls one float4 at a time: -1.3% at depth 0 after first polling the last float4 of
+ *   each of 32 parts of hb_poll, -0.7% with 8 parts, even with none (the parts removed since); with
+ *   a thread's float4s polled together (POLL_VEC) and no parts: +0.3% / +0.9%, and again +0.5% / +1.0%.
  * - gate/up and down in one grid of one wave, each block its gate/up rows and then its down rows,
  *   whose first loads it issues as soon as its gate/up rows are done: -0.5% / -0.7% (down's rows by
  *   the warp's index), -0.3% / -0.1% (the blocks counted from the grid's end), -1.4% / -1.4% (rows
@@ -117,9 +116,6 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
  *   Removed. */
 #ifndef DOWN_POLL
 #define DOWN_POLL 0 /* codegen/plan.py, _down_poll */
-#endif
-#ifndef DOWN_POLL_GROUPS
-#define DOWN_POLL_GROUPS 0
 #endif
 
 /* MLP_FUSED: the decode step's MLP in one kernel (mlp_fused_body) instead of gate/up and down,
@@ -150,7 +146,6 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 #if MLP_FUSED && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #error "MLP_FUSED: sm_90 (bulk copies onto mbarriers)"
 #endif
-static_assert(DOWN_POLL_GROUPS >= 0 && DOWN_POLL_GROUPS <= MV_THREADS, "DOWN_POLL_GROUPS: 0 to a block's threads");
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
@@ -267,7 +262,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
  * attention's boundary costs 7B 2.8% and 1B 3.5% (-DPROBE_NO_ATT=1), its work nothing (=2); this
  * gains the 7B 0.5-0.6% (PERFORMANCE.md, twenty-third session). */
 #ifndef ATT_O_SHORT
-#define ATT_O_SHORT (0 && ATT_SHORT && !MV_RES_ASYNC_AFTER)
+#define ATT_O_SHORT (0 && ATT_SHORT)
 #endif
 /* In the joined short grid, o_proj's blocks wait for attention's outputs themselves, not for its
  * count (wait_poll, stage_input<true>): attention writes them into att_poll, whose words read
@@ -279,8 +274,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #ifndef ATT_O_POLL
 #define ATT_O_POLL ATT_O_SHORT
 #endif
-static_assert(!ATT_O_SHORT || (ATT_SHORT && !MV_RES_ASYNC_AFTER),
-              "ATT_O_SHORT: the short context's kernel (ATT_SHORT), no CTR_ATT_LOADED count");
+static_assert(!ATT_O_SHORT || ATT_SHORT, "ATT_O_SHORT: the short context's kernel (ATT_SHORT)");
 
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
 
@@ -313,11 +307,10 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
         }
 #endif
         attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                          ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{}, 0, 0,
-                          MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : NULL);
+                          ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
         return;
     }
-    const unsigned *go = MV_RES_ASYNC_AFTER ? counters + CTR_ATT_LOADED : MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
+    const unsigned *go = MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
     if constexpr (SHORT && ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
                              wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
@@ -332,7 +325,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
 /* Past gate/up's wait, attention_o_proj_kernel has ended: nobody reads its counts until the next
  * layer's, nor att_poll, whose words read "unwritten" again for the next layer's (ATT_O_POLL). */
 __device__ __forceinline__ void reset_att_signals(unsigned *att_done, float *att_poll) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) att_done[0] = att_done[CTR_ATT_LOADED - CTR_ATT_DONE] = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) att_done[0] = 0;
     if (ATT_O_POLL && ATT_O_SHORT && blockIdx.x == gridDim.x - 1)
         for (int i = threadIdx.x; i < MODEL_Q_DIM; i += blockDim.x) att_poll[i] = __uint_as_float(ATT_POLL_WORD);
 }
@@ -348,7 +341,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
     if constexpr (DOWN_POLL != 0) { /* hb is hb_poll */
         matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
-                             wait_poll{hb, min(DOWN_POLL_GROUPS, MODEL_HIDDEN_DIM / 4), MODEL_HIDDEN_DIM});
+                             wait_poll{hb, 0, MODEL_HIDDEN_DIM});
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
         matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
@@ -829,12 +822,12 @@ static void launch_cooperative(void (*kernel)(Params...), int grid, int block, s
 /* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
 static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
 #define PERSISTENT_SMEM_BYTES                                                                                   \
-    bytes_max(bytes_max(MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV | MV_ASYNC_GATE_UP), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)), \
+    bytes_max(bytes_max(QKV_SMEM_BYTES(MODEL_DIM), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)), \
               bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES))
 
 /* Dynamic shared memory of attention_o_proj_kernel: attention's or o_proj's staged input. */
-#define ATT_O_SMEM_BYTES bytes_max(MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), ATT_DECODE_SMEM_BYTES)
-#define ATT_O_SHORT_SMEM_BYTES bytes_max(MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
+#define ATT_O_SMEM_BYTES bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES)
+#define ATT_O_SHORT_SMEM_BYTES bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
@@ -901,7 +894,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             float *x = residual_at(m, l);
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), m->stream, *lw,
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(MODEL_DIM), m->stream, *lw,
                    x, m->q, kc, vc, m->io, m->ctx, m->hb_poll);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
@@ -930,10 +923,10 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                 }
                 mark(ST_ATT);
                 if (short_kernel && n_splits == 1) /* the one-split graphs (or heads of 128's short steps) */
-                    launch(o_proj_residual_kernel<true>, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream,
+                    launch(o_proj_residual_kernel<true>, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream,
                            *lw, m->att, x);
                 else
-                    launch(o_proj_residual_kernel<false>, m->grid_o, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), m->stream,
+                    launch(o_proj_residual_kernel<false>, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream,
                            *lw, m->att, x);
                 mark(ST_O);
             }
@@ -944,10 +937,10 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             mark(ST_MLP);
             continue;
 #endif
-            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP),
+            launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM),
                    m->stream, *lw, x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
-            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), m->stream, *lw,
+            launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw,
                    DOWN_POLL ? m->hb_poll : m->hb, x);
             mark(ST_DOWN);
         }
@@ -1285,13 +1278,12 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "--device cuda: needs at most 8 query heads per KV head (a GQA group's heads fit one attention block)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs hidden_size at most 51200 (the norm'd matvecs stage their input in shared memory)");
-    MODEL_REQUIRE(MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV | MV_ASYNC_GATE_UP) <= 227 * 1024, ERR_DEVICE,
-                  "--device cuda: the paired matvecs' staged input and cp.async row steps need more than 227 KB of shared "
-                  "memory a block (build with -DMV_PAIR_ASYNC=0)");
-    MODEL_REQUIRE(MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O) <= 227 * 1024 &&
-                      MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN) <= 227 * 1024, ERR_DEVICE,
-                  "--device cuda: o_proj's or down's staged input and cp.async row steps need more than 227 KB of shared "
-                  "memory a block (build with -DMV_RES_ASYNC=0)");
+    MODEL_REQUIRE(QKV_SMEM_BYTES(MODEL_DIM) <= 227 * 1024, ERR_DEVICE,
+                  "--device cuda: QKV's staged input and cp.async row steps need more than 227 KB of shared memory a "
+                  "block (build with -DMV_PAIR_ASYNC=0)");
+    MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_Q_DIM) <= 227 * 1024, ERR_DEVICE,
+                  "--device cuda: needs num_attention_heads * head_dim at most 58112 (o_proj stages its input in shared "
+                  "memory)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
     MODEL_REQUIRE(!(ATT_O_POLL && MODEL_Q_DIM > POLL_MAX_FLOATS) && !(DOWN_POLL && MODEL_HIDDEN_DIM > POLL_MAX_FLOATS), ERR_DEVICE,
@@ -1340,18 +1332,18 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     }
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_QKV), sms);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, GRID_O, MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O), sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, QKV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)MV_RES_SMEM_BYTES(MODEL_Q_DIM, MV_ASYNC_O)));
+                                    (int)MV_SMEM_BYTES(MODEL_Q_DIM)));
     m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms);
 #if ATT_O_SHORT
     m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
 #endif
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
-                               MV_PAIR_SMEM_BYTES(MODEL_DIM, MV_ASYNC_GATE_UP), sms);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_RES_SMEM_BYTES(MODEL_HIDDEN_DIM, MV_ASYNC_DOWN), sms);
+                               MV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
 #if MLP_FUSED
     { /* one block an SM: its units are the SM's share of the hidden size */
