@@ -224,11 +224,15 @@ struct wait_pdl {
 };
 
 /* The same, but the next kernel may launch once every block has issued its early loads, before
- * the wait (a variant build's o_proj: O_PROJ_TRIGGER_EARLY=2) */
+ * the wait (o_proj: O_PROJ_TRIGGER_EARLY=2 and 3, O_PROJ_TRIGGER_SHORTEST); past the wait, block 0
+ * sets *waited (where not NULL) to say that the kernel waited for has ended (3: the fused MLP's
+ * blocks hold their first loads until then) */
 struct trigger_then_wait_pdl {
+    unsigned *waited = nullptr;
     __device__ __forceinline__ void operator()() const {
         pdl_launch_dependents();
         pdl_wait();
+        if (waited && blockIdx.x == 0 && threadIdx.x == 0) asm volatile("st.relaxed.gpu.global.u32 [%0], 1;" ::"l"(waited) : "memory");
     }
 };
 
@@ -1351,9 +1355,13 @@ __device__ __forceinline__ void w4_to_f32(uint2 u, float f[4]) {
 #endif
 }
 
+/* hold: NULL, or a flag that the block's first loads (a tile of down, the first gate and up rows)
+ * wait for (nonzero: the producer's producer has ended), so that a block landing early does not
+ * put them out beside that kernel's loads (O_PROJ_TRIGGER_EARLY=3) */
 template <int DIM, int HIDDEN, typename Wait>
 __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu, const uint16_t *down_t,
-                                               const float *x, float *out, float *zero, float eps, Wait wait) {
+                                               const float *x, float *out, float *zero, float eps, Wait wait,
+                                               const unsigned *hold = nullptr) {
     constexpr int DCH = DIM / 8, LCH = DCH / WARP_SIZE, CPL = DIM / MLP_WARPS / WARP_SIZE, NB = MLP_WARPS;
     static_assert(DCH % WARP_SIZE == 0 && LCH <= 8 && CPL == 4, "mlp_fused_body: a hidden size of 2048 (8 chunks a lane a row, 4 columns)");
     static_assert(MLP_EARLY_TILES >= 0 && MLP_EARLY_TILES <= MLP_SLOTS, "MLP_EARLY_TILES: 0 .. MLP_SLOTS");
@@ -1379,6 +1387,10 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     /* the norm weights first, into registers: a load that waits behind the block's weight loads
      * held every block's staging ~5 us (traced, forty-second session) */
     const uint4 nw = tid < DCH ? __ldg(reinterpret_cast<const uint4 *>(norm_w) + tid) : make_uint4(0, 0, 0, 0);
+    if (hold) {
+        if (tid == 0) spin_until(hold, 1);
+        __syncthreads();
+    }
     if (tid == 0) {
         for (int i = 0; i < MLP_SLOTS + MLP_X_BULK; i++) mbar_init(bar0 + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */

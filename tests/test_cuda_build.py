@@ -97,14 +97,26 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
                                         ("90", "-DMLP_FUSED=0"), ("90", "-DMLP_FUSED=0 -DSMEM_CARVEOUT=72"),
                                         ("90", "-DATT_O_GRID=1 -DATT_O_SHORT=1"),
                                         ("90", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1"),
-                                        ("90", "-DO_PROJ_TRIGGER_SHORTEST=1"), ("90", "-DO_PROJ_TRIGGER_EARLY=2"), ("80", "")])
+                                        ("90", "-DO_PROJ_TRIGGER_SHORTEST=1"), ("90", "-DO_PROJ_TRIGGER_EARLY=2"),
+                                        ("90", "-DO_PROJ_TRIGGER_EARLY=3"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
     that build, at 96 registers, traced, as first built (the threads load its input, the driver's
     carveouts); after the joined attention/o_proj grid; with every attention kernel and o_proj
-    letting the next launch before their wait; the split build, and with every decode
-    kernel's carveout set alike; sm_80 builds the model without it."""
+    letting the next launch before their wait, o_proj in the one-split graphs or in every step, and
+    there with the MLP holding its first loads until attention has ended; the split build, and with
+    every decode kernel's carveout set alike; sm_80 builds the model without it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
+
+
+@pytest.mark.parametrize("flags,reason", [("-DO_PROJ_TRIGGER_EARLY=3 -DATT_O_GRID=1 -DATT_O_SHORT=1", "never sets CTR_O_WAITED"),
+                                          ("-DO_PROJ_TRIGGER_EARLY=3 -DMLP_FUSED=0", "3 with the fused MLP")])
+def test_o_proj_trigger_hold_refused_where_nothing_would_release_it(tmp_path, flags, reason):
+    """O_PROJ_TRIGGER_EARLY=3 has the fused MLP's blocks wait for a flag that only
+    o_proj_residual_kernel sets: with o_proj in the joined grids, or without the fused MLP, the build
+    stops with the reason rather than building a step whose MLP would wait until its spin's timeout."""
+    with pytest.raises(AssertionError, match=reason):
+        _compile_generated(tmp_path, "tiny-d2048", "90", flags=tuple(flags.split()))
 
 
 def test_fused_mlp_refused_where_it_does_not_fit(tmp_path):

@@ -276,26 +276,27 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
 
 @pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1",
                                    "-DATT_O_GRID=1 -DATT_O_SHORT=1", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1",
-                                   "-DO_PROJ_TRIGGER_SHORTEST=1"])
+                                   "-DO_PROJ_TRIGGER_SHORTEST=1", "-DO_PROJ_TRIGGER_EARLY=3"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     """tiny-d2048, where the decode MLP is one kernel by default (that build runs in tiny_gpu's
     tests): with gate/up and down instead, the fused MLP at 96 registers and as first built (its
     input by the threads' loads, the driver's carveouts), after the joined attention/o_proj grid
     (short contexts too, as the 1B's steps at depth 0), and with both attention kernels and o_proj
     letting their next kernel launch before their wait (the default: the short attention only), and
-    o_proj doing so once its early loads are out in the one-split graphs (O_PROJ_TRIGGER_SHORTEST):
-    logits (the persistent step's too, which keeps the separate kernels) and greedy text against
+    o_proj doing so once its early loads are out in the one-split graphs (O_PROJ_TRIGGER_SHORTEST),
+    and in every step with the MLP's blocks holding their first loads until o_proj has waited
+    (O_PROJ_TRIGGER_EARLY=3, whose flag is set and put back every layer): logits (the persistent step's too, which keeps the separate kernels) and greedy text against
     the CPU's."""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
-@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0"])
+@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0", "-DO_PROJ_TRIGGER_EARLY=3"])
 def test_fused_mlp_memcheck_clean(flags):
     """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
-    residual stream's buffers), and with its input by the threads' loads, under compute-sanitizer's
-    memcheck."""
+    residual stream's buffers), with its input by the threads' loads, and with its blocks holding
+    their first loads on o_proj's flag (O_PROJ_TRIGGER_EARLY=3), under compute-sanitizer's memcheck."""
     skip_without_sanitizer()
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert_memcheck_clean(binary, d, "-p", TINY_PROMPT, "-n", "8", "--temp", "0")

@@ -66,7 +66,8 @@
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 3)
+#define CTR_O_WAITED (MODEL_N_KV_HEADS + 3) /* o_proj past its wait: the layer's attention has ended (O_PROJ_TRIGGER_EARLY=3) */
+#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -194,13 +195,27 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
  * and its first loads (192 KB a block) slow o_proj's last blocks and attention; where attention
  * is short that is a gain, at 4096 a loss. -DO_PROJ_TRIGGER_SHORTEST=1: only the one-split graphs'
  * o_proj (the steps of at most 256 positions) takes 2. Built at the forty-sixth session's end, not
- * yet run on a GPU (its budget was spent): off until it is measured and tested. */
+ * yet run on a GPU (its budget was spent): off until it is measured and tested.
+ * 3 (the fused MLP's builds): as 2 in every step, and the MLP's blocks hold their first loads
+ * until o_proj's block 0 has passed its wait (counters[CTR_O_WAITED], set there, put back to 0 by
+ * the next layer's attention), so that a block landing early does not put them out beside
+ * attention's; the launch's latency stays hidden. */
 #ifndef O_PROJ_TRIGGER_SHORTEST
 #define O_PROJ_TRIGGER_SHORTEST 0
 #endif
 #ifndef O_PROJ_TRIGGER_EARLY
 #define O_PROJ_TRIGGER_EARLY 0
 #endif
+static_assert(O_PROJ_TRIGGER_EARLY >= 0 && O_PROJ_TRIGGER_EARLY <= 3 && (O_PROJ_TRIGGER_EARLY != 3 || MLP_FUSED),
+              "O_PROJ_TRIGGER_EARLY: 0 .. 3, 3 with the fused MLP (MLP_FUSED)");
+/* the next layer's attention puts o_proj's flag back (O_PROJ_TRIGGER_EARLY=3): its blocks run only
+ * once QKV has waited for the MLP, so no MLP block still reads it, and o_proj sets it only once
+ * attention has ended */
+#define O_WAITED_RESET(counters)                                                                          \
+    do {                                                                                                  \
+        if (O_PROJ_TRIGGER_EARLY == 3 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)          \
+            (counters)[CTR_O_WAITED] = 0;                                                                 \
+    } while (0)
 
 /* A variant build may ask the decode attention for more blocks an SM (-DATT_MIN_BLOCKS=2: 128 registers;
  * the 7B with staged values takes 136, one block an SM, without it) */
@@ -213,6 +228,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
+    O_WAITED_RESET(counters);
     ATT_PROBE_LEAVE();
     if (ATT_TRIGGER_EARLY & 2) pdl_launch_dependents();
     attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
@@ -234,6 +250,7 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
 static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
+    O_WAITED_RESET(counters);
     ATT_PROBE_LEAVE();
     if (ATT_TRIGGER_EARLY & 1) pdl_launch_dependents();
     attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
@@ -243,12 +260,14 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
 /* SHORTEST: the one-split graphs' launch, which lets the next kernel launch before its wait where
- * O_PROJ_TRIGGER_SHORTEST says so */
+ * O_PROJ_TRIGGER_SHORTEST says so; o_waited: counters[CTR_O_WAITED] (O_PROJ_TRIGGER_EARLY=3) */
 template <bool SHORTEST>
-static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
+static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x,
+                                                                                       unsigned *o_waited) {
     if (O_PROJ_TRIGGER_EARLY == 1) pdl_launch_dependents();
-    if (O_PROJ_TRIGGER_EARLY == 2 || (SHORTEST && O_PROJ_TRIGGER_SHORTEST))
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, trigger_then_wait_pdl{});
+    if (O_PROJ_TRIGGER_EARLY >= 2 || (SHORTEST && O_PROJ_TRIGGER_SHORTEST))
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+                             trigger_then_wait_pdl{O_PROJ_TRIGGER_EARLY == 3 ? o_waited : NULL});
     else
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
@@ -275,6 +294,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(m
 #define ATT_O_POLL ATT_O_SHORT
 #endif
 static_assert(!ATT_O_SHORT || ATT_SHORT, "ATT_O_SHORT: the short context's kernel (ATT_SHORT)");
+static_assert(O_PROJ_TRIGGER_EARLY != 3 || (!ATT_O_GRID && !ATT_O_SHORT),
+              "O_PROJ_TRIGGER_EARLY=3: o_proj_residual_kernel in every step (the joined grids' o_proj never sets CTR_O_WAITED)");
 
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
 
@@ -359,8 +380,10 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(mod
 /* post_attention_layernorm, mlp.gate_proj, mlp.up_proj, SiLU, mlp.down_proj + residual: x's next
  * value added into out (zero before), and zero zeroed for the next layer's */
 static __global__ void MLP_BOUNDS mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
-                                                                        float *out, float *zero, unsigned *att_done, float *att_poll) {
-    mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{});
+                                                                        float *out, float *zero, unsigned *att_done, float *att_poll,
+                                                                        const unsigned *o_waited) {
+    mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{},
+                                                O_PROJ_TRIGGER_EARLY == 3 ? o_waited : NULL);
     reset_att_signals(att_done, att_poll);
 }
 
@@ -924,16 +947,16 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                 mark(ST_ATT);
                 if (short_kernel && n_splits == 1) /* the one-split graphs (or heads of 128's short steps) */
                     launch(o_proj_residual_kernel<true>, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream,
-                           *lw, m->att, x);
+                           *lw, m->att, x, m->counters + CTR_O_WAITED);
                 else
                     launch(o_proj_residual_kernel<false>, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream,
-                           *lw, m->att, x);
+                           *lw, m->att, x, m->counters + CTR_O_WAITED);
                 mark(ST_O);
             }
 #if MLP_FUSED
             launch(mlp_fused_kernel, m->grid_mlp, 1, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM), m->stream, *lw,
                    m->down_t + (size_t)l * MODEL_HIDDEN_DIM * MODEL_DIM, x, residual_at(m, l + 1), residual_at(m, l + 2),
-                   m->counters + CTR_ATT_DONE, m->att_poll);
+                   m->counters + CTR_ATT_DONE, m->att_poll, m->counters + CTR_O_WAITED);
             mark(ST_MLP);
             continue;
 #endif
