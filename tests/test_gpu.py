@@ -94,6 +94,8 @@ TEST_BUILDS = {
     "test_tiny_gpu_residual_pairs_equal_cpu": lambda p: [("flags", p["variant"], RES_PAIRS)],
     "test_tiny_gpu_fused_mlp_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
     "test_fused_mlp_memcheck_clean": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
+    "test_tiny_gpu_fused_mlp_past_one_split_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"]) if p["flags"]
+                                                                   else ("plain", FUSED_MLP_MODEL, "specialized")],
     "test_tiny_gpu_joined_o_proj_paced_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_early_lots_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_pair_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
@@ -172,8 +174,9 @@ def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
 
 # tiny-d2048: the hidden size of Llama-3.2-1B (2048), where the decode MLP is one kernel by default
 # (MLP_FUSED; codegen/plan.py, _mlp_fused_fits); its 4352 hidden units give 132 blocks 32 or 33
-# each, so a block's last batch of 16 holds one unit and its tiles' slots are reused. Not in
-# TINY_VARIANTS: its 150 MB of weights would slow every CPU test.
+# each, so a block's last batch of 16 holds one unit and its tiles' slots are reused; its context
+# of 2048 lets a prompt cross from the one-split graphs into the others at 256 positions, as the
+# 1B's. Not in TINY_VARIANTS: its 150 MB of weights would slow every CPU test.
 SPLIT_MLP = "-DMLP_FUSED=0"
 FUSED_MLP_MODEL = "tiny-d2048"
 
@@ -274,32 +277,53 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
+# the fused MLP's launch as it was before the forty-seventh session: after o_proj's wait, no hold
+O_PROJ_AFTER_WAIT = "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=0"
+
+
 @pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1",
                                    "-DATT_O_GRID=1 -DATT_O_SHORT=1", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1",
-                                   "-DO_PROJ_TRIGGER_SHORTEST=1", "-DO_PROJ_TRIGGER_EARLY=3"])
+                                   O_PROJ_AFTER_WAIT, "-DO_PROJ_TRIGGER_SHORTEST=0"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     """tiny-d2048, where the decode MLP is one kernel by default (that build runs in tiny_gpu's
     tests): with gate/up and down instead, the fused MLP at 96 registers and as first built (its
     input by the threads' loads, the driver's carveouts), after the joined attention/o_proj grid
-    (short contexts too, as the 1B's steps at depth 0), and with both attention kernels and o_proj
-    letting their next kernel launch before their wait (the default: the short attention only), and
-    o_proj doing so once its early loads are out in the one-split graphs (O_PROJ_TRIGGER_SHORTEST),
-    and in every step with the MLP's blocks holding their first loads until o_proj has waited
-    (O_PROJ_TRIGGER_EARLY=3, whose flag is set and put back every layer): logits (the persistent step's too, which keeps the separate kernels) and greedy text against
+    (short contexts too, as the 1B's steps at depth 0), with both attention kernels and o_proj
+    letting their next kernel launch as they start, with o_proj letting the MLP launch only after
+    its wait, and with the MLP's blocks holding their first loads on o_proj's flag in the one-split
+    graphs too (the default holds them only past 256 positions, which the next test crosses):
+    logits (the persistent step's too, which keeps the separate kernels) and greedy text against
     the CPU's."""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
-@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0", "-DO_PROJ_TRIGGER_EARLY=3"])
+@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=2"])
+def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
+    """tiny-d2048's fused MLP in the steps past 256 positions, whose graphs have o_proj let the MLP
+    launch before its wait and the MLP's blocks hold their first loads until o_proj's block 0 has
+    waited (O_PROJ_TRIGGER_EARLY=3, the default; its flag set by o_proj and put back by the next
+    layer's attention, every layer of every step), and without the hold (2). Three times
+    TINY_PROMPT (441 tokens, its logits a position at a time) and 48 more cross from the one-split
+    graphs at 256. Logits of every step and greedy text against the CPU's."""
+    if flags:
+        d, binary = flags_build(FUSED_MLP_MODEL, flags)
+    else:
+        d = tiny_model_dir(FUSED_MLP_MODEL)
+        binary = binary_for(d, "specialized")
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
+
+
+@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0"])
 def test_fused_mlp_memcheck_clean(flags):
     """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
-    residual stream's buffers), with its input by the threads' loads, and with its blocks holding
-    their first loads on o_proj's flag (O_PROJ_TRIGGER_EARLY=3), under compute-sanitizer's memcheck."""
+    residual stream's buffers), and with its input by the threads' loads, under compute-sanitizer's
+    memcheck: a prompt that crosses 256 positions, so that the MLP's blocks also hold their first
+    loads on o_proj's flag (O_PROJ_TRIGGER_EARLY=3)."""
     skip_without_sanitizer()
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
-    assert_memcheck_clean(binary, d, "-p", TINY_PROMPT, "-n", "8", "--temp", "0")
+    assert_memcheck_clean(binary, d, "-p", " ".join([TINY_PROMPT] * 3), "-n", "8", "--temp", "0")
 
 
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-qwen2"])

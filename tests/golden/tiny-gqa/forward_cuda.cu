@@ -175,6 +175,35 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 /* PROBE_NO_ATT == 2: an attention kernel's blocks wait and leave (the boundary without its work) */
 #define ATT_PROBE_LEAVE() do { if (PROBE_NO_ATT == 2) { wait_pdl{}(); return; } } while (0)
 
+/* A short context's decode attention in one block a (KV head, split) where the plan says so
+ * (codegen/plan.py, _att_short; the tensor-core path's): -DATT_SHORT=0 turns it off. */
+#ifndef ATT_SHORT
+#define ATT_SHORT (0 && ATT_MMA_HD)
+#endif
+
+#ifndef ATT_O_GRID
+#define ATT_O_GRID 0 /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
+#endif
+/* The short context's steps in the joined grid, with attention_short_body's blocks, where the plan
+ * says so (codegen/plan.py, _att_o_short: o_proj at 2 blocks an SM anyway; -DATT_O_SHORT=0 off),
+ * so that o_proj is QKV's dependent and launches with attention instead of after it. At depth 0
+ * attention's boundary costs 7B 2.8% and 1B 3.5% (-DPROBE_NO_ATT=1), its work nothing (=2); this
+ * gains the 7B 0.5-0.6% (PERFORMANCE.md, twenty-third session). */
+#ifndef ATT_O_SHORT
+#define ATT_O_SHORT (0 && ATT_SHORT)
+#endif
+/* In the joined short grid, o_proj's blocks wait for attention's outputs themselves, not for its
+ * count (wait_poll, stage_input<true>): attention writes them into att_poll, whose words read
+ * ATT_POLL_WORD until written and which the gate/up kernel puts back after o_proj. The count's
+ * signal costs attention a fence and an atomic after its stores and o_proj a poll's round trip
+ * before its staging's: 7B +0.4% at depth 0 (three rounds; traced, o_proj's first block passes its
+ * wait 1.09 us after attention's last block instead of 1.65; PERFORMANCE.md, twenty-fourth
+ * session). -DATT_O_POLL=0 waits on the count. */
+#ifndef ATT_O_POLL
+#define ATT_O_POLL ATT_O_SHORT
+#endif
+static_assert(!ATT_O_SHORT || ATT_SHORT, "ATT_O_SHORT: the short context's kernel (ATT_SHORT)");
+
 /* ATT_TRIGGER_EARLY=K: the decode attention lets the next kernel (o_proj) launch as its blocks
  * start, before their wait, so that o_proj's blocks land and issue their first rows under attention
  * (o_proj still waits for attention's grid to end: griddepcontrol.wait); 1: attention_short_kernel,
@@ -188,24 +217,29 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 #ifndef ATT_TRIGGER_EARLY
 #define ATT_TRIGGER_EARLY (MLP_FUSED ? 1 : 0)
 #endif
-/* -DO_PROJ_TRIGGER_EARLY=1 (a variant build): o_proj likewise lets the MLP launch as its blocks
- * start, in every step; 2: once they have issued their early loads, before their wait. With the
- * fused MLP, 1: even at depth 0, -3.5% at 4096; 2: +1.3% at depth 0, -3.5% at 4096 (forty-sixth
- * session). Traced (1): the MLP launched early lands where o_proj's blocks have left, 1.6 us sooner,
- * and its first loads (192 KB a block) slow o_proj's last blocks and attention; where attention
- * is short that is a gain, at 4096 a loss. -DO_PROJ_TRIGGER_SHORTEST=1: only the one-split graphs'
- * o_proj (the steps of at most 256 positions) takes 2. Built at the forty-sixth session's end, not
- * yet run on a GPU (its budget was spent): off until it is measured and tested.
- * 3 (the fused MLP's builds): as 2 in every step, and the MLP's blocks hold their first loads
- * until o_proj's block 0 has passed its wait (counters[CTR_O_WAITED], set there, put back to 0 by
- * the next layer's attention), so that a block landing early does not put them out beside
- * attention's; the launch's latency stays hidden. */
+/* When o_proj lets the next kernel (the MLP) launch, where the MLP is fused (whose block an SM
+ * lands only as o_proj's blocks leave, so its launch is on the step's chain):
+ * - O_PROJ_TRIGGER_SHORTEST=1 (the default with the fused MLP): in the one-split graphs (the steps
+ *   of at most 256 positions), once o_proj's blocks have issued their early loads, before their
+ *   wait. 1B, H100: +1.5% at depth 0, even at 4096 (PERFORMANCE.md, forty-seventh session).
+ * - O_PROJ_TRIGGER_EARLY=3 (the default with the fused MLP, outside the joined grids): the same in
+ *   the other graphs, where the MLP's blocks also hold their first loads (192 KB a block) until
+ *   o_proj's block 0 has passed its wait (counters[CTR_O_WAITED], set there, put back to 0 by the
+ *   next layer's attention): a block that lands early then puts none of them out beside
+ *   attention's. 1B, H100: +0.8% at 4096, and -0.3% at depth 0 in the one-split graphs too (there
+ *   the loads gain by going out beside attention's short work; forty-seventh).
+ * - O_PROJ_TRIGGER_EARLY=2: as 3 without the hold, in every step: +1.3-1.5% at depth 0, -1.4% to
+ *   -3.5% at 4096 (H200 and H100, forty-sixth and forty-seventh); 1: at o_proj's start, in every
+ *   step: even at depth 0, -3.5% at 4096 (traced, forty-sixth: the MLP lands 1.6 us sooner, its
+ *   first loads beside attention's and o_proj's last blocks take it all back); 0: after the wait. */
 #ifndef O_PROJ_TRIGGER_SHORTEST
-#define O_PROJ_TRIGGER_SHORTEST 0
+#define O_PROJ_TRIGGER_SHORTEST (MLP_FUSED ? 1 : 0)
 #endif
 #ifndef O_PROJ_TRIGGER_EARLY
-#define O_PROJ_TRIGGER_EARLY 0
+#define O_PROJ_TRIGGER_EARLY (MLP_FUSED && !ATT_O_GRID && !ATT_O_SHORT ? 3 : 0)
 #endif
+static_assert(O_PROJ_TRIGGER_EARLY != 3 || (!ATT_O_GRID && !ATT_O_SHORT),
+              "O_PROJ_TRIGGER_EARLY=3: o_proj_residual_kernel in every step (the joined grids' o_proj never sets CTR_O_WAITED)");
 static_assert(O_PROJ_TRIGGER_EARLY >= 0 && O_PROJ_TRIGGER_EARLY <= 3 && (O_PROJ_TRIGGER_EARLY != 3 || MLP_FUSED),
               "O_PROJ_TRIGGER_EARLY: 0 .. 3, 3 with the fused MLP (MLP_FUSED)");
 /* the next layer's attention puts o_proj's flag back (O_PROJ_TRIGGER_EARLY=3): its blocks run only
@@ -235,11 +269,6 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
                       n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
-/* A short context's decode attention in one block a (KV head, split) where the plan says so
- * (codegen/plan.py, _att_short; the tensor-core path's): -DATT_SHORT=0 turns it off. */
-#ifndef ATT_SHORT
-#define ATT_SHORT (0 && ATT_MMA_HD)
-#endif
 #if ATT_SHORT
 #if !ATT_MMA_HD
 #error "ATT_SHORT: the decode attention on the tensor cores (ATT_MMA_HD)"
@@ -260,42 +289,20 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(con
 
 /* self_attn.o_proj (+ bias) + residual; registers for 4 blocks an SM (codegen/plan.py) */
 /* SHORTEST: the one-split graphs' launch, which lets the next kernel launch before its wait where
- * O_PROJ_TRIGGER_SHORTEST says so; o_waited: counters[CTR_O_WAITED] (O_PROJ_TRIGGER_EARLY=3) */
+ * O_PROJ_TRIGGER_SHORTEST says so, with no hold; o_waited: counters[CTR_O_WAITED], set past the
+ * wait where the MLP holds on it (O_PROJ_TRIGGER_EARLY=3) */
 template <bool SHORTEST>
 static __global__ void __launch_bounds__(MV_THREADS, 4) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x,
                                                                                        unsigned *o_waited) {
-    if (O_PROJ_TRIGGER_EARLY == 1) pdl_launch_dependents();
-    if (O_PROJ_TRIGGER_EARLY >= 2 || (SHORTEST && O_PROJ_TRIGGER_SHORTEST))
+    constexpr bool shortest = SHORTEST && O_PROJ_TRIGGER_SHORTEST;
+    if (O_PROJ_TRIGGER_EARLY == 1 && !shortest) pdl_launch_dependents();
+    if (O_PROJ_TRIGGER_EARLY >= 2 || shortest)
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
-                             trigger_then_wait_pdl{O_PROJ_TRIGGER_EARLY == 3 ? o_waited : NULL});
+                             trigger_then_wait_pdl{O_PROJ_TRIGGER_EARLY == 3 && !shortest ? o_waited : NULL});
     else
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
-#ifndef ATT_O_GRID
-#define ATT_O_GRID 0 /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
-#endif
-/* The short context's steps in the joined grid, with attention_short_body's blocks, where the plan
- * says so (codegen/plan.py, _att_o_short: o_proj at 2 blocks an SM anyway; -DATT_O_SHORT=0 off),
- * so that o_proj is QKV's dependent and launches with attention instead of after it. At depth 0
- * attention's boundary costs 7B 2.8% and 1B 3.5% (-DPROBE_NO_ATT=1), its work nothing (=2); this
- * gains the 7B 0.5-0.6% (PERFORMANCE.md, twenty-third session). */
-#ifndef ATT_O_SHORT
-#define ATT_O_SHORT (0 && ATT_SHORT)
-#endif
-/* In the joined short grid, o_proj's blocks wait for attention's outputs themselves, not for its
- * count (wait_poll, stage_input<true>): attention writes them into att_poll, whose words read
- * ATT_POLL_WORD until written and which the gate/up kernel puts back after o_proj. The count's
- * signal costs attention a fence and an atomic after its stores and o_proj a poll's round trip
- * before its staging's: 7B +0.4% at depth 0 (three rounds; traced, o_proj's first block passes its
- * wait 1.09 us after attention's last block instead of 1.65; PERFORMANCE.md, twenty-fourth
- * session). -DATT_O_POLL=0 waits on the count. */
-#ifndef ATT_O_POLL
-#define ATT_O_POLL ATT_O_SHORT
-#endif
-static_assert(!ATT_O_SHORT || ATT_SHORT, "ATT_O_SHORT: the short context's kernel (ATT_SHORT)");
-static_assert(O_PROJ_TRIGGER_EARLY != 3 || (!ATT_O_GRID && !ATT_O_SHORT),
-              "O_PROJ_TRIGGER_EARLY=3: o_proj_residual_kernel in every step (the joined grids' o_proj never sets CTR_O_WAITED)");
 
 static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
 
@@ -378,12 +385,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(mod
 #define MLP_BOUNDS __launch_bounds__(MLP_THREADS, 1)
 #endif
 /* post_attention_layernorm, mlp.gate_proj, mlp.up_proj, SiLU, mlp.down_proj + residual: x's next
- * value added into out (zero before), and zero zeroed for the next layer's */
+ * value added into out (zero before), and zero zeroed for the next layer's; o_waited: NULL, or
+ * o_proj's flag that the blocks' first loads wait for (O_PROJ_TRIGGER_EARLY=3) */
 static __global__ void MLP_BOUNDS mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
                                                                         float *out, float *zero, unsigned *att_done, float *att_poll,
                                                                         const unsigned *o_waited) {
     mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{},
-                                                O_PROJ_TRIGGER_EARLY == 3 ? o_waited : NULL);
+                                                o_waited);
     reset_att_signals(att_done, att_poll);
 }
 
@@ -954,9 +962,11 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                 mark(ST_O);
             }
 #if MLP_FUSED
+            /* the MLP holds its first loads on o_proj's flag where o_proj sets it (O_PROJ_TRIGGER_EARLY=3) */
+            const bool hold = O_PROJ_TRIGGER_EARLY == 3 && !(O_PROJ_TRIGGER_SHORTEST && short_kernel && n_splits == 1);
             launch(mlp_fused_kernel, m->grid_mlp, 1, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM), m->stream, *lw,
                    m->down_t + (size_t)l * MODEL_HIDDEN_DIM * MODEL_DIM, x, residual_at(m, l + 1), residual_at(m, l + 2),
-                   m->counters + CTR_ATT_DONE, m->att_poll, m->counters + CTR_O_WAITED);
+                   m->counters + CTR_ATT_DONE, m->att_poll, hold ? m->counters + CTR_O_WAITED : (unsigned *)NULL);
             mark(ST_MLP);
             continue;
 #endif
