@@ -98,14 +98,15 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
                                         ("90", "-DATT_O_GRID=1 -DATT_O_SHORT=1"),
                                         ("90", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1"),
                                         ("90", "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=0"),
-                                        ("90", "-DO_PROJ_TRIGGER_EARLY=2"), ("90", "-DO_PROJ_TRIGGER_SHORTEST=0"), ("80", "")])
+                                        ("90", "-DO_PROJ_TRIGGER_EARLY=2"), ("90", "-DO_PROJ_TRIGGER_EARLY=3"),
+                                        ("90", "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=3"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
     that build, at 96 registers, traced, as first built (the threads load its input, the driver's
     carveouts); after the joined attention/o_proj grid; with every attention kernel and o_proj
     letting the next launch as they start; o_proj letting the MLP launch only after its wait, before
-    it in every step with no hold, and with the MLP holding its first loads on o_proj's flag in the
-    one-split graphs too; the split build, and with every decode kernel's carveout set alike; sm_80
+    it in every step with no hold, and with the MLP holding its first loads on o_proj's flag past
+    the one-split graphs and in them too; the split build, and with every decode kernel's carveout set alike; sm_80
     builds the model without it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 

@@ -283,15 +283,15 @@ O_PROJ_AFTER_WAIT = "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=0"
 
 @pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1",
                                    "-DATT_O_GRID=1 -DATT_O_SHORT=1", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1",
-                                   O_PROJ_AFTER_WAIT, "-DO_PROJ_TRIGGER_SHORTEST=0"])
+                                   O_PROJ_AFTER_WAIT, "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=3"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     """tiny-d2048, where the decode MLP is one kernel by default (that build runs in tiny_gpu's
     tests): with gate/up and down instead, the fused MLP at 96 registers and as first built (its
     input by the threads' loads, the driver's carveouts), after the joined attention/o_proj grid
     (short contexts too, as the 1B's steps at depth 0), with both attention kernels and o_proj
     letting their next kernel launch as they start, with o_proj letting the MLP launch only after
-    its wait, and with the MLP's blocks holding their first loads on o_proj's flag in the one-split
-    graphs too (the default holds them only past 256 positions, which the next test crosses):
+    its wait, and before it in every step with the MLP's blocks holding their first loads on
+    o_proj's flag (O_PROJ_TRIGGER_EARLY=3; past 256 positions in the next test):
     logits (the persistent step's too, which keeps the separate kernels) and greedy text against
     the CPU's."""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
@@ -299,14 +299,15 @@ def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
-@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=2"])
+@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DO_PROJ_TRIGGER_EARLY=2"])
 def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
-    """tiny-d2048's fused MLP in the steps past 256 positions, whose graphs have o_proj let the MLP
-    launch before its wait and the MLP's blocks hold their first loads until o_proj's block 0 has
-    waited (O_PROJ_TRIGGER_EARLY=3, the default; its flag set by o_proj and put back by the next
-    layer's attention, every layer of every step), and without the hold (2). Three times
-    TINY_PROMPT (441 tokens, its logits a position at a time) and 48 more cross from the one-split
-    graphs at 256. Logits of every step and greedy text against the CPU's."""
+    """tiny-d2048's fused MLP across 256 positions, where the default's o_proj stops letting the
+    MLP launch before its wait (O_PROJ_TRIGGER_SHORTEST); with o_proj doing so in the later graphs
+    too, the MLP's blocks holding their first loads until o_proj's block 0 has waited
+    (O_PROJ_TRIGGER_EARLY=3: its flag set by o_proj and put back by the next layer's attention,
+    every layer of every step), and without the hold (2). Three times TINY_PROMPT (441 tokens, its
+    logits a position at a time) and 48 more cross from the one-split graphs at 256. Logits of
+    every step and greedy text against the CPU's."""
     if flags:
         d, binary = flags_build(FUSED_MLP_MODEL, flags)
     else:
@@ -315,12 +316,12 @@ def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
 
 
-@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0"])
+@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0", "-DO_PROJ_TRIGGER_EARLY=3"])
 def test_fused_mlp_memcheck_clean(flags):
     """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
-    residual stream's buffers), and with its input by the threads' loads, under compute-sanitizer's
-    memcheck: a prompt that crosses 256 positions, so that the MLP's blocks also hold their first
-    loads on o_proj's flag (O_PROJ_TRIGGER_EARLY=3)."""
+    residual stream's buffers), with its input by the threads' loads, and with its blocks holding
+    their first loads on o_proj's flag past 256 positions (O_PROJ_TRIGGER_EARLY=3), under
+    compute-sanitizer's memcheck: a prompt that crosses 256 positions."""
     skip_without_sanitizer()
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     assert_memcheck_clean(binary, d, "-p", " ".join([TINY_PROMPT] * 3), "-n", "8", "--temp", "0")

@@ -221,13 +221,15 @@ static_assert(!ATT_O_SHORT || ATT_SHORT, "ATT_O_SHORT: the short context's kerne
  * lands only as o_proj's blocks leave, so its launch is on the step's chain):
  * - O_PROJ_TRIGGER_SHORTEST=1 (the default with the fused MLP): in the one-split graphs (the steps
  *   of at most 256 positions), once o_proj's blocks have issued their early loads, before their
- *   wait. 1B, H100: +1.5% at depth 0, even at 4096 (PERFORMANCE.md, forty-seventh session).
- * - O_PROJ_TRIGGER_EARLY=3 (the default with the fused MLP, outside the joined grids): the same in
- *   the other graphs, where the MLP's blocks also hold their first loads (192 KB a block) until
+ *   wait. 1B: +1.1% at depth 0 on the H200, +1.5% on an H100, even at 4096 (PERFORMANCE.md,
+ *   forty-seventh session).
+ * - O_PROJ_TRIGGER_EARLY=3 (a variant; the fused MLP's builds outside the joined grids): the same
+ *   in the other graphs, where the MLP's blocks also hold their first loads (192 KB a block) until
  *   o_proj's block 0 has passed its wait (counters[CTR_O_WAITED], set there, put back to 0 by the
  *   next layer's attention): a block that lands early then puts none of them out beside
- *   attention's. 1B, H100: +0.8% at 4096, and -0.3% at depth 0 in the one-split graphs too (there
- *   the loads gain by going out beside attention's short work; forty-seventh).
+ *   attention's. 1B at 4096: +0.8% on an H100, -0.5% on the H200 (+0.2% at 16384); in the
+ *   one-split graphs too (with O_PROJ_TRIGGER_SHORTEST=0) -0.3% / -1.6% at depth 0, where the loads
+ *   gain by going out beside attention's short work (forty-seventh).
  * - O_PROJ_TRIGGER_EARLY=2: as 3 without the hold, in every step: +1.3-1.5% at depth 0, -1.4% to
  *   -3.5% at 4096 (H200 and H100, forty-sixth and forty-seventh); 1: at o_proj's start, in every
  *   step: even at depth 0, -3.5% at 4096 (traced, forty-sixth: the MLP lands 1.6 us sooner, its
@@ -236,7 +238,7 @@ static_assert(!ATT_O_SHORT || ATT_SHORT, "ATT_O_SHORT: the short context's kerne
 #define O_PROJ_TRIGGER_SHORTEST (MLP_FUSED ? 1 : 0)
 #endif
 #ifndef O_PROJ_TRIGGER_EARLY
-#define O_PROJ_TRIGGER_EARLY (MLP_FUSED && !ATT_O_GRID && !ATT_O_SHORT ? 3 : 0)
+#define O_PROJ_TRIGGER_EARLY 0
 #endif
 static_assert(O_PROJ_TRIGGER_EARLY != 3 || (!ATT_O_GRID && !ATT_O_SHORT),
               "O_PROJ_TRIGGER_EARLY=3: o_proj_residual_kernel in every step (the joined grids' o_proj never sets CTR_O_WAITED)");
