@@ -287,16 +287,17 @@ def _gemm_wgmma(cuda_arch: str) -> int:
 
 def _mlp_fused_fits(dim: int, hidden_dim: int, cuda_arch: str) -> int:
     """Whether the decode step's MLP runs as one kernel (runtime/cuda_kernels.cuh, mlp_fused_body:
-    gate/up and down's transpose in batches of 16 hidden units a block, the blocks' partial sums
-    added in L2), the build's default where it fits (-DMLP_FUSED=0 keeps gate/up and down): a hidden
-    size of 2048 (8 chunks a lane a row, 4 output columns a lane), an intermediate size of whole
-    32-value tiles (the transpose), and sm_90 (bulk copies on mbarriers). Measured on the H200
+    gate/up and down's transpose in batches of hidden units a block, the blocks' partial sums added
+    in L2), the build's default where it fits (-DMLP_FUSED=0 keeps gate/up and down): a hidden size
+    of 2048 (a unit's rows to a warp, 8 chunks a lane, 16 units a batch, 4 output columns a lane) or
+    4096 (to two warps, 8 units a batch, 8 columns a lane), an intermediate size of whole 32-value
+    tiles (the transpose), and sm_90 (bulk copies on mbarriers). Measured on the H200
     (PERFORMANCE.md, forty-second to forty-fourth sessions): alone, 16 chained Llama-3.2-1B-shaped
     MLPs 24.2 us a layer against 26.6 for two kernels (tests/bench/fused_mlp.cu); in the 1B's step,
     with its input by a bulk copy and every decode kernel's carveout alike, +0.2% at depth 0 and
     +1.9% at 4096. Its sums' order is not fixed: a build with it is not reproducible to the last
     bit."""
-    return int(cuda_arch == "90" and dim == 2048 and hidden_dim % 32 == 0)
+    return int(cuda_arch == "90" and dim in (2048, 4096) and hidden_dim % 32 == 0)
 
 
 def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:

@@ -1268,18 +1268,19 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 }
 
 // ---------------------------------------------------------------------------------------------
-// The MLP in one kernel (MLP_FUSED, where the hidden size is 2048 on sm_90; the default there):
-// gate/up, SiLU and down without the boundary between gate/up and down, which costs the
+// The MLP in one kernel (MLP_FUSED, where the hidden size is 2048 or 4096 on sm_90; the default
+// there): gate/up, SiLU and down without the boundary between gate/up and down, which costs the
 // Llama-3.2-1B shape ~2.5 us a layer beyond down's bytes. One block of MLP_WARPS warps an SM takes a range of hidden
-// units [u0, u1), in batches of MLP_WARPS (a unit a warp). For each batch:
-// - each warp dots its unit's gate and up rows with the staged, normed input (as the decode gate/up
-//   does) and puts silu(g) * u into shared memory, then loads the next batch's rows at once, so
-//   that they are in flight under this batch's down phase;
-// - the batch's rows of down's transpose (MLP_WARPS x dim, contiguous: the runtime keeps a copy of
+// units [u0, u1), in batches of MLP_UNITS(dim) (a unit to MLP_ROW_WARPS(dim) warps: rows of 8 chunks
+// of 16 bytes a lane). For each batch:
+// - each warp dots its part of its unit's gate and up rows with the staged, normed input (as the
+//   decode gate/up does), then loads the next batch's rows at once, so that they are in flight under
+//   this batch's down phase; the unit's warps' sums make silu(g) * u in shared memory;
+// - the batch's rows of down's transpose (MLP_UNITS x dim, contiguous: the runtime keeps a copy of
 //   down_proj transposed) land in shared memory on the bulk-copy engine, MLP_SLOTS batches ahead,
 //   counted on the slot's mbarrier (the first before the wait, the rest after it);
-// - past a block barrier each warp multiplies its dim / MLP_WARPS output columns (4 a lane) by the
-//   batch's hidden values.
+// - past a block barrier each warp multiplies its dim / MLP_WARPS output columns (4 or 8 a lane) by
+//   the batch's hidden values.
 // The block ends with a partial sum of every output, added into `out` in L2 (red.global.add.v4.f32;
 // block 0 adds the residual x too): out must be zero before, so each layer's kernel zeroes the
 // buffer the next layer adds into (`zero`, the last layer's input, dead past this kernel's wait).
@@ -1310,10 +1311,14 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 #ifndef MLP_X_BULK
 #define MLP_X_BULK 1
 #endif
-/* Dynamic shared memory of mlp_fused_body: the tiles of down's transpose, then the staged input
- * (and with MLP_X_BULK the copy of x it is made from) */
+/* The warps that take a hidden unit's gate and up rows (8 chunks of 16 bytes a lane of each), and
+ * the hidden units of a batch: 1 and 16 at a hidden size of 2048, 2 and 8 at 4096 */
+#define MLP_ROW_WARPS(dim) ((dim) / 2048)
+#define MLP_UNITS(dim) (MLP_WARPS / MLP_ROW_WARPS(dim))
+/* Dynamic shared memory of mlp_fused_body: the tiles of down's transpose (64 KB each), then the
+ * staged input (and with MLP_X_BULK the copy of x it is made from) */
 #define MLP_SMEM_BYTES(dim) \
-    ((size_t)MLP_SLOTS * MLP_WARPS * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float) * (MLP_X_BULK ? 2 : 1))
+    ((size_t)MLP_SLOTS * MLP_UNITS(dim) * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float) * (MLP_X_BULK ? 2 : 1))
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 /* a shared-memory mbarrier (its shared address) for `count` arrivals */
@@ -1362,16 +1367,21 @@ template <int DIM, int HIDDEN, typename Wait>
 __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu, const uint16_t *down_t,
                                                const float *x, float *out, float *zero, float eps, Wait wait,
                                                const unsigned *hold = nullptr) {
-    constexpr int DCH = DIM / 8, LCH = DCH / WARP_SIZE, CPL = DIM / MLP_WARPS / WARP_SIZE, NB = MLP_WARPS;
-    static_assert(DCH % WARP_SIZE == 0 && LCH <= 8 && CPL == 4, "mlp_fused_body: a hidden size of 2048 (8 chunks a lane a row, 4 columns)");
+    /* RW warps a unit, each LCH chunks a lane of its rows (its part of them: RCH chunks); NB units a
+     * batch; CPL output columns a lane */
+    constexpr int DCH = DIM / 8, RW = MLP_ROW_WARPS(DIM), NB = MLP_UNITS(DIM), RCH = DCH / RW, LCH = RCH / WARP_SIZE,
+                  CPL = DIM / MLP_WARPS / WARP_SIZE;
+    static_assert((DIM == 2048 || DIM == 4096) && LCH == 8 && (CPL == 4 || CPL == 8) && DCH <= MLP_THREADS,
+                  "mlp_fused_body: a hidden size of 2048 or 4096 (8 chunks a lane a row part, 4 or 8 columns a lane)");
     static_assert(MLP_EARLY_TILES >= 0 && MLP_EARLY_TILES <= MLP_SLOTS, "MLP_EARLY_TILES: 0 .. MLP_SLOTS");
     extern __shared__ __align__(16) float smem[];
     uint16_t *tiles = reinterpret_cast<uint16_t *>(smem);      /* (MLP_SLOTS, NB, DIM) */
     float4 *sx4 = reinterpret_cast<float4 *>(smem + MLP_SLOTS * NB * DIM / 2); /* the input, in halves as stage_input's */
-    __shared__ float partial[MLP_WARPS], hs[NB];
+    __shared__ float partial[MLP_WARPS], hs[NB], g_part[RW > 1 ? MLP_WARPS : 1], u_part[RW > 1 ? MLP_WARPS : 1];
     __shared__ __align__(8) uint64_t bars[MLP_SLOTS + MLP_X_BULK]; /* the tiles' slots, then x's copy */
     const float4 *x_raw = reinterpret_cast<const float4 *>(sx4 + 2 * DCH);  /* MLP_X_BULK: x as it is */
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, w = tid / WARP_SIZE, G = gridDim.x, b = blockIdx.x;
+    const int unit = w / RW, part = w % RW; /* this warp's unit of a batch, and its part of the unit's rows */
     const int u0 = (int)((long long)b * HIDDEN / G), n = (int)((long long)(b + 1) * HIDDEN / G) - u0, nb = (n + NB - 1) / NB;
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars), tiles0 = (uint32_t)__cvta_generic_to_shared(tiles);
     auto rows_of = [&](int k) { return min(NB, n - k * NB); };
@@ -1381,7 +1391,7 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     };
     auto load_row = [&](uint4 r[LCH], const uint16_t *row) {
 #pragma unroll
-        for (int j = 0; j < LCH; j++) r[j] = ld_stream(reinterpret_cast<const uint4 *>(row) + j * WARP_SIZE + lane);
+        for (int j = 0; j < LCH; j++) r[j] = ld_stream(reinterpret_cast<const uint4 *>(row) + part * RCH + j * WARP_SIZE + lane);
     };
     TRACE_BEGIN(ST_MLP);
     /* the norm weights first, into registers: a load that waits behind the block's weight loads
@@ -1398,9 +1408,9 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     }
     uint4 ga[LCH], ua[LCH]; /* this warp's gate and up rows of the batch */
     auto load_first_rows = [&] {
-        if (w < rows_of(0)) {
-            load_row(ga, wg + (size_t)(u0 + w) * DIM);
-            load_row(ua, wu + (size_t)(u0 + w) * DIM);
+        if (unit < rows_of(0)) {
+            load_row(ga, wg + (size_t)(u0 + unit) * DIM);
+            load_row(ua, wu + (size_t)(u0 + unit) * DIM);
         }
     };
     if (MLP_EARLY_ROWS) load_first_rows();
@@ -1442,12 +1452,12 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     float acc[CPL] = {};
     for (int k = 0; k < nb; k++) {
         const int rows = rows_of(k);
-        float hv = 0.0f;
-        if (w < rows) {
+        float hv = 0.0f; /* RW 1: the unit's hidden value */
+        if (unit < rows) {
             float sg = 0.0f, su = 0.0f;
 #pragma unroll
             for (int j = 0; j < LCH; j++) { /* each staged float4 read once for both rows */
-                const int c = j * WARP_SIZE + lane;
+                const int c = part * RCH + j * WARP_SIZE + lane;
                 const float4 p = sx4[c], q = sx4[DCH + c];
                 float fg[8], fu[8];
                 w8_to_f32(ga[j], fg);
@@ -1455,20 +1465,38 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
                 sg += fg[0] * p.x + fg[1] * p.y + fg[2] * p.z + fg[3] * p.w + fg[4] * q.x + fg[5] * q.y + fg[6] * q.z + fg[7] * q.w;
                 su += fu[0] * p.x + fu[1] * p.y + fu[2] * p.z + fu[3] * p.w + fu[4] * q.x + fu[5] * q.y + fu[6] * q.z + fu[7] * q.w;
             }
-            hv = silu(warp_sum(sg) * scale) * (warp_sum(su) * scale);
+            if (RW == 1) {
+                hv = silu(warp_sum(sg) * scale) * (warp_sum(su) * scale);
+            } else { /* this warp's part of the unit's sums */
+                sg = warp_sum(sg), su = warp_sum(su);
+                if (lane == 0) g_part[w] = sg, u_part[w] = su;
+            }
         }
-        if (k + 1 < nb && w < rows_of(k + 1)) { /* the next batch's rows, in flight under this one's down phase */
-            load_row(ga, wg + (size_t)(u0 + (k + 1) * NB + w) * DIM);
-            load_row(ua, wu + (size_t)(u0 + (k + 1) * NB + w) * DIM);
+        if (k + 1 < nb && unit < rows_of(k + 1)) { /* the next batch's rows, in flight under this one's down phase */
+            load_row(ga, wg + (size_t)(u0 + (k + 1) * NB + unit) * DIM);
+            load_row(ua, wu + (size_t)(u0 + (k + 1) * NB + unit) * DIM);
         }
-        if (lane == 0) hs[w] = hv;
+        if (RW == 1) {
+            if (lane == 0) hs[w] = hv;
+        } else if (unit < rows) { /* the unit's warps' parts: named barrier 1 + unit, the unit's warps only */
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + unit), "r"(RW * WARP_SIZE) : "memory");
+            if (part == 0 && lane == 0) {
+                float sg = 0.0f, su = 0.0f;
+#pragma unroll
+                for (int p = 0; p < RW; p++) sg += g_part[unit * RW + p], su += u_part[unit * RW + p];
+                hs[unit] = silu(sg * scale) * (su * scale);
+            }
+        }
         __syncthreads(); /* the batch's hidden values */
         mbar_wait(bar0 + 8 * (k % MLP_SLOTS), (uint32_t)(k / MLP_SLOTS) & 1u);
         const uint16_t *t = tiles + (size_t)(k % MLP_SLOTS) * NB * DIM + col;
 #pragma unroll 4
         for (int r = 0; r < rows; r++) {
-            float f[4];
-            w4_to_f32(*reinterpret_cast<const uint2 *>(t + (size_t)r * DIM), f);
+            float f[CPL];
+            if constexpr (CPL == 4)
+                w4_to_f32(*reinterpret_cast<const uint2 *>(t + (size_t)r * DIM), f);
+            else
+                w8_to_f32(*reinterpret_cast<const uint4 *>(t + (size_t)r * DIM), f);
             const float h = hs[r];
 #pragma unroll
             for (int e = 0; e < CPL; e++) acc[e] += h * f[e];
@@ -1479,12 +1507,16 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
             issue_tile(k + MLP_SLOTS);
         }
     }
-    float4 v = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    if (b == 0) { /* the residual, once */
-        const float4 r = __ldcg(reinterpret_cast<const float4 *>(x + col));
-        v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
+#pragma unroll
+    for (int e = 0; e < CPL; e += 4) {
+        float4 v = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
+        if (b == 0) { /* the residual, once */
+            const float4 r = __ldcg(reinterpret_cast<const float4 *>(x + col + e));
+            v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
+        }
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out + col + e), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                     : "memory");
     }
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out + col), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
     TRACE_END();
 }
 #endif

@@ -133,26 +133,28 @@ def test_plan_joins_attention_and_o_proj_only_in_the_generic_build():
 
     joined = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).att_o_grid
               for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "qwen2.5-7b-instruct")}
-    assert joined == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 0, "mistral-7b-instruct-v0.2": 0,
+    assert joined == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 0, "mistral-7b-instruct-v0.2": 1,
                       "qwen2.5-7b-instruct": 0}
     assert make_plan(spec_of(load(REPO / "tests" / "models" / "tiny-gqa" / "config.json"))).att_o_grid == 0
     assert make_generic_plan().att_o_grid == 1
 
 
-def test_plan_fits_the_fused_decode_mlp_at_a_hidden_size_of_2048_on_sm_90():
-    """The decode MLP in one kernel (-DMLP_FUSED=1; mlp_fused_body: 8 chunks a lane a row of 2048,
-    bulk copies on mbarriers) fits the Llama-3.2-1B shape and the tiny model made for it, on sm_90
-    only; never the generic build."""
+def test_plan_fits_the_fused_decode_mlp_at_hidden_sizes_of_2048_and_4096_on_sm_90():
+    """The decode MLP in one kernel (-DMLP_FUSED=1; mlp_fused_body: 8 chunks a lane a row part, a
+    unit's rows to one warp at 2048 and two at 4096, bulk copies on mbarriers) fits the
+    Llama-3.2-1B, Mistral-7B and Llama-3.1-8B shapes and the tiny models made for it, on sm_90 only;
+    not Qwen2.5-7B's 3584 nor SmolLM2's 576; never the generic build."""
     from codegen.plan import make_generic_plan, make_plan
 
     fused = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).mlp_fused_fits
              for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "llama-3.1-8b-instruct",
                        "qwen2.5-7b-instruct")}
-    assert fused == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 1, "mistral-7b-instruct-v0.2": 0,
-                     "llama-3.1-8b-instruct": 0, "qwen2.5-7b-instruct": 0}
-    tiny = spec_of(load(REPO / "tests" / "models" / "tiny-d2048" / "config.json"))
-    assert make_plan(tiny).mlp_fused_fits == 1
-    assert make_plan(tiny, cuda_arch="89").mlp_fused_fits == 0 and make_plan(tiny, cuda_arch="80").mlp_fused_fits == 0
+    assert fused == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 1, "mistral-7b-instruct-v0.2": 1,
+                     "llama-3.1-8b-instruct": 1, "qwen2.5-7b-instruct": 0}
+    for name in ("tiny-d2048", "tiny-d4096"):
+        tiny = spec_of(load(REPO / "tests" / "models" / name / "config.json"))
+        assert make_plan(tiny).mlp_fused_fits == 1
+        assert make_plan(tiny, cuda_arch="89").mlp_fused_fits == 0 and make_plan(tiny, cuda_arch="80").mlp_fused_fits == 0
     assert make_generic_plan().mlp_fused_fits == 0
 
 

@@ -111,6 +111,15 @@ def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 
 
+@pytest.mark.parametrize("flags", ["", "-DINGOT_TRACE", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1", "-DO_PROJ_TRIGGER_EARLY=3",
+                                   "-DMLP_FUSED=0"])
+def test_fused_mlp_at_4096_builds_compile(tmp_path, flags):
+    """tiny-d4096, the hidden size of the 7B and 8B shapes, where a hidden unit's rows take two warps
+    (mlp_fused_body's MLP_ROW_WARPS): the fused default, traced, as first built, with the MLP's hold,
+    and the split build."""
+    _compile_generated(tmp_path, "tiny-d4096", "90", flags=tuple(flags.split()))
+
+
 @pytest.mark.parametrize("flags,reason", [("-DO_PROJ_TRIGGER_EARLY=3 -DATT_O_GRID=1 -DATT_O_SHORT=1", "never sets CTR_O_WAITED"),
                                           ("-DO_PROJ_TRIGGER_EARLY=3 -DMLP_FUSED=0", "3 with the fused MLP")])
 def test_o_proj_trigger_hold_refused_where_nothing_would_release_it(tmp_path, flags, reason):

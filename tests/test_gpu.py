@@ -93,7 +93,9 @@ TEST_BUILDS = {
     "test_tiny_gpu_greedy_equals_cpu": lambda p: [("plain", p["variant"], "specialized")],
     "test_tiny_gpu_residual_pairs_equal_cpu": lambda p: [("flags", p["variant"], RES_PAIRS)],
     "test_tiny_gpu_fused_mlp_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
-    "test_fused_mlp_memcheck_clean": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"])],
+    "test_fused_mlp_memcheck_clean": lambda p: [("flags", p["model"], p["flags"])],
+    "test_tiny_gpu_fused_mlp_at_4096_equal_cpu": lambda p: [("flags", FUSED_MLP_4096, p["flags"]) if p["flags"]
+                                                            else ("plain", FUSED_MLP_4096, "specialized")],
     "test_tiny_gpu_fused_mlp_past_one_split_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"]) if p["flags"]
                                                                    else ("plain", FUSED_MLP_MODEL, "specialized")],
     "test_tiny_gpu_joined_o_proj_paced_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
@@ -179,13 +181,18 @@ def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
 # 1B's. Not in TINY_VARIANTS: its 150 MB of weights would slow every CPU test.
 SPLIT_MLP = "-DMLP_FUSED=0"
 FUSED_MLP_MODEL = "tiny-d2048"
+# tiny-d4096: the hidden size of the Mistral-7B and Llama-3.1-8B shapes (4096), where the fused MLP
+# gives a hidden unit's gate and up rows to two warps and takes 8 units a batch; its 2272 hidden
+# units give 132 blocks 17 or 18 each, so a block's last batch holds 1 or 2 units, in its first
+# tiles' slot again; 8 heads of 128 over 2 KV heads, the 7B's group of 4.
+FUSED_MLP_4096 = "tiny-d4096"
 
 
-@pytest.fixture(scope="module", params=[(v, b) for v in TINY_VARIANTS for b in BUILDS] + [(FUSED_MLP_MODEL, "specialized")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[(v, b) for v in TINY_VARIANTS for b in BUILDS]
+                + [(FUSED_MLP_MODEL, "specialized"), (FUSED_MLP_4096, "specialized")], ids=lambda p: f"{p[0]}-{p[1]}")
 def tiny_gpu(request):
     """(model dir, binary) for each tiny variant and each build (specialized, generic), and the fused
-    MLP's model (the 1B's hidden size) in its specialized build."""
+    MLP's models (the 1B's and the 7B's hidden sizes) in their specialized builds."""
     variant, build = request.param
     d = tiny_model_dir(variant)
     return d, binary_for(d, build)
@@ -316,14 +323,33 @@ def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
 
 
-@pytest.mark.parametrize("flags", ["", "-DMLP_X_BULK=0", "-DO_PROJ_TRIGGER_EARLY=3"])
-def test_fused_mlp_memcheck_clean(flags):
+@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1", SPLIT_MLP])
+def test_tiny_gpu_fused_mlp_at_4096_equal_cpu(flags, tmp_path):
+    """tiny-d4096's fused MLP (a hidden unit's rows to two warps, 8 units a batch, 8 output columns a
+    lane): the default, with the MLP's hold past 256 positions (O_PROJ_TRIGGER_EARLY=3), as first
+    built (its input by the threads' loads, the driver's carveouts), and the split build. Three times
+    TINY_PROMPT (441 tokens) and 48 more cross from the one-split graphs at 256: logits of every
+    step (the persistent step's too, which keeps the separate kernels) and greedy text against the
+    CPU's."""
+    if flags:
+        d, binary = flags_build(FUSED_MLP_4096, flags)
+    else:
+        d = tiny_model_dir(FUSED_MLP_4096)
+        binary = binary_for(d, "specialized")
+    assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True, prompt=" ".join([TINY_PROMPT] * 3))
+
+
+@pytest.mark.parametrize("model,flags", [(FUSED_MLP_MODEL, ""), (FUSED_MLP_MODEL, "-DMLP_X_BULK=0"),
+                                         (FUSED_MLP_MODEL, "-DO_PROJ_TRIGGER_EARLY=3"), (FUSED_MLP_4096, "")])
+def test_fused_mlp_memcheck_clean(model, flags):
     """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
-    residual stream's buffers), with its input by the threads' loads, and with its blocks holding
-    their first loads on o_proj's flag past 256 positions (O_PROJ_TRIGGER_EARLY=3), under
-    compute-sanitizer's memcheck: a prompt that crosses 256 positions."""
+    residual stream's buffers), with its input by the threads' loads, with its blocks holding
+    their first loads on o_proj's flag past 256 positions (O_PROJ_TRIGGER_EARLY=3), and at a hidden
+    size of 4096 (a unit's rows to two warps), under compute-sanitizer's memcheck: a prompt that
+    crosses 256 positions."""
     skip_without_sanitizer()
-    d, binary = flags_build(FUSED_MLP_MODEL, flags)
+    d, binary = flags_build(model, flags)
     assert_memcheck_clean(binary, d, "-p", " ".join([TINY_PROMPT] * 3), "-n", "8", "--temp", "0")
 
 
