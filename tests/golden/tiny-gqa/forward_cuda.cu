@@ -120,8 +120,9 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 #endif
 
 /* MLP_FUSED: the decode step's MLP in one kernel (mlp_fused_body) instead of gate/up and down,
- * by default where it fits (codegen/plan.py, _mlp_fused_fits: a hidden size of 2048 on sm_90, the
- * 1B shape); -DMLP_FUSED=0 keeps the two kernels. As first built it measured -0.3% to -0.7% at
+ * by default where it fits (codegen/plan.py, _mlp_fused_fits: a hidden size of 2048 or 4096 on
+ * sm_90, the 1B, 7B and 8B shapes); -DMLP_FUSED=0 keeps the two kernels. At 4096 (forty-eighth
+ * session, an H100): Mistral-7B +0.4-0.6% at depths 0 to 32000. As first built it measured -0.3% to -0.7% at
  * depth 0 and +0.3% to +1.0% at 4096 on the 1B (PERFORMANCE.md, forty-second session); with its
  * input by a bulk copy (MLP_X_BULK) and every kernel's carveout alike (SMEM_CARVEOUT), +0.2% at
  * depth 0 and +1.9% at 4096 (forty-third); the default since the forty-fourth (its GPU tests on
