@@ -1319,20 +1319,6 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
  * staged input (and with MLP_X_BULK the copy of x it is made from) */
 #define MLP_SMEM_BYTES(dim) \
     ((size_t)MLP_SLOTS * MLP_UNITS(dim) * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float) * (MLP_X_BULK ? 2 : 1))
-/* MLP_CLAIM C > 0 (a variant): each block takes F = hidden / (blocks x MLP_UNITS) - C batches of
- * units fixed by its index, then claims the rest a batch of MLP_CLAIM_UNITS(dim) units at a time from
- * a counter (mlp_fused_body's claim), so that a block that lands late takes fewer: the 7B's
- * blocks end as far apart as they start (3.1 against 3.4 us, traced, fiftieth session), and a block
- * sums every output whatever units it took. 0: every block's units fixed, [u0, u1). */
-#ifndef MLP_CLAIM
-#define MLP_CLAIM 0
-#endif
-/* units a claimed batch: half a batch by default (a batch is ~5.9 us of a 7B block's time, more
- * than the spread that claiming is to even out) */
-#ifndef MLP_CLAIM_CHUNK
-#define MLP_CLAIM_CHUNK 0
-#endif
-#define MLP_CLAIM_UNITS(dim) (MLP_CLAIM_CHUNK > 0 ? MLP_CLAIM_CHUNK : MLP_UNITS(dim) / 2)
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 /* a shared-memory mbarrier (its shared address) for `count` arrivals */
@@ -1376,13 +1362,11 @@ __device__ __forceinline__ void w4_to_f32(uint2 u, float f[4]) {
 
 /* hold: NULL, or a flag that the block's first loads (a tile of down, the first gate and up rows)
  * wait for (nonzero: the producer's producer has ended), so that a block landing early does not
- * put them out beside that kernel's loads (O_PROJ_TRIGGER_EARLY=3). claim (MLP_CLAIM): two
- * counters, zero at the start: the batches claimed, and the blocks that found none left; the last
- * of those puts both back to zero for the next layer, whose claims come after its wait. */
+ * put them out beside that kernel's loads (O_PROJ_TRIGGER_EARLY=3) */
 template <int DIM, int HIDDEN, typename Wait>
 __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu, const uint16_t *down_t,
                                                const float *x, float *out, float *zero, float eps, Wait wait,
-                                               const unsigned *hold = nullptr, unsigned *claim = nullptr) {
+                                               const unsigned *hold = nullptr) {
     /* RW warps a unit, each LCH chunks a lane of its rows (its part of them: RCH chunks); NB units a
      * batch; CPL output columns a lane */
     constexpr int DCH = DIM / 8, RW = MLP_ROW_WARPS(DIM), NB = MLP_UNITS(DIM), RCH = DCH / RW, LCH = RCH / WARP_SIZE,
@@ -1398,34 +1382,11 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     const float4 *x_raw = reinterpret_cast<const float4 *>(sx4 + 2 * DCH);  /* MLP_X_BULK: x as it is */
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, w = tid / WARP_SIZE, G = gridDim.x, b = blockIdx.x;
     const int unit = w / RW, part = w % RW; /* this warp's unit of a batch, and its part of the unit's rows */
-    /* Batch k's units: [u0 + k NB, ...) of this block's [u0, u0 + n), or with MLP_CLAIM, the F fixed
-     * batches at b F NB, then those claimed: CU units at starts[k % RING] (HIDDEN: none left), each
-     * claimed MLP_SLOTS + 1 batches ahead by thread 0, read and written there a batch later, before
-     * the barrier that its tile's copy and the next batch's row loads come after. */
-    constexpr bool CLAIM = MLP_CLAIM > 0;
-    constexpr int CU = MLP_CLAIM_UNITS(DIM), RING = MLP_SLOTS + 1;
-    static_assert(CU >= 1 && CU <= NB, "MLP_CLAIM_CHUNK: 1 .. MLP_UNITS(dim) units");
-    __shared__ int starts[CLAIM ? RING : 1];
     const int u0 = (int)((long long)b * HIDDEN / G), n = (int)((long long)(b + 1) * HIDDEN / G) - u0, nb = (n + NB - 1) / NB;
-    const int F = CLAIM ? max(0, HIDDEN / (G * NB) - MLP_CLAIM) : 0, pool0 = G * NB * F;
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars), tiles0 = (uint32_t)__cvta_generic_to_shared(tiles);
-    auto start_of = [&](int k) { return !CLAIM ? u0 + k * NB : k < F ? (b * F + k) * NB : starts[k % RING]; };
-    auto rows_of = [&](int k) { /* <= 0: no batch k */
-        return !CLAIM ? min(NB, n - k * NB) : k < F ? NB : min(CU, HIDDEN - starts[k % RING]);
-    };
-    /* thread 0's claims: the start of a claimed batch, HIDDEN once none is left, when this block
-     * also counts itself done (its ticket read at the end, the latency hidden under its last batches) */
-    bool claimed_all = false, issued_prev = false;
-    unsigned ticket = 0, pend_prev = 0; /* the claim of the batch whose start the current batch's end writes */
-    auto claimed_start = [&](unsigned c) {
-        const int st = pool0 + (int)c * CU;
-        if (st < HIDDEN) return st;
-        claimed_all = true;
-        ticket = atomicAdd(claim + 1, 1u);
-        return HIDDEN;
-    };
+    auto rows_of = [&](int k) { return min(NB, n - k * NB); };
     auto issue_tile = [&](int k) {
-        bulk_copy_shared(tiles0 + (uint32_t)((k % MLP_SLOTS) * NB * DIM * sizeof(uint16_t)), down_t + (size_t)start_of(k) * DIM,
+        bulk_copy_shared(tiles0 + (uint32_t)((k % MLP_SLOTS) * NB * DIM * sizeof(uint16_t)), down_t + (size_t)(u0 + k * NB) * DIM,
                          (uint32_t)(rows_of(k) * DIM * sizeof(uint16_t)), bar0 + 8 * (k % MLP_SLOTS));
     };
     auto load_row = [&](uint4 r[LCH], const uint16_t *row) {
@@ -1443,19 +1404,16 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     if (tid == 0) {
         for (int i = 0; i < MLP_SLOTS + MLP_X_BULK; i++) mbar_init(bar0 + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
-        /* before the wait, only batches fixed by the block's index: the counters are the previous
-         * layer's until its MLP has ended */
-        for (int k = 0; k < MLP_EARLY_TILES && (CLAIM ? k < F : k < nb); k++) issue_tile(k);
+        for (int k = 0; k < MLP_EARLY_TILES && k < nb; k++) issue_tile(k);
     }
     uint4 ga[LCH], ua[LCH]; /* this warp's gate and up rows of the batch */
     auto load_first_rows = [&] {
         if (unit < rows_of(0)) {
-            load_row(ga, wg + (size_t)(start_of(0) + unit) * DIM);
-            load_row(ua, wu + (size_t)(start_of(0) + unit) * DIM);
+            load_row(ga, wg + (size_t)(u0 + unit) * DIM);
+            load_row(ua, wu + (size_t)(u0 + unit) * DIM);
         }
     };
-    const bool early_rows = MLP_EARLY_ROWS && (!CLAIM || F > 0);
-    if (early_rows) load_first_rows();
+    if (MLP_EARLY_ROWS) load_first_rows();
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
@@ -1464,13 +1422,7 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
             asm volatile("fence.proxy.async.global;" ::: "memory"); /* the producer's x, for the async proxy */
             bulk_copy_shared((uint32_t)__cvta_generic_to_shared(x_raw), x, DIM * sizeof(float), bar0 + 8 * MLP_SLOTS);
         }
-        if (CLAIM) {
-            for (int k = F; k < MLP_SLOTS; k++) starts[k % RING] = claimed_all ? HIDDEN : claimed_start(atomicAdd(claim, 1u));
-            issued_prev = MLP_SLOTS >= F && !claimed_all; /* batch MLP_SLOTS's claim, read at the end of batch 0 */
-            pend_prev = issued_prev ? atomicAdd(claim, 1u) : 0u;
-        }
-        for (int k = CLAIM ? min(MLP_EARLY_TILES, F) : MLP_EARLY_TILES; k < MLP_SLOTS && (CLAIM ? rows_of(k) > 0 : k < nb); k++)
-            issue_tile(k);
+        for (int k = MLP_EARLY_TILES; k < MLP_SLOTS && k < nb; k++) issue_tile(k);
     }
     for (int i = b * MLP_THREADS + tid; i < DIM; i += G * MLP_THREADS) zero[i] = 0.0f;
     float ss = 0.0f;
@@ -1487,11 +1439,10 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
         sx4[tid] = make_float4(p.x * f[0], p.y * f[1], p.z * f[2], p.w * f[3]);
         sx4[DCH + tid] = make_float4(q.x * f[4], q.y * f[5], q.z * f[6], q.w * f[7]);
     }
-    if (!MLP_EARLY_ROWS && !CLAIM) load_first_rows();
+    if (!MLP_EARLY_ROWS) load_first_rows();
     ss = warp_sum(ss);
     if (lane == 0) partial[w] = ss;
-    __syncthreads(); /* the input staged; also the mbarriers' inits and the first claims seen by every thread */
-    if (!early_rows && CLAIM) load_first_rows();
+    __syncthreads(); /* the input staged; also the mbarriers' inits seen by every thread */
     ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < MLP_WARPS; i++) ss += partial[i];
@@ -1499,12 +1450,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     TRACE_AT(TRACE_STAGED);
     const int col = w * (DIM / MLP_WARPS) + lane * CPL;
     float acc[CPL] = {};
-    for (int k = 0; CLAIM ? rows_of(k) > 0 : k < nb; k++) {
+    for (int k = 0; k < nb; k++) {
         const int rows = rows_of(k);
-        /* batch k + MLP_SLOTS + 1's claim, read at the end of the next batch: an SM's queue of loads
-         * is about a batch long, and a claim behind it comes back about a batch later */
-        const bool issued_cur = CLAIM && tid == 0 && k + MLP_SLOTS + 1 >= F && !claimed_all;
-        const unsigned pend_cur = issued_cur ? atomicAdd(claim, 1u) : 0u;
         float hv = 0.0f; /* RW 1: the unit's hidden value */
         if (unit < rows) {
             float sg = 0.0f, su = 0.0f;
@@ -1525,9 +1472,9 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
                 if (lane == 0) g_part[w] = sg, u_part[w] = su;
             }
         }
-        if (unit < rows_of(k + 1)) { /* the next batch's rows, in flight under this one's down phase */
-            load_row(ga, wg + (size_t)(start_of(k + 1) + unit) * DIM);
-            load_row(ua, wu + (size_t)(start_of(k + 1) + unit) * DIM);
+        if (k + 1 < nb && unit < rows_of(k + 1)) { /* the next batch's rows, in flight under this one's down phase */
+            load_row(ga, wg + (size_t)(u0 + (k + 1) * NB + unit) * DIM);
+            load_row(ua, wu + (size_t)(u0 + (k + 1) * NB + unit) * DIM);
         }
         if (RW == 1) {
             if (lane == 0) hs[w] = hv;
@@ -1554,25 +1501,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
 #pragma unroll
             for (int e = 0; e < CPL; e++) acc[e] += h * f[e];
         }
-        if (CLAIM && tid == 0) {
-            const int kr = k + MLP_SLOTS; /* its tile issued past this barrier, its rows loaded in the next batch */
-            if (kr >= F) {
-                int st = HIDDEN;
-                if (issued_prev && !claimed_all) {
-                    st = pool0 + (int)pend_prev * CU;
-                    if (st >= HIDDEN) { /* none left: counted done once the claim still in flight has come back,
-                                         * so that the last block's reset follows every claim (the added term
-                                         * is always 0; it makes the ticket wait for that claim's value) */
-                        st = HIDDEN, claimed_all = true;
-                        ticket = atomicAdd(claim + 1, 1u + (issued_cur && pend_cur == ~0u ? 1u : 0u));
-                    }
-                }
-                starts[kr % RING] = st;
-            }
-            pend_prev = pend_cur, issued_prev = issued_cur;
-        }
-        __syncthreads(); /* the slot and hs are free; batch k + MLP_SLOTS's start seen */
-        if (tid == 0 && (CLAIM ? rows_of(k + MLP_SLOTS) > 0 : k + MLP_SLOTS < nb)) {
+        __syncthreads(); /* the slot and hs are free */
+        if (tid == 0 && k + MLP_SLOTS < nb) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the slot's reads before the copy's writes */
             issue_tile(k + MLP_SLOTS);
         }
@@ -1587,8 +1517,6 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
         asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out + col + e), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                      : "memory");
     }
-    if (CLAIM && tid == 0 && ticket == (unsigned)G - 1) /* every block has claimed its last: the counters back for the next layer */
-        claim[0] = 0, claim[1] = 0;
     TRACE_END();
 }
 #endif

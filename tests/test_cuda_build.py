@@ -99,26 +99,24 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
                                         ("90", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1"),
                                         ("90", "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=0"),
                                         ("90", "-DO_PROJ_TRIGGER_EARLY=2"), ("90", "-DO_PROJ_TRIGGER_EARLY=3"),
-                                        ("90", "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=3"),
-                                        ("90", "-DMLP_CLAIM=1"), ("90", "-DMLP_CLAIM=2 -DMLP_CLAIM_CHUNK=3"), ("80", "")])
+                                        ("90", "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=3"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
     that build, at 96 registers, traced, as first built (the threads load its input, the driver's
     carveouts); after the joined attention/o_proj grid; with every attention kernel and o_proj
     letting the next launch as they start; o_proj letting the MLP launch only after its wait, before
     it in every step with no hold, and with the MLP holding its first loads on o_proj's flag past
-    the one-split graphs and in them too; the split build, and with every decode kernel's carveout set alike;
-    the MLP's blocks claiming their last units (MLP_CLAIM), in chunks of 3; sm_80 builds the model
-    without it."""
+    the one-split graphs and in them too; the split build, and with every decode kernel's carveout set alike; sm_80
+    builds the model without it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 
 
 @pytest.mark.parametrize("flags", ["", "-DINGOT_TRACE", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1", "-DO_PROJ_TRIGGER_EARLY=3",
-                                   "-DMLP_FUSED=0", "-DMLP_CLAIM=2"])
+                                   "-DMLP_FUSED=0"])
 def test_fused_mlp_at_4096_builds_compile(tmp_path, flags):
     """tiny-d4096, the hidden size of the 7B and 8B shapes, where a hidden unit's rows take two warps
     (mlp_fused_body's MLP_ROW_WARPS): the fused default, traced, as first built, with the MLP's hold,
-    the split build, and with the blocks claiming their last units (MLP_CLAIM)."""
+    and the split build."""
     _compile_generated(tmp_path, "tiny-d4096", "90", flags=tuple(flags.split()))
 
 
@@ -130,13 +128,6 @@ def test_o_proj_trigger_hold_refused_where_nothing_would_release_it(tmp_path, fl
     stops with the reason rather than building a step whose MLP would wait until its spin's timeout."""
     with pytest.raises(AssertionError, match=reason):
         _compile_generated(tmp_path, "tiny-d2048", "90", flags=tuple(flags.split()))
-
-
-def test_mlp_claim_refused_without_the_fused_mlp(tmp_path):
-    """-DMLP_CLAIM without the fused MLP (whose blocks' claims it sets) stops the build with the
-    reason rather than building the split MLP as if it meant nothing."""
-    with pytest.raises(AssertionError, match="the fused MLP's claims"):
-        _compile_generated(tmp_path, "tiny-d2048", "90", flags=("-DMLP_CLAIM=1", "-DMLP_FUSED=0"))
 
 
 def test_fused_mlp_refused_where_it_does_not_fit(tmp_path):

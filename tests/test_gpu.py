@@ -306,17 +306,13 @@ def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
-@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DO_PROJ_TRIGGER_EARLY=2", "-DMLP_CLAIM=1",
-                                   "-DMLP_CLAIM=2 -DMLP_CLAIM_CHUNK=3"])
+@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DO_PROJ_TRIGGER_EARLY=2"])
 def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
     """tiny-d2048's fused MLP across 256 positions, where the default's o_proj stops letting the
     MLP launch before its wait (O_PROJ_TRIGGER_SHORTEST); with o_proj doing so in the later graphs
     too, the MLP's blocks holding their first loads until o_proj's block 0 has waited
     (O_PROJ_TRIGGER_EARLY=3: its flag set by o_proj and put back by the next layer's attention,
-    every layer of every step), and without the hold (2); with the MLP's blocks claiming units from
-    a counter (MLP_CLAIM; on 132 SMs, 4352 units: =1 one fixed batch of 16 a block, then claims of
-    8; =2 every unit claimed, 3 at a time, the last claim part of a chunk), the counter put back
-    each layer by its last block. Three times TINY_PROMPT (441 tokens, its
+    every layer of every step), and without the hold (2). Three times TINY_PROMPT (441 tokens, its
     logits a position at a time) and 48 more cross from the one-split graphs at 256. Logits of
     every step and greedy text against the CPU's."""
     if flags:
@@ -327,14 +323,11 @@ def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
 
 
-@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1", SPLIT_MLP,
-                                   "-DMLP_CLAIM=1", "-DMLP_CLAIM=3"])
+@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1", SPLIT_MLP])
 def test_tiny_gpu_fused_mlp_at_4096_equal_cpu(flags, tmp_path):
     """tiny-d4096's fused MLP (a hidden unit's rows to two warps, 8 units a batch, 8 output columns a
     lane): the default, with the MLP's hold past 256 positions (O_PROJ_TRIGGER_EARLY=3), as first
-    built (its input by the threads' loads, the driver's carveouts), the split build, and with the
-    blocks claiming units (MLP_CLAIM; on 132 SMs, 2272 units: =1 one fixed batch a block, then
-    claims of 4; =3 every unit claimed). Three times
+    built (its input by the threads' loads, the driver's carveouts), and the split build. Three times
     TINY_PROMPT (441 tokens) and 48 more cross from the one-split graphs at 256: logits of every
     step (the persistent step's too, which keeps the separate kernels) and greedy text against the
     CPU's."""
@@ -348,14 +341,12 @@ def test_tiny_gpu_fused_mlp_at_4096_equal_cpu(flags, tmp_path):
 
 
 @pytest.mark.parametrize("model,flags", [(FUSED_MLP_MODEL, ""), (FUSED_MLP_MODEL, "-DMLP_X_BULK=0"),
-                                         (FUSED_MLP_MODEL, "-DO_PROJ_TRIGGER_EARLY=3"), (FUSED_MLP_4096, ""),
-                                         (FUSED_MLP_4096, "-DMLP_CLAIM=1")])
+                                         (FUSED_MLP_MODEL, "-DO_PROJ_TRIGGER_EARLY=3"), (FUSED_MLP_4096, "")])
 def test_fused_mlp_memcheck_clean(model, flags):
     """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
     residual stream's buffers), with its input by the threads' loads, with its blocks holding
     their first loads on o_proj's flag past 256 positions (O_PROJ_TRIGGER_EARLY=3), and at a hidden
-    size of 4096 (a unit's rows to two warps), there with the blocks claiming units (MLP_CLAIM),
-    under compute-sanitizer's memcheck: a prompt that
+    size of 4096 (a unit's rows to two warps), under compute-sanitizer's memcheck: a prompt that
     crosses 256 positions."""
     skip_without_sanitizer()
     d, binary = flags_build(model, flags)

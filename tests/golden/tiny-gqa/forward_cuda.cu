@@ -67,8 +67,7 @@
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
 #define CTR_O_WAITED (MODEL_N_KV_HEADS + 3) /* o_proj past its wait: the layer's attention has ended (O_PROJ_TRIGGER_EARLY=3) */
-#define CTR_MLP_CLAIM (MODEL_N_KV_HEADS + 4) /* and + 5: the fused MLP's batches claimed, and its blocks done claiming (MLP_CLAIM) */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 6)
+#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
 #ifndef RESIDUAL_PAIRS
 #define RESIDUAL_PAIRS 0 /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
 #endif
@@ -145,9 +144,6 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 #endif
 #if MLP_FUSED && !MLP_FUSED_FITS
 #error "MLP_FUSED: this model's shape or target does not fit the fused MLP (codegen/plan.py, _mlp_fused_fits)"
-#endif
-#if MLP_CLAIM && !MLP_FUSED
-#error "MLP_CLAIM: the fused MLP's claims (MLP_FUSED)"
 #endif
 #if MLP_FUSED && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #error "MLP_FUSED: sm_90 (bulk copies onto mbarriers)"
@@ -393,13 +389,12 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(mod
 #endif
 /* post_attention_layernorm, mlp.gate_proj, mlp.up_proj, SiLU, mlp.down_proj + residual: x's next
  * value added into out (zero before), and zero zeroed for the next layer's; o_waited: NULL, or
- * o_proj's flag that the blocks' first loads wait for (O_PROJ_TRIGGER_EARLY=3); claim: NULL, or
- * counters[CTR_MLP_CLAIM] (MLP_CLAIM) */
+ * o_proj's flag that the blocks' first loads wait for (O_PROJ_TRIGGER_EARLY=3) */
 static __global__ void MLP_BOUNDS mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
                                                                         float *out, float *zero, unsigned *att_done, float *att_poll,
-                                                                        const unsigned *o_waited, unsigned *claim) {
+                                                                        const unsigned *o_waited) {
     mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{},
-                                                o_waited, claim);
+                                                o_waited);
     reset_att_signals(att_done, att_poll);
 }
 
@@ -974,8 +969,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             const bool hold = O_PROJ_TRIGGER_EARLY == 3 && !(O_PROJ_TRIGGER_SHORTEST && short_kernel && n_splits == 1);
             launch(mlp_fused_kernel, m->grid_mlp, 1, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM), m->stream, *lw,
                    m->down_t + (size_t)l * MODEL_HIDDEN_DIM * MODEL_DIM, x, residual_at(m, l + 1), residual_at(m, l + 2),
-                   m->counters + CTR_ATT_DONE, m->att_poll, hold ? m->counters + CTR_O_WAITED : (unsigned *)NULL,
-                   MLP_CLAIM ? m->counters + CTR_MLP_CLAIM : (unsigned *)NULL);
+                   m->counters + CTR_ATT_DONE, m->att_poll, hold ? m->counters + CTR_O_WAITED : (unsigned *)NULL);
             mark(ST_MLP);
             continue;
 #endif
