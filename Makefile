@@ -8,6 +8,7 @@
 #   make bench MODEL=...          prompt and decode speed with bandwidth share
 #   make compare MODEL=...        specialized against generic build: table and chart in build/compare/<name>/
 #   make generate MODEL=...       only regenerate generated/<name>/
+#   make MODEL=... PLAN="mlp_fused=0"  build with plan decisions set by hand (codegen/plan.py)
 #
 # Everything Python runs in .venv, created here from the pinned requirements.txt.
 
@@ -63,10 +64,10 @@ RUNTIME_HDRS := $(wildcard runtime/*.h)
 CUDA_HDRS := $(wildcard runtime/*.cuh)
 CODEGEN_SRCS := $(wildcard codegen/*.py) $(wildcard templates/*.j2)
 ifeq ($(GENERIC),)
-GEN_FILES := $(GEN)/model_config.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h
+GEN_FILES := $(GEN)/model_config.h $(GEN)/model_plan.h $(GEN)/model_tensors.c $(GEN)/forward_cpu.c $(GEN)/model_chat.h
 MODEL_OBJS = $(OUT)/forward_cpu.o $(OUT)/model_tensors.o
 else
-GEN_FILES := $(GEN)/model_config.h $(GEN)/forward_cpu.c $(GEN)/forward_cuda.cu $(GEN)/model_chat.h
+GEN_FILES := $(GEN)/model_config.h $(GEN)/model_plan.h $(GEN)/forward_cpu.c $(GEN)/model_chat.h
 # The forward code once per weight dtype; model_generic.o picks the copy for the model at run time.
 GENERIC_DTYPES := bf16 f16 f32
 MODEL_OBJS = $(GENERIC_DTYPES:%=$(OUT)/forward_cpu_%.o) $(OUT)/model_generic.o
@@ -99,19 +100,26 @@ $(DEFAULT_MODEL)/model.safetensors: | $(VENV)/.installed
 # ---------------------------------------------------------------------------------------------
 # Generated sources
 
-generate: $(GEN)/.stamp-sm$(CUDA_ARCH)
+# PLAN="field=N ...": plan decisions set by hand (codegen --set; codegen/plan.py's Plan fields), so
+# that a test or a measurement builds the other path of a decision on the same model. The stamp
+# names the target and the settings, so changing either regenerates.
+PLAN ?=
+empty :=
+space := $(empty) $(empty)
+STAMP := $(GEN)/.stamp-sm$(CUDA_ARCH)$(if $(strip $(PLAN)),-$(subst $(space),-,$(strip $(PLAN))))
+generate: $(STAMP)
 ifeq ($(GENERIC),)
-$(GEN)/.stamp-sm$(CUDA_ARCH): $(MODEL_DIR)/config.json $(wildcard $(MODEL_DIR)/tokenizer_config.json) $(CODEGEN_SRCS) | $(VENV)/.installed
-	$(PY) -m codegen $(MODEL_DIR) --out $(GEN) --cuda-arch $(CUDA_ARCH)
+$(STAMP): $(MODEL_DIR)/config.json $(wildcard $(MODEL_DIR)/tokenizer_config.json) $(CODEGEN_SRCS) | $(VENV)/.installed
+	$(PY) -m codegen $(MODEL_DIR) --out $(GEN) --cuda-arch $(CUDA_ARCH) $(addprefix --set ,$(PLAN))
 	rm -f $(GEN)/.stamp-sm*
 	touch $@
 else
-$(GEN)/.stamp-sm$(CUDA_ARCH): $(CHAT_TEMPLATES) $(CODEGEN_SRCS) | $(VENV)/.installed
-	$(PY) -m codegen --generic --out $(GEN) --cuda-arch $(CUDA_ARCH) --chat-templates $(CHAT_TEMPLATES)
+$(STAMP): $(CHAT_TEMPLATES) $(CODEGEN_SRCS) | $(VENV)/.installed
+	$(PY) -m codegen --generic --out $(GEN) --cuda-arch $(CUDA_ARCH) --chat-templates $(CHAT_TEMPLATES) $(addprefix --set ,$(PLAN))
 	rm -f $(GEN)/.stamp-sm*
 	touch $@
 endif
-$(GEN_FILES): $(GEN)/.stamp-sm$(CUDA_ARCH) ;
+$(GEN_FILES): $(STAMP) ;
 
 # ---------------------------------------------------------------------------------------------
 # Binaries
@@ -142,11 +150,11 @@ $(OUT)/forward_cpu_%.o: $(GEN)/forward_cpu.c $(GEN_FILES) $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -I$(GEN) -DMODEL_WEIGHT_DTYPE_$(DTYPE_MACRO_$*) -c $< -o $@
 
-$(OUT)/forward_cuda_%.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS)
+$(OUT)/forward_cuda_%.o: runtime/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -I$(GEN) -DMODEL_WEIGHT_DTYPE_$(DTYPE_MACRO_$*) -c $< -o $@
 
-$(OUT)/forward_cuda.o: $(GEN)/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS)
+$(OUT)/forward_cuda.o: runtime/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -I$(GEN) -c $< -o $@
 
@@ -163,7 +171,7 @@ build/tests/%: tests/%.c tests/check.h $(RUNTIME_OBJS) $(RUNTIME_HDRS)
 	$(CC) $(CFLAGS) $< $(RUNTIME_OBJS) -o $@ $(LDLIBS)
 
 # The GPU sampler against the CPU one on the same logits (run by tests/test_gpu.py on a GPU).
-build/tests/cuda_sampler_test: tests/cuda_sampler_test.cu runtime/cuda_sampler.cuh runtime/cuda_kernels.cuh \
+build/tests/cuda_sampler_test: tests/cuda_sampler_test.cu runtime/cuda_sampler.cuh runtime/cuda_sync.cuh \
 		build/runtime/sampler.o build/runtime/errors.o
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $< build/runtime/sampler.o build/runtime/errors.o -o $@

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from .chat import ChatError, known_templates, load_chat_strings
-from .plan import make_generic_plan, make_plan
+from .plan import PlanError, header_constants, make_generic_plan, make_plan, parse_sets
 from .render import GENERATOR_VERSION, REPO_ROOT, make_env, write_if_changed
 from .spec import SpecError, load_spec
 
@@ -27,7 +27,7 @@ OUTPUTS = {
     "model_config.h.j2": "model_config.h",
     "model_tensors.c.j2": "model_tensors.c",
     "forward_cpu.c.j2": "forward_cpu.c",
-    "forward_cuda.cu.j2": "forward_cuda.cu",
+    "model_plan.h.j2": "model_plan.h",
     "model_chat.h.j2": "model_chat.h",
 }
 # A generic build reads its tensor table from the run-time spec (runtime/model_spec.c).
@@ -56,8 +56,9 @@ def render_all(outputs: dict, out_dir: Path, **context) -> list[Path]:
     return changed
 
 
-def generate(model_dir: Path, out_dir: Path, cuda_arch: str = "90") -> list[Path]:
-    """Renders every template for the model; returns the files that changed."""
+def generate(model_dir: Path, out_dir: Path, cuda_arch: str = "90", sets: dict | None = None) -> list[Path]:
+    """Renders every template for the model; returns the files that changed. sets: plan decisions
+    set by hand ({field: value}, codegen.plan.parse_sets)."""
     model_path = display_path(model_dir)
     spec = load_spec(model_dir / "config.json", name=model_dir.resolve().name)
     spec = dataclasses.replace(spec, config_path=model_path + "/config.json")
@@ -65,8 +66,14 @@ def generate(model_dir: Path, out_dir: Path, cuda_arch: str = "90") -> list[Path
         chat = load_chat_strings(model_dir)
     except ChatError as e:
         raise SpecError(str(e)) from None
-    return render_all(OUTPUTS, out_dir, generic=False, spec=spec, plan=make_plan(spec, cuda_arch), chat=chat,
-                      regenerate=f"make generate MODEL={model_path}")
+    try:
+        plan = make_plan(spec, cuda_arch, sets)
+    except PlanError as e:
+        raise SpecError(str(e)) from None
+    set_text = " ".join(f"{k}={v}" for k, v in sorted((sets or {}).items()))
+    return render_all(OUTPUTS, out_dir, generic=False, spec=spec, plan=plan, chat=chat,
+                      plan_constants=header_constants(plan, spec.head_dim), plan_sets=set_text,
+                      regenerate=f"make generate MODEL={model_path}" + (f" PLAN='{set_text}'" if set_text else ""))
 
 
 def generate_generic(out_dir: Path, cuda_arch: str = "90", chat_templates: list | None = None) -> list[Path]:
@@ -75,8 +82,10 @@ def generate_generic(out_dir: Path, cuda_arch: str = "90", chat_templates: list 
         known = known_templates(chat_templates or [], display=display_path)
     except (ChatError, OSError) as e:
         raise SpecError(str(e)) from None
-    return render_all(GENERIC_OUTPUTS, out_dir, generic=True, spec=None, plan=make_generic_plan(cuda_arch),
-                      chat=None, known_chats=known, regenerate="make generate GENERIC=1")
+    plan = make_generic_plan(cuda_arch)
+    return render_all(GENERIC_OUTPUTS, out_dir, generic=True, spec=None, plan=plan, chat=None, known_chats=known,
+                      plan_constants=header_constants(plan, "MODEL_HEAD_DIM"), plan_sets="",
+                      regenerate="make generate GENERIC=1")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,17 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="output folder, e.g. generated/<name>")
     ap.add_argument("--cuda-arch", default="90", choices=["80", "89", "90"], help="GPU target (default 90)")
     ap.add_argument("--generic", action="store_true", help="the generic build's sources, for any model (no MODEL_DIR)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=N",
+                    help="set a plan decision by hand (codegen/plan.py's Plan field), e.g. --set mlp_fused=0")
     ap.add_argument("--chat-templates", type=Path, nargs="*", default=[],
                     help="--generic: the chat templates it knows (tokenizer_config.json or .jinja files)")
     args = ap.parse_args(argv)
     if args.generic == (args.model_dir is not None):
         ap.error("give either MODEL_DIR or --generic")
     try:
+        sets = parse_sets(args.set)
+        if sets and args.generic:
+            raise SpecError("--set: the generic build's plan is fixed (its dimensions are known only at run time)")
         if args.generic:
             changed = generate_generic(args.out, args.cuda_arch, args.chat_templates)
         else:
-            changed = generate(args.model_dir, args.out, args.cuda_arch)
-    except SpecError as e:
+            changed = generate(args.model_dir, args.out, args.cuda_arch, sets)
+    except (SpecError, PlanError) as e:
         print(f"codegen: {args.model_dir or 'generic'}: {e}", file=sys.stderr)
         return 1
     for p in changed:

@@ -13,6 +13,7 @@ number of attention splits, from the target GPU's multiprocessor count.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .spec import Spec
@@ -54,7 +55,11 @@ class Plan:
     res_lot: int  # o_proj's and down's (launched on their own) the same, of MV_UNROLL chunks (_res_lot)
     down_poll: int  # 1: down polls gate/up's outputs instead of waiting for its grid's end (_down_poll)
     gemm_wgmma: int  # 1: the prefill GEMMs on Hopper's warpgroup MMA, built for sm_90a (_gemm_wgmma)
-    mlp_fused_fits: int  # 1: the decode step's gate/up and down run as one kernel by default, MLP_FUSED (_mlp_fused_fits)
+    mlp_fused: int  # 1: the decode step's gate/up and down run as one kernel (_mlp_fused_fits)
+    smem_carveout: int  # every decode kernel's shared-memory carveout, percent; -1: the driver's (_smem_carveout)
+    att_trigger_early: int  # decode attention lets o_proj launch before its wait: 1 short kernel, 2 split, 3 both (_att_trigger_early)
+    o_proj_trigger_shortest: int  # 1: in the one-split graphs o_proj lets the MLP launch before its wait (_o_proj_trigger_shortest)
+    att_o_poll: int  # 1: the joined short grid's o_proj polls attention's outputs, not its count (_att_o_poll)
 
 
 class CExpr:
@@ -257,7 +262,7 @@ DOWN_POLL_MIN_HIDDEN = 8192  # the smallest intermediate size down's polling was
 
 def _down_poll(hidden_dim: int) -> int:
     """Down's blocks stage gate/up's outputs polling them (words that read "unwritten" until gate/up
-    writes them; DOWN_POLL in forward_cuda.cu.j2) instead of waiting for gate/up's grid to end, where
+    writes them; DOWN_POLL in forward_cuda.cu) instead of waiting for gate/up's grid to end, where
     the intermediate size is at least that of the shapes it was measured on. Measured on the H200
     (PERFORMANCE.md, twenty-fifth session): Llama-3.2-1B (8192) +0.3% / +0.9%, +0.5% / +1.0%,
     +0.6% / +1.0% at depths 0 / 1024 in three calls, +0.5-0.8% at 0 to 32768 in a fourth;
@@ -300,7 +305,97 @@ def _mlp_fused_fits(dim: int, hidden_dim: int, cuda_arch: str) -> int:
     return int(cuda_arch == "90" and dim in (2048, 4096) and hidden_dim % 32 == 0)
 
 
-def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
+def _smem_carveout(mlp_fused: int) -> int:
+    """Every decode kernel's preferred split of the SM's L1 and shared memory, set alike, in percent
+    of the most to shared memory (-1: the driver's choice a kernel): 72 (164 KB of 228) with the
+    fused MLP, whose 145-160 KB blocks otherwise meet SMs split for their neighbours and land only
+    once those leave. Measured on the H200, Llama-3.2-1B: the fused build +0.6% with it, the split
+    build -0.1%; 100 (the most) cost the fused build 2.9%, its neighbours' L1 taken."""
+    return 72 if mlp_fused else -1
+
+
+def _att_trigger_early(mlp_fused: int) -> int:
+    """The decode attention lets o_proj launch as its blocks start, before their wait (1: the short
+    context's kernel; 0: after the wait), where the MLP is fused: the fused MLP's block an SM lands
+    only as o_proj's blocks leave, so o_proj's end is its start. Measured on the H200, Llama-3.2-1B:
+    +1.2-1.3% at depth 0, even at 4096; without the fused MLP -0.2% / -0.0% / -0.1% at 0 / 1024 /
+    16384 (gate/up, which fits beside o_proj, lands no sooner)."""
+    return 1 if mlp_fused else 0
+
+
+def _o_proj_trigger_shortest(mlp_fused: int) -> int:
+    """In the one-split graphs (steps that read at most 256 positions), o_proj lets the fused MLP
+    launch once its blocks have issued their early loads, before their wait. Llama-3.2-1B: +1.1% at
+    depth 0 on the H200, +1.5% on an H100, even at 4096. In every step it lost at depth (-1.4% to
+    -3.5% at 4096), with or without the MLP holding its first loads on a flag."""
+    return 1 if mlp_fused else 0
+
+
+def _att_o_poll(att_o_short: int) -> int:
+    """In the joined short grid, o_proj's blocks poll attention's outputs themselves (words that
+    read "unwritten" until stored) instead of waiting for a count: the count costs attention a fence
+    and an atomic and o_proj a poll's round trip. Mistral-7B +0.4% at depth 0 on the H200 (o_proj's
+    first block past its wait 1.09 us after attention's last, against 1.65)."""
+    return att_o_short
+
+
+PLAN_FIELDS_DERIVED = ("smem_carveout", "att_trigger_early", "o_proj_trigger_shortest", "att_o_poll")
+
+
+def _derive(fields: dict) -> dict:
+    """The decisions that follow from others (mlp_fused, att_o_short), unless already set."""
+    derived = dict(smem_carveout=_smem_carveout(fields["mlp_fused"]),
+                   att_trigger_early=_att_trigger_early(fields["mlp_fused"]),
+                   o_proj_trigger_shortest=_o_proj_trigger_shortest(fields["mlp_fused"]),
+                   att_o_poll=_att_o_poll(fields["att_o_short"]))
+    return {**derived, **fields}
+
+
+class PlanError(ValueError):
+    """A plan setting that names no decision, or one the model or target cannot take."""
+
+
+def parse_sets(items: list[str]) -> dict:
+    """`--set field=value` items (value a whole number) into {field: value}; PlanError names a bad one."""
+    names = {f.name for f in dataclasses.fields(Plan)} - {"cuda_arch", "gpu_sms"}
+    sets = {}
+    for item in items:
+        field, eq, value = item.partition("=")
+        if not eq or field not in names:
+            raise PlanError(f"--set {item}: expected FIELD=N with FIELD one of {', '.join(sorted(names))}")
+        try:
+            sets[field] = int(value)
+        except ValueError:
+            raise PlanError(f"--set {item}: {value!r} is not a whole number") from None
+    return sets
+
+
+def _apply_sets(plan: Plan, spec: Spec, sets: dict) -> Plan:
+    """The plan with some decisions set by hand (a test or a measurement builds the other path of a
+    decision on the same model); the decisions that follow from them are derived again unless set
+    too. A setting the model or target cannot take is refused here, naming it, rather than by the
+    CUDA compiler."""
+    if not sets:
+        return plan
+    fields = dataclasses.asdict(plan)
+    base = {k: v for k, v in fields.items() if k not in PLAN_FIELDS_DERIVED}
+    base.update(sets)
+    fields = _derive({**base, **{k: v for k, v in sets.items() if k in PLAN_FIELDS_DERIVED}})
+    if fields["mlp_fused"] and not _mlp_fused_fits(spec.dim, spec.hidden_dim, plan.cuda_arch):
+        raise PlanError(f"--set mlp_fused=1: this model's shape or target does not fit the fused MLP (_mlp_fused_fits)")
+    if (fields["att_short"] or fields["att_stage_values"]) and not fields["att_mma"]:
+        raise PlanError("--set att_short / att_stage_values: they run on the tensor-core attention (att_mma=1)")
+    if fields["att_o_short"] and not fields["att_short"]:
+        raise PlanError("--set att_o_short=1: the short context's kernel (att_short=1)")
+    return Plan(**fields)
+
+
+def make_plan(spec: Spec, cuda_arch: str = "90", sets: dict | None = None) -> Plan:
+    """The plan for spec on cuda_arch; sets: decisions set by hand (parse_sets)."""
+    return _apply_sets(_make_plan(spec, cuda_arch), spec, sets or {})
+
+
+def _make_plan(spec: Spec, cuda_arch: str) -> Plan:
     sms = GPU_SMS.get(cuda_arch, 132)
     gpu = _gpu_plan(spec, sms)
     return Plan(
@@ -316,7 +411,6 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         att_stage_values=_att_stage_values(spec.head_dim, spec.kv_mul, spec.dim),
         att_short=_att_short(spec.head_dim, spec.kv_mul),
         att_combine_early=_att_combine_early(spec.head_dim, spec.kv_mul, gpu["att_min_splits"]),
-        att_o_short=_att_o_short(_att_short(spec.head_dim, spec.kv_mul), _o_proj_min_blocks(spec.q_dim)),
         pair_unroll=_pair_unroll(spec.dim),
         pair_early=_pair_early(spec.dim),
         qkv_async=_qkv_async(spec, sms),
@@ -324,7 +418,8 @@ def make_plan(spec: Spec, cuda_arch: str = "90") -> Plan:
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
         down_poll=_down_poll(spec.hidden_dim),
         gemm_wgmma=_gemm_wgmma(cuda_arch),
-        mlp_fused_fits=_mlp_fused_fits(spec.dim, spec.hidden_dim, cuda_arch),
+        **_derive(dict(mlp_fused=_mlp_fused_fits(spec.dim, spec.hidden_dim, cuda_arch),
+                       att_o_short=_att_o_short(_att_short(spec.head_dim, spec.kv_mul), _o_proj_min_blocks(spec.q_dim)))),
         **gpu,
     )
 
@@ -346,7 +441,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         att_stage_values=0,  # with att_mma
         att_short=0,  # with att_mma
         att_combine_early=0,  # a register array's size is a literal
-        att_o_short=0,  # with att_short
         pair_unroll=8,  # a register array's size is a literal
         pair_early=0,
         qkv_async=0,  # its shared memory is sized from the dimensions at build time
@@ -354,6 +448,52 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         res_lot=0,
         down_poll=0,  # not measured
         gemm_wgmma=_gemm_wgmma(cuda_arch),
-        mlp_fused_fits=0,  # its shapes are template arguments
+        **_derive(dict(mlp_fused=0,  # its shapes are template arguments
+                       att_o_short=0)),  # with att_short
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )
+
+
+def header_constants(plan: Plan, head_dim) -> list[tuple[str, object, str]]:
+    """model_plan.h's entries, (MODEL_ name, value, the rule that chose it), in the order the header
+    lists them: every decision the CUDA sources take from the generator, and the constants the
+    plan's formulas and the kernels share. head_dim: the spec's (a number or, in a generic build,
+    its C expression). A value of 0 that means "the whole" in the Plan (pair_early, pair_lot,
+    res_lot) is written out as the count it stands for, so the kernels read no special case."""
+    pair_early = plan.pair_early or plan.pair_unroll
+    return [
+        ("CPU_STREAMS", plan.cpu_streams, "sequential weight streams a CPU thread walks side by side: 4 from 4 GB of weights a token, else 1"),
+        ("CUDA_ARCH", plan.cuda_arch, "the GPU target, compute capability x 10; an older GPU is refused at start"),
+        ("MV_WARPS", MV_WARPS, "warps of a matvec block"),
+        ("MV_UNROLL", MV_UNROLL, "16-byte chunks a lane holds in flight a row step in the unpaired matvecs (8 beat 16 and 4)"),
+        ("ATT_THREADS", ATT_THREADS, "threads of a decode attention block"),
+        ("ATT_MAX_GROUP", ATT_MAX_GROUP, "query rows an attention block takes at most (the mma's 8 columns)"),
+        ("GRID_QKV", plan.grid_qkv, "blocks of QKV: a pair of rows a warp, ceil((q_dim + 2 kv_dim) / 2 / MV_WARPS)"),
+        ("GRID_O", plan.grid_o, "blocks of o_proj: a row a warp, ceil(dim / MV_WARPS)"),
+        ("GRID_GATE_UP", plan.grid_gate_up, "blocks of gate/up: a gate row and an up row a warp, ceil(hidden_dim / MV_WARPS)"),
+        ("GRID_DOWN", plan.grid_down, "blocks of down: ceil(dim / MV_WARPS)"),
+        ("GRID_LM_HEAD", plan.grid_lm_head, "blocks of the LM head: ceil(vocab_size / MV_WARPS)"),
+        ("ATT_MIN_SPLITS", plan.att_min_splits, "attention splits a KV head up to depth ATT_TILE x this: two blocks an SM, ceil(2 SMs / n_kv_heads)"),
+        ("O_PROJ_MIN_BLOCKS", plan.o_proj_min_blocks, "o_proj's blocks an SM: 4 where its rows take one step (q_dim <= 2048), else 2 (_o_proj_min_blocks)"),
+        ("RESIDUAL_PAIRS", plan.residual_pairs, "o_proj and down a pair of rows a warp where their rows pass one wave (_residual_pairs)"),
+        ("PAIR_UNROLL", plan.pair_unroll, "QKV's and gate/up's chunks a lane loads a step: 4 up to a hidden size of 2048, else 8 (_pair_unroll)"),
+        ("PAIR_EARLY", pair_early, "of their first step, the chunks loaded before the wait: half where a step is 8 (_pair_early)"),
+        ("PAIR_LOT", plan.pair_lot or pair_early, "those early loads in lots of this many chunks, each once the last is in (_pair_lot)"),
+        ("RES_LOT", plan.res_lot or MV_UNROLL, "o_proj's and down's early loads in lots of this many chunks (_res_lot)"),
+        ("QKV_ASYNC", plan.qkv_async, "QKV's row steps after the first copied to shared memory on cp.async where its pairs take one round (_qkv_async)"),
+        ("ATT_MMA_HD", head_dim if plan.att_mma else 0, "the decode attention on the tensor cores: the head width (64 or 128), 0 for fp32 (_att_mma)"),
+        ("ATT_STAGE_VALUES", plan.att_stage_values, "that attention's first round of values staged with its keys: heads of 64 from the 1B shape (_att_stage_values)"),
+        ("ATT_SHORT", plan.att_short, "a short context's attention in a kernel of its own, one block a (KV head, split) (_att_short)"),
+        ("ATT_COMBINE_EARLY", plan.att_combine_early, "the combine's partial sums loaded with the splits' (max, sum): this many splits (_att_combine_early)"),
+        ("ATT_O_GRID", plan.att_o_grid, "attention and o_proj in one grid in every step: the generic build's only (_att_o_grid)"),
+        ("ATT_O_SHORT", plan.att_o_short, "a short context's attention and o_proj in one grid where o_proj keeps 2 blocks an SM (_att_o_short)"),
+        ("ATT_O_POLL", plan.att_o_poll, "in that grid o_proj polls attention's outputs instead of a count (_att_o_poll)"),
+        ("ATT_TRIGGER_EARLY", plan.att_trigger_early, "the short attention lets o_proj launch before its wait: with the fused MLP (_att_trigger_early)"),
+        ("DOWN_POLL", plan.down_poll, "down polls gate/up's outputs instead of waiting for its grid: intermediate sizes from 8192 (_down_poll)"),
+        ("MLP_FUSED", plan.mlp_fused, "gate/up, SiLU and down in one kernel: hidden sizes of 2048 and 4096 on sm_90 (_mlp_fused_fits)"),
+        ("SMEM_CARVEOUT", plan.smem_carveout, "every decode kernel's shared-memory carveout, percent; -1 the driver's: 72 with the fused MLP (_smem_carveout)"),
+        ("O_PROJ_TRIGGER_SHORTEST", plan.o_proj_trigger_shortest, "in the one-split graphs o_proj lets the fused MLP launch before its wait (_o_proj_trigger_shortest)"),
+        ("PREFILL_ATT_TOKENS", plan.prefill_att_tokens, "prompt tokens a prefill attention block takes beside its group's heads: 1 on heads over 64 (_prefill_att_tokens)"),
+        ("PREFILL_FLASH", plan.prefill_flash, "the prompt's attention as flash attention, all query rows of a KV head in a block: heads of 64 and 128 (_prefill_flash)"),
+        ("GEMM_WGMMA", plan.gemm_wgmma, "the prompt's GEMMs on Hopper's warpgroup MMA (sm_90a), else mma.sync (_gemm_wgmma)"),
+    ]

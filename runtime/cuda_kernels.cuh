@@ -6,7 +6,7 @@
  * constant trip count and the register arrays have constant indices; a generic build would pass
  * run-time values to the same code.
  *
- * The shape of every matvec: a warp per output row (a block of MV_WARPS warps, rows striding over
+ * The shape of every matvec: a warp per output row (a block of MODEL_MV_WARPS warps, rows striding over
  * the grid), 16-byte weight loads (8 bf16/fp16 values), all of a lane's loads for a row issued
  * before the first is used, fp32 accumulation, a warp shuffle reduction. Weights do not depend on
  * the previous kernel, so each warp loads its first row before waiting for the previous kernel to
@@ -19,6 +19,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <type_traits>
+
+#include "cuda_sync.cuh"
 
 /* GPU_WEIGHTS_F16 1 (bf16 models): the weights converted to fp16 as they are uploaded (upload in
  * forward_cuda.cu; a value past fp16's +-65,504 refuses the model), so every kernel reads fp16 and
@@ -43,41 +45,24 @@
 #define GPU_W_BF16 0
 #endif
 
-#define WARP_SIZE 32
-#define MV_WARPS 8                      /* warps per matvec block */
-#define MV_THREADS (MV_WARPS * WARP_SIZE)
-#ifndef MV_UNROLL
-#define MV_UNROLL 8 /* 16-byte chunks a lane holds in flight per row step: 8 beat 16 and 4 (PERFORMANCE.md) */
-#endif
+#define MV_THREADS (MODEL_MV_WARPS * WARP_SIZE)
 /* The same in the paired norm'd kernels (QKV, gate/up: two rows a warp). The generated code sets it
  * from the plan (codegen/plan.py, _pair_unroll: 4 up to a hidden size of 2048, where fewer bytes in
  * flight when the previous kernel ends let its completion and this kernel's input through sooner). */
-#ifndef MV_PAIR_UNROLL
-#define MV_PAIR_UNROLL MV_UNROLL
-#endif
 /* Of a paired kernel's first step, the chunks a lane loads before the wait; the rest go out after
  * the wait, behind the input's loads. The loads in flight when the previous kernel ends delay its
  * completion and the input's round trip (PERFORMANCE.md, fifteenth session). The generated code
  * sets it from the plan (codegen/plan.py, _pair_early: half on the 7B shapes). */
-#ifndef MV_PAIR_EARLY
-#define MV_PAIR_EARLY MV_PAIR_UNROLL
-#endif
-static_assert(MV_PAIR_EARLY >= 1 && MV_PAIR_EARLY <= MV_PAIR_UNROLL, "MV_PAIR_EARLY: 1 .. MV_PAIR_UNROLL");
+static_assert(MODEL_PAIR_EARLY >= 1 && MODEL_PAIR_EARLY <= MODEL_PAIR_UNROLL, "MODEL_PAIR_EARLY: 1 .. MODEL_PAIR_UNROLL");
 /* The early loads before a kernel's programmatic-dependent-launch wait in lots, each issued once the
  * last is in (load_lots), as the joined grid's o_proj paces its own (MV_RES_PACE): chunks a lot in
- * QKV and gate/up (MV_PAIR_LOT, of their MV_PAIR_EARLY) and in o_proj and down launched on their
- * own (MV_RES_LOT, of MV_UNROLL). Bytes in flight at a kernel boundary delay the previous kernel's
+ * QKV and gate/up (MODEL_PAIR_LOT, of their MODEL_PAIR_EARLY) and in o_proj and down launched on their
+ * own (MODEL_RES_LOT, of MODEL_MV_UNROLL). Bytes in flight at a kernel boundary delay the previous kernel's
  * completion and this one's input behind them; lots keep memory busy without that queue. The
  * generated code sets them from the plan (codegen/plan.py, _pair_lot and _res_lot: two and four
  * lots where rows fill a step); one lot, the whole at once, otherwise. */
-#ifndef MV_PAIR_LOT
-#define MV_PAIR_LOT MV_PAIR_EARLY
-#endif
-#ifndef MV_RES_LOT
-#define MV_RES_LOT MV_UNROLL
-#endif
-static_assert(MV_PAIR_LOT >= 1 && MV_PAIR_LOT <= MV_PAIR_EARLY, "MV_PAIR_LOT: 1 .. MV_PAIR_EARLY");
-static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_UNROLL");
+static_assert(MODEL_PAIR_LOT >= 1 && MODEL_PAIR_LOT <= MODEL_PAIR_EARLY, "MODEL_PAIR_LOT: 1 .. MODEL_PAIR_EARLY");
+static_assert(MODEL_RES_LOT >= 1 && MODEL_RES_LOT <= MODEL_MV_UNROLL, "MODEL_RES_LOT: 1 .. MODEL_MV_UNROLL");
 /* Of QKV's row steps after the first, how many go to shared memory on cp.async (0: none).
  * Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a step; the
  * copies put the later steps in flight at once, issued when the input is staged, beside the first
@@ -86,10 +71,7 @@ static_assert(MV_RES_LOT >= 1 && MV_RES_LOT <= MV_UNROLL, "MV_RES_LOT: 1 .. MV_U
  * gate/up on both shapes measured (seventeenth), and in o_proj and down, all of the 7B's o_proj in
  * flight before attention ends, -0.4% / -0.7% at depths 0 / 4096, or issued once attention's values
  * were out, even (eighteenth): removed. */
-#ifndef MV_PAIR_ASYNC
-#define MV_PAIR_ASYNC 0
-#endif
-static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
+static_assert(MODEL_QKV_ASYNC >= 0, "MODEL_QKV_ASYNC: 0 or more steps");
 /* In the joined grid, o_proj's first step loaded before its wait MV_RES_PACE chunks a lane at a
  * time, each lot only once the last is in, until attention's outputs are counted (0: the whole step
  * at once). Bytes in flight at a boundary delay every L2 round trip behind them: with QKV's last
@@ -98,10 +80,10 @@ static_assert(MV_PAIR_ASYNC >= 0, "MV_PAIR_ASYNC: 0 or more steps");
  * +0.1% at depths 0 / 4096 / 16384; lots of 2 +0.5% / +0.2%, of 1 -0.3% / -0.5% (PERFORMANCE.md,
  * eighteenth session). */
 #ifndef MV_RES_PACE
-#define MV_RES_PACE (MV_UNROLL / 2)
+#define MV_RES_PACE (MODEL_MV_UNROLL / 2)
 #endif
-static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MV_UNROLL && (MV_RES_PACE == 0 || MV_UNROLL % (MV_RES_PACE ? MV_RES_PACE : 1) == 0),
-              "MV_RES_PACE: 0, or a divisor of MV_UNROLL");
+static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE == 0 || MODEL_MV_UNROLL % (MV_RES_PACE ? MV_RES_PACE : 1) == 0),
+              "MV_RES_PACE: 0, or a divisor of MODEL_MV_UNROLL");
 /* QKV's last round of pairs split by K between the two warps of a warp pair (1) or not (0), where
  * its pairs take more than one round of the grid's warps and the last round's pairs are at most half
  * of them (the kernel checks, from its grid). On the 7B shapes 960 pairs are left for 2,112 warps
@@ -111,13 +93,6 @@ static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MV_UNROLL && (MV_RES_PACE == 0 
 #ifndef QKV_SPLIT_LAST
 #define QKV_SPLIT_LAST 1
 #endif
-/* A stage may wait for its input's words themselves instead of the previous grid's end (the joined
- * short grid's o_proj, ATT_O_POLL; down, DOWN_POLL: forward_cuda.cu.j2): the previous stage writes
- * them into a buffer whose words read ATT_POLL_WORD until written; the waiting blocks poll a few
- * float4s of it (wait_poll) and then stage the input polling any float4 still unwritten
- * (stage_input). A later kernel puts the words back (unwrite_words). */
-#define ATT_POLL_WORD 0xFFFFFFFFu /* a polled word not yet written: a NaN that no arithmetic makes */
-#define ATT_THREADS 256                 /* attention block */
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
 /* Fewest positions an attention block takes (a test builds 5: many splits, odd bounds). 256 against
@@ -171,7 +146,7 @@ static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHU
 #endif
 /* The combine's float4 form (below, in attention_body), ATT_COMBINE_LOADS loads a thread at once:
  * -1 where the plain form would give a thread more than one output (a KV group's heads times the
- * head width past ATT_THREADS: the 7B shape, +1.2% at depths 4096 and 16384; on the 1B shape, one
+ * head width past MODEL_ATT_THREADS: the 7B shape, +1.2% at depths 4096 and 16384; on the 1B shape, one
  * output a thread, it measured even), 1 everywhere, 0 nowhere (PERFORMANCE.md, thirteenth session) */
 #ifndef ATT_COMBINE_WIDE
 #define ATT_COMBINE_WIDE -1
@@ -179,184 +154,12 @@ static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHU
 #ifndef ATT_COMBINE_LOADS
 #define ATT_COMBINE_LOADS 9 /* 33 splits (two waves of blocks over 8 KV heads) in two rounds on the 7B shape */
 #endif
-/* ATT_COMBINE_EARLY=N (the generated code's plan sets it; 0, off): where the combine's plain form
+/* MODEL_ATT_COMBINE_EARLY=N (the generated code's plan sets it; 0, off): where the combine's plain form
  * gives a thread one output, it loads that output's first N splits' partial sums before the splits'
  * (max, sum), so both are in flight at once: one L2 round trip fewer on the combine's chain */
-#ifndef ATT_COMBINE_EARLY
-#define ATT_COMBINE_EARLY 0
-#endif
 #ifndef ATT_UNROLL
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
 #endif
-
-// ---------------------------------------------------------------------------------------------
-// Programmatic dependent launch: the next kernel may start before this one ends; it must wait
-// before it reads anything this one writes.
-
-__device__ __forceinline__ void pdl_wait(void) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents(void) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-/* How a stage body waits for the previous stage, after issuing the loads that do not depend on
- * it. Each matvec body calls its wait exactly once, in every block, whether the block has rows or
- * not (a grid barrier needs every block); attention, never given a barrier, leaves before its wait
- * when its block has no positions. */
-
-/* In the step's graph, one kernel per stage: programmatic dependent launch. The next kernel may
- * launch once every block of this one is past its wait (letting it launch before the wait lost 1%
- * on the 1B shape and 9% on SmolLM2; attention letting o_proj launch only after its loads: 1B at
- * depth 4096 -2.4%, depth 0 +0.7%: PERFORMANCE.md). A block that leaves early counts as past it.
- * The one exception: with the fused MLP the short attention lets o_proj launch before its wait
- * (ATT_TRIGGER_EARLY, forward_cuda.cu.j2); the second launch_dependents is then a no-op. */
-struct wait_pdl {
-    __device__ __forceinline__ void operator()() const {
-        pdl_wait();
-        pdl_launch_dependents();
-    }
-};
-
-/* The same, but the next kernel may launch once every block has issued its early loads, before
- * the wait (o_proj: O_PROJ_TRIGGER_EARLY=2 and 3, O_PROJ_TRIGGER_SHORTEST); past the wait, block 0
- * sets *waited (where not NULL) to say that the kernel waited for has ended (3: the fused MLP's
- * blocks hold their first loads until then) */
-struct trigger_then_wait_pdl {
-    unsigned *waited = nullptr;
-    __device__ __forceinline__ void operator()() const {
-        pdl_launch_dependents();
-        pdl_wait();
-        if (waited && blockIdx.x == 0 && threadIdx.x == 0) asm volatile("st.relaxed.gpu.global.u32 [%0], 1;" ::"l"(waited) : "memory");
-    }
-};
-
-/* In the persistent kernel, every stage in one launch: a barrier across the grid, whose blocks are
- * all resident (a cooperative launch). count and generation live in device memory, zeroed once;
- * the last block to arrive resets count and advances generation, the others spin on it. Writes
- * before the barrier are visible to every block after it (fences on both sides of the arrival, as
- * cooperative groups' grid sync). */
-struct wait_grid {
-    unsigned *count, *generation;
-    __device__ __forceinline__ void operator()() const {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            volatile unsigned *gen = generation;
-            unsigned g = *gen;
-            __threadfence();
-            if (atomicAdd(count, 1u) == gridDim.x - 1) {
-                *count = 0;
-                __threadfence();
-                atomicAdd(generation, 1u);
-            } else {
-                while (*gen == g) {
-                }
-            }
-            __threadfence();
-        }
-        __syncthreads();
-    }
-};
-
-/* In a kernel whose blocks do two stages (attention and o_proj, ATT_O_GRID): the later stage's
- * blocks wait until *done reaches target (each earlier block that finishes adds 1 after a fence),
- * then let the next kernel launch, as wait_pdl. They never call griddepcontrol.wait: the earlier
- * blocks did, and their count orders everything before them. The acquire load makes their writes
- * visible to this block's loads after the barrier. */
-#define WAIT_COUNT_LIMIT_NS 2000000000ULL /* 2 s: a decode stage takes microseconds */
-/* The calling thread spins (acquire loads, 20 ns apart) until *count reaches target. */
-__device__ __forceinline__ void spin_until(const unsigned *count, unsigned target) {
-    unsigned v;
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-        if (v >= target) break;
-        __nanosleep(20);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > WAIT_COUNT_LIMIT_NS) { /* a count that never comes: an error, not a hang */
-            printf("ingot: a block waited %llu ns for %u of %u (spin_until): stopping\n", t - t0, v, target);
-            __trap();
-        }
-    }
-}
-struct wait_count {
-    const unsigned *done;
-    unsigned target;
-    __device__ __forceinline__ void operator()() const {
-        if (threadIdx.x == 0) spin_until(done, target);
-        __syncthreads();
-        pdl_launch_dependents();
-    }
-};
-
-/* A float4 of att_poll (ATT_O_POLL) as it is in L2 now: a relaxed load at GPU scope, never L1's copy. */
-__device__ __forceinline__ float4 ld_poll(const float4 *p) {
-    float4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ bool unwritten(float4 v) {
-    return __float_as_uint(v.x) == ATT_POLL_WORD || __float_as_uint(v.y) == ATT_POLL_WORD ||
-           __float_as_uint(v.z) == ATT_POLL_WORD || __float_as_uint(v.w) == ATT_POLL_WORD;
-}
-/* *p once every word of it is written (polls sleep ns apart; an error after WAIT_COUNT_LIMIT_NS) */
-__device__ __forceinline__ float4 poll_written(const float4 *p, unsigned ns) {
-    float4 v = ld_poll(p);
-    if (!unwritten(v)) return v;
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        __nanosleep(ns);
-        v = ld_poll(p);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > WAIT_COUNT_LIMIT_NS) {
-            printf("ingot: a block waited %llu ns for a polled input (poll_written): stopping\n", t - t0);
-            __trap();
-        }
-    } while (unwritten(v));
-    return v;
-}
-/* A stage whose input (n floats, n a multiple of 4) is polled (ATT_O_POLL, DOWN_POLL): thread g <
- * groups polls the last float4 of the g-th of groups equal parts of it (o_proj: a KV group's
- * outputs), then the next kernel may launch as after wait_pdl. The input's staging
- * (stage_input<true>) makes sure of the rest. */
-struct wait_poll {
-    const float *in;
-    int groups, n;
-    __device__ __forceinline__ void operator()() const {
-        if ((int)threadIdx.x < groups)
-            poll_written(reinterpret_cast<const float4 *>(in) + ((int)threadIdx.x + 1) * (n / 4) / groups - 1, 20);
-        __syncthreads();
-        pdl_launch_dependents();
-    }
-};
-template <typename W>
-struct polls_input {
-    static constexpr bool value = false;
-};
-template <>
-struct polls_input<wait_poll> {
-    static constexpr bool value = true;
-};
-
-/* p's n words (n a multiple of 4) read ATT_POLL_WORD again, for the next stage that polls them: a
- * float4 a thread over the grid's threads. */
-__device__ __forceinline__ void unwrite_words(float *p, int n) {
-    const float u = __uint_as_float(ATT_POLL_WORD);
-    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n / 4; i += (int)(gridDim.x * blockDim.x))
-        reinterpret_cast<float4 *>(p)[i] = make_float4(u, u, u, u);
-}
-
-/* Nothing to wait for (the caller has already waited). */
-struct wait_none {
-    __device__ __forceinline__ void operator()() const {}
-};
 
 // ---------------------------------------------------------------------------------------------
 // Tracing, only in a build with EXTRA_NVCCFLAGS=-DINGOT_TRACE (tests/bench/gpu.sh trace): each block
@@ -366,7 +169,7 @@ struct wait_none {
 // a layer). The host resets the counts before each step and writes the last step's records out
 // (tests/bench/step_trace.py reads them).
 
-/* The step's stages, in launch order; ST_MLP, the fused MLP (MLP_FUSED), takes gate/up's and down's
+/* The step's stages, in launch order; ST_MLP, the fused MLP (MODEL_MLP_FUSED), takes gate/up's and down's
  * place in a layer. */
 enum { ST_EMBED, ST_QKV, ST_ATT, ST_O, ST_GATE_UP, ST_DOWN, ST_LM_HEAD, ST_MLP, ST_COUNT };
 
@@ -580,11 +383,11 @@ __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
 // as x * norm_w / rms(x): every block computes the same sum of squares, from L2), then each warp
 // takes one weight row at a time: lane l reads 16-byte chunks l, l + 32, ... (8 weights each),
-// MV_UNROLL chunks in flight per step, and the warp's partial sums meet in a shuffle reduction.
+// MODEL_MV_UNROLL chunks in flight per step, and the warp's partial sums meet in a shuffle reduction.
 
-/* A lane's U chunks of one step of a row: U = MV_UNROLL, or MV_PAIR_UNROLL in the paired norm'd
+/* A lane's U chunks of one step of a row: U = MODEL_MV_UNROLL, or MODEL_PAIR_UNROLL in the paired norm'd
  * kernels (QKV, gate/up), whose warps hold two rows. */
-template <int U = MV_UNROLL>
+template <int U = MODEL_MV_UNROLL>
 struct row_chunks {
     uint4 v[U];
 };
@@ -654,15 +457,15 @@ __device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, con
     return loaded;
 }
 
-/* A paired kernel's early loads, before its wait: the first MV_PAIR_EARLY chunks of rows ra and rb's
- * first step, in lots of MV_PAIR_LOT where the plan takes them, else at once. */
+/* A paired kernel's early loads, before its wait: the first MODEL_PAIR_EARLY chunks of rows ra and rb's
+ * first step, in lots of MODEL_PAIR_LOT where the plan takes them, else at once. */
 template <int U>
 __device__ __forceinline__ void pair_early_loads(row_chunks<U> *a, row_chunks<U> *b, const uint4 *ra, const uint4 *rb, int K, int lane) {
-    if (MV_PAIR_LOT < MV_PAIR_EARLY) {
-        load_lots<MV_PAIR_LOT>(a, b, ra, rb, K, lane, MV_PAIR_EARLY, never_stop{});
+    if (MODEL_PAIR_LOT < MODEL_PAIR_EARLY) {
+        load_lots<MODEL_PAIR_LOT>(a, b, ra, rb, K, lane, MODEL_PAIR_EARLY, never_stop{});
     } else {
-        load_chunks(a, ra, K, 0, lane, 0, MV_PAIR_EARLY);
-        load_chunks(b, rb, K, 0, lane, 0, MV_PAIR_EARLY);
+        load_chunks(a, ra, K, 0, lane, 0, MODEL_PAIR_EARLY);
+        load_chunks(b, rb, K, 0, lane, 0, MODEL_PAIR_EARLY);
     }
 }
 
@@ -702,21 +505,21 @@ __device__ __forceinline__ float row_dot(row_chunks<U> *first, const uint4 *row,
     return warp_sum(acc);
 }
 
-/* QKV's steps of a row past the first that go through shared memory: at most MV_PAIR_ASYNC. */
+/* QKV's steps of a row past the first that go through shared memory: at most MODEL_QKV_ASYNC. */
 template <int U>
 __host__ __device__ constexpr int pair_async_steps(int K) {
-    return MV_PAIR_ASYNC < mv_steps<U>(K) - 1 ? MV_PAIR_ASYNC : mv_steps<U>(K) - 1;
+    return MODEL_QKV_ASYNC < mv_steps<U>(K) - 1 ? MODEL_QKV_ASYNC : mv_steps<U>(K) - 1;
 }
 
 /* Shared memory QKV's block needs for them, past its staged input: each warp's steps
  * 1 .. pair_async_steps of both rows, a lane's chunks where it alone reads them. */
 template <int U>
 __host__ __device__ constexpr size_t pair_async_bytes(int K) {
-    return (size_t)pair_async_steps<U>(K) * 2 * U * WARP_SIZE * MV_WARPS * sizeof(uint4);
+    return (size_t)pair_async_steps<U>(K) * 2 * U * WARP_SIZE * MODEL_MV_WARPS * sizeof(uint4);
 }
 
 /* Dynamic shared memory of QKV's block, whose input has K values. */
-#define QKV_SMEM_BYTES(K) (MV_SMEM_BYTES(K) + pair_async_bytes<MV_PAIR_UNROLL>(K))
+#define QKV_SMEM_BYTES(K) (MV_SMEM_BYTES(K) + pair_async_bytes<MODEL_PAIR_UNROLL>(K))
 
 /* This warp's slots for the async steps: after the block's staged input of K floats (K % 8 == 0, so
  * 16-byte aligned). Slot (s, row, u) holds lane l's chunk at [((s * 2 + row) * U + u) * WARP_SIZE + l]. */
@@ -886,7 +689,7 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
 }
 
 /* f(g, x4[g]) for each of this thread's float4 groups g of a K-vector whose words read ATT_POLL_WORD
- * until written (ATT_O_POLL, DOWN_POLL), as each is written: POLL_VEC loads in flight
+ * until written (MODEL_ATT_O_POLL, MODEL_DOWN_POLL), as each is written: POLL_VEC loads in flight
  * at once, the float4s still unwritten polled again together, 32 ns apart, until every word is (a
  * late input costs one round trip after its last write lands, not one a float4). At most
  * POLL_MAX_FLOATS values (a bit a float4 of the thread's; the model's init checks). issued() as
@@ -942,7 +745,7 @@ __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H 
  * POLLED: x's words read ATT_POLL_WORD until written (poll_each_group). */
 template <bool POLLED = false, typename H = no_hook>
 __device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{}) {
-    __shared__ float partial[MV_WARPS];
+    __shared__ float partial[MODEL_MV_WARPS];
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     float ss = 0.0f;
     auto stage = [&](int g, float4 v) {
@@ -965,7 +768,7 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
     if (!norm) return 1.0f;
     ss = 0.0f;
 #pragma unroll
-    for (int w = 0; w < MV_WARPS; w++) ss += partial[w];
+    for (int w = 0; w < MODEL_MV_WARPS; w++) ss += partial[w];
     return rsqrtf(ss / (float)K + eps);
 }
 
@@ -987,10 +790,6 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 // host uploads fed tokens there, and each step's end writes its choice after its own position, so
 // a step needs nothing from the host to run on the previous step's choice.
 
-#define IO_POS 0
-#define IO_NEXT 1
-#define IO_COUNT 2
-#define IO_INTS 3
 
 /* x (dim) = embed[history[pos]] */
 template <typename Wait>
@@ -1048,7 +847,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     const int lane = threadIdx.x % WARP_SIZE;
     int p = grid_warp(), ra = 0, rb = 0, kind = 0;
     TRACE_BEGIN(ST_QKV);
-    row_chunks<MV_PAIR_UNROLL> a, b;
+    row_chunks<MODEL_PAIR_UNROLL> a, b;
     if (p < pairs) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
@@ -1059,20 +858,20 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    /* the async steps, where this build has them (MV_PAIR_ASYNC): issued once the input is staged (in
+    /* the async steps, where this build has them (MODEL_QKV_ASYNC): issued once the input is staged (in
      * stage_input's hook, right behind the input's loads: 7B -1.1%, 1B 0.3 points less gain) */
-    const int async = pair_async_steps<MV_PAIR_UNROLL>(dim);
-    uint4 *slots = pair_async_slots<MV_PAIR_UNROLL>(sx, dim);
+    const int async = pair_async_steps<MODEL_PAIR_UNROLL>(dim);
+    uint4 *slots = pair_async_slots<MODEL_PAIR_UNROLL>(sx, dim);
     const float scale = stage_input(sx, x, true, dim, eps, [&] {
-        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || p >= pairs) return;
+        if (MODEL_PAIR_EARLY == MODEL_PAIR_UNROLL || p >= pairs) return;
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
-        load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+        load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
+        load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
     });
     TRACE_AT(TRACE_STAGED);
     if (async > 0 && p < pairs) {
         const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        pair_async_issue<MV_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
+        pair_async_issue<MODEL_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
                                          reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
     }
     const int pos = io[IO_POS];
@@ -1115,7 +914,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     };
     /* the last round split by K (QKV_SPLIT_LAST) where the pairs fill a round and what is left of
      * them fits half the warps; the full rounds before it as usual */
-    const int full = pairs / grid_warps() * grid_warps(), left = pairs - full, steps = mv_steps<MV_PAIR_UNROLL>(dim);
+    const int full = pairs / grid_warps() * grid_warps(), left = pairs - full, steps = mv_steps<MODEL_PAIR_UNROLL>(dim);
     const bool split = QKV_SPLIT_LAST && full > 0 && left > 0 && 2 * left <= grid_warps() && steps >= 2;
     for (bool first = true; p < (split ? full : pairs); p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -1129,7 +928,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         /* warp pair j (warps 2j, 2j + 1 of a block) of block b takes left-over pair (j * blocks + b): the
          * blocks in turn, so every SM gets its share. Warp 2j + h takes steps [h * steps / 2, (h + 1) *
          * steps / 2); the odd warp's sums meet the even's in shared memory at a barrier of the two. */
-        __shared__ float2 halves[MV_WARPS / 2];
+        __shared__ float2 halves[MODEL_MV_WARPS / 2];
         const int wid = threadIdx.x / WARP_SIZE, h = wid % 2, k = (wid / 2) * (int)gridDim.x + (int)blockIdx.x;
         if (k < left) {
             qkv_pair(full + k, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -1169,24 +968,24 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
                                                      const unsigned *go = nullptr, unsigned go_count = 0) {
     const int lane = threadIdx.x % WARP_SIZE, half = rows / 2, n = pairs ? half : rows;
-    const int warps = blocks * MV_WARPS; /* the grid's, or the part of it this stage has */
-    int row = block * MV_WARPS + (int)threadIdx.x / WARP_SIZE;
+    const int warps = blocks * MODEL_MV_WARPS; /* the grid's, or the part of it this stage has */
+    int row = block * MODEL_MV_WARPS + (int)threadIdx.x / WARP_SIZE;
     TRACE_BEGIN(stage);
     (void)stage;
     row_chunks<> a, b;
     extern __shared__ float sx[];
     /* the first step's chunks loaded before the wait (load_lots): in the joined grid given go, lots
-     * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MV_RES_LOT */
-    int early = MV_UNROLL;
+     * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MODEL_RES_LOT */
+    int early = MODEL_MV_UNROLL;
     if (row < n) {
-        constexpr int PACE_LOT = MV_RES_PACE > 0 ? MV_RES_PACE : MV_UNROLL;
+        constexpr int PACE_LOT = MV_RES_PACE > 0 ? MV_RES_PACE : MODEL_MV_UNROLL;
         if (MV_RES_PACE > 0 && go) {
             early = load_lots<PACE_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
-                                        reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MV_UNROLL,
+                                        reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MODEL_MV_UNROLL,
                                         stop_at_count{go, go_count});
-        } else if (MV_RES_LOT < MV_UNROLL) {
-            early = load_lots<MV_RES_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
-                                          reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MV_UNROLL,
+        } else if (MODEL_RES_LOT < MODEL_MV_UNROLL) {
+            early = load_lots<MODEL_RES_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
+                                          reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MODEL_MV_UNROLL,
                                           never_stop{});
         } else {
             load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
@@ -1198,7 +997,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     TRACE_AT(TRACE_WAITED);
     /* the first step's chunks a paced start left (MV_RES_PACE), behind the input's loads */
     auto rest = [&] {
-        if (early >= MV_UNROLL || row >= n) return;
+        if (early >= MODEL_MV_UNROLL || row >= n) return;
         load_chunks_from(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane, early);
         if (pairs) load_chunks_from(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane, early);
     };
@@ -1243,7 +1042,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
     TRACE_BEGIN(ST_GATE_UP);
-    row_chunks<MV_PAIR_UNROLL> a, b;
+    row_chunks<MODEL_PAIR_UNROLL> a, b;
     if (i < hidden) {
         pair_early_loads(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
                          reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane);
@@ -1253,9 +1052,9 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     wait();
     TRACE_AT(TRACE_WAITED);
     const float scale = stage_input<polls_input<Wait>::value>(sx, x, true, dim, eps, [&] {
-        if (MV_PAIR_EARLY == MV_PAIR_UNROLL || i >= hidden) return;
-        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
-        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MV_PAIR_EARLY, MV_PAIR_UNROLL);
+        if (MODEL_PAIR_EARLY == MODEL_PAIR_UNROLL || i >= hidden) return;
+        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
+        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
     });
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
@@ -1268,7 +1067,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 }
 
 // ---------------------------------------------------------------------------------------------
-// The MLP in one kernel (MLP_FUSED, where the hidden size is 2048 or 4096 on sm_90; the default
+// The MLP in one kernel (MODEL_MLP_FUSED, where the hidden size is 2048 or 4096 on sm_90; the default
 // there): gate/up, SiLU and down without the boundary between gate/up and down, which costs the
 // Llama-3.2-1B shape ~2.5 us a layer beyond down's bytes. One block of MLP_WARPS warps an SM takes a range of hidden
 // units [u0, u1), in batches of MLP_UNITS(dim) (a unit to MLP_ROW_WARPS(dim) warps: rows of 8 chunks
@@ -1284,7 +1083,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 // The block ends with a partial sum of every output, added into `out` in L2 (red.global.add.v4.f32;
 // block 0 adds the residual x too): out must be zero before, so each layer's kernel zeroes the
 // buffer the next layer adds into (`zero`, the last layer's input, dead past this kernel's wait).
-// The reductions' order is not fixed: a build with MLP_FUSED is not reproducible to the last bit
+// The reductions' order is not fixed: a build with MODEL_MLP_FUSED is not reproducible to the last bit
 // from run to run (the fp32 rounding of 132 partial sums an output). Measured alone first
 // (tests/bench/fused_mlp.cu, forty-second session, PERFORMANCE.md): 16 chained 1B-shaped MLPs in
 // 24.2 us a layer against 26.6 for the two kernels, the reductions 0.3 of it; clusters summing their
@@ -1530,7 +1329,7 @@ __device__ __forceinline__ void block_best_to_thread0(float *best_v, int *best_i
     }
     __syncthreads();
     if (threadIdx.x == 0)
-        for (int i = 1; i < MV_WARPS; i++)
+        for (int i = 1; i < MODEL_MV_WARPS; i++)
             if (best_v[i] > *bv || (best_v[i] == *bv && best_i[i] < *bi)) {
                 *bv = best_v[i];
                 *bi = best_i[i];
@@ -1544,8 +1343,8 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
                                                             float *logits, float2 *block_best, unsigned *counter,
                                                             int *io, int dim, int vocab, float eps, Wait wait) {
     extern __shared__ float sx[];
-    __shared__ float best_v[MV_WARPS];
-    __shared__ int best_i[MV_WARPS];
+    __shared__ float best_v[MODEL_MV_WARPS];
+    __shared__ int best_i[MODEL_MV_WARPS];
     __shared__ bool last;
     const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
@@ -1605,7 +1404,6 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
 // The block that writes a KV group's output (its only split, or the combining block) adds 1 to
 // *ready when given one: the joined attention/o_proj grid's o_proj blocks wait on that count.
 
-#define ATT_MAX_GROUP 8
 /* The tensor-core path's query operands (hi and lo terms of every lane's 8 dims of each 32-dim chunk),
  * in shared memory after the (max, sum) pairs: 32-bit words. */
 #define ATT_QFRAG_WORDS(head_dim) ((head_dim) / 32 * 8 * WARP_SIZE)
@@ -1677,9 +1475,6 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
  * the 7B runs it since the twentieth session: 136 registers, or 128 and 12 bytes spilled with
  * -DATT_MIN_BLOCKS=2; not yet measured); the SmolLM2 shape lost 2.8% at depth 0. A plan choice
  * (codegen/plan.py, _att_stage_values); 0 here: off. */
-#ifndef ATT_MMA_STAGE_VALUES
-#define ATT_MMA_STAGE_VALUES 0
-#endif
 #ifndef ATT_PAD_INSNS
 #define ATT_PAD_INSNS 0 /* a probe's instructions after the values (attention_body) */
 #endif
@@ -1688,7 +1483,7 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
 #endif
 /* Bytes of shared memory the staged values take */
 __host__ __device__ constexpr size_t att_value_stage_bytes(int hd) {
-    return ATT_MMA_STAGE_VALUES ? 16 + (size_t)(ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
+    return MODEL_ATT_STAGE_VALUES ? 16 + (size_t)(MODEL_ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
 }
 /* Where chunk ch of position p of a tile goes in the staged round: the chunk's low bits XOR 2 (p / 4 % 4),
  * so a quarter-warp's 8 reads (g = 2q, 2q + 1; positions 4 cq + i) fall in 8 different 16-byte bank groups */
@@ -1820,15 +1615,15 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
          * shared memory, turned into the splits' weights by warp h for head h, then each thread one
          * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
          * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
-        const bool wide = ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > ATT_THREADS);
-        /* ATT_COMBINE_EARLY: thread tid's output (head tid / head_dim), its first splits' sums */
-        const bool early = ATT_COMBINE_EARLY > 0 && !wide && rows * head_dim <= (int)blockDim.x;
+        const bool wide = ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > MODEL_ATT_THREADS);
+        /* MODEL_ATT_COMBINE_EARLY: thread tid's output (head tid / head_dim), its first splits' sums */
+        const bool early = MODEL_ATT_COMBINE_EARLY > 0 && !wide && rows * head_dim <= (int)blockDim.x;
         const float *acc_e = part_acc + (size_t)token_of(tid / head_dim) * parts * head_dim +
                              (size_t)(kvh * kv_mul + head_of(tid / head_dim)) * n_splits * head_dim + tid % head_dim;
-        float pre[ATT_COMBINE_EARLY > 0 ? ATT_COMBINE_EARLY : 1];
+        float pre[MODEL_ATT_COMBINE_EARLY > 0 ? MODEL_ATT_COMBINE_EARLY : 1];
         if (early && tid < rows * head_dim)
 #pragma unroll
-            for (int k = 0; k < ATT_COMBINE_EARLY; k++)
+            for (int k = 0; k < MODEL_ATT_COMBINE_EARLY; k++)
                 if (k < n_active) pre[k] = __ldcg(&acc_e[(size_t)k * head_dim]);
         float *sm = sc, *sl = sc + rows * n_active;
         for (int i = tid; i < rows * n_active; i += blockDim.x) {
@@ -1860,9 +1655,9 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
                 const int hl = tid / head_dim;
                 float num = 0.0f;
 #pragma unroll
-                for (int k = 0; k < ATT_COMBINE_EARLY; k++)
+                for (int k = 0; k < MODEL_ATT_COMBINE_EARLY; k++)
                     if (k < n_active) num += sm[hl * n_active + k] * pre[k];
-                for (int s2 = ATT_COMBINE_EARLY; s2 < n_active; s2++) num += sm[hl * n_active + s2] * __ldcg(&acc_e[(size_t)s2 * head_dim]);
+                for (int s2 = MODEL_ATT_COMBINE_EARLY; s2 < n_active; s2++) num += sm[hl * n_active + s2] * __ldcg(&acc_e[(size_t)s2 * head_dim]);
                 out[token_of(hl) * q_stride + (kvh * kv_mul + head_of(hl)) * head_dim + tid % head_dim] = num;
             }
         } else if (wide) {
@@ -1963,7 +1758,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                                                int head_dim, int kv_mul, int ctx, int n_splits,
                                                int min_splits, int kvh, int split, unsigned *ready, Wait wait,
                                                int q_stride = 0, size_t parts = 0) {
-    static_assert(TOKENS >= 1 && TOKENS <= ATT_MAX_GROUP, "attention rows: TOKENS * kv_mul <= ATT_MAX_GROUP");
+    static_assert(TOKENS >= 1 && TOKENS <= MODEL_ATT_MAX_GROUP, "attention rows: TOKENS * kv_mul <= MODEL_ATT_MAX_GROUP");
     extern __shared__ float smem[];
     const int rows = TOKENS * kv_mul;             /* rows of queries; TOKENS == 1: the group's heads */
     float *sc = smem;                             /* (rows, ATT_TILE) scores, then probabilities */
@@ -1993,7 +1788,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     float *red = sc; /* (warps, rows, head_dim): the warps' sums of the weighted values, after them */
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         static_assert(MMA_HD == 64 || MMA_HD == 128, "attention on the tensor cores: heads of 64 or 128");
-        constexpr int HD = MMA_HD, KCH = HD / 32, U = att_mma_tiles(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
+        constexpr int HD = MMA_HD, KCH = HD / 32, U = att_mma_tiles(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
         const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, HD));
         const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
@@ -2028,7 +1823,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     const int e = lane + WARP_SIZE * m, p = e / (HD / 8), ch = e % (HD / 8), j = 16 * tile + p;
                     /* zeros past len, before the wait; the cached positions before it (mode 2: after
                      * it too), this step's after */
-                    if (j < len ? (ATT_MMA_STAGE_VALUES == 1 && start + j < first_new) == before_wait : before_wait)
+                    if (j < len ? (MODEL_ATT_STAGE_VALUES == 1 && start + j < first_new) == before_wait : before_wait)
                         cp_async16(vs + (k * 16 + p) * (HD / 8) + stage_chunk(ch, p), vb + (size_t)min(j, len - 1) * (HD / 8) + ch,
                                    j < len);
                 }
@@ -2036,7 +1831,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         };
         key_regs ka, kn; /* this round's keys, the next round's where pipelined */
         load_keys(ka, 0, true);
-        const bool staged = ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS;
+        const bool staged = MODEL_ATT_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS;
         if (staged) stage_values(true);
         TRACE_AT(TRACE_READY);
         wait();
@@ -2102,9 +1897,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
          * 16384, PERFORMANCE.md). A position's `chunks` lanes meet in a shuffle; the loop runs the same
          * trips in every lane, so the shuffles are whole-warp. */
         {
-            float qc[ATT_MAX_GROUP][8];
+            float qc[MODEL_ATT_MAX_GROUP][8];
     #pragma unroll
-            for (int h = 0; h < ATT_MAX_GROUP; h++)
+            for (int h = 0; h < MODEL_ATT_MAX_GROUP; h++)
                 if (h < rows) {
                     const float4 *qh = reinterpret_cast<const float4 *>(q + (size_t)token_of(h) * q_stride +
                                                                         (kvh * kv_mul + head_of(h)) * head_dim + 8 * c);
@@ -2125,7 +1920,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     float kf[8];
                     h8_to_f32(u[k], kf);
     #pragma unroll
-                    for (int h = 0; h < ATT_MAX_GROUP; h++)
+                    for (int h = 0; h < MODEL_ATT_MAX_GROUP; h++)
                         if (h < rows) {
                             float d = 0.0f;
     #pragma unroll
@@ -2162,7 +1957,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     TRACE_ATT_AT(1);
 
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
-        constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = ATT_THREADS / WARP_SIZE;
+        constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
         const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
         /* O^T for this lane: m-tile t's rows g (d' = t) and g + 8 (d' = t + MT), query rows 2 cq, 2 cq + 1 */
@@ -2173,7 +1968,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         typedef uint4 value_regs[U][4][VU];
         const uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* round 0's, if staged */
         auto load_values = [&](value_regs &vr, int round) {
-            if (ATT_MMA_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
+            if (MODEL_ATT_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
                 cp_async_wait_all();
                 __syncwarp();
 #pragma unroll
@@ -2260,9 +2055,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
          * slice + slices, ..., ATT_UNROLL positions' loads in flight at once. The slices' sums are
          * reduced in a fixed order (shuffles within a warp, then warps in order), so results do not vary
          * run to run. */
-        float acc[ATT_MAX_GROUP][8];
+        float acc[MODEL_ATT_MAX_GROUP][8];
     #pragma unroll
-        for (int h = 0; h < ATT_MAX_GROUP; h++)
+        for (int h = 0; h < MODEL_ATT_MAX_GROUP; h++)
     #pragma unroll
             for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
         for (int j0 = slice; j0 < len; j0 += ATT_UNROLL * slices) {
@@ -2277,7 +2072,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     float v[8];
                     h8_to_f32(u[k], v);
     #pragma unroll
-                    for (int h = 0; h < ATT_MAX_GROUP; h++)
+                    for (int h = 0; h < MODEL_ATT_MAX_GROUP; h++)
                         if (h < rows) {
                             float p = sc[h * ATT_TILE + j];
     #pragma unroll
@@ -2289,7 +2084,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         TRACE_ATT_AT(2); /* its loads are in; the combine comes after */
         __syncthreads(); /* sc is reused below for the warps' sums */
     #pragma unroll
-        for (int h = 0; h < ATT_MAX_GROUP; h++)
+        for (int h = 0; h < MODEL_ATT_MAX_GROUP; h++)
             if (h < rows)
     #pragma unroll
                 for (int i = 0; i < 8; i++) {
@@ -2325,13 +2120,13 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 }
 
 // ---------------------------------------------------------------------------------------------
-// The decode attention at a short context (ATT_SHORT, the plan's where the tensor-core path runs):
+// The decode attention at a short context (MODEL_ATT_SHORT, the plan's where the tensor-core path runs):
 // one block a (KV head, split) of at most att_short_max(HD) positions (one round of tiles a warp:
 // 128 on heads of 128, 256 on heads of 64), flash-decoding within the block. The splits are
 // attention_body's (att_split_len); where there is more than one, each stores its partial sums and
 // the last combines them (attention_combine). The block that writes a KV group's outputs adds 1 to
-// *ready when given one (the joined attention/o_proj grid, ATT_O_SHORT). The host launches it in one split up to att_short_max(HD) positions, and on heads
-// of 64, whose 256 is ATT_MIN_CHUNK, in ATT_MIN_SPLITS up to 33 x 256 (forward_cuda.cu.j2,
+// *ready when given one (the joined attention/o_proj grid, MODEL_ATT_O_SHORT). The host launches it in one split up to att_short_max(HD) positions, and on heads
+// of 64, whose 256 is ATT_MIN_CHUNK, in MODEL_ATT_MIN_SPLITS up to 33 x 256 (forward_cuda.cu,
 // short_kernel_splits). At depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape
 // for almost no work: five block barriers, the softmax through shared memory a row a warp, the
 // values loaded after it (one more L2 round trip), the sums' stores in 4-way bank conflicts
@@ -2347,18 +2142,18 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 // attention_body: 1B +2.2%, 7B +1.1%, SmolLM2 +11.6% at depth 0; the 1B +1.8% at 1024 and +0.4% at
 // 4096, where the splits' combine takes most of what they save (PERFORMANCE.md, twenty-second
 // session).
-__host__ __device__ constexpr int att_short_max(int hd) { return ATT_THREADS / WARP_SIZE * att_mma_tiles(hd) * 16; }
+__host__ __device__ constexpr int att_short_max(int hd) { return MODEL_ATT_THREADS / WARP_SIZE * att_mma_tiles(hd) * 16; }
 /* Shared memory of attention_short_body: the probabilities, the warps' sums, each warp's (max, sum),
  * the query operands */
 #define ATT_SHORT_SMEM_BYTES(kv_mul, hd) \
-    (((size_t)(kv_mul) * (att_short_max(hd) + (ATT_THREADS / WARP_SIZE) * ((hd) + 2)) + ATT_QFRAG_WORDS(hd)) * sizeof(float))
+    (((size_t)(kv_mul) * (att_short_max(hd) + (MODEL_ATT_THREADS / WARP_SIZE) * ((hd) + 2)) + ATT_QFRAG_WORDS(hd)) * sizeof(float))
 
 template <int HD, typename Wait>
 __device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                                                      float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                      int kv_mul, int ctx, int n_splits, int min_splits, int kvh, int split,
                                                      Wait wait, unsigned *ready = nullptr) {
-    constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = ATT_THREADS / WARP_SIZE;
+    constexpr int KCH = HD / 32, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
     extern __shared__ float smem[];
     const int rows = kv_mul;
     constexpr int SP = att_short_max(HD);
@@ -2475,7 +2270,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
     TRACE_ATT_AT(2);
     __syncthreads();
     TRACE_ATT_AT(5);
-    for (int i = tid; i < rows * HD; i += ATT_THREADS) {
+    for (int i = tid; i < rows * HD; i += MODEL_ATT_THREADS) {
         const int r = i / HD;
         float M = -INFINITY, L = 0.0f, v = 0.0f;
 #pragma unroll

@@ -29,7 +29,7 @@
 // sum to it. Grids are as many blocks as the pairs need (several waves): the prompt is not
 // latency-bound.
 
-/* GEMM_WGMMA: Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) reads both tiles from shared memory
+/* MODEL_GEMM_WGMMA: Hopper's warpgroup MMA (wgmma.mma_async, sm_90a) reads both tiles from shared memory
  * itself, once for the block's four warps, instead of each warp's ldmatrix and mma.sync: a warp's
  * 16 rows against the batch's 2 B columns read 16 B fragments for each A fragment from shared
  * memory, which at batches of 64 bounds the mma.sync loop by shared memory's bandwidth, not the
@@ -38,9 +38,6 @@
  * (the plan's gemm_wgmma; the Makefile builds sm_90a). At batches of 64 with every matvec a GEMM
  * (thirtieth session): prompt 1B +17%, 7B +24% against mma.sync; at batches of 32 with gate/up the
  * only GEMM it had lost (twenty-eighth: 1B -0.9%, 7B -6%). */
-#ifndef GEMM_WGMMA
-#define GEMM_WGMMA 0
-#endif
 
 /* Prompt tokens a prefill batch takes, at most: batches of PREFILL_BATCH, PREFILL_BATCH / 2, ...
  * down to 8 (PREFILL_SIZES sizes, a graph each): full ones, then the smallest that covers the
@@ -53,7 +50,7 @@
  * run on wgmma, 64 on mma.sync (its fragments for 256 columns would take 128 registers a lane
  * more). Each a multiple of the mma's n, 8; tests build 16, 32 and 64. */
 #ifndef PREFILL_BATCH
-#define PREFILL_BATCH (GEMM_WGMMA ? 128 : 64)
+#define PREFILL_BATCH (MODEL_GEMM_WGMMA ? 128 : 64)
 #endif
 #define PREFILL_SMALL 8
 #define PREFILL_SIZES (PREFILL_BATCH == 128 ? 5 : PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
@@ -498,11 +495,11 @@ __device__ __forceinline__ void prefill_pairs_part(int n_pairs, int K, int c0, i
     static_assert(terms_in || std::is_same<In, float>::value, "prefill inputs: fp32 values or their 16-bit terms");
     constexpr int tiles = B / 8, unroll = PREFILL_UNROLL(B), R = PREFILL_ROW_TILES;
     constexpr int in_regs = terms_in ? PREFILL_TERMS : 2; /* uint4s of a token's 8 inputs: its terms, or 8 floats */
-    static_assert(R <= MV_WARPS, "a warp a row tile for the sums' gathering");
+    static_assert(R <= MODEL_MV_WARPS, "a warp a row tile for the sums' gathering");
     /* row tiles gathered a pass: all of them (32 KB at 32 tokens), or one at a time past that (the
      * static shared memory's 48 KB) */
     constexpr int RP = B > 32 ? 1 : R;
-    __shared__ float red[MV_WARPS][WARP_SIZE][4 * tiles * RP]; /* the warps' parts of K, summed in warp order */
+    __shared__ float red[MODEL_MV_WARPS][WARP_SIZE][4 * tiles * RP]; /* the warps' parts of K, summed in warp order */
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE, g = lane / 4, q = lane % 4;
     const uint4 *ra[R], *rb[R];
 #pragma unroll
@@ -515,12 +512,12 @@ __device__ __forceinline__ void prefill_pairs_part(int n_pairs, int K, int c0, i
         for (int j = 0; j < tiles; j++) c[rt][j][0] = c[rt][j][1] = c[rt][j][2] = c[rt][j][3] = 0.0f;
     pdl_wait();
     pdl_launch_dependents();
-    for (int i0 = c0 + wid; i0 < c1; i0 += MV_WARPS * unroll) {
+    for (int i0 = c0 + wid; i0 < c1; i0 += MODEL_MV_WARPS * unroll) {
         uint4 wa[unroll][R], wb[unroll][R], xv[unroll][tiles][in_regs];
 #pragma unroll
         for (int u = 0; u < unroll; u++) {
-            const int k = (i0 + u * MV_WARPS) * 32 + 8 * q;
-            const bool in_k = i0 + u * MV_WARPS < c1 && k < K;
+            const int k = (i0 + u * MODEL_MV_WARPS) * 32 + 8 * q;
+            const bool in_k = i0 + u * MODEL_MV_WARPS < c1 && k < K;
 #pragma unroll
             for (int rt = 0; rt < R; rt++) {
                 wa[u][rt] = in_k ? ld_stream(ra[rt] + k / 8) : make_uint4(0, 0, 0, 0);
@@ -586,7 +583,7 @@ __device__ __forceinline__ void prefill_pairs_part(int n_pairs, int K, int c0, i
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     s[j][i] = 0.0f;
-                    for (int w = 0; w < MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
+                    for (int w = 0; w < MODEL_MV_WARPS; w++) s[j][i] += red[w][lane][4 * (tiles * rt + j) + i];
                 }
             prefill_store_tile<B>(s, lane, p, n_pairs, [&](int p, int t, float a, float b) { store(p, t0 + t, a, b); });
         }
@@ -654,10 +651,10 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
  * same. The thirty-first session's WAIT1 with 4 stages everywhere had the 7B's gate/up at 2,685-
  * 2,714 too. */
 #ifndef GATE_UP_GEMM_STAGES
-#define GATE_UP_GEMM_STAGES (GEMM_WGMMA ? 4 : GEMM_STAGES)
+#define GATE_UP_GEMM_STAGES (MODEL_GEMM_WGMMA ? 4 : GEMM_STAGES)
 #endif
 #ifndef GATE_UP_GEMM_WAIT1
-#define GATE_UP_GEMM_WAIT1 (GEMM_WGMMA ? 1 : GEMM_WGMMA_WAIT1)
+#define GATE_UP_GEMM_WAIT1 (MODEL_GEMM_WGMMA ? 1 : GEMM_WGMMA_WAIT1)
 #endif
 /* GEMM_WIDE_WAIT1 1: the split GEMMs (QKV, o_proj, down) at 256 columns (batches of 128 in two
  * terms: one block an SM at 3 stages or 4) at 4 stages with WAIT1, their other batch sizes as
@@ -671,17 +668,17 @@ static_assert(GEMM_STAGES >= 2, "GEMM_STAGES: at least 2");
 #ifndef GEMM_WIDE_WAIT1
 #define GEMM_WIDE_WAIT1 1
 #endif
-#define SPLIT_WIDE_W1(B) (GEMM_WIDE_WAIT1 && GEMM_WGMMA && PREFILL_TERMS * (B) > 128)
+#define SPLIT_WIDE_W1(B) (GEMM_WIDE_WAIT1 && MODEL_GEMM_WGMMA && PREFILL_TERMS * (B) > 128)
 /* the split GEMMs' stages and wait at batches of B */
 #define SPLIT_STAGES(B) (SPLIT_WIDE_W1(B) ? 4 : GEMM_STAGES)
 #define SPLIT_WAIT1(B) (SPLIT_WIDE_W1(B) || GEMM_WGMMA_WAIT1)
-#if GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
+#if MODEL_GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "MODEL_GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
 #endif
-static_assert(!GEMM_WGMMA || (GEMM_WARPS == 4 && PREFILL_TERMS <= 2), "GEMM_WGMMA: a block is one warpgroup (64 rows), one or two terms");
+static_assert(!MODEL_GEMM_WGMMA || (GEMM_WARPS == 4 && PREFILL_TERMS <= 2), "MODEL_GEMM_WGMMA: a block is one warpgroup (64 rows), one or two terms");
 /* a GEMM block's dynamic shared memory at S stages; a stage's tiles start on 1024 bytes under
- * GEMM_WGMMA (the dynamic shared memory aligned up) */
-#define GEMM_SMEM_BYTES_AT(B, S) ((S) * GEMM_STAGE_BYTES(B) + (GEMM_WGMMA ? 1024 : 0))
+ * MODEL_GEMM_WGMMA (the dynamic shared memory aligned up) */
+#define GEMM_SMEM_BYTES_AT(B, S) ((S) * GEMM_STAGE_BYTES(B) + (MODEL_GEMM_WGMMA ? 1024 : 0))
 #define GEMM_SMEM_BYTES(B) GEMM_SMEM_BYTES_AT(B, SPLIT_STAGES(B)) /* the split GEMMs' */
 
 /* Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows: the chunks XOR-swizzled by the
@@ -705,7 +702,7 @@ __device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
-#if GEMM_WGMMA
+#if MODEL_GEMM_WGMMA
 /* wgmma's shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format") for a K-major tile
  * of 128-byte rows in the 128-byte swizzle: start address >> 4, leading byte offset 16 (unused when
  * swizzled), stride byte offset 1024 (from 8 rows to the next 8), swizzle mode 1 (bits 62-63). A
@@ -782,7 +779,7 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
  * prompt +2.9% / +1.7%; decode unchanged. At 3 stages without WAIT1 TMA loses on the 7B (gate/up
  * 3,340 against 2,989). 0: cp.async. */
 #ifndef GEMM_TMA
-#define GEMM_TMA (GEMM_WGMMA && !MODEL_GENERIC)
+#define GEMM_TMA (MODEL_GEMM_WGMMA && !MODEL_GENERIC)
 #endif
 /* GATE_UP_TMA_WIDE: gate/up's TMA body at two warpgroups a block (prefill_gate_up_tma_body's WGS),
  * each its own 64 rows against the stage's one input tile, at GATE_UP_WIDE_STAGES stages without
@@ -834,7 +831,7 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 #define TMA_BLOCKS(pairs, WGS) (((pairs) + GEMM_PAIRS * (WGS) - 1) / (GEMM_PAIRS * (WGS)))
 #define TMA_STAGE_BYTES(B, WGS) ((WGS) * GEMM_A_BYTES + GEMM_B_BYTES(B))
 #define TMA_SMEM_BYTES(B, S, WGS) ((S) * TMA_STAGE_BYTES(B, WGS) + 1024)
-static_assert(!GEMM_TMA || (GEMM_WGMMA && !MODEL_GENERIC), "GEMM_TMA: wgmma (sm_90a) and a specialized build");
+static_assert(!GEMM_TMA || (MODEL_GEMM_WGMMA && !MODEL_GENERIC), "GEMM_TMA: wgmma (sm_90a) and a specialized build");
 static_assert(!GEMM_TMA || (TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(PREFILL_BATCH, 1), 1) <= 232448 &&
                              TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(PREFILL_BATCH, 2), 2) <= 232448),
               "GEMM_TMA: the TMA body's stages over a block's 227 KB of shared memory");
@@ -876,13 +873,13 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
                                                   Store store) {
     constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
     static_assert(S >= 2, "prefill_gemm_body: at least 2 stages");
-    static_assert(!W1 || (GEMM_WGMMA && S >= 3), "GEMM_WGMMA_WAIT1: wgmma and at least 3 stages");
+    static_assert(!W1 || (MODEL_GEMM_WGMMA && S >= 3), "GEMM_WGMMA_WAIT1: wgmma and at least 3 stages");
     constexpr int PREFETCH = W1 ? S - 2 : S - 1; /* K tiles a block copies ahead of the one it multiplies */
-    static_assert(!GEMM_WGMMA || NT == 1 || NT == 2 || NT == 4 || NT == 8 || NT == 16 || NT == 32, "GEMM_WGMMA: wgmma_k16's shapes, N 8 to 256");
+    static_assert(!MODEL_GEMM_WGMMA || NT == 1 || NT == 2 || NT == 4 || NT == 8 || NT == 16 || NT == 32, "MODEL_GEMM_WGMMA: wgmma_k16's shapes, N 8 to 256");
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const int tid = threadIdx.x;
     const int n_kt = kt1 - kt0; /* this block's K tiles: i of them at kt0 + i */
-    const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + (GEMM_WGMMA ? 1023u : 0u)) & (GEMM_WGMMA ? ~1023u : ~0u);
+    const uint32_t smem = ((uint32_t)__cvta_generic_to_shared(gemm_smem) + (MODEL_GEMM_WGMMA ? 1023u : 0u)) & (MODEL_GEMM_WGMMA ? ~1023u : ~0u);
 
     /* This thread's copies: chunk tid % 8 (8 values of K) of tile rows tid / 8 + ROWS j, for 4 rows
      * of weights and T B * 8 / GEMM_THREADS rows of inputs a stage. Row r of the weights' tile is
@@ -945,7 +942,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
 #pragma unroll
         for (int j = 0; j < 4; j++) smem_w_to_f16(smem + (i % S) * GEMM_STAGE_BYTES(B) + row_off + ROWS * 128 * j); /* load_a's */
 #endif
-#if GEMM_WGMMA
+#if MODEL_GEMM_WGMMA
         fence_proxy_async_shared();
 #endif
         /* stage i is in, and every warp is done with the stage the next copies overwrite (under
@@ -957,7 +954,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
         }
         cp_async_commit();
         const uint32_t a_base = smem + (i % S) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
-#if GEMM_WGMMA
+#if MODEL_GEMM_WGMMA
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
@@ -985,7 +982,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
 #endif
     }
     cp_async_wait_group<0>();
-#if GEMM_WGMMA
+#if MODEL_GEMM_WGMMA
     if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
 #endif
     prefill_gemm_store<B>(c, n_pairs, store);
@@ -1264,14 +1261,14 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill attention, every query row of a batch in one block (PREFILL_FLASH, a plan choice). A block
+// Prefill attention, every query row of a batch in one block (MODEL_PREFILL_FLASH, a plan choice). A block
 // takes one KV head, one split of the positions (as the decode attention's splits, counted from
 // the batch's last position) and FLASH_ROWS query rows (row r: token r / KV_MUL, head r % KV_MUL
 // of the group). The split's keys and values are staged in shared memory a tile of FLASH_TILE
 // positions at a time, read once for all rows; each warp takes 8 rows and keeps their softmax
 // running over the tiles (max, sum, and the weighted values' sums rescaled when the max grows).
 // fp32 throughout, as the decode kernels: the same sums up to their order. attention_body reads
-// each key and value once for PREFILL_ATT_TOKENS tokens; at depth 4096 on the 1B shape a 32-token
+// each key and value once for MODEL_PREFILL_ATT_TOKENS tokens; at depth 4096 on the 1B shape a 32-token
 // batch's attention took ~137 us a layer that way, in 4224 blocks each paying the whole latency
 // chain (PERFORMANCE.md, tenth session). This one: 1B prompt at depth 4096 +72%, 16384 +109%
 // (eleventh session).
@@ -1284,12 +1281,12 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
 /* Dynamic shared memory: the tile's keys transposed (hd, tile) and values (tile, hd) as fp16, the
  * block's queries (rows, hd) and each warp's probabilities (8, tile) as fp32. */
 #define FLASH_SMEM_BYTES(hd) \
-    ((size_t)2 * FLASH_TILE(hd) * (hd) * 2 + (size_t)FLASH_ROWS * (hd) * 4 + (size_t)(ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd) * 4)
+    ((size_t)2 * FLASH_TILE(hd) * (hd) * 2 + (size_t)FLASH_ROWS * (hd) * 4 + (size_t)(MODEL_ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd) * 4)
 /* Most splits the combining block takes: their weights, (rows, splits) floats, reuse the queries'
  * and probabilities' shared memory (192 at either head size). Contexts with more splits (past
  * 196608 positions) take attention_body's prefill. */
 #define FLASH_MAX_SPLITS(hd) \
-    ((int)(((size_t)FLASH_ROWS * (hd) + (size_t)(ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd)) / FLASH_ROWS))
+    ((int)(((size_t)FLASH_ROWS * (hd) + (size_t)(MODEL_ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd)) / FLASH_ROWS))
 
 /* N fp16 values (N = 2 or 4, 4- or 8-byte aligned) at p as floats. */
 template <int N>
@@ -1413,7 +1410,7 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
 
     /* the block's queries, scaled */
     const float scale = rsqrtf((float)HD);
-    for (int i = tid; i < FLASH_ROWS * HD; i += ATT_THREADS) {
+    for (int i = tid; i < FLASH_ROWS * HD; i += MODEL_ATT_THREADS) {
         const int r = row0 + i / HD;
         qs[i] = r < row0 + rows ? __ldcg(&q[(size_t)token_of(r) * q_dim + head_of(r) * HD + i % HD]) * scale : 0.0f;
     }
@@ -1434,7 +1431,7 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
          * a warp's threads on consecutive positions so that their stores meet no bank twice */
         const uint4 *kg = reinterpret_cast<const uint4 *>(kc + kv_at(start + ts, kvh, ctx, HD));
         const uint4 *vg = reinterpret_cast<const uint4 *>(vc + kv_at(start + ts, kvh, ctx, HD));
-        for (int i = tid; i < T * HD / 8; i += ATT_THREADS) {
+        for (int i = tid; i < T * HD / 8; i += MODEL_ATT_THREADS) {
             reinterpret_cast<uint4 *>(vs)[i] = i / (HD / 8) < tlen ? __ldcg(vg + i) : make_uint4(0, 0, 0, 0);
             const int j = i % T, d0 = 8 * (i / T);
             const uint4 k = j < tlen ? __ldcg(kg + (size_t)j * (HD / 8) + d0 / 8) : make_uint4(0, 0, 0, 0);
@@ -1521,7 +1518,7 @@ __device__ __forceinline__ void prefill_flash_body(const float *q, const uint16_
             *reinterpret_cast<float2 *>(&part_ml[(size_t)t * parts * 2 + ((size_t)h * n_splits + split) * 2]) = make_float2(m[i], l[i]);
     }
     if (n_active > 1)
-        prefill_flash_combine<HD, KV_MUL, ATT_THREADS>(qs, part_acc, part_ml, counters, out, q_dim, n_kv_heads, row0, rows,
+        prefill_flash_combine<HD, KV_MUL, MODEL_ATT_THREADS>(qs, part_acc, part_ml, counters, out, q_dim, n_kv_heads, row0, rows,
                                                        n_active, n_splits);
 }
 

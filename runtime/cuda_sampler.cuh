@@ -33,11 +33,13 @@
  * (CUDA's expf against libm's, sums in another order) moves a boundary across r or a top-p cut:
  * about 1e-7 of the draws. tests/cuda_sampler_test.cu checks this on many cases and prints times.
  *
- * Needs cuda_kernels.cuh (WARP_SIZE, IO_*, pdl_wait). */
+ */
 #ifndef INGOT_CUDA_SAMPLER_CUH
 #define INGOT_CUDA_SAMPLER_CUH
 
 #include <stdint.h>
+
+#include "cuda_sync.cuh"
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / WARP_SIZE)

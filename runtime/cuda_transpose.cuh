@@ -1,5 +1,5 @@
 /* cuda_transpose.cuh - a (rows, cols) matrix of 16-bit words transposed on the GPU: down_proj's
- * copy for the fused decode MLP (forward_cuda.cu.j2, MLP_FUSED), made once at load, and the same
+ * copy for the fused decode MLP (forward_cuda.cu, MODEL_MLP_FUSED), made once at load, and the same
  * for tests/bench/fused_mlp.cu. Included only where it is launched (an unused static kernel is a
  * warning, and the builds treat warnings as errors). */
 #ifndef INGOT_CUDA_TRANSPOSE_CUH

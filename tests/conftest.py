@@ -80,6 +80,13 @@ def binary_for(model_dir: Path, build: str, *make_vars: str, out: str | None = N
     return Binary(build_model(model_dir, *make_vars), model_dir, False)
 
 
+def split_flags(flags: str) -> tuple[list[str], list[str]]:
+    """A test build's flags, "field=N ... -DX=V ...", as (plan settings for codegen --set / make
+    PLAN, nvcc flags): a plan decision is set through the generator, anything else is an nvcc flag."""
+    words = flags.split()
+    return [w for w in words if not w.startswith("-")], [w for w in words if w.startswith("-")]
+
+
 def tiny_model_dir(variant: str, seed: int = 1, name: str | None = None) -> Path:
     """build/test-models/<name or variant>: config, tokenizer and random bf16 weights (made once)."""
     d = REPO / "build" / "test-models" / (name or variant)

@@ -19,7 +19,6 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda_kernels.cuh"
 #include "cuda_sampler.cuh"
 #include "sampler.h"
 

@@ -140,22 +140,22 @@ def test_plan_joins_attention_and_o_proj_only_in_the_generic_build():
 
 
 def test_plan_fits_the_fused_decode_mlp_at_hidden_sizes_of_2048_and_4096_on_sm_90():
-    """The decode MLP in one kernel (-DMLP_FUSED=1; mlp_fused_body: 8 chunks a lane a row part, a
+    """The decode MLP in one kernel (mlp_fused=1; mlp_fused_body: 8 chunks a lane a row part, a
     unit's rows to one warp at 2048 and two at 4096, bulk copies on mbarriers) fits the
     Llama-3.2-1B, Mistral-7B and Llama-3.1-8B shapes and the tiny models made for it, on sm_90 only;
     not Qwen2.5-7B's 3584 nor SmolLM2's 576; never the generic build."""
     from codegen.plan import make_generic_plan, make_plan
 
-    fused = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).mlp_fused_fits
+    fused = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).mlp_fused
              for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "llama-3.1-8b-instruct",
                        "qwen2.5-7b-instruct")}
     assert fused == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 1, "mistral-7b-instruct-v0.2": 1,
                      "llama-3.1-8b-instruct": 1, "qwen2.5-7b-instruct": 0}
     for name in ("tiny-d2048", "tiny-d4096"):
         tiny = spec_of(load(REPO / "tests" / "models" / name / "config.json"))
-        assert make_plan(tiny).mlp_fused_fits == 1
-        assert make_plan(tiny, cuda_arch="89").mlp_fused_fits == 0 and make_plan(tiny, cuda_arch="80").mlp_fused_fits == 0
-    assert make_generic_plan().mlp_fused_fits == 0
+        assert make_plan(tiny).mlp_fused == 1
+        assert make_plan(tiny, cuda_arch="89").mlp_fused == 0 and make_plan(tiny, cuda_arch="80").mlp_fused == 0
+    assert make_generic_plan().mlp_fused == 0
 
 
 def test_plan_groups_prefill_attention_tokens_on_64_wide_heads():
@@ -356,3 +356,44 @@ def test_generic_plan_is_the_plan_at_run_time():
             cpu = getattr(generic, "cpu_streams").replace("MODEL_WEIGHT_BYTES_PER_TOKEN", str(spec.weight_bytes))
             cond, four_one = cpu.strip("()").replace("ULL", "").split("?")
             assert (4 if eval(cond) else 1) == plan.cpu_streams and four_one.strip() == "4 : 1"
+
+
+def test_plan_header_is_the_cuda_sources_one_interface(tmp_path):
+    """model_plan.h names every decision of the plan, and the hand-written CUDA sources read each
+    of them: none is emitted for nothing, and none is missing a use (a dead constant means a
+    decision the code no longer takes). Each line carries its rule in a comment."""
+    r = subprocess.run([sys.executable, "-m", "codegen", "tests/models/tiny-gqa", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    names = re.findall(r"^#define (MODEL_\w+) \S+ /\* .+ \*/$", (tmp_path / "model_plan.h").read_text(), re.M)
+    assert len(names) > 30
+    cuda = "".join(p.read_text() for p in sorted((REPO / "runtime").glob("*.cu*")))
+    cpu = (REPO / "templates" / "forward_cpu.c.j2").read_text()
+    unused = [n for n in names if not re.search(rf"\b{n}\b", cuda + cpu)]
+    assert unused == []
+
+
+def test_plan_settings_build_the_other_path_and_refuse_what_cannot_run(tmp_path):
+    """codegen --set: a decision set by hand lands in model_plan.h with the ones that follow from
+    it derived again (the fused MLP's carveout and triggers); a field the plan does not have, a
+    value that is not a number, and a setting the model or target cannot take are refused in one
+    line naming it."""
+    def gen(*sets, model="tiny-d2048", arch="90"):
+        args = [a for s in sets for a in ("--set", s)]
+        return subprocess.run([sys.executable, "-m", "codegen", f"tests/models/{model}", "--out", str(tmp_path / "g"),
+                               "--cuda-arch", arch, *args], cwd=REPO, capture_output=True, text=True)
+
+    r = gen()
+    plan = (tmp_path / "g" / "model_plan.h").read_text()
+    assert r.returncode == 0 and "#define MODEL_MLP_FUSED 1 " in plan and "#define MODEL_SMEM_CARVEOUT 72 " in plan
+    r = gen("mlp_fused=0")
+    plan = (tmp_path / "g" / "model_plan.h").read_text()
+    assert r.returncode == 0 and "#define MODEL_MLP_FUSED 0 " in plan and "#define MODEL_SMEM_CARVEOUT -1 " in plan
+    assert "Set by hand (codegen --set): mlp_fused=0" in plan and "PLAN='mlp_fused=0'" in plan
+    for sets, message in [(("no_such=1",), "--set no_such=1: expected FIELD=N"),
+                          (("mlp_fused=yes",), "'yes' is not a whole number"),
+                          (("att_o_short=1", "att_short=0"), "the short context's kernel")]:
+        r = gen(*sets)
+        assert r.returncode == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = gen("mlp_fused=1", arch="80")
+    assert r.returncode == 1 and "does not fit the fused MLP" in r.stderr

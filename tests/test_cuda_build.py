@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, build_generic
+from conftest import REPO, build_generic, split_flags
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not installed: the CUDA backend is not built here")
@@ -50,10 +50,10 @@ def test_fp32_model_cuda_compiles_to_a_refusal(tmp_path):
     r = subprocess.run([sys.executable, "-m", "codegen", str(model), "--out", str(gen)], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     r = subprocess.run([NVCC, "-std=c++17", gencode("90"), "-Iruntime", f"-I{gen}", "-Werror",
-                        "all-warnings", "-c", str(gen / "forward_cuda.cu"), "-o", str(tmp_path / "f.o")],
+                        "all-warnings", "-c", "runtime/forward_cuda.cu", "-o", str(tmp_path / "f.o")],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "fp32 weights are not supported on the GPU" in (gen / "forward_cuda.cu").read_text()
+    assert "fp32 weights are not supported on the GPU" in (REPO / "runtime" / "forward_cuda.cu").read_text()
 
 
 @pytest.mark.parametrize("arch", ["80", "89", "90"])
@@ -79,7 +79,7 @@ def test_probe_builds_compile(tmp_path, flags):
 
 
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
-@pytest.mark.parametrize("flags", ["-DATT_SHORT=0", "-DATT_COMBINE_EARLY=0", "-DATT_O_SHORT=1 -DATT_O_POLL=0", "-DDOWN_POLL=1",
+@pytest.mark.parametrize("flags", ["att_short=0", "att_combine_early=0", "att_o_short=1 att_o_poll=0", "down_poll=1",
                                    "-DINGOT_TRACE -DTRACE_ATT=6 -DATT_PAD_INSNS=240 -DPROBE_NO_ATT=2"])
 def test_attention_variant_builds_compile(tmp_path, variant, flags):
     """The tensor-core attention's variant builds (PERFORMANCE.md, twenty-first to twenty-third
@@ -93,13 +93,13 @@ def test_attention_variant_builds_compile(tmp_path, variant, flags):
 
 
 @pytest.mark.parametrize("arch,flags", [("90", ""), ("90", "-DMLP_MAXNREG=96"), ("90", "-DINGOT_TRACE"),
-                                        ("90", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1"),
-                                        ("90", "-DMLP_FUSED=0"), ("90", "-DMLP_FUSED=0 -DSMEM_CARVEOUT=72"),
-                                        ("90", "-DATT_O_GRID=1 -DATT_O_SHORT=1"),
-                                        ("90", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1"),
-                                        ("90", "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=0"),
+                                        ("90", "-DMLP_X_BULK=0 smem_carveout=-1"),
+                                        ("90", "mlp_fused=0"), ("90", "mlp_fused=0 smem_carveout=72"),
+                                        ("90", "att_o_grid=1 att_o_short=1"),
+                                        ("90", "att_trigger_early=3 -DO_PROJ_TRIGGER_EARLY=1"),
+                                        ("90", "o_proj_trigger_shortest=0 -DO_PROJ_TRIGGER_EARLY=0"),
                                         ("90", "-DO_PROJ_TRIGGER_EARLY=2"), ("90", "-DO_PROJ_TRIGGER_EARLY=3"),
-                                        ("90", "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=3"), ("80", "")])
+                                        ("90", "o_proj_trigger_shortest=0 -DO_PROJ_TRIGGER_EARLY=3"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
     that build, at 96 registers, traced, as first built (the threads load its input, the driver's
@@ -111,8 +111,8 @@ def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 
 
-@pytest.mark.parametrize("flags", ["", "-DINGOT_TRACE", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1", "-DO_PROJ_TRIGGER_EARLY=3",
-                                   "-DMLP_FUSED=0"])
+@pytest.mark.parametrize("flags", ["", "-DINGOT_TRACE", "-DMLP_X_BULK=0 smem_carveout=-1", "-DO_PROJ_TRIGGER_EARLY=3",
+                                   "mlp_fused=0"])
 def test_fused_mlp_at_4096_builds_compile(tmp_path, flags):
     """tiny-d4096, the hidden size of the 7B and 8B shapes, where a hidden unit's rows take two warps
     (mlp_fused_body's MLP_ROW_WARPS): the fused default, traced, as first built, with the MLP's hold,
@@ -120,8 +120,8 @@ def test_fused_mlp_at_4096_builds_compile(tmp_path, flags):
     _compile_generated(tmp_path, "tiny-d4096", "90", flags=tuple(flags.split()))
 
 
-@pytest.mark.parametrize("flags,reason", [("-DO_PROJ_TRIGGER_EARLY=3 -DATT_O_GRID=1 -DATT_O_SHORT=1", "never sets CTR_O_WAITED"),
-                                          ("-DO_PROJ_TRIGGER_EARLY=3 -DMLP_FUSED=0", "3 with the fused MLP")])
+@pytest.mark.parametrize("flags,reason", [("-DO_PROJ_TRIGGER_EARLY=3 att_o_grid=1 att_o_short=1", "never sets CTR_O_WAITED"),
+                                          ("-DO_PROJ_TRIGGER_EARLY=3 mlp_fused=0", "3 with the fused MLP")])
 def test_o_proj_trigger_hold_refused_where_nothing_would_release_it(tmp_path, flags, reason):
     """O_PROJ_TRIGGER_EARLY=3 has the fused MLP's blocks wait for a flag that only
     o_proj_residual_kernel sets: with o_proj in the joined grids, or without the fused MLP, the build
@@ -131,20 +131,23 @@ def test_o_proj_trigger_hold_refused_where_nothing_would_release_it(tmp_path, fl
 
 
 def test_fused_mlp_refused_where_it_does_not_fit(tmp_path):
-    """-DMLP_FUSED=1 on a plan whose shape or target does not fit it (tiny-d2048 for sm_80) stops
-    the build with the reason, rather than building something else."""
+    """mlp_fused=1 set on a model or target that does not fit it (tiny-d2048 for sm_80) stops the
+    generator with the reason, rather than building something else."""
     with pytest.raises(AssertionError, match="does not fit the fused MLP"):
-        _compile_generated(tmp_path, "tiny-d2048", "80", flags=("-DMLP_FUSED=1",))
+        _compile_generated(tmp_path, "tiny-d2048", "80", flags=("mlp_fused=1",))
 
 
 def _compile_generated(tmp_path, variant, arch, extra_archs=(), flags=()):
+    """runtime/forward_cuda.cu against a tiny variant's generated headers; flags as split_flags
+    reads them: plan settings go to the generator, the rest to nvcc."""
+    sets, nvcc = split_flags(" ".join(flags))
     gen = tmp_path / "gen"
-    r = subprocess.run([sys.executable, "-m", "codegen", f"tests/models/{variant}", "--out", str(gen), "--cuda-arch", arch],
-                       cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "codegen", f"tests/models/{variant}", "--out", str(gen), "--cuda-arch", arch,
+                        *(a for kv in sets for a in ("--set", kv))], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     gencodes = [gencode(a) for a in (arch, *extra_archs)]
     r = subprocess.run([NVCC, "-O1", "-std=c++17", *gencodes, "--threads", "2", "-Iruntime", f"-I{gen}",
-                        "-Werror", "all-warnings", *flags, "-c", str(gen / "forward_cuda.cu"), "-o", str(tmp_path / "f.o")],
+                        "-Werror", "all-warnings", *nvcc, "-c", "runtime/forward_cuda.cu", "-o", str(tmp_path / "f.o")],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -172,5 +175,5 @@ def test_generic_cuda_compiles_for_sm80_and_sm89(tmp_path):
     assert r.returncode == 0, r.stderr
     r = subprocess.run([NVCC, "-O1", "-std=c++17", "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_89,code=sm_89",
                         "--threads", "2", "-Iruntime", f"-I{gen}", "-DMODEL_WEIGHT_DTYPE_BF16", "-Werror", "all-warnings",
-                        "-c", str(gen / "forward_cuda.cu"), "-o", str(tmp_path / "f.o")], cwd=REPO, capture_output=True, text=True)
+                        "-c", "runtime/forward_cuda.cu", "-o", str(tmp_path / "f.o")], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import BUILDS, DEFAULT_MODEL, REPO, TINY_VARIANTS, binary_for, build_generic, run, tiny_model_dir
+from conftest import BUILDS, DEFAULT_MODEL, REPO, TINY_VARIANTS, binary_for, build_generic, run, split_flags, tiny_model_dir
 from reference import compare_logits
 from test_numerics import TINY_PROMPT
 
@@ -41,14 +41,14 @@ GPU_CPU_TOLERANCE = 1e-3
 GPU_HF_TOLERANCE = 5e-3
 
 # nvcc flags the tests build tiny models with (flags_build), besides the ones in their parameters
-RES_PAIRS = "-DRESIDUAL_PAIRS=1"  # o_proj and down a pair of rows a warp
-NO_SHORT = "-DATT_SHORT=0"  # the decode attention's split kernel at short contexts too
-ATT_O_SHORT = "-DATT_O_SHORT=1 -DATT_O_POLL=0"  # the short context's attention and o_proj in one grid, o_proj counting
-ATT_O_POLL = "-DATT_O_SHORT=1"  # ... o_proj polling attention's outputs
+RES_PAIRS = "residual_pairs=1"  # o_proj and down a pair of rows a warp
+NO_SHORT = "att_short=0"  # the decode attention's split kernel at short contexts too
+ATT_O_SHORT = "att_o_short=1 att_o_poll=0"  # the short context's attention and o_proj in one grid, o_proj counting
+ATT_O_POLL = "att_o_short=1"  # ... o_proj polling attention's outputs
 ATT_CHUNK5 = "-DATT_MIN_CHUNK=5"  # the decode attention in splits of 5 positions
-COMBINE_EARLY = "-DATT_MIN_CHUNK=5 -DATT_COMBINE_EARLY=16"
+COMBINE_EARLY = "-DATT_MIN_CHUNK=5 att_combine_early=16"
 GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"
-MMA_SYNC = "-DGEMM_WGMMA=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
+MMA_SYNC = "gemm_wgmma=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
 CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
 NO_GEMMS = "-DPREFILL_QKV_GEMM=0 -DPREFILL_DOWN_GEMM=0 -DPREFILL_O_GEMM=0"  # QKV, o_proj and down on prefill_pairs_body
 WAIT1 = "-DGEMM_WGMMA_WAIT1=1 -DGEMM_STAGES=4"  # a stage's wgmma left running (measured, thirty-first session: off)
@@ -68,18 +68,19 @@ RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4
 
 
 def split_last_flags(blocks, unroll):
-    return f"-DQKV_SPLIT_LAST=1 -DGRID_QKV={blocks} -DMV_PAIR_UNROLL={unroll}"
+    return f"-DQKV_SPLIT_LAST=1 grid_qkv={blocks} pair_unroll={unroll}"
 
 
 def staged_flags(chunk):
-    return f"-DATT_MMA_STAGE_VALUES=1 -DATT_SHORT=0{chunk}"
+    return f"att_stage_values=1 att_short=0{chunk}"
 
 
 def flags_build(variant, flags):
-    """(model dir, specialized binary) of a tiny variant built with other nvcc flags: a model
-    directory (and so a build directory) of its own for each set of flags."""
+    """(model dir, specialized binary) of a tiny variant built with plan settings and nvcc flags
+    (split_flags): a model directory (and so a build directory) of its own for each set of flags."""
     d = tiny_model_dir(variant, name=f"{variant}-{hashlib.sha1(flags.encode()).hexdigest()[:10]}")
-    return d, binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={flags}")
+    sets, nvcc = split_flags(flags)
+    return d, binary_for(d, "specialized", f"EXTRA_NVCCFLAGS={' '.join(nvcc)}", f"PLAN={' '.join(sets)}")
 
 
 # What each test builds, from an item's parameters: ("flags", variant, flags) a flags_build,
@@ -179,7 +180,7 @@ def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
 # each, so a block's last batch of 16 holds one unit and its tiles' slots are reused; its context
 # of 2048 lets a prompt cross from the one-split graphs into the others at 256 positions, as the
 # 1B's. Not in TINY_VARIANTS: its 150 MB of weights would slow every CPU test.
-SPLIT_MLP = "-DMLP_FUSED=0"
+SPLIT_MLP = "mlp_fused=0"
 FUSED_MLP_MODEL = "tiny-d2048"
 # tiny-d4096: the hidden size of the Mistral-7B and Llama-3.1-8B shapes (4096), where the fused MLP
 # gives a hidden unit's gate and up rows to two warps and takes 8 units a batch; its 2272 hidden
@@ -285,12 +286,12 @@ def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prom
 
 
 # the fused MLP's launch as it was before the forty-seventh session: after o_proj's wait, no hold
-O_PROJ_AFTER_WAIT = "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=0"
+O_PROJ_AFTER_WAIT = "o_proj_trigger_shortest=0 -DO_PROJ_TRIGGER_EARLY=0"
 
 
-@pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1",
-                                   "-DATT_O_GRID=1 -DATT_O_SHORT=1", "-DATT_TRIGGER_EARLY=3 -DO_PROJ_TRIGGER_EARLY=1",
-                                   O_PROJ_AFTER_WAIT, "-DO_PROJ_TRIGGER_SHORTEST=0 -DO_PROJ_TRIGGER_EARLY=3"])
+@pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 smem_carveout=-1",
+                                   "att_o_grid=1 att_o_short=1", "att_trigger_early=3 -DO_PROJ_TRIGGER_EARLY=1",
+                                   O_PROJ_AFTER_WAIT, "o_proj_trigger_shortest=0 -DO_PROJ_TRIGGER_EARLY=3"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     """tiny-d2048, where the decode MLP is one kernel by default (that build runs in tiny_gpu's
     tests): with gate/up and down instead, the fused MLP at 96 registers and as first built (its
@@ -302,7 +303,8 @@ def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     logits (the persistent step's too, which keeps the separate kernels) and greedy text against
     the CPU's."""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
-    assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
+    fused = 0 if "mlp_fused=0" in flags else 1
+    assert f"#define MODEL_MLP_FUSED {fused} " in (REPO / "generated" / d.name / "model_plan.h").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
 
 
@@ -323,7 +325,7 @@ def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
 
 
-@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DMLP_X_BULK=0 -DSMEM_CARVEOUT=-1", SPLIT_MLP])
+@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DMLP_X_BULK=0 smem_carveout=-1", SPLIT_MLP])
 def test_tiny_gpu_fused_mlp_at_4096_equal_cpu(flags, tmp_path):
     """tiny-d4096's fused MLP (a hidden unit's rows to two warps, 8 units a batch, 8 output columns a
     lane): the default, with the MLP's hold past 256 positions (O_PROJ_TRIGGER_EARLY=3), as first
@@ -336,7 +338,8 @@ def test_tiny_gpu_fused_mlp_at_4096_equal_cpu(flags, tmp_path):
     else:
         d = tiny_model_dir(FUSED_MLP_4096)
         binary = binary_for(d, "specialized")
-    assert "#define MLP_FUSED_FITS 1" in (REPO / "generated" / d.name / "forward_cuda.cu").read_text()
+    fused = 0 if "mlp_fused=0" in flags else 1
+    assert f"#define MODEL_MLP_FUSED {fused} " in (REPO / "generated" / d.name / "model_plan.h").read_text()
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True, prompt=" ".join([TINY_PROMPT] * 3))
 
 
@@ -356,27 +359,27 @@ def test_fused_mlp_memcheck_clean(model, flags):
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-qwen2"])
 def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     """o_proj and down with a pair of rows a warp (the plan takes them where the rows pass a wave's
-    warps, as on the 7B shapes, never on a tiny model), forced with -DRESIDUAL_PAIRS=1 in a build of
+    warps, as on the 7B shapes, never on a tiny model), forced with residual_pairs=1 in a build of
     its own: logits and greedy text against the CPU's."""
     d, binary = flags_build(variant, RES_PAIRS)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("flags", ["-DRESIDUAL_PAIRS=1 -DATT_O_GRID=1", "-DRESIDUAL_PAIRS=1 -DATT_O_GRID=1 -DMV_RES_PACE=2",
-                                   "-DRESIDUAL_PAIRS=1 -DATT_O_GRID=1 -DMV_RES_PACE=0", "-DATT_O_GRID=1 -DMV_RES_PACE=1"])
+@pytest.mark.parametrize("flags", ["residual_pairs=1 att_o_grid=1", "residual_pairs=1 att_o_grid=1 -DMV_RES_PACE=2",
+                                   "residual_pairs=1 att_o_grid=1 -DMV_RES_PACE=0", "att_o_grid=1 -DMV_RES_PACE=1"])
 def test_tiny_gpu_joined_o_proj_paced_equal_cpu(flags, tmp_path):
     """o_proj in the joined attention grid (ATT_O_GRID, the plan's on the 7B shapes), its first row
     step paced until attention's outputs are counted (MV_RES_PACE: the default's lots of 4 chunks,
     lots of 2, unpaced, and lots of 1 in single rows), on tiny-wide: o_proj's rows of 2048 in two
-    steps, in pairs of rows (-DRESIDUAL_PAIRS=1) or one a warp. Logits and greedy text against the
+    steps, in pairs of rows (residual_pairs=1) or one a warp. Logits and greedy text against the
     CPU's."""
     d, binary = flags_build("tiny-wide", flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-wide", "-DMV_PAIR_LOT=MV_PAIR_EARLY -DMV_RES_LOT=MV_UNROLL"),
-                                           ("tiny-wide", "-DMV_PAIR_LOT=1 -DMV_RES_LOT=1 -DRESIDUAL_PAIRS=1"),
-                                           ("tiny-gqa", "-DMV_PAIR_LOT=1 -DMV_RES_LOT=2")])
+@pytest.mark.parametrize("variant,flags", [("tiny-wide", "pair_lot=0 res_lot=0"),
+                                           ("tiny-wide", "pair_lot=1 res_lot=1 residual_pairs=1"),
+                                           ("tiny-gqa", "pair_lot=1 res_lot=2")])
 def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
     """The early loads before the programmatic-dependent-launch wait, in other lots than the
     plan's (codegen/plan.py, _pair_lot and _res_lot: two lots of QKV's and gate/up's MV_PAIR_EARLY
@@ -388,7 +391,7 @@ def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("flags", ["-DMV_PAIR_UNROLL=4", "-DMV_PAIR_ASYNC=2 -DMV_PAIR_UNROLL=4"])
+@pytest.mark.parametrize("flags", ["pair_unroll=4", "qkv_async=2 pair_unroll=4"])
 def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
     """QKV's later row steps copied into shared memory on cp.async (MV_PAIR_ASYNC: the plan has one
     async step of 8 chunks a lane on tiny-wide, as on the 1B, which every other tiny-wide test
@@ -417,11 +420,11 @@ def test_tiny_gpu_qkv_split_last_equal_cpu(blocks, unroll, tmp_path):
 @pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
 def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
     """Decode attention's first round of values staged in shared memory with the keys (the plan's
-    choice on the 1B shape; -DATT_MMA_STAGE_VALUES=1 in a build of its own here): heads of 64 in
+    choice on the 1B shape; att_stage_values=1 in a build of its own here): heads of 64 in
     groups of 3 (the staged rows' 16-byte alignment after an odd group's sums) and of 128 (splits
     past one round: later rounds from registers), in one split of the whole context and in splits of
     5 positions (a tile's rows past the split zero-filled); without the short context's kernel
-    (-DATT_SHORT=0), which would take every step of tiny-group3's. Logits and greedy text against the
+    (att_short=0), which would take every step of tiny-group3's. Logits and greedy text against the
     CPU's."""
     d, binary = flags_build(variant, staged_flags(chunk))
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
@@ -432,7 +435,7 @@ def test_tiny_gpu_split_attention_at_short_context_equals_cpu(variant, tmp_path)
     """The decode attention's split kernel (attention_body) at the short contexts that the plan gives
     to attention_short_body (ATT_SHORT; the other tests on these two variants run that kernel up to
     256 positions on heads of 64, every step of tiny-group3's, and 128 on heads of 128): here
-    -DATT_SHORT=0, a build of its own. Logits and greedy text against the CPU's."""
+    att_short=0, a build of its own. Logits and greedy text against the CPU's."""
     d, binary = flags_build(variant, NO_SHORT)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
@@ -453,7 +456,7 @@ def test_tiny_gpu_short_attention_splits_equal_cpu(tmp_path):
 def test_tiny_gpu_short_attention_joined_with_o_proj_equal_cpu(variant, tmp_path):
     """The short context's attention and o_proj in one grid (ATT_O_SHORT: the plan's on the 7B-like
     shapes, none of the tiny models; here forced on) with o_proj's blocks waiting on the count of
-    KV groups whose outputs attention_short_body has written (-DATT_O_POLL=0; the plan's polling is
+    KV groups whose outputs attention_short_body has written (att_o_poll=0; the plan's polling is
     the next test's). On
     tiny-group3-long (heads of 64 in groups of 3) three times TINY_PROMPT crosses its splits of 256,
     so the count comes from the combining block; on tiny-wide (heads of 128) from the one split,
@@ -475,9 +478,9 @@ def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=prompt)
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DDOWN_POLL=1"),
-                                           ("tiny-wide", "-DDOWN_POLL=1 -DPOLL_VEC=2"),
-                                           ("tiny-group3", "-DDOWN_POLL=1")])
+@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "down_poll=1"),
+                                           ("tiny-wide", "down_poll=1 -DPOLL_VEC=2"),
+                                           ("tiny-group3", "down_poll=1")])
 def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
     """Down's blocks poll gate/up's outputs (DOWN_POLL, the plan's on the 1B and 7B shapes, none of
     the tiny models; here forced on: words that read ATT_POLL_WORD until written, put back by the

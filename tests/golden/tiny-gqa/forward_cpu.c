@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 
 #include "model.h" /* first: cpu_kernels.h picks dot_w from MODEL_WEIGHT_DTYPE_* */
+#include "model_plan.h"
 #include "cpu_kernels.h"
 
 /* The fused q/k/v pass works on four rows at a time: for Q and K, rows i, i+1 of a head with their
@@ -23,10 +24,10 @@
 #define QKV_K_QUADS (MODEL_KV_DIM / 4)
 #define QKV_ITEMS (QKV_Q_QUADS + 2 * QKV_K_QUADS)
 
-/* Sequential weight streams each thread walks side by side in the matvecs (codegen/plan.py says
- * how it is chosen); -DCPU_STREAMS=1 or 4 overrides it for experiments. */
+/* Sequential weight streams each thread walks side by side in the matvecs (MODEL_CPU_STREAMS, the
+ * plan's); -DCPU_STREAMS=1 or 4 overrides it for experiments. */
 #ifndef CPU_STREAMS
-#define CPU_STREAMS 1
+#define CPU_STREAMS MODEL_CPU_STREAMS
 #endif
 /* The q/k/v and gate/up passes (row pairs) may take another count: -DCPU_PAIRED_STREAMS=1 or 4. */
 #ifndef CPU_PAIRED_STREAMS

@@ -1,5 +1,11 @@
-{% from "_banner.j2" import banner with context %}
-{{ banner("the CUDA decode step: the model's kernels with exact grids, weight upload and the step's CUDA graph") }}
+/* forward_cuda.cu - the CUDA decode step and prompt path of one model: its kernels with exact grids,
+ * the weights' upload, the step's CUDA graphs and the prefill's enqueue.
+ *
+ * Hand-written and compiled once per model against two generated headers: model_config.h (every
+ * dimension a MODEL_* constant, or in a generic build a value read at run time) and model_plan.h
+ * (every launch decision the plan took, codegen/plan.py). Nothing here is generated; a decision
+ * that depends on the model is a MODEL_* name from the plan, never a default defined here.
+ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,64 +17,14 @@
 #include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled (GEMM_TMA) */
 
 #include "model.h"
-/* decode attention's first round of values staged with its keys (codegen/plan.py, _att_stage_values;
- * a variant build may set it) */
-#ifndef ATT_MMA_STAGE_VALUES
-#define ATT_MMA_STAGE_VALUES {{ plan.att_stage_values }}
-#endif
-/* the paired matvecs' (QKV, gate/up) chunks a lane loads a step, and of the first step those loaded
- * before the wait (codegen/plan.py, _pair_unroll and _pair_early; a variant build may set them) */
-#ifndef MV_PAIR_UNROLL
-#define MV_PAIR_UNROLL {{ plan.pair_unroll }}
-#endif
-#ifndef MV_PAIR_EARLY
-#define MV_PAIR_EARLY {{ plan.pair_early or "MV_PAIR_UNROLL" }}
-#endif
-{% if plan.pair_lot or plan.res_lot %}
-/* the early loads before the wait in lots of these many chunks, each once the last is in: QKV's and
- * gate/up's, and o_proj's and down's launched on their own (codegen/plan.py, _pair_lot and _res_lot;
- * one lot where the plan leaves them out: runtime/cuda_kernels.cuh) */
-{% endif %}
-{% if plan.pair_lot %}
-#ifndef MV_PAIR_LOT
-#define MV_PAIR_LOT {{ plan.pair_lot }}
-#endif
-{% endif %}
-{% if plan.res_lot %}
-#ifndef MV_RES_LOT
-#define MV_RES_LOT {{ plan.res_lot }}
-#endif
-{% endif %}
-/* QKV's row steps after the first copied into shared memory on cp.async (codegen/plan.py, _qkv_async) */
-#ifndef MV_PAIR_ASYNC
-#define MV_PAIR_ASYNC {{ plan.qkv_async }}
-#endif
-/* the splits' partial sums the combine loads with their (max, sum) (codegen/plan.py, _att_combine_early) */
-#ifndef ATT_COMBINE_EARLY
-#define ATT_COMBINE_EARLY {{ plan.att_combine_early }}
-#endif
+#include "model_plan.h"
 #include "cuda_kernels.cuh"
-/* 1: the prefill GEMMs on Hopper's warpgroup MMA (the plan's choice for sm_90, which the Makefile
- * builds as sm_90a); 0: on mma.sync */
-#ifndef GEMM_WGMMA
-#define GEMM_WGMMA {{ plan.gemm_wgmma }}
-#endif
 #include "cuda_prefill.cuh"
 #include "cuda_sampler.cuh"
 
 #if !defined(MODEL_WEIGHT_DTYPE_F32)
-/* Blocks each matvec needs, a warp per row (codegen/plan.py); model_cuda_init caps them at one wave.
- * A test build may give QKV fewer (-DGRID_QKV=136), so that its pairs take rounds. */
-#ifndef GRID_QKV
-#define GRID_QKV {{ plan.grid_qkv }}
-#endif
-#define GRID_O {{ plan.grid_o }}
-#define GRID_GATE_UP {{ plan.grid_gate_up }}
-#define GRID_DOWN {{ plan.grid_down }}
-#define GRID_LM_HEAD {{ plan.grid_lm_head }}
-#ifndef ATT_MIN_SPLITS
-#define ATT_MIN_SPLITS {{ plan.att_min_splits }} /* a variant build may set it (-DATT_MIN_SPLITS=16) */
-#endif
+/* The matvecs' grids (MODEL_GRID_*, model_plan.h) are the blocks each needs; model_cuda_init caps
+ * them at one wave. */
 /* The step's counters (model_cuda.counters): attention's last-block count per KV head, the LM head's,
  * and attention_o_proj_kernel's KV groups done. */
 #define CTR_ARGMAX MODEL_N_KV_HEADS
@@ -76,11 +32,8 @@
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
 #define CTR_O_WAITED (MODEL_N_KV_HEADS + 3) /* o_proj past its wait: the layer's attention has ended (O_PROJ_TRIGGER_EARLY=3) */
 #define CTR_COUNT (MODEL_N_KV_HEADS + 4)
-#ifndef RESIDUAL_PAIRS
-#define RESIDUAL_PAIRS {{ plan.residual_pairs }} /* o_proj and down take pairs of rows (plan.py); the tests force 1 with -D */
-#endif
-#if RESIDUAL_PAIRS
-static_assert(MODEL_DIM % 2 == 0, "RESIDUAL_PAIRS: a warp pairs rows p and p + MODEL_DIM / 2");
+#if MODEL_RESIDUAL_PAIRS
+static_assert(MODEL_DIM % 2 == 0, "MODEL_RESIDUAL_PAIRS: a warp pairs rows p and p + MODEL_DIM / 2");
 #endif
 
 #define CUDA_CHECK(call)                                                                               \
@@ -99,62 +52,24 @@ static __constant__ float rope_inv_freq[MODEL_MAX_HEAD_DIM / 2];
 // The kernels: each stage body with this model's constants. Everything here is static: a generic
 // build links one copy of this file per weight dtype.
 
-/* zero: the buffer the first layer's fused MLP adds into (MLP_FUSED), or NULL */
+/* zero: the buffer the first layer's fused MLP adds into (MODEL_MLP_FUSED), or NULL */
 static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, const int *history, float *zero) {
     embed_body(embed, io, x, history, MODEL_DIM, wait_pdl{});
     if (zero)
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < MODEL_DIM; i += gridDim.x * blockDim.x) zero[i] = 0.0f;
 }
 
-/* Down may wait for gate/up's outputs themselves instead of gate/up's grid's end: gate/up writes them
- * into hb_poll, whose words read ATT_POLL_WORD until written, down's blocks stage them polling
- * (stage_input<true>), and the next layer's QKV kernel, past its wait (down has ended), puts the
- * words back. On where the plan says so (codegen/plan.py, _down_poll: the shapes it was measured on,
- * the 1B's and 7B's); -DDOWN_POLL=0 waits for the grid. Two forms were measured on the H200 (PERFORMANCE.md,
- * twenty-fifth session), Llama-3.2-1B at depths 0 / 1024:
- * - DOWN_POLL: down's own kernel polls as it stages its input; its blocks call griddepcontrol.wait
- *   before they end, so that down's end still orders all that came before it for the kernels after.
- *   With the polls one float4 at a time: -1.3% at depth 0 after first polling the last float4 of
- *   each of 32 parts of hb_poll, -0.7% with 8 parts, even with none (the parts removed since); with
- *   a thread's float4s polled together (POLL_VEC) and no parts: +0.3% / +0.9%, and again +0.5% / +1.0%.
- * - gate/up and down in one grid of one wave, each block its gate/up rows and then its down rows,
- *   whose first loads it issues as soon as its gate/up rows are done: -0.5% / -0.7% (down's rows by
- *   the warp's index), -0.3% / -0.1% (the blocks counted from the grid's end), -1.4% / -1.4% (rows
- *   claimed from a count). Traced, down's blocks stage sooner (median 1.68 us after gate/up's last
- *   block, against 2.06) but its last blocks end as late: those whose gate/up rows ended last.
- *   Removed. */
-#ifndef DOWN_POLL
-#define DOWN_POLL {{ plan.down_poll }} /* codegen/plan.py, _down_poll */
-#endif
-
-/* MLP_FUSED: the decode step's MLP in one kernel (mlp_fused_body) instead of gate/up and down,
- * by default where it fits (codegen/plan.py, _mlp_fused_fits: a hidden size of 2048 or 4096 on
- * sm_90, the 1B, 7B and 8B shapes); -DMLP_FUSED=0 keeps the two kernels. At 4096 (forty-eighth
- * session, an H100): Mistral-7B +0.4-0.6% at depths 0 to 32000. As first built it measured -0.3% to -0.7% at
- * depth 0 and +0.3% to +1.0% at 4096 on the 1B (PERFORMANCE.md, forty-second session); with its
- * input by a bulk copy (MLP_X_BULK) and every kernel's carveout alike (SMEM_CARVEOUT), +0.2% at
- * depth 0 and +1.9% at 4096 (forty-third); the default since the forty-fourth (its GPU tests on
- * tiny-d2048 passed). Its reductions' order is not fixed: its decode is not reproducible to the
- * last bit (-DMLP_FUSED=0 is; tests/bench/repeat_runs.py). */
-#define MLP_FUSED_FITS {{ plan.mlp_fused_fits }}
-#ifndef MLP_FUSED
-#define MLP_FUSED MLP_FUSED_FITS
-#endif
-/* -DSMEM_CARVEOUT=P (0..100): every decode kernel's preferred split of the SM's L1 and shared memory
- * set alike, P percent of the most to shared memory, so that no SM has to drain to change its split
- * between two stages (a block that needs more shared memory than the split it finds lands only on
- * an SM whose blocks have all left); -1: the driver's choice a kernel. Default: -1, and 72 (164 KB
- * of 228) with the fused MLP, whose 145 KB blocks otherwise met SMs split for their neighbours: on
- * the 1B the fused build gained 0.6% by it, the split build lost 0.1%, and 100 (the most) cost the
- * fused build 2.9%, its neighbours' L1 taken (PERFORMANCE.md, forty-third session). */
-#ifndef SMEM_CARVEOUT
-#define SMEM_CARVEOUT (MLP_FUSED ? 72 : -1)
-#endif
-#if MLP_FUSED && !MLP_FUSED_FITS
-#error "MLP_FUSED: this model's shape or target does not fit the fused MLP (codegen/plan.py, _mlp_fused_fits)"
-#endif
-#if MLP_FUSED && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "MLP_FUSED: sm_90 (bulk copies onto mbarriers)"
+/* MODEL_DOWN_POLL: down waits for gate/up's outputs themselves instead of gate/up's grid's end:
+ * gate/up writes them into hb_poll, whose words read ATT_POLL_WORD until written, down's blocks
+ * stage them polling (stage_input<true>), and the next layer's QKV kernel, past its wait (down has
+ * ended), puts the words back. Gate/up and down joined in one grid lost (-0.3% to -1.4% on the 1B,
+ * H200): its last blocks end as late, those whose gate/up rows ended last.
+ *
+ * MODEL_MLP_FUSED: the decode step's MLP in one kernel (mlp_fused_body) instead of gate/up and down.
+ * Its reductions' order is not fixed: its decode is not reproducible to the last bit
+ * (tests/bench/repeat_runs.py); the split build is. */
+#if MODEL_MLP_FUSED && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "MODEL_MLP_FUSED: sm_90 (bulk copies onto mbarriers)"
 #endif
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
@@ -166,14 +81,8 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
     /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own */
-    if (DOWN_POLL && !MLP_FUSED) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
+    if (MODEL_DOWN_POLL && !MODEL_MLP_FUSED) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
 }
-
-/* The decode step's attention on the tensor cores where the plan says so (codegen/plan.py, _att_mma):
- * the head width, or 0 for the fp32 path (-DATT_MMA_HD=0 turns it off). */
-#ifndef ATT_MMA_HD
-#define ATT_MMA_HD {{ 'MODEL_HEAD_DIM' if plan.att_mma else 0 }}
-#endif
 
 /* -DPROBE_NO_ATT=1, a timing probe whose outputs are wrong: the step without the decode attention's
  * launch, what attention costs at most; 2: launched, each block waiting and leaving, what its work
@@ -184,51 +93,20 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
 /* PROBE_NO_ATT == 2: an attention kernel's blocks wait and leave (the boundary without its work) */
 #define ATT_PROBE_LEAVE() do { if (PROBE_NO_ATT == 2) { wait_pdl{}(); return; } } while (0)
 
-/* A short context's decode attention in one block a (KV head, split) where the plan says so
- * (codegen/plan.py, _att_short; the tensor-core path's): -DATT_SHORT=0 turns it off. */
-#ifndef ATT_SHORT
-#define ATT_SHORT ({{ plan.att_short }} && ATT_MMA_HD)
-#endif
+/* MODEL_ATT_O_SHORT: the short context's steps with attention and o_proj in one grid, so that o_proj
+ * is QKV's dependent and launches with attention instead of after it; with MODEL_ATT_O_POLL its
+ * blocks wait for attention's outputs themselves (wait_poll, stage_input<true>): attention writes
+ * them into att_poll, whose words read ATT_POLL_WORD until written and which the gate/up kernel
+ * puts back after o_proj. */
+static_assert(!MODEL_ATT_O_SHORT || MODEL_ATT_SHORT, "MODEL_ATT_O_SHORT: the short context's kernel (MODEL_ATT_SHORT)");
 
-#ifndef ATT_O_GRID
-#define ATT_O_GRID {{ plan.att_o_grid }} /* attention and o_proj in one grid (attention_o_proj_kernel; plan.py) */
-#endif
-/* The short context's steps in the joined grid, with attention_short_body's blocks, where the plan
- * says so (codegen/plan.py, _att_o_short: o_proj at 2 blocks an SM anyway; -DATT_O_SHORT=0 off),
- * so that o_proj is QKV's dependent and launches with attention instead of after it. At depth 0
- * attention's boundary costs 7B 2.8% and 1B 3.5% (-DPROBE_NO_ATT=1), its work nothing (=2); this
- * gains the 7B 0.5-0.6% (PERFORMANCE.md, twenty-third session). */
-#ifndef ATT_O_SHORT
-#define ATT_O_SHORT ({{ plan.att_o_short }} && ATT_SHORT)
-#endif
-/* In the joined short grid, o_proj's blocks wait for attention's outputs themselves, not for its
- * count (wait_poll, stage_input<true>): attention writes them into att_poll, whose words read
- * ATT_POLL_WORD until written and which the gate/up kernel puts back after o_proj. The count's
- * signal costs attention a fence and an atomic after its stores and o_proj a poll's round trip
- * before its staging's: 7B +0.4% at depth 0 (three rounds; traced, o_proj's first block passes its
- * wait 1.09 us after attention's last block instead of 1.65; PERFORMANCE.md, twenty-fourth
- * session). -DATT_O_POLL=0 waits on the count. */
-#ifndef ATT_O_POLL
-#define ATT_O_POLL ATT_O_SHORT
-#endif
-static_assert(!ATT_O_SHORT || ATT_SHORT, "ATT_O_SHORT: the short context's kernel (ATT_SHORT)");
-
-/* ATT_TRIGGER_EARLY=K: the decode attention lets the next kernel (o_proj) launch as its blocks
+/* MODEL_ATT_TRIGGER_EARLY=K: the decode attention lets the next kernel (o_proj) launch as its blocks
  * start, before their wait, so that o_proj's blocks land and issue their first rows under attention
  * (o_proj still waits for attention's grid to end: griddepcontrol.wait); 1: attention_short_kernel,
- * 2: attention_kernel, 3: both, 0: after their wait. Default: 1 with the fused MLP, 0 without.
- * Before the fused MLP it measured -0.2% / -0.0% / -0.1% on the 1B at depths 0 / 1024 / 16384:
- * o_proj ended 1.0 us sooner, but gate/up, which fits beside o_proj's blocks, landed no sooner
- * (PERFORMANCE.md, twenty-sixth session). The fused MLP's block an SM lands only as o_proj's
- * blocks leave, so o_proj's end is its start: +1.2-1.3% at depth 0, even at 4096 (the short
- * kernel's 16 splits), o_proj's last block 1.4 us sooner after attention, attention's 0.3 us later
- * (forty-sixth). attention_kernel's (2: past short_kernel_positions) was not measured apart. */
-#ifndef ATT_TRIGGER_EARLY
-#define ATT_TRIGGER_EARLY (MLP_FUSED ? 1 : 0)
-#endif
+ * 2: attention_kernel, 3: both, 0: after their wait. */
 /* When o_proj lets the next kernel (the MLP) launch, where the MLP is fused (whose block an SM
  * lands only as o_proj's blocks leave, so its launch is on the step's chain):
- * - O_PROJ_TRIGGER_SHORTEST=1 (the default with the fused MLP): in the one-split graphs (the steps
+ * - MODEL_O_PROJ_TRIGGER_SHORTEST=1 (the default with the fused MLP): in the one-split graphs (the steps
  *   of at most 256 positions), once o_proj's blocks have issued their early loads, before their
  *   wait. 1B: +1.1% at depth 0 on the H200, +1.5% on an H100, even at 4096 (PERFORMANCE.md,
  *   forty-seventh session).
@@ -237,22 +115,19 @@ static_assert(!ATT_O_SHORT || ATT_SHORT, "ATT_O_SHORT: the short context's kerne
  *   o_proj's block 0 has passed its wait (counters[CTR_O_WAITED], set there, put back to 0 by the
  *   next layer's attention): a block that lands early then puts none of them out beside
  *   attention's. 1B at 4096: +0.8% on an H100, -0.5% on the H200 (+0.2% at 16384); in the
- *   one-split graphs too (with O_PROJ_TRIGGER_SHORTEST=0) -0.3% / -1.6% at depth 0, where the loads
+ *   one-split graphs too (with MODEL_O_PROJ_TRIGGER_SHORTEST=0) -0.3% / -1.6% at depth 0, where the loads
  *   gain by going out beside attention's short work (forty-seventh).
  * - O_PROJ_TRIGGER_EARLY=2: as 3 without the hold, in every step: +1.3-1.5% at depth 0, -1.4% to
  *   -3.5% at 4096 (H200 and H100, forty-sixth and forty-seventh); 1: at o_proj's start, in every
  *   step: even at depth 0, -3.5% at 4096 (traced, forty-sixth: the MLP lands 1.6 us sooner, its
  *   first loads beside attention's and o_proj's last blocks take it all back); 0: after the wait. */
-#ifndef O_PROJ_TRIGGER_SHORTEST
-#define O_PROJ_TRIGGER_SHORTEST (MLP_FUSED ? 1 : 0)
-#endif
 #ifndef O_PROJ_TRIGGER_EARLY
 #define O_PROJ_TRIGGER_EARLY 0
 #endif
-static_assert(O_PROJ_TRIGGER_EARLY != 3 || (!ATT_O_GRID && !ATT_O_SHORT),
+static_assert(O_PROJ_TRIGGER_EARLY != 3 || (!MODEL_ATT_O_GRID && !MODEL_ATT_O_SHORT),
               "O_PROJ_TRIGGER_EARLY=3: o_proj_residual_kernel in every step (the joined grids' o_proj never sets CTR_O_WAITED)");
-static_assert(O_PROJ_TRIGGER_EARLY >= 0 && O_PROJ_TRIGGER_EARLY <= 3 && (O_PROJ_TRIGGER_EARLY != 3 || MLP_FUSED),
-              "O_PROJ_TRIGGER_EARLY: 0 .. 3, 3 with the fused MLP (MLP_FUSED)");
+static_assert(O_PROJ_TRIGGER_EARLY >= 0 && O_PROJ_TRIGGER_EARLY <= 3 && (O_PROJ_TRIGGER_EARLY != 3 || MODEL_MLP_FUSED),
+              "O_PROJ_TRIGGER_EARLY: 0 .. 3, 3 with the fused MLP (MODEL_MLP_FUSED)");
 /* the next layer's attention puts o_proj's flag back (O_PROJ_TRIGGER_EARLY=3): its blocks run only
  * once QKV has waited for the MLP, so no MLP block still reads it, and o_proj sets it only once
  * attention has ended */
@@ -265,9 +140,9 @@ static_assert(O_PROJ_TRIGGER_EARLY >= 0 && O_PROJ_TRIGGER_EARLY <= 3 && (O_PROJ_
 /* A variant build may ask the decode attention for more blocks an SM (-DATT_MIN_BLOCKS=2: 128 registers;
  * the 7B with staged values takes 136, one block an SM, without it) */
 #ifdef ATT_MIN_BLOCKS
-#define ATT_BOUNDS __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS)
+#define ATT_BOUNDS __launch_bounds__(MODEL_ATT_THREADS, ATT_MIN_BLOCKS)
 #else
-#define ATT_BOUNDS __launch_bounds__(ATT_THREADS)
+#define ATT_BOUNDS __launch_bounds__(MODEL_ATT_THREADS)
 #endif
 /* split-K attention over the cache, one block per (KV head, split) */
 static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
@@ -275,53 +150,53 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
     O_WAITED_RESET(counters);
     ATT_PROBE_LEAVE();
-    if (ATT_TRIGGER_EARLY & 2) pdl_launch_dependents();
-    attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
-                      n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
+    if (MODEL_ATT_TRIGGER_EARLY & 2) pdl_launch_dependents();
+    attention_body<1, wait_pdl, MODEL_ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
+                      n_splits, MODEL_ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
-#if ATT_SHORT
-#if !ATT_MMA_HD
-#error "ATT_SHORT: the decode attention on the tensor cores (ATT_MMA_HD)"
+#if MODEL_ATT_SHORT
+#if !MODEL_ATT_MMA_HD
+#error "MODEL_ATT_SHORT: the decode attention on the tensor cores (MODEL_ATT_MMA_HD)"
 #endif
 /* the decode attention of a short context, one block a (KV head, split) of at most
  * att_short_max(MODEL_HEAD_DIM) positions (attention_short_body): the steps that read at most
  * short_kernel_positions launch it, in the [2] graphs */
-static __global__ void __launch_bounds__(ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     O_WAITED_RESET(counters);
     ATT_PROBE_LEAVE();
-    if (ATT_TRIGGER_EARLY & 1) pdl_launch_dependents();
-    attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
+    if (MODEL_ATT_TRIGGER_EARLY & 1) pdl_launch_dependents();
+    attention_short_body<MODEL_ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
                                      blockIdx.x, blockIdx.y, wait_pdl{});
 }
 #endif
 
-/* self_attn.o_proj (+ bias) + residual; registers for {{ plan.o_proj_min_blocks }} blocks an SM (codegen/plan.py) */
+/* self_attn.o_proj (+ bias) + residual; registers for MODEL_O_PROJ_MIN_BLOCKS blocks an SM */
 /* SHORTEST: the one-split graphs' launch, which lets the next kernel launch before its wait where
- * O_PROJ_TRIGGER_SHORTEST says so, with no hold; o_waited: counters[CTR_O_WAITED], set past the
+ * MODEL_O_PROJ_TRIGGER_SHORTEST says so, with no hold; o_waited: counters[CTR_O_WAITED], set past the
  * wait where the MLP holds on it (O_PROJ_TRIGGER_EARLY=3) */
 template <bool SHORTEST>
-static __global__ void __launch_bounds__(MV_THREADS, {{ plan.o_proj_min_blocks }}) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x,
+static __global__ void __launch_bounds__(MV_THREADS, MODEL_O_PROJ_MIN_BLOCKS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x,
                                                                                        unsigned *o_waited) {
-    constexpr bool shortest = SHORTEST && O_PROJ_TRIGGER_SHORTEST;
+    constexpr bool shortest = SHORTEST && MODEL_O_PROJ_TRIGGER_SHORTEST;
     if (O_PROJ_TRIGGER_EARLY == 1 && !shortest) pdl_launch_dependents();
     if (O_PROJ_TRIGGER_EARLY >= 2 || shortest)
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              trigger_then_wait_pdl{O_PROJ_TRIGGER_EARLY == 3 && !shortest ? o_waited : NULL});
     else
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O, wait_pdl{});
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
 
-static_assert(ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
+static_assert(MODEL_ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
 
 /* Attention and o_proj in one grid, each block one of them, by the order blocks arrive (an atomic
  * count; the last to arrive puts it back to 0 for the next layer): the first n_kv_heads * n_splits
- * are attention_kernel's (kv head, split), or given SHORT attention_short_kernel's (ATT_O_SHORT); the rest take o_proj's rows, whose first loads they issue
+ * are attention_kernel's (kv head, split), or given SHORT attention_short_kernel's (MODEL_ATT_O_SHORT); the rest take o_proj's rows, whose first loads they issue
  * before waiting for the n_kv_heads KV groups' outputs (counted in counters[CTR_ATT_DONE], which the
- * gate/up kernel resets; given SHORT and ATT_O_POLL, the outputs themselves). So o_proj's blocks land with attention's, under QKV's tail, instead of
+ * gate/up kernel resets; given SHORT and MODEL_ATT_O_POLL, the outputs themselves). So o_proj's blocks land with attention's, under QKV's tail, instead of
  * after attention lets them launch (~2 us a layer in the fifth session's trace). Roles by arrival,
  * not by block index, because CUDA promises no dispatch order: every attention role is held by a
  * block already running, so a waiting o_proj block never waits on one without a slot. */
@@ -338,34 +213,34 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
     __syncthreads();
     const int b = arrived;
     if (b < att_blocks) {
-#if ATT_SHORT
+#if MODEL_ATT_SHORT
         if (SHORT) {
-            attention_short_body<ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS,
+            attention_short_body<MODEL_ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
                                              b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{}, counters + CTR_ATT_DONE);
             return;
         }
 #endif
-        attention_body<1, wait_pdl, ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                          ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
+        attention_body<1, wait_pdl, MODEL_ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
+                          MODEL_ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
         return;
     }
     const unsigned *go = MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
-    if constexpr (SHORT && ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+    if constexpr (SHORT && MODEL_ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
     else
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
 }
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 /* Past gate/up's wait, attention_o_proj_kernel has ended: nobody reads its counts until the next
- * layer's, nor att_poll, whose words read "unwritten" again for the next layer's (ATT_O_POLL). */
+ * layer's, nor att_poll, whose words read "unwritten" again for the next layer's (MODEL_ATT_O_POLL). */
 __device__ __forceinline__ void reset_att_signals(unsigned *att_done, float *att_poll) {
     if (blockIdx.x == 0 && threadIdx.x == 0) att_done[0] = 0;
-    if (ATT_O_POLL && ATT_O_SHORT && blockIdx.x == gridDim.x - 1)
+    if (MODEL_ATT_O_POLL && MODEL_ATT_O_SHORT && blockIdx.x == gridDim.x - 1)
         for (int i = threadIdx.x; i < MODEL_Q_DIM; i += blockDim.x) att_poll[i] = __uint_as_float(ATT_POLL_WORD);
 }
 
@@ -378,16 +253,16 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 
 /* mlp.down_proj + residual */
 static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
-    if constexpr (DOWN_POLL != 0) { /* hb is hb_poll */
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN,
+    if constexpr (MODEL_DOWN_POLL != 0) { /* hb is hb_poll */
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN,
                              wait_poll{hb, 0, MODEL_HIDDEN_DIM});
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
+        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
     }
 }
 
-#if MLP_FUSED
+#if MODEL_MLP_FUSED
 /* -DMLP_MAXNREG=96: at most 96 registers a thread, so that a block fits an SM beside one of o_proj's
  * (64 registers x 256 threads), not only once both of them have left (-0.4% on the 1B) */
 #ifdef MLP_MAXNREG
@@ -450,8 +325,8 @@ static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) pers
                               MODEL_NORM_EPS, sync);
         sync();
         for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
-            attention_body<1, wait_none, ATT_MMA_HD>(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
-                           MODEL_KV_MUL, b.ctx, b.n_splits, ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, NULL, wait_none{});
+            attention_body<1, wait_none, MODEL_ATT_MMA_HD>(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
+                           MODEL_KV_MUL, b.ctx, b.n_splits, MODEL_ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, NULL, wait_none{});
             __syncthreads(); /* shared memory is reused by the next (head, split) */
         }
         /* single rows here: this kernel's registers are full already */
@@ -520,26 +395,20 @@ static __global__ void __launch_bounds__(256) prefill_qkv_finish_kernel(model_la
                                MODEL_HEAD_DIM, ctx);
 }
 
-/* Tokens of a prefill batch an attention block takes: their queries are rows of the block beside the
- * group's heads, so each key and value is read once for all of them (attention_body; the plan's
- * choice, codegen/plan.py). */
-#ifndef PREFILL_ATT_TOKENS
-#define PREFILL_ATT_TOKENS {{ plan.prefill_att_tokens }}
-#endif
-static_assert(PREFILL_SMALL % PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
+/* MODEL_PREFILL_ATT_TOKENS: tokens of a prefill batch an attention block takes; their queries are
+ * rows of the block beside the group's heads, so each key and value is read once for all of them
+ * (attention_body). */
+static_assert(PREFILL_SMALL % MODEL_PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
 
-/* 1: a prefill batch's attention with 64 of its query rows of a KV head in a block (prefill_flash_body,
- * or on the tensor cores prefill_flash_mma_body: PREFILL_FLASH_MMA), where the context's splits fit
- * its combine; 0: attention_body's prefill, PREFILL_ATT_TOKENS tokens a block. A plan choice
- * (codegen/plan.py, _prefill_flash). */
-#ifndef PREFILL_FLASH
-#define PREFILL_FLASH {{ plan.prefill_flash }}
-#endif
-#if PREFILL_FLASH
+/* MODEL_PREFILL_FLASH 1: a prefill batch's attention with 64 of its query rows of a KV head in a block
+ * (prefill_flash_body, or on the tensor cores prefill_flash_mma_body: PREFILL_FLASH_MMA), where the
+ * context's splits fit its combine; 0: attention_body's prefill, MODEL_PREFILL_ATT_TOKENS tokens a
+ * block. */
+#if MODEL_PREFILL_FLASH
 /* MMA: on the tensor cores (prefill_flash_mma_body, PREFILL_FLASH_MMA), or in fp32. att_terms: NULL,
  * or o_proj's input terms to write instead of att (FLASH_WRITES_TERMS) */
 template <int B, bool MMA>
-static __global__ void __launch_bounds__(MMA ? FMMA_THREADS : ATT_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc,
+static __global__ void __launch_bounds__(MMA ? FMMA_THREADS : MODEL_ATT_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc,
                                                                                         const uint16_t *vc, const int *io,
                                                                                         float *part_acc, float *part_ml,
                                                                                         unsigned *counters, float *att,
@@ -547,26 +416,26 @@ static __global__ void __launch_bounds__(MMA ? FMMA_THREADS : ATT_THREADS) prefi
     const att_out out = {att, att_terms, (size_t)B * MODEL_Q_DIM};
     if constexpr (MMA)
         prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, out, MODEL_Q_DIM,
-                                                                MODEL_N_KV_HEADS, ctx, n_splits, ATT_MIN_SPLITS);
+                                                                MODEL_N_KV_HEADS, ctx, n_splits, MODEL_ATT_MIN_SPLITS);
     else
         prefill_flash_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, out, MODEL_Q_DIM,
-                                                            MODEL_N_KV_HEADS, ctx, n_splits, ATT_MIN_SPLITS);
+                                                            MODEL_N_KV_HEADS, ctx, n_splits, MODEL_ATT_MIN_SPLITS);
 }
 #endif
 
-/* tokens [t0, t0 + PREFILL_ATT_TOKENS) of the batch, t0 = blockIdx.z * PREFILL_ATT_TOKENS, at
+/* tokens [t0, t0 + MODEL_PREFILL_ATT_TOKENS) of the batch, t0 = blockIdx.z * MODEL_PREFILL_ATT_TOKENS, at
  * io[IO_POS] + t0 on, their partial sums and counters those of token t0 on; none past the batch's
  * tokens (io, set before the graph, is read before the wait) */
-static __global__ void __launch_bounds__(ATT_THREADS) prefill_attention_kernel(const float *q, const uint16_t *kc,
+static __global__ void __launch_bounds__(MODEL_ATT_THREADS) prefill_attention_kernel(const float *q, const uint16_t *kc,
                                                                            const uint16_t *vc, const int *io, float *part_acc,
                                                                            float *part_ml, unsigned *counters, float *att,
                                                                            int ctx, int n_splits) {
-    const int t = blockIdx.z * PREFILL_ATT_TOKENS;
+    const int t = blockIdx.z * MODEL_PREFILL_ATT_TOKENS;
     if (t >= __ldcg(&io[IO_COUNT])) return;
     const size_t parts = (size_t)MODEL_N_HEADS * n_splits;
-    attention_body<PREFILL_ATT_TOKENS>(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM,
+    attention_body<MODEL_PREFILL_ATT_TOKENS>(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM,
                                        part_ml + t * parts * 2, counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM,
-                                       MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits, ATT_MIN_SPLITS, blockIdx.x, blockIdx.y,
+                                       MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS, blockIdx.x, blockIdx.y,
                                        NULL, wait_pdl{}, MODEL_Q_DIM, parts);
 }
 
@@ -705,20 +574,20 @@ struct model_cuda {
     unsigned *barrier;        /* its grid barrier: {count, generation} */
     int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head; /* blocks: needed, at most one wave */
     int grid_att_o;           /* attention_o_proj_kernel's o_proj blocks (after its attention blocks) */
-    int grid_att_o_short;     /* the same with the short context's attention blocks (ATT_O_SHORT) */
+    int grid_att_o_short;     /* the same with the short context's attention blocks (MODEL_ATT_O_SHORT) */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
-    /* MLP_FUSED: the residual stream's other two buffers, (dim) each: layer l reads the stream from
+    /* MODEL_MLP_FUSED: the residual stream's other two buffers, (dim) each: layer l reads the stream from
      * buffer l % 3 of {x, x_mlp[0], x_mlp[1]} (residual_at) and its MLP adds the next into l + 1 */
     float *x_mlp[2];
-    uint16_t *down_t;         /* MLP_FUSED: (n_layers, hidden_dim, dim) down_proj transposed */
+    uint16_t *down_t;         /* MODEL_MLP_FUSED: (n_layers, hidden_dim, dim) down_proj transposed */
     int grid_mlp;             /* mlp_fused_kernel's blocks: one an SM */
     float *q;                 /* (q_dim) */
     float *att;               /* (q_dim) attention output */
-    float *att_poll;          /* (q_dim) the joined short grid's (ATT_O_POLL): ATT_POLL_WORD words until written */
+    float *att_poll;          /* (q_dim) the joined short grid's (MODEL_ATT_O_POLL): ATT_POLL_WORD words until written */
     float *hb;                /* (hidden_dim) */
-    float *hb_poll;           /* (hidden_dim) gate/up's outputs where down polls them (DOWN_POLL): ATT_POLL_WORD words until written */
+    float *hb_poll;           /* (hidden_dim) gate/up's outputs where down polls them (MODEL_DOWN_POLL): ATT_POLL_WORD words until written */
     float *logits;            /* (vocab) */
     uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_kernels.cuh: kv_at) */
     uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
@@ -737,10 +606,10 @@ struct model_cuda {
     int *chosen_dev;          /* the same, as the device addresses it */
     float *logits_host;       /* (vocab) pinned */
     cudaStream_t stream;
-    /* [0]: attention launched with n_splits blocks a KV head; [1]: with ATT_MIN_SPLITS, for steps
+    /* [0]: attention launched with n_splits blocks a KV head; [1]: with MODEL_ATT_MIN_SPLITS, for steps
      * and batches that read at most short_positions (short_att); [2]: batches with PREFILL_FEW_SPLITS,
      * for those that read at most few_positions (prefill_tier), and steps with attention_short_kernel
-     * (ATT_SHORT builds) in short_kernel_splits, for those that read at most short_kernel_positions
+     * (MODEL_ATT_SHORT builds) in short_kernel_splits, for those that read at most short_kernel_positions
      * (decode_tier); [3] (decode only): steps with attention_short_kernel in one split, for those that
      * read at most one_split_positions */
     cudaGraphExec_t graphs[DECODE_TIERS][STEP_KINDS]; /* one decode step of each kind */
@@ -749,9 +618,9 @@ struct model_cuda {
      * head, and at the position of that token: a batch that ends a prompt whose last token chooses */
     cudaGraphExec_t prefill_last[PREFILL_TIERS][PREFILL_SIZES];
     cudaGraphExec_t choose[STEP_KINDS]; /* after one of those: a step's LM head and choice, of each kind but STEP_PROMPT */
-    int short_positions;      /* ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
+    int short_positions;      /* MODEL_ATT_MIN_SPLITS tiles where n_splits is more, else 0 (no [1] graphs) */
     int few_positions;        /* PREFILL_FEW_SPLITS * the least split where n_splits is more, else 0 (no [2]) */
-    int short_kernel_positions; /* short_kernel_splits * att_short_max(head_dim) in ATT_SHORT builds, else 0 (no [2] steps) */
+    int short_kernel_positions; /* short_kernel_splits * att_short_max(head_dim) in MODEL_ATT_SHORT builds, else 0 (no [2] steps) */
     int short_kernel_splits;  /* attention_short_kernel's splits a KV head */
     int one_split_positions;  /* att_short_max(head_dim) where short_kernel_splits is more than 1, else 0 (no [3] steps) */
     uint16_t *prefill_x_terms;  /* (PREFILL_TERMS, PREFILL_BATCH, dim) an RMSNorm's output, QKV's or gate/up's input */
@@ -858,8 +727,8 @@ static void launch_cooperative(void (*kernel)(Params...), int grid, int block, s
 }
 
 /* Dynamic shared memory of the decode step's attention: its scores and query operands, and the
- * staged values where ATT_MMA_STAGE_VALUES is on. */
-#define ATT_DECODE_SMEM_BYTES (ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM) + (ATT_MMA_HD ? att_value_stage_bytes(ATT_MMA_HD) : 0))
+ * staged values where MODEL_ATT_STAGE_VALUES is on. */
+#define ATT_DECODE_SMEM_BYTES (ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM) + (MODEL_ATT_MMA_HD ? att_value_stage_bytes(MODEL_ATT_MMA_HD) : 0))
 
 /* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
 static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
@@ -911,9 +780,9 @@ static void enqueue_choice(model_cuda *m, int kind, bool lm_head, launch_marks &
 }
 
 /* The buffer that holds the residual stream at layer l's start: x, unless the fused MLPs move it
- * round three buffers (MLP_FUSED: each adds the next into a buffer it cannot be reading) */
+ * round three buffers (MODEL_MLP_FUSED: each adds the next into a buffer it cannot be reading) */
 static float *residual_at(model_cuda *m, int l) {
-    if (!MLP_FUSED || l % 3 == 0) return m->x;
+    if (!MODEL_MLP_FUSED || l % 3 == 0) return m->x;
     return m->x_mlp[l % 3 - 1];
 }
 
@@ -929,7 +798,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
         launch_cooperative(persistent_step_kernel, m->grid_persistent, MV_THREADS, PERSISTENT_SMEM_BYTES, m->stream, b);
     } else {
         launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history,
-               MLP_FUSED ? residual_at(m, 1) : (float *)NULL);
+               MODEL_MLP_FUSED ? residual_at(m, 1) : (float *)NULL);
         mark(ST_EMBED);
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &m->w.layers[l];
@@ -941,26 +810,26 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
-            if (ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
+            if (MODEL_ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
                 launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
                        m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, x, m->ctx,
                        n_splits);
-#if ATT_O_SHORT
+#if MODEL_ATT_O_SHORT
             } else if (!marks && short_kernel) {
                 launch(attention_o_proj_kernel<true>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
                        ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters,
-                       ATT_O_POLL ? m->att_poll : m->att, x, m->ctx, n_splits);
+                       MODEL_ATT_O_POLL ? m->att_poll : m->att, x, m->ctx, n_splits);
 #endif
             } else {
                 if (PROBE_NO_ATT == 1) {
                     /* a timing probe: no attention launch */
-#if ATT_SHORT
+#if MODEL_ATT_SHORT
                 } else if (short_kernel) {
-                    launch(attention_short_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                    launch(attention_short_kernel, MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
 #endif
                 } else {
-                    launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, ATT_THREADS, ATT_DECODE_SMEM_BYTES,
+                    launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 }
                 mark(ST_ATT);
@@ -972,9 +841,9 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
                            *lw, m->att, x, m->counters + CTR_O_WAITED);
                 mark(ST_O);
             }
-#if MLP_FUSED
+#if MODEL_MLP_FUSED
             /* the MLP holds its first loads on o_proj's flag where o_proj sets it (O_PROJ_TRIGGER_EARLY=3) */
-            const bool hold = O_PROJ_TRIGGER_EARLY == 3 && !(O_PROJ_TRIGGER_SHORTEST && short_kernel && n_splits == 1);
+            const bool hold = O_PROJ_TRIGGER_EARLY == 3 && !(MODEL_O_PROJ_TRIGGER_SHORTEST && short_kernel && n_splits == 1);
             launch(mlp_fused_kernel, m->grid_mlp, 1, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM), m->stream, *lw,
                    m->down_t + (size_t)l * MODEL_HIDDEN_DIM * MODEL_DIM, x, residual_at(m, l + 1), residual_at(m, l + 2),
                    m->counters + CTR_ATT_DONE, m->att_poll, hold ? m->counters + CTR_O_WAITED : (unsigned *)NULL);
@@ -982,17 +851,17 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             continue;
 #endif
             launch(rmsnorm_gate_up_silu_kernel, m->grid_gate_up, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM),
-                   m->stream, *lw, x, DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
+                   m->stream, *lw, x, MODEL_DOWN_POLL ? m->hb_poll : m->hb, m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_GATE_UP);
             launch(down_residual_kernel, m->grid_down, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), m->stream, *lw,
-                   DOWN_POLL ? m->hb_poll : m->hb, x);
+                   MODEL_DOWN_POLL ? m->hb_poll : m->hb, x);
             mark(ST_DOWN);
         }
     }
     enqueue_choice(m, kind, !(m->persistent && !marks), mark, m->persistent && !marks ? m->x : residual_at(m, MODEL_N_LAYERS));
 }
 
-#define STEP_LAUNCHES (2 + (MLP_FUSED ? 4 : 5) * MODEL_N_LAYERS)
+#define STEP_LAUNCHES (2 + (MODEL_MLP_FUSED ? 4 : 5) * MODEL_N_LAYERS)
 
 /* Blocks of a prefill matvec: PREFILL_BLOCK_PAIRS pairs of rows a block. */
 #define QKV_PAIRS ((MODEL_Q_DIM + 2 * MODEL_KV_DIM) / 2)
@@ -1074,21 +943,21 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1 && !last) break;
         bool att_in_terms = false; /* the attention wrote o_proj's input terms (FLASH_WRITES_TERMS) */
-#if PREFILL_FLASH
+#if MODEL_PREFILL_FLASH
         if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
             constexpr bool mma = PREFILL_FLASH_MMA;
             const size_t flash_smem = mma ? FMMA_SMEM_BYTES(MODEL_HEAD_DIM) : FLASH_SMEM_BYTES(MODEL_HEAD_DIM);
             CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, mma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)flash_smem));
             launch_grid(prefill_flash_kernel<B, mma>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
-                        mma ? FMMA_THREADS : ATT_THREADS, flash_smem, m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+                        mma ? FMMA_THREADS : MODEL_ATT_THREADS, flash_smem, m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                         m->prefill_part_ml, m->prefill_counters, m->att, FLASH_WRITES_TERMS ? m->prefill_att_terms : NULL, m->ctx,
                         n_splits);
             att_in_terms = FLASH_WRITES_TERMS && m->prefill_att_terms;
         } else
 #endif
-        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / PREFILL_ATT_TOKENS), ATT_THREADS,
-                    ATT_SMEM_BYTES(MODEL_KV_MUL * PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / MODEL_PREFILL_ATT_TOKENS), MODEL_ATT_THREADS,
+                    ATT_SMEM_BYTES(MODEL_KV_MUL * MODEL_PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
         if (PREFILL_O_GEMM) {
@@ -1191,7 +1060,7 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last, 
 /* Splits a KV head of the prefill batches that read at most PREFILL_FEW_SPLITS * PREFILL_MIN_CHUNK
  * positions, or FMMA_MIN_CHUNK where the tensor cores' flash kernel runs (the [2] graphs). A
  * prompt's split takes at least that many positions (prefill_min_chunk, FMMA_MIN_CHUNK), so for
- * those batches any split count from this one up cuts the positions alike, into at most this many: the [1] graphs' ATT_MIN_SPLITS (33 on the 1B and 7B shapes) only
+ * those batches any split count from this one up cuts the positions alike, into at most this many: the [1] graphs' MODEL_ATT_MIN_SPLITS (33 on the 1B and 7B shapes) only
  * add blocks that find no positions and leave, 25 or more of 33 a KV head and group of rows. 1B
  * shape, a 128-token prompt: +5.6% at depth 0, +0.3% at 1024 against the [1] graphs; 1 split instead
  * of 8 even at 0 and -1.5% at 1024 (PERFORMANCE.md, twenty-first session). */
@@ -1201,7 +1070,7 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last, 
 
 /* Splits a KV head that the graphs of tier s launch (m->graphs[s], m->prefill[s]) */
 static int tier_splits(const model_cuda *m, int s, bool prefill) {
-    return s == 0 ? m->n_splits : s == 1 ? ATT_MIN_SPLITS : s == 3 ? 1 : prefill ? PREFILL_FEW_SPLITS : m->short_kernel_splits;
+    return s == 0 ? m->n_splits : s == 1 ? MODEL_ATT_MIN_SPLITS : s == 3 ? 1 : prefill ? PREFILL_FEW_SPLITS : m->short_kernel_splits;
 }
 /* Whether a decode step of tier s launches attention_short_kernel */
 static bool tier_short_kernel(int s) { return s >= 2; }
@@ -1318,7 +1187,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     MODEL_REQUIRE(MODEL_HEAD_DIM >= 16 && MODEL_HEAD_DIM <= 128 && (MODEL_HEAD_DIM & (MODEL_HEAD_DIM - 1)) == 0, ERR_DEVICE,
                   "--device cuda: needs head_dim a power of two in 16..128 (attention: 8-value chunks of a head, a power "
                   "of two of them within a warp, the warps' sums in the score tile)");
-    MODEL_REQUIRE(MODEL_KV_MUL <= ATT_MAX_GROUP && MODEL_KV_MUL <= ATT_THREADS / WARP_SIZE, ERR_DEVICE,
+    MODEL_REQUIRE(MODEL_KV_MUL <= MODEL_ATT_MAX_GROUP && MODEL_KV_MUL <= MODEL_ATT_THREADS / WARP_SIZE, ERR_DEVICE,
                   "--device cuda: needs at most 8 query heads per KV head (a GQA group's heads fit one attention block)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs hidden_size at most 51200 (the norm'd matvecs stage their input in shared memory)");
@@ -1330,8 +1199,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "memory)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_HIDDEN_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs intermediate_size at most 51200 (down_proj stages its input in shared memory)");
-    MODEL_REQUIRE(!(ATT_O_POLL && MODEL_Q_DIM > POLL_MAX_FLOATS) && !(DOWN_POLL && MODEL_HIDDEN_DIM > POLL_MAX_FLOATS), ERR_DEVICE,
-                  "--device cuda: a polled input (ATT_O_POLL, DOWN_POLL) of more than 65536 values; build with "
+    MODEL_REQUIRE(!(MODEL_ATT_O_POLL && MODEL_Q_DIM > POLL_MAX_FLOATS) && !(MODEL_DOWN_POLL && MODEL_HIDDEN_DIM > POLL_MAX_FLOATS), ERR_DEVICE,
+                  "--device cuda: a polled input (MODEL_ATT_O_POLL, MODEL_DOWN_POLL) of more than 65536 values; build with "
                   "them off (-D...=0)");
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -1339,9 +1208,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
         return err_set(ERR_DEVICE, "--device cuda: no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    if (prop.major * 10 + prop.minor < {{ plan.cuda_arch }})
-        return err_set(ERR_DEVICE, "--device cuda: %s is compute capability %d.%d; this binary was built for sm_{{ plan.cuda_arch }} (make CUDA_ARCH=...)",
-                       prop.name, prop.major, prop.minor);
+    if (prop.major * 10 + prop.minor < MODEL_CUDA_ARCH)
+        return err_set(ERR_DEVICE, "--device cuda: %s is compute capability %d.%d; this binary was built for sm_%d (make CUDA_ARCH=...)",
+                       prop.name, prop.major, prop.minor, MODEL_CUDA_ARCH);
     if (MODEL_DIM % 4 || MODEL_DIM > RMS_MAX_DIM) /* the prompt's RMSNorm: whole float4s a thread holds (generic build) */
         return err_set(ERR_DEVICE, "--device cuda: a hidden size of %d; the prompt's RMSNorm takes multiples of 4 up to %d",
                        MODEL_DIM, RMS_MAX_DIM);
@@ -1353,17 +1222,17 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
 #if TRACE_SM_DONE || TRACE_QKV_PAIRS
     CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20)); /* a probe build's lines (cuda_kernels.cuh) */
 #endif
-#if SMEM_CARVEOUT >= 0
+#if MODEL_SMEM_CARVEOUT >= 0
     { /* before the occupancy queries below, which count with it */
         const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
                                         (const void *)attention_kernel, (const void *)attention_o_proj_kernel<false>,
-#if ATT_SHORT
+#if MODEL_ATT_SHORT
                                         (const void *)attention_short_kernel,
 #endif
-#if ATT_O_SHORT
+#if MODEL_ATT_O_SHORT
                                         (const void *)attention_o_proj_kernel<true>,
 #endif
-#if MLP_FUSED
+#if MODEL_MLP_FUSED
                                         (const void *)mlp_fused_kernel,
 #endif
                                         (const void *)o_proj_residual_kernel<false>, (const void *)o_proj_residual_kernel<true>,
@@ -1372,24 +1241,24 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                                         (const void *)sample_kernel, (const void *)step_end_kernel,
                                         (const void *)persistent_step_kernel};
         for (const void *k : decode_kernels)
-            CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, SMEM_CARVEOUT));
+            CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, MODEL_SMEM_CARVEOUT));
     }
 #endif
     m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, GRID_QKV, QKV_SMEM_BYTES(MODEL_DIM), sms);
-    m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)MV_SMEM_BYTES(MODEL_Q_DIM)));
-    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, GRID_O, ATT_O_SMEM_BYTES, sms);
-#if ATT_O_SHORT
-    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
+    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, MODEL_GRID_O, ATT_O_SMEM_BYTES, sms);
+#if MODEL_ATT_O_SHORT
+    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, MODEL_GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
 #endif
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
-    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, GRID_GATE_UP,
+    m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, MODEL_GRID_GATE_UP,
                                MV_SMEM_BYTES(MODEL_DIM), sms);
-    m->grid_down = one_wave((const void *)down_residual_kernel, GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
-    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
-#if MLP_FUSED
+    m->grid_down = one_wave((const void *)down_residual_kernel, MODEL_GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
+    m->grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, MODEL_GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
+#if MODEL_MLP_FUSED
     { /* one block an SM: its units are the SM's share of the hidden size */
         CUDA_CHECK(cudaFuncSetAttribute((const void *)mlp_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MLP_SMEM_BYTES(MODEL_DIM)));
         int per_sm = 0;
@@ -1404,7 +1273,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
 #endif
     m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
-    m->n_splits = ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
+    m->n_splits = MODEL_ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? MODEL_ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
     if (m->n_splits > ATT_TILE / 2) { /* the combining block keeps two floats a split and head in its score tile */
         const int splits = m->n_splits;
         free(m);
@@ -1426,8 +1295,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                      (size_t)(PREFILL_O_GEMM ? PREFILL_TERMS : 0) * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const size_t down_t = MLP_FUSED ? (size_t)MODEL_N_LAYERS * MODEL_HIDDEN_DIM * MODEL_DIM * sizeof(uint16_t) : 0;
-    scratch += MLP_FUSED ? 2 * MODEL_DIM * sizeof(float) : 0;
+    const size_t down_t = MODEL_MLP_FUSED ? (size_t)MODEL_N_LAYERS * MODEL_HIDDEN_DIM * MODEL_DIM * sizeof(uint16_t) : 0;
+    scratch += MODEL_MLP_FUSED ? 2 * MODEL_DIM * sizeof(float) : 0;
     size_t need = total + down_t + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
     if (need > free_b) {
         free(m);
@@ -1441,7 +1310,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     const void *dev[MODEL_N_TENSORS];
     for (int t = 0; t < MODEL_N_TENSORS; t++) dev[t] = (const char *)m->arena + offsets[t];
     model_weights_bind(&m->w, dev);
-#if MLP_FUSED
+#if MODEL_MLP_FUSED
     CUDA_CHECK(cudaMalloc(&m->down_t, down_t));
     for (int l = 0; l < MODEL_N_LAYERS; l++)
         transpose_words_kernel<<<dim3(MODEL_HIDDEN_DIM / 32, MODEL_DIM / 32), dim3(32, 8), 0, m->stream>>>(
@@ -1522,32 +1391,32 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMemset(m->rng, 0, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaHostAlloc(&m->logits_host, MODEL_VOCAB_SIZE * sizeof(float), cudaHostAllocDefault));
     CUDA_CHECK(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
-{% if generic %}
+#if MODEL_GENERIC
     CUDA_CHECK(cudaMemcpyToSymbol(model_dev, &model_rt, sizeof model_rt)); /* the dimensions, for device code */
-{% endif %}
-    /* Where the context allows more than ATT_MIN_SPLITS splits, a second set of graphs launches only
-     * ATT_MIN_SPLITS a KV head for steps and batches that read at most ATT_MIN_SPLITS tiles: the
+#endif
+    /* Where the context allows more than MODEL_ATT_MIN_SPLITS splits, a second set of graphs launches only
+     * MODEL_ATT_MIN_SPLITS a KV head for steps and batches that read at most MODEL_ATT_MIN_SPLITS tiles: the
      * attention body takes no more for them anyway, and the rest of the blocks (1B shape: 1016 of
      * 1024 a layer at depth 0) would each read the position and leave, between QKV and o_proj. 1B:
      * prompt +16%, decode even (PERFORMANCE.md, ninth session). */
-    m->short_positions = m->n_splits > ATT_MIN_SPLITS ? ATT_MIN_SPLITS * ATT_TILE : 0;
+    m->short_positions = m->n_splits > MODEL_ATT_MIN_SPLITS ? MODEL_ATT_MIN_SPLITS * ATT_TILE : 0;
     /* the prompt's least split: the tensor cores' flash kernel takes at least FMMA_MIN_CHUNK */
-#if PREFILL_FLASH
+#if MODEL_PREFILL_FLASH
     const int least_chunk = PREFILL_FLASH_MMA && m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM) && FMMA_MIN_CHUNK > PREFILL_MIN_CHUNK
                                 ? FMMA_MIN_CHUNK : PREFILL_MIN_CHUNK;
 #else
     const int least_chunk = PREFILL_MIN_CHUNK;
 #endif
     m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * least_chunk : 0;
-#if ATT_SHORT
+#if MODEL_ATT_SHORT
     /* The short context's kernel takes a split of at most att_short_max positions. Where that is no
-     * less than a split's least (ATT_MIN_CHUNK: heads of 64), it runs in ATT_MIN_SPLITS splits (no
+     * less than a split's least (ATT_MIN_CHUNK: heads of 64), it runs in MODEL_ATT_MIN_SPLITS splits (no
      * more than its shared memory holds the (max, sum) of in the combine) up to where their length
      * passes it, as attention_body's rule cuts them (att_split_len: while a split's length is
-     * ATT_MIN_SPLITS' share); else in one, up to att_short_max positions. */
+     * MODEL_ATT_MIN_SPLITS' share); else in one, up to att_short_max positions. */
     m->short_kernel_splits = 1;
     if (ATT_MIN_CHUNK <= att_short_max(MODEL_HEAD_DIM))
-        m->short_kernel_splits = std::min({m->n_splits, ATT_MIN_SPLITS, att_short_max(MODEL_HEAD_DIM) / 2});
+        m->short_kernel_splits = std::min({m->n_splits, MODEL_ATT_MIN_SPLITS, att_short_max(MODEL_HEAD_DIM) / 2});
     m->short_kernel_positions = m->short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
     /* The steps that one split holds launch it in one: the other splits' blocks (256 of 264 on the
      * 1B at depth 0) would find no positions and leave, yet still take their launch's time and the
