@@ -95,14 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-arch", default="90", choices=["80", "89", "90"], help="GPU target (default 90)")
     ap.add_argument("--generic", action="store_true", help="the generic build's sources, for any model (no MODEL_DIR)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=N",
-                    help="set a plan decision by hand (codegen/plan.py's Plan field), e.g. --set mlp_fused=0")
+                    help="set a plan decision by hand (codegen/plan.py's Plan field), e.g. --set mlp_fused=0; "
+                         "--set generic: every decision as the generic build takes it")
     ap.add_argument("--chat-templates", type=Path, nargs="*", default=[],
                     help="--generic: the chat templates it knows (tokenizer_config.json or .jinja files)")
     args = ap.parse_args(argv)
     if args.generic == (args.model_dir is not None):
         ap.error("give either MODEL_DIR or --generic")
     try:
-        sets = parse_sets(args.set)
+        sets = parse_sets(args.set, args.cuda_arch)
         if sets and args.generic:
             raise SpecError("--set: the generic build's plan is fixed (its dimensions are known only at run time)")
         if args.generic:

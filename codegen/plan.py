@@ -40,7 +40,6 @@ class Plan:
     o_proj_min_blocks: int  # blocks an SM o_proj's registers must allow: 4 when its rows take one step (64 registers,
     # no spill), so that a gate/up block fits beside its two; 2 otherwise (the double-buffered rows need ~126)
     residual_pairs: int  # 1: o_proj and down take their rows in pairs (p, p + dim / 2) a warp (_residual_pairs)
-    att_o_grid: int  # 1: attention and o_proj in one grid, each block one of them (_att_o_grid)
     prefill_att_tokens: int  # prompt tokens a prefill attention block takes beside its group's heads (_prefill_att_tokens)
     prefill_flash: int  # 1: a prefill batch's attention with all its query rows in a block (_prefill_flash)
     att_mma: int  # 1: the decode step's attention on the tensor cores (_att_mma)
@@ -118,18 +117,6 @@ def _residual_pairs(dim: int, sms: int, o_proj_min_blocks: int) -> int:
     2112 warps) +1.0%; Llama-3.2-1B (2048 rows, one round already) -15% with them, most of it o_proj
     spilling at the 64 registers of o_proj_min_blocks 4, which the rule also excludes."""
     return int(dim % 2 == 0 and dim > 2 * sms * MV_WARPS and o_proj_min_blocks == 2)
-
-
-def _att_o_grid(generic: bool) -> int:
-    """Attention and o_proj in one grid (attention_o_proj_kernel): only in the generic build, so that
-    its GPU tests run the kernel on every tiny model. Its blocks take attention's registers (~128),
-    which a lean o_proj (4 blocks an SM, 64 registers) loses: Llama-3.2-1B -2.8% and the SmolLM2 shape
-    -3.2% at depth 0 (PERFORMANCE.md, eighth session; the 1B -1.7% / -3.0% at 0 / 4096 again in the
-    twentieth). Where o_proj keeps 2 blocks an SM it gained once (Mistral-7B +1.9%, eighth session),
-    but no longer since the split QKV, the paced o_proj and the lots: the 7B without it is even at
-    depth 0, +0.5-0.6% at 4096 and +0.1-0.2% at 16384 (three calls, twentieth session), so the
-    specialized plans leave it out (the 8B and Qwen2.5-7B shapes by the same rule, not measured)."""
-    return int(generic)
 
 
 ATT_MAX_GROUP = 8  # query rows an attention block takes at most (runtime/cuda_kernels.cuh)
@@ -355,14 +342,28 @@ class PlanError(ValueError):
     """A plan setting that names no decision, or one the model or target cannot take."""
 
 
-def parse_sets(items: list[str]) -> dict:
-    """`--set field=value` items (value a whole number) into {field: value}; PlanError names a bad one."""
+def generic_plan_sets(cuda_arch: str = "90") -> dict:
+    """The generic build's decisions as settings for a specialized build ({field: value}): the same
+    algorithm with the dimensions as literals, so that comparing the two measures the constants
+    alone (make compare). The grids and split counts are the same formulas in both and stay."""
+    plan = make_generic_plan(cuda_arch)
+    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)
+            if f.name not in ("cuda_arch", "gpu_sms") and isinstance(getattr(plan, f.name), int)}
+
+
+def parse_sets(items: list[str], cuda_arch: str = "90") -> dict:
+    """`--set field=value` items (value a whole number) into {field: value}, the word `generic`
+    standing for every decision as the generic build takes it (generic_plan_sets; a later item
+    overrides it); PlanError names a bad one."""
     names = {f.name for f in dataclasses.fields(Plan)} - {"cuda_arch", "gpu_sms"}
     sets = {}
     for item in items:
+        if item == "generic":
+            sets.update(generic_plan_sets(cuda_arch))
+            continue
         field, eq, value = item.partition("=")
         if not eq or field not in names:
-            raise PlanError(f"--set {item}: expected FIELD=N with FIELD one of {', '.join(sorted(names))}")
+            raise PlanError(f"--set {item}: expected generic or FIELD=N with FIELD one of {', '.join(sorted(names))}")
         try:
             sets[field] = int(value)
         except ValueError:
@@ -404,7 +405,6 @@ def _make_plan(spec: Spec, cuda_arch: str) -> Plan:
         gpu_sms=sms,
         o_proj_min_blocks=_o_proj_min_blocks(spec.q_dim),
         residual_pairs=_residual_pairs(spec.dim, sms, _o_proj_min_blocks(spec.q_dim)),
-        att_o_grid=_att_o_grid(generic=False),
         prefill_att_tokens=_prefill_att_tokens(spec.head_dim, spec.kv_mul),
         prefill_flash=_prefill_flash(spec.head_dim),
         att_mma=_att_mma(spec.head_dim, spec.kv_mul),
@@ -434,7 +434,6 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         gpu_sms=sms,
         o_proj_min_blocks=2,  # a launch bound is a literal; the generic build keeps the double-buffered rows
         residual_pairs=0,  # one row a warp: a run-time choice would hold both paths' registers
-        att_o_grid=_att_o_grid(generic=True),  # so that the GPU tests run this kernel on the tiny models
         prefill_att_tokens=1,  # a template argument is a literal; the group size is known only at run time
         prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
         att_mma=0,  # the head width is a template argument
@@ -485,7 +484,6 @@ def header_constants(plan: Plan, head_dim) -> list[tuple[str, object, str]]:
         ("ATT_STAGE_VALUES", plan.att_stage_values, "that attention's first round of values staged with its keys: heads of 64 from the 1B shape (_att_stage_values)"),
         ("ATT_SHORT", plan.att_short, "a short context's attention in a kernel of its own, one block a (KV head, split) (_att_short)"),
         ("ATT_COMBINE_EARLY", plan.att_combine_early, "the combine's partial sums loaded with the splits' (max, sum): this many splits (_att_combine_early)"),
-        ("ATT_O_GRID", plan.att_o_grid, "attention and o_proj in one grid in every step: the generic build's only (_att_o_grid)"),
         ("ATT_O_SHORT", plan.att_o_short, "a short context's attention and o_proj in one grid where o_proj keeps 2 blocks an SM (_att_o_short)"),
         ("ATT_O_POLL", plan.att_o_poll, "in that grid o_proj polls attention's outputs instead of a count (_att_o_poll)"),
         ("ATT_TRIGGER_EARLY", plan.att_trigger_early, "the short attention lets o_proj launch before its wait: with the fused MLP (_att_trigger_early)"),

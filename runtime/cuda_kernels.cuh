@@ -79,9 +79,7 @@ static_assert(MODEL_QKV_ASYNC >= 0, "MODEL_QKV_ASYNC: 0 or more steps");
  * held the 7B's attention chain back ~2 µs a layer. In two lots of 4 chunks, 7B +0.7% / +0.5% /
  * +0.1% at depths 0 / 4096 / 16384; lots of 2 +0.5% / +0.2%, of 1 -0.3% / -0.5% (PERFORMANCE.md,
  * eighteenth session). */
-#ifndef MV_RES_PACE
 #define MV_RES_PACE (MODEL_MV_UNROLL / 2)
-#endif
 static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE == 0 || MODEL_MV_UNROLL % (MV_RES_PACE ? MV_RES_PACE : 1) == 0),
               "MV_RES_PACE: 0, or a divisor of MODEL_MV_UNROLL");
 /* QKV's last round of pairs split by K between the two warps of a warp pair (1) or not (0), where
@@ -90,9 +88,7 @@ static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE
  * after a round; whole, they took two steps each on 960 warps of 82 SMs while the others idled.
  * Split, each of 1,920 warps on every SM takes one step, the halves meeting in shared memory: +0.4%
  * at depths 0 and 4096 (PERFORMANCE.md, eighteenth session). */
-#ifndef QKV_SPLIT_LAST
 #define QKV_SPLIT_LAST 1
-#endif
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
 #ifndef ATT_MIN_CHUNK
 /* Fewest positions an attention block takes (a test builds 5: many splits, odd bounds). 256 against
@@ -124,9 +120,7 @@ __device__ __forceinline__ int prefill_min_chunk(int n) {
 /* A decode split's positions rounded up to a multiple of ATT_CHUNK_ALIGN: 64 where the smallest
  * split is a multiple of it (so only deep contexts change: 497 positions a split at depth 16384
  * become 512), +0.4% on the 1B and 7B shapes at 16384; a test's 5-position splits stay as they are. */
-#ifndef ATT_CHUNK_ALIGN
 #define ATT_CHUNK_ALIGN (ATT_MIN_CHUNK % 64 == 0 ? 64 : 1)
-#endif
 #define ATT_CHUNK_STEP (ATT_CHUNK_ALIGN > 0 ? ATT_CHUNK_ALIGN : 1)
 static_assert(ATT_TILE % ATT_CHUNK_STEP == 0, "ATT_CHUNK_ALIGN: a divisor of ATT_TILE");
 /* Positions a split of attention takes when the context is n: min_splits blocks per KV head (a wave
@@ -141,25 +135,17 @@ __device__ __forceinline__ int att_split_len(int n, int n_splits, int min_splits
 }
 static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHUNK >= 1 && PREFILL_MIN_CHUNK <= ATT_TILE,
               "ATT_MIN_CHUNK, PREFILL_MIN_CHUNK: 1 to ATT_TILE positions (a block scores at most a tile)");
-#ifndef ATT_COMBINE_VEC
 #define ATT_COMBINE_VEC 16              /* splits' partial sums the combining block loads at once */
-#endif
 /* The combine's float4 form (below, in attention_body), ATT_COMBINE_LOADS loads a thread at once:
  * -1 where the plain form would give a thread more than one output (a KV group's heads times the
  * head width past MODEL_ATT_THREADS: the 7B shape, +1.2% at depths 4096 and 16384; on the 1B shape, one
  * output a thread, it measured even), 1 everywhere, 0 nowhere (PERFORMANCE.md, thirteenth session) */
-#ifndef ATT_COMBINE_WIDE
 #define ATT_COMBINE_WIDE -1
-#endif
-#ifndef ATT_COMBINE_LOADS
 #define ATT_COMBINE_LOADS 9 /* 33 splits (two waves of blocks over 8 KV heads) in two rounds on the 7B shape */
-#endif
 /* MODEL_ATT_COMBINE_EARLY=N (the generated code's plan sets it; 0, off): where the combine's plain form
  * gives a thread one output, it loads that output's first N splits' partial sums before the splits'
  * (max, sum), so both are in flight at once: one L2 round trip fewer on the combine's chain */
-#ifndef ATT_UNROLL
 #define ATT_UNROLL 4                    /* key or value rows an attention thread holds in flight (8: even) */
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // Tracing, only in a build with EXTRA_NVCCFLAGS=-DINGOT_TRACE (tests/bench/gpu.sh trace): each block
@@ -180,83 +166,6 @@ enum { TRACE_ENTERED, TRACE_WAITED, TRACE_STAGED, TRACE_DONE, TRACE_READY, TRACE
 struct trace_block {
     unsigned long long t[TRACE_STAMPS];
 };
-/* -DTRACE_COMBINE_PASSES=2 (trace builds with TRACE_COMBINE only): the combine runs twice over,
- * from its (max, sum) loads to its outputs, the same code and loads; TRACE_COMBINE=6 stamps the end
- * of the first pass, 3 the second's. The second pass meets warm instruction caches: the difference
- * is what fetching its code costs the first. */
-#ifndef TRACE_COMBINE_PASSES
-#define TRACE_COMBINE_PASSES 1
-#endif
-/* -DTRACE_COMBINE_CLOCKS=1 (a probe build; with or without INGOT_TRACE): the decode combine's thread 0
- * reads clock64 at its points into registers (0 the block knows it is last, 1 the (max, sum) in, 2
- * the weights, 3 the outputs written, 4 signalled) and %globaltimer at the first and last, and prints
- * one line a combine, "combine-clocks TOKENS n_active c1-c0 c2-c1 c3-c2 c4-c3 ns": no memory traffic between
- * the points, unlike the trace's stamps. tests/bench/combine_clocks.py sums the lines up. */
-/* -DTRACE_QKV_PAIRS=1 (a probe build): in the decode step at position TRACE_QKV_PAIRS_POS (default
- * 3), each QKV block's first warp prints one line a layer, "qkv-pairs LAYER SM BLOCK PAIRS D1 D2 D3":
- * its layer (an id from its weights' address), SM and block, how many pairs it took, and the ns
- * from its input staged to its first pair's end, then from each pair's end to the next's (0 past its
- * pairs; up to 3). tests/bench/qkv_pairs.py sums the lines up. */
-#ifndef TRACE_QKV_PAIRS
-#define TRACE_QKV_PAIRS 0
-#endif
-#ifndef TRACE_QKV_PAIRS_POS
-#define TRACE_QKV_PAIRS_POS 3
-#endif
-#ifndef TRACE_COMBINE_CLOCKS
-#define TRACE_COMBINE_CLOCKS 0
-#endif
-/* -DTRACE_SM_DONE=1 (a probe build; with or without INGOT_TRACE): each matvec block (QKV, o_proj,
- * gate/up, down), once all its warps are done, records its SM and %globaltimer for launches
- * TRACE_SM_DONE_FROM .. + TRACE_SM_DONE_LAUNCHES - 1 of each stage (a stage's launches run one after
- * another, so block n of them belongs to launch n / grid). The stage's next launch prints them, a
- * line a record (printf in the measured launches took ~0.8 µs a line, one after another: 7B -55%):
- *
- *     sm-done STAGE LAUNCH SM BLOCK NS
- *
- * tests/bench/sm_done.py asks whether the blocks that end a stage late are on the same SMs launch
- * after launch (an SM, or a group of them, slower than the rest) or anywhere. */
-#ifndef TRACE_SM_DONE
-#define TRACE_SM_DONE 0
-#endif
-#ifndef TRACE_SM_DONE_FROM
-#define TRACE_SM_DONE_FROM 200
-#endif
-#ifndef TRACE_SM_DONE_LAUNCHES
-#define TRACE_SM_DONE_LAUNCHES 24
-#endif
-#if TRACE_SM_DONE
-#define SM_DONE_BLOCKS 2048 /* blocks a launch recorded, at most */
-static __device__ unsigned sm_done_seq[ST_COUNT];
-static __device__ unsigned long long sm_done_ns[ST_COUNT][TRACE_SM_DONE_LAUNCHES][SM_DONE_BLOCKS];
-static __device__ unsigned sm_done_sm[ST_COUNT][TRACE_SM_DONE_LAUNCHES][SM_DONE_BLOCKS];
-__device__ __forceinline__ void sm_done_probe(int stage) {
-    __syncthreads();
-    if (threadIdx.x != 0 || blockIdx.x >= SM_DONE_BLOCKS) return;
-    const unsigned launch = atomicAdd(&sm_done_seq[stage], 1u) / gridDim.x;
-    if (launch >= TRACE_SM_DONE_FROM && launch < TRACE_SM_DONE_FROM + TRACE_SM_DONE_LAUNCHES) {
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(sm_done_ns[stage][launch - TRACE_SM_DONE_FROM][blockIdx.x])::"memory");
-        sm_done_sm[stage][launch - TRACE_SM_DONE_FROM][blockIdx.x] = sm;
-    } else if (launch == TRACE_SM_DONE_FROM + TRACE_SM_DONE_LAUNCHES) {
-        for (int k = 0; k < TRACE_SM_DONE_LAUNCHES; k++)
-            printf("sm-done %d %d %u %u %llu\n", stage, TRACE_SM_DONE_FROM + k, sm_done_sm[stage][k][blockIdx.x], blockIdx.x,
-                   sm_done_ns[stage][k][blockIdx.x]);
-    }
-}
-#else
-__device__ __forceinline__ void sm_done_probe(int) {}
-#endif
-#if TRACE_COMBINE_CLOCKS
-#define COMBINE_CLOCK(k) \
-    do { if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%clock64;" : "=l"(combine_clk[k])::"memory"); } while (0)
-#else
-#define COMBINE_CLOCK(k) do { } while (0)
-#endif
-#if TRACE_COMBINE_PASSES != 1 && !(defined(INGOT_TRACE) && defined(TRACE_COMBINE))
-#error "TRACE_COMBINE_PASSES: a trace build's (-DINGOT_TRACE -DTRACE_COMBINE=K) only"
-#endif
 #if defined(INGOT_TRACE)
 static __device__ unsigned trace_count[TRACE_STAGES];
 static __device__ trace_block trace_buf[TRACE_STAGES][TRACE_BLOCKS];
@@ -290,32 +199,11 @@ __device__ __forceinline__ trace_block **trace_begin(int stage) {
     do { if (threadIdx.x == 0 && *trace_rec_) (*trace_rec_)->t[i] = global_ns(); } while (0)
 #define TRACE_END() \
     do { if (threadIdx.x % WARP_SIZE == 0 && *trace_rec_) atomicMax(&(*trace_rec_)->t[TRACE_DONE], global_ns()); } while (0)
-/* A trace build with -DTRACE_COMBINE=K: attention's combining block stamps DONE again at point K of
- * its combine (1: it knows it is the last split, 2: the splits' (max, sum) are in, 3: its outputs
- * are written, 4: it has signalled them), so that the next stage's times count from there; K = 5
- * stamps every split block after its partial sums are stored and fenced, before its count; 7 the
- * combine's splits' weights in shared memory, after their barrier. */
-#if defined(TRACE_COMBINE)
-#define TRACE_COMBINE_AT(k) do { if ((k) == TRACE_COMBINE) TRACE_END(); } while (0)
 #else
-#define TRACE_COMBINE_AT(k) do { } while (0)
-#endif
-/* -DTRACE_ATT=K: attention's blocks stamp DONE at point K of their work after the scores instead of
- * when their value loads are in (K = 2, the default): 1 the softmax's sums, 3 their outputs (or a
- * split's partial sums) written; on the tensor cores 6 the values' products done (2 may come before
- * them: the compiler may move the products past the stamp), 4 the barrier after them, 5 the warps'
- * sums stored, after their barrier. The next stage's times then count from there. */
-#ifndef TRACE_ATT
-#define TRACE_ATT 2
-#endif
-#define TRACE_ATT_AT(k) do { if ((k) == TRACE_ATT) TRACE_END(); } while (0)
-#else
-#define TRACE_ATT_AT(k) do { } while (0)
 #define TRACE_BEGIN(stage) do { } while (0)
 #define TRACE_RESUME() do { } while (0)
 #define TRACE_AT(i) do { } while (0)
 #define TRACE_END() do { } while (0)
-#define TRACE_COMBINE_AT(k) do { } while (0)
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -875,23 +763,6 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                                          reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
     }
     const int pos = io[IO_POS];
-#if TRACE_QKV_PAIRS
-    unsigned long long qkv_t0 = 0;
-    unsigned qkv_t1 = 0, qkv_t2 = 0, qkv_t3 = 0; /* ns after qkv_t0 */
-    int qkv_n = 0;
-    if (lane == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(qkv_t0)::"memory");
-    auto qkv_pair_stamp = [&] { /* lane 0: a pair's end */
-        if (lane != 0) return;
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-        if (qkv_n == 0) qkv_t1 = (unsigned)(t - qkv_t0);
-        else if (qkv_n == 1) qkv_t2 = (unsigned)(t - qkv_t0);
-        else if (qkv_n == 2) qkv_t3 = (unsigned)(t - qkv_t0);
-        qkv_n++;
-    };
-#else
-    auto qkv_pair_stamp = [] {};
-#endif
     /* lane 0 finishes pair (ra, rb) from its two dot products: scale, bias, RoPE, then q or the cache */
     auto finish = [&](int ra, int rb, int kind, float2 v) {
         const uint16_t *bias = kind == 0 ? bq : kind == 1 ? bk : bv;
@@ -922,7 +793,6 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
                               reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane, slots, async);
         if (lane == 0) finish(ra, rb, kind, v);
-        qkv_pair_stamp();
     }
     if (split) {
         /* warp pair j (warps 2j, 2j + 1 of a block) of block b takes left-over pair (j * blocks + b): the
@@ -942,19 +812,9 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
                 const float2 o = halves[wid / 2];
                 finish(ra, rb, kind, make_float2(v.x + o.x, v.y + o.y));
             }
-            qkv_pair_stamp();
         }
     }
-#if TRACE_QKV_PAIRS
-    if (threadIdx.x == 0 && pos == TRACE_QKV_PAIRS_POS) {
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        printf("qkv-pairs %x %u %u %d %u %u %u\n", (unsigned)(reinterpret_cast<uintptr_t>(wq) >> 12), sm, blockIdx.x, qkv_n, qkv_t1,
-               qkv_n > 1 ? qkv_t2 - qkv_t1 : 0u, qkv_n > 2 ? qkv_t3 - qkv_t2 : 0u);
-    }
-#endif
     TRACE_END();
-    sm_done_probe(ST_QKV);
 }
 
 /* out (rows) += W (rows, K) . in (K) [+ bias]: o_proj and down_proj with the residual add. The input
@@ -1029,7 +889,6 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         }
     }
     TRACE_END();
-    sm_done_probe(stage);
 }
 
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
@@ -1063,7 +922,6 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
     }
     TRACE_END();
-    sm_done_probe(ST_GATE_UP);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1096,28 +954,19 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
 #define MLP_WARPS 16
 #define MLP_THREADS (MLP_WARPS * WARP_SIZE)
 #define MLP_SLOTS 2       /* down's tiles in flight (3 lost 1.3 us a layer alone) */
-#ifndef MLP_EARLY_TILES
 #define MLP_EARLY_TILES 1 /* of them, issued before the wait (2: -0.7 us a layer alone; 0, all after x's copy: -0.2% on the 1B) */
-#endif
-#ifndef MLP_EARLY_ROWS
 #define MLP_EARLY_ROWS 1 /* 1: the first batch's gate and up rows loaded before the wait; 0: once the input is staged */
-#endif
-/* 1 (default): the input x lands in shared memory by one bulk copy after the wait, not by the
- * threads' loads, which queue behind the block's 192 KB of first weight loads when the block lands
- * at its producer's end (traced, forty-third session: staged median 6.5 us after o_proj's end); on
- * the 1B +0.6% (the matvecs' MV_BULK_INPUT, the same for every stage, lost 11% in an earlier
- * session: their blocks land before their producer ends); 0: the threads' loads */
-#ifndef MLP_X_BULK
-#define MLP_X_BULK 1
-#endif
+/* The input x lands in shared memory by one bulk copy after the wait, not by the threads' loads,
+ * which queue behind the block's 192 KB of first weight loads when the block lands at its
+ * producer's end (traced: staged median 6.5 us after o_proj's end); on the 1B +0.6%. The matvecs'
+ * bulk input, the same for every stage, lost 11%: their blocks land before their producer ends. */
 /* The warps that take a hidden unit's gate and up rows (8 chunks of 16 bytes a lane of each), and
  * the hidden units of a batch: 1 and 16 at a hidden size of 2048, 2 and 8 at 4096 */
 #define MLP_ROW_WARPS(dim) ((dim) / 2048)
 #define MLP_UNITS(dim) (MLP_WARPS / MLP_ROW_WARPS(dim))
 /* Dynamic shared memory of mlp_fused_body: the tiles of down's transpose (64 KB each), then the
- * staged input (and with MLP_X_BULK the copy of x it is made from) */
-#define MLP_SMEM_BYTES(dim) \
-    ((size_t)MLP_SLOTS * MLP_UNITS(dim) * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float) * (MLP_X_BULK ? 2 : 1))
+ * staged input and the copy of x it is made from */
+#define MLP_SMEM_BYTES(dim) ((size_t)MLP_SLOTS * MLP_UNITS(dim) * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float) * 2)
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 /* a shared-memory mbarrier (its shared address) for `count` arrivals */
@@ -1159,13 +1008,9 @@ __device__ __forceinline__ void w4_to_f32(uint2 u, float f[4]) {
 #endif
 }
 
-/* hold: NULL, or a flag that the block's first loads (a tile of down, the first gate and up rows)
- * wait for (nonzero: the producer's producer has ended), so that a block landing early does not
- * put them out beside that kernel's loads (O_PROJ_TRIGGER_EARLY=3) */
 template <int DIM, int HIDDEN, typename Wait>
 __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu, const uint16_t *down_t,
-                                               const float *x, float *out, float *zero, float eps, Wait wait,
-                                               const unsigned *hold = nullptr) {
+                                               const float *x, float *out, float *zero, float eps, Wait wait) {
     /* RW warps a unit, each LCH chunks a lane of its rows (its part of them: RCH chunks); NB units a
      * batch; CPL output columns a lane */
     constexpr int DCH = DIM / 8, RW = MLP_ROW_WARPS(DIM), NB = MLP_UNITS(DIM), RCH = DCH / RW, LCH = RCH / WARP_SIZE,
@@ -1177,8 +1022,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     uint16_t *tiles = reinterpret_cast<uint16_t *>(smem);      /* (MLP_SLOTS, NB, DIM) */
     float4 *sx4 = reinterpret_cast<float4 *>(smem + MLP_SLOTS * NB * DIM / 2); /* the input, in halves as stage_input's */
     __shared__ float partial[MLP_WARPS], hs[NB], g_part[RW > 1 ? MLP_WARPS : 1], u_part[RW > 1 ? MLP_WARPS : 1];
-    __shared__ __align__(8) uint64_t bars[MLP_SLOTS + MLP_X_BULK]; /* the tiles' slots, then x's copy */
-    const float4 *x_raw = reinterpret_cast<const float4 *>(sx4 + 2 * DCH);  /* MLP_X_BULK: x as it is */
+    __shared__ __align__(8) uint64_t bars[MLP_SLOTS + 1]; /* the tiles' slots, then x's copy */
+    const float4 *x_raw = reinterpret_cast<const float4 *>(sx4 + 2 * DCH);  /* x as it is */
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, w = tid / WARP_SIZE, G = gridDim.x, b = blockIdx.x;
     const int unit = w / RW, part = w % RW; /* this warp's unit of a batch, and its part of the unit's rows */
     const int u0 = (int)((long long)b * HIDDEN / G), n = (int)((long long)(b + 1) * HIDDEN / G) - u0, nb = (n + NB - 1) / NB;
@@ -1196,12 +1041,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     /* the norm weights first, into registers: a load that waits behind the block's weight loads
      * held every block's staging ~5 us (traced, forty-second session) */
     const uint4 nw = tid < DCH ? __ldg(reinterpret_cast<const uint4 *>(norm_w) + tid) : make_uint4(0, 0, 0, 0);
-    if (hold) {
-        if (tid == 0) spin_until(hold, 1);
-        __syncthreads();
-    }
     if (tid == 0) {
-        for (int i = 0; i < MLP_SLOTS + MLP_X_BULK; i++) mbar_init(bar0 + 8 * i, 1);
+        for (int i = 0; i < MLP_SLOTS + 1; i++) mbar_init(bar0 + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); /* the inits, seen by the async proxy */
         for (int k = 0; k < MLP_EARLY_TILES && k < nb; k++) issue_tile(k);
     }
@@ -1217,21 +1058,16 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     wait();
     TRACE_AT(TRACE_WAITED);
     if (tid == 0) {
-        if (MLP_X_BULK) {
-            asm volatile("fence.proxy.async.global;" ::: "memory"); /* the producer's x, for the async proxy */
-            bulk_copy_shared((uint32_t)__cvta_generic_to_shared(x_raw), x, DIM * sizeof(float), bar0 + 8 * MLP_SLOTS);
-        }
+        asm volatile("fence.proxy.async.global;" ::: "memory"); /* the producer's x, for the async proxy */
+        bulk_copy_shared((uint32_t)__cvta_generic_to_shared(x_raw), x, DIM * sizeof(float), bar0 + 8 * MLP_SLOTS);
         for (int k = MLP_EARLY_TILES; k < MLP_SLOTS && k < nb; k++) issue_tile(k);
     }
     for (int i = b * MLP_THREADS + tid; i < DIM; i += G * MLP_THREADS) zero[i] = 0.0f;
     float ss = 0.0f;
-    if (MLP_X_BULK) {
-        __syncthreads(); /* the mbarriers' inits, seen by every thread before its wait */
-        mbar_wait(bar0 + 8 * MLP_SLOTS, 0);
-    }
+    __syncthreads(); /* the mbarriers' inits, seen by every thread before its wait */
+    mbar_wait(bar0 + 8 * MLP_SLOTS, 0);
     if (tid < DCH) { /* x * norm, and x's sum of squares */
-        const float4 p = MLP_X_BULK ? x_raw[2 * tid] : __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid);
-        const float4 q = MLP_X_BULK ? x_raw[2 * tid + 1] : __ldcg(reinterpret_cast<const float4 *>(x) + 2 * tid + 1);
+        const float4 p = x_raw[2 * tid], q = x_raw[2 * tid + 1];
         float f[8];
         w8_to_f32(nw, f);
         ss = p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
@@ -1444,9 +1280,7 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
  *   keys and values are fp16 already: outputs within ~3e-7 of the largest against float64
  *   (tests/bench/attention_mma_sim.py, which checks this index arithmetic).
  * The knobs below are plain numbers, so that a variant build can set them (-DATT_MMA_PIPE_KEYS=1). */
-#ifndef ATT_MMA_TILES
 #define ATT_MMA_TILES 0 /* tiles of 16 positions a warp loads at once (a round); 0: 2 on heads of 64, 1 on 128 */
-#endif
 /* 1: the next round's keys (values) loaded before this round's products, 0: a round at a time; -1:
  * the measured choice: keys pipelined at every head width, values on heads of 64 only. At 128 two
  * rounds of values spill 52 bytes in the 7B shape's joined attention/o_proj grid, and there the
@@ -1454,12 +1288,8 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
  * joined grid) and gained 0.6% at depth 16384 (PERFORMANCE.md, twelfth and thirteenth sessions).
  * Since the twentieth session the 7B runs attention_kernel alone, where values pipelined on heads of
  * 128 take 128 registers and spill nothing: not yet measured. */
-#ifndef ATT_MMA_PIPE_KEYS
 #define ATT_MMA_PIPE_KEYS -1
-#endif
-#ifndef ATT_MMA_PIPE_VALUES
 #define ATT_MMA_PIPE_VALUES -1
-#endif
 __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES > 0 ? ATT_MMA_TILES : hd <= 64 ? 2 : 1; }
 /* Each warp's first round of values copied into shared memory (cp.async) with its keys, the cached
  * positions' before the wait and this step's after it (2: all of them after it), instead of loaded
@@ -1475,12 +1305,7 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
  * the 7B runs it since the twentieth session: 136 registers, or 128 and 12 bytes spilled with
  * -DATT_MIN_BLOCKS=2; not yet measured); the SmolLM2 shape lost 2.8% at depth 0. A plan choice
  * (codegen/plan.py, _att_stage_values); 0 here: off. */
-#ifndef ATT_PAD_INSNS
-#define ATT_PAD_INSNS 0 /* a probe's instructions after the values (attention_body) */
-#endif
-#ifndef ATT_STAGE_MAX_SPLITS
 #define ATT_STAGE_MAX_SPLITS 17 /* to depth 4352 in splits of 256 */
-#endif
 /* Bytes of shared memory the staged values take */
 __host__ __device__ constexpr size_t att_value_stage_bytes(int hd) {
     return MODEL_ATT_STAGE_VALUES ? 16 + (size_t)(MODEL_ATT_THREADS / WARP_SIZE) * att_mma_tiles(hd) * 16 * hd * 2 : 0; /* 16: alignment */
@@ -1596,21 +1421,11 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
     TRACE_RESUME();
     __threadfence();
     __syncthreads();
-    TRACE_COMBINE_AT(5);
     if (tid == 0) last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_active - 1;
     __syncthreads();
     if (!last) return;
-    TRACE_COMBINE_AT(1);
-#if TRACE_COMBINE_CLOCKS
-    unsigned long long combine_clk[5] = {0, 0, 0, 0, 0}, combine_ns0 = 0, combine_ns1 = 0;
-    if (tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(combine_ns0)::"memory");
-#endif
-    COMBINE_CLOCK(0);
     __threadfence();
-#if TRACE_COMBINE_PASSES > 1
-#pragma unroll 1 /* one copy of the code, run twice */
-#endif
-    for (int pass = 0; pass < TRACE_COMBINE_PASSES; pass++) { /* more than once only in a trace build */
+    {
         /* The last block of this KV head: every split's (max, sum) of each head loaded at once into
          * shared memory, turned into the splits' weights by warp h for head h, then each thread one
          * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
@@ -1635,8 +1450,6 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
             sl[i] = v.y;
         }
         __syncthreads();
-        COMBINE_CLOCK(1);
-        TRACE_COMBINE_AT(2);
         if (wid < rows) {
             float M = -INFINITY, den = 0.0f;
             for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) M = fmaxf(M, sm[wid * n_active + s2]);
@@ -1648,8 +1461,6 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
             for (int s2 = lane; s2 < n_active; s2 += WARP_SIZE) sm[wid * n_active + s2] = __expf(sm[wid * n_active + s2] - M) / den;
         }
         __syncthreads();
-        COMBINE_CLOCK(2);
-        TRACE_COMBINE_AT(7);
         if (early) {
             if (tid < rows * head_dim) {
                 const int hl = tid / head_dim;
@@ -1713,23 +1524,9 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
                 out[t * q_stride + h * head_dim + dd] = num;
             }
         }
-        if (pass == 0) TRACE_COMBINE_AT(6);
-        if (TRACE_COMBINE_PASSES > 1) __syncthreads(); /* the next pass reloads sm and sl */
     }
-    COMBINE_CLOCK(3);
-    TRACE_COMBINE_AT(3);
     if (tid == 0) counters[kvh] = 0;
     signal_done(ready);
-    COMBINE_CLOCK(4);
-    TRACE_COMBINE_AT(4);
-#if TRACE_COMBINE_CLOCKS
-    if (tid == 0) {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(combine_ns1)::"memory");
-        printf("combine-clocks %d %d %llu %llu %llu %llu %llu\n", TOKENS, n_active, combine_clk[1] - combine_clk[0],
-               combine_clk[2] - combine_clk[1], combine_clk[3] - combine_clk[2], combine_clk[4] - combine_clk[3],
-               combine_ns1 - combine_ns0);
-    }
-#endif
 }
 
 /* A warp's sums of the values' products (mma_value_tile's o) into red, (warps, rows, HD): lane
@@ -1954,7 +1751,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         if (lane == 0) { sml[2 * wid] = m; sml[2 * wid + 1] = l; }
     }
     __syncthreads();
-    TRACE_ATT_AT(1);
 
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
@@ -2025,30 +1821,12 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 value_round(va, round);
             }
         }
-        TRACE_ATT_AT(2); /* its loads are in; the combine comes after */
+        TRACE_END(); /* its loads are in; the combine comes after */
 #if defined(INGOT_TRACE) && TRACE_ATT == 6 /* the products done: their sums an input of the stamp's asm */
 #pragma unroll
         for (int t = 0; t < MT; t++) asm volatile("" ::"f"(o[t][0]), "f"(o[t][1]), "f"(o[t][2]), "f"(o[t][3]));
-        TRACE_ATT_AT(6);
 #endif
         __syncthreads(); /* sc is reused below for the warps' sums */
-        TRACE_ATT_AT(4);
-#if ATT_PAD_INSNS > 0
-        /* a probe (-DATT_PAD_INSNS=N): warp 0 runs about N more instructions here, 8 independent
-         * chains of shift, xor and multiply (3 instructions a step, which ptxas cannot fold into one
-         * as it does a chain of multiply-adds), ~N issue cycles where its code is cached; much more
-         * where fetching the code is the bound (PERFORMANCE.md, twenty-first session) */
-        if (wid == 0) {
-            unsigned a[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++) a[k] = tid * (2 * k + 1);
-#pragma unroll
-            for (int n = 0; n < ATT_PAD_INSNS / 24; n++)
-#pragma unroll
-                for (int k = 0; k < 8; k++) a[k] = (a[k] ^ (a[k] >> 13)) * 0x5bd1e995u;
-            if ((a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7]) == 0x9E3779B9u) red[0] = 0.0f; /* keeps them */
-        }
-#endif
         mma_store_sums<HD>(red, o, wid, rows, g, cq);
     } else {
         /* weighted values: thread (c, slice) takes 8 dims (chunk c of a value row) of positions slice,
@@ -2081,7 +1859,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
             }
         }
-        TRACE_ATT_AT(2); /* its loads are in; the combine comes after */
+        TRACE_END(); /* its loads are in; the combine comes after */
         __syncthreads(); /* sc is reused below for the warps' sums */
     #pragma unroll
         for (int h = 0; h < MODEL_ATT_MAX_GROUP; h++)
@@ -2094,7 +1872,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                 }
     }
     __syncthreads();
-    TRACE_ATT_AT(5);
     for (int i = tid; i < rows * head_dim; i += blockDim.x) {
         float v = 0.0f;
         for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) v += red[w * rows * head_dim + i];
@@ -2104,7 +1881,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         else
             part_acc[(size_t)t * parts * head_dim + ((size_t)h * n_splits + split) * head_dim + i % head_dim] = v;
     }
-    TRACE_ATT_AT(3);
     if (n_active == 1) {
         signal_done(ready);
         return;
@@ -2267,9 +2043,8 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
                 }
         mma_store_sums<HD>(red, o, wid, rows, g, cq);
     }
-    TRACE_ATT_AT(2);
+    TRACE_END();
     __syncthreads();
-    TRACE_ATT_AT(5);
     for (int i = tid; i < rows * HD; i += MODEL_ATT_THREADS) {
         const int r = i / HD;
         float M = -INFINITY, L = 0.0f, v = 0.0f;
@@ -2291,7 +2066,6 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
             if (i % HD == 0) *reinterpret_cast<float2 *>(part_ml + ((size_t)h * n_splits + split) * 2) = make_float2(M, L);
         }
     }
-    TRACE_ATT_AT(3);
     if (n_active > 1)
         attention_combine<1>(sp, part_acc, part_ml, counters, out, HD, kv_mul, n_splits, n_active, kvh, ready, 0, 0);
     if (ready && n_active == 1) signal_done(ready); /* the joined grid's o_proj counts the outputs written */

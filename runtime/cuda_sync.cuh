@@ -64,46 +64,15 @@ struct wait_pdl {
 };
 
 /* The same, but the next kernel may launch once every block has issued its early loads, before
- * the wait (o_proj: O_PROJ_TRIGGER_EARLY=2 and 3, MODEL_O_PROJ_TRIGGER_SHORTEST); past the wait, block 0
- * sets *waited (where not NULL) to say that the kernel waited for has ended (3: the fused MLP's
- * blocks hold their first loads until then) */
+ * the wait (o_proj in the one-split graphs, MODEL_O_PROJ_TRIGGER_SHORTEST). */
 struct trigger_then_wait_pdl {
-    unsigned *waited = nullptr;
     __device__ __forceinline__ void operator()() const {
         pdl_launch_dependents();
         pdl_wait();
-        if (waited && blockIdx.x == 0 && threadIdx.x == 0) asm volatile("st.relaxed.gpu.global.u32 [%0], 1;" ::"l"(waited) : "memory");
     }
 };
 
-/* In the persistent kernel, every stage in one launch: a barrier across the grid, whose blocks are
- * all resident (a cooperative launch). count and generation live in device memory, zeroed once;
- * the last block to arrive resets count and advances generation, the others spin on it. Writes
- * before the barrier are visible to every block after it (fences on both sides of the arrival, as
- * cooperative groups' grid sync). */
-struct wait_grid {
-    unsigned *count, *generation;
-    __device__ __forceinline__ void operator()() const {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            volatile unsigned *gen = generation;
-            unsigned g = *gen;
-            __threadfence();
-            if (atomicAdd(count, 1u) == gridDim.x - 1) {
-                *count = 0;
-                __threadfence();
-                atomicAdd(generation, 1u);
-            } else {
-                while (*gen == g) {
-                }
-            }
-            __threadfence();
-        }
-        __syncthreads();
-    }
-};
-
-/* In a kernel whose blocks do two stages (attention and o_proj, MODEL_ATT_O_GRID): the later stage's
+/* In a kernel whose blocks do two stages (attention and o_proj, MODEL_ATT_O_SHORT): the later stage's
  * blocks wait until *done reaches target (each earlier block that finishes adds 1 after a fence),
  * then let the next kernel launch, as wait_pdl. They never call griddepcontrol.wait: the earlier
  * blocks did, and their count orders everything before them. The acquire load makes their writes
@@ -193,10 +162,6 @@ __device__ __forceinline__ void unwrite_words(float *p, int n) {
         reinterpret_cast<float4 *>(p)[i] = make_float4(u, u, u, u);
 }
 
-/* Nothing to wait for (the caller has already waited). */
-struct wait_none {
-    __device__ __forceinline__ void operator()() const {}
-};
 
 
 #endif /* INGOT_CUDA_SYNC_CUH */

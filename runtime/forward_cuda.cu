@@ -30,8 +30,7 @@
 #define CTR_ARGMAX MODEL_N_KV_HEADS
 #define CTR_ATT_DONE (MODEL_N_KV_HEADS + 1)
 #define CTR_ARRIVED (MODEL_N_KV_HEADS + 2) /* attention_o_proj_kernel's blocks started */
-#define CTR_O_WAITED (MODEL_N_KV_HEADS + 3) /* o_proj past its wait: the layer's attention has ended (O_PROJ_TRIGGER_EARLY=3) */
-#define CTR_COUNT (MODEL_N_KV_HEADS + 4)
+#define CTR_COUNT (MODEL_N_KV_HEADS + 3)
 #if MODEL_RESIDUAL_PAIRS
 static_assert(MODEL_DIM % 2 == 0, "MODEL_RESIDUAL_PAIRS: a warp pairs rows p and p + MODEL_DIM / 2");
 #endif
@@ -84,15 +83,6 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(
     if (MODEL_DOWN_POLL && !MODEL_MLP_FUSED) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
 }
 
-/* -DPROBE_NO_ATT=1, a timing probe whose outputs are wrong: the step without the decode attention's
- * launch, what attention costs at most; 2: launched, each block waiting and leaving, what its work
- * costs beyond a boundary (PERFORMANCE.md, twenty-first session) */
-#ifndef PROBE_NO_ATT
-#define PROBE_NO_ATT 0
-#endif
-/* PROBE_NO_ATT == 2: an attention kernel's blocks wait and leave (the boundary without its work) */
-#define ATT_PROBE_LEAVE() do { if (PROBE_NO_ATT == 2) { wait_pdl{}(); return; } } while (0)
-
 /* MODEL_ATT_O_SHORT: the short context's steps with attention and o_proj in one grid, so that o_proj
  * is QKV's dependent and launches with attention instead of after it; with MODEL_ATT_O_POLL its
  * blocks wait for attention's outputs themselves (wait_poll, stage_input<true>): attention writes
@@ -104,52 +94,14 @@ static_assert(!MODEL_ATT_O_SHORT || MODEL_ATT_SHORT, "MODEL_ATT_O_SHORT: the sho
  * start, before their wait, so that o_proj's blocks land and issue their first rows under attention
  * (o_proj still waits for attention's grid to end: griddepcontrol.wait); 1: attention_short_kernel,
  * 2: attention_kernel, 3: both, 0: after their wait. */
-/* When o_proj lets the next kernel (the MLP) launch, where the MLP is fused (whose block an SM
- * lands only as o_proj's blocks leave, so its launch is on the step's chain):
- * - MODEL_O_PROJ_TRIGGER_SHORTEST=1 (the default with the fused MLP): in the one-split graphs (the steps
- *   of at most 256 positions), once o_proj's blocks have issued their early loads, before their
- *   wait. 1B: +1.1% at depth 0 on the H200, +1.5% on an H100, even at 4096 (PERFORMANCE.md,
- *   forty-seventh session).
- * - O_PROJ_TRIGGER_EARLY=3 (a variant; the fused MLP's builds outside the joined grids): the same
- *   in the other graphs, where the MLP's blocks also hold their first loads (192 KB a block) until
- *   o_proj's block 0 has passed its wait (counters[CTR_O_WAITED], set there, put back to 0 by the
- *   next layer's attention): a block that lands early then puts none of them out beside
- *   attention's. 1B at 4096: +0.8% on an H100, -0.5% on the H200 (+0.2% at 16384); in the
- *   one-split graphs too (with MODEL_O_PROJ_TRIGGER_SHORTEST=0) -0.3% / -1.6% at depth 0, where the loads
- *   gain by going out beside attention's short work (forty-seventh).
- * - O_PROJ_TRIGGER_EARLY=2: as 3 without the hold, in every step: +1.3-1.5% at depth 0, -1.4% to
- *   -3.5% at 4096 (H200 and H100, forty-sixth and forty-seventh); 1: at o_proj's start, in every
- *   step: even at depth 0, -3.5% at 4096 (traced, forty-sixth: the MLP lands 1.6 us sooner, its
- *   first loads beside attention's and o_proj's last blocks take it all back); 0: after the wait. */
-#ifndef O_PROJ_TRIGGER_EARLY
-#define O_PROJ_TRIGGER_EARLY 0
-#endif
-static_assert(O_PROJ_TRIGGER_EARLY != 3 || (!MODEL_ATT_O_GRID && !MODEL_ATT_O_SHORT),
-              "O_PROJ_TRIGGER_EARLY=3: o_proj_residual_kernel in every step (the joined grids' o_proj never sets CTR_O_WAITED)");
-static_assert(O_PROJ_TRIGGER_EARLY >= 0 && O_PROJ_TRIGGER_EARLY <= 3 && (O_PROJ_TRIGGER_EARLY != 3 || MODEL_MLP_FUSED),
-              "O_PROJ_TRIGGER_EARLY: 0 .. 3, 3 with the fused MLP (MODEL_MLP_FUSED)");
-/* the next layer's attention puts o_proj's flag back (O_PROJ_TRIGGER_EARLY=3): its blocks run only
- * once QKV has waited for the MLP, so no MLP block still reads it, and o_proj sets it only once
- * attention has ended */
-#define O_WAITED_RESET(counters)                                                                          \
-    do {                                                                                                  \
-        if (O_PROJ_TRIGGER_EARLY == 3 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)          \
-            (counters)[CTR_O_WAITED] = 0;                                                                 \
-    } while (0)
-
-/* A variant build may ask the decode attention for more blocks an SM (-DATT_MIN_BLOCKS=2: 128 registers;
- * the 7B with staged values takes 136, one block an SM, without it) */
-#ifdef ATT_MIN_BLOCKS
-#define ATT_BOUNDS __launch_bounds__(MODEL_ATT_THREADS, ATT_MIN_BLOCKS)
-#else
-#define ATT_BOUNDS __launch_bounds__(MODEL_ATT_THREADS)
-#endif
+/* MODEL_O_PROJ_TRIGGER_SHORTEST: in the one-split graphs (the steps of at most 256 positions) o_proj
+ * lets the fused MLP, whose block an SM lands only as o_proj's blocks leave, launch once its blocks
+ * have issued their early loads, before their wait. The same in every step lost at depth: the
+ * MLP's first loads then go out beside attention's (docs/performance.md). */
 /* split-K attention over the cache, one block per (KV head, split) */
-static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
-    O_WAITED_RESET(counters);
-    ATT_PROBE_LEAVE();
     if (MODEL_ATT_TRIGGER_EARLY & 2) pdl_launch_dependents();
     attention_body<1, wait_pdl, MODEL_ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                       n_splits, MODEL_ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
@@ -165,8 +117,6 @@ static __global__ void ATT_BOUNDS attention_kernel(const float *q, const uint16_
 static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
-    O_WAITED_RESET(counters);
-    ATT_PROBE_LEAVE();
     if (MODEL_ATT_TRIGGER_EARLY & 1) pdl_launch_dependents();
     attention_short_body<MODEL_ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
                                      blockIdx.x, blockIdx.y, wait_pdl{});
@@ -175,32 +125,30 @@ static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_short_kern
 
 /* self_attn.o_proj (+ bias) + residual; registers for MODEL_O_PROJ_MIN_BLOCKS blocks an SM */
 /* SHORTEST: the one-split graphs' launch, which lets the next kernel launch before its wait where
- * MODEL_O_PROJ_TRIGGER_SHORTEST says so, with no hold; o_waited: counters[CTR_O_WAITED], set past the
- * wait where the MLP holds on it (O_PROJ_TRIGGER_EARLY=3) */
+ * MODEL_O_PROJ_TRIGGER_SHORTEST says so */
 template <bool SHORTEST>
-static __global__ void __launch_bounds__(MV_THREADS, MODEL_O_PROJ_MIN_BLOCKS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x,
-                                                                                       unsigned *o_waited) {
-    constexpr bool shortest = SHORTEST && MODEL_O_PROJ_TRIGGER_SHORTEST;
-    if (O_PROJ_TRIGGER_EARLY == 1 && !shortest) pdl_launch_dependents();
-    if (O_PROJ_TRIGGER_EARLY >= 2 || shortest)
+static __global__ void __launch_bounds__(MV_THREADS, MODEL_O_PROJ_MIN_BLOCKS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
+    if constexpr (SHORTEST && MODEL_O_PROJ_TRIGGER_SHORTEST)
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
-                             trigger_then_wait_pdl{O_PROJ_TRIGGER_EARLY == 3 && !shortest ? o_waited : NULL});
+                             trigger_then_wait_pdl{});
     else
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
 
+#if MODEL_ATT_O_SHORT
 static_assert(MODEL_ATT_THREADS == MV_THREADS, "attention_o_proj_kernel: one block size for both stages");
+static_assert(MODEL_ATT_SHORT, "MODEL_ATT_O_SHORT: the short context's attention (MODEL_ATT_SHORT)");
 
-/* Attention and o_proj in one grid, each block one of them, by the order blocks arrive (an atomic
- * count; the last to arrive puts it back to 0 for the next layer): the first n_kv_heads * n_splits
- * are attention_kernel's (kv head, split), or given SHORT attention_short_kernel's (MODEL_ATT_O_SHORT); the rest take o_proj's rows, whose first loads they issue
- * before waiting for the n_kv_heads KV groups' outputs (counted in counters[CTR_ATT_DONE], which the
- * gate/up kernel resets; given SHORT and MODEL_ATT_O_POLL, the outputs themselves). So o_proj's blocks land with attention's, under QKV's tail, instead of
- * after attention lets them launch (~2 us a layer in the fifth session's trace). Roles by arrival,
- * not by block index, because CUDA promises no dispatch order: every attention role is held by a
- * block already running, so a waiting o_proj block never waits on one without a slot. */
-template <bool SHORT>
+/* A short context's attention and o_proj in one grid, each block one of them, by the order blocks
+ * arrive (an atomic count; the last to arrive puts it back to 0 for the next layer): the first
+ * n_kv_heads * n_splits are attention_short_kernel's (kv head, split); the rest take o_proj's rows,
+ * whose first loads they issue before waiting for the n_kv_heads KV groups' outputs (with
+ * MODEL_ATT_O_POLL the outputs themselves, else their count in counters[CTR_ATT_DONE], which the
+ * gate/up kernel resets). So o_proj's blocks land with attention's, under QKV's tail, instead of
+ * after attention lets them launch (~2 us a layer, traced). Roles by arrival, not by block index,
+ * because CUDA promises no dispatch order: every attention role is held by a block already running,
+ * so a waiting o_proj block never waits on one without a slot. */
 static __global__ void __launch_bounds__(MV_THREADS, 2)
     attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                             float *part_acc, float *part_ml, unsigned *counters, float *att, float *x, int ctx, int n_splits) {
@@ -213,19 +161,13 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
     __syncthreads();
     const int b = arrived;
     if (b < att_blocks) {
-#if MODEL_ATT_SHORT
-        if (SHORT) {
-            attention_short_body<MODEL_ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
-                                             b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{}, counters + CTR_ATT_DONE);
-            return;
-        }
-#endif
-        attention_body<1, wait_pdl, MODEL_ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits,
-                          MODEL_ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, counters + CTR_ATT_DONE, wait_pdl{});
+        attention_short_body<MODEL_ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits,
+                                               MODEL_ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{},
+                                               counters + CTR_ATT_DONE);
         return;
     }
     const unsigned *go = MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
-    if constexpr (SHORT && MODEL_ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
+    if constexpr (MODEL_ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
         matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
@@ -234,6 +176,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
                              wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
 }
+#endif
 
 /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU */
 /* Past gate/up's wait, attention_o_proj_kernel has ended: nobody reads its counts until the next
@@ -263,21 +206,12 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(mod
 }
 
 #if MODEL_MLP_FUSED
-/* -DMLP_MAXNREG=96: at most 96 registers a thread, so that a block fits an SM beside one of o_proj's
- * (64 registers x 256 threads), not only once both of them have left (-0.4% on the 1B) */
-#ifdef MLP_MAXNREG
-#define MLP_BOUNDS __maxnreg__(MLP_MAXNREG)
-#else
-#define MLP_BOUNDS __launch_bounds__(MLP_THREADS, 1)
-#endif
 /* post_attention_layernorm, mlp.gate_proj, mlp.up_proj, SiLU, mlp.down_proj + residual: x's next
- * value added into out (zero before), and zero zeroed for the next layer's; o_waited: NULL, or
- * o_proj's flag that the blocks' first loads wait for (O_PROJ_TRIGGER_EARLY=3) */
-static __global__ void MLP_BOUNDS mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
-                                                                        float *out, float *zero, unsigned *att_done, float *att_poll,
-                                                                        const unsigned *o_waited) {
-    mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{},
-                                                o_waited);
+ * value added into out (zero before), and zero zeroed for the next layer's. At most 96 registers a
+ * thread, so that a block fits beside one of o_proj's, lost 0.4% on the 1B (docs/performance.md). */
+static __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
+                                                                        float *out, float *zero, unsigned *att_done, float *att_poll) {
+    mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
 }
 
@@ -290,54 +224,6 @@ static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_lm_head_argmax_kern
                                                                            float2 *block_best, unsigned *counter, int *io) {
     rmsnorm_lm_head_argmax_body(norm_w, w, x, logits, block_best, counter, io, MODEL_DIM, MODEL_VOCAB_SIZE,
                                 MODEL_NORM_EPS, wait_pdl{});
-}
-
-/* What the persistent step reads and writes: device pointers, fixed for the model's lifetime. */
-struct step_buffers {
-    const model_weights *w; /* in device memory */
-    float *x, *q, *att, *hb, *logits;
-    uint16_t *key_cache, *value_cache;
-    float *part_acc, *part_ml;
-    unsigned *counters;
-    float2 *block_best;
-    int *io, *history;
-    unsigned *barrier; /* {count, generation} */
-    int ctx, n_splits;
-};
-
-/* The whole step in one launch: every stage above in order, the grid (one wave, all resident)
- * meeting at a barrier between stages instead of a kernel boundary. Each block issues its first
- * weight loads of the next stage before it arrives at the barrier, as the kernels above do before
- * their programmatic-dependent-launch wait. */
-#ifndef PERSISTENT_MIN_BLOCKS
-#define PERSISTENT_MIN_BLOCKS 1 /* blocks per SM the register budget must allow (-DPERSISTENT_MIN_BLOCKS=2) */
-#endif
-static __global__ void __launch_bounds__(MV_THREADS, PERSISTENT_MIN_BLOCKS) persistent_step_kernel(step_buffers b) {
-    const wait_grid sync = {b.barrier, b.barrier + 1};
-    embed_body(b.w->embed, b.io, b.x, b.history, MODEL_DIM, wait_none{});
-    for (int l = 0; l < MODEL_N_LAYERS; l++) {
-        const model_layer_weights *w = &b.w->layers[l];
-        uint16_t *kc = b.key_cache + (size_t)l * b.ctx * MODEL_KV_DIM;
-        uint16_t *vc = b.value_cache + (size_t)l * b.ctx * MODEL_KV_DIM;
-        rmsnorm_qkv_rope_body(w->attn_norm, w->wq, w->wk, w->wv,
-                              MODEL_QKV_BIAS ? w->bq : NULL, MODEL_QKV_BIAS ? w->bk : NULL, MODEL_QKV_BIAS ? w->bv : NULL,
-                              b.x, b.q, kc, vc, b.io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, b.ctx,
-                              MODEL_NORM_EPS, sync);
-        sync();
-        for (int vb = blockIdx.x; vb < MODEL_N_KV_HEADS * b.n_splits; vb += gridDim.x) {
-            attention_body<1, wait_none, MODEL_ATT_MMA_HD>(b.q, kc, vc, b.io, 0, b.part_acc, b.part_ml, b.counters, b.att, MODEL_HEAD_DIM,
-                           MODEL_KV_MUL, b.ctx, b.n_splits, MODEL_ATT_MIN_SPLITS, vb % MODEL_N_KV_HEADS, vb / MODEL_N_KV_HEADS, NULL, wait_none{});
-            __syncthreads(); /* shared memory is reused by the next (head, split) */
-        }
-        /* single rows here: this kernel's registers are full already */
-        matvec_residual_body(w->wo, MODEL_O_BIAS ? w->bo : NULL, b.att, b.x, MODEL_DIM, MODEL_Q_DIM, false, ST_O, sync);
-        __syncthreads(); /* the staged input is read to the end before the next stage stages its norm weights */
-        rmsnorm_gate_up_silu_body(w->ffn_norm, w->w_gate, w->w_up, b.x, b.hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, sync);
-        matvec_residual_body(w->w_down, NULL, b.hb, b.x, MODEL_DIM, MODEL_HIDDEN_DIM, false, ST_DOWN, sync);
-        __syncthreads();
-    }
-    rmsnorm_lm_head_argmax_body(b.w->final_norm, b.w->lm_head, b.x, b.logits, b.block_best, b.counters + CTR_ARGMAX,
-                                b.io, MODEL_DIM, MODEL_VOCAB_SIZE, MODEL_NORM_EPS, sync);
 }
 
 /* the chosen token to the host and to the next step's input; the position advanced */
@@ -568,13 +454,8 @@ enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 
 struct model_cuda {
     int ctx, n_splits;
-    int persistent;           /* the step is persistent_step_kernel, not a kernel per stage */
-    int grid_persistent;      /* its blocks: one wave */
-    model_weights *w_device;  /* m->w, in device memory, for the persistent kernel */
-    unsigned *barrier;        /* its grid barrier: {count, generation} */
     int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head; /* blocks: needed, at most one wave */
-    int grid_att_o;           /* attention_o_proj_kernel's o_proj blocks (after its attention blocks) */
-    int grid_att_o_short;     /* the same with the short context's attention blocks (MODEL_ATT_O_SHORT) */
+    int grid_att_o_short;     /* attention_o_proj_kernel's o_proj blocks, after its attention blocks (MODEL_ATT_O_SHORT) */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
     float *x;                 /* (dim) residual stream */
@@ -594,8 +475,7 @@ struct model_cuda {
     float *part_acc;          /* (n_heads, n_splits, head_dim) attention partial sums */
     float *part_ml;           /* (n_heads, n_splits, 2) their max and sum */
     unsigned *counters;       /* (CTR_COUNT) blocks done: attention per KV head, argmax, KV groups' attention outputs */
-    float2 *block_best;       /* (lm_head_blocks) each LM-head block's best logit and id */
-    int lm_head_blocks;       /* the most blocks that run the LM head: its kernel's or the persistent grid */
+    float2 *block_best;       /* (grid_lm_head) each LM-head block's best logit and id */
     int *io;                  /* {pos, next} on the device (cuda_kernels.cuh: IO_*) */
     int *history;             /* (ctx) the token at each position: fed by the host, or chosen by a step */
     int *first_seen;          /* (vocab) the sampler's scratch, 0x7F7F7F7F between steps */
@@ -651,8 +531,8 @@ struct model_cuda {
 };
 
 #if defined(MODEL_WEIGHT_DTYPE_F32)
-extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent) {
-    (void)out, (void)data, (void)ctx, (void)persistent;
+extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx) {
+    (void)out, (void)data, (void)ctx;
     return err_set(ERR_DEVICE, "--device cuda: fp32 weights are not supported on the GPU; convert the model to bf16 or fp16");
 }
 extern "C" err_code model_cuda_feed(model_cuda *, const int *, int, int, int) { return ERR_DEVICE; }
@@ -716,29 +596,12 @@ static void launch_rms(void (*kernel)(Params...), int grid, int block, size_t sm
     launch_pdl(RMS_CLUSTER == 1, kernel, grid, 1, block, smem, stream, args...);
 }
 
-/* A launch whose blocks are guaranteed to be resident together (the persistent kernel's barrier
- * needs every block running). */
-template <typename... Params, typename... Args>
-static void launch_cooperative(void (*kernel)(Params...), int grid, int block, size_t smem, cudaStream_t stream, Args... args) {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeCooperative;
-    attr.val.cooperative = 1;
-    launch_with(attr, kernel, dim3(grid), block, smem, stream, args...);
-}
-
 /* Dynamic shared memory of the decode step's attention: its scores and query operands, and the
  * staged values where MODEL_ATT_STAGE_VALUES is on. */
 #define ATT_DECODE_SMEM_BYTES (ATT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM) + (MODEL_ATT_MMA_HD ? att_value_stage_bytes(MODEL_ATT_MMA_HD) : 0))
 
-/* Dynamic shared memory of the persistent kernel: the larger of the stages' needs. */
-static constexpr size_t bytes_max(size_t a, size_t b) { return a > b ? a : b; }
-#define PERSISTENT_SMEM_BYTES                                                                                   \
-    bytes_max(bytes_max(QKV_SMEM_BYTES(MODEL_DIM), MV_SMEM_BYTES(MODEL_HIDDEN_DIM)), \
-              bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES))
-
 /* Dynamic shared memory of attention_o_proj_kernel: attention's or o_proj's staged input. */
-#define ATT_O_SMEM_BYTES bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_DECODE_SMEM_BYTES)
-#define ATT_O_SHORT_SMEM_BYTES bytes_max(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
+#define ATT_O_SHORT_SMEM_BYTES std::max<size_t>(MV_SMEM_BYTES(MODEL_Q_DIM), ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM))
 
 /* Stages of a step, for the kernel benchmark: its events are recorded after each launch. */
 static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
@@ -761,12 +624,11 @@ struct launch_marks {
     }
 };
 
-/* A step's end, of the given kind, after its layers, at the position io[IO_POS]: with lm_head, the
- * final norm and LM head on x's first row (the persistent kernel runs its own); the choice; the
- * position advanced; the logits to the host. x: the residual stream after the layers (m->x, or
- * residual_at(m, MODEL_N_LAYERS) after fused MLPs). */
-static void enqueue_choice(model_cuda *m, int kind, bool lm_head, launch_marks &mark, const float *x) {
-    if (lm_head && kind != STEP_PROMPT) {
+/* A step's end, of the given kind, after its layers, at the position io[IO_POS]: the final norm and
+ * LM head on x's first row; the choice; the position advanced; the logits to the host. x: the
+ * residual stream after the layers (m->x, or residual_at(m, MODEL_N_LAYERS) after fused MLPs). */
+static void enqueue_choice(model_cuda *m, int kind, launch_marks &mark, const float *x) {
+    if (kind != STEP_PROMPT) {
         launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm,
                m->w.lm_head, x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
         mark(ST_LM_HEAD);
@@ -792,11 +654,7 @@ static float *residual_at(model_cuda *m, int l) {
 static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kernel, cudaEvent_t *marks, int *stage_of) {
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
-    if (m->persistent && !marks) {
-        step_buffers b = {m->w_device, m->x, m->q, m->att, m->hb, m->logits, m->key_cache, m->value_cache, m->part_acc,
-                          m->part_ml, m->counters, m->block_best, m->io, m->history, m->barrier, m->ctx, m->n_splits};
-        launch_cooperative(persistent_step_kernel, m->grid_persistent, MV_THREADS, PERSISTENT_SMEM_BYTES, m->stream, b);
-    } else {
+    {
         launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history,
                MODEL_MLP_FUSED ? residual_at(m, 1) : (float *)NULL);
         mark(ST_EMBED);
@@ -810,43 +668,35 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
-            if (MODEL_ATT_O_GRID && !marks && !short_kernel) { /* the kernel benchmark times the two stages apart */
-                launch(attention_o_proj_kernel<false>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o, 1, MV_THREADS, ATT_O_SMEM_BYTES,
-                       m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, x, m->ctx,
-                       n_splits);
 #if MODEL_ATT_O_SHORT
-            } else if (!marks && short_kernel) {
-                launch(attention_o_proj_kernel<true>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
+            if (!marks && short_kernel) { /* the kernel benchmark times the two stages apart */
+                launch(attention_o_proj_kernel, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
                        ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters,
                        MODEL_ATT_O_POLL ? m->att_poll : m->att, x, m->ctx, n_splits);
+            } else
 #endif
-            } else {
-                if (PROBE_NO_ATT == 1) {
-                    /* a timing probe: no attention launch */
+            {
 #if MODEL_ATT_SHORT
-                } else if (short_kernel) {
+                if (short_kernel)
                     launch(attention_short_kernel, MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
+                else
 #endif
-                } else {
                     launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
-                }
                 mark(ST_ATT);
                 if (short_kernel && n_splits == 1) /* the one-split graphs (or heads of 128's short steps) */
                     launch(o_proj_residual_kernel<true>, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream,
-                           *lw, m->att, x, m->counters + CTR_O_WAITED);
+                           *lw, m->att, x);
                 else
                     launch(o_proj_residual_kernel<false>, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream,
-                           *lw, m->att, x, m->counters + CTR_O_WAITED);
+                           *lw, m->att, x);
                 mark(ST_O);
             }
 #if MODEL_MLP_FUSED
-            /* the MLP holds its first loads on o_proj's flag where o_proj sets it (O_PROJ_TRIGGER_EARLY=3) */
-            const bool hold = O_PROJ_TRIGGER_EARLY == 3 && !(MODEL_O_PROJ_TRIGGER_SHORTEST && short_kernel && n_splits == 1);
             launch(mlp_fused_kernel, m->grid_mlp, 1, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM), m->stream, *lw,
                    m->down_t + (size_t)l * MODEL_HIDDEN_DIM * MODEL_DIM, x, residual_at(m, l + 1), residual_at(m, l + 2),
-                   m->counters + CTR_ATT_DONE, m->att_poll, hold ? m->counters + CTR_O_WAITED : (unsigned *)NULL);
+                   m->counters + CTR_ATT_DONE, m->att_poll);
             mark(ST_MLP);
             continue;
 #endif
@@ -858,7 +708,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             mark(ST_DOWN);
         }
     }
-    enqueue_choice(m, kind, !(m->persistent && !marks), mark, m->persistent && !marks ? m->x : residual_at(m, MODEL_N_LAYERS));
+    enqueue_choice(m, kind, mark, residual_at(m, MODEL_N_LAYERS));
 }
 
 #define STEP_LAUNCHES (2 + (MODEL_MLP_FUSED ? 4 : 5) * MODEL_N_LAYERS)
@@ -1180,7 +1030,7 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     return needed < wave ? needed : wave;
 }
 
-extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent) {
+extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx) {
     MODEL_REQUIRE(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0, ERR_DEVICE,
                   "--device cuda: needs hidden_size, intermediate_size and q_dim multiples of 8 (matvec rows are read in "
                   "16-byte chunks of 8 weights)");
@@ -1217,20 +1067,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     model_cuda *m = (model_cuda *)calloc(1, sizeof *m);
     if (!m) return err_set(ERR_NOMEM, "CUDA state");
     m->ctx = ctx;
-    m->persistent = persistent;
     const int sms = prop.multiProcessorCount;
-#if TRACE_SM_DONE || TRACE_QKV_PAIRS
-    CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 64 << 20)); /* a probe build's lines (cuda_kernels.cuh) */
-#endif
 #if MODEL_SMEM_CARVEOUT >= 0
     { /* before the occupancy queries below, which count with it */
         const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
-                                        (const void *)attention_kernel, (const void *)attention_o_proj_kernel<false>,
+                                        (const void *)attention_kernel,
 #if MODEL_ATT_SHORT
                                         (const void *)attention_short_kernel,
 #endif
 #if MODEL_ATT_O_SHORT
-                                        (const void *)attention_o_proj_kernel<true>,
+                                        (const void *)attention_o_proj_kernel,
 #endif
 #if MODEL_MLP_FUSED
                                         (const void *)mlp_fused_kernel,
@@ -1238,20 +1084,17 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                                         (const void *)o_proj_residual_kernel<false>, (const void *)o_proj_residual_kernel<true>,
                                         (const void *)rmsnorm_gate_up_silu_kernel,
                                         (const void *)down_residual_kernel, (const void *)rmsnorm_lm_head_argmax_kernel,
-                                        (const void *)sample_kernel, (const void *)step_end_kernel,
-                                        (const void *)persistent_step_kernel};
+                                        (const void *)sample_kernel, (const void *)step_end_kernel};
         for (const void *k : decode_kernels)
             CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, MODEL_SMEM_CARVEOUT));
     }
 #endif
-    m->grid_persistent = one_wave((const void *)persistent_step_kernel, 1 << 30, PERSISTENT_SMEM_BYTES, sms);
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)MV_SMEM_BYTES(MODEL_Q_DIM)));
-    m->grid_att_o = one_wave((const void *)attention_o_proj_kernel<false>, MODEL_GRID_O, ATT_O_SMEM_BYTES, sms);
 #if MODEL_ATT_O_SHORT
-    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<true>, MODEL_GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
+    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel, MODEL_GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
 #endif
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, MODEL_GRID_GATE_UP,
@@ -1271,7 +1114,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
         m->grid_mlp = sms < MODEL_HIDDEN_DIM ? sms : MODEL_HIDDEN_DIM;
     }
 #endif
-    m->lm_head_blocks = m->grid_lm_head > m->grid_persistent ? m->grid_lm_head : m->grid_persistent;
     /* splits: enough blocks to fill the GPU, and no split longer than one attention tile */
     m->n_splits = MODEL_ATT_MIN_SPLITS > (ctx + ATT_TILE - 1) / ATT_TILE ? MODEL_ATT_MIN_SPLITS : (ctx + ATT_TILE - 1) / ATT_TILE;
     if (m->n_splits > ATT_TILE / 2) { /* the combining block keeps two floats a split and head in its score tile */
@@ -1289,7 +1131,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     }
     size_t cache = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
     size_t scratch = (size_t)(PREFILL_BATCH * (MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM) + MODEL_VOCAB_SIZE) * sizeof(float) +
-                     (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->lm_head_blocks * sizeof(float2) +
+                     (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->grid_lm_head * sizeof(float2) +
                      (size_t)PREFILL_MAX_QKV_PARTS * PREFILL_BATCH * QKV_PAIRS * sizeof(float2) +
                      (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float) +
                      (size_t)(PREFILL_O_GEMM ? PREFILL_TERMS : 0) * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t);
@@ -1322,10 +1164,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
         CUDA_CHECK(cudaMemset(m->x_mlp[i], 0, MODEL_DIM * sizeof(float)));
     }
 #endif
-    CUDA_CHECK(cudaMalloc(&m->w_device, sizeof m->w));
-    CUDA_CHECK(cudaMemcpy(m->w_device, &m->w, sizeof m->w, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc(&m->barrier, 2 * sizeof(unsigned)));
-    CUDA_CHECK(cudaMemset(m->barrier, 0, 2 * sizeof(unsigned)));
 
     /* PREFILL_BATCH rows each for a prefill batch; a decode step uses the first */
     CUDA_CHECK(cudaMalloc(&m->x, (size_t)PREFILL_BATCH * MODEL_DIM * sizeof(float)));
@@ -1376,7 +1214,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->part_ml, (size_t)MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->counters, CTR_COUNT * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->counters, 0, CTR_COUNT * sizeof(unsigned)));
-    CUDA_CHECK(cudaMalloc(&m->block_best, m->lm_head_blocks * sizeof(float2)));
+    CUDA_CHECK(cudaMalloc(&m->block_best, m->grid_lm_head * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->io, IO_INTS * sizeof(int)));
     CUDA_CHECK(cudaMemset(m->io, 0, IO_INTS * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&m->history, (size_t)ctx * sizeof(int)));
@@ -1441,7 +1279,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     for (int kind = STEP_PROMPT + 1; kind < STEP_KINDS && PREFILL_LAST && !rc; kind++)
         rc = capture(m, &m->choose[kind], [&] {
             launch_marks none = {NULL, NULL, m->stream, 0};
-            enqueue_choice(m, kind, true, none, m->x); /* prefill_last put the last token's row in x */
+            enqueue_choice(m, kind, none, m->x); /* prefill_last put the last token's row in x */
         });
     if (rc) {
         model_cuda_free(m);
@@ -1645,7 +1483,7 @@ static void stage_table(model_cuda *m, int reps, int n_launches, int n_stages, c
 #define BOUNDARY_STEPS 8
 static void graph_boundary_bench(model_cuda *m, int pos, int reps, FILE *out) {
     const int tier = decode_tier(m, pos + 1);
-    if (m->persistent || pos + BOUNDARY_STEPS + 1 > m->ctx || decode_tier(m, pos + BOUNDARY_STEPS) != tier) return;
+    if (pos + BOUNDARY_STEPS + 1 > m->ctx || decode_tier(m, pos + BOUNDARY_STEPS) != tier) return;
     cudaGraph_t graph;
     cudaGraphExec_t steps;
     CUDA_CHECK(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
@@ -1774,7 +1612,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
     void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
-                   m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng, m->w_device, m->barrier,
+                   m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_att_terms, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters,
                    m->down_t, m->x_mlp[0], m->x_mlp[1]};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);

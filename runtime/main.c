@@ -55,7 +55,6 @@ typedef struct {
     const char *top_k_arg;    /* --top-k and --ctx, checked against the model once it is known */
     const char *ctx_arg;
     const char *device;
-    int gpu_persistent;       /* --gpu-step persistent */
     const char *dump_logits;  /* testing aid: the prompt's logits, float32 (n_tokens, vocab) */
     int dump_prefill;         /* ... its first N tokens fed at once (the prompt path), logits from position N - 1 on */
 } options;
@@ -96,9 +95,6 @@ static void usage(FILE *f) {
             "      --threads N         CPU threads (default: physical cores)\n"
             "      --ctx N             context length in tokens (default %s)\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
-            "      --gpu-step graph|persistent\n"
-            "                          the GPU step as a CUDA graph of a kernel per stage (default), or as\n"
-            "                          one persistent kernel with grid barriers between the stages\n"
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit\n"
             "      --dump-prefill N    ... its first N tokens fed at once (the prompt path), then one at a\n"
             "                          time: the logits of positions N - 1 on (n_tokens - N + 1 rows)\n"
@@ -189,12 +185,6 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--tokenize", "--tokenize")) o->tokenize = 1;
         else if (FLAG("--threads", "--threads")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, 1024, &n); o->n_threads = (int)n; }
         else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); o->ctx_arg = v; }
-        else if (FLAG("--gpu-step", "--gpu-step")) {
-            NEEDS_VALUE();
-            if (strcmp(v, "graph") != 0 && strcmp(v, "persistent") != 0)
-                return err_set(ERR_ARG, "--gpu-step %s: expected graph or persistent", v);
-            o->gpu_persistent = strcmp(v, "persistent") == 0;
-        }
         else if (FLAG("--device", "--device")) {
             NEEDS_VALUE();
             if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) return err_set(ERR_ARG, "--device %s: expected cpu or cuda", v);
@@ -352,7 +342,7 @@ static err_code engine_open(engine *e, const options *o) {
 #ifdef INGOT_CUDA
         /* Only logits dumps and perplexity need the logits on the host. */
         e->device_sampling = !o->dump_logits && !o->perplexity_file;
-        return model_cuda_init(&e->gpu, data, e->ctx, o->gpu_persistent);
+        return model_cuda_init(&e->gpu, data, e->ctx);
 #endif
     }
     return model_cpu_init(&e->cpu, data, e->ctx, o->n_threads);
@@ -755,10 +745,10 @@ static err_code run_bench(engine *e, const options *o) {
     double prompt_tok_s = n_prompt / prompt_s;
     const char *dev = e->gpu ? "cuda" : "cpu";
     if (o->json) {
-        printf("{\"model\": \"%s\", \"device\": \"%s\", \"device_name\": \"%s\", \"gpu_step\": \"%s\", \"threads\": %d, "
+        printf("{\"model\": \"%s\", \"device\": \"%s\", \"device_name\": \"%s\", \"threads\": %d, "
                "\"weight_bytes_per_token\": %llu, \"kv_bytes_per_position\": %llu, \"probe_gb_s\": %.2f, "
                "\"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"decode\": [",
-               MODEL_NAME, dev, device, e->gpu ? (o->gpu_persistent ? "persistent" : "graph") : "none", e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, MODEL_KV_BYTES_PER_POS,
+               MODEL_NAME, dev, device, e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, MODEL_KV_BYTES_PER_POS,
                probe / 1e9, n_prompt, prompt_tok_s);
         for (int d = 0; d < n_depths; d++) {
             printf("%s{\"depth\": %d, \"tokens\": %d, \"tok_s\": %.2f, \"us_per_token\": %.1f, \"gb_s\": %.2f, "
@@ -771,7 +761,6 @@ static err_code run_bench(engine *e, const options *o) {
         printf("]}\n");
     } else {
         printf("bench: %s on %s", MODEL_NAME, e->gpu ? device : "cpu");
-        if (e->gpu) printf(", step: %s", o->gpu_persistent ? "persistent kernel" : "CUDA graph");
         if (!e->gpu) printf(", %d threads", o->n_threads);
         printf(", %.1f MB of weights read per token\n", MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
         printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);

@@ -69,9 +69,8 @@ typedef struct model_cuda model_cuda;
 
 /* Uploads the weights (data[i]: model_tensor_specs[i]'s bytes on the host) and allocates a KV cache
  * of ctx tokens on device 0; refuses with ERR_DEVICE when there is no device or they do not fit.
- * persistent: run each step as one persistent kernel with grid barriers between its stages, instead
- * of a CUDA graph of a kernel per stage (--gpu-step). */
-err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent);
+ * Each decode step then runs as a CUDA graph of a kernel per stage. */
+err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx);
 
 /* The GPU decode steps run in a queue on the device: the host queues steps without waiting and
  * takes the chosen tokens in order, so the device never waits on the host between steps. A step

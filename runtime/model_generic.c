@@ -61,7 +61,7 @@ void model_cpu_free(model_cpu *m) { BY_DTYPE(model_cpu_free, m); }
 
 #ifdef INGOT_CUDA
 #define DECLARE_CUDA(dt)                                                                             \
-    err_code model_cuda_init_##dt(model_cuda **out, const void *const *data, int ctx, int persistent); \
+    err_code model_cuda_init_##dt(model_cuda **out, const void *const *data, int ctx); \
     err_code model_cuda_feed_##dt(model_cuda *m, const int *tokens, int n, int pos, int out);       \
     err_code model_cuda_feed_choice_##dt(model_cuda *m);                                            \
     err_code model_cuda_take_##dt(model_cuda *m, int *next, const float **logits);                  \
@@ -74,8 +74,8 @@ DECLARE_CUDA(bf16)
 DECLARE_CUDA(f16)
 DECLARE_CUDA(f32)
 
-err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, int persistent) {
-    return BY_DTYPE(model_cuda_init, out, data, ctx, persistent);
+err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx) {
+    return BY_DTYPE(model_cuda_init, out, data, ctx);
 }
 err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int pos, int out) {
     return BY_DTYPE(model_cuda_feed, m, tokens, n, pos, out);

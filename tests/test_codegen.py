@@ -4,6 +4,7 @@ against a golden copy, and the version lock between generated code and runtime."
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -123,20 +124,6 @@ def test_plan_pairs_residual_rows_past_one_wave():
                        "llama-3.1-8b-instruct", "qwen2.5-7b-instruct")}
     assert pairs == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 0, "mistral-7b-instruct-v0.2": 1,
                      "llama-3.1-8b-instruct": 1, "qwen2.5-7b-instruct": 1}
-
-
-def test_plan_joins_attention_and_o_proj_only_in_the_generic_build():
-    """attention_o_proj_kernel no longer gains on any measured shape (the 7B without it: even at
-    depth 0, +0.5% at 4096; twentieth session), so the specialized plans run the two kernels; the
-    generic build keeps it, whose GPU tests thereby run it on every tiny model."""
-    from codegen.plan import make_generic_plan, make_plan
-
-    joined = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).att_o_grid
-              for m in ("smollm2-135m-instruct", "llama-3.2-1b-instruct", "mistral-7b-instruct-v0.2", "qwen2.5-7b-instruct")}
-    assert joined == {"smollm2-135m-instruct": 0, "llama-3.2-1b-instruct": 0, "mistral-7b-instruct-v0.2": 0,
-                      "qwen2.5-7b-instruct": 0}
-    assert make_plan(spec_of(load(REPO / "tests" / "models" / "tiny-gqa" / "config.json"))).att_o_grid == 0
-    assert make_generic_plan().att_o_grid == 1
 
 
 def test_plan_fits_the_fused_decode_mlp_at_hidden_sizes_of_2048_and_4096_on_sm_90():
@@ -390,10 +377,28 @@ def test_plan_settings_build_the_other_path_and_refuse_what_cannot_run(tmp_path)
     plan = (tmp_path / "g" / "model_plan.h").read_text()
     assert r.returncode == 0 and "#define MODEL_MLP_FUSED 0 " in plan and "#define MODEL_SMEM_CARVEOUT -1 " in plan
     assert "Set by hand (codegen --set): mlp_fused=0" in plan and "PLAN='mlp_fused=0'" in plan
-    for sets, message in [(("no_such=1",), "--set no_such=1: expected FIELD=N"),
+    for sets, message in [(("no_such=1",), "--set no_such=1: expected generic or FIELD=N"),
                           (("mlp_fused=yes",), "'yes' is not a whole number"),
                           (("att_o_short=1", "att_short=0"), "the short context's kernel")]:
         r = gen(*sets)
         assert r.returncode == 1 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
     r = gen("mlp_fused=1", arch="80")
     assert r.returncode == 1 and "does not fit the fused MLP" in r.stderr
+
+
+def test_generic_plan_for_a_specialized_build_takes_the_generic_builds_decisions(tmp_path):
+    """--set generic: a specialized build with the generic build's decisions (make compare's middle
+    build, which isolates what the constants alone buy): every decision the generic plan fixes to a
+    number, while the grids, the same formulas in both, keep this model's values."""
+    from codegen.plan import Plan, generic_plan_sets, make_generic_plan
+
+    r = subprocess.run([sys.executable, "-m", "codegen", "tests/models/tiny-d2048", "--out", str(tmp_path), "--set", "generic"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    header = (tmp_path / "model_plan.h").read_text()
+    sets = generic_plan_sets()
+    assert sets["mlp_fused"] == 0 and sets["att_mma"] == 0 and "grid_qkv" not in sets
+    assert "#define MODEL_MLP_FUSED 0 " in header and "#define MODEL_ATT_MMA_HD 0 " in header
+    assert "#define MODEL_GRID_QKV 192 " in header  # tiny-d2048's own: (2048 + 2 * 512) / 2 / 8
+    generic = make_generic_plan()
+    assert all(getattr(generic, k) == v for k, v in sets.items()) and set(sets) < {f.name for f in dataclasses.fields(Plan)}

@@ -69,65 +69,35 @@ def test_tensor_core_attention_compiles_for_sm80_and_sm89(tmp_path, variant):
     _compile_generated(tmp_path, variant, "80", extra_archs=("89",))
 
 
-@pytest.mark.parametrize("flags", ["-DINGOT_TRACE -DTRACE_COMBINE=6 -DTRACE_COMBINE_PASSES=2", "-DTRACE_COMBINE_CLOCKS=1",
-                                   "-DTRACE_QKV_PAIRS=1", "-DTRACE_SM_DONE=1"])
-def test_probe_builds_compile(tmp_path, flags):
-    """The probe and experiment builds (PERFORMANCE.md, seventeenth and eighteenth sessions), run
-    only on the GPU machine by hand: the combine's second pass in a trace build, its clock64 lines,
-    QKV's pairs warp by warp, and the matvec blocks' ends by SM."""
-    _compile_generated(tmp_path, "tiny-gqa", "90", flags=tuple(flags.split()))
-
-
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
-@pytest.mark.parametrize("flags", ["att_short=0", "att_combine_early=0", "att_o_short=1 att_o_poll=0", "down_poll=1",
-                                   "-DINGOT_TRACE -DTRACE_ATT=6 -DATT_PAD_INSNS=240 -DPROBE_NO_ATT=2"])
+@pytest.mark.parametrize("flags", ["att_short=0", "att_combine_early=0", "att_o_short=1 att_o_poll=0", "down_poll=1", "-DINGOT_TRACE"])
 def test_attention_variant_builds_compile(tmp_path, variant, flags):
-    """The tensor-core attention's variant builds (PERFORMANCE.md, twenty-first to twenty-third
-    sessions): without the short context's kernel, the combine's partial sums loaded after the
-    splits' (max, sum) (the plan loads them early on heads of 64: their GPU tests run that), the
-    short context's attention joined with o_proj in one grid (o_proj waiting on its count), down
-    polling gate/up's outputs (twenty-fifth session; the plan's on the 1B and 7B shapes only), and
-    the trace probes (an instruction count's cost, the step with attention's blocks waiting and
-    leaving)."""
+    """The tensor-core attention with the plan's other paths: without the short context's kernel,
+    the combine's partial sums loaded after the splits' (max, sum), the short context's attention
+    joined with o_proj in one grid (o_proj waiting on its count), down polling gate/up's outputs;
+    and the attention's trace build."""
     _compile_generated(tmp_path, variant, "90", flags=tuple(flags.split()))
 
 
-@pytest.mark.parametrize("arch,flags", [("90", ""), ("90", "-DMLP_MAXNREG=96"), ("90", "-DINGOT_TRACE"),
-                                        ("90", "-DMLP_X_BULK=0 smem_carveout=-1"),
+@pytest.mark.parametrize("arch,flags", [("90", ""), ("90", "-DINGOT_TRACE"), ("90", "smem_carveout=-1"),
                                         ("90", "mlp_fused=0"), ("90", "mlp_fused=0 smem_carveout=72"),
-                                        ("90", "att_o_grid=1 att_o_short=1"),
-                                        ("90", "att_trigger_early=3 -DO_PROJ_TRIGGER_EARLY=1"),
-                                        ("90", "o_proj_trigger_shortest=0 -DO_PROJ_TRIGGER_EARLY=0"),
-                                        ("90", "-DO_PROJ_TRIGGER_EARLY=2"), ("90", "-DO_PROJ_TRIGGER_EARLY=3"),
-                                        ("90", "o_proj_trigger_shortest=0 -DO_PROJ_TRIGGER_EARLY=3"), ("80", "")])
+                                        ("90", "att_o_short=1"), ("90", "att_trigger_early=3"),
+                                        ("90", "o_proj_trigger_shortest=0"), ("80", "")])
 def test_fused_mlp_builds_compile(tmp_path, arch, flags):
     """The fused decode MLP is tiny-d2048's default on sm_90 (codegen/plan.py, _mlp_fused_fits):
-    that build, at 96 registers, traced, as first built (the threads load its input, the driver's
-    carveouts); after the joined attention/o_proj grid; with every attention kernel and o_proj
-    letting the next launch as they start; o_proj letting the MLP launch only after its wait, before
-    it in every step with no hold, and with the MLP holding its first loads on o_proj's flag past
-    the one-split graphs and in them too; the split build, and with every decode kernel's carveout set alike; sm_80
-    builds the model without it."""
+    that build, traced, with the driver's carveouts; after
+    the joined attention/o_proj grid; with every attention kernel letting o_proj launch as it
+    starts; o_proj letting the MLP launch only after its wait; the split build, and with every
+    decode kernel's carveout set alike; sm_80 builds the model without it."""
     _compile_generated(tmp_path, "tiny-d2048", arch, flags=tuple(flags.split()))
 
 
-@pytest.mark.parametrize("flags", ["", "-DINGOT_TRACE", "-DMLP_X_BULK=0 smem_carveout=-1", "-DO_PROJ_TRIGGER_EARLY=3",
-                                   "mlp_fused=0"])
+@pytest.mark.parametrize("flags", ["", "-DINGOT_TRACE", "smem_carveout=-1", "mlp_fused=0"])
 def test_fused_mlp_at_4096_builds_compile(tmp_path, flags):
     """tiny-d4096, the hidden size of the 7B and 8B shapes, where a hidden unit's rows take two warps
-    (mlp_fused_body's MLP_ROW_WARPS): the fused default, traced, as first built, with the MLP's hold,
-    and the split build."""
+    (mlp_fused_body's MLP_ROW_WARPS): the fused default, traced, with the driver's carveouts, and the split
+    build."""
     _compile_generated(tmp_path, "tiny-d4096", "90", flags=tuple(flags.split()))
-
-
-@pytest.mark.parametrize("flags,reason", [("-DO_PROJ_TRIGGER_EARLY=3 att_o_grid=1 att_o_short=1", "never sets CTR_O_WAITED"),
-                                          ("-DO_PROJ_TRIGGER_EARLY=3 mlp_fused=0", "3 with the fused MLP")])
-def test_o_proj_trigger_hold_refused_where_nothing_would_release_it(tmp_path, flags, reason):
-    """O_PROJ_TRIGGER_EARLY=3 has the fused MLP's blocks wait for a flag that only
-    o_proj_residual_kernel sets: with o_proj in the joined grids, or without the fused MLP, the build
-    stops with the reason rather than building a step whose MLP would wait until its spin's timeout."""
-    with pytest.raises(AssertionError, match=reason):
-        _compile_generated(tmp_path, "tiny-d2048", "90", flags=tuple(flags.split()))
 
 
 def test_fused_mlp_refused_where_it_does_not_fit(tmp_path):

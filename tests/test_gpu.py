@@ -68,7 +68,7 @@ RMS_CLUSTER4 = "-DPREFILL_RMS_CLUSTER=4"  # the prefill's RMSNorm a cluster of 4
 
 
 def split_last_flags(blocks, unroll):
-    return f"-DQKV_SPLIT_LAST=1 grid_qkv={blocks} pair_unroll={unroll}"
+    return f"grid_qkv={blocks} pair_unroll={unroll}"
 
 
 def staged_flags(chunk):
@@ -99,7 +99,6 @@ TEST_BUILDS = {
                                                             else ("plain", FUSED_MLP_4096, "specialized")],
     "test_tiny_gpu_fused_mlp_past_one_split_equal_cpu": lambda p: [("flags", FUSED_MLP_MODEL, p["flags"]) if p["flags"]
                                                                    else ("plain", FUSED_MLP_MODEL, "specialized")],
-    "test_tiny_gpu_joined_o_proj_paced_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_early_lots_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_pair_async_equal_cpu": lambda p: [("flags", "tiny-wide", p["flags"])],
     "test_tiny_gpu_qkv_split_last_equal_cpu": lambda p: [("flags", "tiny-wide", split_last_flags(p["blocks"], p["unroll"]))],
@@ -168,10 +167,9 @@ def builds_side_by_side(request):
         list(pool.map(build, [s for s in specs if s != first]))
 
 
-def logits_of(binary, model_dir, device, prompt, tmp_path, vocab, step="graph"):
-    out = tmp_path / f"logits-{device}-{step}.bin"
-    run(binary, "-m", str(model_dir), "--device", device, "--gpu-step", step, "--dump-logits", str(out), "-p", prompt,
-        "--threads", "4")
+def logits_of(binary, model_dir, device, prompt, tmp_path, vocab):
+    out = tmp_path / f"logits-{device}.bin"
+    run(binary, "-m", str(model_dir), "--device", device, "--dump-logits", str(out), "-p", prompt, "--threads", "4")
     return np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
 
 
@@ -199,14 +197,13 @@ def tiny_gpu(request):
     return d, binary_for(d, build)
 
 
-@pytest.mark.parametrize("step", ["graph", "persistent"])
-def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path, step):
+def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path):
     d, binary = tiny_gpu
     vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    gpu = logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab, step)
+    gpu = logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab)
     cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
     err = compare_logits(gpu, cpu)
-    assert err < GPU_CPU_TOLERANCE, f"{d.name}, --gpu-step {step}: GPU against CPU {err:.2e}"
+    assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
 
 
 @pytest.mark.parametrize("variant", TINY_VARIANTS)
@@ -234,14 +231,13 @@ def test_gpu_sampler_draws_what_the_cpu_sampler_draws():
 
 @pytest.mark.parametrize("build", BUILDS)
 def test_gpu_sampling_end_to_end(build):
-    """Sampling on the device: the same seed gives the same text, another seed other text, with
-    either step; top-k 1 is greedy."""
+    """Sampling on the device: the same seed gives the same text, another seed other text; top-k 1
+    is greedy."""
     d = tiny_model_dir("tiny-gqa")
     binary = binary_for(d, build)
     args = ["-m", str(d), "--device", "cuda", "-p", "Hello there", "-n", "48", "--temp", "1.5", "--top-p", "1", "--min-p", "0"]
     first = run(binary, *args, "--seed", "5").stdout
     assert run(binary, *args, "--seed", "5").stdout == first
-    assert run(binary, *args, "--seed", "5", "--gpu-step", "persistent").stdout == first
     assert run(binary, *args, "--seed", "6").stdout != first
     greedy = run(binary, *args[:-6], "--temp", "0").stdout
     assert run(binary, *args[:-6], "--temp", "1", "--top-k", "1").stdout == greedy
@@ -271,52 +267,37 @@ def assert_memcheck_clean(binary, d, *args):
     assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
 
 
-def assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=False, prompt=TINY_PROMPT):
+def assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=TINY_PROMPT):
     """A build's GPU path against its CPU path on the prompt: every decode step's logits within
-    GPU_CPU_TOLERANCE (with persistent, the persistent step's too), and 48 greedy tokens' text equal."""
+    GPU_CPU_TOLERANCE, and 48 greedy tokens' text equal."""
     vocab = json.loads((d / "config.json").read_text())["vocab_size"]
     cpu = logits_of(binary, d, "cpu", prompt, tmp_path, vocab)
     err = compare_logits(logits_of(binary, d, "cuda", prompt, tmp_path, vocab), cpu)
     assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
-    if persistent:
-        err = compare_logits(logits_of(binary, d, "cuda", prompt, tmp_path, vocab, "persistent"), cpu)
-        assert err < GPU_CPU_TOLERANCE, f"{d.name}: persistent step against CPU {err:.2e}"
     args = ["-m", str(d), "-p", prompt, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-# the fused MLP's launch as it was before the forty-seventh session: after o_proj's wait, no hold
-O_PROJ_AFTER_WAIT = "o_proj_trigger_shortest=0 -DO_PROJ_TRIGGER_EARLY=0"
-
-
-@pytest.mark.parametrize("flags", [SPLIT_MLP, "-DMLP_MAXNREG=96", "-DMLP_X_BULK=0 smem_carveout=-1",
-                                   "att_o_grid=1 att_o_short=1", "att_trigger_early=3 -DO_PROJ_TRIGGER_EARLY=1",
-                                   O_PROJ_AFTER_WAIT, "o_proj_trigger_shortest=0 -DO_PROJ_TRIGGER_EARLY=3"])
+@pytest.mark.parametrize("flags", [SPLIT_MLP, "smem_carveout=-1", "att_o_short=1",
+                                   "att_trigger_early=3", "o_proj_trigger_shortest=0"])
 def test_tiny_gpu_fused_mlp_equal_cpu(flags, tmp_path):
     """tiny-d2048, where the decode MLP is one kernel by default (that build runs in tiny_gpu's
-    tests): with gate/up and down instead, the fused MLP at 96 registers and as first built (its
-    input by the threads' loads, the driver's carveouts), after the joined attention/o_proj grid
-    (short contexts too, as the 1B's steps at depth 0), with both attention kernels and o_proj
-    letting their next kernel launch as they start, with o_proj letting the MLP launch only after
-    its wait, and before it in every step with the MLP's blocks holding their first loads on
-    o_proj's flag (O_PROJ_TRIGGER_EARLY=3; past 256 positions in the next test):
-    logits (the persistent step's too, which keeps the separate kernels) and greedy text against
-    the CPU's."""
+    tests), with the plan's other paths: gate/up and down instead, the fused MLP with the driver's
+    carveouts, after the short context's joined attention/o_proj grid, with both attention kernels letting o_proj
+    launch as they start, and with o_proj letting the MLP launch only after its wait: logits and
+    greedy text against the CPU's."""
     d, binary = flags_build(FUSED_MLP_MODEL, flags)
     fused = 0 if "mlp_fused=0" in flags else 1
     assert f"#define MODEL_MLP_FUSED {fused} " in (REPO / "generated" / d.name / "model_plan.h").read_text()
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DO_PROJ_TRIGGER_EARLY=2"])
+@pytest.mark.parametrize("flags", ["", "o_proj_trigger_shortest=0"])
 def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
     """tiny-d2048's fused MLP across 256 positions, where the default's o_proj stops letting the
-    MLP launch before its wait (O_PROJ_TRIGGER_SHORTEST); with o_proj doing so in the later graphs
-    too, the MLP's blocks holding their first loads until o_proj's block 0 has waited
-    (O_PROJ_TRIGGER_EARLY=3: its flag set by o_proj and put back by the next layer's attention,
-    every layer of every step), and without the hold (2). Three times TINY_PROMPT (441 tokens, its
-    logits a position at a time) and 48 more cross from the one-split graphs at 256. Logits of
-    every step and greedy text against the CPU's."""
+    MLP launch before its wait (MODEL_O_PROJ_TRIGGER_SHORTEST), and with o_proj never doing so.
+    Three times TINY_PROMPT (441 tokens, its logits a position at a time) and 48 more cross from
+    the one-split graphs at 256. Logits of every step and greedy text against the CPU's."""
     if flags:
         d, binary = flags_build(FUSED_MLP_MODEL, flags)
     else:
@@ -325,14 +306,12 @@ def test_tiny_gpu_fused_mlp_past_one_split_equal_cpu(flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
 
 
-@pytest.mark.parametrize("flags", ["", "-DO_PROJ_TRIGGER_EARLY=3", "-DMLP_X_BULK=0 smem_carveout=-1", SPLIT_MLP])
+@pytest.mark.parametrize("flags", ["", "smem_carveout=-1", SPLIT_MLP])
 def test_tiny_gpu_fused_mlp_at_4096_equal_cpu(flags, tmp_path):
     """tiny-d4096's fused MLP (a hidden unit's rows to two warps, 8 units a batch, 8 output columns a
-    lane): the default, with the MLP's hold past 256 positions (O_PROJ_TRIGGER_EARLY=3), as first
-    built (its input by the threads' loads, the driver's carveouts), and the split build. Three times
-    TINY_PROMPT (441 tokens) and 48 more cross from the one-split graphs at 256: logits of every
-    step (the persistent step's too, which keeps the separate kernels) and greedy text against the
-    CPU's."""
+    lane): the default, with the driver's carveouts,
+    and the split build. Three times TINY_PROMPT (441 tokens) and 48 more cross from the one-split
+    graphs at 256: logits of every step and greedy text against the CPU's."""
     if flags:
         d, binary = flags_build(FUSED_MLP_4096, flags)
     else:
@@ -340,17 +319,15 @@ def test_tiny_gpu_fused_mlp_at_4096_equal_cpu(flags, tmp_path):
         binary = binary_for(d, "specialized")
     fused = 0 if "mlp_fused=0" in flags else 1
     assert f"#define MODEL_MLP_FUSED {fused} " in (REPO / "generated" / d.name / "model_plan.h").read_text()
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True, prompt=" ".join([TINY_PROMPT] * 3))
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=" ".join([TINY_PROMPT] * 3))
 
 
-@pytest.mark.parametrize("model,flags", [(FUSED_MLP_MODEL, ""), (FUSED_MLP_MODEL, "-DMLP_X_BULK=0"),
-                                         (FUSED_MLP_MODEL, "-DO_PROJ_TRIGGER_EARLY=3"), (FUSED_MLP_4096, "")])
+@pytest.mark.parametrize("model,flags", [(FUSED_MLP_MODEL, ""), (FUSED_MLP_4096, "")])
 def test_fused_mlp_memcheck_clean(model, flags):
     """The fused MLP (bulk copies onto mbarriers, its input's among them, reductions into the
-    residual stream's buffers), with its input by the threads' loads, with its blocks holding
-    their first loads on o_proj's flag past 256 positions (O_PROJ_TRIGGER_EARLY=3), and at a hidden
-    size of 4096 (a unit's rows to two warps), under compute-sanitizer's memcheck: a prompt that
-    crosses 256 positions."""
+    residual stream's buffers), with its input by the threads' loads, and at a hidden size of 4096
+    (a unit's rows to two warps), under compute-sanitizer's memcheck: a prompt that crosses 256
+    positions."""
     skip_without_sanitizer()
     d, binary = flags_build(model, flags)
     assert_memcheck_clean(binary, d, "-p", " ".join([TINY_PROMPT] * 3), "-n", "8", "--temp", "0")
@@ -362,18 +339,6 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
     warps, as on the 7B shapes, never on a tiny model), forced with residual_pairs=1 in a build of
     its own: logits and greedy text against the CPU's."""
     d, binary = flags_build(variant, RES_PAIRS)
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
-
-
-@pytest.mark.parametrize("flags", ["residual_pairs=1 att_o_grid=1", "residual_pairs=1 att_o_grid=1 -DMV_RES_PACE=2",
-                                   "residual_pairs=1 att_o_grid=1 -DMV_RES_PACE=0", "att_o_grid=1 -DMV_RES_PACE=1"])
-def test_tiny_gpu_joined_o_proj_paced_equal_cpu(flags, tmp_path):
-    """o_proj in the joined attention grid (ATT_O_GRID, the plan's on the 7B shapes), its first row
-    step paced until attention's outputs are counted (MV_RES_PACE: the default's lots of 4 chunks,
-    lots of 2, unpaced, and lots of 1 in single rows), on tiny-wide: o_proj's rows of 2048 in two
-    steps, in pairs of rows (residual_pairs=1) or one a warp. Logits and greedy text against the
-    CPU's."""
-    d, binary = flags_build("tiny-wide", flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
@@ -397,23 +362,23 @@ def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
     async step of 8 chunks a lane on tiny-wide, as on the 1B, which every other tiny-wide test
     runs), on tiny-wide (rows of 2176: 272 chunks, so the last step is partial), in builds of their
     own: one async step of 4 and a third step from registers; two of 4, the second partial. Logits
-    (graph and persistent step) and greedy text against the CPU's."""
+    and greedy text against the CPU's."""
     d, binary = flags_build("tiny-wide", flags)
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
 @pytest.mark.parametrize("blocks,unroll", [(136, 8), (80, 4)])
 def test_tiny_gpu_qkv_split_last_equal_cpu(blocks, unroll, tmp_path):
-    """QKV's last round of pairs split by K between two warps (-DQKV_SPLIT_LAST=1) on tiny-wide, its
+    """QKV's last round of pairs split by K between two warps (QKV_SPLIT_LAST) on tiny-wide, its
     1536 pairs on fewer blocks (GRID_QKV) so that they take rounds: 136 blocks (1088 warps) leave 448
     pairs after one round, 3 or 4 warp pairs a block, each row's 272 chunks in two steps of 8 (the
     second partial), after a first round on the plan's cp.async copies; 80 blocks (640 warps) leave
-    256 after two rounds, in three steps of 4, split one and two. Logits (graph and persistent step)
+    256 after two rounds, in three steps of 4, split one and two. Logits
     and greedy text against the CPU's."""
     pairs, warps = (2048 + 2 * 512) // 2, blocks * 8
     assert pairs > warps and 0 < 2 * (pairs % warps) <= warps, "the grid must leave a split last round"
     d, binary = flags_build("tiny-wide", split_last_flags(blocks, unroll))
-    assert_logits_and_text_equal_cpu(binary, d, tmp_path, persistent=True)
+    assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
@@ -838,12 +803,11 @@ def test_prefill_builds_memcheck_clean(variant, flags):
 
 @pytest.mark.parametrize("variant, build", [("tiny-gqa", b) for b in BUILDS] + [("tiny-group3", "specialized"),
                                                                               ("tiny-wide", "specialized")])
-@pytest.mark.parametrize("step", ["graph", "persistent"])
-def test_memcheck_clean(tmp_path, step, variant, build):
+def test_memcheck_clean(tmp_path, variant, build):
     """tiny-gqa (heads of 16) runs the fp32 attention and the grouped prefill; tiny-group3 and
     tiny-wide (heads of 64 and 128) the specialized build's tensor-core decode attention and flash
     prefill (codegen/plan.py: _att_mma, _prefill_flash); the fused MLP: test_fused_mlp_memcheck_clean."""
     skip_without_sanitizer()
     d = tiny_model_dir(variant)
-    assert_memcheck_clean(binary_for(d, build), d, "--gpu-step", step, "-p", TINY_PROMPT, "-n", "8", "--temp", "0.8",
+    assert_memcheck_clean(binary_for(d, build), d, "-p", TINY_PROMPT, "-n", "8", "--temp", "0.8",
                           "--repeat-penalty", "1.2")

@@ -56,8 +56,8 @@ def test_trace_summary(tmp_path):
 
 
 def test_trace_summary_without_attention(tmp_path):
-    """A -DPROBE_NO_ATT=1 build launches no attention: o_proj follows QKV, and its times are after
-    QKV's last block; a trace without QKV's records is refused."""
+    """A trace with no attention records (attention not traced): o_proj follows QKV, and its times
+    are after QKV's last block; a trace without QKV's records is refused."""
     path = tmp_path / "t.bin"
     write_trace(path, 3, {1: 4, 2: 0, 3: 4, 4: 4, 5: 4})
     rows, _ = step_trace.summarize(*step_trace.read(path))

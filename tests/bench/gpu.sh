@@ -3,8 +3,7 @@
 #   bash tests/bench/gpu.sh [test|bench|all|compare|trace]   (default all: test and bench)
 # test: make test-gpu (GPU against CPU and transformers on the tiny models, memcheck; the default
 # model's checks too when its weights are staged). bench: --bench on random-weight shapes of
-# SmolLM2-135M, Llama-3.2-1B and Mistral-7B (bf16), synthesized there, into build/bench-models/,
-# with each --gpu-step.
+# SmolLM2-135M, Llama-3.2-1B and Mistral-7B (bf16), synthesized there, into build/bench-models/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
@@ -18,22 +17,20 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
         d=build/bench-models/bench-$m
         bench_model "$m" || exit 1
-        # each way of running the step (GPU_STEPS="graph persistent"), in the same run
-        for step in ${GPU_STEPS:-graph persistent}; do
-            echo "== --gpu-step $step"
-            timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --gpu-step "$step" --bench -n 128 ${BENCH_FLAGS:-}
-        done
-        # the same model built with other kernel flags, in the same run: VARIANTS="-DA=1|-DB=2"
+        timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
+        # the same model built with other plan decisions or nvcc flags, in the same run:
+        # VARIANTS="mlp_fused=0|-DX=1" (a word FIELD=N sets a plan decision, one starting with - goes to nvcc)
         IFS='|' read -ra variants <<<"${VARIANTS:-}"
         for v in "${variants[@]}"; do
+            plan=() nvcc=()
+            for w in $v; do case $w in -*) nvcc+=("$w") ;; *) plan+=("$w") ;; esac; done
             rm -f "build/bench-$m/forward_cuda.o"
-            make -s MODEL="$d" EXTRA_NVCCFLAGS="$v" >/dev/null || exit 1
-            for step in ${VARIANT_STEPS:-${GPU_STEPS:-graph persistent}}; do
-                echo "== variant: $v, --gpu-step $step"
-                timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --gpu-step "$step" --bench -n 128 ${BENCH_FLAGS:-}
-            done
+            make -s MODEL="$d" PLAN="${plan[*]}" EXTRA_NVCCFLAGS="${nvcc[*]}" >/dev/null || exit 1
+            echo "== variant: $v"
+            timeout 300 "build/bench-$m/ingot" -m "$d" --device cuda --bench -n 128 ${BENCH_FLAGS:-}
             rm -f "build/bench-$m/forward_cuda.o"
         done
+        make -s MODEL="$d" >/dev/null || exit 1
     done
 fi
 # trace: each model built with -DINGOT_TRACE, one decode step at depth TRACE_DEPTH (default 0) timed

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One model's build with other kernel flags against its plain build, on the GPU machine, in one run:
+# One model's build with other plan decisions or kernel flags against its plain build, on the GPU
+# machine, in one run:
 # the variants compiled in parallel (build/var<i>-<model>/), then every binary benchmarked in turn,
 # REPS rounds (default 2), so that run-to-run drift hits all of them alike:
-#   VARIANTS='-DA=1|-DB=2' BENCH_FLAGS='--bench-depths 0 -n 64' bash tests/bench/variants.sh MODEL...
+#   VARIANTS='mlp_fused=0|-DA=1' BENCH_FLAGS='--bench-depths 0 -n 64' bash tests/bench/variants.sh MODEL...
+# A word FIELD=N sets a plan decision (make PLAN=, codegen/plan.py); one starting with - goes to nvcc.
 # MODEL: a name under models/, benchmarked as its random-weight bf16 shape (bench_model.sh).
 # PROMPTS='9 24 65': instead, each round times prompts of those lengths at depth 0 (--bench-prompt,
 # decode left out), a column each in the table.
@@ -14,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
 . tests/bench/bench_model.sh
-[ $# -ge 1 ] || { echo "usage: VARIANTS='-DA=1|-DB=2' bash tests/bench/variants.sh MODEL..." >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: VARIANTS='mlp_fused=0|-DA=1' bash tests/bench/variants.sh MODEL..." >&2; exit 2; }
 IFS='|' read -ra variants <<<"${VARIANTS:-}"
 trace=${TRACE:-0}
 # bench BINARY MODEL_DIR: one round's run of a binary
@@ -35,10 +37,11 @@ for m in "$@"; do
     # the sources generated once before the parallel builds, which share them (a trace builds no plain binary)
     if [ "$trace" = 1 ]; then bench_model_dir "$m" && make -s MODEL="$d" generate >/dev/null || exit 1; else bench_model "$m" || exit 1; fi
     for i in "${!variants[@]}"; do
-        rm -rf "build/var$i-$m"
-        flags=${variants[$i]}
-        [ "$trace" = 1 ] && flags="-DINGOT_TRACE $flags"
-        make -s MODEL="$d" OUT="build/var$i-$m" EXTRA_NVCCFLAGS="$flags" >/dev/null &
+        rm -rf "build/var$i-$m" "generated/var$i-$m"
+        plan=() nvcc=()
+        for w in ${variants[$i]}; do case $w in -*) nvcc+=("$w") ;; *) plan+=("$w") ;; esac; done
+        [ "$trace" = 1 ] && nvcc=(-DINGOT_TRACE "${nvcc[@]}")
+        make -s MODEL="$d" OUT="build/var$i-$m" GEN="generated/var$i-$m" PLAN="${plan[*]}" EXTRA_NVCCFLAGS="${nvcc[*]}" >/dev/null &
     done
     wait
     if [ "$trace" = 1 ]; then

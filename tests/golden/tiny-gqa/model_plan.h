@@ -37,7 +37,6 @@
 #define MODEL_ATT_STAGE_VALUES 0 /* that attention's first round of values staged with its keys: heads of 64 from the 1B shape (_att_stage_values) */
 #define MODEL_ATT_SHORT 0 /* a short context's attention in a kernel of its own, one block a (KV head, split) (_att_short) */
 #define MODEL_ATT_COMBINE_EARLY 64 /* the combine's partial sums loaded with the splits' (max, sum): this many splits (_att_combine_early) */
-#define MODEL_ATT_O_GRID 0 /* attention and o_proj in one grid in every step: the generic build's only (_att_o_grid) */
 #define MODEL_ATT_O_SHORT 0 /* a short context's attention and o_proj in one grid where o_proj keeps 2 blocks an SM (_att_o_short) */
 #define MODEL_ATT_O_POLL 0 /* in that grid o_proj polls attention's outputs instead of a count (_att_o_poll) */
 #define MODEL_ATT_TRIGGER_EARLY 0 /* the short attention lets o_proj launch before its wait: with the fused MLP (_att_trigger_early) */
