@@ -176,6 +176,21 @@ build/tests/cuda_sampler_test: tests/cuda_sampler_test.cu runtime/cuda_sampler.c
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $< build/runtime/sampler.o build/runtime/errors.o -o $@
 
+# Each decode stage kernel of this model's build alone on random inputs, inputs and outputs written
+# for tests/test_gpu_stages.py to check against NumPy (run there on a GPU; compiled without one by
+# tests/test_cuda_build.py). It includes forward_cuda.cu (the kernels are static), so it compiles
+# with the model's generated headers; `make stage-test MODEL=...` builds $(OUT)/cuda_stage_test.
+ifneq ($(NVCC),)
+ifeq ($(GENERIC),)
+.PHONY: stage-test
+stage-test: $(OUT)/cuda_stage_test
+$(OUT)/cuda_stage_test: tests/cuda_stage_test.cu runtime/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS) \
+		$(OUT)/model_tensors.o build/runtime/errors.o
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -I$(GEN) $< $(OUT)/model_tensors.o build/runtime/errors.o -o $@
+endif
+endif
+
 # ---------------------------------------------------------------------------------------------
 # Using it
 

@@ -136,6 +136,21 @@ def test_gpu_sampler_test_compiles():
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("variant,stages", [("tiny-gqa", ("attention", "down_residual")),
+                                            ("tiny-d2048", ("attention_short", "mlp_fused", "transpose_down"))])
+def test_gpu_stage_test_compiles(variant, stages):
+    """tests/cuda_stage_test.cu (run by tests/test_gpu_stages.py on a GPU: each decode stage kernel
+    alone against NumPy) builds here too, through `make stage-test`: on heads of 16 (the fp32
+    attention, the split MLP) and on tiny-d2048 (the tensor-core and short-context attention, the
+    fused MLP); --list, which needs no GPU, names the stages its plan has."""
+    from test_gpu_stages import build_stage_test
+
+    binary = build_stage_test(variant)
+    r = subprocess.run([str(binary), "--list"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert set(stages) <= set(r.stdout.split()), r.stdout
+
+
 def test_generic_cuda_compiles_for_sm80_and_sm89(tmp_path):
     """The generic build's forward_cuda.cu for the other targets, both in one nvcc call (make
     GENERIC=1 compiles it for sm_90 once per weight dtype: test_generic_binary_has_cuda_for_each_dtype)."""
