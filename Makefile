@@ -222,7 +222,7 @@ test: $(VENV)/.installed $(DEFAULT_MODEL)/model.safetensors $(OUT)/ingot
 # PYTEST_ARGS narrows it, e.g. PYTEST_ARGS='-k greedy' (a quick check on a short device lease).
 PYTEST_ARGS ?=
 test-gpu: $(VENV)/.installed $(OUT)/ingot
-	$(PY) -m pytest -q tests/test_gpu.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/test_gpu.py tests/test_gpu_stages.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build generated/*/
