@@ -22,24 +22,9 @@
 
 #include "cuda_sync.cuh"
 
-/* GPU_WEIGHTS_F16 1 (bf16 models): the weights converted to fp16 as they are uploaded (upload in
- * forward_cuda.cu; a value past fp16's +-65,504 refuses the model), so every kernel reads fp16 and
- * the prompt's tensor-core products take fp16 terms, 11 bits of each input to bf16's 8, with no
- * conversion on the way. Exact for |w| >= 2^-17 (bf16's 8 bits fit fp16's 11 down to there, its
- * subnormals included); below, the value is rounded to a multiple of 2^-24 (an error <= 2^-25).
- * Off: the issue asks for weights uploaded in their own dtype, and the 1B's decode lost on fp16
- * (thirty-sixth session): -1.5% at depth 0 (+0.7% at 4096), the 7B's unchanged; likely fp16's
- * conversion to fp32 against bf16's shift and mask (the SASS not read). With one prompt
- * term (PREFILL_TERMS=1) the prompt runs at one bf16 term's speed, 1B +19.3%, 7B +40.6% against
- * the default's two bf16 terms, at one fp16 term's precision (PREFILL_F16_TERMS).
- * GPU_W_BF16: the weights on the device are bf16. */
-#ifndef GPU_WEIGHTS_F16
-#define GPU_WEIGHTS_F16 0
-#endif
-#if GPU_WEIGHTS_F16 && !defined(MODEL_WEIGHT_DTYPE_BF16)
-#error "GPU_WEIGHTS_F16: for bf16 models (fp16 weights are uploaded as they are)"
-#endif
-#if defined(MODEL_WEIGHT_DTYPE_BF16) && !GPU_WEIGHTS_F16
+/* GPU_W_BF16: the weights on the device are bf16 (uploaded in their own dtype; converting bf16 to
+ * fp16 on upload lost the 1B's decode 1.5% at depth 0, thirty-sixth session) */
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
 #define GPU_W_BF16 1
 #else
 #define GPU_W_BF16 0
@@ -98,23 +83,18 @@ static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE
  * session) */
 #define ATT_MIN_CHUNK 256
 #endif
-/* The same for the prompt's attention (prefill_flash_body, attention_body with TOKENS > 1), apart
- * so that a variant build can move it alone: at depth 8192 the prompt measured +8-9% with 512 where
- * the decode lost, at 1024-4096 it lost 12-20% (PERFORMANCE.md, thirteenth session) */
-#ifndef PREFILL_MIN_CHUNK
+/* The same for the prompt's attention (the flash kernels, attention_body with TOKENS > 1): 512
+ * measured +8-9% at depth 8192 where the decode lost, at 1024-4096 it lost 12-20% (PERFORMANCE.md,
+ * thirteenth session) */
 #define PREFILL_MIN_CHUNK ATT_MIN_CHUNK
-#endif
 /* A prompt's split grows with the context n: n / PREFILL_CHUNK_SPLITS positions rounded down to a
- * power of two, between PREFILL_MIN_CHUNK and twice it (0: PREFILL_MIN_CHUNK). 512 measured +8-9% for
+ * power of two, between PREFILL_MIN_CHUNK and twice it. 512 measured +8-9% for
  * the prompt at depth 8192, 256 better at 1024-4096 (by 12-20%), and n / 16 as such (264 at 4096)
  * -4% there; this rule: prompt +9.1% / +7.8% (1B) and +7.8% / +3.0% (7B) at 8192 / 16384, even
  * below (PERFORMANCE.md, fourteenth session). */
-#ifndef PREFILL_CHUNK_SPLITS
 #define PREFILL_CHUNK_SPLITS 16
-#endif
 __device__ __forceinline__ int prefill_min_chunk(int n) {
-    if (PREFILL_CHUNK_SPLITS <= 0) return PREFILL_MIN_CHUNK;
-    const int want = n / (PREFILL_CHUNK_SPLITS > 0 ? PREFILL_CHUNK_SPLITS : 1), pow2 = want > 0 ? 1 << (31 - __clz(want)) : 1;
+    const int want = n / PREFILL_CHUNK_SPLITS, pow2 = want > 0 ? 1 << (31 - __clz(want)) : 1;
     return min(max(pow2, PREFILL_MIN_CHUNK), min(2 * PREFILL_MIN_CHUNK, ATT_TILE));
 }
 /* A decode split's positions rounded up to a multiple of ATT_CHUNK_ALIGN: 64 where the smallest

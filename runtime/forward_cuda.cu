@@ -250,26 +250,9 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_
     prefill_embed_body(embed, io, x, history, MODEL_DIM);
 }
 
-#if RMS_CLUSTER > 1
-#define RMS_CLUSTER_DIMS __cluster_dims__(RMS_CLUSTER, 1, 1)
-#else
-#define RMS_CLUSTER_DIMS
-#endif
-/* RMS_CLUSTER blocks a token of the batch (PREFILL_RMS_CLUSTER) */
-static __global__ void RMS_CLUSTER_DIMS __launch_bounds__(RMS_BLOCK_THREADS) prefill_rms_terms_kernel(float *x, const float *part,
-                                                                                                    int parts, const uint16_t *norm_w,
-                                                                                                    uint16_t *terms) {
-    prefill_rms_terms_body<RMS_CLUSTER, RMS_BLOCK_THREADS, RMS_BLOCK_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
-}
-
-template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_qkv_rope_kernel(model_layer_weights w,
-                                                                                          const uint16_t *x_terms, float *q,
-                                                                                          uint16_t *kc, uint16_t *vc,
-                                                                                          float2 *part, const int *io, int ctx) {
-    prefill_qkv_rope_body<B, false>(w.wq, w.wk, w.wv, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
-                             MODEL_QKV_BIAS ? w.bv : NULL, x_terms, q, kc, vc, part, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM,
-                             MODEL_KV_DIM, MODEL_HEAD_DIM, ctx);
+static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, int parts,
+                                                                              const uint16_t *norm_w, uint16_t *terms) {
+    prefill_rms_terms_body<RMS_THREADS, RMS_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
@@ -287,24 +270,18 @@ static __global__ void __launch_bounds__(256) prefill_qkv_finish_kernel(model_la
 static_assert(PREFILL_SMALL % MODEL_PREFILL_ATT_TOKENS == 0, "prefill attention: whole groups of tokens in a batch");
 
 /* MODEL_PREFILL_FLASH 1: a prefill batch's attention with 64 of its query rows of a KV head in a block
- * (prefill_flash_body, or on the tensor cores prefill_flash_mma_body: PREFILL_FLASH_MMA), where the
+ * (prefill_flash_mma_body, on the tensor cores), where the
  * context's splits fit its combine; 0: attention_body's prefill, MODEL_PREFILL_ATT_TOKENS tokens a
  * block. */
 #if MODEL_PREFILL_FLASH
-/* MMA: on the tensor cores (prefill_flash_mma_body, PREFILL_FLASH_MMA), or in fp32. att_terms: NULL,
- * or o_proj's input terms to write instead of att (FLASH_WRITES_TERMS) */
-template <int B, bool MMA>
-static __global__ void __launch_bounds__(MMA ? FMMA_THREADS : MODEL_ATT_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc,
-                                                                                        const uint16_t *vc, const int *io,
-                                                                                        float *part_acc, float *part_ml,
-                                                                                        unsigned *counters, float *att,
-                                                                                        uint16_t *att_terms, int ctx, int n_splits) {
+/* att_terms: NULL, or o_proj's input terms to write instead of att (FLASH_WRITES_TERMS) */
+template <int B>
+static __global__ void __launch_bounds__(FMMA_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+                                                                        const int *io, float *part_acc, float *part_ml,
+                                                                        unsigned *counters, float *att, uint16_t *att_terms,
+                                                                        int ctx, int n_splits) {
     const att_out out = {att, att_terms, (size_t)B * MODEL_Q_DIM};
-    if constexpr (MMA)
-        prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, out, MODEL_Q_DIM,
-                                                                MODEL_N_KV_HEADS, ctx, n_splits, MODEL_ATT_MIN_SPLITS);
-    else
-        prefill_flash_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, out, MODEL_Q_DIM,
+    prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, out, MODEL_Q_DIM,
                                                             MODEL_N_KV_HEADS, ctx, n_splits, MODEL_ATT_MIN_SPLITS);
 }
 #endif
@@ -326,12 +303,6 @@ static __global__ void __launch_bounds__(MODEL_ATT_THREADS) prefill_attention_ke
 }
 
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_o_proj_residual_kernel(model_layer_weights w, const float *att,
-                                                                                float *part) {
-    prefill_residual_body<B, false>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, part, MODEL_DIM, MODEL_Q_DIM);
-}
-
-template <int B>
 static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_kernel(model_layer_weights w,
                                                                                               const uint16_t *x_terms,
                                                                                               uint16_t *hb_terms) {
@@ -341,16 +312,15 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_ker
 /* The same as a GEMM (prefill_gemm_body). Where it runs: PREFILL_GATE_UP_GEMM 1 where its pair
  * tiles number at least 3/4 of the SMs (the 1B and 7-8B shapes on an H200: prompt +10% and +17%;
  * with fewer tiles SMs would idle: the SmolLM2 shape's 48 keep prefill_pairs_body, unmeasured as a
- * GEMM), 2 always (tests), 0 never. */
+ * GEMM), 2 always (a test knob: the tiny models' tiles are fewer). */
 #ifndef PREFILL_GATE_UP_GEMM
 #define PREFILL_GATE_UP_GEMM 1
 #endif
-#ifndef GEMM_BLOCKS_SM
-#define GEMM_BLOCKS_SM 4 /* blocks an SM the launch bounds ask for (four of GEMM_STAGES 3 fit its shared memory) */
-#endif
-/* ... at batches of 64, three (their stages take 72 KB; at four blocks' 128 registers they spill);
- * at 256 columns (batches of 128 in two terms: 128 sums a thread, stages of 40 KB) one */
-#define GEMM_BLOCKS_SM_AT(B) (PREFILL_TERMS * (B) > 128 ? 1 : (B) > 32 ? 3 : GEMM_BLOCKS_SM)
+static_assert(PREFILL_GATE_UP_GEMM == 1 || PREFILL_GATE_UP_GEMM == 2, "PREFILL_GATE_UP_GEMM: 1 (the rule) or 2 (always)");
+/* Blocks an SM the GEMMs' launch bounds ask for: four (of GEMM_STAGES 3, their shared memory); at
+ * batches of 64 three (their stages take 72 KB; at four blocks' 128 registers they spill); at 256
+ * columns (batches of 128 in two terms: 128 sums a thread, stages of 40 KB) one */
+#define GEMM_BLOCKS_SM_AT(B) (PREFILL_TERMS * (B) > 128 ? 1 : (B) > 32 ? 3 : 4)
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_gate_up_gemm_kernel(model_layer_weights w,
                                                                                      const uint16_t *x_terms,
@@ -364,33 +334,25 @@ template <int B, int WGS>
 static __global__ void __launch_bounds__(TMA_THREADS(B, WGS), WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : PREFILL_TERMS * (B) > 128 ? 1 : 2)
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
-    prefill_gate_up_tma_body<B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS, TMA_WS(B, WGS)>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
-                                                                                     MODEL_HIDDEN_DIM);
+    prefill_gate_up_tma_body<B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
+                                                                             MODEL_HIDDEN_DIM);
 }
 #endif
 
-template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_down_residual_kernel(model_layer_weights w,
-                                                                                               const uint16_t *hb_terms,
-                                                                                               float *part) {
-    prefill_residual_body<B, false>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
-}
-
-/* QKV and down as GEMMs with K split over blocks (PREFILL_QKV_GEMM, PREFILL_DOWN_GEMM) */
+/* QKV and down as GEMMs with K split over blocks */
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_qkv_gemm_kernel(model_layer_weights w,
                                                                                  const uint16_t *x_terms, float2 *part) {
-    prefill_qkv_rope_body<B, true>(w.wq, w.wk, w.wv, NULL, NULL, NULL, x_terms, NULL, NULL, NULL, part, NULL, NULL, MODEL_DIM,
-                                   MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, 0);
+    prefill_qkv_gemm_body<B>(w.wq, w.wk, w.wv, x_terms, part, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM);
 }
 
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_down_gemm_kernel(model_layer_weights w,
                                                                                   const uint16_t *hb_terms, float *part) {
-    prefill_residual_body<B, true>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_residual_body<B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
-/* o_proj as a GEMM (PREFILL_O_GEMM): the attention's output split into terms, then
+/* o_proj as a GEMM: the attention's output split into terms, then
  * the GEMM over splits of K */
 static __global__ void __launch_bounds__(256) prefill_att_terms_kernel(const float *att, uint16_t *terms) {
     prefill_att_terms_body(att, terms, MODEL_Q_DIM);
@@ -399,7 +361,7 @@ static __global__ void __launch_bounds__(256) prefill_att_terms_kernel(const flo
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_o_gemm_kernel(model_layer_weights w,
                                                                                const uint16_t *att_terms, float *part) {
-    prefill_residual_body<B, true>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
+    prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 /* A batch that ends a prompt whose last token's logits or choice are wanted: that token's residual
@@ -435,15 +397,7 @@ enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 /* Fewest prompt tokens worth a prefill batch of their own; fewer go as steps. A batch of 8 with
  * the last token in it costs about 1.7 steps (1B shape: 1.14 ms against 0.69), so 2 tokens pay:
  * a 2-token prompt 1B +21.5%, 7B +21.2% against 3 (thirty-sixth session); 1 does not. */
-#ifndef PREFILL_MIN_TAIL
 #define PREFILL_MIN_TAIL 2
-#endif
-/* 1: a prompt's last token, where it chooses, goes into the last batch (prefill_last, then the
- * choose graph: its LM head); 0: a step of its own after the batches, as before the thirty-fifth
- * session (a knob to measure it against) */
-#ifndef PREFILL_LAST
-#define PREFILL_LAST 1
-#endif
 
 #define PREFILL_TIERS 3 /* model_cuda's prefill and prefill_last: [0], [1], [2] */
 #define DECODE_TIERS 4  /* its graphs: those and [3] */
@@ -507,11 +461,11 @@ struct model_cuda {
     uint16_t *prefill_hb_terms; /* (PREFILL_TERMS, PREFILL_BATCH, hidden_dim) down's input */
     float *prefill_part_x;    /* (PREFILL_MAX_X_PARTS, PREFILL_BATCH, dim) o_proj's and down's partial sums */
     float2 *prefill_part_qkv; /* (qkv_splits B at most, QKV_PAIRS) QKV's partial sums, where split */
-    /* splits of K in a prefill batch of PREFILL_BATCH >> s tokens, [s] (GEMM_SPLITS_BY_SIZE) */
-    int qkv_splits[PREFILL_SIZES];  /* QKV's (PREFILL_QKV_SPLITS, or PREFILL_QKV_GEMM's) */
-    int down_splits[PREFILL_SIZES]; /* down's (PREFILL_SPLITS, or PREFILL_DOWN_GEMM's) */
-    int o_splits[PREFILL_SIZES];    /* o_proj's (PREFILL_SPLITS, or PREFILL_O_GEMM's) */
-    uint16_t *prefill_att_terms; /* (PREFILL_TERMS, PREFILL_BATCH, q_dim) o_proj's input where it is a GEMM, or NULL */
+    /* splits of K in a prefill batch of PREFILL_BATCH >> s tokens, [s] (prefill_split_counts) */
+    int qkv_splits[PREFILL_SIZES];  /* QKV's GEMM's */
+    int down_splits[PREFILL_SIZES]; /* down's */
+    int o_splits[PREFILL_SIZES];    /* o_proj's */
+    uint16_t *prefill_att_terms; /* (PREFILL_TERMS, PREFILL_BATCH, q_dim) o_proj's input */
     float *prefill_part_acc;  /* (PREFILL_BATCH, n_heads, n_splits, head_dim) the batch's attention partial sums */
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
@@ -589,12 +543,6 @@ static void launch_pdl(bool pdl, void (*kernel)(Params...), int grid_x, int grid
     launch_with(attr, kernel, dim3(grid_x, grid_y), block, smem, stream, args...);
 }
 
-/* The prompt's RMSNorm kernel: as launch, but a cluster of blocks a token (PREFILL_RMS_CLUSTER)
- * without programmatic serialization, which failed (runtime/cuda_prefill.cuh) */
-template <typename... Params, typename... Args>
-static void launch_rms(void (*kernel)(Params...), int grid, int block, size_t smem, cudaStream_t stream, Args... args) {
-    launch_pdl(RMS_CLUSTER == 1, kernel, grid, 1, block, smem, stream, args...);
-}
 
 /* Dynamic shared memory of the decode step's attention: its scores and query operands, and the
  * staged values where MODEL_ATT_STAGE_VALUES is on. */
@@ -767,7 +715,7 @@ static CUtensorMap tensor_map_2d(const void *base, int rows, int cols, int box_r
  * (its choice, enqueue_choice, advances it). With marks: as enqueue_step. */
 template <int B>
 static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
-    const size_t smem = 0; /* the matvecs' shared memory is static */
+    const size_t smem = 0; /* gate/up's matvec's shared memory is static */
     constexpr int size = prefill_size_index(B);
     const int qkv_splits = m->qkv_splits[size], o_splits = m->o_splits[size], down_splits = m->down_splits[size];
     launch_marks mark = {marks, stage_of, m->stream, 0};
@@ -778,29 +726,23 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
         const model_layer_weights *lw = &m->w.layers[l];
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        launch_rms(prefill_rms_terms_kernel, B * RMS_CLUSTER, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x,
-                   l > 0 ? down_splits : 0, lw->attn_norm, m->prefill_x_terms);
+        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0 ? down_splits : 0,
+               lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
-        if (PREFILL_QKV_GEMM)
-            launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), qkv_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
-                   *lw, m->prefill_x_terms, m->prefill_part_qkv);
-        else
-            launch(prefill_qkv_rope_kernel<B>, PREFILL_GRID(QKV_PAIRS), qkv_splits, MV_THREADS, smem, m->stream, *lw,
-                   m->prefill_x_terms, m->q, kc, vc, m->prefill_part_qkv, m->io, m->ctx);
-        if (PREFILL_QKV_GEMM || qkv_splits > 1)
-            launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, m->stream, *lw, m->prefill_part_qkv,
-                   qkv_splits, m->q, kc, vc, m->io, m->ctx);
+        launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), qkv_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream, *lw,
+               m->prefill_x_terms, m->prefill_part_qkv);
+        launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, m->stream, *lw, m->prefill_part_qkv, qkv_splits,
+               m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1 && !last) break;
         bool att_in_terms = false; /* the attention wrote o_proj's input terms (FLASH_WRITES_TERMS) */
 #if MODEL_PREFILL_FLASH
         if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
-            constexpr bool mma = PREFILL_FLASH_MMA;
-            const size_t flash_smem = mma ? FMMA_SMEM_BYTES(MODEL_HEAD_DIM) : FLASH_SMEM_BYTES(MODEL_HEAD_DIM);
-            CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, mma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            const size_t flash_smem = FMMA_SMEM_BYTES(MODEL_HEAD_DIM);
+            CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)flash_smem));
-            launch_grid(prefill_flash_kernel<B, mma>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
-                        mma ? FMMA_THREADS : MODEL_ATT_THREADS, flash_smem, m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+            launch_grid(prefill_flash_kernel<B>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
+                        FMMA_THREADS, flash_smem, m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                         m->prefill_part_ml, m->prefill_counters, m->att, FLASH_WRITES_TERMS ? m->prefill_att_terms : NULL, m->ctx,
                         n_splits);
             att_in_terms = FLASH_WRITES_TERMS && m->prefill_att_terms;
@@ -810,17 +752,13 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
                     ATT_SMEM_BYTES(MODEL_KV_MUL * MODEL_PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
-        if (PREFILL_O_GEMM) {
-            if (!att_in_terms)
-                launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
-            launch(prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), o_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
-                   *lw, m->prefill_att_terms, m->prefill_part_x);
-        } else
-            launch(prefill_o_proj_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), o_splits, MV_THREADS, smem, m->stream, *lw,
-                   m->att, m->prefill_part_x);
+        if (!att_in_terms)
+            launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
+        launch(prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), o_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream, *lw,
+               m->prefill_att_terms, m->prefill_part_x);
         mark(PF_O);
-        launch_rms(prefill_rms_terms_kernel, B * RMS_CLUSTER, RMS_BLOCK_THREADS, 0, m->stream, m->x, m->prefill_part_x,
-                   o_splits, lw->ffn_norm, m->prefill_x_terms);
+        launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, o_splits, lw->ffn_norm,
+               m->prefill_x_terms);
         mark(PF_SCALES);
 #if GEMM_TMA
         if (m->gate_up_gemm) {
@@ -839,12 +777,8 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
             launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
                    m->prefill_x_terms, m->prefill_hb_terms);
         mark(PF_GATE_UP);
-        if (PREFILL_DOWN_GEMM)
-            launch(prefill_down_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), down_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B),
-                   m->stream, *lw, m->prefill_hb_terms, m->prefill_part_x);
-        else
-            launch(prefill_down_residual_kernel<B>, PREFILL_GRID(MODEL_DIM / 2), down_splits, MV_THREADS, smem, m->stream, *lw,
-                   m->prefill_hb_terms, m->prefill_part_x);
+        launch(prefill_down_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), down_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
+               *lw, m->prefill_hb_terms, m->prefill_part_x);
         mark(PF_DOWN);
     }
     if (last)
@@ -879,24 +813,14 @@ static int gemm_resident(const void *kernel, int b) {
 }
 
 /* The split GEMMs' splits of K for batches of B, B / 2, ... PREFILL_SMALL (after prefill_gemm_smem):
- * gemm_splits on the occupancy of the kernel for batches of R: B's own (GEMM_SPLITS_BY_SIZE), or
- * PREFILL_BATCH's for every size. The matvec bodies' (a GEMM's knob off): QKV as many as two
- * blocks an SM (a block's 32 KB of shared memory and its registers let two fit) take, or the
- * build's; o_proj and down PREFILL_SPLITS. */
+ * gemm_splits on the occupancy of each size's own kernel */
 template <int B>
 static void prefill_split_counts(model_cuda *m, int sms) {
-    constexpr int s = prefill_size_index(B), R = GEMM_SPLITS_BY_SIZE ? B : PREFILL_BATCH;
-    int qkv = PREFILL_QKV_SPLITS ? PREFILL_QKV_SPLITS : (2 * sms + PREFILL_GRID(QKV_PAIRS) - 1) / PREFILL_GRID(QKV_PAIRS);
-    if (qkv > PREFILL_QKV_MAX_SPLITS) qkv = PREFILL_QKV_MAX_SPLITS;
-    m->qkv_splits[s] = PREFILL_QKV_GEMM ? gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms,
-                                                      gemm_resident((const void *)prefill_qkv_gemm_kernel<R>, R))
-                                        : qkv;
-    m->down_splits[s] = PREFILL_DOWN_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms,
-                                                        gemm_resident((const void *)prefill_down_gemm_kernel<R>, R))
-                                          : PREFILL_SPLITS;
-    m->o_splits[s] = PREFILL_O_GEMM ? gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_Q_DIM, sms,
-                                                  gemm_resident((const void *)prefill_o_gemm_kernel<R>, R))
-                                    : PREFILL_SPLITS;
+    constexpr int s = prefill_size_index(B);
+    m->qkv_splits[s] = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms, gemm_resident((const void *)prefill_qkv_gemm_kernel<B>, B));
+    m->down_splits[s] = gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms,
+                                    gemm_resident((const void *)prefill_down_gemm_kernel<B>, B));
+    m->o_splits[s] = gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_Q_DIM, sms, gemm_resident((const void *)prefill_o_gemm_kernel<B>, B));
     if constexpr (B > PREFILL_SMALL) prefill_split_counts<B / 2>(m, sms);
 }
 
@@ -914,9 +838,7 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last, 
  * add blocks that find no positions and leave, 25 or more of 33 a KV head and group of rows. 1B
  * shape, a 128-token prompt: +5.6% at depth 0, +0.3% at 1024 against the [1] graphs; 1 split instead
  * of 8 even at 0 and -1.5% at 1024 (PERFORMANCE.md, twenty-first session). */
-#ifndef PREFILL_FEW_SPLITS
 #define PREFILL_FEW_SPLITS 8
-#endif
 
 /* Splits a KV head that the graphs of tier s launch (m->graphs[s], m->prefill[s]) */
 static int tier_splits(const model_cuda *m, int s, bool prefill) {
@@ -946,24 +868,8 @@ static size_t tensor_bytes(int t) {
     return bytes;
 }
 
-#if GPU_WEIGHTS_F16
-/* n bf16 weights at w as fp16, in place (GPU_WEIGHTS_F16); *beyond counts those past fp16's range */
-static __global__ void weights_to_f16_kernel(uint16_t *w, size_t n, unsigned *beyond) {
-    unsigned past = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float f = __uint_as_float((uint32_t)w[i] << 16);
-        const __half h = __float2half_rn(f);
-        past += __hisinf(h) && !isinf(f);
-        w[i] = __half_as_ushort(h);
-    }
-    if (past) atomicAdd(beyond, past);
-}
-#endif
-
 /* Copies every tensor into the arena through two pinned staging buffers, so the copy of one chunk
- * overlaps the reading of the next from the mapped file. A bar on a terminal for large models.
- * GPU_WEIGHTS_F16: each chunk converted to fp16 once it is in; a tensor holding a value past fp16's
- * range refuses the model. */
+ * overlaps the reading of the next from the mapped file. A bar on a terminal for large models. */
 static err_code upload(model_cuda *m, const void *const *data, const size_t *offsets, size_t total) {
     const size_t chunk = (size_t)64 << 20;
     void *stage[2];
@@ -975,11 +881,6 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
     CUDA_CHECK(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming));
     int bar = isatty(STDERR_FILENO) && total > ((size_t)1 << 30), slot = 0, shown = -1;
     size_t sent = 0;
-#if GPU_WEIGHTS_F16
-    unsigned *beyond; /* (MODEL_N_TENSORS) each tensor's values past fp16's range */
-    CUDA_CHECK(cudaMalloc(&beyond, MODEL_N_TENSORS * sizeof(unsigned)));
-    CUDA_CHECK(cudaMemsetAsync(beyond, 0, MODEL_N_TENSORS * sizeof(unsigned), m->stream));
-#endif
     for (int t = 0; t < MODEL_N_TENSORS; t++) {
         size_t bytes = tensor_bytes(t);
         for (size_t off = 0; off < bytes; off += chunk, slot ^= 1) {
@@ -988,10 +889,6 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
             memcpy(stage[slot], (const char *)data[t] + off, n);
             CUDA_CHECK(cudaMemcpyAsync((char *)m->arena + offsets[t] + off, stage[slot], n, cudaMemcpyHostToDevice, m->stream));
             CUDA_CHECK(cudaEventRecord(done[slot], m->stream));
-#if GPU_WEIGHTS_F16
-            weights_to_f16_kernel<<<1024, 256, 0, m->stream>>>((uint16_t *)((char *)m->arena + offsets[t] + off), n / sizeof(uint16_t), beyond + t);
-            CUDA_CHECK(cudaGetLastError());
-#endif
             sent += n;
             if (bar && (int)(100 * sent / total) != shown) {
                 shown = (int)(100 * sent / total);
@@ -1004,16 +901,6 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
     cudaEventDestroy(done[0]);
     cudaEventDestroy(done[1]);
     cudaFreeHost(stage[0]);
-#if GPU_WEIGHTS_F16
-    unsigned past[MODEL_N_TENSORS];
-    CUDA_CHECK(cudaMemcpy(past, beyond, sizeof past, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(beyond));
-    for (int t = 0; t < MODEL_N_TENSORS; t++)
-        if (past[t])
-            return err_set(ERR_DEVICE, "--device cuda: %s holds %u weights past fp16's range (|w| > 65504), which this build "
-                           "(GPU_WEIGHTS_F16) converts its weights to; build without -DGPU_WEIGHTS_F16=1",
-                           model_tensor_specs[t].name, past[t]);
-#endif
     return ERR_OK;
 }
 
@@ -1134,7 +1021,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                      (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->grid_lm_head * sizeof(float2) +
                      (size_t)PREFILL_MAX_QKV_PARTS * PREFILL_BATCH * QKV_PAIRS * sizeof(float2) +
                      (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float) +
-                     (size_t)(PREFILL_O_GEMM ? PREFILL_TERMS : 0) * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t);
+                     (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t);
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const size_t down_t = MODEL_MLP_FUSED ? (size_t)MODEL_N_LAYERS * MODEL_HIDDEN_DIM * MODEL_DIM * sizeof(uint16_t) : 0;
@@ -1177,11 +1064,11 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
-    m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || (PREFILL_GATE_UP_GEMM == 1 && 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
-    if (m->gate_up_gemm || PREFILL_QKV_GEMM || PREFILL_DOWN_GEMM || PREFILL_O_GEMM) prefill_gemm_smem<PREFILL_BATCH>();
+    m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms;
+    prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
     const int wide_blocks = TMA_BLOCKS(MODEL_HIDDEN_DIM, 2);
-    m->gate_up_wide = GATE_UP_TMA_WIDE == 2 || (GATE_UP_TMA_WIDE == 1 && wide_blocks >= sms && wide_blocks <= 2 * sms);
+    m->gate_up_wide = GATE_UP_TMA_WIDE == 2 || (wide_blocks >= sms && wide_blocks <= 2 * sms);
     if (m->gate_up_gemm) { /* the maps only where gate/up runs as a GEMM */
         m->tma_maps = (CUtensorMap *)aligned_alloc(64, (2 * MODEL_N_LAYERS + PREFILL_SIZES) * sizeof(CUtensorMap));
         if (!m->tma_maps) {
@@ -1200,8 +1087,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     prefill_split_counts<PREFILL_BATCH>(m, sms);
     int qkv_rows = 0; /* rows of QKV's partial sums: splits B at most */
     for (int s = 0; s < PREFILL_SIZES; s++) qkv_rows = std::max(qkv_rows, m->qkv_splits[s] * (PREFILL_BATCH >> s));
-    if (PREFILL_O_GEMM) /* o_proj's input as terms (PREFILL_O_GEMM) */
-        CUDA_CHECK(cudaMalloc(&m->prefill_att_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t)));
+    /* o_proj's input as terms */
+    CUDA_CHECK(cudaMalloc(&m->prefill_att_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_Q_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_qkv, (size_t)qkv_rows * QKV_PAIRS * sizeof(float2)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_acc, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_ml, (size_t)PREFILL_BATCH * MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
@@ -1240,7 +1127,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->short_positions = m->n_splits > MODEL_ATT_MIN_SPLITS ? MODEL_ATT_MIN_SPLITS * ATT_TILE : 0;
     /* the prompt's least split: the tensor cores' flash kernel takes at least FMMA_MIN_CHUNK */
 #if MODEL_PREFILL_FLASH
-    const int least_chunk = PREFILL_FLASH_MMA && m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM) && FMMA_MIN_CHUNK > PREFILL_MIN_CHUNK
+    const int least_chunk = m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM) && FMMA_MIN_CHUNK > PREFILL_MIN_CHUNK
                                 ? FMMA_MIN_CHUNK : PREFILL_MIN_CHUNK;
 #else
     const int least_chunk = PREFILL_MIN_CHUNK;
@@ -1270,13 +1157,13 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
             if (s != 2 || m->short_kernel_positions)
                 rc = capture(m, &m->graphs[s][kind],
                              [&] { enqueue_step(m, kind, tier_splits(m, s, false), tier_short_kernel(s), NULL, NULL); });
-        for (int b = 0; b < (PREFILL_LAST ? 2 : 1) * PREFILL_SIZES && s < PREFILL_TIERS && !rc; b++)
+        for (int b = 0; b < 2 * PREFILL_SIZES && s < PREFILL_TIERS && !rc; b++)
             if (s != 2 || m->few_positions)
                 rc = capture(m, b < PREFILL_SIZES ? &m->prefill[s][b] : &m->prefill_last[s][b - PREFILL_SIZES], [&] {
                     enqueue_prefill_size<PREFILL_BATCH>(m, b % PREFILL_SIZES, tier_splits(m, s, true), b >= PREFILL_SIZES);
                 });
     }
-    for (int kind = STEP_PROMPT + 1; kind < STEP_KINDS && PREFILL_LAST && !rc; kind++)
+    for (int kind = STEP_PROMPT + 1; kind < STEP_KINDS && !rc; kind++)
         rc = capture(m, &m->choose[kind], [&] {
             launch_marks none = {NULL, NULL, m->stream, 0};
             enqueue_choice(m, kind, none, m->x); /* prefill_last put the last token's row in x */
@@ -1377,14 +1264,13 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     auto prefill_from = [](int size) { return size > PREFILL_SMALL ? size / 2 + 1 : PREFILL_MIN_TAIL; };
     int i = 0;
     bool chosen = false; /* the last batch took the last token, which chooses */
-    const int batched = PREFILL_LAST || kind == STEP_PROMPT ? n : n - 1; /* tokens the batches may take */
-    for (int count; batched - i >= PREFILL_MIN_TAIL; i += count) {
-        const int left = batched - i;
+    for (int count; n - i >= PREFILL_MIN_TAIL; i += count) {
+        const int left = n - i;
         int s = 0;
         while (left < prefill_from(PREFILL_BATCH >> s)) s++; /* ends at 8, whose threshold is PREFILL_MIN_TAIL */
         const int b = PREFILL_BATCH >> s;
         count = left < b ? left : b;
-        chosen = count == left && batched == n && kind != STEP_PROMPT;
+        chosen = count == left && kind != STEP_PROMPT;
         CUDA_CHECK(cudaMemcpyAsync(m->io + IO_COUNT, &count, sizeof count, cudaMemcpyHostToDevice, m->stream));
         CUDA_CHECK(cudaGraphLaunch((chosen ? m->prefill_last : m->prefill)[prefill_tier(m, m->queued + b)][s], m->stream));
         m->queued += chosen ? count - 1 : count;

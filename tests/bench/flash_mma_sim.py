@@ -1,4 +1,4 @@
-"""prefill_flash_mma_body (runtime/cuda_prefill.cuh, PREFILL_FLASH_MMA) emulated in NumPy, lane by
+"""prefill_flash_mma_body (runtime/cuda_prefill.cuh) emulated in NumPy, lane by
 lane, against plain causal attention: a block's 64 rows (token r / kv_mul, head r % kv_mul) in four
 warps of 16; the tiles' keys and values and the block's query terms in shared memory as the kernel
 lays them out (rows of hd halves, 16-byte chunks swizzled by fmma_off); every ldmatrix (.trans for
