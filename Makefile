@@ -6,7 +6,9 @@
 #   make GENERIC=1                build build/generic/ingot, which runs any supported directory (-m DIR);
 #                                 with MODEL=..., run and bench pass it that model
 #   make bench MODEL=...          prompt and decode speed with bandwidth share
-#   make compare MODEL=...        specialized against generic build: table and chart in build/compare/<name>/
+#   make compare MODEL=...        specialized against generic build, the plan's effect and the constants'
+#                                 apart (a third build, specialized with the generic plan): table and
+#                                 chart in build/compare/<name>/
 #   make generate MODEL=...       only regenerate generated/<name>/
 #   make MODEL=... PLAN="mlp_fused=0"  build with plan decisions set by hand (codegen/plan.py)
 #
@@ -208,9 +210,14 @@ run: $(OUT)/ingot $(MODEL_DIR)/model.safetensors
 bench: $(OUT)/ingot
 	$(OUT)/ingot $(MODEL_FLAG) --bench $(BENCH_FLAGS)
 
-# Both builds on the same weights (tests/bench/compare.py, which times a clean rebuild of each);
+# Three builds on the same weights (tests/bench/compare.py, which times a clean rebuild of each):
+# specialized (own plan), generic-plan (the specialized sources with the generic build's plan,
+# PLAN=generic, in generated/<name>-generic-plan/ and build/<name>-generic-plan/) and generic.
+# specialized / generic-plan is the plan's effect, generic-plan / generic the constants'.
 # COMPARE_FLAGS passes its options, e.g. COMPARE_FLAGS="--repeats 5 --cpu-depths 0,2048".
 compare: $(OUT)/ingot $(VENV)/.installed
+	$(MAKE) MODEL=$(MODEL) PLAN=generic GEN=generated/$(NAME)-generic-plan OUT=build/$(NAME)-generic-plan
+	@test -x build/$(NAME)-generic-plan/ingot || { echo "make compare: make PLAN=generic did not build build/$(NAME)-generic-plan/ingot" >&2; exit 1; }
 	$(MAKE) MODEL=$(MODEL) GENERIC=1
 	@test -x build/generic/ingot || { echo "make compare: make GENERIC=1 did not build build/generic/ingot" >&2; exit 1; }
 	$(PY) tests/bench/compare.py $(MODEL_DIR) --rebuild $(COMPARE_FLAGS)

@@ -1,31 +1,49 @@
 #!/usr/bin/env python3
-"""Specialized against generic: one model, two builds, the same weights and the same prompts.
+"""Specialized against generic, split in two effects: one model, three builds, the same weights and prompts.
 
-    make compare MODEL=<dir>        builds both binaries, then runs this with --rebuild
-    .venv/bin/python tests/bench/compare.py MODEL_DIR [--specialized BIN] [--generic BIN] [options]
+    make compare MODEL=<dir>        builds the three binaries, then runs this with --rebuild
+    .venv/bin/python tests/bench/compare.py MODEL_DIR [--specialized BIN] [--generic-plan BIN] [--generic BIN]
+                                    [options]
 
-The specialized binary (build/<name>/ingot) is generated for this model; the generic one
-(build/generic/ingot) runs any model directory given with -m. Both get -m MODEL_DIR, so they map the
-same weights, and both run `--bench --json` (the same built-in prompt, the same depths, the same
-number of decoded tokens, the same --threads) on the CPU always and on the GPU when `nvidia-smi -L`
-lists one. Runs alternate between the builds, in the order A B, B A, A B, ... (drift and which
-build runs first cancel out), and every number reported is the median of --repeats runs. Before the
-first run the weights are read once so neither build pays for a cold page cache.
+The builds:
+- specialized (build/<name>/ingot): generated for this model, with its own plan (codegen/plan.py make_plan);
+- generic-plan (build/<name>-generic-plan/ingot): the same specialized sources, dimensions as literals,
+  but every plan decision as the generic build takes it (`make MODEL=<dir> PLAN=generic
+  GEN=generated/<name>-generic-plan OUT=build/<name>-generic-plan`; codegen --set generic);
+- generic (build/generic/ingot): runs any model directory given with -m, dimensions read at run time,
+  the generic plan (make_generic_plan).
+So specialized / generic-plan is the effect of the per-model plan choices alone (same constants), and
+generic-plan / generic the effect of the compile-time constants alone (same plan, same algorithm);
+their product is the total, specialized / generic.
 
-Build time (--rebuild): make has already built both binaries and everything they share
+All three get -m MODEL_DIR, so they map the same weights, and all run `--bench --json` (the same
+built-in prompt, the same depths, the same number of decoded tokens, the same --threads) on the CPU
+always and on the GPU when `nvidia-smi -L` lists one. Runs alternate between the builds, the order
+rotated each repeat: A B C, B C A, C A B, A B C, ... (in every three repeats each build runs once in
+each position, so neither running first nor a steady drift favours one), and every number reported is
+the median of --repeats runs. Before the
+first run the weights are read once so no build pays for a cold page cache.
+
+Build time (--rebuild): make has already built the three binaries and everything they share
 (build/runtime/, .venv); then, one build at a time, what belongs to that binary alone is deleted
-(specialized: build/<name>/ and generated/<name>/, so code generation is timed too; generic:
-build/generic/ and generated/generic/) and a serial `make -s MODEL=<dir>` (plus GENERIC=1) is timed
-until it returns. Without --rebuild, build times are reported as not measured.
+(specialized: build/<name>/ and generated/<name>/, so code generation is timed too; generic-plan:
+build/<name>-generic-plan/ and generated/<name>-generic-plan/; generic: build/generic/ and
+generated/generic/) and a serial `make -s MODEL=<dir>` (plus PLAN=generic GEN=... OUT=..., or
+GENERIC=1) is timed until it returns. Without --rebuild, build times are reported as not measured.
 
 Where a binary prints per-stage timings (--bench-kernels, "kernels at depth N" tables), one more run
-per build collects them and a side-by-side table with the ratio is printed before the main table.
+per build collects them and a side-by-side table with the three ratios is printed before the main
+table ("-" where a build has no such stage or no tables).
 
 Output: the tables on stdout, and in --out (default build/compare/<name>/): table.md (the same
 tables), compare.json (every run's JSON, the medians, the sizes and build times) and compare.png
-(decode tok/s against context depth, both builds, one panel per device). Ratios are
-specialized / generic: above 1 means the specialized build has more of it (tok/s, GB/s, size,
-seconds), so for us/token and build time below 1 is better for the specialized build.
+(decode tok/s against context depth, the three builds, one panel per device). The ratios, each
+column named after its quotient:
+    plan (spec/gen-plan)            specialized / generic-plan: the per-model plan choices
+    constants (gen-plan/generic)    generic-plan / generic: the compile-time constants
+    total (spec/generic)            specialized / generic: both
+Above 1 means the first build has more of it (tok/s, GB/s, size, seconds), so for us/token and build
+time below 1 is better for the first build.
 
 A binary that fails ends this script: its one-line error is printed and the exit status is 1.
 """
@@ -47,9 +65,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import png  # noqa: E402  (tests/bench/png.py, next to this file)
 
 REPO = Path(__file__).resolve().parents[2]
-BUILDS = ("specialized", "generic")
-COLORS = {"specialized": (31, 119, 180), "generic": (255, 127, 14)}  # blue, orange
-MARKERS = {"specialized": "square", "generic": "disc"}
+BUILDS = ("specialized", "generic-plan", "generic")
+# blue, green, orange
+COLORS = {"specialized": (31, 119, 180), "generic-plan": (44, 160, 44), "generic": (255, 127, 14)}
+MARKERS = {"specialized": "square", "generic-plan": "square", "generic": "disc"}
+# The ratio columns: (header, numerator build, denominator build, what it measures)
+EFFECTS = (("plan (spec/gen-plan)", "specialized", "generic-plan", "the per-model plan choices"),
+           ("constants (gen-plan/generic)", "generic-plan", "generic", "the compile-time constants"),
+           ("total (spec/generic)", "specialized", "generic", "both"))
+SHORT = {"specialized": "spec", "generic-plan": "gen-plan", "generic": "generic"}
 DEFAULT_DEPTHS = {"cpu": "0,256,1024", "cuda": "0,4096,16384,32768"}
 DECODE_FIELDS = ("tok_s", "us_per_token", "gb_s", "share_of_probe")
 
@@ -202,24 +226,29 @@ def device_label(m: dict) -> str:
 
 
 def main_rows(medians: dict[str, dict[str, dict]], sizes: dict[str, int],
-              build_s: dict[str, float | None]) -> list[tuple[str, str, float | None, float | None]]:
-    """(metric, format, specialized, generic) rows: per device decode tok/s, us/token, GB/s and share of
-    the in-run probe at each depth, prompt tok/s and the probe itself; then binary size and build
-    time. medians: {device: {build: median_result}}."""
+              build_s: dict[str, float | None]) -> list[tuple[str, str, dict[str, float | None]]]:
+    """(metric, format, {build: value}) rows, one value per build in BUILDS: per device decode tok/s,
+    us/token, GB/s and share of the in-run probe at each depth, prompt tok/s and the probe itself; then
+    binary size and build time. medians: {device: {build: median_result}}."""
     rows = []
     for dev, by_build in medians.items():
-        s, g = by_build["specialized"], by_build["generic"]
-        where = dev
+        ms = [by_build[b] for b in BUILDS]
         for field, name, fmt in (("tok_s", "decode tok/s", "rate"), ("us_per_token", "us/token", "rate"),
                                  ("gb_s", "effective GB/s", "gbs"), ("share_of_probe", "share of probe", "pct")):
-            for ds, dg in zip(s["decode"], g["decode"]):
-                rows.append((f"{where}: {name}, depth {ds['depth']}", fmt, ds[field], dg[field]))
-        rows.append((f"{where}: prompt tok/s ({s['prompt_tokens']} tokens)", "rate", s["prompt_tok_s"],
-                     g["prompt_tok_s"]))
-        rows.append((f"{where}: read probe GB/s (in-run peak)", "gbs", s["probe_gb_s"], g["probe_gb_s"]))
-    rows.append(("binary size, MB", "mb", sizes["specialized"] / 1e6, sizes["generic"] / 1e6))
-    rows.append(("build time, s (clean rebuild, serial make)", "s", build_s["specialized"], build_s["generic"]))
+            for i, d in enumerate(ms[0]["decode"]):
+                rows.append((f"{dev}: {name}, depth {d['depth']}", fmt,
+                             {b: m["decode"][i][field] for b, m in zip(BUILDS, ms)}))
+        rows.append((f"{dev}: prompt tok/s ({ms[0]['prompt_tokens']} tokens)", "rate",
+                     {b: m["prompt_tok_s"] for b, m in zip(BUILDS, ms)}))
+        rows.append((f"{dev}: read probe GB/s (in-run peak)", "gbs", {b: m["probe_gb_s"] for b, m in zip(BUILDS, ms)}))
+    rows.append(("binary size, MB", "mb", {b: sizes[b] / 1e6 for b in BUILDS}))
+    rows.append(("build time, s (clean rebuild, serial make)", "s", dict(build_s)))
     return rows
+
+
+def effects(values: dict[str, float | None]) -> list[float | None]:
+    """The EFFECTS ratios of one row's values: plan, constants, total."""
+    return [ratio(values.get(num), values.get(den)) for _, num, den, _ in EFFECTS]
 
 
 def fmt_value(v: float | None, fmt: str) -> str:
@@ -253,32 +282,35 @@ def markdown_table(header: list[str], rows: list[list[str]], left_cols: int = 1)
 
 
 def format_main_table(rows) -> str:
-    cells = [[name, fmt_value(s, fmt), fmt_value(g, fmt), fmt_ratio(ratio(s, g))] for name, fmt, s, g in rows]
-    return markdown_table(["metric", "specialized", "generic", "spec/generic"], cells)
+    cells = [[name, *(fmt_value(v[b], fmt) for b in BUILDS), *(fmt_ratio(r) for r in effects(v))]
+             for name, fmt, v in rows]
+    return markdown_table(["metric", *BUILDS, *(e[0] for e in EFFECTS)], cells)
 
 
 def format_kernel_tables(device: str, kernels: dict[str, dict[int, dict]]) -> str:
-    """Per depth: each stage's launches and us/token for both builds side by side, with the ratio.
-    Stages are matched by name: the specialized build's order, then any the generic build adds."""
-    s_tabs, g_tabs = kernels.get("specialized", {}), kernels.get("generic", {})
+    """Per depth: each stage's launches and us/token for the three builds side by side, with the
+    EFFECTS ratios of us/token. Stages are matched by name: the specialized build's order, then any
+    the generic-plan build adds, then any the generic build adds; "-" where a build lacks one."""
+    tabs = {b: kernels.get(b, {}) for b in BUILDS}
     out = []
-    for depth in sorted(set(s_tabs) | set(g_tabs)):
-        s, g = s_tabs.get(depth), g_tabs.get(depth)
-        by_s = {st["stage"]: st for st in (s["stages"] if s else [])}
-        by_g = {st["stage"]: st for st in (g["stages"] if g else [])}
-        names = list(by_s) + [n for n in by_g if n not in by_s]
+    for depth in sorted(set().union(*tabs.values())):
+        t = {b: tabs[b].get(depth) for b in BUILDS}
+        by = {b: {st["stage"]: st for st in (t[b]["stages"] if t[b] else [])} for b in BUILDS}
+        names = []
+        for b in BUILDS:
+            names += [n for n in by[b] if n not in names]
         rows = []
         for name in names + ["total"]:
-            a = (s or {}).get("total") if name == "total" else by_s.get(name)
-            b = (g or {}).get("total") if name == "total" else by_g.get(name)
+            got = {b: ((t[b] or {}).get("total") if name == "total" else by[b].get(name)) for b in BUILDS}
+            us = {b: got[b] and got[b]["us_per_token"] for b in BUILDS}
             rows.append([name,
-                         str(a["launches"]) if a else "-", str(b["launches"]) if b else "-",
-                         f"{a['us_per_token']:.1f}" if a else "-", f"{b['us_per_token']:.1f}" if b else "-",
-                         fmt_ratio(ratio(a and a["us_per_token"], b and b["us_per_token"]))])
-        note = (s or g)["note"]
+                         *(str(got[b]["launches"]) if got[b] else "-" for b in BUILDS),
+                         *(f"{got[b]['us_per_token']:.1f}" if got[b] else "-" for b in BUILDS),
+                         *(fmt_ratio(r) for r in effects(us))])
+        note = next(t[b] for b in BUILDS if t[b])["note"]
         out.append(f"kernels at depth {depth} on {device} {note}, us/token:\n")
-        out.append(markdown_table(["stage", "launches spec", "launches generic", "spec us", "generic us",
-                                   "spec/generic"], rows))
+        out.append(markdown_table(["stage", *(f"launches {SHORT[b]}" for b in BUILDS),
+                                   *(f"{SHORT[b]} us" for b in BUILDS), *(e[0] for e in EFFECTS)], rows))
         out.append("\n")
     return "".join(out)
 
@@ -296,6 +328,23 @@ def chart(model: str, medians: dict[str, dict[str, dict]]):
 # ---------------------------------------------------------------------------------------------
 
 
+def rebuild_plans(name: str) -> dict[str, tuple[list[str], list[Path]]]:
+    """For --rebuild, each build's make variables (beside MODEL=) and what belongs to it alone (deleted
+    before the timed make): the Makefile's own GEN/OUT for specialized and generic, the compare
+    target's for generic-plan."""
+    return {"specialized": ([], [REPO / "build" / name, REPO / "generated" / name]),
+            "generic-plan": (["PLAN=generic", f"GEN=generated/{name}-generic-plan", f"OUT=build/{name}-generic-plan"],
+                             [REPO / "build" / f"{name}-generic-plan", REPO / "generated" / f"{name}-generic-plan"]),
+            "generic": (["GENERIC=1"], [REPO / "build" / "generic", REPO / "generated" / "generic"])}
+
+
+def run_order(repeat: int) -> tuple[str, ...]:
+    """The builds' order in repeat number `repeat` (from 0): BUILDS rotated left by repeat, so over
+    every len(BUILDS) repeats each build runs once in each position."""
+    k = repeat % len(BUILDS)
+    return BUILDS[k:] + BUILDS[:k]
+
+
 def parse_depths(text: str) -> list[int]:
     try:
         depths = [int(x) for x in text.split(",")]
@@ -311,6 +360,9 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, help="Hugging Face model directory (or a name under models/)")
     p.add_argument("--specialized", type=Path, help="the specialized binary (default build/<name>/ingot)")
+    p.add_argument("--generic-plan", type=Path,
+                   help="the specialized binary built with the generic build's plan, make PLAN=generic "
+                        "(default build/<name>-generic-plan/ingot)")
     p.add_argument("--generic", type=Path, help="the generic binary (default build/generic/ingot)")
     p.add_argument("--out", type=Path,
                    help="where table.md, compare.json, compare.png go (default build/compare/<name>)")
@@ -322,8 +374,8 @@ def parse_args(argv):
     p.add_argument("--gpu-depths", type=parse_depths, default=parse_depths(DEFAULT_DEPTHS["cuda"]),
                    help=f"context depths on the GPU (default {DEFAULT_DEPTHS['cuda']})")
     p.add_argument("-n", "--tokens", type=int, default=64, help="decoded tokens per depth (default 64)")
-    p.add_argument("--threads", type=int, help="CPU threads for both (default: the binaries' own, physical cores)")
-    p.add_argument("--ctx", type=int, help="context length passed to both (default: the binaries' own, the model's)")
+    p.add_argument("--threads", type=int, help="CPU threads for all three (default: the binaries' own, physical cores)")
+    p.add_argument("--ctx", type=int, help="context length passed to all three (default: the binaries' own, the model's)")
     p.add_argument("--repeats", type=int, default=3, help="runs per build and device; medians are reported (default 3)")
     p.add_argument("--no-kernels", action="store_true", help="skip the per-stage (--bench-kernels) run")
     p.add_argument("--rebuild", action="store_true",
@@ -344,15 +396,16 @@ def main(argv=None) -> int:
     if not config.is_file():
         raise CompareError(f"{model_dir}: no config.json, expected a Hugging Face model directory")
     binaries = {"specialized": (a.specialized or REPO / "build" / name / "ingot").resolve(),
+                "generic-plan": (a.generic_plan or REPO / "build" / f"{name}-generic-plan" / "ingot").resolve(),
                 "generic": (a.generic or REPO / "build" / "generic" / "ingot").resolve()}
     out_dir = (a.out or REPO / "build" / "compare" / name).resolve()
 
     build_s: dict[str, float | None] = {b: None for b in BUILDS}
     if a.rebuild:
-        if a.specialized or a.generic:
-            raise CompareError("--rebuild times the binaries at their default paths; leave out --specialized/--generic")
-        plans = {"specialized": ([], [REPO / "build" / name, REPO / "generated" / name]),
-                 "generic": (["GENERIC=1"], [REPO / "build" / "generic", REPO / "generated" / "generic"])}
+        if a.specialized or a.generic_plan or a.generic:
+            raise CompareError("--rebuild times the binaries at their default paths; "
+                               "leave out --specialized/--generic-plan/--generic")
+        plans = rebuild_plans(name)
         for b in BUILDS:
             make_vars, clean = plans[b]
             print(f"compare: timing a clean rebuild of {b} ({binaries[b]})", file=sys.stderr)
@@ -360,7 +413,7 @@ def main(argv=None) -> int:
     for b in BUILDS:
         if not (binaries[b].is_file() and os.access(binaries[b], os.X_OK)):
             raise CompareError(f"{b}: {binaries[b]}: no such executable (build it: make MODEL={model_dir}"
-                               f"{' GENERIC=1' if b == 'generic' else ''})")
+                               f"{''.join(' ' + v for v in rebuild_plans(name)[b][0])})")
     sizes = {b: binaries[b].stat().st_size for b in BUILDS}
 
     if a.devices == "auto":
@@ -387,17 +440,16 @@ def main(argv=None) -> int:
         depths_by_device[dev] = depths
         runs[dev] = {b: [] for b in BUILDS}
         for r in range(a.repeats):
-            for b in (BUILDS if r % 2 == 0 else BUILDS[::-1]):
+            for b in run_order(r):
                 print(f"compare: {dev} run {r + 1}/{a.repeats}: {b}", file=sys.stderr)
                 result, _ = run_bench(b, binaries[b], model_dir, dev, depths, a.tokens, a.threads, a.ctx, False,
                                       a.timeout)
                 runs[dev][b].append(result)
         medians[dev] = {b: median_result(runs[dev][b]) for b in BUILDS}
-        s, g = medians[dev]["specialized"], medians[dev]["generic"]
-        if s["weight_bytes_per_token"] != g["weight_bytes_per_token"]:
+        wb = {b: medians[dev][b]["weight_bytes_per_token"] for b in BUILDS}
+        if len(set(wb.values())) > 1:
             print(f"compare: warning: {dev}: the builds count different weight bytes per token "
-                  f"({s['weight_bytes_per_token']} and {g['weight_bytes_per_token']}): their GB/s differ by that too",
-                  file=sys.stderr)
+                  f"({', '.join(f'{b} {v}' for b, v in wb.items())}): their GB/s differ by that too", file=sys.stderr)
         if not a.no_kernels:
             kernels[dev] = {}
             for b in BUILDS:
@@ -407,11 +459,14 @@ def main(argv=None) -> int:
                 if tables:
                     kernels[dev][b] = tables
 
-    text = f"# {name}: specialized against generic\n\n"
-    text += (f"- specialized: {binaries['specialized']}\n- generic: {binaries['generic']}\n"
+    text = f"# {name}: specialized against generic, the plan's and the constants' effects apart\n\n"
+    text += (f"- specialized (own plan): {binaries['specialized']}\n"
+             f"- generic-plan (specialized, the generic build's plan): {binaries['generic-plan']}\n"
+             f"- generic (dimensions at run time, generic plan): {binaries['generic']}\n"
              f"- devices: {'; '.join(device_label(medians[dev]['specialized']) for dev in devices)}\n"
-             f"- median of {a.repeats} interleaved runs per build and device, {a.tokens} decoded tokens per depth; "
-             f"ratio = specialized / generic\n\n")
+             f"- median of {a.repeats} interleaved runs per build and device (order rotated each repeat), "
+             f"{a.tokens} decoded tokens per depth\n"
+             + "".join(f"- {head}: {num} / {den}, {what}\n" for head, num, den, what in EFFECTS) + "\n")
     for dev in devices:
         if kernels.get(dev):
             text += format_kernel_tables(dev, kernels[dev])
@@ -423,14 +478,17 @@ def main(argv=None) -> int:
     (out_dir / "table.md").write_text(text)
     report = {
         "model": name, "model_dir": str(model_dir), "repeats": a.repeats, "tokens": a.tokens,
-        "order": "interleaved: A B, B A, A B, ...; medians of each number",
-        "build_timing": ("clean rebuild of build/<name>/ + generated/<name>/ (specialized) and build/generic/ "
+        "order": "interleaved, rotated each repeat: A B C, B C A, C A B, ...; medians of each number",
+        "build_timing": ("clean rebuild of build/<name>/ + generated/<name>/ (specialized), build/<name>-generic-plan/ "
+                         "+ generated/<name>-generic-plan/ (generic-plan) and build/generic/ + generated/generic/ "
                          "(generic), serial make -s, shared objects already built") if a.rebuild else None,
+        "effects": {head: {"numerator": num, "denominator": den, "measures": what} for head, num, den, what in EFFECTS},
         "builds": {b: {"binary": str(binaries[b]), "size_bytes": sizes[b], "build_s": build_s[b]} for b in BUILDS},
         "devices": {dev: {"depths": depths_by_device[dev], "runs": runs[dev], "median": medians[dev],
                           "kernels": {b: {str(k): v for k, v in t.items()} for b, t in kernels.get(dev, {}).items()}}
                     for dev in devices},
-        "table": [{"metric": n, "specialized": s, "generic": g, "ratio": ratio(s, g)} for n, _, s, g in rows],
+        "table": [{"metric": n, **v, "plan_effect": pe, "constants_effect": ce, "total": tot}
+                  for n, _, v in rows for pe, ce, tot in [effects(v)]],
     }
     (out_dir / "compare.json").write_text(json.dumps(report, indent=1) + "\n")
     png.png_write(out_dir / "compare.png", chart(name, medians))
