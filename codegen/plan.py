@@ -21,8 +21,8 @@ from .spec import Spec
 CPU_MULTI_STREAM_FROM_BYTES = 4 * 10**9
 
 GPU_SMS = {"90": 132, "89": 128, "80": 108}  # H100/H200 SXM, RTX 4090 / L40, A100
-MV_WARPS = 8  # warps per matvec block (runtime/cuda_kernels.cuh)
-MV_UNROLL = 8  # 16-byte chunks a lane loads a row step (runtime/cuda_kernels.cuh)
+MV_WARPS = 8  # warps per matvec block (runtime/cuda_matvec.cuh)
+MV_UNROLL = 8  # 16-byte chunks a lane loads a row step (runtime/cuda_matvec.cuh)
 MV_STEP_VALUES = 8 * 32 * MV_UNROLL  # weights a warp's row step covers: MV_UNROLL chunks of 8 per lane
 
 
@@ -119,7 +119,7 @@ def _residual_pairs(dim: int, sms: int, o_proj_min_blocks: int) -> int:
     return int(dim % 2 == 0 and dim > 2 * sms * MV_WARPS and o_proj_min_blocks == 2)
 
 
-ATT_MAX_GROUP = 8  # query rows an attention block takes at most (runtime/cuda_kernels.cuh)
+ATT_MAX_GROUP = 8  # query rows an attention block takes at most (runtime/cuda_attention.cuh)
 
 
 def _prefill_att_tokens(head_dim: int, kv_mul: int) -> int:
@@ -187,7 +187,7 @@ def _att_o_short(att_short: int, o_proj_min_blocks: int) -> int:
     return int(att_short == 1 and o_proj_min_blocks == 2)
 
 
-ATT_THREADS = 256  # an attention block's threads (runtime/cuda_kernels.cuh)
+ATT_THREADS = 256  # an attention block's threads (runtime/cuda_attention.cuh)
 COMBINE_EARLY_MAX = 64  # the most partial sums a combining thread holds in registers (SmolLM2 shape: 88 took 125)
 
 
@@ -278,7 +278,7 @@ def _gemm_wgmma(cuda_arch: str) -> int:
 
 
 def _mlp_fused_fits(dim: int, hidden_dim: int, cuda_arch: str) -> int:
-    """Whether the decode step's MLP runs as one kernel (runtime/cuda_kernels.cuh, mlp_fused_body:
+    """Whether the decode step's MLP runs as one kernel (runtime/cuda_mlp_fused.cuh, mlp_fused_body:
     gate/up and down's transpose in batches of hidden units a block, the blocks' partial sums added
     in L2), the build's default where it fits (-DMLP_FUSED=0 keeps gate/up and down): a hidden size
     of 2048 (a unit's rows to a warp, 8 chunks a lane, 16 units a batch, 4 output columns a lane) or

@@ -6,7 +6,7 @@
  * GEMM's tiles would leave SMs idle or a build turns the GEMMs off), the RMSNorm that adds the
  * splits' sums and splits its output into 16-bit terms, and the
  * attention with every query row of a KV head's group in a block (prefill_flash_mma_body, on the
- * tensor cores). Written, as cuda_kernels.cuh, against the MODEL_*
+ * tensor cores). Written, as the decode step's headers, against the MODEL_*
  * constants of the generated model_config.h, and included after it by the generated forward_cuda.cu;
  * it uses that header's helpers (pdl_wait, kv_at, att_split_len, split_h2, ...). */
 #ifndef INGOT_CUDA_PREFILL_CUH
@@ -14,7 +14,7 @@
 
 #include <cuda.h> /* CUtensorMap (GEMM_TMA) */
 
-#include "cuda_kernels.cuh"
+#include "cuda_attention.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Prefill: a batch of B prompt tokens (8 to 128) at positions io[IO_POS] on through every stage at
@@ -608,7 +608,7 @@ static_assert(!GEMM_TMA || (TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(PREFILL_BAT
                              TMA_SMEM_BYTES(PREFILL_BATCH, TMA_STAGES(PREFILL_BATCH, 2), 2) <= 232448),
               "GEMM_TMA: the TMA body's stages over a block's 227 KB of shared memory");
 #if GEMM_TMA
-/* mbar_init, mbar_arrive_expect_tx, mbar_arrive, mbar_wait: cuda_kernels.cuh */
+/* mbar_init, mbar_arrive_expect_tx, mbar_arrive, mbar_wait: cuda_common.cuh */
 /* the box of `map` at (c0: the inner dimension, c1) into shared memory at dst, counted on bar */
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),

@@ -18,7 +18,10 @@
 
 #include "model.h"
 #include "model_plan.h"
-#include "cuda_kernels.cuh"
+#include "cuda_matvec.cuh"
+#include "cuda_mlp_fused.cuh"
+#include "cuda_attention.cuh"
+#include "cuda_attention_short.cuh"
 #include "cuda_prefill.cuh"
 #include "cuda_sampler.cuh"
 
@@ -239,7 +242,7 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
 
 // ---------------------------------------------------------------------------------------------
 // Prefill: a batch of B prompt tokens (PREFILL_BATCH, halved down to 8) through each stage at once
-// (cuda_kernels.cuh), a kernel per stage as in the step. Each RMSNorm is a kernel of its own: it
+// (cuda_prefill.cuh), a kernel per stage as in the step. Each RMSNorm is a kernel of its own: it
 // adds o_proj's or down's split partial sums to the residual stream and writes the norm's output as
 // the bf16/fp16 terms the next matvec's tensor cores take; gate/up writes down's input as terms.
 // The matvecs' launch bounds say 1 block an SM explicitly: ptxas then schedules more of a warp's
@@ -424,13 +427,13 @@ struct model_cuda {
     float *hb;                /* (hidden_dim) */
     float *hb_poll;           /* (hidden_dim) gate/up's outputs where down polls them (MODEL_DOWN_POLL): ATT_POLL_WORD words until written */
     float *logits;            /* (vocab) */
-    uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_kernels.cuh: kv_at) */
+    uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_common.cuh: kv_at) */
     uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
     float *part_acc;          /* (n_heads, n_splits, head_dim) attention partial sums */
     float *part_ml;           /* (n_heads, n_splits, 2) their max and sum */
     unsigned *counters;       /* (CTR_COUNT) blocks done: attention per KV head, argmax, KV groups' attention outputs */
     float2 *block_best;       /* (grid_lm_head) each LM-head block's best logit and id */
-    int *io;                  /* {pos, next} on the device (cuda_kernels.cuh: IO_*) */
+    int *io;                  /* {pos, next} on the device (cuda_sync.cuh: IO_*) */
     int *history;             /* (ctx) the token at each position: fed by the host, or chosen by a step */
     int *first_seen;          /* (vocab) the sampler's scratch, 0x7F7F7F7F between steps */
     sample_params *params;    /* the sampler's settings */

@@ -1,4 +1,4 @@
-"""Checks the index arithmetic of attention_body's tensor-core path (runtime/cuda_kernels.cuh,
+"""Checks the index arithmetic of attention_body's tensor-core path (runtime/cuda_attention.cuh,
 MMA_HD) against plain attention in NumPy: every lane's operand registers built as the kernel builds
 them, each mma.m16n8k16 done on the matrices those registers stand for (the PTX ISA's fragment
 layout, as prefill_pairs_body uses it on the GPU), and the lanes' results put where the kernel puts
