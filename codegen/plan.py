@@ -2,7 +2,7 @@
 
 For now the CPU decode step's one knob: how many sequential weight streams each thread walks side by
 side in the matvecs. Measured on the 16-core Emerald Rapids slice of the GPU machine
-(PERFORMANCE.md, tests/bench/cpu_shapes.sh): Llama-3.2-1B shape 34.5 tok/s with one stream against
+(docs/performance.md, D101; tests/bench/cpu_shapes.sh): Llama-3.2-1B shape 34.5 tok/s with one stream against
 31.2 with four; Mistral-7B shape 5.5 against 7.5. Until a model in between tells us where the
 crossover really lies, four streams are used from 4 GB of weights per token up.
 The GPU plan: the blocks each matvec needs (a warp per row, or per pair of rows); the runtime caps them at one wave of
@@ -113,7 +113,7 @@ def _o_proj_min_blocks(q_dim: int) -> int:
 def _residual_pairs(dim: int, sms: int, o_proj_min_blocks: int) -> int:
     """Pairs of rows in o_proj and down where their dim rows pass one round of a wave's warps (two
     blocks an SM): a warp then holds both of its rows' loads at once instead of taking a second row
-    after the first. Measured on the H200 (PERFORMANCE.md, eighth session): Mistral-7B (4096 rows,
+    after the first. Measured on the H200 (docs/performance.md, D18): Mistral-7B (4096 rows,
     2112 warps) +1.0%; Llama-3.2-1B (2048 rows, one round already) -15% with them, most of it o_proj
     spilling at the 64 registers of o_proj_min_blocks 4, which the rule also excludes."""
     return int(dim % 2 == 0 and dim > 2 * sms * MV_WARPS and o_proj_min_blocks == 2)
@@ -125,7 +125,7 @@ ATT_MAX_GROUP = 8  # query rows an attention block takes at most (runtime/cuda_a
 def _prefill_att_tokens(head_dim: int, kv_mul: int) -> int:
     """A prefill attention block takes this many of the batch's tokens, their queries as rows beside
     the KV group's heads (ATT_MAX_GROUP rows at most), so each key and value is read once for them.
-    Measured on the H200 (PERFORMANCE.md, tenth session), 128-token prompt: Llama-3.2-1B (heads of 64,
+    Measured on the H200 (docs/performance.md, D81), 128-token prompt: Llama-3.2-1B (heads of 64,
     2 tokens) +4.4% at depth 0 and +4.2% at 4096; Mistral-7B (heads of 128) -1.3% / -1.7%, so 1
     token where heads are wider than 64."""
     return 1 if head_dim > 64 else max(1, ATT_MAX_GROUP // kv_mul)
@@ -138,7 +138,7 @@ def _prefill_flash(head_dim: int) -> int:
     """A prefill batch's attention with every query row of a KV head in one block, keys and values
     staged in shared memory a tile at a time and read once for all rows (prefill_flash_body), where
     heads are 64 or 128 wide; other widths keep attention_body's prefill (_prefill_att_tokens).
-    Measured on the H200 (PERFORMANCE.md, eleventh session), 128-token prompt against the grouped
+    Measured on the H200 (docs/performance.md, D82), 128-token prompt against the grouped
     attention_body: Llama-3.2-1B +72% at depth 4096 and +109% at 16384, -2.5% at depth 0 (a short
     context's few blocks); Mistral-7B +20% and +57%, -1% at depth 0."""
     return int(head_dim in FLASH_HEAD_DIMS)
@@ -151,7 +151,7 @@ def _att_mma(head_dim: int, kv_mul: int) -> int:
     """The decode step's attention on the tensor cores (attention_body with MMA_HD: fp16 mma with
     fp32 sums, the query and probabilities as two fp16 terms each), where heads are 64 or 128 wide and
     a KV group's query heads fit the mma's 8 columns. The fp32 path spends most of its time at depth
-    in shuffles and conversions (ncu, PERFORMANCE.md, twelfth session)."""
+    in shuffles and conversions (ncu; docs/performance.md, D39)."""
     return int(head_dim in MMA_HEAD_DIMS and kv_mul <= ATT_MAX_GROUP)
 
 
@@ -160,8 +160,8 @@ STAGE_VALUES_MIN_DIM = 2048  # the smallest hidden size staged values were measu
 
 def _att_stage_values(head_dim: int, kv_mul: int, dim: int) -> int:
     """The tensor-core decode attention's first round of values copied into shared memory with its
-    keys (ATT_MMA_STAGE_VALUES), where heads are 64 wide and the model is no smaller than the 1B
-    shape. Measured on the H200 (PERFORMANCE.md, fourteenth session): Llama-3.2-1B +1.3-1.4% to depth
+    keys (MODEL_ATT_STAGE_VALUES), where heads are 64 wide and the model is no smaller than the 1B
+    shape. Measured on the H200 (docs/performance.md, D43): Llama-3.2-1B +1.3-1.4% to depth
     4096; the SmolLM2 shape (hidden size 576, 3 KV heads of 64) -2.8% at depth 0, its stages ~2 us
     each, where the 32 KB more shared memory a block costs more than the round trip it saves (not
     traced); heads of 128 (Mistral-7B) spill in the joined attention/o_proj grid and lost 0.7-2.3%."""
@@ -172,7 +172,7 @@ def _att_short(head_dim: int, kv_mul: int) -> int:
     """A short context's decode attention (at most one round of tiles a warp: 128 positions on heads
     of 128, 256 on heads of 64) in a kernel of its own, one block a KV head (attention_short_body),
     where the tensor-core attention runs; on heads of 64 in splits of 256 up to ATT_MIN_SPLITS of them.
-    Measured on the H200 (PERFORMANCE.md, twenty-second session): Llama-3.2-1B +2.2%, Mistral-7B
+    Measured on the H200 (docs/performance.md, D55, D56): Llama-3.2-1B +2.2%, Mistral-7B
     +1.1%, the SmolLM2 shape +11.6% at depth 0; the 1B +1.8% at 1024, +0.4% at 4096."""
     return _att_mma(head_dim, kv_mul)
 
@@ -181,8 +181,8 @@ def _att_o_short(att_short: int, o_proj_min_blocks: int) -> int:
     """A short context's steps (those attention_short_body takes) with attention and o_proj in one
     grid (attention_o_proj_kernel<true>), so that o_proj is QKV's programmatic dependent and lands
     with attention instead of after it lets o_proj launch, where o_proj keeps 2 blocks an SM anyway
-    (the joined grid's registers: 126 on the 7B). Measured on the H200 (PERFORMANCE.md,
-    twenty-third session): Mistral-7B +0.6% and +0.5% at depth 0 (two calls); Llama-3.2-1B -2.3%
+    (the joined grid's registers: 126 on the 7B). Measured on the H200 (docs/performance.md, D58):
+    Mistral-7B +0.6% and +0.5% at depth 0 (two calls); Llama-3.2-1B -2.3%
     (its o_proj loses 4 blocks an SM). Llama-3.1-8B and Qwen2.5-7B by the same rule, not measured."""
     return int(att_short == 1 and o_proj_min_blocks == 2)
 
@@ -196,7 +196,7 @@ def _att_combine_early(head_dim: int, kv_mul: int, att_min_splits: int) -> int:
     width within ATT_THREADS: one output a thread) loads before the splits' (max, sum), both in flight
     at once, one L2 round trip fewer on the chain: the first ATT_MIN_SPLITS (a short context's splits,
     all of them up to ATT_MIN_SPLITS tiles), at most COMBINE_EARLY_MAX; 0 where the combine takes its
-    float4 form. Measured on the H200 (PERFORMANCE.md, twenty-third session), Llama-3.2-1B with 33:
+    float4 form. Measured on the H200 (docs/performance.md, D57), Llama-3.2-1B with 33:
     +1.1% at depth 4096, +1.6% at 16384, even at 0 and 1024."""
     return min(att_min_splits, COMBINE_EARLY_MAX) if kv_mul * head_dim <= ATT_THREADS else 0
 
@@ -207,7 +207,7 @@ PAIR_UNROLL_SHORT_MAX_DIM = 2048  # the largest hidden size measured to gain fro
 def _pair_unroll(dim: int) -> int:
     """Chunks of 16 bytes a lane of the paired kernels (QKV, gate/up: two rows a warp) loads a step:
     4 up to a hidden size of 2048, 8 past it (MV_UNROLL elsewhere). Measured on the H200
-    (PERFORMANCE.md, fifteenth session): Llama-3.2-1B +4.5% at depth 0 and +3.2% at 4096 with 4
+    (docs/performance.md, D45): Llama-3.2-1B +4.5% at depth 0 and +3.2% at 4096 with 4
     (the 1B trace: gate/up's wait returns 1.2 us and its input lands 1.8 us sooner, with half the
     bytes in flight when o_proj ends); Mistral-7B -0.9% (its rows of 4096
     take 4 steps); the SmolLM2 shape even (its rows of 576 take one step either way)."""
@@ -217,8 +217,8 @@ def _pair_unroll(dim: int) -> int:
 def _pair_early(dim: int) -> int:
     """Where the paired kernels keep 8 chunks a step, half of the first step's loads go out before
     the wait and half after it, behind the input's: Mistral-7B +0.3% (both depths, two rounds);
-    a quarter lost 0.5%. 0 (all before the wait) where the step is 4 chunks: on the 1B, half of 8
-    gained 1.6% where 4 a step gained 4.5%."""
+    a quarter lost 0.5% (docs/performance.md, D46). 0 (all before the wait) where the step is 4
+    chunks: on the 1B, half of 8 gained 1.6% where 4 a step gained 4.5%."""
     return 4 if _pair_unroll(dim) == 8 else 0
 
 
@@ -228,8 +228,8 @@ def _pair_lot(dim: int) -> int:
     of 16 bytes a lane); 0 (one lot) where it does not. Bytes in flight at a kernel boundary delay
     the previous kernel's completion and this one's input behind them; a lot at a time keeps memory
     busy without that queue, but where a row's first step is short there is little to pace and the
-    wait for the first lot is a round trip more. Measured on the H200 (PERFORMANCE.md, nineteenth
-    session): with _res_lot's lots, Mistral-7B +1.1% / +1.5% at depths 0 / 4096, Llama-3.2-1B
+    wait for the first lot is a round trip more. Measured on the H200 (docs/performance.md, D53):
+    with _res_lot's lots, Mistral-7B +1.1% / +1.5% at depths 0 / 4096, Llama-3.2-1B
     +1.6-1.8% / +2.5% (lots of one chunk lost), the SmolLM2 shape (rows of 2.25 chunks a lane)
     -2.4% / -4.9% with this alone and -5% with both."""
     early = _pair_early(dim) or _pair_unroll(dim)
@@ -251,7 +251,7 @@ def _down_poll(hidden_dim: int) -> int:
     """Down's blocks stage gate/up's outputs polling them (words that read "unwritten" until gate/up
     writes them; DOWN_POLL in forward_cuda.cu) instead of waiting for gate/up's grid to end, where
     the intermediate size is at least that of the shapes it was measured on. Measured on the H200
-    (PERFORMANCE.md, twenty-fifth session): Llama-3.2-1B (8192) +0.3% / +0.9%, +0.5% / +1.0%,
+    (docs/performance.md, D61): Llama-3.2-1B (8192) +0.3% / +0.9%, +0.5% / +1.0%,
     +0.6% / +1.0% at depths 0 / 1024 in three calls, +0.5-0.8% at 0 to 32768 in a fourth;
     Mistral-7B (14336) -0.1% / +0.0% at 0 / 16384. Not measured on the SmolLM2 shape (1536) nor in
     the generic build, which keep the wait."""
@@ -262,7 +262,7 @@ def _qkv_async(spec: Spec, sms: int) -> int:
     """1 (QKV's second step of a pair copied into shared memory on cp.async when the input is staged,
     so both steps are in flight at once) where QKV's pairs take one round of a wave's warps (two
     blocks of 8 an SM, the paired kernels' registers) and a row more than one step; else 0.
-    Measured on the H200 (PERFORMANCE.md, seventeenth session): Llama-3.2-1B (1,536 pairs, rows of
+    Measured on the H200 (docs/performance.md, D50): Llama-3.2-1B (1,536 pairs, rows of
     two steps) +0.9% at depth 0, +0.2% at 4096; Mistral-7B (3,072 pairs, 1.45 rounds) -0.2% /
     -0.4%; in gate/up (many rounds) -0.7% to -1.8% on both."""
     pairs = (spec.q_dim + 2 * spec.kv_dim) // 2
@@ -273,18 +273,19 @@ def _qkv_async(spec: Spec, sms: int) -> int:
 def _gemm_wgmma(cuda_arch: str) -> int:
     """The prefill GEMMs (runtime/cuda_prefill.cuh, prefill_gemm_body) on wgmma where the target has
     it: Hopper, which the Makefile builds as sm_90a for it. Against mma.sync at batches of 64
-    (thirtieth session, H200): prompt 1B +17%, 7B +24%, SmolLM2 +4%."""
+    (H200; docs/performance.md, D89): prompt 1B +17%, 7B +24%, SmolLM2 +4%."""
     return 1 if cuda_arch == "90" else 0
 
 
 def _mlp_fused_fits(dim: int, hidden_dim: int, cuda_arch: str) -> int:
     """Whether the decode step's MLP runs as one kernel (runtime/cuda_mlp_fused.cuh, mlp_fused_body:
     gate/up and down's transpose in batches of hidden units a block, the blocks' partial sums added
-    in L2), the build's default where it fits (-DMLP_FUSED=0 keeps gate/up and down): a hidden size
+    in L2), the build's default where it fits (the plan's mlp_fused=0, make PLAN="mlp_fused=0", keeps
+    gate/up and down): a hidden size
     of 2048 (a unit's rows to a warp, 8 chunks a lane, 16 units a batch, 4 output columns a lane) or
     4096 (to two warps, 8 units a batch, 8 columns a lane), an intermediate size of whole 32-value
     tiles (the transpose), and sm_90 (bulk copies on mbarriers). Measured on the H200
-    (PERFORMANCE.md, forty-second to forty-fourth sessions): alone, 16 chained Llama-3.2-1B-shaped
+    (docs/performance.md, D64, D65): alone, 16 chained Llama-3.2-1B-shaped
     MLPs 24.2 us a layer against 26.6 for two kernels (tests/bench/fused_mlp.cu); in the 1B's step,
     with its input by a bulk copy and every decode kernel's carveout alike, +0.2% at depth 0 and
     +1.9% at 4096. Its sums' order is not fixed: a build with it is not reproducible to the last
@@ -296,7 +297,8 @@ def _smem_carveout(mlp_fused: int) -> int:
     """Every decode kernel's preferred split of the SM's L1 and shared memory, set alike, in percent
     of the most to shared memory (-1: the driver's choice a kernel): 72 (164 KB of 228) with the
     fused MLP, whose 145-160 KB blocks otherwise meet SMs split for their neighbours and land only
-    once those leave. Measured on the H200, Llama-3.2-1B: the fused build +0.6% with it, the split
+    once those leave. Measured on the H200 (docs/performance.md, D35, D65), Llama-3.2-1B: the fused
+    build +0.6% with it, the split
     build -0.1%; 100 (the most) cost the fused build 2.9%, its neighbours' L1 taken."""
     return 72 if mlp_fused else -1
 

@@ -12,19 +12,18 @@
 /* Fewest positions an attention block takes (a test builds 5: many splits, odd bounds). 256 against
  * 32: up to depth 8448 (33 splits of 256 on the 1B and 7B shapes) fewer, longer splits and a shorter
  * combine: decode 1B +2.8% at depth 1024 and +0.7% at 4096, 7B +0.6% at 4096; the 128-token prompt
- * +16-18% (1B) and +7-12% (7B) at 1024 and 4096; even at 0 and 16384 (PERFORMANCE.md, thirteenth
- * session) */
+ * +16-18% (1B) and +7-12% (7B) at 1024 and 4096; even at 0 and 16384 (docs/performance.md, D41) */
 #define ATT_MIN_CHUNK 256
 #endif
 /* The same for the prompt's attention (the flash kernels, attention_body with TOKENS > 1): 512
- * measured +8-9% at depth 8192 where the decode lost, at 1024-4096 it lost 12-20% (PERFORMANCE.md,
- * thirteenth session) */
+ * measured +8-9% at depth 8192 where the decode lost, at 1024-4096 it lost 12-20%; the prompt's
+ * splits grow with the context instead (below; docs/performance.md, D41, D85) */
 #define PREFILL_MIN_CHUNK ATT_MIN_CHUNK
 /* A prompt's split grows with the context n: n / PREFILL_CHUNK_SPLITS positions rounded down to a
  * power of two, between PREFILL_MIN_CHUNK and twice it. 512 measured +8-9% for
  * the prompt at depth 8192, 256 better at 1024-4096 (by 12-20%), and n / 16 as such (264 at 4096)
  * -4% there; this rule: prompt +9.1% / +7.8% (1B) and +7.8% / +3.0% (7B) at 8192 / 16384, even
- * below (PERFORMANCE.md, fourteenth session). */
+ * below (docs/performance.md, D85). */
 #define PREFILL_CHUNK_SPLITS 16
 __device__ __forceinline__ int prefill_min_chunk(int n) {
     const int want = n / PREFILL_CHUNK_SPLITS, pow2 = want > 0 ? 1 << (31 - __clz(want)) : 1;
@@ -32,14 +31,15 @@ __device__ __forceinline__ int prefill_min_chunk(int n) {
 }
 /* A decode split's positions rounded up to a multiple of ATT_CHUNK_ALIGN: 64 where the smallest
  * split is a multiple of it (so only deep contexts change: 497 positions a split at depth 16384
- * become 512), +0.4% on the 1B and 7B shapes at 16384; a test's 5-position splits stay as they are. */
+ * become 512), +0.4% on the 1B and 7B shapes at 16384 (docs/performance.md, D42); a test's 5-position
+ * splits stay as they are. */
 #define ATT_CHUNK_ALIGN (ATT_MIN_CHUNK % 64 == 0 ? 64 : 1)
 #define ATT_CHUNK_STEP (ATT_CHUNK_ALIGN > 0 ? ATT_CHUNK_ALIGN : 1)
 static_assert(ATT_TILE % ATT_CHUNK_STEP == 0, "ATT_CHUNK_ALIGN: a divisor of ATT_TILE");
 /* Positions a split of attention takes when the context is n: min_splits blocks per KV head (a wave
  * of the GPU), more only when a split would pass a tile (splits sized by the context allocated left
  * short contexts many tiny blocks in several waves: 1B shape, 131072 allocated, depth 4096: 1000
- * blocks of 33 positions; PERFORMANCE.md). A prompt's splits take at least prefill_min_chunk(n)
+ * blocks of 33 positions; docs/performance.md, D20). A prompt's splits take at least prefill_min_chunk(n)
  * positions and are not aligned. The splits with positions: (n + chunk - 1) / chunk. */
 __device__ __forceinline__ int att_split_len(int n, int n_splits, int min_splits, bool prompt) {
     const int splits = min(n_splits, max(min_splits, (n + ATT_TILE - 1) / ATT_TILE));
@@ -52,7 +52,7 @@ static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHU
 /* The combine's float4 form (below, in attention_body), ATT_COMBINE_LOADS loads a thread at once:
  * -1 where the plain form would give a thread more than one output (a KV group's heads times the
  * head width past MODEL_ATT_THREADS: the 7B shape, +1.2% at depths 4096 and 16384; on the 1B shape, one
- * output a thread, it measured even), 1 everywhere, 0 nowhere (PERFORMANCE.md, thirteenth session) */
+ * output a thread, it measured even), 1 everywhere, 0 nowhere (docs/performance.md, D40) */
 #define ATT_COMBINE_WIDE -1
 #define ATT_COMBINE_LOADS 9 /* 33 splits (two waves of blocks over 8 KV heads) in two rounds on the 7B shape */
 /* MODEL_ATT_COMBINE_EARLY=N (the generated code's plan sets it; 0, off): where the combine's plain form
@@ -72,8 +72,9 @@ static_assert(ATT_MIN_CHUNK >= 1 && ATT_MIN_CHUNK <= ATT_TILE && PREFILL_MIN_CHU
 #define ATT_QFRAG_WORDS(head_dim) ((head_dim) / 32 * 8 * WARP_SIZE)
 
 /* Floats of the scores, which the warps' sums reuse. The sums' stores fall on 4 banks where a group
- * has 4 heads (4-way conflicts, ~0.57 us of the 7B's attention at depth 0); neither a swizzle (XOR)
- * nor padded rows paid (PERFORMANCE.md, twenty-first and twenty-second sessions). */
+ * has 4 heads (4-way conflicts, ~0.57 us of the 7B's attention at depth 0). The sums swizzled (XOR:
+ * no conflicts) measured -0.3% to -0.8% on the 1B and 7B at depths 0 to 16384, its ~200 instructions
+ * of address arithmetic slower than the conflicts (traced); padded rows lost 0.6% on the 1B at 0 / 4096. */
 #define ATT_SC_FLOATS(rows, hd) ((size_t)(rows) * ATT_TILE)
 
 /* Dynamic shared memory of attention_body, in bytes. */
@@ -91,7 +92,7 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 /* The decode step's attention on the tensor cores (attention_body with MMA_HD, the head width: 64
  * or 128, one token): fp16 mma.m16n8k16 with fp32 sums, where the fp32 path spends ~5 instructions
  * per byte of keys in shuffles and conversions and lands at ~1.6 TB/s alone at depth 16384 on the 1B
- * shape (ncu, twelfth session). A warp takes tiles of 16 positions, ATT_MMA_TILES of them a round,
+ * shape (ncu; docs/performance.md, D39). A warp takes tiles of 16 positions, ATT_MMA_TILES of them a round,
  * and where pipelined the next round's loads go out before this round's products.
  * - Scores as S^T = K Q^T: A is the tile's keys (16 positions x 16 dims a k-step), B the group's
  *   query rows (n = 8 >= kv_mul). The dot product does not care which dims a k-step takes as long
@@ -112,9 +113,10 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
  * the measured choice: keys pipelined at every head width, values on heads of 64 only. At 128 two
  * rounds of values spill 52 bytes in the 7B shape's joined attention/o_proj grid, and there the
  * pipelined build measured -1% against one round at a time; keys alone fit (125 registers in the
- * joined grid) and gained 0.6% at depth 16384 (PERFORMANCE.md, twelfth and thirteenth sessions).
- * Since the twentieth session the 7B runs attention_kernel alone, where values pipelined on heads of
- * 128 take 128 registers and spill nothing: not yet measured. */
+ * joined grid) and gained 0.6% at depth 16384 (docs/performance.md, D39, D40). The 7B runs
+ * attention_kernel alone (the joined grid left its steps: D30), where values pipelined on heads of 128
+ * take 128 registers and spill nothing, and measured -0.1% / -0.7% / -0.4% at depths 0 / 4096 / 16384:
+ * still off there. */
 #define ATT_MMA_PIPE_KEYS -1
 #define ATT_MMA_PIPE_VALUES -1
 __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES > 0 ? ATT_MMA_TILES : hd <= 64 ? 2 : 1; }
@@ -126,12 +128,13 @@ __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES >
  * of them (33 splits from depth 8448) it is bandwidth, and the early values only crowd the keys. The
  * round's rows are stored with their 16-byte chunks permuted (stage_chunk) so that the value pass's
  * reads, 4 positions x 2 chunks a quarter-warp, fall in 8 bank groups. Measured on the 1B shape
- * (PERFORMANCE.md, fourteenth session): +1.3-1.4% at depths 0 / 1024 / 4096, even at 8192 / 16384
+ * (docs/performance.md, D43): +1.3-1.4% at depths 0 / 1024 / 4096, even at 8192 / 16384
  * with the limit (-1.3% / -2.0% without it); 2 lost 0.8% at 1024. On the 7B shape (heads of 128) the
- * joined grid spills 52 bytes with it and lost 0.7-2.3% at every depth (attention_kernel alone, as
- * the 7B runs it since the twentieth session: 136 registers, or 128 and 12 bytes spilled with
- * -DATT_MIN_BLOCKS=2; not yet measured); the SmolLM2 shape lost 2.8% at depth 0. A plan choice
- * (codegen/plan.py, _att_stage_values); 0 here: off. */
+ * joined grid spills 52 bytes with it and lost 0.7-2.3% at every depth; attention_kernel alone, as
+ * the 7B runs it (D30), takes 136 registers, one block an SM, and lost 0.3% / 1.9% / 5.9% at
+ * depths 0 / 4096 / 16384 (at two blocks an SM, 128 registers and 12 bytes spilled: +0.2% / -0.8% /
+ * -1.3%); the SmolLM2 shape lost 2.8% at depth 0. A plan choice (codegen/plan.py, _att_stage_values);
+ * 0 here: off. */
 #define ATT_STAGE_MAX_SPLITS 17 /* to depth 4352 in splits of 256 */
 /* Bytes of shared memory the staged values take */
 __host__ __device__ constexpr size_t att_value_stage_bytes(int hd) {
@@ -256,7 +259,8 @@ __device__ __forceinline__ void attention_combine(float *sc, const float *part_a
         /* The last block of this KV head: every split's (max, sum) of each head loaded at once into
          * shared memory, turned into the splits' weights by warp h for head h, then each thread one
          * (head, dim) output from the splits' partial sums, ATT_COMBINE_VEC loads in flight: a chain
-         * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (PERFORMANCE.md). */
+         * of one load per split cost ~12 us a layer at depth 4096 on the 1B shape (docs/performance.md,
+         * D19). */
         const bool wide = ATT_COMBINE_WIDE > 0 || (ATT_COMBINE_WIDE < 0 && rows * head_dim > MODEL_ATT_THREADS);
         /* MODEL_ATT_COMBINE_EARLY: thread tid's output (head tid / head_dim), its first splits' sums */
         const bool early = MODEL_ATT_COMBINE_EARLY > 0 && !wide && rows * head_dim <= (int)blockDim.x;
@@ -518,7 +522,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         /* scores: thread (c, slice) takes chunk c (8 dims) of the keys of positions slice, slice +
          * slices, ..., as the value pass below, its query chunks in registers: a warp's loads cover
          * whole lines (against a thread per position, 32 lines a load: +1.6% on the 7B shape at depth
-         * 16384, PERFORMANCE.md). A position's `chunks` lanes meet in a shuffle; the loop runs the same
+         * 16384; docs/performance.md, D21). A position's `chunks` lanes meet in a shuffle; the loop runs the same
          * trips in every lane, so the shuffles are whole-warp. */
         {
             float qc[MODEL_ATT_MAX_GROUP][8];

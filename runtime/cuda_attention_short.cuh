@@ -17,7 +17,7 @@
 // short_kernel_splits). At depth 0 attention_body's chain after its wait is 4.2 us on the 7B shape
 // for almost no work: five block barriers, the softmax through shared memory a row a warp, the
 // values loaded after it (one more L2 round trip), the sums' stores in 4-way bank conflicts
-// (PERFORMANCE.md, twenty-first session). Here:
+// (traced; docs/performance.md, D55). Here:
 // - each warp loads its tiles' keys and values together, the cached positions' before the wait;
 // - scores as attention_body's (S^T = K Q^T on the tensor cores), then each warp's softmax in its
 //   registers: a row's max and sum over the warp's positions in 3 shuffles each;
@@ -27,8 +27,7 @@
 //   each output weighs those warps' sums by exp(their max - the largest).
 // So two round trips fewer for nothing but the values, and four block barriers. Against
 // attention_body: 1B +2.2%, 7B +1.1%, SmolLM2 +11.6% at depth 0; the 1B +1.8% at 1024 and +0.4% at
-// 4096, where the splits' combine takes most of what they save (PERFORMANCE.md, twenty-second
-// session).
+// 4096, where the splits' combine takes most of what they save (docs/performance.md, D55, D56).
 __host__ __device__ constexpr int att_short_max(int hd) { return MODEL_ATT_THREADS / WARP_SIZE * att_mma_tiles(hd) * 16; }
 /* Shared memory of attention_short_body: the probabilities, the warps' sums, each warp's (max, sum),
  * the query operands */

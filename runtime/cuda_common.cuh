@@ -15,7 +15,7 @@
 #include "cuda_sync.cuh"
 
 /* GPU_W_BF16: the weights on the device are bf16 (uploaded in their own dtype; converting bf16 to
- * fp16 on upload lost the 1B's decode 1.5% at depth 0, thirty-sixth session) */
+ * fp16 on upload lost the 1B's decode 1.5% at depth 0: docs/performance.md, D98) */
 #if defined(MODEL_WEIGHT_DTYPE_BF16)
 #define GPU_W_BF16 1
 #else

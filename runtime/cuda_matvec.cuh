@@ -23,7 +23,7 @@
  * flight when the previous kernel ends let its completion and this kernel's input through sooner). */
 /* Of a paired kernel's first step, the chunks a lane loads before the wait; the rest go out after
  * the wait, behind the input's loads. The loads in flight when the previous kernel ends delay its
- * completion and the input's round trip (PERFORMANCE.md, fifteenth session). The generated code
+ * completion and the input's round trip (docs/performance.md, D46). The generated code
  * sets it from the plan (codegen/plan.py, _pair_early: half on the 7B shapes). */
 static_assert(MODEL_PAIR_EARLY >= 1 && MODEL_PAIR_EARLY <= MODEL_PAIR_UNROLL, "MODEL_PAIR_EARLY: 1 .. MODEL_PAIR_UNROLL");
 /* The early loads before a kernel's programmatic-dependent-launch wait in lots, each issued once the
@@ -39,18 +39,18 @@ static_assert(MODEL_RES_LOT >= 1 && MODEL_RES_LOT <= MODEL_MV_UNROLL, "MODEL_RES
  * Registers hold one step of both rows, so a warp's pair is a chain of round trips, one a step; the
  * copies put the later steps in flight at once, issued when the input is staged, beside the first
  * step's loads. The generated code sets it from the plan (codegen/plan.py, _qkv_async: where QKV's
- * pairs are one round, as on the 1B; PERFORMANCE.md, seventeenth session). The same copies lost in
- * gate/up on both shapes measured (seventeenth), and in o_proj and down, all of the 7B's o_proj in
- * flight before attention ends, -0.4% / -0.7% at depths 0 / 4096, or issued once attention's values
- * were out, even (eighteenth): removed. */
+ * pairs are one round, as on the 1B; docs/performance.md, D50). The same copies lost in gate/up on
+ * both shapes (-0.7% to -1.8%, D50), and in o_proj and down, all of the 7B's o_proj in flight before
+ * attention ends, -0.4% / -0.7% at depths 0 / 4096, or issued once attention's values were out,
+ * even: removed. */
 static_assert(MODEL_QKV_ASYNC >= 0, "MODEL_QKV_ASYNC: 0 or more steps");
 /* In the joined grid, o_proj's first step loaded before its wait MV_RES_PACE chunks a lane at a
  * time, each lot only once the last is in, until attention's outputs are counted (0: the whole step
  * at once). Bytes in flight at a boundary delay every L2 round trip behind them: with QKV's last
  * round split (QKV_SPLIT_LAST) the joined grid lands at QKV's end, and its 17 MB of o_proj loads
  * held the 7B's attention chain back ~2 µs a layer. In two lots of 4 chunks, 7B +0.7% / +0.5% /
- * +0.1% at depths 0 / 4096 / 16384; lots of 2 +0.5% / +0.2%, of 1 -0.3% / -0.5% (PERFORMANCE.md,
- * eighteenth session). */
+ * +0.1% at depths 0 / 4096 / 16384; lots of 2 +0.5% / +0.2%, of 1 -0.3% / -0.5% (docs/performance.md,
+ * D52). */
 #define MV_RES_PACE (MODEL_MV_UNROLL / 2)
 static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE == 0 || MODEL_MV_UNROLL % (MV_RES_PACE ? MV_RES_PACE : 1) == 0),
               "MV_RES_PACE: 0, or a divisor of MODEL_MV_UNROLL");
@@ -59,7 +59,7 @@ static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE
  * of them (the kernel checks, from its grid). On the 7B shapes 960 pairs are left for 2,112 warps
  * after a round; whole, they took two steps each on 960 warps of 82 SMs while the others idled.
  * Split, each of 1,920 warps on every SM takes one step, the halves meeting in shared memory: +0.4%
- * at depths 0 and 4096 (PERFORMANCE.md, eighteenth session). */
+ * at depths 0 and 4096 (docs/performance.md, D51). */
 #define QKV_SPLIT_LAST 1
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
@@ -321,7 +321,7 @@ __device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, co
 // float4 groups g = tid, tid + MV_THREADS, ... and touches only those until the final barrier.
 // The loads come STAGE_VEC groups at a time, all in flight together: the step's weight traffic
 // queues ahead of them, so a loop of one load per round trip cost ~5 us per kernel on the 7B shape
-// (PERFORMANCE.md).
+// (docs/performance.md, D11).
 //
 // The staged vector is split in halves: chunk c's inputs x[8c..8c+3] are float4 c, x[8c+4..8c+7]
 // float4 K/8 + c. A warp's lanes, reading chunks c..c+31, then read consecutive float4s: no two
@@ -500,7 +500,7 @@ __device__ __forceinline__ void step_end_body(int *io, int *history, int *chosen
 
 /* The paired kernels (q/k/v with RoPE, gate/up with SiLU) put both rows of a pair on one warp,
  * their loads in flight together: 4.5% faster end to end than a pair on two warps meeting at a
- * block barrier every round (PERFORMANCE.md). */
+ * block barrier every round (docs/performance.md, D7). */
 
 /* The rows of q/k/v pair p: (i, i + head_dim/2) of one Q or K head, rotated together, or V rows
  * (2i, 2i + 1); kind 0 Q, 1 K, 2 V. */
@@ -661,7 +661,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
         const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
         /* The residual's old values, loaded before the row's dot product so that the add at its end
          * waits on no L2 round trip (the compiler keeps `out +=` after the dot product: out may alias
-         * for all it knows): SmolLM2 +3.7%, 7B +0.4%, 1B -0.3% (PERFORMANCE.md, tenth session).
+         * for all it knows): SmolLM2 +3.7%, 7B +0.4%, 1B -0.3% (docs/performance.md, D36).
          * Nothing else writes these rows in this stage. */
         float res_a = 0.0f, res_b = 0.0f;
         if (lane == 0) {

@@ -24,14 +24,15 @@
 // block 0 adds the residual x too): out must be zero before, so each layer's kernel zeroes the
 // buffer the next layer adds into (`zero`, the last layer's input, dead past this kernel's wait).
 // The reductions' order is not fixed: a build with MODEL_MLP_FUSED is not reproducible to the last bit
-// from run to run (the fp32 rounding of 132 partial sums an output). Measured alone first
-// (tests/bench/fused_mlp.cu, forty-second session, PERFORMANCE.md): 16 chained 1B-shaped MLPs in
+// from run to run (the fp32 rounding of 132 partial sums an output). Measured alone
+// (tests/bench/fused_mlp.cu; docs/performance.md, D64): 16 chained 1B-shaped MLPs in
 // 24.2 us a layer against 26.6 for the two kernels, the reductions 0.3 of it; clusters summing their
 // blocks' partials in distributed shared memory first held fewer SMs and lost, fixed-point
-// reductions (reproducible) cost 5 us more (four times the atomic operations). In the 1B's step it
-// lost 0.3-0.7% at depth 0 (+0.3-1.0% at 4096): traced, the MLP itself ends 1.8 us a layer sooner
-// than gate/up and down, but its one block an SM (55K registers, 136 KB) lands only once o_proj's
-// blocks have left, and QKV's blocks only once it has, its wait 0.5 us later (the reductions).
+// reductions (reproducible) cost 5 us more (four times the atomic operations). In the 1B's step,
+// without the bulk-copied input and the uniform carveout, it lost 0.3-0.7% at depth 0 (+0.3-1.0% at
+// 4096): traced, the MLP itself ends 1.8 us a layer sooner than gate/up and down, but its one block
+// an SM (55K registers, 136 KB) lands only once o_proj's blocks have left, and QKV's blocks only once
+// it has, its wait 0.5 us later (the reductions). With them: +0.2% at 0, +1.9% at 4096 (D64, D65).
 
 #define MLP_WARPS 16
 #define MLP_THREADS (MLP_WARPS * WARP_SIZE)
@@ -93,7 +94,7 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     };
     TRACE_BEGIN(ST_MLP);
     /* the norm weights first, into registers: a load that waits behind the block's weight loads
-     * held every block's staging ~5 us (traced, forty-second session) */
+     * held every block's staging ~5 us (traced; docs/performance.md, D64) */
     const uint4 nw = tid < DCH ? __ldg(reinterpret_cast<const uint4 *>(norm_w) + tid) : make_uint4(0, 0, 0, 0);
     if (tid == 0) {
         for (int i = 0; i < MLP_SLOTS + 1; i++) mbar_init(bar0 + 8 * i, 1);

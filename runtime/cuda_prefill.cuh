@@ -36,16 +36,16 @@
  * tensor cores. Its tiles are the same: 128-byte rows, chunks swizzled as gemm_swz does, which is
  * wgmma's 128-byte swizzle when a tile starts on 1024 bytes. The generated code's default on sm_90
  * (the plan's gemm_wgmma; the Makefile builds sm_90a). At batches of 64 with every matvec a GEMM
- * (thirtieth session): prompt 1B +17%, 7B +24% against mma.sync; at batches of 32 with gate/up the
- * only GEMM it had lost (twenty-eighth: 1B -0.9%, 7B -6%). */
+ * (docs/performance.md, D89): prompt 1B +17%, 7B +24% against mma.sync; at batches of 32 with
+ * gate/up the only GEMM it lost (1B -0.9%, 7B -6%). */
 
 /* Prompt tokens a prefill batch takes, at most: batches of PREFILL_BATCH, PREFILL_BATCH / 2, ...
  * down to 8 (PREFILL_SIZES sizes, a graph each): full ones, then the smallest that covers the
  * tokens left (prefill_from in the generated code). A batch of 16 costs ~1.7 of one of 8 and one of 32 ~1.65 of
- * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%, PERFORMANCE.md). 64 against
- * 32 with every matvec a GEMM (thirtieth session): 1B +28%, 7B +23%; with the matvecs of
- * prefill_pairs_body it lost (twenty-ninth: their time doubles with the tokens). 128 against 64 on
- * wgmma (thirty-fourth session; its GEMMs 256 columns wide in two terms, one block an SM): 1B prompt
+ * one of 16 (1B and 7B shapes; 32 against 16: 1B prompt +21%, 7B +22%: docs/performance.md, D80). 64
+ * against 32 with every matvec a GEMM (D88): 1B +28%, 7B +23%; with the matvecs of prefill_pairs_body
+ * it lost (their time doubles with the tokens). 128 against 64 on wgmma (D94; its GEMMs 256 columns
+ * wide in two terms, one block an SM): 1B prompt
  * +29%, 7B +10%; a batch of 128 costs 1.33 (1B) to 1.63 (7B) of one of 64. So 128 where the GEMMs
  * run on wgmma, 64 on mma.sync (its fragments for 256 columns would take 128 registers a lane
  * more). Each a multiple of the mma's n, 8; tests build 16, 32 and 64. */
@@ -57,7 +57,7 @@
 static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 || PREFILL_BATCH == 64 || PREFILL_BATCH == 128,
               "prefill batches: 8, 16, 32, 64 or 128 tokens");
 /* 16-row tiles a warp multiplies with each input it loads: a block reads its inputs from L2 once for
- * 32 rows (1B prompt +26%, 7B +33% against one tile; PERFORMANCE.md, tenth session) */
+ * 32 rows (1B prompt +26%, 7B +33% against one tile; docs/performance.md, D80) */
 #define PREFILL_ROW_TILES 2
 #define PREFILL_BLOCK_PAIRS (8 * PREFILL_ROW_TILES) /* pairs of rows a block takes: 8 a tile of the mma's 16 rows */
 /* 32-value chunks of K a warp holds in flight (4 at 16 spills: -16%; 32 takes 1 for its registers) */
@@ -70,12 +70,12 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 /* QKV, o_proj and down as GEMMs (prefill_gemm_body, as gate/up's) with K split over blocks, each
  * split's sums to a buffer of its own, added in order by the kernel after them
  * (prefill_qkv_finish_body, the RMSNorm's prefill_rms_terms_body), so that no block waits for
- * another's. Against prefill_pairs_body at batches of 32 (thirtieth session): 1B prompt +17%, 7B
+ * another's. Against prefill_pairs_body at batches of 32 (docs/performance.md, D88): 1B prompt +17%, 7B
  * +21%; o_proj's input, the attention's fp32 output, is split into terms first by a kernel of its
  * own (prefill_att_terms_body). Splits: as many as the GEMM's blocks resident an SM (the occupancy
  * of each batch size's own kernel) fill in one wave, rounded down (gemm_splits), at most
- * PREFILL_GEMM_MAX_SPLITS and K's tiles: against every size split as a full batch (thirty-seventh
- * session) a batch's graph 7B -21% to -23%, 1B -10% to -11%. */
+ * PREFILL_GEMM_MAX_SPLITS and K's tiles: against every size split as a full batch a batch's graph
+ * 7B -21% to -23%, 1B -10% to -11% (D99). */
 #define PREFILL_GEMM_MAX_SPLITS 8 /* the most splits of K of a prefill GEMM */
 /* the most splits of o_proj's or down's partial sums (prefill_part_x) */
 #define PREFILL_MAX_X_PARTS (PREFILL_GEMM_MAX_SPLITS > PREFILL_SPLITS ? PREFILL_GEMM_MAX_SPLITS : PREFILL_SPLITS)
@@ -83,8 +83,8 @@ static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 |
 /* Terms of the weights' type (bf16 or fp16: GPU_W_BF16) an fp32 input is split into for the tensor
  * cores: x = t0 + t1, each the rounding of what the previous left, so W.x keeps 16 bits of x with
  * bf16 terms (8 + 8; fp16 22), a relative error of at most 2^-17 an input against the decode
- * kernels' fp32 products. Against 3 terms: 1B prompt +7%, 7B +12% (tenth session); one term (x
- * rounded to bf16) gives up the prompt's agreement with the CPU path. */
+ * kernels' fp32 products. Against 3 terms: 1B prompt +7%, 7B +12% (docs/performance.md, D80); one
+ * term (x rounded to bf16) gives up the prompt's agreement with the CPU path (kept off: D98). */
 #define PREFILL_TERMS 2
 
 /* A value of the terms' 16-bit type, round to nearest; *rest gets what the rounding left out. */
@@ -132,10 +132,10 @@ __device__ __forceinline__ void store_terms4(uint16_t *terms, size_t stride, flo
  * them at most): its loads of x and of the first
  * PREFILL_SPLITS parts are issued before any is used (one L2 round trip; more parts, a round each
  * PREFILL_SPLITS), the norm's weights before the PDL wait, and the terms are written from the
- * registers. Against the earlier form's loops of 4 values a thread, which read the row twice: 1B
- * 5.4 to 4.8 us a launch, 7B 7.5 to 5.4 (launched one by one; prompt +1%). A cluster of blocks a
- * token (thirty-first and -second sessions): +1-2% at depth 0, even at 4096, failing launched as a
- * programmatic dependent; removed. */
+ * registers. Against loops of 4 values a thread, which read the row twice: 1B 5.4 to 4.8 us a
+ * launch, 7B 7.5 to 5.4 (launched one by one; prompt +1%: docs/performance.md, D87). A cluster of
+ * blocks a token: +1-2% at depth 0, even at 4096, failing launched as a programmatic dependent;
+ * removed (D100). */
 template <int THREADS, int V>
 __device__ __forceinline__ void prefill_rms_terms_body(float *__restrict__ x, const float *__restrict__ part, int parts,
                                                        const uint16_t *__restrict__ norm_w, uint16_t *__restrict__ terms,
@@ -255,7 +255,7 @@ __device__ __forceinline__ void store_terms2(uint16_t *terms, size_t stride, flo
 /* FLASH_WRITES_TERMS 1: the flash attention kernels write o_proj's input terms themselves, as
  * prefill_att_terms_body would from their fp32 output (the same bits), and its launch, one a layer,
  * is left out where they run (attention_body's prompt, past FLASH_MAX_SPLITS, still
- * takes it). Measured (thirty-seventh session, GPU tests passed), a batch's graph at depth 1: 1B
+ * takes it). Measured (GPU tests passed), a batch's graph at depth 1: 1B
  * -0.6% to -2.9% at 8-128 tokens (the 512-token prompt +1.2%); Mistral-7B shape +0.8% to +2.9% at
  * 8-64, -0.9% at 128: its flash kernel (heads of 128) ~3 us a launch slower at batches of 8-32,
  * o_proj ~1 us faster. Not o_proj's GEMM launched early beside it (launched without programmatic
@@ -305,7 +305,7 @@ __device__ __forceinline__ void mma_16x8x16(float c[4], uint32_t a0, uint32_t a1
 /* A 16-row tile's sums s[j] (rows g: pair p's a, g + 8: its b, at tokens 8 j + 2q and 8 j + 2q + 1,
  * the mma's C fragments) stored by the lanes that hold them: store(p, t, a, b) for each of a lane's
  * tokens, each store instruction four tokens' values. Against gathering a pair's values into one
- * lane of four by shuffles first (thirty-fourth session, batches of 64, µs a batch): 1B gate/up 442
+ * lane of four by shuffles first (docs/performance.md, D93; batches of 64, µs a batch): 1B gate/up 442
  * to 389, the prompt +10%; 7B gate/up 2,374 to 2,230, +6%; and a batch of 128 would have needed 256
  * registers a lane for the gathered values. */
 template <int B, typename Store>
@@ -437,10 +437,10 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
 // L2 once for 64 rows, not for 32, and keeps its later stages' weights in flight whatever its
 // registers. The input's terms are columns of the GEMM: column t * B + b is token b's term t, as
 // the terms lie in memory (term, B, K), and each token's terms are added after the sums.
-// Measured against prefill_pairs_body (PERFORMANCE.md, twenty-seventh session): the prompt +10% on
-// the 1B shape and +17% on the 7B; QKV, o_proj and down, whose few rows need K split over blocks,
-// were slower as GEMMs while each tile's last split block added the splits' sums (the thirtieth
-// session's, each split to a buffer of its own, won). ncu (mma.sync, batches of
+// Measured against prefill_pairs_body (docs/performance.md, D86): the prompt +10% on the 1B shape
+// and +17% on the 7B; QKV, o_proj and down, whose few rows need K split over blocks, were slower as
+// GEMMs while each tile's last split block added the splits' sums (each split to a buffer of its
+// own, as they are now, won: D88). ncu (mma.sync, batches of
 // 32): bound by latency (a quarter of the issue slots and of the tensor pipe busy), not by a unit.
 
 #define GEMM_WARPS 4 /* 8 (64 pairs a block): 1B prompt -6%, 7B even */
@@ -455,11 +455,11 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
  * stage's copies and wgmma (wgmma.wait_group 1, not 0), so that the tensor cores are not idle while
  * the warps wait; the copies then go to the stage two back, which the wait has freed, and the
  * prefetch distance is S - 2 tiles. gate/up's GEMM on wgmma: 4 stages with W1 (it runs one block a
- * tile of rows, not split): against 3 stages without (thirty-second session) 7B gate/up -8%, prompt
- * +4.4%, 1B +0.2%. The split GEMMs (QKV, o_proj, down) keep 3 stages without (at 4 two blocks an
- * SM, not three: the prompt +1% to -4.7%, thirty-first session), but at 256 columns (batches of 128
- * in two terms, one block an SM anyway) take 4 with W1: 7B QKV -10%, prompt +1.4% / +5.3% at depths
- * 0 / 4096, 1B +0.2% / -0.4% (thirty-fifth session). */
+ * tile of rows, not split): against 3 stages without, 7B gate/up -8%, prompt +4.4%, 1B +0.2%
+ * (docs/performance.md, D91). The split GEMMs (QKV, o_proj, down) keep 3 stages without (at 4 two
+ * blocks an SM, not three: the prompt +1% to -4.7%), but at 256 columns (batches of 128 in two terms,
+ * one block an SM anyway) take 4 with W1: 7B QKV -10%, prompt +1.4% / +5.3% at depths 0 / 4096, 1B
+ * +0.2% / -0.4% (D95). */
 #define GATE_UP_GEMM_STAGES (MODEL_GEMM_WGMMA ? 4 : GEMM_STAGES)
 #define GATE_UP_GEMM_WAIT1 MODEL_GEMM_WGMMA
 #define SPLIT_WIDE_W1(B) (MODEL_GEMM_WGMMA && PREFILL_TERMS * (B) > 128)
@@ -563,18 +563,19 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
 /* GEMM_TMA: gate/up's GEMM (prefill_gate_up_tma_body) with its tiles copied by the Tensor Memory
  * Accelerator (cp.async.bulk.tensor through tensor maps the host makes, a stage's arrival counted
  * on an mbarrier) instead of 12 cp.async a thread a stage: one thread issues a stage's 9 copies
- * (8 boxes of 8 weight rows, the inputs' tile). The lead (thirty-first session, ncu on gate/up):
+ * (8 boxes of 8 weight rows, the inputs' tile). Why (ncu on gate/up's cp.async form):
  * a third of the warps' time in issuing the copies and waiting at the stage's barrier, gate/up's
  * weights read at 2.1-2.4 TB/s, half the probe. In specialized builds on wgmma (sm_90a); its
  * stages and wait follow gate/up's (GATE_UP_GEMM_STAGES, GATE_UP_GEMM_WAIT1). Against cp.async at
- * 4 stages with WAIT1 (thirty-third session): 1B prompt +1.5%, 7B +2.9% at depth 0. */
+ * 4 stages with WAIT1: 1B prompt +1.5%, 7B +2.9% at depth 0 (docs/performance.md, D91). */
 #define GEMM_TMA (MODEL_GEMM_WGMMA && !MODEL_GENERIC)
 /* GATE_UP_TMA_WIDE: gate/up's TMA body at two warpgroups a block (prefill_gate_up_tma_body's WGS),
  * each its own 64 rows against the stage's one input tile, at 3 stages without WAIT1 (at 256
  * columns: 4 with, below), so that two blocks fit an SM: 16 warps an SM, not 8. 1: where its blocks (64 pairs) are
  * one wave of two an SM, at least as many as the SMs and at most twice (on an H200 the 7B and 8B
  * shapes' 224; not the 1B's 128, one block an SM, nor the Qwen2.5-7B shape's 296, 1.12 waves),
- * 2: always (a test knob: the tiny models' blocks are fewer than the SMs). Measured (thirty-third session, µs a batch of 64, two rounds):
+ * 2: always (a test knob: the tiny models' blocks are fewer than the SMs). Measured (docs/performance.md,
+ * D92; µs a batch of 64, two rounds):
  * Mistral-7B shape gate/up 2,334-2,358 against 2,577-2,587, prompt +2.9% / +2.3% at depths 0 /
  * 4096; Qwen2.5-7B shape 3,302-3,349 against 2,888-2,915, prompt -6.0% / -4.8%; the 1B (forced)
  * 536 against 439, prompt -8%. A block of two warpgroups at one block an SM lost everywhere (7B
@@ -584,16 +585,16 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
  * at 7.4 warps an SM (one warpgroup), 3.27 at 13.7 (wide), 2.30 at 9.0 (one wide block an SM): the
  * weights' reads want warps in flight, not staged bytes. At batches of 128 in two terms (256
  * columns, 128 sums a thread) either form fits one block an SM; the Mistral-7B shape's two
- * warpgroups there: gate/up 4,075 against 4,222 µs a batch, prompt +1.9% (thirty-fourth session). */
+ * warpgroups there: gate/up 4,075 against 4,222 µs a batch, prompt +1.9% (D92, D94). */
 #ifndef GATE_UP_TMA_WIDE
 #define GATE_UP_TMA_WIDE 1
 #endif
 static_assert(GATE_UP_TMA_WIDE == 1 || GATE_UP_TMA_WIDE == 2, "GATE_UP_TMA_WIDE: 1 (the rule) or 2 (always)");
 /* Where a block of two warpgroups is alone on its SM anyway (256 columns: batches of 128 in two
  * terms), 4 stages with a stage's wgmma left running (as GATE_UP_GEMM_WAIT1) instead of 3 without:
- * Mistral-7B shape gate/up 3,183 against 4,034 µs a batch of 128, prompt +7.5% (thirty-fourth
- * session). A warp of its own copying there (warp-specialized, empty mbarriers), prepared in the
- * thirty-fifth session, was never run on a GPU: removed. */
+ * Mistral-7B shape gate/up 3,183 against 4,034 µs a batch of 128, prompt +7.5% (docs/performance.md,
+ * D95). A warp of its own copying there (warp-specialized, empty mbarriers) was written but never run
+ * on a GPU: removed. */
 #define TMA_WIDE_W1(B) (PREFILL_TERMS * (B) > 128)
 /* the TMA body's threads: WGS warpgroups */
 #define TMA_THREADS(B, WGS) (GEMM_THREADS * (WGS))
@@ -658,8 +659,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
      * pair 8 (r / 16) + r % 8's a (r % 16 < 8) or b. The pointers and shared-memory offsets are
      * worked out once: rows ROWS apart keep r % 8, so their swizzled chunks lie ROWS 128 bytes apart,
      * and a stage's copies are one address add each (a loop over the copies with a stride from tid
-     * cost ~10 instructions a copy, and its issue half of the GEMM's warps' time: ncu, thirty-first
-     * session). */
+     * cost ~10 instructions a copy, and its issue half of the GEMM's warps' time: ncu). */
     constexpr int ROWS = GEMM_THREADS / 8, B_COPIES = (T * B + ROWS - 1) / ROWS; /* the last may be part of ROWS rows */
     static_assert(4 * ROWS == 2 * GEMM_PAIRS, "prefill_gemm_body: the weights' tile is 4 copies of ROWS rows");
     const int c8 = 8 * (tid % 8);
@@ -765,8 +765,8 @@ __host__ __device__ inline int gemm_k_tiles(int K) { return (K + GEMM_KT - 1) / 
 #define PREFILL_MAX_QKV_PARTS PREFILL_GEMM_MAX_SPLITS
 
 /* splits of K over a GEMM's `tiles` pair tiles on `sms` SMs where `resident` of its blocks fit an SM:
- * as many as fill one wave, rounded down (N blocks an SM rounded up instead, the thirtieth session's
- * rule, left a second wave of a third of the blocks or more where 3 were resident) */
+ * as many as fill one wave, rounded down (N blocks an SM rounded up instead left a second wave of a
+ * third of the blocks or more where 3 were resident: one wave +4.8-5.2%, docs/performance.md, D90) */
 static inline int gemm_splits(int tiles, int K, int sms, int resident) {
     int splits = resident * sms / tiles;
     if (splits < 1) splits = 1;
@@ -979,9 +979,9 @@ __device__ __forceinline__ void prefill_gate_up_silu_body(const uint16_t *wg, co
 // of the group), on the tensor cores (prefill_flash_mma_body, below). attention_body reads each key
 // and value once for MODEL_PREFILL_ATT_TOKENS tokens; at depth 4096 on the 1B shape a 32-token
 // batch's attention took ~137 us a layer that way, in 4224 blocks each paying the whole latency
-// chain (PERFORMANCE.md, tenth session). The flash form, in fp32 at first: 1B prompt at depth 4096
-// +72%, 16384 +109% (eleventh session); on the tensor cores against fp32 (twenty-eighth session,
-// 128-token prompt): 1B +8.6% / +12.4% / +66% at depths 0 / 4096 / 16384, 7B +8.7% / +14.0% / +70%.
+// chain. The flash form, in fp32: 1B prompt at depth 4096 +72%, 16384 +109% (docs/performance.md,
+// D82); on the tensor cores against fp32 (D83, 128-token prompt): 1B +8.6% / +12.4% / +66% at depths
+// 0 / 4096 / 16384, 7B +8.7% / +14.0% / +70%.
 
 #define FLASH_ROWS 64     /* query rows a block */
 #define FLASH_WARP_ROWS 8 /* a warp's rows */
@@ -1092,7 +1092,7 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
 /* Fewest positions a split of prefill_flash_mma_body takes (above the prompt's splits, att_split_len).
  * Its blocks are short and each split adds to the last block's combine: splits of 1024 against the
  * prompt's 256-512 measured faster by 22% at depth 4096 and 29-51% at 16384 in the kernel alone
- * (1B, 7B; twenty-eighth session). Tests build 5 (many splits, the combine). */
+ * (1B, 7B; docs/performance.md, D83). Tests build 5 (many splits, the combine). */
 #ifndef FMMA_MIN_CHUNK
 #define FMMA_MIN_CHUNK ATT_TILE
 #endif

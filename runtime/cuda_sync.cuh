@@ -52,8 +52,9 @@ __device__ __forceinline__ void pdl_launch_dependents(void) {
 
 /* In the step's graph, one kernel per stage: programmatic dependent launch. The next kernel may
  * launch once every block of this one is past its wait (letting it launch before the wait lost 1%
- * on the 1B shape and 9% on SmolLM2; attention letting o_proj launch only after its loads: 1B at
- * depth 4096 -2.4%, depth 0 +0.7%: PERFORMANCE.md). A block that leaves early counts as past it.
+ * on the 1B shape and 9% on SmolLM2: docs/performance.md, D13; attention letting o_proj launch only
+ * after its loads: 1B at depth 4096 -2.4%, depth 0 +0.7%: D22). A block that leaves early counts as
+ * past it.
  * The one exception: with the fused MLP the short attention lets o_proj launch before its wait
  * (MODEL_ATT_TRIGGER_EARLY, forward_cuda.cu); the second launch_dependents is then a no-op. */
 struct wait_pdl {

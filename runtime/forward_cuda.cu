@@ -399,7 +399,7 @@ enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 #define STEP_RING 4 /* choosing steps queued at once, at most (model_cuda_take drains the oldest) */
 /* Fewest prompt tokens worth a prefill batch of their own; fewer go as steps. A batch of 8 with
  * the last token in it costs about 1.7 steps (1B shape: 1.14 ms against 0.69), so 2 tokens pay:
- * a 2-token prompt 1B +21.5%, 7B +21.2% against 3 (thirty-sixth session); 1 does not. */
+ * a 2-token prompt 1B +21.5%, 7B +21.2% against 3; 1 does not (docs/performance.md, D97). */
 #define PREFILL_MIN_TAIL 2
 
 #define PREFILL_TIERS 3 /* model_cuda's prefill and prefill_last: [0], [1], [2] */
@@ -840,7 +840,7 @@ static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last, 
  * those batches any split count from this one up cuts the positions alike, into at most this many: the [1] graphs' MODEL_ATT_MIN_SPLITS (33 on the 1B and 7B shapes) only
  * add blocks that find no positions and leave, 25 or more of 33 a KV head and group of rows. 1B
  * shape, a 128-token prompt: +5.6% at depth 0, +0.3% at 1024 against the [1] graphs; 1 split instead
- * of 8 even at 0 and -1.5% at 1024 (PERFORMANCE.md, twenty-first session). */
+ * of 8 even at 0 and -1.5% at 1024 (docs/performance.md, D84). */
 #define PREFILL_FEW_SPLITS 8
 
 /* Splits a KV head that the graphs of tier s launch (m->graphs[s], m->prefill[s]) */
@@ -913,9 +913,9 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 1;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem));
-    /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower; the
-     * fewest blocks for the same rounds of rows (every warp as many rows as any other, or one fewer)
-     * measured even or slower (PERFORMANCE.md, sixteenth session). */
+    /* A full wave: half of one, leaving room for the next kernel's blocks, measured 20% slower
+     * (docs/performance.md, D3); the fewest blocks for the same rounds of rows (every warp as many rows
+     * as any other, or one fewer) measured even or slower (D47). */
     int wave = (per_sm > 0 ? per_sm : 1) * sms;
     return needed < wave ? needed : wave;
 }
@@ -1126,7 +1126,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * MODEL_ATT_MIN_SPLITS a KV head for steps and batches that read at most MODEL_ATT_MIN_SPLITS tiles: the
      * attention body takes no more for them anyway, and the rest of the blocks (1B shape: 1016 of
      * 1024 a layer at depth 0) would each read the position and leave, between QKV and o_proj. 1B:
-     * prompt +16%, decode even (PERFORMANCE.md, ninth session). */
+     * prompt +16%, decode even (docs/performance.md, D32). */
     m->short_positions = m->n_splits > MODEL_ATT_MIN_SPLITS ? MODEL_ATT_MIN_SPLITS * ATT_TILE : 0;
     /* the prompt's least split: the tensor cores' flash kernel takes at least FMMA_MIN_CHUNK */
 #if MODEL_PREFILL_FLASH
@@ -1148,7 +1148,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->short_kernel_positions = m->short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
     /* The steps that one split holds launch it in one: the other splits' blocks (256 of 264 on the
      * 1B at depth 0) would find no positions and leave, yet still take their launch's time and the
-     * SMs' slots as o_proj's blocks land (1B +0.3% at depth 0, PERFORMANCE.md, forty-sixth session) */
+     * SMs' slots as o_proj's blocks land (1B +0.2-0.3% at depth 0; docs/performance.md, D68) */
     m->one_split_positions = ONE_SPLIT_GRAPHS && m->short_kernel_splits > 1 ? att_short_max(MODEL_HEAD_DIM) : 0;
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
@@ -1261,7 +1261,7 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
      * its tokens: on the 1B shape 1.15-1.37 ms from 8 to 64 with the last token in it. Covering the
      * rest in one batch beat the thresholds before it (batches of the largest size the tokens left
      * reached: 9 as 8 + a step, 17-24 as 16 + 8, 40 as 32 + 8, 65 as 64 + a step, 80 as 64 + 16) at
-     * every prompt length measured: 1B +13% to +74%, 7B +23% to +83% (thirty-sixth session). A
+     * every prompt length measured: 1B +13% to +74%, 7B +23% to +83% (docs/performance.md, D97). A
      * batch that takes the last token runs its last layer through when that token chooses
      * (prefill_last), and its choice follows: the LM head on its row. */
     auto prefill_from = [](int size) { return size > PREFILL_SMALL ? size / 2 + 1 : PREFILL_MIN_TAIL; };

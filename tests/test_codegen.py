@@ -188,7 +188,7 @@ def test_plan_takes_tensor_core_decode_attention_on_64_and_128_wide_heads():
 
 
 def test_plan_stages_values_on_heads_of_64_from_the_1b_shape():
-    """Staged values (ATT_MMA_STAGE_VALUES) where they measured a gain: heads of 64 in a model no
+    """Staged values (att_stage_values) where they measured a gain: heads of 64 in a model no
     smaller than Llama-3.2-1B; not the SmolLM2 shape (lost at depth 0), not heads of 128 (spills)."""
     from codegen.plan import make_generic_plan, make_plan
 

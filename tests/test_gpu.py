@@ -127,7 +127,7 @@ def selected_builds(items) -> list[tuple]:
 def builds_side_by_side(request):
     """The selected tests' builds, made side by side before the first test runs: each is one nvcc
     process (~15 s on the GPU machine; the generic build three), and one after another they took
-    most of a `make test-gpu` (over 600 s in the thirtieth session). A specialized build goes first,
+    most of a `make test-gpu` (over 600 s measured). A specialized build goes first,
     alone, so that the runtime's shared objects (build/runtime) are up to date before the others
     link them. A build that fails here is left to its test, which builds it again and reports
     make's output."""
@@ -333,10 +333,11 @@ def test_tiny_gpu_residual_pairs_equal_cpu(variant, tmp_path):
                                            ("tiny-gqa", "pair_lot=1 res_lot=2")])
 def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
     """The early loads before the programmatic-dependent-launch wait, in other lots than the
-    plan's (codegen/plan.py, _pair_lot and _res_lot: two lots of QKV's and gate/up's MV_PAIR_EARLY
+    plan's (codegen/plan.py, _pair_lot and _res_lot: two lots of QKV's and gate/up's MODEL_PAIR_EARLY
     chunks and four of o_proj's and down's MV_UNROLL where the rows fill them, as tiny-wide's do, so
-    the other GPU tests on tiny-wide run those): tiny-wide's all at once (one lot, the default before
-    the nineteenth session), lots of one chunk with pairs of rows, and tiny-gqa's short rows in lots.
+    the other GPU tests on tiny-wide run those): tiny-wide's all at once (one lot, what the lots were
+    measured against: docs/performance.md, D53), lots of one chunk with pairs of rows, and tiny-gqa's
+    short rows in lots.
     Logits and greedy text against the CPU's."""
     d, binary = flags_build(variant, flags)
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
@@ -344,7 +345,7 @@ def test_tiny_gpu_early_lots_equal_cpu(variant, flags, tmp_path):
 
 @pytest.mark.parametrize("flags", ["pair_unroll=4", "qkv_async=2 pair_unroll=4"])
 def test_tiny_gpu_pair_async_equal_cpu(flags, tmp_path):
-    """QKV's later row steps copied into shared memory on cp.async (MV_PAIR_ASYNC: the plan has one
+    """QKV's later row steps copied into shared memory on cp.async (qkv_async: the plan has one
     async step of 8 chunks a lane on tiny-wide, as on the 1B, which every other tiny-wide test
     runs), on tiny-wide (rows of 2176: 272 chunks, so the last step is partial), in builds of their
     own: one async step of 4 and a third step from registers; two of 4, the second partial. Logits

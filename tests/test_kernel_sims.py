@@ -1,7 +1,7 @@
 """The NumPy simulations of the attention kernels' index arithmetic (tests/bench/*_sim.py) still
 agree with plain attention: each mirrors a kernel lane by lane (tensor-core fragments, splits,
 grouped rows) and asserts its own tolerance. They run here, without a GPU, so that they cannot rot
-between the sessions that change those kernels."""
+while those kernels change."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tests/bench/ncu_table.py on a real Nsight Compute report (the ninth session's 1B prefill batch,
+"""tests/bench/ncu_table.py on a real Nsight Compute report (a 1B prefill batch's kernels,
 trimmed to three launches): every column from its metric, units converted, and a clear error for
 a file that is no report."""
 

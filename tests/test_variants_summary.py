@@ -1,5 +1,6 @@
-"""tests/bench/variants_summary.py on a real variants.sh output (the fifteenth session's SmolLM2
-shape, plain against -DMV_PAIR_UNROLL=4, two rounds): every round's numbers found, the table's
+"""tests/bench/variants_summary.py on a real variants.sh output (SmolLM2 shape, plain against
+-DMV_PAIR_UNROLL=4, a knob now the plan's pair_unroll, two rounds; docs/performance.md, D45): every
+round's numbers found, the table's
 ranges and changes against the plain build, and clear errors for other files."""
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def test_script_prints_the_table_and_refuses_other_files(tmp_path):
     assert r.returncode == 1 and "missing.txt" in r.stderr
 
 
-# PROMPTS='3 9' as variants.sh prints it (the thirty-fifth session's 1B numbers, one round; each
+# PROMPTS='3 9' as variants.sh prints it (1B numbers of docs/performance.md's D96, one round; each
 # run's "bench:" line left out)
 def prompts_output(variant: str, probes: tuple[float, float], tok_s: tuple[float, float]) -> str:
     runs = [f"  read bandwidth probe: {p} GB/s\n  prompt: {n} tokens, {t} tok/s\n" for p, n, t in zip(probes, (3, 9), tok_s)]
@@ -75,7 +76,7 @@ def test_prompt_lengths_are_columns_of_their_own():
     assert lines[4] == "| `-DPREFILL_LAST=0` | 1534.1 (-41.8%) | 5204.9 (-0.7%) | 4527.5-4529.0 |"
 
 
-# --bench-kernels' prompt batch tables (the thirty-sixth session's 1B numbers, depth 1; the stage
+# --bench-kernels' prompt batch tables (a real run's 1B numbers, depth 1; the stage
 # rows cut to one), one round
 def kernels_output(variant: str, graphs: tuple[float, float]) -> str:
     tables = [f"a prefill batch of {n} tokens at depth 1 (launched one by one, best of 20):\n"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU decode speed on synthesized full-size shapes (Llama-3.2-1B, Mistral-7B, bf16 random weights,
 # the tiny test tokenizer), for both matvec stream counts, as run on the GPU machine's 16 cores for
-# PERFORMANCE.md. Uses the machine's own python3 packages (tests/gpu_env.sh).
+# docs/performance.md (D101, the plan's cpu_streams). Uses the machine's own python3 packages
+# (tests/gpu_env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|L3" || true

@@ -5,14 +5,14 @@
  * The decode step runs gate/up (+ SiLU) and down (+ residual) as two kernels: down needs every hidden
  * value before its first product, so its grid waits for gate/up's (programmatic dependent launch),
  * stages the 8,192 values and only then multiplies. On the 1B that boundary costs ~2.5 us a layer
- * beyond down's bytes (PERFORMANCE.md, thirty-ninth to forty-first sessions). Here the MLP is one
+ * beyond down's bytes (traced; docs/performance.md, D64). Here the MLP is one
  * kernel: a block takes a range of hidden units; for a batch of them its warps compute the hidden
  * values (a warp a unit: its gate and up rows, as the decode gate/up does) while the rows of down's
  * transpose for the same units land in shared memory on the bulk-copy engine; then each warp
  * multiplies a slice of the output columns by the batch's hidden values. A block ends with a partial
- * sum of every output, and the blocks' partials meet in L2 (red.global.add.v4.f32; the seventh
- * session's fused MLP lost ~2 us a layer to 264 reductions an address, and loaded down's rows only
- * after its hidden values). Measured first (forty-second session, PERFORMANCE.md): the partials
+ * sum of every output, and the blocks' partials meet in L2 (red.global.add.v4.f32; a form that put
+ * down inside the gate/up kernel lost ~2 us a layer to 264 reductions an address, and loaded down's
+ * rows only after its hidden values: docs/performance.md, D29). Measured (D64): the partials
  * summed in a thread-block cluster through distributed shared memory before L2 lost, because
  * clusters of 8 (16) held only 120 (112) of the 132 SMs; so the blocks here reduce directly.
  * Compared in one program, 16 layers of distinct random bf16 weights chained (each layer's input is
@@ -27,9 +27,9 @@
  *             reductions cost);
  *   layer     a layer without attention, QKV (pairs of rows, as gate/up) and o_proj (as down, rows
  *             of 2048) before the MLP, split or fused: the MLP beside the decode step's neighbours.
- *             Measured (forty-third session): fused gains 2.4 us a layer here too, so these chains
- *             do not show what cost it in the step (attention's boundary, and its block's landing
- *             at o_proj's end: PERFORMANCE.md);
+ *             Measured: fused gains 2.4 us a layer here too, so these chains do not show what cost
+ *             it in the step (attention's boundary, and its block's landing at o_proj's end, which
+ *             the bulk-copied input and the uniform carveout answered: docs/performance.md, D64, D65);
  *   smem      fused, its gate and up rows through shared memory too (bulk copies, as down's), so
  *             that a block holds <= 64 registers a thread and one of QKV's blocks fits beside it.
  *             Measured: it loses alone, ~0.5 us a stage beyond its bytes (bulk copies do not

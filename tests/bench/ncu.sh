@@ -15,7 +15,7 @@
 # whole run with the caches left alone, so the kernel meets the caches the kernels before it left, as
 # in the step. Under the default kernel replay ncu's memory save and restore between passes leave the
 # L2 cold even with --cache-control none: a kernel reading what the one before left in L2 shows its
-# DRAM bytes only under application replay (PERFORMANCE.md, thirty-ninth session).
+# DRAM bytes only under application replay (seen measuring L2 prefetches: docs/performance.md, D9).
 # DEPTH: the context depth of the profiled decode steps (default 0). --bench feeds its 128-token
 # prompt twice at depth 0 before any depth, so a prefill kernel's first launch at DEPTH is past
 # 8 batches x (layers - 1) launches of it (attention: 120 on the 1B shape, SKIP=120).

@@ -48,7 +48,8 @@ def summarize(n_layers, recs):
     fused = len(recs) > 7 and len(recs[7]) > 0  # a layer's MLP in one kernel: QKV, attention, o_proj, mlp
     stages = [1, 2, 3, 7] if fused else list(range(1, 6))
     for st in stages:
-        if len(recs[st]) == 0 and st != 2:  # attention: none in a -DPROBE_NO_ATT=1 build, the next stage after QKV
+        # attention (stage 2, after QKV) may leave none: a probe build without it (docs/performance.md, D55)
+        if len(recs[st]) == 0 and st != 2:
             sys.exit(f"step_trace.py: no records of {STAGES[st]}: was the binary built with -DINGOT_TRACE?")
     for layer in range(n_layers):
         for st in stages:

@@ -5,7 +5,7 @@
  * gate/up, down; then the LM head), and every stage needs the previous one's output before it can
  * use its weights, but not before it can read them. ingot runs a kernel per stage (programmatic
  * dependent launch: a stage's first weight loads go out before its wait); each boundary costs
- * ~2-4 us of a partly idle memory system (PERFORMANCE.md), 35% of the Llama-3.2-1B shape's step.
+ * ~2-4 us of a partly idle memory system (traced), 35% of the Llama-3.2-1B shape's step.
  * This compares, over the byte sizes of a real step:
  *   launches  a kernel per stage, a warp per 8 KB row, 2 rows at a time and 8 words a lane in
  *             flight, the first loads before griddepcontrol.wait (rows_kernel<2, 256>, read_patterns'
@@ -30,7 +30,7 @@
  * generation word that the last block writes after its own fence) and "counting" (a release add
  * to a count that only grows, polled with acquire loads until it reaches the barrier's multiple
  * of the grid: two L2 trips, no generation word).
- * Measured (PERFORMANCE.md, thirteenth session): the 16 KB ring streams at 93-97% of the probe
+ * Measured (docs/performance.md, D5, D6: the route left the product): the 16 KB ring streams at 93-97% of the probe
  * without barriers; the generation barrier costs 2.3 us, more than a PDL kernel boundary (~1.45
  * us), the counting one 1.6 us. With counting barriers and claims the ring passes the launches on
  * the 7B shape (89-92% against 87%), not on the 1B (74-76% against 80-82%). With the matvecs'
