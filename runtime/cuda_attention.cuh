@@ -107,7 +107,7 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
  * - The fp32 queries and probabilities go in as two fp16 terms each (hi + lo, 22 bits), the
  *   keys and values are fp16 already: outputs within ~3e-7 of the largest against float64
  *   (tests/bench/attention_mma_sim.py, which checks this index arithmetic).
- * The knobs below are plain numbers, so that a variant build can set them (-DATT_MMA_PIPE_KEYS=1). */
+ * The constants below are the measured choices; the others are in docs/performance.md. */
 #define ATT_MMA_TILES 0 /* tiles of 16 positions a warp loads at once (a round); 0: 2 on heads of 64, 1 on 128 */
 /* 1: the next round's keys (values) loaded before this round's products, 0: a round at a time; -1:
  * the measured choice: keys pipelined at every head width, values on heads of 64 only. At 128 two

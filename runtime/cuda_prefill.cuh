@@ -467,7 +467,7 @@ __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, i
 #define SPLIT_STAGES(B) (SPLIT_WIDE_W1(B) ? 4 : GEMM_STAGES)
 #define SPLIT_WAIT1(B) SPLIT_WIDE_W1(B)
 #if MODEL_GEMM_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "MODEL_GEMM_WGMMA needs sm_90a: EXTRA_NVCCFLAGS='-DGEMM_WGMMA=1 -gencode=arch=compute_90a,code=sm_90a'"
+#error "MODEL_GEMM_WGMMA needs sm_90a: make CUDA_ARCH=90 (builds sm_90a), or PLAN=gemm_wgmma=0"
 #endif
 /* a GEMM block's dynamic shared memory at S stages; a stage's tiles start on 1024 bytes under
  * MODEL_GEMM_WGMMA (the dynamic shared memory aligned up) */

@@ -404,10 +404,6 @@ enum { STEP_PROMPT, STEP_ARGMAX, STEP_LOGITS, STEP_SAMPLE, STEP_KINDS };
 
 #define PREFILL_TIERS 3 /* model_cuda's prefill and prefill_last: [0], [1], [2] */
 #define DECODE_TIERS 4  /* its graphs: those and [3] */
-/* -DONE_SPLIT_GRAPHS=0 (a variant build): no graphs[3], the short steps all in short_kernel_splits */
-#ifndef ONE_SPLIT_GRAPHS
-#define ONE_SPLIT_GRAPHS 1
-#endif
 
 struct model_cuda {
     int ctx, n_splits;
@@ -933,7 +929,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "--device cuda: needs hidden_size at most 51200 (the norm'd matvecs stage their input in shared memory)");
     MODEL_REQUIRE(QKV_SMEM_BYTES(MODEL_DIM) <= 227 * 1024, ERR_DEVICE,
                   "--device cuda: QKV's staged input and cp.async row steps need more than 227 KB of shared memory a "
-                  "block (build with -DMV_PAIR_ASYNC=0)");
+                  "block (build with make PLAN=qkv_async=0)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_Q_DIM) <= 227 * 1024, ERR_DEVICE,
                   "--device cuda: needs num_attention_heads * head_dim at most 58112 (o_proj stages its input in shared "
                   "memory)");
@@ -998,7 +994,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)mlp_fused_kernel, MLP_THREADS, MLP_SMEM_BYTES(MODEL_DIM)));
         if (per_sm < 1) {
             free(m);
-            return err_set(ERR_DEVICE, "--device cuda: the fused MLP kernel (%zu bytes of shared memory) does not fit an SM of %s; build with EXTRA_NVCCFLAGS=-DMLP_FUSED=0",
+            return err_set(ERR_DEVICE, "--device cuda: the fused MLP kernel (%zu bytes of shared memory) does not fit an SM of %s; build with make PLAN=mlp_fused=0",
                            (size_t)MLP_SMEM_BYTES(MODEL_DIM), prop.name);
         }
         m->grid_mlp = sms < MODEL_HIDDEN_DIM ? sms : MODEL_HIDDEN_DIM;
@@ -1149,7 +1145,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     /* The steps that one split holds launch it in one: the other splits' blocks (256 of 264 on the
      * 1B at depth 0) would find no positions and leave, yet still take their launch's time and the
      * SMs' slots as o_proj's blocks land (1B +0.2-0.3% at depth 0; docs/performance.md, D68) */
-    m->one_split_positions = ONE_SPLIT_GRAPHS && m->short_kernel_splits > 1 ? att_short_max(MODEL_HEAD_DIM) : 0;
+    m->one_split_positions = m->short_kernel_splits > 1 ? att_short_max(MODEL_HEAD_DIM) : 0;
     CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
