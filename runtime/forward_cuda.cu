@@ -916,6 +916,30 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
     return needed < wave ? needed : wave;
 }
 
+/* Every decode kernel's preferred split of L1 and shared memory set alike (MODEL_SMEM_CARVEOUT, the
+ * plan's), so that no SM drains to change its split between two stages; -1 leaves the driver's. */
+static void set_decode_carveout(void) {
+#if MODEL_SMEM_CARVEOUT >= 0
+    const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
+                                    (const void *)attention_kernel,
+#if MODEL_ATT_SHORT
+                                    (const void *)attention_short_kernel,
+#endif
+#if MODEL_ATT_O_SHORT
+                                    (const void *)attention_o_proj_kernel,
+#endif
+#if MODEL_MLP_FUSED
+                                    (const void *)mlp_fused_kernel,
+#endif
+                                    (const void *)o_proj_residual_kernel<false>, (const void *)o_proj_residual_kernel<true>,
+                                    (const void *)rmsnorm_gate_up_silu_kernel,
+                                    (const void *)down_residual_kernel, (const void *)rmsnorm_lm_head_argmax_kernel,
+                                    (const void *)sample_kernel, (const void *)step_end_kernel};
+    for (const void *k : decode_kernels)
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, MODEL_SMEM_CARVEOUT));
+#endif
+}
+
 extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx) {
     MODEL_REQUIRE(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0, ERR_DEVICE,
                   "--device cuda: needs hidden_size, intermediate_size and q_dim multiples of 8 (matvec rows are read in "
@@ -954,27 +978,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     if (!m) return err_set(ERR_NOMEM, "CUDA state");
     m->ctx = ctx;
     const int sms = prop.multiProcessorCount;
-#if MODEL_SMEM_CARVEOUT >= 0
-    { /* before the occupancy queries below, which count with it */
-        const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
-                                        (const void *)attention_kernel,
-#if MODEL_ATT_SHORT
-                                        (const void *)attention_short_kernel,
-#endif
-#if MODEL_ATT_O_SHORT
-                                        (const void *)attention_o_proj_kernel,
-#endif
-#if MODEL_MLP_FUSED
-                                        (const void *)mlp_fused_kernel,
-#endif
-                                        (const void *)o_proj_residual_kernel<false>, (const void *)o_proj_residual_kernel<true>,
-                                        (const void *)rmsnorm_gate_up_silu_kernel,
-                                        (const void *)down_residual_kernel, (const void *)rmsnorm_lm_head_argmax_kernel,
-                                        (const void *)sample_kernel, (const void *)step_end_kernel};
-        for (const void *k : decode_kernels)
-            CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, MODEL_SMEM_CARVEOUT));
-    }
-#endif
+    set_decode_carveout(); /* before the occupancy queries below, which count with it */
     m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,

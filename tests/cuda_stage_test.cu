@@ -215,26 +215,7 @@ static void init_like_model(void) {
     if (prop.major * 10 + prop.minor < MODEL_CUDA_ARCH) fail("the GPU is older than the build's target");
     sms = prop.multiProcessorCount;
     SC(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-#if MODEL_SMEM_CARVEOUT >= 0
-    {
-        const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
-                                        (const void *)attention_kernel,
-#if MODEL_ATT_SHORT
-                                        (const void *)attention_short_kernel,
-#endif
-#if MODEL_ATT_O_SHORT
-                                        (const void *)attention_o_proj_kernel,
-#endif
-#if MODEL_MLP_FUSED
-                                        (const void *)mlp_fused_kernel,
-#endif
-                                        (const void *)o_proj_residual_kernel<false>, (const void *)o_proj_residual_kernel<true>,
-                                        (const void *)rmsnorm_gate_up_silu_kernel,
-                                        (const void *)down_residual_kernel, (const void *)rmsnorm_lm_head_argmax_kernel};
-        for (const void *k : decode_kernels)
-            SC(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, MODEL_SMEM_CARVEOUT));
-    }
-#endif
+    set_decode_carveout(); /* the step's carveout (forward_cuda.cu), before the occupancy queries */
     grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(MODEL_DIM), sms);
     grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     SC(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
