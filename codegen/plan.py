@@ -1,6 +1,9 @@
-"""Spec + target -> plan: the choices that depend on the machine rather than on the model alone.
+"""Spec + target -> plan: every launch decision, one rule a function with the measurement behind it
+in its docstring. The generator writes the plan as generated/<model>/model_plan.h (header_constants),
+the one interface between it and the hand-written CUDA sources; `codegen --set FIELD=N` (make PLAN=)
+sets a decision by hand, `--set generic` takes the generic build's.
 
-For now the CPU decode step's one knob: how many sequential weight streams each thread walks side by
+The CPU decode step's one decision: how many sequential weight streams each thread walks side by
 side in the matvecs. Measured on the 16-core Emerald Rapids slice of the GPU machine
 (docs/performance.md, D101; tests/bench/cpu_shapes.sh): Llama-3.2-1B shape 34.5 tok/s with one stream against
 31.2 with four; Mistral-7B shape 5.5 against 7.5. Until a model in between tells us where the
@@ -179,7 +182,7 @@ def _att_short(head_dim: int, kv_mul: int) -> int:
 
 def _att_o_short(att_short: int, o_proj_min_blocks: int) -> int:
     """A short context's steps (those attention_short_body takes) with attention and o_proj in one
-    grid (attention_o_proj_kernel<true>), so that o_proj is QKV's programmatic dependent and lands
+    grid (attention_o_proj_kernel), so that o_proj is QKV's programmatic dependent and lands
     with attention instead of after it lets o_proj launch, where o_proj keeps 2 blocks an SM anyway
     (the joined grid's registers: 126 on the 7B). Measured on the H200 (docs/performance.md, D58):
     Mistral-7B +0.6% and +0.5% at depth 0 (two calls); Llama-3.2-1B -2.3%
@@ -249,7 +252,7 @@ DOWN_POLL_MIN_HIDDEN = 8192  # the smallest intermediate size down's polling was
 
 def _down_poll(hidden_dim: int) -> int:
     """Down's blocks stage gate/up's outputs polling them (words that read "unwritten" until gate/up
-    writes them; DOWN_POLL in forward_cuda.cu) instead of waiting for gate/up's grid to end, where
+    writes them; MODEL_DOWN_POLL in forward_cuda.cu) instead of waiting for gate/up's grid to end, where
     the intermediate size is at least that of the shapes it was measured on. Measured on the H200
     (docs/performance.md, D61): Llama-3.2-1B (8192) +0.3% / +0.9%, +0.5% / +1.0%,
     +0.6% / +1.0% at depths 0 / 1024 in three calls, +0.5-0.8% at 0 to 32768 in a fourth;
