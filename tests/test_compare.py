@@ -37,6 +37,11 @@ def bench_json(device="cpu", tok_s=(100.0, 80.0), prompt=200.0, probe=40.0, thre
             "probe_gb_s": probe, "prompt_tokens": 128, "prompt_tok_s": prompt, "decode": decode}
 
 
+# the main table's columns after "metric": the three builds' medians, then the two effects and the total
+MAIN_HEADER = ["specialized", "generic-plan", "generic", "plan (spec/gen-plan)", "constants (gen-plan/generic)",
+               "total (spec/generic)"]
+
+
 def table_cells(text: str) -> dict[str, list[str]]:
     """A Markdown table's rows by their first cell."""
     rows = {}
@@ -73,8 +78,7 @@ def test_main_table_values_and_ratios():
                              {"specialized": 12.0, "generic-plan": 15.0, "generic": None})
     text = compare.format_main_table(rows)
     cells = table_cells(text)
-    assert cells["metric"] == ["specialized", "generic-plan", "generic", "plan (spec/gen-plan)",
-                               "constants (gen-plan/generic)", "total (spec/generic)"]
+    assert cells["metric"] == MAIN_HEADER
     assert cells["cpu: decode tok/s, depth 0"] == ["100.0", "50.0", "40.0", "2.00", "1.25", "2.50"]
     assert cells["cpu: decode tok/s, depth 64"] == ["64.0", "80.0", "50.0", "0.80", "1.60", "1.28"]
     assert cells["cpu: us/token, depth 0"] == ["10000", "20000", "25000", "0.50", "0.80", "0.40"]
@@ -355,8 +359,7 @@ def test_compare_with_fake_binaries(fake_model, tmp_path):
                   "spec kernels", "plan kernels", "gen kernels"]
     assert log.read_text().splitlines() == per_device * 2
     cells = table_cells(r.stdout)
-    assert cells["metric"] == ["specialized", "generic-plan", "generic", "plan (spec/gen-plan)",
-                               "constants (gen-plan/generic)", "total (spec/generic)"]
+    assert cells["metric"] == MAIN_HEADER
     # medians of (90, 200, 100), (80, 30, 40), (50, 40, 60)
     assert cells["cpu: decode tok/s, depth 0"] == ["100.0", "40.0", "50.0", "2.50", "0.80", "2.00"]
     assert cells["cuda: decode tok/s, depth 1000"] == ["50.0", "20.0", "25.0", "2.50", "0.80", "2.00"]
