@@ -524,10 +524,20 @@ static void push_id(encoder *e, int id) {
 // ----------------------------------------------------------------------------
 // Added tokens
 
+static int all_set(const unsigned char *control, int n) {
+    for (int i = 0; i < n; i++)
+        if (!control[i]) return 0;
+    return 1;
+}
+
 /* Splits the text piece p at the added tokens of ix, pushing to e->next. Follows the library's
  * AddedVocabulary::find_matches: leftmost-longest matches, scanned from where the previous match
- * ended (before rstrip); lstrip / rstrip widen the token over white space around it. */
-static void split_added(const tokenizer *t, encoder *e, const token_index *ix, const piece *p) {
+ * ended (before rstrip); lstrip / rstrip widen the token over white space around it. Special
+ * tokens are tokens only where specials is set and, when control is not NULL, where every byte of
+ * the match is marked in control (one flag a byte of p's text): elsewhere their text is plain
+ * text. */
+static void split_added(const tokenizer *t, encoder *e, const token_index *ix, const piece *p,
+                        const unsigned char *control, int specials) {
     const char *s = e->text.b + p->off;
     int n = p->len, from = 0, pos = 0;
     while (pos < n) {
@@ -545,6 +555,12 @@ static void split_added(const tokenizer *t, encoder *e, const token_index *ix, c
             continue;
         }
         const added_token *a = &t->added[best];
+        if (a->special && (!specials || (control && !all_set(control + pos, best_len)))) {
+            /* a special token where it may not be one stays in the text around it, and no added
+             * token matches inside it: the library's find_matches with encode_special_tokens */
+            pos += best_len;
+            continue;
+        }
         int start = pos, stop = pos + best_len;
         if (a->lstrip) {
             int q = start;
@@ -897,6 +913,11 @@ static void encoder_free(encoder *e) {
 static int encoder_oom(const encoder *e) { return e->oom || e->text.oom || e->norm.oom; }
 
 err_code tok_encode(const tokenizer *t, const char *text, size_t len, int add_special, int **ids, int *n_ids) {
+    return tok_encode_marked(t, text, len, NULL, add_special, ids, n_ids);
+}
+
+err_code tok_encode_marked(const tokenizer *t, const char *text, size_t len, const unsigned char *control,
+                           int add_special, int **ids, int *n_ids) {
     *ids = NULL;
     *n_ids = 0;
     size_t bad = utf8_invalid_at((const unsigned char *)text, len);
@@ -913,20 +934,22 @@ err_code tok_encode(const tokenizer *t, const char *text, size_t len, int add_sp
 
     /* 1-2: added tokens around normalization */
     piece whole = {0, (int)len, -1, 1};
-    split_added(t, &e, &t->raw_index, &whole);
+    split_added(t, &e, &t->raw_index, &whole, control, 1);
     swap_lists(&e);
     for (int k = 0; k < e.cur.n && !encoder_oom(&e); k++) {
         piece p = e.cur.v[k];
+        /* a normalized special token matches in a piece that is control text throughout */
+        int specials = !control || all_set(control + p.off, p.len);
         if (p.id >= 0 || t->n_norm == 0) {
             if (p.id >= 0) push_piece(&e, &e.next, p.off, p.len, p.id, 0);
-            else split_added(t, &e, &t->norm_index, &p);
+            else split_added(t, &e, &t->norm_index, &p, control ? control + p.off : NULL, specials);
             continue;
         }
         e.norm.len = 0;
         normalize(t, e.text.b + p.off, (size_t)p.len, &e.norm, &e.tmp, &e.tmp2);
         piece q = {e.text.len, (int)e.norm.len, -1, p.at_start};
         buf_put(&e.text, e.norm.b, e.norm.len);
-        if (q.len && !e.text.oom) split_added(t, &e, &t->norm_index, &q);
+        if (q.len && !e.text.oom) split_added(t, &e, &t->norm_index, &q, NULL, specials);
     }
     swap_lists(&e);
 

@@ -28,6 +28,14 @@ int tok_vocab_size(const tokenizer *t); /* largest id + 1, added tokens included
  * are matched as tokens, as the library does. *ids is malloc'd; the caller frees it. */
 err_code tok_encode(const tokenizer *t, const char *text, size_t len, int add_special, int **ids, int *n_ids);
 
+/* tok_encode where only the text marked in control (one flag a byte, nonzero: control text)
+ * may hold special tokens: the special tokens' text in unmarked bytes is tokenized as the plain
+ * text it is, as the library does with split_special_tokens=True, so text from a user cannot
+ * forge a chat template's control tokens. Added tokens that are not special match everywhere.
+ * control NULL marks every byte (tok_encode). */
+err_code tok_encode_marked(const tokenizer *t, const char *text, size_t len, const unsigned char *control,
+                           int add_special, int **ids, int *n_ids);
+
 /* The bytes that token id contributes to the decoded text, given the previous token (prev < 0 at
  * the start of the text: SentencePiece-style decoders drop the leading space there). The bytes may
  * be part of a UTF-8 character; concatenating the pieces of a sequence gives

@@ -316,6 +316,25 @@ def test_encode_matches_library(tok_cli, style, request):
 
 
 @pytest.mark.parametrize("style", ALL_STYLES)
+def test_plain_specials_match_library(tok_cli, style, request):
+    """tok_encode_marked with nothing marked: special tokens' text is plain text, as the library's
+    encode_special_tokens (split_special_tokens) makes it; what a chat message's content gets."""
+    path = request.getfixturevalue(style)
+    hf = Tokenizer.from_file(str(path))
+    hf.encode_special_tokens = True
+    with_specials = [t for t in CORPUS if "<" in t]
+    assert len(with_specials) >= 5
+    for text in with_specials:
+        want = hf.encode(text, add_special_tokens=True).ids
+        r = subprocess.run([str(tok_cli), str(path), "encode", "--plain"], input=text.encode(), capture_output=True)
+        assert r.returncode == 0, r.stderr.decode()
+        assert [int(x) for x in r.stdout.split()] == want, f"{path.name}: {text[:80]!r}"
+    # and it differs from the ordinary encoding where the text holds a special token
+    assert c_encode(tok_cli, path, "<|im_start|>user") != hf.encode("<|im_start|>user").ids or \
+        hf.token_to_id("<|im_start|>") is None
+
+
+@pytest.mark.parametrize("style", ALL_STYLES)
 def test_decode_matches_library(tok_cli, style, request):
     check_decode(tok_cli, request.getfixturevalue(style))
 

@@ -1,6 +1,8 @@
 /* tok_cli.c - a command-line driver of the tokenizer, for the tests (tests/test_tokenizer.py).
  *
  *   tok_cli TOKENIZER_JSON encode [--no-special] < text   prints the ids, space-separated, on one line
+ *   tok_cli TOKENIZER_JSON encode --plain < text          ... special tokens' text as plain text
+ *                                                         (tok_encode_marked, nothing marked)
  *   tok_cli TOKENIZER_JSON decode ID...                    prints the concatenated pieces
  *
  * Errors print one line, "<err_name>: <detail>", on stderr and exit 1. */
@@ -33,13 +35,16 @@ static err_code read_stdin(char **text, size_t *len) {
     return ERR_OK;
 }
 
-static int encode(const tokenizer *t, int add_special) {
+static int encode(const tokenizer *t, int add_special, int plain) {
     char *text;
     size_t len;
     err_code rc = read_stdin(&text, &len);
     if (rc) return die(rc);
     int *ids, n;
-    rc = tok_encode(t, text, len, add_special, &ids, &n);
+    unsigned char *control = plain ? calloc(len + 1, 1) : NULL; /* nothing marked: no control text */
+    if (plain && !control) return die(err_set(ERR_NOMEM, "control flags"));
+    rc = tok_encode_marked(t, text, len, control, add_special, &ids, &n);
+    free(control);
     free(text);
     if (rc) return die(rc);
     for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
@@ -71,14 +76,14 @@ static int decode(const tokenizer *t, int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc < 3 || (strcmp(argv[2], "encode") && strcmp(argv[2], "decode")) ||
-        (!strcmp(argv[2], "encode") && (argc > 4 || (argc == 4 && strcmp(argv[3], "--no-special"))))) {
-        return die(err_set(ERR_ARG, "usage: %s TOKENIZER_JSON encode [--no-special] < text | "
+        (!strcmp(argv[2], "encode") && (argc > 4 || (argc == 4 && strcmp(argv[3], "--no-special") && strcmp(argv[3], "--plain"))))) {
+        return die(err_set(ERR_ARG, "usage: %s TOKENIZER_JSON encode [--no-special|--plain] < text | "
                                     "%s TOKENIZER_JSON decode ID...", argv[0], argv[0]));
     }
     tokenizer *t;
     err_code rc = tok_load(&t, argv[1]);
     if (rc) return die(rc);
-    int status = !strcmp(argv[2], "encode") ? encode(t, argc == 3) : decode(t, argc - 3, argv + 3);
+    int status = !strcmp(argv[2], "encode") ? encode(t, argc == 3 || !strcmp(argv[3], "--plain"), argc == 4 && !strcmp(argv[3], "--plain")) : decode(t, argc - 3, argv + 3);
     tok_free(t);
     return status;
 }
