@@ -10,6 +10,8 @@
 #                                 apart (a third build, specialized with the generic plan): table and
 #                                 chart in build/compare/<name>/
 #   make generate MODEL=...       only regenerate generated/<name>/
+#   make appliance MODEL=...      build/appliance/<name>: one executable carrying its weights, tokenizer and
+#                                 chat template (runs --serve or --chat with no other file)
 #   make MODEL=... PLAN="mlp_fused=0"  build with plan decisions set by hand (codegen/plan.py)
 #
 # Everything Python runs in .venv, created here from the pinned requirements.txt.
@@ -39,6 +41,12 @@ CC := gcc
 EXTRA_CFLAGS ?=
 CFLAGS := -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime $(EXTRA_CFLAGS)
 LDLIBS := -lm
+
+# --serve's HTTP: GNU libmicrohttpd (Debian: libmicrohttpd-dev), linked statically where its static
+# library is installed, so that the binary runs where the package is not (its TLS library, gnutls,
+# stays shared: it is on every Debian system).
+MHD_STATIC := $(firstword $(wildcard /usr/lib/$(shell $(CC) -dumpmachine 2>/dev/null)/libmicrohttpd.a /usr/lib/libmicrohttpd.a /usr/local/lib/libmicrohttpd.a))
+MHD_LIBS := $(if $(MHD_STATIC),$(MHD_STATIC) -lgnutls,-lmicrohttpd) -lpthread
 
 # CUDA, when nvcc is on the PATH (CI has it too, without a GPU: the sources must compile there).
 # CUDA_ARCH: 90 (H100/H200, the default), 89 or 80; a binary refuses GPUs older than it was built for.
@@ -164,8 +172,32 @@ build/runtime/probe_cuda.o: runtime/probe_cuda.cu runtime/probe_cuda.h runtime/e
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(OUT)/ingot: $(OUT)/main.o $(MODEL_OBJS) $(CUDA_OBJS) $(RUNTIME_OBJS)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LIBS)
+# The engine (engine.c) and the HTTP server (server.c, with the chat page inside it) are compiled
+# per model, as main.c is.
+$(OUT)/engine.o: runtime/engine.c $(GEN_FILES) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -I$(GEN) -c $< -o $@
+
+$(OUT)/server.o: runtime/server.c runtime/chat_page.html $(GEN_FILES) $(RUNTIME_HDRS) build/.mhd-ok
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -I$(GEN) -c $< -o $@
+
+# libmicrohttpd's header: installed with apt-get where this user can, else the command that does.
+build/.mhd-ok:
+	@mkdir -p $(@D)
+	@if ! echo '#include <microhttpd.h>' | $(CC) -E -x c - >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing libmicrohttpd-dev (ingot --serve's HTTP library)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q libmicrohttpd-dev >/dev/null || \
+			{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libmicrohttpd-dev >/dev/null; } || exit 1; \
+		else \
+			echo "ingot needs GNU libmicrohttpd's headers; install them with: sudo apt-get install libmicrohttpd-dev" >&2; exit 1; \
+		fi; \
+	fi
+	@touch $@
+
+$(OUT)/ingot: $(OUT)/main.o $(OUT)/engine.o $(OUT)/server.o $(MODEL_OBJS) $(CUDA_OBJS) $(RUNTIME_OBJS)
+	$(CC) $(CFLAGS) $(filter %.o,$^) -o $@ $(LDLIBS) $(MHD_LIBS) $(CUDA_LIBS)
 
 # C unit tests: tests/test_<module>.c against the runtime objects; each ends with "N passed, N failed".
 build/tests/%: tests/%.c tests/check.h $(RUNTIME_OBJS) $(RUNTIME_HDRS)

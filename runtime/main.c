@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "json.h"
 #include "model.h"
 #include "model_spec.h"
@@ -25,6 +26,7 @@
 #include "model_chat.h"
 #include "probe.h"
 #include "sampler.h"
+#include "server.h"
 #include "tokenizer.h"
 
 #ifndef INGOT_MODEL_DIR
@@ -57,6 +59,10 @@ typedef struct {
     const char *device;
     const char *dump_logits;  /* testing aid: the prompt's logits, float32 (n_tokens, vocab) */
     int dump_prefill;         /* ... its first N tokens fed at once (the prompt path), logits from position N - 1 on */
+    int parse_special;        /* --chat: special-token text in a message is the control token */
+    int serve;                /* --serve: the HTTP server (server.h) */
+    server_config server;
+    int model_given;          /* -m: not the executable's own model (an appliance's) */
 } options;
 
 static void usage(FILE *f) {
@@ -98,6 +104,13 @@ static void usage(FILE *f) {
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit\n"
             "      --dump-prefill N    ... its first N tokens fed at once (the prompt path), then one at a\n"
             "                          time: the logits of positions N - 1 on (n_tokens - N + 1 rows)\n"
+            "      --parse-special     --chat: special-token text in a message (\"<|im_end|>\") is that control token,\n"
+            "                          as Hugging Face's default does (default: plain text)\n"
+            "      --serve             serve the OpenAI API and a chat page over HTTP (see README)\n"
+            "      --host ADDR         --serve: the address to listen on (default 127.0.0.1)\n"
+            "      --port N            --serve: the port (default 8080)\n"
+            "      --queue N           --serve: requests waiting for the model at most; more get 503 (default 16)\n"
+            "      --no-prompt-cache   --serve: feed every prompt whole, not reusing the previous request's cache\n"
             "  -h, --help              this text\n",
             built_for, INGOT_MODEL_DIR, ctx_default);
 }
@@ -147,6 +160,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
         .sampling = {.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
                      .repeat_penalty = 1.0f, .repeat_last_n = 64},
         .n_threads = physical_cores(),
+        .server = {.host = "127.0.0.1", .port = 8080, .queue = 16, .prompt_cache = 1},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -158,7 +172,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
         if (FLAG("-h", "--help")) { usage(stdout); exit(0); }
         else if (FLAG("-p", "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
         else if (FLAG("-f", "--file")) { NEEDS_VALUE(); o->prompt_file = v; }
-        else if (FLAG("-m", "--model")) { NEEDS_VALUE(); o->model_dir = v; }
+        else if (FLAG("-m", "--model")) { NEEDS_VALUE(); o->model_dir = v; o->model_given = 1; }
         else if (FLAG("-n", "--n-tokens")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, INT_MAX, &n); o->n_tokens = (int)n; }
         else if (FLAG("--temp", "--temperature")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 100.0f, &o->sampling.temperature); }
         else if (FLAG("--top-k", "--top-k")) { NEEDS_VALUE(); o->top_k_arg = v; }
@@ -192,15 +206,23 @@ static err_code parse_args(int argc, char **argv, options *o) {
         }
         else if (FLAG("--dump-logits", "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (FLAG("--dump-prefill", "--dump-prefill")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, INT_MAX, &n); o->dump_prefill = (int)n; }
+        else if (FLAG("--parse-special", "--parse-special")) o->parse_special = 1;
+        else if (FLAG("--serve", "--serve")) o->serve = 1;
+        else if (FLAG("--host", "--host")) { NEEDS_VALUE(); o->server.host = v; }
+        else if (FLAG("--port", "--port")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, 65535, &n); o->server.port = (int)n; }
+        else if (FLAG("--queue", "--queue")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, 4096, &n); o->server.queue = (int)n; }
+        else if (FLAG("--no-prompt-cache", "--no-prompt-cache")) o->server.prompt_cache = 0;
         else return err_set(ERR_ARG, "unknown option '%s' (see --help)", a);
         if (rc) return rc;
 #undef FLAG
 #undef NEEDS_VALUE
     }
     if (o->prompt && o->prompt_file) return err_set(ERR_ARG, "-p and -f both given; use one");
-    int modes = !!o->bench + !!o->perplexity_file + !!(o->tokenize || o->chat) + !!o->dump_logits;
-    if (modes > 1) return err_set(ERR_ARG, "--chat (or --tokenize), --bench, --perplexity and --dump-logits exclude each other");
+    int modes = !!o->bench + !!o->perplexity_file + !!(o->tokenize || o->chat) + !!o->dump_logits + !!o->serve;
+    if (modes > 1) return err_set(ERR_ARG, "--chat (or --tokenize), --bench, --perplexity, --dump-logits and --serve exclude each other");
+    if (o->serve && (o->prompt || o->prompt_file)) return err_set(ERR_ARG, "--serve takes its prompts over HTTP, not -p or -f");
     if (o->system && !o->chat) return err_set(ERR_ARG, "--system needs --chat");
+    if (o->parse_special && !o->chat) return err_set(ERR_ARG, "--parse-special needs --chat");
     if (o->dump_prefill && !o->dump_logits) return err_set(ERR_ARG, "--dump-prefill needs --dump-logits");
     if (o->bench_prompt && !o->bench) return err_set(ERR_ARG, "--bench-prompt needs --bench");
 #ifdef INGOT_CUDA
@@ -215,6 +237,10 @@ static err_code parse_args(int argc, char **argv, options *o) {
 #endif
     if (!o->bench_depths) o->bench_depths = strcmp(o->device, "cuda") == 0 ? "0,4096,16384,32768" : "0";
     if (!o->seed_given) o->sampling.seed = (uint64_t)(time_now() * 1e6);
+    o->server.sampling = o->sampling;
+    o->server.seed_given = o->seed_given;
+    o->server.max_tokens = o->n_tokens;
+    o->server.model_name = MODEL_NAME;
     return ERR_OK;
 }
 
@@ -264,211 +290,12 @@ static err_code read_file(const char *path, char **out, size_t *len) {
     return ERR_OK;
 }
 
-#if !MODEL_GENERIC
-/* The model directory's config.json must describe the model this binary was built for (a generic
- * binary reads it instead: model_generic_load). */
-static err_code check_config(const char *dir) {
-    char path[4096];
-    json_doc doc;
-    err_code rc = model_config_parse(dir, &doc, path, sizeof path);
-    if (rc) return rc;
-    for (int i = 0; i < MODEL_N_CONFIG_CHECKS && !rc; i++) {
-        const model_config_check *c = &model_config_checks[i];
-        const json_value *v = json_get(doc.root, c->key);
-        if (!json_is_int(v))
-            rc = err_set(ERR_CONFIG, "%s: '%s' missing or not an integer; this binary was built for %lld", path, c->key, c->value);
-        else if ((long long)v->num != c->value)
-            rc = err_set(ERR_CONFIG, "%s: '%s' is %lld, this binary was built for %lld (build one for this model: make MODEL=%s)",
-                         path, c->key, (long long)v->num, c->value, dir);
-    }
-    json_free(&doc);
-    return rc;
-}
-#endif
-
-/* Exporters sometimes leave RoPE buffers in the weights; they are derived, never read. */
-static int ignore_tensor(const char *name) { return strstr(name, "rotary_emb.inv_freq") != NULL; }
-
-// ----------------------------------------------------------------------------------------------
-// The engine: weights, tokenizer, decode state and the tokens in the cache
-
-typedef struct {
-    st_model *st;
-    tokenizer *tok;
-    model_cpu *cpu;       /* one of cpu and gpu runs the model */
-    model_cuda *gpu;
-    int device_sampling;  /* the GPU picks the next token: only token ids cross to the host */
-    int ctx;
-    int *tokens;          /* (ctx) ids in the KV cache, oldest first */
-    int n_tokens;
-    const float *logits;  /* (vocab) after the last token fed, unless device_sampling */
-    int next;             /* the device's choice after the last token fed, if device_sampling */
-    char *piece;          /* (piece_cap) the bytes of one decoded token */
-    int piece_cap;
-    int *stop_ids;        /* (n_stop) eos ids and the chat template's end-of-turn ids */
-    int n_stop;
-    float *scratch;       /* (vocab) the sampler's working copy of the logits */
-} engine;
-
-static err_code engine_open(engine *e, const options *o) {
-    memset(e, 0, sizeof *e);
-    err_code rc = ERR_OK;
-#if !MODEL_GENERIC
-    if ((rc = check_config(o->model_dir))) return rc;
-#endif
-    if ((rc = st_model_open(&e->st, o->model_dir))) return rc;
-    const void *data[MODEL_N_TENSORS];
-    if ((rc = st_model_bind(e->st, model_tensor_specs, MODEL_N_TENSORS, data, ignore_tensor))) return rc;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-    if ((rc = tok_load(&e->tok, path))) return rc;
-    if (tok_vocab_size(e->tok) > MODEL_VOCAB_SIZE)
-        return err_set(ERR_TOKENIZER, "%s: %d tokens, more than the model's vocab_size %d", path, tok_vocab_size(e->tok), MODEL_VOCAB_SIZE);
-    e->piece_cap = tok_max_piece_bytes(e->tok);
-    e->piece = malloc((size_t)e->piece_cap);
-    if (!e->piece) return err_set(ERR_NOMEM, "token text buffer");
-#if MODEL_GENERIC
-    if ((rc = model_generic_load_chat(o->model_dir, e->tok))) return rc; /* the chat strings, found at run time */
-#endif
-    e->stop_ids = malloc((size_t)(MODEL_N_EOS + MODEL_CHAT_N_STOP + 1) * sizeof *e->stop_ids);
-    e->scratch = malloc((size_t)MODEL_VOCAB_SIZE * sizeof *e->scratch);
-    if (!e->stop_ids || !e->scratch) return err_set(ERR_NOMEM, "stop ids and sampler scratch");
-    for (int i = 0; i < MODEL_N_EOS; i++) e->stop_ids[e->n_stop++] = model_eos_ids[i];
-    for (int i = 0; i < MODEL_CHAT_N_STOP; i++) e->stop_ids[e->n_stop++] = model_chat_stop_ids[i];
-    e->ctx = o->ctx;
-    e->tokens = malloc((size_t)e->ctx * sizeof(int));
-    if (!e->tokens) return err_set(ERR_NOMEM, "token history for %d tokens", e->ctx);
-    if (strcmp(o->device, "cuda") == 0) {
-#ifdef INGOT_CUDA
-        /* Only logits dumps and perplexity need the logits on the host. */
-        e->device_sampling = !o->dump_logits && !o->perplexity_file;
-        return model_cuda_init(&e->gpu, data, e->ctx);
-#endif
-    }
-    return model_cpu_init(&e->cpu, data, e->ctx, o->n_threads);
-}
-
-static void engine_close(engine *e) {
-    model_cpu_free(e->cpu);
-#ifdef INGOT_CUDA
-    model_cuda_free(e->gpu);
-#endif
-    tok_free(e->tok);
-    st_model_close(e->st);
-    free(e->tokens);
-    free(e->piece);
-    free(e->stop_ids);
-    free(e->scratch);
-}
-
-static int is_stop(const engine *e, int id) {
-    for (int i = 0; i < e->n_stop; i++)
-        if (e->stop_ids[i] == id) return 1;
-    return 0;
-}
-
-/* Runs ids through the model after what is already cached; then e->logits (or e->next) belong to
- * the last of them. */
-static err_code engine_feed(engine *e, const int *ids, int n) {
-    if (e->n_tokens + n > e->ctx)
-        return err_set(ERR_CONTEXT, "%d tokens do not fit: %d already in a context of %d (raise --ctx, at most %d)",
-                       n, e->n_tokens, e->ctx, MODEL_SEQ_LEN);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= MODEL_VOCAB_SIZE) return err_set(ERR_ARG, "token id %d is outside the vocabulary", ids[i]);
-    if (n == 0) return ERR_OK;
-#ifdef INGOT_CUDA
-    if (e->gpu) {
-        /* queued on the device at once; only the last token's choice or logits come back */
-        err_code rc = model_cuda_feed(e->gpu, ids, n, e->n_tokens, e->device_sampling ? CUDA_OUT_TOKEN : CUDA_OUT_LOGITS);
-        if (!rc) rc = model_cuda_take(e->gpu, &e->next, e->device_sampling ? NULL : &e->logits);
-        if (rc) return rc;
-        memcpy(e->tokens + e->n_tokens, ids, (size_t)n * sizeof(int));
-        e->n_tokens += n;
-        return ERR_OK;
-    }
-#endif
-    e->logits = n == 1 ? model_cpu_forward(e->cpu, ids[0], e->n_tokens) : model_cpu_prefill(e->cpu, ids, n, e->n_tokens);
-    memcpy(e->tokens + e->n_tokens, ids, (size_t)n * sizeof(int));
-    e->n_tokens += n;
-    return ERR_OK;
-}
-
-/* sampler_init, and on the GPU the same settings and seed for the device's draws. */
-static err_code engine_sampler_init(engine *e, sampler *s, const sampler_config *cfg) {
-    err_code rc = sampler_init(s, cfg, MODEL_VOCAB_SIZE);
-#ifdef INGOT_CUDA
-    if (!rc && e->gpu && (rc = model_cuda_set_sampler(e->gpu, s))) sampler_free(s);
-#else
-    (void)e;
-#endif
-    return rc;
-}
-
-static err_code encode(const engine *e, const char *text, int add_special, int **ids, int *n) {
-    return tok_encode(e->tok, text, strlen(text), add_special, ids, n);
-}
-
-/* A chosen token, unless it ends the turn (then 0): its text streamed to out, counted. */
-static int engine_emit(engine *e, int id, int *prev, FILE *out, int *produced) {
-    if (is_stop(e, id)) return 0;
-    int len = tok_decode_piece(e->tok, *prev, id, e->piece, (size_t)e->piece_cap);
-    if (out && len > 0) { fwrite(e->piece, 1, (size_t)len, out); fflush(out); }
-    *prev = id;
-    (*produced)++;
-    return 1;
-}
-
-/* engine_generate when the GPU chooses the tokens: the step on each token is queued before the host
- * has read that token, so the device runs on while the host prints; a step queued on an
- * end-of-turn token, which is not fed, is dropped. */
-#ifdef INGOT_CUDA
-static err_code engine_generate_gpu(engine *e, int max_new, FILE *out, int *n_out, int *full) {
-    int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1, id = e->next, ahead = 0;
-    err_code rc = ERR_OK;
-    while (!rc && (max_new < 0 || produced < max_new)) {
-        if (!engine_emit(e, id, &prev, out, &produced)) break;
-        if (e->n_tokens == e->ctx) { *full = 1; break; }
-        if (!ahead && (rc = model_cuda_feed(e->gpu, &id, 1, e->n_tokens, CUDA_OUT_TOKEN))) break; /* its step */
-        e->tokens[e->n_tokens++] = id;
-        /* the step on id's successor, queued before the host knows it, where that token would be fed */
-        ahead = (max_new < 0 || produced < max_new) && e->n_tokens < e->ctx;
-        if (ahead && (rc = model_cuda_feed_choice(e->gpu))) break;
-        rc = model_cuda_take(e->gpu, &id, NULL);
-    }
-    if (!rc && ahead) rc = model_cuda_unqueue(e->gpu); /* queued on a token not fed */
-    e->next = id;
-    if (n_out) *n_out = produced;
-    return rc;
-}
-#endif
-
-/* Samples up to max_new tokens (-1: no limit) after what was fed, streaming their text to out;
- * stops at an end-of-turn token (not fed back, not printed). *full is set when the context ran out
- * first. */
-static err_code engine_generate(engine *e, sampler *s, int max_new, FILE *out, int *n_out, int *full) {
-    *full = 0;
-#ifdef INGOT_CUDA
-    if (e->device_sampling) return engine_generate_gpu(e, max_new, out, n_out, full);
-#endif
-    int produced = 0, prev = e->n_tokens ? e->tokens[e->n_tokens - 1] : -1;
-    while (max_new < 0 || produced < max_new) {
-        memcpy(e->scratch, e->logits, (size_t)MODEL_VOCAB_SIZE * sizeof *e->scratch);
-        int id = sampler_sample(s, e->scratch, e->tokens, e->n_tokens);
-        if (!engine_emit(e, id, &prev, out, &produced)) break;
-        if (e->n_tokens == e->ctx) { *full = 1; break; }
-        err_code rc = engine_feed(e, &id, 1);
-        if (rc) return rc;
-    }
-    if (n_out) *n_out = produced;
-    return ERR_OK;
-}
-
 // ----------------------------------------------------------------------------------------------
 // Modes
 
 static err_code run_completion(engine *e, const options *o, const char *text) {
     int *ids, n;
-    err_code rc = encode(e, text, 1, &ids, &n);
+    err_code rc = engine_encode(e, text, 1, &ids, &n);
     if (rc) return rc;
     if (n == 0) { free(ids); return err_set(ERR_ARG, "the prompt is empty"); }
     if (n >= e->ctx) {
@@ -490,36 +317,13 @@ static err_code run_completion(engine *e, const options *o, const char *text) {
     return rc;
 }
 
-/* The text of one chat turn as the model's template writes it (see model_chat.h): the first
- * opens the conversation, later ones close the previous answer first. */
-static char *chat_turn(const char *system, const char *user, int first) {
-    const char *open = "", *sys = "", *close = "", *user_prefix = MODEL_CHAT_USER_PREFIX;
-    if (first && system) {
-        open = MODEL_CHAT_SYSTEM_PREFIX;
-        sys = system;
-        close = MODEL_CHAT_SYSTEM_SUFFIX;
-        if (MODEL_CHAT_SYSTEM_IN_FIRST_USER) user_prefix = "";
-    } else if (first) {
-        open = MODEL_CHAT_NO_SYSTEM_PREFIX;
-    }
-    const char *lead = first ? MODEL_CHAT_BOS : MODEL_CHAT_ASSISTANT_SUFFIX;
-    size_t len = strlen(lead) + strlen(open) + strlen(sys) + strlen(close) + strlen(user_prefix) + strlen(user) +
-                 strlen(MODEL_CHAT_USER_SUFFIX) + strlen(MODEL_CHAT_ASSISTANT_PREFIX) + 1;
-    char *t = malloc(len);
-    if (t) snprintf(t, len, "%s%s%s%s%s%s%s%s", lead, open, sys, close, user_prefix, user, MODEL_CHAT_USER_SUFFIX, MODEL_CHAT_ASSISTANT_PREFIX);
-    return t;
-}
-
 /* Tokens of one answer when -n is not given: a model stuck in a loop stops here, not at the end of
  * the context. */
 #define CHAT_MAX_ANSWER 1024
 
 static err_code chat_answer(engine *e, sampler *s, const options *o, const char *system, const char *user, int first, int *full) {
-    char *text = chat_turn(system, user, first);
-    if (!text) return err_set(ERR_NOMEM, "chat turn");
     int *ids, n;
-    err_code rc = encode(e, text, 0, &ids, &n);
-    free(text);
+    err_code rc = engine_chat_turn(e, system, user, first, o->parse_special, &ids, &n);
     if (rc) return rc;
     rc = engine_feed(e, ids, n);
     free(ids);
@@ -574,12 +378,9 @@ static err_code run_tokenize(engine *e, const options *o, const char *text) {
     err_code rc;
     if (o->chat) {
         if ((rc = chat_check(o))) return rc;
-        char *turn = chat_turn(o->system, text, 1);
-        if (!turn) return err_set(ERR_NOMEM, "chat turn");
-        rc = encode(e, turn, 0, &ids, &n);
-        free(turn);
+        rc = engine_chat_turn(e, o->system, text, 1, o->parse_special, &ids, &n);
     } else {
-        rc = encode(e, text, 1, &ids, &n);
+        rc = engine_encode(e, text, 1, &ids, &n);
     }
     if (rc) return rc;
     for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
@@ -592,7 +393,7 @@ static err_code run_tokenize(engine *e, const options *o, const char *text) {
  * once (the prompt path: on the GPU its batches), then the logits of positions prefill - 1 on. */
 static err_code run_dump_logits(engine *e, const char *text, const char *path, int prefill) {
     int *ids, n;
-    err_code rc = encode(e, text, 1, &ids, &n);
+    err_code rc = engine_encode(e, text, 1, &ids, &n);
     if (rc) return rc;
     if (n > e->ctx) { free(ids); return err_set(ERR_CONTEXT, "the prompt is %d tokens, the context %d", n, e->ctx); }
     if (prefill > n) { free(ids); return err_set(ERR_ARG, "--dump-prefill %d: the prompt is %d token%s", prefill, n, n == 1 ? "" : "s"); }
@@ -673,7 +474,7 @@ static err_code run_bench(engine *e, const options *o) {
     if (n_depths == 0 || n_prompt + n_decode > e->ctx)
         return err_set(ERR_ARG, "--bench needs at least %d tokens of context, --ctx is %d", n_prompt + n_decode, e->ctx);
     int *base, nb;
-    err_code rc = encode(e, text, 0, &base, &nb);
+    err_code rc = engine_encode(e, text, 0, &base, &nb);
     if (rc) return rc;
     int fill_len = n_prompt; /* the CPU prefills its depths with real tokens, the GPU fills the cache */
     if (!e->gpu && max_depth > fill_len) fill_len = max_depth;
@@ -793,7 +594,7 @@ int main(int argc, char **argv) {
     /* The prompt: -p, -f, or stdin when it is not a terminal (not for interactive chat). */
     char *text = NULL;
     size_t len = 0;
-    int needs_text = !o.bench && !(o.chat && !o.tokenize && !o.prompt && !o.prompt_file) && !o.perplexity_file;
+    int needs_text = !o.bench && !(o.chat && !o.tokenize && !o.prompt && !o.prompt_file) && !o.perplexity_file && !o.serve;
     if (o.prompt) {
         text = strdup(o.prompt);
         len = strlen(text);
@@ -810,9 +611,12 @@ int main(int argc, char **argv) {
     }
 
     engine e;
-    rc = engine_open(&e, &o);
+    engine_config ec = {.model_dir = o.model_dir, .ctx = o.ctx, .n_threads = o.n_threads,
+                        .cuda = strcmp(o.device, "cuda") == 0, .host_logits = o.dump_logits || o.perplexity_file};
+    rc = engine_open(&e, &ec);
     if (!rc) {
-        if (o.tokenize) rc = run_tokenize(&e, &o, text);
+        if (o.serve) rc = server_run(&e, &o.server);
+        else if (o.tokenize) rc = run_tokenize(&e, &o, text);
         else if (o.dump_logits) rc = run_dump_logits(&e, text, o.dump_logits, o.dump_prefill);
         else if (o.perplexity_file) rc = run_perplexity(&e, o.perplexity_file);
         else if (o.bench) rc = run_bench(&e, &o);
