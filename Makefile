@@ -67,7 +67,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
 # Model-agnostic runtime, compiled once for every model.
-RUNTIME_SRCS := runtime/errors.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
+RUNTIME_SRCS := runtime/errors.c runtime/bundle.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
 	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c
 RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)
@@ -265,3 +265,13 @@ test-gpu: $(VENV)/.installed $(OUT)/ingot
 
 clean:
 	rm -rf build generated/*/
+
+# ---------------------------------------------------------------------------------------------
+# The appliance: one executable with the model inside (runtime/bundle.h, codegen/appliance.py)
+
+APPLIANCE := build/appliance/$(NAME)
+.PHONY: appliance
+appliance: $(APPLIANCE)
+$(APPLIANCE): $(OUT)/ingot codegen/appliance.py $(wildcard $(MODEL_DIR)/*.json $(MODEL_DIR)/*.safetensors) \
+		$(if $(filter $(DEFAULT_MODEL),$(MODEL_DIR)),$(DEFAULT_MODEL)/model.safetensors) | $(VENV)/.installed
+	$(PY) -m codegen.appliance $(OUT)/ingot $(MODEL_DIR) $@

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bundle.h"
+
 #define JSON_MAX_DEPTH 128
 
 typedef struct {
@@ -293,6 +295,19 @@ err_code json_parse(const char *text, size_t len, json_doc *doc) {
 
 err_code json_parse_file(const char *path, json_doc *doc) {
     memset(doc, 0, sizeof *doc);
+    const void *bundled;
+    size_t bundled_size;
+    int in_bundle = bundle_find(path, &bundled, &bundled_size); /* an appliance's own file */
+    if (in_bundle < 0) return err_set(ERR_IO, "%s: %s", path, strerror(ENOENT));
+    if (in_bundle) {
+        err_code rc = json_parse(bundled, bundled_size, doc);
+        if (rc == ERR_JSON) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", err_detail());
+            return err_set(rc, "%s: %s", path, why);
+        }
+        return rc;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
     char *buf = NULL;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bundle.h"
 #include "engine.h"
 #include "json.h"
 #include "model.h"
@@ -586,6 +587,9 @@ int main(int argc, char **argv) {
     options o;
     err_code rc = parse_args(argc, argv, &o);
     if (rc) return fail(rc);
+    int bundled; /* an appliance: its model inside this executable (make appliance) */
+    if ((rc = bundle_open(argv[0], &bundled))) return fail(rc);
+    if (bundled && !o.model_given) o.model_dir = bundle_dir();
 #if MODEL_GENERIC
     if ((rc = model_generic_load(o.model_dir))) return fail(rc); /* the MODEL_* values, from config.json */
 #endif

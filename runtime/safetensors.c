@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bundle.h"
 #include "json.h"
 
 #define ST_HEADER_MAX ((uint64_t)100 << 20) /* bytes; real headers are at most a few MB */
@@ -81,6 +82,7 @@ typedef struct {
     char *path;                /* dir/name, as errors print it */
     const char *name;          /* the file name within dir, as the index names it */
     unsigned char *map;        /* the whole file, read-only */
+    int bundled;               /* map is inside the executable (an appliance's, bundle.h): not unmapped */
     size_t size;               /* bytes */
     uint64_t header_len;       /* N: bytes of JSON after the 8-byte length */
     const unsigned char *data; /* map + 8 + N */
@@ -289,30 +291,39 @@ static err_code file_open(st_model *m, const char *dir, const char *name) {
     f->name = f->path + strlen(f->path) - strlen(name);
     m->n_files++; /* from here on st_model_close() releases f */
 
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_set(ERR_IO, "%s: %s", f->path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return err_set(ERR_IO, "%s: %s", f->path, strerror(e));
+    const void *bundled;
+    int in_bundle = bundle_find(f->path, &bundled, &f->size);
+    if (in_bundle < 0) return err_set(ERR_IO, "%s: %s", f->path, strerror(ENOENT));
+    if (in_bundle) {
+        f->map = (unsigned char *)bundled;
+        f->bundled = 1;
+        if (f->size < 8) return err_set(ERR_ST_TRUNCATED, "%s: %zu bytes, shorter than the 8-byte header length", f->path, f->size);
+    } else {
+        int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return err_set(ERR_IO, "%s: %s", f->path, strerror(errno));
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            int e = errno;
+            close(fd);
+            return err_set(ERR_IO, "%s: %s", f->path, strerror(e));
+        }
+        if (!S_ISREG(st.st_mode)) {
+            close(fd);
+            return err_set(ERR_IO, "%s: not a regular file", f->path);
+        }
+        f->size = (size_t)st.st_size;
+        if (f->size < 8) {
+            close(fd);
+            return err_set(ERR_ST_TRUNCATED, "%s: %zu bytes, shorter than the 8-byte header length",
+                           f->path, f->size);
+        }
+        void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        int map_errno = errno;
+        close(fd); /* the mapping keeps the file */
+        if (map == MAP_FAILED) return err_set(ERR_IO, "%s: mmap: %s", f->path, strerror(map_errno));
+        f->map = map;
+        madvise(f->map, f->size, MADV_WILLNEED); /* a hint: readahead while the header is checked */
     }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return err_set(ERR_IO, "%s: not a regular file", f->path);
-    }
-    f->size = (size_t)st.st_size;
-    if (f->size < 8) {
-        close(fd);
-        return err_set(ERR_ST_TRUNCATED, "%s: %zu bytes, shorter than the 8-byte header length",
-                       f->path, f->size);
-    }
-    void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd); /* the mapping keeps the file */
-    if (map == MAP_FAILED) return err_set(ERR_IO, "%s: mmap: %s", f->path, strerror(map_errno));
-    f->map = map;
-    madvise(f->map, f->size, MADV_WILLNEED); /* a hint: readahead while the header is checked */
 
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | f->map[i]; /* little-endian on every host */
@@ -395,6 +406,18 @@ static int str_cmp(const void *a, const void *b) {
 
 /* Reads a small file (the index: tens of KB) whole into a malloc'd buffer. */
 static err_code read_whole(const char *path, char **out, size_t *len) {
+    const void *bundled;
+    size_t bundled_size;
+    int in_bundle = bundle_find(path, &bundled, &bundled_size);
+    if (in_bundle < 0) return err_set(ERR_IO, "%s: %s", path, strerror(ENOENT));
+    if (in_bundle) {
+        if (bundled_size > ST_HEADER_MAX)
+            return err_set(ERR_ST_HEADER, "%s: %zu bytes, more than the %llu-byte limit", path, bundled_size, (unsigned long long)ST_HEADER_MAX);
+        if (!(*out = malloc(bundled_size + 1))) return err_set(ERR_NOMEM, "%s: %zu bytes", path, bundled_size);
+        memcpy(*out, bundled, bundled_size);
+        *len = bundled_size;
+        return ERR_OK;
+    }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
     struct stat st;
@@ -519,6 +542,14 @@ done:
 // ------------------------------------------------------------------------------------------------
 // the interface
 
+/* On disk, or in the executable's bundle. */
+static int file_exists(const char *path) {
+    const void *data;
+    size_t size;
+    int in_bundle = bundle_find(path, &data, &size);
+    return in_bundle ? in_bundle > 0 : access(path, F_OK) == 0;
+}
+
 err_code st_model_open(st_model **out, const char *dir) {
     *out = NULL;
     st_model *m = calloc(1, sizeof *m);
@@ -528,7 +559,7 @@ err_code st_model_open(st_model **out, const char *dir) {
     m->source = path_join(dir, ST_INDEX_NAME);
     if (!single || !m->source) {
         rc = err_set(ERR_NOMEM, "%s: path", dir);
-    } else if (access(single, F_OK) == 0 || access(m->source, F_OK) != 0) {
+    } else if (file_exists(single) || !file_exists(m->source)) {
         /* model.safetensors wins when both exist, as in transformers; when neither does, opening
          * it gives the error that names the file people expect. */
         free(m->source);
@@ -617,7 +648,7 @@ void st_model_close(st_model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_files; i++) {
         st_file *f = &m->files[i];
-        if (f->map) munmap(f->map, f->size);
+        if (f->map && !f->bundled) munmap(f->map, f->size);
         json_free(&f->doc);
         free(f->path);
     }
