@@ -111,6 +111,7 @@ static void usage(FILE *f) {
             "      --host ADDR         --serve: the address to listen on (default 127.0.0.1)\n"
             "      --port N            --serve: the port (default 8080)\n"
             "      --queue N           --serve: requests waiting for the model at most; more get 503 (default 16)\n"
+            "      --timeout S         --serve: close a connection that sends or takes nothing for S seconds (default 30)\n"
             "      --no-prompt-cache   --serve: feed every prompt whole, not reusing the previous request's cache\n"
             "  -h, --help              this text\n",
             built_for, INGOT_MODEL_DIR, ctx_default);
@@ -161,8 +162,9 @@ static err_code parse_args(int argc, char **argv, options *o) {
         .sampling = {.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
                      .repeat_penalty = 1.0f, .repeat_last_n = 64},
         .n_threads = physical_cores(),
-        .server = {.host = "127.0.0.1", .port = 8080, .queue = 16, .prompt_cache = 1},
+        .server = {.host = "127.0.0.1", .port = 8080, .queue = 16, .prompt_cache = 1, .timeout_s = 30},
     };
+    const char *server_flag = NULL; /* the last flag only --serve takes */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -209,10 +211,11 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--dump-prefill", "--dump-prefill")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, INT_MAX, &n); o->dump_prefill = (int)n; }
         else if (FLAG("--parse-special", "--parse-special")) o->parse_special = 1;
         else if (FLAG("--serve", "--serve")) o->serve = 1;
-        else if (FLAG("--host", "--host")) { NEEDS_VALUE(); o->server.host = v; }
-        else if (FLAG("--port", "--port")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, 65535, &n); o->server.port = (int)n; }
-        else if (FLAG("--queue", "--queue")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, 4096, &n); o->server.queue = (int)n; }
-        else if (FLAG("--no-prompt-cache", "--no-prompt-cache")) o->server.prompt_cache = 0;
+        else if (FLAG("--host", "--host")) { NEEDS_VALUE(); server_flag = a; o->server.host = v; }
+        else if (FLAG("--port", "--port")) { NEEDS_VALUE(); server_flag = a; rc = parse_long(a, v, 0, 65535, &n); o->server.port = (int)n; }
+        else if (FLAG("--queue", "--queue")) { NEEDS_VALUE(); server_flag = a; rc = parse_long(a, v, 0, 4096, &n); o->server.queue = (int)n; }
+        else if (FLAG("--timeout", "--timeout")) { NEEDS_VALUE(); server_flag = a; rc = parse_long(a, v, 1, 86400, &n); o->server.timeout_s = (int)n; }
+        else if (FLAG("--no-prompt-cache", "--no-prompt-cache")) { o->server.prompt_cache = 0; server_flag = a; }
         else return err_set(ERR_ARG, "unknown option '%s' (see --help)", a);
         if (rc) return rc;
 #undef FLAG
@@ -224,6 +227,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
     if (o->serve && (o->prompt || o->prompt_file)) return err_set(ERR_ARG, "--serve takes its prompts over HTTP, not -p or -f");
     if (o->system && !o->chat) return err_set(ERR_ARG, "--system needs --chat");
     if (o->parse_special && !o->chat) return err_set(ERR_ARG, "--parse-special needs --chat");
+    if (server_flag && !o->serve) return err_set(ERR_ARG, "%s needs --serve", server_flag);
     if (o->dump_prefill && !o->dump_logits) return err_set(ERR_ARG, "--dump-prefill needs --dump-logits");
     if (o->bench_prompt && !o->bench) return err_set(ERR_ARG, "--bench-prompt needs --bench");
 #ifdef INGOT_CUDA

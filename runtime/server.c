@@ -32,7 +32,6 @@
 #define SERVER_MAX_BODY ((size_t)4 << 20)  /* bytes of a request body; more gets 413 */
 #define SERVER_MAX_STOPS 16                /* stop strings a request may give */
 #define SERVER_MAX_STOP_BYTES 512          /* bytes of one stop string */
-#define SERVER_IDLE_TIMEOUT_S 30           /* a connection that sends or takes nothing this long is closed */
 #define SERVER_MAX_CONNECTIONS 512
 #define SERVER_CHAT_MAX_TOKENS 1024        /* a chat answer without max_tokens: until the end of the turn, at most */
 #define SERVER_COMPLETION_MAX_TOKENS 16    /* a completion without max_tokens, as OpenAI's default */
@@ -1095,7 +1094,7 @@ err_code server_run(engine *e, const server_config *cfg) {
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | (v6 ? MHD_USE_IPv6 : 0);
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)cfg->port, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVER_IDLE_TIMEOUT_S,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)SERVER_MAX_CONNECTIONS, MHD_OPTION_END);
     if (!d) {
         int why = errno;

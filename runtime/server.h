@@ -23,6 +23,7 @@ typedef struct {
     int port;                /* 0: any free port (the one taken is printed) */
     int queue;               /* requests waiting for the model at most */
     int prompt_cache;        /* reuse the cached tokens a prompt starts with */
+    int timeout_s;           /* a connection that sends or takes nothing this long is closed */
     const char *model_name;  /* what /v1/models lists and responses name */
     sampler_config sampling; /* what a request does not set: the command line's settings */
     int seed_given;          /* sampling.seed was given: requests without a seed use it */
