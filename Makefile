@@ -254,8 +254,24 @@ compare: $(OUT)/ingot $(VENV)/.installed
 	@test -x build/generic/ingot || { echo "make compare: make GENERIC=1 did not build build/generic/ingot" >&2; exit 1; }
 	$(PY) tests/bench/compare.py $(MODEL_DIR) --rebuild $(COMPARE_FLAGS)
 
-test: $(VENV)/.installed $(DEFAULT_MODEL)/model.safetensors $(OUT)/ingot
+test: $(VENV)/.installed $(DEFAULT_MODEL)/model.safetensors $(OUT)/ingot build/.chromium-checked
 	$(PY) -m pytest -q tests
+
+# tests/test_server.py shows the chat page to a headless Chromium: installed where make can (root,
+# apt-get), else named; without it that one test skips.
+build/.chromium-checked:
+	@mkdir -p $(@D)
+	@if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing chromium (tests/test_server.py's browser)"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+			{ apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } || \
+			echo "could not install chromium; the chat page's test will skip"; \
+		else \
+			echo "the chat page's test skips without chromium: sudo apt-get install chromium"; \
+		fi; \
+	fi
+	@touch $@
 
 # On a machine with a CUDA GPU: the GPU against the CPU path and against transformers, memcheck.
 # PYTEST_ARGS narrows it, e.g. PYTEST_ARGS='-k greedy' (a quick check on a short device lease).

@@ -245,7 +245,6 @@ static err_code parse_args(int argc, char **argv, options *o) {
     o->server.sampling = o->sampling;
     o->server.seed_given = o->seed_given;
     o->server.max_tokens = o->n_tokens;
-    o->server.model_name = MODEL_NAME;
     return ERR_OK;
 }
 
@@ -623,7 +622,10 @@ int main(int argc, char **argv) {
                         .cuda = strcmp(o.device, "cuda") == 0, .host_logits = o.dump_logits || o.perplexity_file};
     rc = engine_open(&e, &ec);
     if (!rc) {
-        if (o.serve) rc = server_run(&e, &o.server);
+        if (o.serve) {
+            o.server.model_name = MODEL_NAME; /* a generic build knows it once the model is read */
+            rc = server_run(&e, &o.server);
+        }
         else if (o.tokenize) rc = run_tokenize(&e, &o, text);
         else if (o.dump_logits) rc = run_dump_logits(&e, text, o.dump_logits, o.dump_prefill);
         else if (o.perplexity_file) rc = run_perplexity(&e, o.perplexity_file);

@@ -284,7 +284,7 @@ static int job_emit(void *arg, int id, const char *piece, int len) {
         if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) j->cancelled = 1;
     }
     stop |= j->cancelled || s->stopping;
-    pthread_cond_broadcast(&j->changed);
+    if (j->stream) pthread_cond_broadcast(&j->changed); /* a whole answer's connection waits for the end alone */
     pthread_mutex_unlock(&s->lock);
     return stop;
 }

@@ -28,7 +28,7 @@ import openai
 import pytest
 import requests
 
-from conftest import REPO, build_model, make, run, tiny_model_dir
+from conftest import REPO, binary_for, build_model, make, run, tiny_model_dir
 
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy SmolLM2 counts on until stopped
 SHOTS = REPO / "build" / "test-server"
@@ -231,6 +231,9 @@ def test_message_text_is_not_control_tokens(smol, default_model):
         ("/v1/completions", {"prompt": [1, 99999999]}, 400, "prompt"),
         ("/v1/completions", {"prompt": "hello " * 1100}, 400, "prompt"),  # more tokens than --ctx 1024
         ("/v1/completions", b"x" * (5 << 20), 413, None),
+        ("/v1/completions", b"[" * 100000, 400, None),
+        ("/v1/completions", b'{"prompt": "caf\xe9"}', 400, "prompt"),  # not UTF-8
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages"),
         ("/v1/nothing", {}, 404, None),
     ],
 )
@@ -381,6 +384,36 @@ def test_stalled_clients_do_not_hold_the_model(tiny):
     assert half.recv(100) == b"" and time.time() - t0 < 8, "the half request was not closed by --timeout"
     half.close()
     mute.close()
+
+
+def test_generic_build_serves_the_same(tiny):
+    """The generic binary (-m) serves what the specialized one does."""
+    d = tiny_model_dir("tiny-llama")
+    server = Server(binary_for(d, "generic").argv())
+    try:
+        for req in tiny_requests()[:6]:
+            assert ask(server.client(), req) == ask(tiny.client(), req), req
+    finally:
+        server.stop()
+
+
+def test_serve_flags(default_model):
+    binary = build_model(default_model)
+    for args, message in (
+        (["--port", "5", "-p", "x"], "--port needs --serve"),
+        (["--serve", "--port", "70000"], "--port 70000: expected an integer in 0..65535"),
+        (["--serve", "-p", "x"], "--serve takes its prompts over HTTP"),
+        (["--serve", "--chat"], "exclude each other"),
+        (["-p", "x", "--parse-special"], "--parse-special needs --chat"),
+    ):
+        r = run(binary, *args, check=False)
+        assert r.returncode == 1 and message in r.stderr.decode(), (args, r.stderr)
+    busy = Server([str(binary)])
+    try:
+        r = run(binary, "--serve", "--port", str(busy.port), check=False)
+        assert r.returncode == 1 and b"cannot listen on 127.0.0.1 port" in r.stderr, r.stderr
+    finally:
+        busy.stop()
 
 
 # ---------------------------------------------------------------------------------------------
