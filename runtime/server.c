@@ -182,6 +182,7 @@ typedef struct job {
     int error_status;   /* nonzero: the request failed, with this HTTP status and message */
     char error[256];
     double t_queued, t_start, t_first, t_end; /* seconds (time_now) */
+    double prompt_s;  /* feeding the prompt's tokens that the cache did not hold */
 } job;
 
 typedef struct server server;
@@ -304,6 +305,7 @@ static void run_job(server *s, job *j) {
     }
     pthread_mutex_lock(&s->lock);
     j->n_reused = reused;
+    j->prompt_s = t_prompt;
     j->t_end = time_now();
     if (rc) {
         j->error_status = 500;
@@ -466,7 +468,7 @@ static int parse_common(server *s, const json_value *root, job *j, req_error *er
     r = int_field(root, "seed", INT64_MIN / 2, INT64_MAX / 2, &seed, err);
     if (r < 0) return -1;
     if (r > 0) j->sampling.seed = (uint64_t)seed;
-    else if (!cfg->seed_given) j->sampling.seed = (uint64_t)(time_now() * 1e6) ^ (s->n_ids_made * 0x9E3779B97F4A7C15ull);
+    else if (!cfg->seed_given) j->sampling.seed = (uint64_t)(time_now() * 1e6) ^ ((uint64_t)(uintptr_t)j * 0x9E3779B97F4A7C15ull);
 
     const json_value *stop = json_get(root, "stop");
     if (stop && stop->type != JSON_NULL) {
@@ -682,8 +684,8 @@ static void timings_json(sbuf *b, const job *j) {
     double queued = j->t_start - j->t_queued, first = j->n_generated ? j->t_first - j->t_start : j->t_end - j->t_start;
     double decode = j->n_generated > 1 ? j->t_end - j->t_first : 0.0;
     sb_printf(b, "\"timings\": {\"queued_ms\": %.3f, \"first_token_ms\": %.3f, \"prompt_tokens_fed\": %d, "
-                 "\"decode_ms\": %.3f, \"decode_tok_s\": %.3f}",
-              1e3 * queued, 1e3 * first, j->n_ids - j->n_reused, 1e3 * decode,
+                 "\"prompt_ms\": %.3f, \"decode_ms\": %.3f, \"decode_tok_s\": %.3f}",
+              1e3 * queued, 1e3 * first, j->n_ids - j->n_reused, 1e3 * j->prompt_s, 1e3 * decode,
               decode > 0 ? (j->n_generated - 1) / decode : 0.0);
 }
 
