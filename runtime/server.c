@@ -1006,7 +1006,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return respond(s, c, rq->route, 200, "text/html; charset=utf-8", ingot_chat_page,
                        (size_t)(ingot_chat_page_end - ingot_chat_page), 0);
     case ROUTE_HEALTH:
-        sb_puts(&b, "{\"status\": \"ok\"}");
+        sb_puts(&b, "{\"status\": \"ok\", \"model\": ");
+        sb_json_cstr(&b, s->cfg->model_name);
+        sb_printf(&b, ", \"device\": \"%s\"}", s->e->gpu ? "cuda" : "cpu");
         return respond_json(s, c, rq->route, 200, &b);
     case ROUTE_MODELS:
         sb_puts(&b, "{\"object\": \"list\", \"data\": [{\"id\": ");

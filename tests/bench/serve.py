@@ -92,6 +92,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--answer-tokens", type=int, default=48, help="tokens of each of turns 1-4's answers")
+    p.add_argument("--only", choices=["ttft", "decode"], help="one of the two measurements")
     p.add_argument("flags", nargs="*", help="ingot flags for every run (after --), e.g. --device cpu --threads 2")
     a = p.parse_args()
     base = [a.binary, *a.flags]
@@ -101,12 +102,12 @@ def main() -> None:
     rows = {"cache": [], "no_cache": []}
     api_tok_s, api_server_tok_s, bench_tok_s = [], [], []
     try:
-        for _ in range(a.repeats):
+        for _ in range(a.repeats if a.only != "decode" else 0):
             rows["cache"].append(conversation(cached_url, a.answer_tokens))
             rows["no_cache"].append(conversation(fresh_url, a.answer_tokens))
         fresh.terminate()
         fresh.wait()
-        for _ in range(a.repeats):  # decode: the API and --bench in turn
+        for _ in range(a.repeats if a.only != "ttft" else 0):  # decode: the API and --bench in turn
             r = stream(cached_url, "/v1/completions", {"prompt": COUNTING, "max_tokens": a.decode_tokens, "temperature": 0})
             n = r["usage"]["completion_tokens"]
             api_tok_s.append((n - 1) / (r["last_s"] - r["ttft_s"]))
@@ -120,6 +121,19 @@ def main() -> None:
 
     med = statistics.median
     result = {}
+    if a.only != "decode":
+        ttft_table(rows, a, result)
+    if a.only != "ttft":
+        print(f"decode, {a.decode_tokens} tokens, median of {a.repeats}: API (client) {med(api_tok_s):.1f} tok/s, "
+              f"API (server) {med(api_server_tok_s):.1f} tok/s, --bench {med(bench_tok_s):.1f} tok/s: "
+              f"API / bench = {med(api_tok_s) / med(bench_tok_s):.3f}")
+        result["decode"] = {"api_client_tok_s": med(api_tok_s), "api_server_tok_s": med(api_server_tok_s),
+                            "bench_tok_s": med(bench_tok_s), "all_api": api_tok_s, "all_bench": bench_tok_s}
+    print(json.dumps(result))
+
+
+def ttft_table(rows: dict, a, result: dict) -> None:
+    med = statistics.median
     print(f"fifth turn of a conversation, median of {a.repeats} ({a.binary} {' '.join(a.flags)}):")
     print(f"  {'':10} {'prompt tokens':>13} {'fed':>5} {'feeding ms':>11} {'client TTFT ms':>15} {'TTFT - feeding':>15}")
     for mode, rs in rows.items():
@@ -133,12 +147,6 @@ def main() -> None:
     same = all(c["text"] == f["text"] for c, f in zip(rows["cache"], rows["no_cache"]))
     print(f"  the fifth answers with and without the cache are {'the same' if same else 'DIFFERENT'}")
     result["same_answers"] = same
-    print(f"decode, {a.decode_tokens} tokens, median of {a.repeats}: API (client) {med(api_tok_s):.1f} tok/s, "
-          f"API (server) {med(api_server_tok_s):.1f} tok/s, --bench {med(bench_tok_s):.1f} tok/s: "
-          f"API / bench = {med(api_tok_s) / med(bench_tok_s):.3f}")
-    result["decode"] = {"api_client_tok_s": med(api_tok_s), "api_server_tok_s": med(api_server_tok_s),
-                        "bench_tok_s": med(bench_tok_s), "all_api": api_tok_s, "all_bench": bench_tok_s}
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":
