@@ -305,7 +305,8 @@ def test_queue_full_gets_503(smol):
     smol.wait_idle()
     running = requests.post(smol.url + "/v1/completions", stream=True, timeout=60,
                             json={"prompt": COUNTING, "max_tokens": LONG, "temperature": 0, "stream": True})
-    next(l for l in running.iter_lines() if l.startswith(b"data: {"))  # it runs
+    lines = running.iter_lines()  # kept: a generator of it dropped would close the connection
+    next(line for line in lines if line.startswith(b"data: {"))  # it runs
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(lambda: chat(smol.client(), "Hi", max_tokens=2))
         end = time.time() + 30
