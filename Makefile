@@ -47,6 +47,11 @@ LDLIBS := -lm
 # stays shared: it is on every Debian system).
 MHD_STATIC := $(firstword $(wildcard /usr/lib/$(shell $(CC) -dumpmachine 2>/dev/null)/libmicrohttpd.a /usr/lib/libmicrohttpd.a /usr/local/lib/libmicrohttpd.a))
 MHD_LIBS := $(if $(MHD_STATIC),$(MHD_STATIC) -lgnutls,-lmicrohttpd) -lpthread
+# OpenMP's runtime linked statically as well where gcc has it, so that the binary (an appliance
+# above all) runs where gcc's libgomp1 package is not installed.
+GOMP_STATIC := $(filter /%,$(shell $(CC) -print-file-name=libgomp.a 2>/dev/null))
+comma := ,
+GOMP_LIBS := $(if $(GOMP_STATIC),-Wl$(comma)--as-needed $(GOMP_STATIC) -ldl)
 
 # CUDA, when nvcc is on the PATH (CI has it too, without a GPU: the sources must compile there).
 # CUDA_ARCH: 90 (H100/H200, the default), 89 or 80; a binary refuses GPUs older than it was built for.
@@ -197,7 +202,7 @@ build/.mhd-ok:
 	@touch $@
 
 $(OUT)/ingot: $(OUT)/main.o $(OUT)/engine.o $(OUT)/server.o $(MODEL_OBJS) $(CUDA_OBJS) $(RUNTIME_OBJS)
-	$(CC) $(CFLAGS) $(filter %.o,$^) -o $@ $(LDLIBS) $(MHD_LIBS) $(CUDA_LIBS)
+	$(CC) $(CFLAGS) $(filter %.o,$^) -o $@ $(LDLIBS) $(MHD_LIBS) $(CUDA_LIBS) $(GOMP_LIBS)
 
 # C unit tests: tests/test_<module>.c against the runtime objects; each ends with "N passed, N failed".
 build/tests/%: tests/%.c tests/check.h $(RUNTIME_OBJS) $(RUNTIME_HDRS)

@@ -756,12 +756,16 @@ typedef struct {
     int started, ended;
 } stream;
 
-/* libmicrohttpd's content reader: blocks (this connection's thread) until the worker has more. */
+/* libmicrohttpd's content reader: blocks (this connection's thread) until the worker has more.
+ * libmicrohttpd closes a connection that sent nothing for --timeout seconds, so a stream waiting
+ * for the model (in the queue, feeding a long prompt) sends an SSE comment, which clients skip,
+ * every half of it. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     stream *st = cls;
     server *s = st->s;
     job *j = st->j;
+    const double keep_alive_s = s->cfg->timeout_s / 2.0;
     for (;;) {
         if (st->out_pos < st->out.len) {
             size_t n = st->out.len - st->out_pos < max ? st->out.len - st->out_pos : max;
@@ -773,11 +777,23 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         st->out.len = st->out_pos = 0;
         if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
         pthread_mutex_lock(&s->lock);
+        double since = time_now();
+        int quiet = 0; /* waited keep_alive_s with nothing to send */
         while (j->released == st->sent && j->state != JOB_DONE && !s->stopping && st->started) {
+            double left = keep_alive_s - (time_now() - since);
+            if (left <= 0) { quiet = 1; break; }
+            if (left > 1.0) left = 1.0;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += 1;
+            long long ns = until.tv_nsec + (long long)(left * 1e9);
+            until.tv_sec += (time_t)(ns / 1000000000);
+            until.tv_nsec = (long)(ns % 1000000000);
             pthread_cond_timedwait(&j->changed, &s->lock, &until);
+        }
+        if (quiet) {
+            sb_puts(&st->out, ": waiting for the model\n\n");
+            pthread_mutex_unlock(&s->lock);
+            continue;
         }
         int chat = j->kind == KIND_CHAT;
         if (!st->started) {
