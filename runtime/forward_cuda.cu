@@ -102,28 +102,63 @@ static_assert(!MODEL_ATT_O_SHORT || MODEL_ATT_SHORT, "MODEL_ATT_O_SHORT: the sho
  * lets the fused MLP, whose block an SM lands only as o_proj's blocks leave, launch once its blocks
  * have issued their early loads, before their wait. The same in every step lost at depth: the
  * MLP's first loads then go out beside attention's (docs/performance.md). */
-/* split-K attention over the cache, one block per (KV head, split) */
+/* split-K attention over the cache, one block per (KV head, split); MMA_HD: the tensor cores' head
+ * width (MODEL_ATT_MMA_HD: 64 or 128), 0 for the fp32 path */
+template <int MMA_HD>
 static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
     if (MODEL_ATT_TRIGGER_EARLY & 2) pdl_launch_dependents();
-    attention_body<1, wait_pdl, MODEL_ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
+    attention_body<1, wait_pdl, MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                       n_splits, MODEL_ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
-#if MODEL_ATT_SHORT
-#if !MODEL_ATT_MMA_HD
+/* The decode attention's plan decisions are literals in a specialized build and run-time values in
+ * the generic one (model_plan.h: the same rules over the dimensions it reads), which compiles the
+ * kernels for every head width the tensor cores take and picks the model's at start: the same
+ * algorithm as a specialized build of that model. ATT_SHORT_BUILT: the short context's kernel is
+ * compiled (a specialized build's MODEL_ATT_SHORT; always in the generic build). */
+#if MODEL_GENERIC
+#define ATT_SHORT_BUILT 1
+#else
+#define ATT_SHORT_BUILT MODEL_ATT_SHORT
+#if MODEL_ATT_SHORT && !MODEL_ATT_MMA_HD
 #error "MODEL_ATT_SHORT: the decode attention on the tensor cores (MODEL_ATT_MMA_HD)"
 #endif
+#endif
+
+typedef void (*attention_kernel_fn)(const float *, const uint16_t *, const uint16_t *, const int *, float *, float *, unsigned *,
+                                    float *, int, int);
+
+/* the model's attention_kernel */
+static attention_kernel_fn decode_attention_kernel(void) {
+#if MODEL_GENERIC
+    return MODEL_ATT_MMA_HD == 64 ? attention_kernel<64> : MODEL_ATT_MMA_HD == 128 ? attention_kernel<128> : attention_kernel<0>;
+#else
+    return attention_kernel<MODEL_ATT_MMA_HD>;
+#endif
+}
+
+#if ATT_SHORT_BUILT
 /* the decode attention of a short context, one block a (KV head, split) of at most
  * att_short_max(MODEL_HEAD_DIM) positions (attention_short_body): the steps that read at most
  * short_kernel_positions launch it, in the [2] graphs */
+template <int MMA_HD>
 static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     if (MODEL_ATT_TRIGGER_EARLY & 1) pdl_launch_dependents();
-    attention_short_body<MODEL_ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
-                                     blockIdx.x, blockIdx.y, wait_pdl{});
+    attention_short_body<MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
+                                 blockIdx.x, blockIdx.y, wait_pdl{});
+}
+
+/* the model's attention_short_kernel (where MODEL_ATT_SHORT) */
+static attention_kernel_fn short_attention_kernel(void) {
+#if MODEL_GENERIC
+    return MODEL_ATT_MMA_HD == 128 ? attention_short_kernel<128> : attention_short_kernel<64>;
+#else
+    return attention_short_kernel<MODEL_ATT_MMA_HD>;
+#endif
 }
 #endif
 
@@ -621,13 +656,13 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             } else
 #endif
             {
-#if MODEL_ATT_SHORT
+#if ATT_SHORT_BUILT
                 if (short_kernel)
-                    launch(attention_short_kernel, MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                    launch(short_attention_kernel(), MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 else
 #endif
-                    launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES,
+                    launch(decode_attention_kernel(), MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 mark(ST_ATT);
                 if (short_kernel && n_splits == 1) /* the one-split graphs (or heads of 128's short steps) */
@@ -915,9 +950,9 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
 static void set_decode_carveout(void) {
 #if MODEL_SMEM_CARVEOUT >= 0
     const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
-                                    (const void *)attention_kernel,
-#if MODEL_ATT_SHORT
-                                    (const void *)attention_short_kernel,
+                                    (const void *)decode_attention_kernel(),
+#if ATT_SHORT_BUILT
+                                    (const void *)short_attention_kernel(),
 #endif
 #if MODEL_ATT_O_SHORT
                                     (const void *)attention_o_proj_kernel,
@@ -980,7 +1015,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
 #if MODEL_ATT_O_SHORT
     m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel, MODEL_GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
 #endif
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)decode_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, MODEL_GRID_GATE_UP,
                                MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, MODEL_GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
@@ -1130,7 +1166,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     const int least_chunk = PREFILL_MIN_CHUNK;
 #endif
     m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * least_chunk : 0;
-#if MODEL_ATT_SHORT
+#if ATT_SHORT_BUILT
+    if (MODEL_ATT_SHORT) {
     /* The short context's kernel takes a split of at most att_short_max positions. Where that is no
      * less than a split's least (ATT_MIN_CHUNK: heads of 64), it runs in MODEL_ATT_MIN_SPLITS splits (no
      * more than its shared memory holds the (max, sum) of in the combine) up to where their length
@@ -1144,8 +1181,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * 1B at depth 0) would find no positions and leave, yet still take their launch's time and the
      * SMs' slots as o_proj's blocks land (1B +0.2-0.3% at depth 0; docs/performance.md, D68) */
     m->one_split_positions = m->short_kernel_splits > 1 ? att_short_max(MODEL_HEAD_DIM) : 0;
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)short_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
+    }
 #endif
     /* the graphs of each tier (model_cuda's graphs, prefill, prefill_last), then the choices */
     for (int s = 0; s < DECODE_TIERS && !rc; s++) {

@@ -234,7 +234,7 @@ static void init_like_model(void) {
     grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     SC(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)MV_SMEM_BYTES(MODEL_Q_DIM)));
-    SC(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
+    SC(cudaFuncSetAttribute((const void *)decode_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, MODEL_GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     grid_down = one_wave((const void *)down_residual_kernel, MODEL_GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, MODEL_GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
@@ -251,7 +251,7 @@ static void init_like_model(void) {
     if (ATT_MIN_CHUNK <= att_short_max(MODEL_HEAD_DIM))
         short_kernel_splits = std::min({n_splits, MODEL_ATT_MIN_SPLITS, att_short_max(MODEL_HEAD_DIM) / 2});
     short_kernel_positions = short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
-    SC(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SC(cudaFuncSetAttribute((const void *)short_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
     SC(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
@@ -382,14 +382,14 @@ static void stage_attention(stage_rec &s, rng &r, bool short_kernel, int splits,
     if (short_kernel) {
 #if MODEL_ATT_SHORT
         const size_t smem = ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM);
-        launch(attention_short_kernel, NKV, splits, MODEL_ATT_THREADS, smem, stream, (const float *)q, (const uint16_t *)kc,
+        launch(short_attention_kernel(), NKV, splits, MODEL_ATT_THREADS, smem, stream, (const float *)q, (const uint16_t *)kc,
                (const uint16_t *)vc, (const int *)io, part_acc, part_ml, counters, att, ctx, splits);
         launched(s, "attention_short_kernel", NKV, splits, MODEL_ATT_THREADS, smem);
 #else
         fail("attention_short_kernel: not in this build");
 #endif
     } else {
-        launch(attention_kernel, NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES, stream, (const float *)q, (const uint16_t *)kc,
+        launch(decode_attention_kernel(), NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES, stream, (const float *)q, (const uint16_t *)kc,
                (const uint16_t *)vc, (const int *)io, part_acc, part_ml, counters, att, ctx, splits);
         launched(s, "attention_kernel", NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES);
     }
