@@ -196,6 +196,11 @@ __device__ __forceinline__ float row_dot(row_chunks<W, U> *first, typename W::ro
     return warp_sum(acc);
 }
 
+/* Whether QKV's async steps can take format W: its chunks are 16-byte copies of the row as it lies
+ * (the dense formats; a format with scales apart would need its scales copied too). */
+template <typename W>
+inline constexpr bool pair_async_copies = std::is_same_v<typename W::chunk, uint4> && std::is_same_v<typename W::row_t, const uint4 *>;
+
 /* QKV's steps of a row past the first that go through shared memory: at most MODEL_QKV_ASYNC. */
 template <typename W, int U>
 __host__ __device__ constexpr int pair_async_steps(int K) {
@@ -223,16 +228,17 @@ __device__ __forceinline__ uint4 *pair_async_slots(float *sx, int K) {
  * chunks it will read, so cp.async.wait_all in the same lane is all the reading needs. */
 template <typename W, int U>
 __device__ __forceinline__ void pair_async_issue(uint4 *slots, typename W::row_t ra, typename W::row_t rb, int K, int lane, int steps) {
-    static_assert(std::is_same_v<typename W::chunk, uint4> && std::is_same_v<typename W::row_t, const uint4 *>,
-                  "QKV's async steps copy a row's 16-byte chunks as they are: dense formats");
+    static_assert(MODEL_QKV_ASYNC == 0 || pair_async_copies<W>, "QKV's async steps copy a row's 16-byte chunks as they are: dense formats");
+    if constexpr (pair_async_copies<W>) {
 #pragma unroll
-    for (int s = 1; s <= steps; s++) {
+        for (int s = 1; s <= steps; s++) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = (s * U + u) * WARP_SIZE + lane;
-            if (c < K / W::VALS) {
-                cp_async16(slots + (((s - 1) * 2 + 0) * U + u) * WARP_SIZE + lane, ra + c, true);
-                cp_async16(slots + (((s - 1) * 2 + 1) * U + u) * WARP_SIZE + lane, rb + c, true);
+            for (int u = 0; u < U; u++) {
+                const int c = (s * U + u) * WARP_SIZE + lane;
+                if (c < K / W::VALS) {
+                    cp_async16(slots + (((s - 1) * 2 + 0) * U + u) * WARP_SIZE + lane, ra + c, true);
+                    cp_async16(slots + (((s - 1) * 2 + 1) * U + u) * WARP_SIZE + lane, rb + c, true);
+                }
             }
         }
     }
@@ -242,10 +248,12 @@ __device__ __forceinline__ void pair_async_issue(uint4 *slots, typename W::row_t
  * the dot product that uses *r has run: later instructions issue in order behind it. */
 template <typename W, int U>
 __device__ __forceinline__ void pair_async_read(row_chunks<W, U> *r, const uint4 *slots, int K, int s, int row, int lane) {
+    if constexpr (pair_async_copies<W>) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int c = (s * U + u) * WARP_SIZE + lane;
-        if (c < K / W::VALS) r->v[u] = slots[(((s - 1) * 2 + row) * U + u) * WARP_SIZE + lane];
+        for (int u = 0; u < U; u++) {
+            const int c = (s * U + u) * WARP_SIZE + lane;
+            if (c < K / W::VALS) r->v[u] = slots[(((s - 1) * 2 + row) * U + u) * WARP_SIZE + lane];
+        }
     }
 }
 

@@ -85,6 +85,42 @@ struct w16 {
 using w_bf16 = w16<true>;
 using w_f16 = w16<false>;
 
+/* GGUF's Q8_0 (blocks of 32 int8 values q and an fp16 scale d; a weight is d * q in fp32, as
+ * gguf's dequantizer and ggml compute it), repacked on upload for 16-byte loads: a matrix's values
+ * as int8 (rows, K) and its scales as fp16 (rows, K / 32), apart. A chunk is half a block: 16
+ * values and their block's scale, which two lanes read (1.0625 bytes a weight). K a multiple of 32. */
+struct w_q8_0 {
+    static constexpr bool DENSE16 = false;
+    static constexpr bool BF16 = false;
+    static constexpr int VALS = 16;
+    static constexpr int BLOCK = 32;
+    struct mat {
+        const int8_t *q;
+        const __half *d;
+    };
+    struct row_t {
+        const uint4 *q;
+        const unsigned short *d;
+    };
+    struct chunk {
+        uint4 q;
+        unsigned short d;
+    };
+    __host__ __device__ __forceinline__ static row_t row(mat m, int r, int K) {
+        return {reinterpret_cast<const uint4 *>(m.q + (size_t)r * K), reinterpret_cast<const unsigned short *>(m.d) + (size_t)r * (K / BLOCK)};
+    }
+    __device__ __forceinline__ static chunk load(row_t row, int c) { return {ld_stream(row.q + c), __ldcs(row.d + c / 2)}; }
+    __device__ __forceinline__ static void to_f32(chunk u, float f[VALS]) {
+        const float d = __half2float(__ushort_as_half(u.d));
+        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) f[4 * i + b] = d * (float)(int8_t)(w[i] >> (8 * b));
+    }
+    __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
+};
+
 /* The model's matrices' format: what forward_cuda.cu instantiates the cores with. */
 using model_w = std::conditional_t<GPU_W_BF16, w_bf16, w_f16>;
 
