@@ -161,6 +161,12 @@ def _att_mma(head_dim: int, kv_mul: int) -> int:
 STAGE_VALUES_MIN_DIM = 2048  # the smallest hidden size staged values were measured to pay on (below)
 
 
+def _generic_att_mma() -> CExpr:
+    """_att_mma as the generic build's C expression over the dimensions it reads"""
+    widths = " || ".join(f"MODEL_HEAD_DIM == {w}" for w in MMA_HEAD_DIMS)
+    return CExpr(f"(({widths}) && MODEL_KV_MUL <= {ATT_MAX_GROUP})")
+
+
 def _att_stage_values(head_dim: int, kv_mul: int, dim: int) -> int:
     """The tensor-core decode attention's first round of values copied into shared memory with its
     keys (MODEL_ATT_STAGE_VALUES), where heads are 64 wide and the model is no smaller than the 1B
@@ -441,9 +447,11 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         residual_pairs=0,  # one row a warp: a run-time choice would hold both paths' registers
         prefill_att_tokens=1,  # a template argument is a literal; the group size is known only at run time
         prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
-        att_mma=0,  # the head width is a template argument
-        att_stage_values=0,  # with att_mma
-        att_short=0,  # with att_mma
+        # the kernels for every head width the tensor cores take, one picked at start
+        # (forward_cuda.cu: decode_attention_kernel, short_attention_kernel)
+        att_mma=_generic_att_mma(),
+        att_stage_values=0,  # its shared memory and the values' stage are sized at build time
+        att_short=_generic_att_mma(),
         att_combine_early=0,  # a register array's size is a literal
         pair_unroll=8,  # a register array's size is a literal
         pair_early=0,
@@ -453,7 +461,7 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         down_poll=0,  # not measured
         gemm_wgmma=_gemm_wgmma(cuda_arch),
         **_derive(dict(mlp_fused=0,  # its shapes are template arguments
-                       att_o_short=0)),  # with att_short
+                       att_o_short=0)),  # the joined grid's roles are compiled in or out
         **{k: str(v) for k, v in _gpu_plan(_GenericDims(), sms).items()},
     )
 
@@ -485,7 +493,7 @@ def header_constants(plan: Plan, head_dim) -> list[tuple[str, object, str]]:
         ("PAIR_LOT", plan.pair_lot or pair_early, "those early loads in lots of this many chunks, each once the last is in (_pair_lot)"),
         ("RES_LOT", plan.res_lot or MV_UNROLL, "o_proj's and down's early loads in lots of this many chunks (_res_lot)"),
         ("QKV_ASYNC", plan.qkv_async, "QKV's row steps after the first copied to shared memory on cp.async where its pairs take one round (_qkv_async)"),
-        ("ATT_MMA_HD", head_dim if plan.att_mma else 0, "the decode attention on the tensor cores: the head width (64 or 128), 0 for fp32 (_att_mma)"),
+        ("ATT_MMA_HD", f"({plan.att_mma} ? {head_dim} : 0)" if isinstance(plan.att_mma, CExpr) else head_dim if plan.att_mma else 0, "the decode attention on the tensor cores: the head width (64 or 128), 0 for fp32 (_att_mma)"),
         ("ATT_STAGE_VALUES", plan.att_stage_values, "that attention's first round of values staged with its keys: heads of 64 from the 1B shape (_att_stage_values)"),
         ("ATT_SHORT", plan.att_short, "a short context's attention in a kernel of its own, one block a (KV head, split) (_att_short)"),
         ("ATT_COMBINE_EARLY", plan.att_combine_early, "the combine's partial sums loaded with the splits' (max, sum): this many splits (_att_combine_early)"),

@@ -1,6 +1,6 @@
-/* cuda_common.cuh - what every GPU kernel body reads: the weights' storage type and its conversion
- * to fp32, the KV cache's layout, the loads that stream weights past the caches, warp sums, and
- * Hopper's mbarriers with the bulk-copy engine.
+/* cuda_common.cuh - what every GPU kernel body reads: the weight formats (cuda_weights.cuh), the
+ * KV cache's layout, warp sums, asynchronous copies to shared memory, and Hopper's mbarriers with
+ * the bulk-copy engine.
  *
  * Written against the MODEL_* names of the generated model_config.h and model_plan.h, like every
  * kernel header; nothing here depends on a stage. */
@@ -13,14 +13,7 @@
 #include <type_traits>
 
 #include "cuda_sync.cuh"
-
-/* GPU_W_BF16: the weights on the device are bf16 (uploaded in their own dtype; converting bf16 to
- * fp16 on upload lost the 1B's decode 1.5% at depth 0: docs/performance.md, D98) */
-#if defined(MODEL_WEIGHT_DTYPE_BF16)
-#define GPU_W_BF16 1
-#else
-#define GPU_W_BF16 0
-#endif
+#include "cuda_weights.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // The KV cache of a layer: (kv head, position, head_dim), so that an attention block's keys and
@@ -32,49 +25,11 @@ __host__ __device__ __forceinline__ size_t kv_at(int pos, int kvh, int ctx, int 
     return ((size_t)kvh * ctx + pos) * head_dim;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Weights: 8 values of the storage dtype in a uint4, to fp32
-
-/* 8 fp16 values (the KV cache) in a uint4, to fp32 */
-__device__ __forceinline__ void h8_to_f32(uint4 u, float f[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
-        f[2 * i] = v.x;
-        f[2 * i + 1] = v.y;
-    }
-}
-
-__device__ __forceinline__ void w8_to_f32(uint4 u, float f[8]) {
-#if !GPU_W_BF16
-    h8_to_f32(u, f);
-#else
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    }
-#endif
-}
-
-__device__ __forceinline__ float w_to_f32(uint16_t u) {
-#if GPU_W_BF16
-    return __uint_as_float((uint32_t)u << 16);
-#else
-    return __half2float(__ushort_as_half(u));
-#endif
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP_SIZE / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
     return v;
 }
-
-/* Streaming loads: each weight is read once per step, keep it out of L1. */
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) { return __ldcs(p); }
 
 /* 16 bytes from global to shared memory, asynchronously and past L1; 16 zeros where !valid */
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
@@ -82,6 +37,24 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* cp_async16 to a shared-memory address; commit and wait for groups of them */
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* ldmatrix: four (x4) or two (x2) 8x8 tiles of 16-bit values from shared memory into mma fragments */
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 /* a shared-memory mbarrier (its shared address) for `count` arrivals */

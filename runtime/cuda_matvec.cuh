@@ -4,18 +4,22 @@
  * norm + LM head + greedy choice, the step's end).
  *
  * The shape of every matvec: a warp per output row (a block of MODEL_MV_WARPS warps, rows striding
- * over the grid), 16-byte weight loads (8 bf16/fp16 values), all of a lane's loads for a row issued
+ * over the grid), 16-byte weight loads (a chunk of W::VALS weights of the format W, cuda_weights.cuh:
+ * 8 bf16/fp16 values), all of a lane's loads for a row issued
  * before the first is used, fp32 accumulation, a warp shuffle reduction. Weights do not depend on
  * the previous kernel, so each warp loads its first row before waiting for the previous kernel to
  * finish (programmatic dependent launch, sm_90): the next kernel's weight stream overlaps the tail
  * of the current one. Dimensions reach the bodies as int parameters that are literals at every call
  * in a specialized build, so after inlining every loop has a constant trip count and the register
- * arrays have constant indices; the generic build passes run-time values to the same code. */
+ * arrays have constant indices; the generic build passes run-time values to the same code. The core
+ * and the bodies take the weight format as their first template parameter; forward_cuda.cu passes
+ * the model's (model_w). */
 #ifndef INGOT_CUDA_MATVEC_CUH
 #define INGOT_CUDA_MATVEC_CUH
 
 #include "cuda_common.cuh"
 #include "cuda_trace.cuh"
+#include "cuda_weights.cuh"
 
 #define MV_THREADS (MODEL_MV_WARPS * WARP_SIZE)
 /* The same in the paired norm'd kernels (QKV, gate/up: two rows a warp). The generated code sets it
@@ -64,37 +68,37 @@ static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
 // as x * norm_w / rms(x): every block computes the same sum of squares, from L2), then each warp
-// takes one weight row at a time: lane l reads 16-byte chunks l, l + 32, ... (8 weights each),
+// takes one weight row at a time: lane l reads 16-byte chunks l, l + 32, ... (W::VALS weights each),
 // MODEL_MV_UNROLL chunks in flight per step, and the warp's partial sums meet in a shuffle reduction.
 
 /* A lane's U chunks of one step of a row: U = MODEL_MV_UNROLL, or MODEL_PAIR_UNROLL in the paired norm'd
  * kernels (QKV, gate/up), whose warps hold two rows. */
-template <int U = MODEL_MV_UNROLL>
+template <typename W, int U = MODEL_MV_UNROLL>
 struct row_chunks {
-    uint4 v[U];
+    typename W::chunk v[U];
 };
 
 /* Steps of U chunks per lane that a row of K needs. */
-template <int U>
-__host__ __device__ constexpr int mv_steps(int K) { return (K / 8 + U * WARP_SIZE - 1) / (U * WARP_SIZE); }
+template <typename W, int U>
+__host__ __device__ constexpr int mv_steps(int K) { return (K / W::VALS + U * WARP_SIZE - 1) / (U * WARP_SIZE); }
 
 /* Chunks u0 .. u1 - 1 of a step (load_step: all U). */
-template <int U>
-__device__ __forceinline__ void load_chunks(row_chunks<U> *r, const uint4 *row, int K, int step, int lane, int u0, int u1) {
+template <typename W, int U>
+__device__ __forceinline__ void load_chunks(row_chunks<W, U> *r, typename W::row_t row, int K, int step, int lane, int u0, int u1) {
 #pragma unroll
     for (int u = u0; u < u1; u++) {
         int c = (step * U + u) * WARP_SIZE + lane;
-        if (c < K / 8) r->v[u] = ld_stream(row + c);
+        if (c < K / W::VALS) r->v[u] = W::load(row, c);
     }
 }
 
 /* Chunks from .. U - 1 of a step, from known only at run time (static register indices). */
-template <int U>
-__device__ __forceinline__ void load_chunks_from(row_chunks<U> *r, const uint4 *row, int K, int step, int lane, int from) {
+template <typename W, int U>
+__device__ __forceinline__ void load_chunks_from(row_chunks<W, U> *r, typename W::row_t row, int K, int step, int lane, int from) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         int c = (step * U + u) * WARP_SIZE + lane;
-        if (u >= from && c < K / 8) r->v[u] = ld_stream(row + c);
+        if (u >= from && c < K / W::VALS) r->v[u] = W::load(row, c);
     }
 }
 
@@ -121,8 +125,8 @@ struct stop_at_count {
 /* Chunks 0 .. u_end - 1 of step 0 of row ra (and rb, given b) in lots of LOT chunks, each lot issued
  * once the last is in (the loop's exit reads the lot's data: an impossible bf16 pair only ends it
  * sooner), until stop says so; returns the chunks loaded. One lot (LOT >= u_end): all at once. */
-template <int LOT, int U, typename Stop>
-__device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, const uint4 *ra, const uint4 *rb, int K, int lane,
+template <int LOT, typename W, int U, typename Stop>
+__device__ __forceinline__ int load_lots(row_chunks<W, U> *a, row_chunks<W, U> *b, typename W::row_t ra, typename W::row_t rb, int K, int lane,
                                          int u_end, Stop stop) {
     int loaded = 0;
 #pragma unroll
@@ -133,7 +137,7 @@ __device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, con
         if (b) load_chunks(b, rb, K, 0, lane, u, min(u + LOT, u_end));
         loaded = min(u + LOT, u_end);
         if (loaded >= u_end && !Stop::waits_last) break;
-        const bool odd = (b ? b->v[u].x : a->v[u].x) == 0x7FC00001u;
+        const bool odd = W::word(b ? b->v[u] : a->v[u]) == 0x7FC00001u;
         if (stop.done(seen) || __any_sync(0xFFFFFFFFu, odd)) break;
     }
     return loaded;
@@ -141,8 +145,8 @@ __device__ __forceinline__ int load_lots(row_chunks<U> *a, row_chunks<U> *b, con
 
 /* A paired kernel's early loads, before its wait: the first MODEL_PAIR_EARLY chunks of rows ra and rb's
  * first step, in lots of MODEL_PAIR_LOT where the plan takes them, else at once. */
-template <int U>
-__device__ __forceinline__ void pair_early_loads(row_chunks<U> *a, row_chunks<U> *b, const uint4 *ra, const uint4 *rb, int K, int lane) {
+template <typename W, int U>
+__device__ __forceinline__ void pair_early_loads(row_chunks<W, U> *a, row_chunks<W, U> *b, typename W::row_t ra, typename W::row_t rb, int K, int lane) {
     if (MODEL_PAIR_LOT < MODEL_PAIR_EARLY) {
         load_lots<MODEL_PAIR_LOT>(a, b, ra, rb, K, lane, MODEL_PAIR_EARLY, never_stop{});
     } else {
@@ -151,23 +155,28 @@ __device__ __forceinline__ void pair_early_loads(row_chunks<U> *a, row_chunks<U>
     }
 }
 
-template <int U>
-__device__ __forceinline__ void load_step(row_chunks<U> *r, const uint4 *row, int K, int step, int lane) {
+template <typename W, int U>
+__device__ __forceinline__ void load_step(row_chunks<W, U> *r, typename W::row_t row, int K, int step, int lane) {
     load_chunks(r, row, K, step, lane, 0, U);
 }
 
-template <int U>
-__device__ __forceinline__ float dot_step(const row_chunks<U> *r, const float *sx, int K, int step, int lane) {
+template <typename W, int U>
+__device__ __forceinline__ float dot_step(const row_chunks<W, U> *r, const float *sx, int K, int step, int lane) {
     float acc = 0.0f;
 #pragma unroll
     for (int u = 0; u < U; u++) {
         int c = (step * U + u) * WARP_SIZE + lane;
-        if (c < K / 8) {
-            float w[8];
-            w8_to_f32(r->v[u], w);
-            float4 a = reinterpret_cast<const float4 *>(sx)[c];
-            float4 b = reinterpret_cast<const float4 *>(sx)[K / 8 + c];
-            acc += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+        if (c < K / W::VALS) {
+            float w[W::VALS];
+            W::to_f32(r->v[u], w);
+            /* the chunk's inputs: float4 c of each plane of the staged input (sx_group) */
+            float4 x[W::VALS / 4];
+#pragma unroll
+            for (int p = 0; p < W::VALS / 4; p++) x[p] = reinterpret_cast<const float4 *>(sx)[p * (K / W::VALS) + c];
+            float s = w[0] * x[0].x + w[1] * x[0].y + w[2] * x[0].z + w[3] * x[0].w;
+#pragma unroll
+            for (int p = 1; p < W::VALS / 4; p++) s = s + w[4 * p] * x[p].x + w[4 * p + 1] * x[p].y + w[4 * p + 2] * x[p].z + w[4 * p + 3] * x[p].w;
+            acc += s;
         }
     }
     return acc;
@@ -176,52 +185,60 @@ __device__ __forceinline__ float dot_step(const row_chunks<U> *r, const float *s
 /* row (K) . sx (K, shared memory), the first step already in *first; the warp's sum in every lane.
  * Later steps load and then multiply: other warps on the SM keep memory busy meanwhile (double
  * buffering the steps doubled the registers and halved the resident warps). */
-template <int U>
-__device__ __forceinline__ float row_dot(row_chunks<U> *first, const uint4 *row, const float *sx, int K, int lane) {
+template <typename W, int U>
+__device__ __forceinline__ float row_dot(row_chunks<W, U> *first, typename W::row_t row, const float *sx, int K, int lane) {
     float acc = dot_step(first, sx, K, 0, lane);
 #pragma unroll 1
-    for (int step = 1; step < mv_steps<U>(K); step++) {
+    for (int step = 1; step < mv_steps<W, U>(K); step++) {
         load_step(first, row, K, step, lane);
         acc += dot_step(first, sx, K, step, lane);
     }
     return warp_sum(acc);
 }
 
+/* Whether QKV's async steps can take format W: its chunks are 16-byte copies of the row as it lies
+ * (the dense formats; a format with scales apart would need its scales copied too). */
+template <typename W>
+inline constexpr bool pair_async_copies = std::is_same_v<typename W::chunk, uint4> && std::is_same_v<typename W::row_t, const uint4 *>;
+
 /* QKV's steps of a row past the first that go through shared memory: at most MODEL_QKV_ASYNC. */
-template <int U>
+template <typename W, int U>
 __host__ __device__ constexpr int pair_async_steps(int K) {
-    return MODEL_QKV_ASYNC < mv_steps<U>(K) - 1 ? MODEL_QKV_ASYNC : mv_steps<U>(K) - 1;
+    return MODEL_QKV_ASYNC < mv_steps<W, U>(K) - 1 ? MODEL_QKV_ASYNC : mv_steps<W, U>(K) - 1;
 }
 
 /* Shared memory QKV's block needs for them, past its staged input: each warp's steps
  * 1 .. pair_async_steps of both rows, a lane's chunks where it alone reads them. */
-template <int U>
+template <typename W, int U>
 __host__ __device__ constexpr size_t pair_async_bytes(int K) {
-    return (size_t)pair_async_steps<U>(K) * 2 * U * WARP_SIZE * MODEL_MV_WARPS * sizeof(uint4);
+    return (size_t)pair_async_steps<W, U>(K) * 2 * U * WARP_SIZE * MODEL_MV_WARPS * sizeof(uint4);
 }
 
 /* Dynamic shared memory of QKV's block, whose input has K values. */
-#define QKV_SMEM_BYTES(K) (MV_SMEM_BYTES(K) + pair_async_bytes<MODEL_PAIR_UNROLL>(K))
+#define QKV_SMEM_BYTES(K) (MV_SMEM_BYTES(K) + pair_async_bytes<model_w, MODEL_PAIR_UNROLL>(K))
 
 /* This warp's slots for the async steps: after the block's staged input of K floats (K % 8 == 0, so
  * 16-byte aligned). Slot (s, row, u) holds lane l's chunk at [((s * 2 + row) * U + u) * WARP_SIZE + l]. */
-template <int U>
+template <typename W, int U>
 __device__ __forceinline__ uint4 *pair_async_slots(float *sx, int K) {
-    return reinterpret_cast<uint4 *>(sx + K) + (size_t)(threadIdx.x / WARP_SIZE) * pair_async_steps<U>(K) * 2 * U * WARP_SIZE;
+    return reinterpret_cast<uint4 *>(sx + K) + (size_t)(threadIdx.x / WARP_SIZE) * pair_async_steps<W, U>(K) * 2 * U * WARP_SIZE;
 }
 
 /* Steps 1 .. steps of rows ra and rb into this warp's slots on cp.async: each lane copies only the
  * chunks it will read, so cp.async.wait_all in the same lane is all the reading needs. */
-template <int U>
-__device__ __forceinline__ void pair_async_issue(uint4 *slots, const uint4 *ra, const uint4 *rb, int K, int lane, int steps) {
+template <typename W, int U>
+__device__ __forceinline__ void pair_async_issue(uint4 *slots, typename W::row_t ra, typename W::row_t rb, int K, int lane, int steps) {
+    static_assert(MODEL_QKV_ASYNC == 0 || pair_async_copies<W>, "QKV's async steps copy a row's 16-byte chunks as they are: dense formats");
+    if constexpr (pair_async_copies<W>) {
 #pragma unroll
-    for (int s = 1; s <= steps; s++) {
+        for (int s = 1; s <= steps; s++) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = (s * U + u) * WARP_SIZE + lane;
-            if (c < K / 8) {
-                cp_async16(slots + (((s - 1) * 2 + 0) * U + u) * WARP_SIZE + lane, ra + c, true);
-                cp_async16(slots + (((s - 1) * 2 + 1) * U + u) * WARP_SIZE + lane, rb + c, true);
+            for (int u = 0; u < U; u++) {
+                const int c = (s * U + u) * WARP_SIZE + lane;
+                if (c < K / W::VALS) {
+                    cp_async16(slots + (((s - 1) * 2 + 0) * U + u) * WARP_SIZE + lane, ra + c, true);
+                    cp_async16(slots + (((s - 1) * 2 + 1) * U + u) * WARP_SIZE + lane, rb + c, true);
+                }
             }
         }
     }
@@ -229,19 +246,21 @@ __device__ __forceinline__ void pair_async_issue(uint4 *slots, const uint4 *ra, 
 
 /* Step s of row `row` (0 or 1) from the slots into *r. The slot is free for the next pair's copy once
  * the dot product that uses *r has run: later instructions issue in order behind it. */
-template <int U>
-__device__ __forceinline__ void pair_async_read(row_chunks<U> *r, const uint4 *slots, int K, int s, int row, int lane) {
+template <typename W, int U>
+__device__ __forceinline__ void pair_async_read(row_chunks<W, U> *r, const uint4 *slots, int K, int s, int row, int lane) {
+    if constexpr (pair_async_copies<W>) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int c = (s * U + u) * WARP_SIZE + lane;
-        if (c < K / 8) r->v[u] = slots[(((s - 1) * 2 + row) * U + u) * WARP_SIZE + lane];
+        for (int u = 0; u < U; u++) {
+            const int c = (s * U + u) * WARP_SIZE + lane;
+            if (c < K / W::VALS) r->v[u] = slots[(((s - 1) * 2 + row) * U + u) * WARP_SIZE + lane];
+        }
     }
 }
 
 /* Steps s0 .. s1 - 1 of rows ra and rb, loaded one step at a time into *fa and *fb, dotted with sx
  * and added to this lane's *acc_a and *acc_b. */
-template <int U>
-__device__ __forceinline__ void pair_steps_add(row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb, const float *sx,
+template <typename W, int U>
+__device__ __forceinline__ void pair_steps_add(row_chunks<W, U> *fa, row_chunks<W, U> *fb, typename W::row_t ra, typename W::row_t rb, const float *sx,
                                                int K, int lane, int s0, int s1, float *acc_a, float *acc_b) {
 #pragma unroll 1
     for (int step = s0; step < s1; step++) {
@@ -255,8 +274,8 @@ __device__ __forceinline__ void pair_steps_add(row_chunks<U> *fa, row_chunks<U> 
 /* Two rows (a, b) of K dotted with sx at once, both rows' loads in flight together, the first
  * steps already in *fa and *fb and the next `async` steps on their way into slots (pair_async_issue):
  * the paired kernels' core (a pair on one warp needs no barrier to meet its other half). */
-template <int U>
-__device__ __forceinline__ float2 row_dot2(row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb, const float *sx,
+template <typename W, int U>
+__device__ __forceinline__ float2 row_dot2(row_chunks<W, U> *fa, row_chunks<W, U> *fb, typename W::row_t ra, typename W::row_t rb, const float *sx,
                                            int K, int lane, const uint4 *slots = nullptr, int async = 0) {
     float acc_a = dot_step(fa, sx, K, 0, lane), acc_b = dot_step(fb, sx, K, 0, lane);
     if (async > 0) cp_async_wait_all();
@@ -267,14 +286,14 @@ __device__ __forceinline__ float2 row_dot2(row_chunks<U> *fa, row_chunks<U> *fb,
         acc_a += dot_step(fa, sx, K, step, lane);
         acc_b += dot_step(fb, sx, K, step, lane);
     }
-    pair_steps_add(fa, fb, ra, rb, sx, K, lane, 1 + async, mv_steps<U>(K), &acc_a, &acc_b);
+    pair_steps_add(fa, fb, ra, rb, sx, K, lane, 1 + async, mv_steps<W, U>(K), &acc_a, &acc_b);
     return make_float2(warp_sum(acc_a), warp_sum(acc_b));
 }
 
 /* Steps s0 .. s1 - 1 of rows ra and rb dotted with sx, loaded here one step at a time: a split
  * pair's half (QKV_SPLIT_LAST); the warp's two sums in every lane. */
-template <int U>
-__device__ __forceinline__ float2 pair_steps(row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb, const float *sx,
+template <typename W, int U>
+__device__ __forceinline__ float2 pair_steps(row_chunks<W, U> *fa, row_chunks<W, U> *fb, typename W::row_t ra, typename W::row_t rb, const float *sx,
                                              int K, int lane, int s0, int s1) {
     float acc_a = 0.0f, acc_b = 0.0f;
     pair_steps_add(fa, fb, ra, rb, sx, K, lane, s0, s1, &acc_a, &acc_b);
@@ -284,31 +303,31 @@ __device__ __forceinline__ float2 pair_steps(row_chunks<U> *fa, row_chunks<U> *f
 /* A paired kernel's round: rows ra and rb dotted with sx, their first steps loaded here (and the
  * async steps issued) unless this is the warp's first round (loaded around the wait, the copies
  * issued once the input is staged). */
-template <int U>
-__device__ __forceinline__ float2 pair_round(bool first, row_chunks<U> *fa, row_chunks<U> *fb, const uint4 *ra, const uint4 *rb,
+template <typename W, int U>
+__device__ __forceinline__ float2 pair_round(bool first, row_chunks<W, U> *fa, row_chunks<W, U> *fb, typename W::row_t ra, typename W::row_t rb,
                                              const float *sx, int K, int lane, uint4 *slots = nullptr, int async = 0) {
     if (!first) {
         load_step(fa, ra, K, 0, lane);
         load_step(fb, rb, K, 0, lane);
-        pair_async_issue<U>(slots, ra, rb, K, lane, async);
+        pair_async_issue<W, U>(slots, ra, rb, K, lane, async);
     }
     return row_dot2(fa, fb, ra, rb, sx, K, lane, slots, async);
 }
 
 /* row . sx as row_dot, with the next step's loads in flight while this one multiplies (double
  * buffering): for the single-row kernels (o_proj, down), whose registers allow it. */
-template <int U>
-__device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, const uint4 *row, const float *x, int K, int lane) {
+template <typename W, int U>
+__device__ __forceinline__ float row_dot_buffered(const row_chunks<W, U> *first, typename W::row_t row, const float *x, int K, int lane) {
     float acc;
-    if (mv_steps<U>(K) == 1) {
+    if (mv_steps<W, U>(K) == 1) {
         acc = dot_step(first, x, K, 0, lane);
     } else {
         acc = 0.0f;
-        row_chunks<U> cur = *first;
+        row_chunks<W, U> cur = *first;
 #pragma unroll 1
-        for (int step = 0; step < mv_steps<U>(K); step++) {
-            row_chunks<U> nxt;
-            if (step + 1 < mv_steps<U>(K)) load_step(&nxt, row, K, step + 1, lane);
+        for (int step = 0; step < mv_steps<W, U>(K); step++) {
+            row_chunks<W, U> nxt;
+            if (step + 1 < mv_steps<W, U>(K)) load_step(&nxt, row, K, step + 1, lane);
             acc += dot_step(&cur, x, K, step, lane);
             cur = nxt;
         }
@@ -323,13 +342,17 @@ __device__ __forceinline__ float row_dot_buffered(const row_chunks<U> *first, co
 // queues ahead of them, so a loop of one load per round trip cost ~5 us per kernel on the 7B shape
 // (docs/performance.md, D11).
 //
-// The staged vector is split in halves: chunk c's inputs x[8c..8c+3] are float4 c, x[8c+4..8c+7]
-// float4 K/8 + c. A warp's lanes, reading chunks c..c+31, then read consecutive float4s: no two
-// lanes of a quarter-warp in one bank (the plain layout put lanes 32 bytes apart, two wavefronts
-// per read).
+// The staged vector is split in planes, one a float4 of a weight chunk (two for 8 values): chunk
+// c's inputs x[8c..8c+3] are float4 c, x[8c+4..8c+7] float4 K/8 + c. A warp's lanes, reading chunks
+// c..c+31, then read consecutive float4s: no two lanes of a quarter-warp in one bank (the plain
+// layout put lanes 32 bytes apart, two wavefronts per read).
 
 /* The float4 of the split layout that holds x's float4 group g (x[4g..4g+3]). */
-__device__ __forceinline__ int sx_group(int g, int K) { return (g % 2) * (K / 8) + g / 2; }
+template <typename W>
+__device__ __forceinline__ int sx_group(int g, int K) {
+    constexpr int planes = W::VALS / 4;
+    return (g % planes) * (K / W::VALS) + g / planes;
+}
 
 #define STAGE_VEC 4 /* float4 groups a thread loads at once (8: -1% on the 7B shape) */
 #define STAGE_ROUNDS(K) (((K) / 4 + STAGE_VEC * MV_THREADS - 1) / (STAGE_VEC * MV_THREADS))
@@ -363,10 +386,11 @@ __device__ __forceinline__ void for_each_group(const T *src, int K, F f, H issue
 
 /* sx (K, shared) = norm_w as fp32: before the wait, since norm weights do not depend on the previous
  * kernel; stage_input multiplies the input into it. */
+template <typename W>
 __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, int K) {
     float4 *s4 = reinterpret_cast<float4 *>(sx);
     for_each_group(reinterpret_cast<const uint2 *>(norm_w), K, [&](int g, uint2 w) {
-        s4[sx_group(g, K)] = make_float4(w_to_f32(w.x & 0xFFFF), w_to_f32(w.x >> 16), w_to_f32(w.y & 0xFFFF), w_to_f32(w.y >> 16));
+        s4[sx_group<W>(g, K)] = make_float4(w_to_f32(w.x & 0xFFFF), w_to_f32(w.x >> 16), w_to_f32(w.y & 0xFFFF), w_to_f32(w.y >> 16));
     });
 }
 
@@ -425,7 +449,7 @@ __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H 
  * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
  * of squares meets at the barrier staging needs anyway). Called by the whole block after its wait.
  * POLLED: x's words read ATT_POLL_WORD until written (poll_each_group). */
-template <bool POLLED = false, typename H = no_hook>
+template <typename W, bool POLLED = false, typename H = no_hook>
 __device__ __forceinline__ float stage_input(float *sx, const float *x, bool norm, int K, float eps, H issued = H{}) {
     __shared__ float partial[MODEL_MV_WARPS];
     float4 *s4 = reinterpret_cast<float4 *>(sx);
@@ -433,10 +457,10 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
     auto stage = [&](int g, float4 v) {
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         if (norm) {
-            const float4 n = s4[sx_group(g, K)];
+            const float4 n = s4[sx_group<W>(g, K)];
             v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
         }
-        s4[sx_group(g, K)] = v;
+        s4[sx_group<W>(g, K)] = v;
     };
     if constexpr (POLLED)
         poll_each_group(reinterpret_cast<const float4 *>(x), K, stage, issued);
@@ -518,9 +542,9 @@ __device__ __forceinline__ void qkv_pair(int p, int q_pairs, int k_pairs, int he
 }
 
 /* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store, a pair per warp. */
-template <typename Wait>
-__device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, const uint16_t *wq, const uint16_t *wk,
-                                                      const uint16_t *wv, const uint16_t *bq, const uint16_t *bk,
+template <typename W, typename Wait>
+__device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, typename W::mat wq, typename W::mat wk,
+                                                      typename W::mat wv, const uint16_t *bq, const uint16_t *bk,
                                                       const uint16_t *bv, const float *x, float *q, uint16_t *kc,
                                                       uint16_t *vc, const int *io, const float *inv_freq, int dim,
                                                       int q_dim, int kv_dim, int head_dim, int ctx, float eps, Wait wait) {
@@ -529,32 +553,32 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     const int lane = threadIdx.x % WARP_SIZE;
     int p = grid_warp(), ra = 0, rb = 0, kind = 0;
     TRACE_BEGIN(ST_QKV);
-    row_chunks<MODEL_PAIR_UNROLL> a, b;
+    row_chunks<W, MODEL_PAIR_UNROLL> a, b;
     if (p < pairs) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
-        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        pair_early_loads(&a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane);
+        typename W::mat wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        pair_early_loads(&a, &b, W::row(wm, ra, dim),
+                         W::row(wm, rb, dim), dim, lane);
     }
-    stage_norm(sx, norm_w, dim);
+    stage_norm<W>(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
     /* the async steps, where this build has them (MODEL_QKV_ASYNC): issued once the input is staged (in
      * stage_input's hook, right behind the input's loads: 7B -1.1%, 1B 0.3 points less gain) */
-    const int async = pair_async_steps<MODEL_PAIR_UNROLL>(dim);
-    uint4 *slots = pair_async_slots<MODEL_PAIR_UNROLL>(sx, dim);
-    const float scale = stage_input(sx, x, true, dim, eps, [&] {
+    const int async = pair_async_steps<W, MODEL_PAIR_UNROLL>(dim);
+    uint4 *slots = pair_async_slots<W, MODEL_PAIR_UNROLL>(sx, dim);
+    const float scale = stage_input<W>(sx, x, true, dim, eps, [&] {
         if (MODEL_PAIR_EARLY == MODEL_PAIR_UNROLL || p >= pairs) return;
-        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        load_chunks(&a, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
-        load_chunks(&b, reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
+        typename W::mat wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        load_chunks(&a, W::row(wm, ra, dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
+        load_chunks(&b, W::row(wm, rb, dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
     });
     TRACE_AT(TRACE_STAGED);
     if (async > 0 && p < pairs) {
-        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        pair_async_issue<MODEL_PAIR_UNROLL>(slots, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                                         reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), dim, lane, async);
+        typename W::mat wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        pair_async_issue<W, MODEL_PAIR_UNROLL>(slots, W::row(wm, ra, dim),
+                                         W::row(wm, rb, dim), dim, lane, async);
     }
     const int pos = io[IO_POS];
     /* lane 0 finishes pair (ra, rb) from its two dot products: scale, bias, RoPE, then q or the cache */
@@ -579,13 +603,13 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
     };
     /* the last round split by K (QKV_SPLIT_LAST) where the pairs fill a round and what is left of
      * them fits half the warps; the full rounds before it as usual */
-    const int full = pairs / grid_warps() * grid_warps(), left = pairs - full, steps = mv_steps<MODEL_PAIR_UNROLL>(dim);
+    const int full = pairs / grid_warps() * grid_warps(), left = pairs - full, steps = mv_steps<W, MODEL_PAIR_UNROLL>(dim);
     const bool split = QKV_SPLIT_LAST && full > 0 && left > 0 && 2 * left <= grid_warps() && steps >= 2;
     for (bool first = true; p < (split ? full : pairs); p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
-        const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                              reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane, slots, async);
+        typename W::mat wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+        float2 v = pair_round(first, &a, &b, W::row(wm, ra, dim),
+                              W::row(wm, rb, dim), sx, dim, lane, slots, async);
         if (lane == 0) finish(ra, rb, kind, v);
     }
     if (split) {
@@ -596,9 +620,9 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
         const int wid = threadIdx.x / WARP_SIZE, h = wid % 2, k = (wid / 2) * (int)gridDim.x + (int)blockIdx.x;
         if (k < left) {
             qkv_pair(full + k, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
-            const uint16_t *wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-            float2 v = pair_steps(&a, &b, reinterpret_cast<const uint4 *>(wm + (size_t)ra * dim),
-                                  reinterpret_cast<const uint4 *>(wm + (size_t)rb * dim), sx, dim, lane, h * steps / 2,
+            typename W::mat wm = kind == 0 ? wq : kind == 1 ? wk : wv;
+            float2 v = pair_steps(&a, &b, W::row(wm, ra, dim),
+                                  W::row(wm, rb, dim), sx, dim, lane, h * steps / 2,
                                   (h + 1) * steps / 2);
             if (h == 1 && lane == 0) halves[wid / 2] = v;
             asm volatile("bar.sync %0, %1;" ::"r"(1 + wid / 2), "r"(2 * WARP_SIZE) : "memory");
@@ -616,8 +640,8 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, co
  * chunk: +4.1% on the 7B shape, +0.7% on the 1B). One row a warp, double-buffered; or, with pairs
  * (a constant of the build: codegen/plan.py's residual_pairs), rows p and p + rows / 2 (rows even)
  * on one warp, both rows' loads in flight together. */
-template <typename Wait>
-__device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const uint16_t *bias, const float *in, float *out,
+template <typename W, typename Wait>
+__device__ __forceinline__ void matvec_residual_body(typename W::mat w, const uint16_t *bias, const float *in, float *out,
                                                      int rows, int K, bool pairs, int stage, Wait wait,
                                                      int block = (int)blockIdx.x, int blocks = (int)gridDim.x,
                                                      const unsigned *go = nullptr, unsigned go_count = 0) {
@@ -626,7 +650,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     int row = block * MODEL_MV_WARPS + (int)threadIdx.x / WARP_SIZE;
     TRACE_BEGIN(stage);
     (void)stage;
-    row_chunks<> a, b;
+    row_chunks<W> a, b;
     extern __shared__ float sx[];
     /* the first step's chunks loaded before the wait (load_lots): in the joined grid given go, lots
      * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MODEL_RES_LOT */
@@ -634,16 +658,16 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     if (row < n) {
         constexpr int PACE_LOT = MV_RES_PACE > 0 ? MV_RES_PACE : MODEL_MV_UNROLL;
         if (MV_RES_PACE > 0 && go) {
-            early = load_lots<PACE_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
-                                        reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MODEL_MV_UNROLL,
+            early = load_lots<PACE_LOT>(&a, pairs ? &b : nullptr, W::row(w, row, K),
+                                        W::row(w, row + half, K), K, lane, MODEL_MV_UNROLL,
                                         stop_at_count{go, go_count});
         } else if (MODEL_RES_LOT < MODEL_MV_UNROLL) {
-            early = load_lots<MODEL_RES_LOT>(&a, pairs ? &b : nullptr, reinterpret_cast<const uint4 *>(w + (size_t)row * K),
-                                          reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, lane, MODEL_MV_UNROLL,
+            early = load_lots<MODEL_RES_LOT>(&a, pairs ? &b : nullptr, W::row(w, row, K),
+                                          W::row(w, row + half, K), K, lane, MODEL_MV_UNROLL,
                                           never_stop{});
         } else {
-            load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane);
-            if (pairs) load_step(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane);
+            load_step(&a, W::row(w, row, K), K, 0, lane);
+            if (pairs) load_step(&b, W::row(w, row + half, K), K, 0, lane);
         }
     }
     TRACE_AT(TRACE_READY);
@@ -652,13 +676,13 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
     /* the first step's chunks a paced start left (MV_RES_PACE), behind the input's loads */
     auto rest = [&] {
         if (early >= MODEL_MV_UNROLL || row >= n) return;
-        load_chunks_from(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * K), K, 0, lane, early);
-        if (pairs) load_chunks_from(&b, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), K, 0, lane, early);
+        load_chunks_from(&a, W::row(w, row, K), K, 0, lane, early);
+        if (pairs) load_chunks_from(&b, W::row(w, row + half, K), K, 0, lane, early);
     };
-    stage_input<polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest); /* polled: wait_poll */
+    stage_input<W, polls_input<Wait>::value>(sx, in, false, K, 0.0f, rest); /* polled: wait_poll */
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; row < n; row += warps, first = false) {
-        const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * K);
+        const typename W::row_t r = W::row(w, row, K);
         /* The residual's old values, loaded before the row's dot product so that the add at its end
          * waits on no L2 round trip (the compiler keeps `out +=` after the dot product: out may alias
          * for all it knows): SmolLM2 +3.7%, 7B +0.4%, 1B -0.3% (docs/performance.md, D36).
@@ -669,7 +693,7 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
             if (pairs) res_b = __ldcg(out + row + half);
         }
         if (pairs) {
-            const float2 v = pair_round(first, &a, &b, r, reinterpret_cast<const uint4 *>(w + (size_t)(row + half) * K), sx, K, lane);
+            const float2 v = pair_round(first, &a, &b, r, W::row(w, row + half, K), sx, K, lane);
             if (lane == 0) {
                 out[row] = res_a + (v.x + (bias ? w_to_f32(bias[row]) : 0.0f));
                 out[row + half] = res_b + (v.y + (bias ? w_to_f32(bias[row + half]) : 0.0f));
@@ -687,32 +711,32 @@ __device__ __forceinline__ void matvec_residual_body(const uint16_t *w, const ui
 
 /* post_attention_layernorm + gate_proj and up_proj + SiLU: hb[i] = silu(gate_i . xn) * (up_i . xn),
  * both rows of i on one warp. */
-template <typename Wait>
-__device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu,
+template <typename W, typename Wait>
+__device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w, typename W::mat wg, typename W::mat wu,
                                                           const float *x, float *hb, int dim, int hidden, float eps,
                                                           Wait wait) {
     extern __shared__ float sx[];
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
     TRACE_BEGIN(ST_GATE_UP);
-    row_chunks<MODEL_PAIR_UNROLL> a, b;
+    row_chunks<W, MODEL_PAIR_UNROLL> a, b;
     if (i < hidden) {
-        pair_early_loads(&a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
-                         reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, lane);
+        pair_early_loads(&a, &b, W::row(wg, i, dim),
+                         W::row(wu, i, dim), dim, lane);
     }
-    stage_norm(sx, norm_w, dim);
+    stage_norm<W>(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const float scale = stage_input<polls_input<Wait>::value>(sx, x, true, dim, eps, [&] {
+    const float scale = stage_input<W, polls_input<Wait>::value>(sx, x, true, dim, eps, [&] {
         if (MODEL_PAIR_EARLY == MODEL_PAIR_UNROLL || i >= hidden) return;
-        load_chunks(&a, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
-        load_chunks(&b, reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
+        load_chunks(&a, W::row(wg, i, dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
+        load_chunks(&b, W::row(wu, i, dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
     });
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {
-        float2 v = pair_round(first, &a, &b, reinterpret_cast<const uint4 *>(wg + (size_t)i * dim),
-                              reinterpret_cast<const uint4 *>(wu + (size_t)i * dim), sx, dim, lane);
+        float2 v = pair_round(first, &a, &b, W::row(wg, i, dim),
+                              W::row(wu, i, dim), sx, dim, lane);
         if (lane == 0) hb[i] = silu(v.x * scale) * (v.y * scale);
     }
     TRACE_END();
@@ -736,8 +760,8 @@ __device__ __forceinline__ void block_best_to_thread0(float *best_v, int *best_i
 
 /* model.norm + LM head: logits (vocab) = W . xn, and the greedy choice: each block keeps its best
  * (value, lowest id), the last block to finish reduces them into io[IO_NEXT]. */
-template <typename Wait>
-__device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm_w, const uint16_t *w, const float *x,
+template <typename W, typename Wait>
+__device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm_w, typename W::mat w, const float *x,
                                                             float *logits, float2 *block_best, unsigned *counter,
                                                             int *io, int dim, int vocab, float eps, Wait wait) {
     extern __shared__ float sx[];
@@ -747,18 +771,18 @@ __device__ __forceinline__ void rmsnorm_lm_head_argmax_body(const uint16_t *norm
     const int lane = threadIdx.x % WARP_SIZE;
     int row = grid_warp();
     TRACE_BEGIN(ST_LM_HEAD);
-    row_chunks<> a;
-    if (row < vocab) load_step(&a, reinterpret_cast<const uint4 *>(w + (size_t)row * dim), dim, 0, lane);
-    stage_norm(sx, norm_w, dim);
+    row_chunks<W> a;
+    if (row < vocab) load_step(&a, W::row(w, row, dim), dim, 0, lane);
+    stage_norm<W>(sx, norm_w, dim);
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    const float scale = stage_input(sx, x, true, dim, eps);
+    const float scale = stage_input<W>(sx, x, true, dim, eps);
     TRACE_AT(TRACE_STAGED);
     float bv = -INFINITY;
     int bi = 0x7FFFFFFF;
     for (bool first = true; row < vocab; row += grid_warps(), first = false) {
-        const uint4 *r = reinterpret_cast<const uint4 *>(w + (size_t)row * dim);
+        const typename W::row_t r = W::row(w, row, dim);
         if (!first) load_step(&a, r, dim, 0, lane);
         float v = row_dot(&a, r, sx, dim, lane) * scale;
         if (lane == 0) logits[row] = v;

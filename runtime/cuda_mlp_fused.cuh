@@ -52,20 +52,24 @@
 #define MLP_SMEM_BYTES(dim) ((size_t)MLP_SLOTS * MLP_UNITS(dim) * (dim) * sizeof(uint16_t) + (size_t)(dim) * sizeof(float) * 2)
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-/* 4 weights (a uint2) to fp32 */
+/* 4 weights of the dense 16-bit format W (a uint2) to fp32 */
+template <typename W>
 __device__ __forceinline__ void w4_to_f32(uint2 u, float f[4]) {
-#if GPU_W_BF16
-    f[0] = __uint_as_float(u.x << 16), f[1] = __uint_as_float(u.x & 0xFFFF0000u);
-    f[2] = __uint_as_float(u.y << 16), f[3] = __uint_as_float(u.y & 0xFFFF0000u);
-#else
-    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-#endif
+    if constexpr (W::BF16) {
+        f[0] = __uint_as_float(u.x << 16), f[1] = __uint_as_float(u.x & 0xFFFF0000u);
+        f[2] = __uint_as_float(u.y << 16), f[3] = __uint_as_float(u.y & 0xFFFF0000u);
+    } else {
+        const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+        f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+    }
 }
 
-template <int DIM, int HIDDEN, typename Wait>
-__device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uint16_t *wg, const uint16_t *wu, const uint16_t *down_t,
+/* W: a dense 16-bit format (down's transpose goes through shared memory as its values; the norm
+ * weights, in the model's 16-bit dtype, are read as one of its chunks). */
+template <typename W, int DIM, int HIDDEN, typename Wait>
+__device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, typename W::mat wg, typename W::mat wu, typename W::mat down_t,
                                                const float *x, float *out, float *zero, float eps, Wait wait) {
+    static_assert(W::DENSE16, "mlp_fused_body: dense 16-bit weights");
     /* RW warps a unit, each LCH chunks a lane of its rows (its part of them: RCH chunks); NB units a
      * batch; CPL output columns a lane */
     constexpr int DCH = DIM / 8, RW = MLP_ROW_WARPS(DIM), NB = MLP_UNITS(DIM), RCH = DCH / RW, LCH = RCH / WARP_SIZE,
@@ -88,9 +92,9 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
         bulk_copy_shared(tiles0 + (uint32_t)((k % MLP_SLOTS) * NB * DIM * sizeof(uint16_t)), down_t + (size_t)(u0 + k * NB) * DIM,
                          (uint32_t)(rows_of(k) * DIM * sizeof(uint16_t)), bar0 + 8 * (k % MLP_SLOTS));
     };
-    auto load_row = [&](uint4 r[LCH], const uint16_t *row) {
+    auto load_row = [&](uint4 r[LCH], typename W::row_t row) {
 #pragma unroll
-        for (int j = 0; j < LCH; j++) r[j] = ld_stream(reinterpret_cast<const uint4 *>(row) + part * RCH + j * WARP_SIZE + lane);
+        for (int j = 0; j < LCH; j++) r[j] = W::load(row, part * RCH + j * WARP_SIZE + lane);
     };
     TRACE_BEGIN(ST_MLP);
     /* the norm weights first, into registers: a load that waits behind the block's weight loads
@@ -104,8 +108,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     uint4 ga[LCH], ua[LCH]; /* this warp's gate and up rows of the batch */
     auto load_first_rows = [&] {
         if (unit < rows_of(0)) {
-            load_row(ga, wg + (size_t)(u0 + unit) * DIM);
-            load_row(ua, wu + (size_t)(u0 + unit) * DIM);
+            load_row(ga, W::row(wg, u0 + unit, DIM));
+            load_row(ua, W::row(wu, u0 + unit, DIM));
         }
     };
     if (MLP_EARLY_ROWS) load_first_rows();
@@ -124,7 +128,7 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
     if (tid < DCH) { /* x * norm, and x's sum of squares */
         const float4 p = x_raw[2 * tid], q = x_raw[2 * tid + 1];
         float f[8];
-        w8_to_f32(nw, f);
+        W::to_f32(nw, f);
         ss = p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
         sx4[tid] = make_float4(p.x * f[0], p.y * f[1], p.z * f[2], p.w * f[3]);
         sx4[DCH + tid] = make_float4(q.x * f[4], q.y * f[5], q.z * f[6], q.w * f[7]);
@@ -150,8 +154,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
                 const int c = part * RCH + j * WARP_SIZE + lane;
                 const float4 p = sx4[c], q = sx4[DCH + c];
                 float fg[8], fu[8];
-                w8_to_f32(ga[j], fg);
-                w8_to_f32(ua[j], fu);
+                W::to_f32(ga[j], fg);
+                W::to_f32(ua[j], fu);
                 sg += fg[0] * p.x + fg[1] * p.y + fg[2] * p.z + fg[3] * p.w + fg[4] * q.x + fg[5] * q.y + fg[6] * q.z + fg[7] * q.w;
                 su += fu[0] * p.x + fu[1] * p.y + fu[2] * p.z + fu[3] * p.w + fu[4] * q.x + fu[5] * q.y + fu[6] * q.z + fu[7] * q.w;
             }
@@ -163,8 +167,8 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
             }
         }
         if (k + 1 < nb && unit < rows_of(k + 1)) { /* the next batch's rows, in flight under this one's down phase */
-            load_row(ga, wg + (size_t)(u0 + (k + 1) * NB + unit) * DIM);
-            load_row(ua, wu + (size_t)(u0 + (k + 1) * NB + unit) * DIM);
+            load_row(ga, W::row(wg, u0 + (k + 1) * NB + unit, DIM));
+            load_row(ua, W::row(wu, u0 + (k + 1) * NB + unit, DIM));
         }
         if (RW == 1) {
             if (lane == 0) hs[w] = hv;
@@ -184,9 +188,9 @@ __device__ __forceinline__ void mlp_fused_body(const uint16_t *norm_w, const uin
         for (int r = 0; r < rows; r++) {
             float f[CPL];
             if constexpr (CPL == 4)
-                w4_to_f32(*reinterpret_cast<const uint2 *>(t + (size_t)r * DIM), f);
+                w4_to_f32<W>(*reinterpret_cast<const uint2 *>(t + (size_t)r * DIM), f);
             else
-                w8_to_f32(*reinterpret_cast<const uint4 *>(t + (size_t)r * DIM), f);
+                W::to_f32(*reinterpret_cast<const uint4 *>(t + (size_t)r * DIM), f);
             const float h = hs[r];
 #pragma unroll
             for (int e = 0; e < CPL; e++) acc[e] += h * f[e];

@@ -10,6 +10,7 @@
 #define INGOT_CUDA_SYNC_CUH
 
 #include <stdint.h>
+#include <stdio.h> /* printf: a wait past its limit says so before it traps */
 
 #define WARP_SIZE 32
 

@@ -51,8 +51,9 @@ static_assert(MODEL_DIM % 2 == 0, "MODEL_RESIDUAL_PAIRS: a warp pairs rows p and
 static __constant__ float rope_inv_freq[MODEL_MAX_HEAD_DIM / 2];
 
 // ---------------------------------------------------------------------------------------------
-// The kernels: each stage body with this model's constants. Everything here is static: a generic
-// build links one copy of this file per weight dtype.
+// The kernels: each stage body with this model's constants and its weight format (model_w,
+// cuda_weights.cuh). Everything here is static: a generic build links one copy of this file per
+// weight dtype.
 
 /* zero: the buffer the first layer's fused MLP adds into (MODEL_MLP_FUSED), or NULL */
 static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, const int *history, float *zero) {
@@ -78,7 +79,7 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
                                                                      uint16_t *kc, uint16_t *vc, const int *io, int ctx,
                                                                      float *hb_poll) {
-    rmsnorm_qkv_rope_body(w.attn_norm, w.wq, w.wk, w.wv,
+    rmsnorm_qkv_rope_body<model_w>(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
@@ -101,28 +102,63 @@ static_assert(!MODEL_ATT_O_SHORT || MODEL_ATT_SHORT, "MODEL_ATT_O_SHORT: the sho
  * lets the fused MLP, whose block an SM lands only as o_proj's blocks leave, launch once its blocks
  * have issued their early loads, before their wait. The same in every step lost at depth: the
  * MLP's first loads then go out beside attention's (docs/performance.md). */
-/* split-K attention over the cache, one block per (KV head, split) */
+/* split-K attention over the cache, one block per (KV head, split); MMA_HD: the tensor cores' head
+ * width (MODEL_ATT_MMA_HD: 64 or 128), 0 for the fp32 path */
+template <int MMA_HD>
 static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
     if (MODEL_ATT_TRIGGER_EARLY & 2) pdl_launch_dependents();
-    attention_body<1, wait_pdl, MODEL_ATT_MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
+    attention_body<1, wait_pdl, MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                       n_splits, MODEL_ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
-#if MODEL_ATT_SHORT
-#if !MODEL_ATT_MMA_HD
+/* The decode attention's plan decisions are literals in a specialized build and run-time values in
+ * the generic one (model_plan.h: the same rules over the dimensions it reads), which compiles the
+ * kernels for every head width the tensor cores take and picks the model's at start: the same
+ * algorithm as a specialized build of that model. ATT_SHORT_BUILT: the short context's kernel is
+ * compiled (a specialized build's MODEL_ATT_SHORT; always in the generic build). */
+#if MODEL_GENERIC
+#define ATT_SHORT_BUILT 1
+#else
+#define ATT_SHORT_BUILT MODEL_ATT_SHORT
+#if MODEL_ATT_SHORT && !MODEL_ATT_MMA_HD
 #error "MODEL_ATT_SHORT: the decode attention on the tensor cores (MODEL_ATT_MMA_HD)"
 #endif
+#endif
+
+typedef void (*attention_kernel_fn)(const float *, const uint16_t *, const uint16_t *, const int *, float *, float *, unsigned *,
+                                    float *, int, int);
+
+/* the model's attention_kernel */
+static attention_kernel_fn decode_attention_kernel(void) {
+#if MODEL_GENERIC
+    return MODEL_ATT_MMA_HD == 64 ? attention_kernel<64> : MODEL_ATT_MMA_HD == 128 ? attention_kernel<128> : attention_kernel<0>;
+#else
+    return attention_kernel<MODEL_ATT_MMA_HD>;
+#endif
+}
+
+#if ATT_SHORT_BUILT
 /* the decode attention of a short context, one block a (KV head, split) of at most
  * att_short_max(MODEL_HEAD_DIM) positions (attention_short_body): the steps that read at most
  * short_kernel_positions launch it, in the [2] graphs */
+template <int MMA_HD>
 static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     if (MODEL_ATT_TRIGGER_EARLY & 1) pdl_launch_dependents();
-    attention_short_body<MODEL_ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
-                                     blockIdx.x, blockIdx.y, wait_pdl{});
+    attention_short_body<MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
+                                 blockIdx.x, blockIdx.y, wait_pdl{});
+}
+
+/* the model's attention_short_kernel (where MODEL_ATT_SHORT) */
+static attention_kernel_fn short_attention_kernel(void) {
+#if MODEL_GENERIC
+    return MODEL_ATT_MMA_HD == 128 ? attention_short_kernel<128> : attention_short_kernel<64>;
+#else
+    return attention_short_kernel<MODEL_ATT_MMA_HD>;
+#endif
 }
 #endif
 
@@ -132,10 +168,10 @@ static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_short_kern
 template <bool SHORTEST>
 static __global__ void __launch_bounds__(MV_THREADS, MODEL_O_PROJ_MIN_BLOCKS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
     if constexpr (SHORTEST && MODEL_O_PROJ_TRIGGER_SHORTEST)
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body<model_w>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              trigger_then_wait_pdl{});
     else
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O, wait_pdl{});
+        matvec_residual_body<model_w>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
 
@@ -171,11 +207,11 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
     }
     const unsigned *go = MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
     if constexpr (MODEL_ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body<model_w>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
     else
-        matvec_residual_body(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body<model_w>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
 }
@@ -192,7 +228,7 @@ __device__ __forceinline__ void reset_att_signals(unsigned *att_done, float *att
 
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
                                                                                   unsigned *att_done, float *att_poll) {
-    rmsnorm_gate_up_silu_body(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+    rmsnorm_gate_up_silu_body<model_w>(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
 }
 
@@ -200,11 +236,11 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_ker
 /* mlp.down_proj + residual */
 static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
     if constexpr (MODEL_DOWN_POLL != 0) { /* hb is hb_poll */
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN,
+        matvec_residual_body<model_w>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN,
                              wait_poll{hb, 0, MODEL_HIDDEN_DIM});
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
-        matvec_residual_body(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
+        matvec_residual_body<model_w>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
     }
 }
 
@@ -214,7 +250,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(mod
  * thread, so that a block fits beside one of o_proj's, lost 0.4% on the 1B (docs/performance.md). */
 static __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
                                                                         float *out, float *zero, unsigned *att_done, float *att_poll) {
-    mlp_fused_body<MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{});
+    mlp_fused_body<model_w, MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
 }
 
@@ -225,7 +261,7 @@ static __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused_kernel(model_
 static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_lm_head_argmax_kernel(const uint16_t *norm_w, const uint16_t *w,
                                                                            const float *x, float *logits,
                                                                            float2 *block_best, unsigned *counter, int *io) {
-    rmsnorm_lm_head_argmax_body(norm_w, w, x, logits, block_best, counter, io, MODEL_DIM, MODEL_VOCAB_SIZE,
+    rmsnorm_lm_head_argmax_body<model_w>(norm_w, w, x, logits, block_best, counter, io, MODEL_DIM, MODEL_VOCAB_SIZE,
                                 MODEL_NORM_EPS, wait_pdl{});
 }
 
@@ -255,7 +291,7 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_
 
 static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, int parts,
                                                                               const uint16_t *norm_w, uint16_t *terms) {
-    prefill_rms_terms_body<RMS_THREADS, RMS_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
+    prefill_rms_terms_body<model_w, RMS_THREADS, RMS_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
@@ -277,14 +313,11 @@ static_assert(PREFILL_SMALL % MODEL_PREFILL_ATT_TOKENS == 0, "prefill attention:
  * context's splits fit its combine; 0: attention_body's prefill, MODEL_PREFILL_ATT_TOKENS tokens a
  * block. */
 #if MODEL_PREFILL_FLASH
-/* att_terms: NULL, or o_proj's input terms to write instead of att (FLASH_WRITES_TERMS) */
 template <int B>
 static __global__ void __launch_bounds__(FMMA_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
                                                                         const int *io, float *part_acc, float *part_ml,
-                                                                        unsigned *counters, float *att, uint16_t *att_terms,
-                                                                        int ctx, int n_splits) {
-    const att_out out = {att, att_terms, (size_t)B * MODEL_Q_DIM};
-    prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, out, MODEL_Q_DIM,
+                                                                        unsigned *counters, float *att, int ctx, int n_splits) {
+    prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
                                                             MODEL_N_KV_HEADS, ctx, n_splits, MODEL_ATT_MIN_SPLITS);
 }
 #endif
@@ -309,7 +342,7 @@ template <int B>
 static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_kernel(model_layer_weights w,
                                                                                               const uint16_t *x_terms,
                                                                                               uint16_t *hb_terms) {
-    prefill_gate_up_silu_body<B, false>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_silu_body<model_w, B, false>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 /* The same as a GEMM (prefill_gemm_body). Where it runs: PREFILL_GATE_UP_GEMM 1 where its pair
@@ -328,7 +361,7 @@ template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_gate_up_gemm_kernel(model_layer_weights w,
                                                                                      const uint16_t *x_terms,
                                                                                      uint16_t *hb_terms) {
-    prefill_gate_up_silu_body<B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_silu_body<model_w, B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 #if GEMM_TMA
 /* ... its tiles copied by TMA (GEMM_TMA): the layer's gate and up and the batch's input terms as
@@ -337,7 +370,7 @@ template <int B, int WGS>
 static __global__ void __launch_bounds__(TMA_THREADS(B, WGS), WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : PREFILL_TERMS * (B) > 128 ? 1 : 2)
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
-    prefill_gate_up_tma_body<B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
+    prefill_gate_up_tma_body<model_w, B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
                                                                              MODEL_HIDDEN_DIM);
 }
 #endif
@@ -346,25 +379,25 @@ static __global__ void __launch_bounds__(TMA_THREADS(B, WGS), WGS == 1 ? GEMM_BL
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_qkv_gemm_kernel(model_layer_weights w,
                                                                                  const uint16_t *x_terms, float2 *part) {
-    prefill_qkv_gemm_body<B>(w.wq, w.wk, w.wv, x_terms, part, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM);
+    prefill_qkv_gemm_body<model_w, B>(w.wq, w.wk, w.wv, x_terms, part, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM);
 }
 
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_down_gemm_kernel(model_layer_weights w,
                                                                                   const uint16_t *hb_terms, float *part) {
-    prefill_residual_body<B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_residual_body<model_w, B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 /* o_proj as a GEMM: the attention's output split into terms, then
  * the GEMM over splits of K */
 static __global__ void __launch_bounds__(256) prefill_att_terms_kernel(const float *att, uint16_t *terms) {
-    prefill_att_terms_body(att, terms, MODEL_Q_DIM);
+    prefill_att_terms_body<model_w>(att, terms, MODEL_Q_DIM);
 }
 
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_o_gemm_kernel(model_layer_weights w,
                                                                                const uint16_t *att_terms, float *part) {
-    prefill_residual_body<B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
+    prefill_residual_body<model_w, B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 /* A batch that ends a prompt whose last token's logits or choice are wanted: that token's residual
@@ -623,13 +656,13 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             } else
 #endif
             {
-#if MODEL_ATT_SHORT
+#if ATT_SHORT_BUILT
                 if (short_kernel)
-                    launch(attention_short_kernel, MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                    launch(short_attention_kernel(), MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 else
 #endif
-                    launch(attention_kernel, MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES,
+                    launch(decode_attention_kernel(), MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES,
                            m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 mark(ST_ATT);
                 if (short_kernel && n_splits == 1) /* the one-split graphs (or heads of 128's short steps) */
@@ -734,7 +767,6 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
                m->q, kc, vc, m->io, m->ctx);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1 && !last) break;
-        bool att_in_terms = false; /* the attention wrote o_proj's input terms (FLASH_WRITES_TERMS) */
 #if MODEL_PREFILL_FLASH
         if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
             const size_t flash_smem = FMMA_SMEM_BYTES(MODEL_HEAD_DIM);
@@ -742,17 +774,14 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
                                             (int)flash_smem));
             launch_grid(prefill_flash_kernel<B>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
                         FMMA_THREADS, flash_smem, m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
-                        m->prefill_part_ml, m->prefill_counters, m->att, FLASH_WRITES_TERMS ? m->prefill_att_terms : NULL, m->ctx,
-                        n_splits);
-            att_in_terms = FLASH_WRITES_TERMS && m->prefill_att_terms;
+                        m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         } else
 #endif
         launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / MODEL_PREFILL_ATT_TOKENS), MODEL_ATT_THREADS,
                     ATT_SMEM_BYTES(MODEL_KV_MUL * MODEL_PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
-        if (!att_in_terms)
-            launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
+        launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
         launch(prefill_o_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), o_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream, *lw,
                m->prefill_att_terms, m->prefill_part_x);
         mark(PF_O);
@@ -921,9 +950,9 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
 static void set_decode_carveout(void) {
 #if MODEL_SMEM_CARVEOUT >= 0
     const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
-                                    (const void *)attention_kernel,
-#if MODEL_ATT_SHORT
-                                    (const void *)attention_short_kernel,
+                                    (const void *)decode_attention_kernel(),
+#if ATT_SHORT_BUILT
+                                    (const void *)short_attention_kernel(),
 #endif
 #if MODEL_ATT_O_SHORT
                                     (const void *)attention_o_proj_kernel,
@@ -986,7 +1015,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
 #if MODEL_ATT_O_SHORT
     m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel, MODEL_GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
 #endif
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)decode_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, MODEL_GRID_GATE_UP,
                                MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, MODEL_GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
@@ -1136,7 +1166,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     const int least_chunk = PREFILL_MIN_CHUNK;
 #endif
     m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * least_chunk : 0;
-#if MODEL_ATT_SHORT
+#if ATT_SHORT_BUILT
+    if (MODEL_ATT_SHORT) {
     /* The short context's kernel takes a split of at most att_short_max positions. Where that is no
      * less than a split's least (ATT_MIN_CHUNK: heads of 64), it runs in MODEL_ATT_MIN_SPLITS splits (no
      * more than its shared memory holds the (max, sum) of in the combine) up to where their length
@@ -1150,8 +1181,9 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * 1B at depth 0) would find no positions and leave, yet still take their launch's time and the
      * SMs' slots as o_proj's blocks land (1B +0.2-0.3% at depth 0; docs/performance.md, D68) */
     m->one_split_positions = m->short_kernel_splits > 1 ? att_short_max(MODEL_HEAD_DIM) : 0;
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)short_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
+    }
 #endif
     /* the graphs of each tier (model_cuda's graphs, prefill, prefill_last), then the choices */
     for (int s = 0; s < DECODE_TIERS && !rc; s++) {

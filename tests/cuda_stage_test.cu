@@ -1,5 +1,6 @@
-/* cuda_stage_test.cu - each decode stage kernel of one model's build alone, on random inputs: the
- * slow twins' half on the GPU (issue 58, item 4). tests/test_gpu_stages.py builds it for a tiny
+/* cuda_stage_test.cu - each decode stage kernel of one model's build alone on random inputs, and
+ * the prompt path's GEMM stages at its narrowest and widest batch: the slow twins' half on the GPU
+ * (issue 58, item 4). tests/test_gpu_stages.py builds it for a tiny
  * variant, runs it a stage at a time and checks every output against NumPy in float64.
  *
  * It includes runtime/forward_cuda.cu, so it launches that build's own static kernels with the
@@ -210,6 +211,19 @@ static int grid_qkv, grid_o, grid_gate_up, grid_down, grid_lm_head, grid_mlp;
 static int short_kernel_splits, short_kernel_positions; /* MODEL_ATT_SHORT */
 static cudaDeviceProp prop;
 
+/* The split GEMMs' splits a batch size, as prefill_split_counts gives the model's */
+static int qkv_split_count[PREFILL_SIZES], o_split_count[PREFILL_SIZES], down_split_count[PREFILL_SIZES];
+
+template <int B>
+static void split_counts(void) {
+    constexpr int s = prefill_size_index(B);
+    qkv_split_count[s] = gemm_splits(gemm_tiles(QKV_PAIRS), MODEL_DIM, sms, gemm_resident((const void *)prefill_qkv_gemm_kernel<B>, B));
+    down_split_count[s] = gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_HIDDEN_DIM, sms,
+                                      gemm_resident((const void *)prefill_down_gemm_kernel<B>, B));
+    o_split_count[s] = gemm_splits(gemm_tiles(MODEL_DIM / 2), MODEL_Q_DIM, sms, gemm_resident((const void *)prefill_o_gemm_kernel<B>, B));
+    if constexpr (B > PREFILL_SMALL) split_counts<B / 2>();
+}
+
 static void init_like_model(void) {
     SC(cudaGetDeviceProperties(&prop, 0));
     if (prop.major * 10 + prop.minor < MODEL_CUDA_ARCH) fail("the GPU is older than the build's target");
@@ -220,7 +234,7 @@ static void init_like_model(void) {
     grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     SC(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)MV_SMEM_BYTES(MODEL_Q_DIM)));
-    SC(cudaFuncSetAttribute((const void *)attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
+    SC(cudaFuncSetAttribute((const void *)decode_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, MODEL_GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     grid_down = one_wave((const void *)down_residual_kernel, MODEL_GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, MODEL_GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
@@ -237,10 +251,12 @@ static void init_like_model(void) {
     if (ATT_MIN_CHUNK <= att_short_max(MODEL_HEAD_DIM))
         short_kernel_splits = std::min({n_splits, MODEL_ATT_MIN_SPLITS, att_short_max(MODEL_HEAD_DIM) / 2});
     short_kernel_positions = short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
-    SC(cudaFuncSetAttribute((const void *)attention_short_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SC(cudaFuncSetAttribute((const void *)short_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
     SC(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
+    prefill_gemm_smem<PREFILL_BATCH>(); /* the GEMMs' shared memory, as model_cuda_init */
+    split_counts<PREFILL_BATCH>();
 }
 
 /* The launch's shape, into the record; after launch(): the launch and the kernel's run checked */
@@ -366,14 +382,14 @@ static void stage_attention(stage_rec &s, rng &r, bool short_kernel, int splits,
     if (short_kernel) {
 #if MODEL_ATT_SHORT
         const size_t smem = ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM);
-        launch(attention_short_kernel, NKV, splits, MODEL_ATT_THREADS, smem, stream, (const float *)q, (const uint16_t *)kc,
+        launch(short_attention_kernel(), NKV, splits, MODEL_ATT_THREADS, smem, stream, (const float *)q, (const uint16_t *)kc,
                (const uint16_t *)vc, (const int *)io, part_acc, part_ml, counters, att, ctx, splits);
         launched(s, "attention_short_kernel", NKV, splits, MODEL_ATT_THREADS, smem);
 #else
         fail("attention_short_kernel: not in this build");
 #endif
     } else {
-        launch(attention_kernel, NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES, stream, (const float *)q, (const uint16_t *)kc,
+        launch(decode_attention_kernel(), NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES, stream, (const float *)q, (const uint16_t *)kc,
                (const uint16_t *)vc, (const int *)io, part_acc, part_ml, counters, att, ctx, splits);
         launched(s, "attention_kernel", NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES);
     }
@@ -498,6 +514,159 @@ struct stage_def {
     void (*run)(stage_rec &, rng &);
 };
 
+// ---------------------------------------------------------------------------------------------
+// The prompt path's stages (cuda_prefill.cuh on the GEMM cores of cuda_gemm.cuh), a batch of B
+// tokens: PREFILL_SMALL and PREFILL_BATCH, the narrowest and the widest GEMMs. Each launches what
+// enqueue_prefill launches for that stage, with the splits prefill_split_counts gives.
+
+/* The batch's 16-bit input terms (PREFILL_TERMS, B, K): t0 random of order scale, t1 a small rest
+ * (as prefill_rms_terms_body leaves them: |t1| below half an ulp of t0) */
+static std::vector<uint16_t> input_terms(rng &r, int B, int K, double scale) {
+    std::vector<uint16_t> t((size_t)PREFILL_TERMS * B * K);
+    for (size_t i = 0; i < (size_t)B * K; i++) {
+        const double v = r.normal() * scale;
+        t[i] = weight_word((float)v);
+        for (int k = 1; k < PREFILL_TERMS; k++) t[(size_t)k * B * K + i] = weight_word((float)(v * r.uniform(-1.0, 1.0) * 0x1.0p-9));
+    }
+    return t;
+}
+static std::vector<long long> terms_shape(int B, int K) { return {PREFILL_TERMS, B, K}; }
+/* a 16-bit output's poison: NaN as bf16 and as fp16 */
+#define W_POISON 0x7FFF
+
+/* io for a batch: {pos, poisoned next, count} */
+static int *io_batch(stage_rec &s, int pos, int count) {
+    std::vector<int> io(IO_INTS, 0);
+    io[IO_POS] = pos;
+    io[IO_NEXT] = -1;
+    io[IO_COUNT] = count;
+    s.param("pos", pos);
+    s.param("count", count);
+    return s.upload(io);
+}
+
+/* RMSNorm of the batch: x += two splits' partial sums, then its norm's output as the next GEMM's terms */
+template <int B>
+static void stage_prefill_rms(stage_rec &s, rng &r) {
+    constexpr int parts = 2;
+    s.param("batch", B);
+    s.param("parts", parts);
+    const uint16_t *norm_w = s.in("norm", W_DTYPE, norm_weights(r, D), {D});
+    float *x = s.in("x", "f32", activations(r, (size_t)B * D, 1.0), {B, D});
+    float *part = s.in("part", "f32", activations(r, (size_t)parts * B * D, 0.5), {parts, B, D});
+    uint16_t *terms = s.upload(std::vector<uint16_t>((size_t)PREFILL_TERMS * B * D, W_POISON));
+    launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, stream, x, (const float *)part, parts, norm_w, terms);
+    launched(s, "prefill_rms_terms_kernel", B, 1, RMS_THREADS, 0);
+    s.out("x_out", "f32", x, (size_t)B * D, {B, D});
+    s.out("terms", W_DTYPE, terms, (size_t)PREFILL_TERMS * B * D, terms_shape(B, D));
+}
+
+/* QKV as the split GEMM, then its finish (bias, RoPE, q and the caches) */
+template <int B>
+static void stage_prefill_qkv(stage_rec &s, rng &r) {
+    constexpr int size = prefill_size_index(B);
+    const int count = B > PREFILL_SMALL ? B - 1 : B; /* a short last batch: the caches past count untouched */
+    const int pos = r.between(0, ctx - B);
+    s.param("batch", B);
+    model_layer_weights w = no_weights();
+    w.wq = matrix(s, r, "wq", QD, D);
+    w.wk = matrix(s, r, "wk", KVD, D);
+    w.wv = matrix(s, r, "wv", KVD, D);
+    if (MODEL_QKV_BIAS) {
+        w.bq = s.in("bq", W_DTYPE, weights(r, QD, 0.5), {QD});
+        w.bk = s.in("bk", W_DTYPE, weights(r, KVD, 0.5), {KVD});
+        w.bv = s.in("bv", W_DTYPE, weights(r, KVD, 0.5), {KVD});
+    }
+    uint16_t *x_terms = s.in("x_terms", W_DTYPE, input_terms(r, B, D, 1.0), terms_shape(B, D));
+    int *io = io_batch(s, pos, count);
+    std::vector<uint16_t> kc = cache_words(r, ctx, 0.0f), vc = cache_words(r, ctx, 0.0f);
+    uint16_t *kcd = s.in("key_cache", "f16", kc, cache_shape()), *vcd = s.in("value_cache", "f16", vc, cache_shape());
+    std::vector<float> inv(model_rope_inv_freq, model_rope_inv_freq + HD / 2);
+    s.input("rope_inv_freq", "f32", inv, {HD / 2});
+    const int splits = qkv_split_count[size];
+    s.param("splits", splits);
+    float2 *part = s.upload(std::vector<float2>((size_t)splits * B * QKV_PAIRS, make_float2(NAN, NAN)));
+    float *q = s.upload(poison_f32((size_t)B * QD));
+    launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), stream, w,
+           (const uint16_t *)x_terms, part);
+    launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, stream, w, (const float2 *)part, splits, q, kcd, vcd,
+           (const int *)io, ctx);
+    launched(s, "prefill_qkv_gemm_kernel + prefill_qkv_finish_kernel", gemm_tiles(QKV_PAIRS), splits, GEMM_THREADS, GEMM_SMEM_BYTES(B));
+    s.out("q", "f32", q, (size_t)B * QD, {B, QD});
+    s.out("key_cache_out", "f16", kcd, kc.size(), cache_shape());
+    s.out("value_cache_out", "f16", vcd, vc.size(), cache_shape());
+}
+
+/* o_proj: the attention's output into terms, then the split GEMM (+ bias in split 0) */
+template <int B>
+static void stage_prefill_o(stage_rec &s, rng &r) {
+    constexpr int size = prefill_size_index(B);
+    s.param("batch", B);
+    model_layer_weights w = no_weights();
+    w.wo = matrix(s, r, "wo", D, QD);
+    if (MODEL_O_BIAS) w.bo = s.in("bo", W_DTYPE, weights(r, D, 0.5), {D});
+    float *att = s.in("att", "f32", activations(r, (size_t)B * QD, 1.0), {B, QD});
+    uint16_t *terms = s.upload(std::vector<uint16_t>((size_t)PREFILL_TERMS * B * QD, W_POISON));
+    const int splits = o_split_count[size];
+    s.param("splits", splits);
+    float *part = s.upload(poison_f32((size_t)splits * B * D));
+    launch(prefill_att_terms_kernel, (QD / 4 + 255) / 256, B, 256, 0, stream, (const float *)att, terms);
+    launch(prefill_o_gemm_kernel<B>, gemm_tiles(D / 2), splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), stream, w, (const uint16_t *)terms, part);
+    launched(s, "prefill_att_terms_kernel + prefill_o_gemm_kernel", gemm_tiles(D / 2), splits, GEMM_THREADS, GEMM_SMEM_BYTES(B));
+    s.out("att_terms", W_DTYPE, terms, (size_t)PREFILL_TERMS * B * QD, terms_shape(B, QD));
+    s.out("part", "f32", part, (size_t)splits * B * D, {splits, B, D});
+}
+
+/* gate/up + SiLU in one of its forms (FORM: 0 prefill_pairs_body, 1 the cp.async GEMM, 2 and 3 the
+ * TMA GEMM at one and two warpgroups a block), into down's input terms */
+template <int B, int FORM>
+static void stage_prefill_gate_up(stage_rec &s, rng &r) {
+    s.param("batch", B);
+    s.param("form", FORM);
+    model_layer_weights w = no_weights();
+    w.w_gate = matrix(s, r, "w_gate", HID, D);
+    w.w_up = matrix(s, r, "w_up", HID, D);
+    uint16_t *x_terms = s.in("x_terms", W_DTYPE, input_terms(r, B, D, 1.0), terms_shape(B, D));
+    uint16_t *hb_terms = s.upload(std::vector<uint16_t>((size_t)PREFILL_TERMS * B * HID, W_POISON));
+    if constexpr (FORM == 0) {
+        launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(HID), 1, MV_THREADS, 0, stream, w, (const uint16_t *)x_terms, hb_terms);
+        launched(s, "prefill_gate_up_silu_kernel", PREFILL_GRID(HID), 1, MV_THREADS, 0);
+    } else if constexpr (FORM == 1) {
+        launch(prefill_gate_up_gemm_kernel<B>, gemm_tiles(HID), 1, GEMM_THREADS, GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES), stream, w,
+               (const uint16_t *)x_terms, hb_terms);
+        launched(s, "prefill_gate_up_gemm_kernel", gemm_tiles(HID), 1, GEMM_THREADS, GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES));
+    } else {
+#if GEMM_TMA
+        constexpr int WGS = FORM == 3 ? 2 : 1;
+        const CUtensorMap gate = tensor_map_2d(w.w_gate, HID, D, 8), up = tensor_map_2d(w.w_up, HID, D, 8);
+        const CUtensorMap in = tensor_map_2d(x_terms, PREFILL_TERMS * B, D, PREFILL_TERMS * B);
+        launch(prefill_gate_up_tma_kernel<B, WGS>, TMA_BLOCKS(HID, WGS), 1, TMA_THREADS(B, WGS), TMA_SMEM_BYTES(B, TMA_STAGES(B, WGS), WGS),
+               stream, gate, up, in, hb_terms);
+        launched(s, "prefill_gate_up_tma_kernel", TMA_BLOCKS(HID, WGS), 1, TMA_THREADS(B, WGS), TMA_SMEM_BYTES(B, TMA_STAGES(B, WGS), WGS));
+#else
+        fail("no TMA form in this build");
+#endif
+    }
+    s.out("hb_terms", W_DTYPE, hb_terms, (size_t)PREFILL_TERMS * B * HID, terms_shape(B, HID));
+}
+
+/* down as the split GEMM on gate/up's terms */
+template <int B>
+static void stage_prefill_down(stage_rec &s, rng &r) {
+    constexpr int size = prefill_size_index(B);
+    s.param("batch", B);
+    model_layer_weights w = no_weights();
+    w.w_down = matrix(s, r, "w_down", D, HID);
+    uint16_t *hb_terms = s.in("hb_terms", W_DTYPE, input_terms(r, B, HID, 1.0), terms_shape(B, HID));
+    const int splits = down_split_count[size];
+    s.param("splits", splits);
+    float *part = s.upload(poison_f32((size_t)splits * B * D));
+    launch(prefill_down_gemm_kernel<B>, gemm_tiles(D / 2), splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), stream, w, (const uint16_t *)hb_terms,
+           part);
+    launched(s, "prefill_down_gemm_kernel", gemm_tiles(D / 2), splits, GEMM_THREADS, GEMM_SMEM_BYTES(B));
+    s.out("part", "f32", part, (size_t)splits * B * D, {splits, B, D});
+}
+
 /* attention_kernel past one split: depth from ATT_MIN_CHUNK on (the split tier's [0] graphs) */
 static void run_attention(stage_rec &s, rng &r) {
     stage_attention(s, r, false, n_splits, r.between(std::min(ctx - 1, 2 * ATT_MIN_CHUNK), ctx - 1));
@@ -538,6 +707,19 @@ static const stage_def stages[] = {
     {"mlp_fused", stage_mlp_fused},
 #endif
     {"rmsnorm_lm_head_argmax", stage_lm_head},
+#define PREFILL_STAGES(B, tag)                                                                     \
+    {"prefill_rms_" tag, stage_prefill_rms<B>}, {"prefill_qkv_" tag, stage_prefill_qkv<B>},         \
+        {"prefill_o_proj_" tag, stage_prefill_o<B>}, {"prefill_gate_up_pairs_" tag, stage_prefill_gate_up<B, 0>}, \
+        {"prefill_gate_up_gemm_" tag, stage_prefill_gate_up<B, 1>}, {"prefill_down_" tag, stage_prefill_down<B>}
+    PREFILL_STAGES(PREFILL_SMALL, "small"),
+    PREFILL_STAGES(PREFILL_BATCH, "full"),
+#if GEMM_TMA
+    {"prefill_gate_up_tma_small", stage_prefill_gate_up<PREFILL_SMALL, 2>},
+    {"prefill_gate_up_tma_full", stage_prefill_gate_up<PREFILL_BATCH, 2>},
+    {"prefill_gate_up_tma_wide_small", stage_prefill_gate_up<PREFILL_SMALL, 3>},
+    {"prefill_gate_up_tma_wide_full", stage_prefill_gate_up<PREFILL_BATCH, 3>},
+#endif
+#undef PREFILL_STAGES
 };
 #define N_STAGES (int)(sizeof stages / sizeof *stages)
 
@@ -559,7 +741,8 @@ static void write_manifest(uint64_t seed) {
             D, HID, MODEL_N_HEADS, NKV, HD, QD, KVD, VOCAB, (double)MODEL_NORM_EPS, (int)MODEL_QKV_BIAS, (int)MODEL_O_BIAS);
     fprintf(f, "  \"plan\": {\"att_mma_hd\": %d, \"att_short\": %d, \"att_o_short\": %d, \"att_o_poll\": %d, \"down_poll\": %d, "
                "\"mlp_fused\": %d, \"residual_pairs\": %d, \"att_min_chunk\": %d, \"att_short_max\": %d, "
-               "\"short_kernel_splits\": %d, \"short_kernel_positions\": %d, \"grid_mlp\": %d, \"att_poll_word\": %u},\n",
+               "\"short_kernel_splits\": %d, \"short_kernel_positions\": %d, \"grid_mlp\": %d, \"att_poll_word\": %u, "
+               "\"prefill_terms\": %d, \"gemm_tma\": %d},\n",
             (int)MODEL_ATT_MMA_HD, (int)MODEL_ATT_SHORT, (int)MODEL_ATT_O_SHORT, (int)MODEL_ATT_O_POLL, (int)MODEL_DOWN_POLL,
             (int)MODEL_MLP_FUSED, (int)MODEL_RESIDUAL_PAIRS, (int)ATT_MIN_CHUNK,
 #if MODEL_ATT_SHORT
@@ -567,7 +750,7 @@ static void write_manifest(uint64_t seed) {
 #else
             0,
 #endif
-            short_kernel_splits, short_kernel_positions, grid_mlp, ATT_POLL_WORD);
+            short_kernel_splits, short_kernel_positions, grid_mlp, ATT_POLL_WORD, PREFILL_TERMS, (int)GEMM_TMA);
     fprintf(f, "  \"stages\": {");
     for (size_t i = 0; i < done_stages.size(); i++) {
         const stage_rec &s = done_stages[i];

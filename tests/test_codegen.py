@@ -173,7 +173,8 @@ def test_plan_takes_flash_prefill_attention_on_64_and_128_wide_heads():
 
 def test_plan_takes_tensor_core_decode_attention_on_64_and_128_wide_heads():
     """attention_body's tensor-core path is written for heads of 64 and 128 with a KV group of at
-    most 8 query heads (the mma's columns); heads of other widths and the generic build keep fp32."""
+    most 8 query heads (the mma's columns); heads of other widths keep fp32. The generic build takes
+    the same rule at run time (its model_plan.h: the rule as a C expression over the dimensions)."""
     from codegen.plan import _att_mma, make_generic_plan, make_plan
 
     mma = {m: make_plan(spec_of(load(REPO / "models" / m / "config.json"))).att_mma
@@ -184,7 +185,9 @@ def test_plan_takes_tensor_core_decode_attention_on_64_and_128_wide_heads():
             for m in ("tiny-gqa", "tiny-group3", "tiny-wide")}
     assert tiny == {"tiny-gqa": 0, "tiny-group3": 1, "tiny-wide": 1}  # heads of 16, 64, 128
     assert _att_mma(128, 9) == 0  # a group wider than the mma's 8 columns
-    assert make_generic_plan().att_mma == 0
+    generic = make_generic_plan()
+    assert str(generic.att_mma) == "((MODEL_HEAD_DIM == 64 || MODEL_HEAD_DIM == 128) && MODEL_KV_MUL <= 8)"
+    assert str(generic.att_short) == str(generic.att_mma)
 
 
 def test_plan_stages_values_on_heads_of_64_from_the_1b_shape():
@@ -397,8 +400,9 @@ def test_generic_plan_for_a_specialized_build_takes_the_generic_builds_decisions
     assert r.returncode == 0, r.stderr
     header = (tmp_path / "model_plan.h").read_text()
     sets = generic_plan_sets()
-    assert sets["mlp_fused"] == 0 and sets["att_mma"] == 0 and "grid_qkv" not in sets
-    assert "#define MODEL_MLP_FUSED 0 " in header and "#define MODEL_ATT_MMA_HD 0 " in header
+    # the rules the generic build takes at run time (att_mma, att_short) keep the model's values too
+    assert sets["mlp_fused"] == 0 and "att_mma" not in sets and "att_short" not in sets and "grid_qkv" not in sets
+    assert "#define MODEL_MLP_FUSED 0 " in header and "#define MODEL_ATT_MMA_HD 64 " in header
     assert "#define MODEL_GRID_QKV 192 " in header  # tiny-d2048's own: (2048 + 2 * 512) / 2 / 8
     generic = make_generic_plan()
     assert all(getattr(generic, k) == v for k, v in sets.items()) and set(sets) < {f.name for f in dataclasses.fields(Plan)}

@@ -137,10 +137,11 @@ def test_gpu_sampler_test_compiles():
 
 
 @pytest.mark.parametrize("variant,stages", [("tiny-gqa", ("attention", "down_residual")),
-                                            ("tiny-d2048", ("attention_short", "mlp_fused", "transpose_down"))])
+                                            ("tiny-d2048", ("attention_short", "mlp_fused", "transpose_down", "prefill_qkv_full",
+                                                            "prefill_gate_up_tma_wide_small"))])
 def test_gpu_stage_test_compiles(variant, stages):
-    """tests/cuda_stage_test.cu (run by tests/test_gpu_stages.py on a GPU: each decode stage kernel
-    alone against NumPy) builds here too, through `make stage-test`: on heads of 16 (the fp32
+    """tests/cuda_stage_test.cu (run by tests/test_gpu_stages.py on a GPU: each decode stage kernel and
+    the prompt path's GEMM stages alone against NumPy) builds here too, through `make stage-test`: on heads of 16 (the fp32
     attention, the split MLP) and on tiny-d2048 (the tensor-core and short-context attention, the
     fused MLP); --list, which needs no GPU, names the stages its plan has."""
     from test_gpu_stages import build_stage_test

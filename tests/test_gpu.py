@@ -51,7 +51,6 @@ GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"  # gate/up as a GEMM on every model (t
 MMA_SYNC = "gemm_wgmma=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
 CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
 TMA_WIDE = "-DPREFILL_GATE_UP_GEMM=2 -DGATE_UP_TMA_WIDE=2"  # gate/up's TMA body two warpgroups a block, on every model
-FLASH_TERMS = "-DFLASH_WRITES_TERMS=1"  # the prompt's flash attention writes o_proj's input terms (no att_terms launch)
 
 
 def split_last_flags(blocks, unroll):
@@ -96,9 +95,6 @@ TEST_BUILDS = {
     "test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu": lambda p: [("flags", p["variant"], ATT_O_POLL)],
     "test_tiny_gpu_down_polls_gate_up_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
     "test_tiny_gpu_prefill_builds_equal_cpu": lambda p: [("flags", p["variant"], p["flags"])],
-    "test_tiny_gpu_flash_terms_equal_default": lambda p: [("flags", p["variant"], f"{FLASH_TERMS} {p['base']}" if p["base"] else FLASH_TERMS),
-                                                          ("flags", p["variant"], p["base"]) if p["base"]
-                                                          else ("plain", p["variant"], "specialized")],
     "test_tiny_gpu_prefill_logits_match_cpu": lambda p: [("flags", p["variant"], p["flags"]) if p["flags"]
                                                          else ("plain", p["variant"], "specialized")],
     "test_tiny_gpu_attention_odd_chunks_equal_cpu": lambda p: [("flags", p["variant"], ATT_CHUNK5)],
@@ -549,25 +545,6 @@ def test_tiny_gpu_flash_prefill_odd_chunks_equal_cpu(variant):
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
-@pytest.mark.parametrize("variant,base", [("tiny-wide", None), ("tiny-group3", None), ("tiny-group3", CHUNK5), ("tiny-gqa", None)])
-def test_tiny_gpu_flash_terms_equal_default(variant, base, tmp_path):
-    """FLASH_TERMS: the prompt's flash attention writes o_proj's input terms itself instead of its
-    fp32 output, which prefill_att_terms_kernel split: the prompt path's logits (--dump-prefill)
-    bit for bit those of the build without it (base: that build's other flags). Heads of 128 and
-    64 on the tensor cores (one split: each row's writes), splits of 5
-    positions (the last block's combine writes), and tiny-gqa's heads of 16, which take
-    attention_body and so still the terms kernel."""
-    builds = []
-    for flags in (base, f"{FLASH_TERMS} {base}" if base else FLASH_TERMS):
-        builds.append(flags_build(variant, flags) if flags else (tiny_model_dir(variant), binary_for(tiny_model_dir(variant), "specialized")))
-    dumps = []
-    for i, (d, binary) in enumerate(builds):
-        out = tmp_path / f"prefill-{i}.bin"
-        run(binary, "-m", str(d), "--device", "cuda", "--dump-logits", str(out), "--dump-prefill", str(PREFILL_DUMP_FROM), "-p", TINY_PROMPT)
-        dumps.append(np.fromfile(out, dtype=np.float32))
-    assert dumps[0].size > 0 and np.array_equal(dumps[0], dumps[1]), f"{variant} {base or ''}: logits differ"
-
-
 def test_tiny_gpu_short_attention_graphs_equal_cpu():
     """tiny-gqa with a context of 262144 (tests/models/tiny-long-context): past ATT_MIN_SPLITS tiles
     (2 KV heads: 132 splits of 1024 positions), so the binary launches a second set of graphs, with
@@ -674,14 +651,12 @@ def test_default_model_chat_on_gpu(default_gpu):
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-wide", GATE_UP_GEMM), ("tiny-wide", CHUNK5), ("tiny-group3", CHUNK5),
-                                           ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", TMA_WIDE),
-                                           ("tiny-group3", f"{FLASH_TERMS} {CHUNK5}")])
+                                           ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", TMA_WIDE)])
 def test_prefill_builds_memcheck_clean(variant, flags):
     """Prefill kernels under compute-sanitizer's memcheck: the gate/up GEMM (forced on, tiny-wide:
     34 stages), on wgmma (its tiles copied by TMA) and on mma.sync, and the attention on the tensor
     cores (splits of 5 positions: tiles mostly past their split's end, and the combine); the TMA
-    body at two warpgroups a block; the flash attention's combine writing o_proj's input terms
-    (FLASH_TERMS, splits of 5 positions). The default build's (QKV, o_proj and down as GEMMs over
+    body at two warpgroups a block. The default build's (QKV, o_proj and down as GEMMs over
     splits of K) run under test_memcheck_clean."""
     skip_without_sanitizer()
     d, binary = flags_build(variant, flags)

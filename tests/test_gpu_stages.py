@@ -1,4 +1,4 @@
-"""Each decode stage kernel alone on random inputs against NumPy in float64: the slow twins of the
+"""Each decode stage kernel, and the prompt path's GEMM stages, alone on random inputs against NumPy in float64: the slow twins of the
 fast kernels (issue 58, item 4), so that a failure names the stage, not the model.
 
 tests/cuda_stage_test.cu includes runtime/forward_cuda.cu and launches one stage kernel of a tiny
@@ -40,6 +40,11 @@ array, the worst element and its ratio to the bound:
   for the index arithmetic alone). Both well below what one position dropped or read twice costs at
   the depths drawn (~1/n of the output's spread, n <= 2048: >= 5e-4), and far below a wrong split,
   head or scale (order 1).
+- The prompt path's GEMMs (tests/cuda_stage_test.cu's prefill_* stages, batches of PREFILL_SMALL
+  and PREFILL_BATCH tokens): the same fp32 sums (RTOL_DOT of the magnitude) of the weights and the
+  input terms as the kernel got them (their sum, exact in float64); each split GEMM's splits added
+  here. Outputs written as terms (the RMSNorm's, o_proj's input, gate/up's hidden values) must sum
+  to the value within TERMS_RTOL of it on top of the value's own bound.
 - Exact: the embedding row, down_proj's transpose, every cache element but the one written, the
   counters and polled words the kernels put back, the argmax (the lowest index of the largest GPU
   logit, and within the bounds of the reference's largest).
@@ -71,7 +76,9 @@ VARIANTS = ("tiny-gqa", "tiny-qwen2", "tiny-group3", "tiny-wide", "tiny-d2048")
 # Every stage the program may have; a build without one (cuda_stage_test --list) skips it.
 STAGES = ("embed", "rmsnorm_qkv_rope", "attention", "attention_one_split", "attention_short", "attention_short_one_split",
           "o_proj_residual", "o_proj_residual_shortest", "rmsnorm_gate_up_silu", "down_residual", "transpose_down",
-          "mlp_fused", "rmsnorm_lm_head_argmax")
+          "mlp_fused", "rmsnorm_lm_head_argmax") + tuple(
+              f"prefill_{stage}_{batch}" for batch in ("small", "full")
+              for stage in ("rms", "qkv", "o_proj", "gate_up_pairs", "gate_up_gemm", "gate_up_tma", "gate_up_tma_wide", "down"))
 SEED = 58
 
 RTOL_DOT = 2e-5
@@ -82,6 +89,9 @@ ATT_RTOL_MMA = 2e-4
 F16_HALF_ULP = 2.0 ** -11
 F16_SUBNORMAL_HALF_ULP = 2.0 ** -25
 POISON_F32 = 0x7FC00000
+# Two 16-bit terms t0 + t1 of a value v (t0 = v rounded, t1 = the rest rounded): within half an ulp
+# of half an ulp, 2^-18 of v in bf16 (8 bits a term), 2^-22 in fp16; the bounds take twice that.
+TERMS_RTOL = {"bf16": 2.0 ** -17, "f16": 2.0 ** -21}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,6 +383,91 @@ def check_lm_head(run: Run):
     run.equal("counter", a["counter"], np.zeros_like(a["counter"]), "the argmax's block count put back to 0")
 
 
+def terms_sum(run: Run, name: str):
+    """a terms array (PREFILL_TERMS, B, K) as the values it holds: the terms' sum, exact in float64"""
+    t = run.a[name]
+    assert t.shape[0] == run.plan["prefill_terms"], f"{run.where()}: {name}: {t.shape[0]} terms, the build's {run.plan['prefill_terms']}"
+    return t.sum(axis=0)
+
+
+def terms_close(run: Run, name: str, want, bound, what: str):
+    rtol = TERMS_RTOL[run.manifest["weight_dtype"]]
+    run.close(name, terms_sum(run, name), want, bound + rtol * (np.abs(want) + bound), f"{what}, as {run.plan['prefill_terms']} terms")
+
+
+def check_prefill_rms(run: Run):
+    a = run.a
+    want_x = a["x"] + a["part"].sum(axis=0)
+    xbound = 4 * 2.0 ** -24 * (np.abs(a["x"]) + np.abs(a["part"]).sum(axis=0))
+    run.close("x_out", a["x_out"], want_x, xbound, "x + the splits' partial sums, in fp32")
+    xn = rmsnorm(want_x, a["norm"], run.eps)
+    # the sum's rounding carried through the norm (it may cancel), and the norm's own
+    scale = np.abs(a["norm"]) / np.sqrt(np.mean(want_x * want_x, axis=-1, keepdims=True) + run.eps)
+    terms_close(run, "terms", xn, RTOL_DOT * np.abs(xn) + xbound * scale, "RMSNorm of each token's row")
+
+
+def check_prefill_qkv(run: Run):
+    a, m, pos, count = run.a, run.model, run.params["pos"], run.params["count"]
+    hd, H, KV, B = m["head_dim"], m["n_heads"], m["n_kv_heads"], run.params["batch"]
+    inv = rope_inv_freq(run.config)
+    u = terms_sum(run, "x_terms")  # (B, dim)
+    positions = pos + np.arange(B)
+    outs = {}
+    for name, heads in (("q", H), ("k", KV), ("v", KV)):
+        w = a[f"w{name}"]
+        y, mag = u @ w.T, np.abs(u) @ np.abs(w).T
+        if m["qkv_bias"]:
+            y, mag = y + a[f"b{name}"], mag + np.abs(a[f"b{name}"])
+        bound = RTOL_DOT * mag
+        y, bound = y.reshape(B, heads, hd), bound.reshape(B, heads, hd)
+        if name != "v":
+            half = hd // 2
+            angle = positions[:, None, None] * inv[None, None, :]
+            dtheta = 4 * 2.0 ** -24 * angle + 2.0 ** -21
+            length = np.hypot(y[..., :half], y[..., half:])
+            pair = bound[..., :half] + bound[..., half:] + dtheta * length
+            bound = np.concatenate([pair, pair], axis=-1)
+            y = apply_rope(y, list(positions), inv)
+        outs[name] = (y, bound)
+    run.close("q", a["q"].reshape(B, H, hd), *outs["q"], "the GEMM's fp32 sums over the terms, then RoPE at each token's position")
+    for name, cache in (("k", "key_cache"), ("v", "value_cache")):
+        y, bound = outs[name]
+        got = a[f"{cache}_out"][:, pos: pos + count, :].transpose(1, 0, 2)
+        y, bound = y[:count], bound[:count]
+        run.close(f"{cache}_out[:, {pos}:{pos + count}]", got, y,
+                  bound + F16_HALF_ULP * (np.abs(y) + bound) + F16_SUBNORMAL_HALF_ULP, "the fp32 value's bound and fp16 rounding")
+        before, after = run.bits[cache].copy(), run.bits[f"{cache}_out"].copy()
+        before[:, pos: pos + count, :] = after[:, pos: pos + count, :] = 0
+        run.equal(f"{cache}_out (other positions)", after, before, "the batch's tokens only, none past its count")
+
+
+def check_prefill_o(run: Run):
+    a, m = run.a, run.model
+    terms_close(run, "att_terms", a["att"], np.zeros_like(a["att"]), "the attention's output")
+    u = terms_sum(run, "att_terms")
+    y, mag = u @ a["wo"].T, np.abs(u) @ np.abs(a["wo"]).T
+    if m["o_bias"]:
+        y, mag = y + a["bo"], mag + np.abs(a["bo"])
+    run.close("part (its splits added)", a["part"].sum(axis=0), y, RTOL_DOT * mag, "the split GEMM's fp32 sums over the terms (+ bias)")
+
+
+def check_prefill_gate_up(run: Run):
+    a = run.a
+    u = terms_sum(run, "x_terms")
+    g, mg = u @ a["w_gate"].T, np.abs(u) @ np.abs(a["w_gate"]).T
+    v, mu = u @ a["w_up"].T, np.abs(u) @ np.abs(a["w_up"]).T
+    h = silu(g) * v
+    bound = RTOL_DOT * (np.abs(dsilu(g)) * np.abs(v) * mg + np.abs(silu(g)) * mu) + SILU_RTOL * np.abs(h)
+    terms_close(run, "hb_terms", h, bound, "silu(gate . x) * (up . x), fp32")
+
+
+def check_prefill_down(run: Run):
+    a = run.a
+    u = terms_sum(run, "hb_terms")
+    y, mag = u @ a["w_down"].T, np.abs(u) @ np.abs(a["w_down"]).T
+    run.close("part (its splits added)", a["part"].sum(axis=0), y, RTOL_DOT * mag, "the split GEMM's fp32 sums over the terms")
+
+
 CHECKS = {
     "embed": check_embed,
     "rmsnorm_qkv_rope": check_qkv,
@@ -388,6 +483,11 @@ CHECKS = {
     "mlp_fused": check_mlp_fused,
     "rmsnorm_lm_head_argmax": check_lm_head,
 }
+for _batch in ("small", "full"):
+    CHECKS.update({f"prefill_rms_{_batch}": check_prefill_rms, f"prefill_qkv_{_batch}": check_prefill_qkv,
+                   f"prefill_o_proj_{_batch}": check_prefill_o, f"prefill_down_{_batch}": check_prefill_down,
+                   **{f"prefill_{form}_{_batch}": check_prefill_gate_up
+                      for form in ("gate_up_pairs", "gate_up_gemm", "gate_up_tma", "gate_up_tma_wide")}})
 assert set(CHECKS) == set(STAGES)
 
 
@@ -405,7 +505,7 @@ def check_manifest_model(run: Run) -> None:
 
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_decode_stage_matches_numpy(variant, stage, tmp_path):
+def test_stage_matches_numpy(variant, stage, tmp_path):
     binary, has = program(variant)
     if stage not in has:
         pytest.skip(f"{variant}'s build has no {stage} stage (its plan: cuda_stage_test --list)")

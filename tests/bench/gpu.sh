@@ -55,6 +55,9 @@ if [ "$what" = compare ]; then
     make -s GENERIC=1 >/dev/null || exit 1
     for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
         bench_model "$m" || exit 1
+        # the middle build: the specialized binary with the generic plan (make compare's)
+        make -s MODEL="build/bench-models/bench-$m" PLAN=generic GEN="generated/bench-$m-generic-plan" \
+            OUT="build/bench-$m-generic-plan" >/dev/null || exit 1
         .venv/bin/python tests/bench/compare.py "build/bench-models/bench-$m" --devices cuda ${COMPARE_FLAGS:-}
     done
 fi

@@ -8,6 +8,7 @@
 # spent. Prints, per model, the functions only in REV, only here, and those whose SASS differs
 # (addresses and encodings ignored). Needs nvcc and cuobjdump with nvdisasm: the CUDA toolkit's, or
 # `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (put their bin/ on the PATH).
+# SASS_KEEP=DIR keeps both listings (DIR/before/MODEL.sass, DIR/now/MODEL.sass) to diff by hand.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { echo "usage: bash tests/bench/sass_diff.sh REV [MODEL ...]" >&2; exit 2; }
@@ -47,6 +48,10 @@ for m in "${models[@]}"; do
     sass "$work/base" "$work/a" "$m" & a=$!
     sass "$(pwd)" "$work/b" "$m" & b=$!
     wait $a && wait $b || { wait; echo "$m: did not compile" >&2; status=1; continue; }
+    if [ -n "${SASS_KEEP:-}" ]; then
+        mkdir -p "$SASS_KEEP/before" "$SASS_KEEP/now"
+        cp "$work/a/$m.sass" "$SASS_KEEP/before/" && cp "$work/b/$m.sass" "$SASS_KEEP/now/"
+    fi
     python3 - "$m" "$work/a/$m.sass" "$work/b/$m.sass" <<'PY' || status=1
 import re, sys
 

@@ -1,0 +1,76 @@
+"""A quantized weight format through the decode step's matvec core (issue 59's first format on issue
+58's format parameter): tests/cuda_format_test.cu runs matvec_residual_body<w_q8_0> (o_proj and
+down's body) on GGUF Q8_0 blocks, repacked as an upload would, and this checks the result against
+the `gguf` package's dequantizer and NumPy in float64.
+
+Tolerance: the products d * q of a weight are exact in fp32 (an fp16 scale times an integer of 8
+bits), so the GPU's sum differs from float64 only by fp32 summation in another order: RTOL_DOT of
+sum_k |w_k in_k| + |x0|, the bound tests/test_gpu_stages.py derives for every matvec. A weight read
+from the wrong block or a chunk dropped is ~1e-3 of that magnitude, far above it.
+
+Compiling needs nvcc (CI has it); running needs a GPU (skipped elsewhere)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, make
+from test_gpu import gpu_present
+
+RTOL_DOT = 2e-5
+NVCC = subprocess.run(["bash", "-c", "command -v nvcc || ls /usr/local/cuda/bin/nvcc"], capture_output=True, text=True).stdout.split()
+OUT = REPO / "build" / "format-test"
+
+
+def build_format_test():
+    """build/format-test/cuda_format_test against the Mistral-7B shape's plan (the matvec's constants)"""
+    if not NVCC:
+        pytest.skip("no nvcc here: the CUDA sources are compiled where the toolkit is")
+    make("build/runtime/probe_cuda.o", "build/runtime/errors.o")
+    gen = OUT / "gen"
+    r = subprocess.run([sys.executable, "-m", "codegen", "models/mistral-7b-instruct-v0.2", "--out", str(gen)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    binary = OUT / "cuda_format_test"
+    cmd = [NVCC[0], "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Iruntime", f"-I{gen}", "-Xcompiler",
+           "-Wall,-Wextra", "-Werror", "all-warnings", "tests/cuda_format_test.cu", "build/runtime/probe_cuda.o",
+           "build/runtime/errors.o", "-o", str(binary)]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return binary
+
+
+@pytest.fixture(scope="module")
+def format_test():
+    return build_format_test()
+
+
+def test_format_test_compiles(format_test):
+    assert format_test.exists()
+
+
+@pytest.mark.skipif(not gpu_present(), reason="no CUDA GPU here (nvidia-smi finds none): the program compiles, it runs on the GPU machine")
+@pytest.mark.parametrize("rows,K", [(300, 4096), (64, 14336), (97, 32)])
+def test_q8_0_matvec_matches_gguf_dequantizer(format_test, rows, K, tmp_path):
+    pytest.importorskip("gguf", reason="the gguf package is not installed here (the GPU machine's venv has no network to get it): "
+                        "run the program there and check its files here")
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    r = subprocess.run([str(format_test), "check", str(tmp_path), "59", str(rows), str(K)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    blocks = np.fromfile(tmp_path / "weights.bin", dtype=np.uint8).reshape(rows, K // 32 * 34)
+    w = dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float64)
+    x_in = np.fromfile(tmp_path / "in.bin", dtype=np.float32).astype(np.float64)
+    x0 = np.fromfile(tmp_path / "x0.bin", dtype=np.float32).astype(np.float64)
+    got = np.fromfile(tmp_path / "out.bin", dtype=np.float32).astype(np.float64)
+    want = x0 + w @ x_in
+    bound = RTOL_DOT * (np.abs(w) @ np.abs(x_in) + np.abs(x0))
+    diff = np.abs(got - want)
+    worst = int(np.argmax(diff / bound))
+    assert (diff <= bound).all(), (f"Q8_0 matvec {rows} x {K}: {int((diff > bound).sum())} rows past the bound; worst row {worst}: "
+                                   f"gpu {got[worst]!r}, reference {want[worst]!r}, |diff| {diff[worst]:.3g} > {bound[worst]:.3g}")
