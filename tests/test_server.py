@@ -573,6 +573,10 @@ def test_chat_page(smol):
             time.sleep(0.02)
         answer = state[0][0]
         assert "Paris" in answer
+        stats = chromium.eval('document.querySelector(".stats").textContent')
+        m = re.match(r"(\d+) tokens, ([\d.]+) tok/s", stats)
+        assert m, stats
+        decode_s = (int(m.group(1)) - 1) / max(float(m.group(2)), 1e-3)
         want = chat(smol.client(), "What is the capital of France?", max_tokens=512).choices[0].message.content
         assert answer == want
         # the second turn goes with the first in the same conversation
@@ -589,8 +593,9 @@ def test_chat_page(smol):
         (SHOTS / "chat_page.png").write_bytes(base64.b64decode(shot))
     finally:
         chromium.close()
-    # streamed: the page showed the answer growing (where generation is slow enough to see it)
-    assert len(seen - {""}) >= 2 or len(want) < 40, seen
+    # streamed: the page showed the answer growing, where its tokens came slower than the polling
+    if decode_s > 0.5:
+        assert len(seen - {""}) >= 2, (seen, stats)
 
 
 # ---------------------------------------------------------------------------------------------
