@@ -294,13 +294,16 @@ static void run_job(server *s, job *j) {
     engine *e = s->e;
     int reused = 0, produced = 0;
     engine_end end = ENGINE_END_LIMIT;
-    double t0 = time_now();
-    err_code rc = engine_feed_prompt(e, j->ids, j->n_ids, s->cfg->prompt_cache, &reused);
-    double t_prompt = time_now() - t0;
+    double t_prompt = 0.0;
     sampler smp;
-    if (!rc && !(rc = engine_sampler_init(e, &smp, &j->sampling))) {
+    /* the sampler first: on the GPU the step on the prompt's last token draws the first token */
+    err_code rc = engine_sampler_init(e, &smp, &j->sampling);
+    if (!rc) {
+        double t0 = time_now();
+        rc = engine_feed_prompt(e, j->ids, j->n_ids, s->cfg->prompt_cache, &reused);
+        t_prompt = time_now() - t0;
         emit_ctx c = {s, j};
-        rc = engine_run(e, &smp, j->max_tokens, job_emit, &c, &produced, &end);
+        if (!rc) rc = engine_run(e, &smp, j->max_tokens, job_emit, &c, &produced, &end);
         sampler_free(&smp);
     }
     pthread_mutex_lock(&s->lock);
