@@ -507,17 +507,16 @@ static int parse_common(server *s, const json_value *root, job *j, req_error *er
 
 /* One message's text: a string, or an array of {"type": "text", "text": ...} parts, joined. */
 static int message_text(const json_value *content, int i, sbuf *out, req_error *err) {
-    static char param[] = "messages";
     if (!content || content->type == JSON_NULL) return 0;
     if (content->type == JSON_STRING) { sb_put(out, content->str, (size_t)content->n); return 0; }
     if (content->type != JSON_ARRAY)
-        return req_fail(err, 400, param, NULL, "messages[%d].content must be a string or an array of text parts", i);
+        return req_fail(err, 400, "messages", NULL, "messages[%d].content must be a string or an array of text parts", i);
     int k = 0;
     json_for_each(part, content) {
         const json_value *type = json_get(part, "type"), *text = json_get(part, "text");
         if (part->type != JSON_OBJECT || !type || type->type != JSON_STRING || strcmp(type->str, "text") != 0 || !text ||
             text->type != JSON_STRING)
-            return req_fail(err, 400, param, NULL, "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": \"...\"} parts are supported", i, k);
+            return req_fail(err, 400, "messages", NULL, "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": \"...\"} parts are supported", i, k);
         sb_put(out, text->str, (size_t)text->n);
         k++;
     }
@@ -721,14 +720,12 @@ static void chunk_json(sbuf *b, const server *s, const job *j, const char *text,
     job_head_json(b, s, j, chat ? "chat.completion.chunk" : "text_completion");
     sb_puts(b, ", \"choices\": [{\"index\": 0, ");
     if (chat) {
+        int content = len || !finish; /* the last chunk's delta is empty */
         sb_puts(b, "\"delta\": {");
-        if (first) sb_puts(b, "\"role\": \"assistant\", ");
-        if (len || !finish) {
+        if (first) sb_puts(b, content ? "\"role\": \"assistant\", " : "\"role\": \"assistant\"");
+        if (content) {
             sb_puts(b, "\"content\": ");
             sb_json_str(b, text, len);
-        } else if (first) {
-            b->len -= 2; /* no ", " after the role */
-            b->b[b->len] = '\0';
         }
         sb_puts(b, "}, ");
     } else {
