@@ -109,7 +109,7 @@ static void usage(FILE *f) {
             "                          as Hugging Face's default does (default: plain text)\n"
             "      --serve             serve the OpenAI API and a chat page over HTTP (see README)\n"
             "      --host ADDR         --serve: the address to listen on (default 127.0.0.1)\n"
-            "      --port N            --serve: the port (default 8080)\n"
+            "      --port N            --serve: the port (default 8080; 0: any free one, printed)\n"
             "      --queue N           --serve: requests waiting for the model at most; more get 503 (default 16)\n"
             "      --timeout S         --serve: close a connection that sends or takes nothing for S seconds (default 30)\n"
             "      --no-prompt-cache   --serve: feed every prompt whole, not reusing the previous request's cache\n"
