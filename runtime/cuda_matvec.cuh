@@ -167,16 +167,8 @@ __device__ __forceinline__ float dot_step(const row_chunks<W, U> *r, const float
     for (int u = 0; u < U; u++) {
         int c = (step * U + u) * WARP_SIZE + lane;
         if (c < K / W::VALS) {
-            float w[W::VALS];
-            W::to_f32(r->v[u], w);
             /* the chunk's inputs: float4 c of each plane of the staged input (sx_group) */
-            float4 x[W::VALS / 4];
-#pragma unroll
-            for (int p = 0; p < W::VALS / 4; p++) x[p] = reinterpret_cast<const float4 *>(sx)[p * (K / W::VALS) + c];
-            float s = w[0] * x[0].x + w[1] * x[0].y + w[2] * x[0].z + w[3] * x[0].w;
-#pragma unroll
-            for (int p = 1; p < W::VALS / 4; p++) s = s + w[4 * p] * x[p].x + w[4 * p + 1] * x[p].y + w[4 * p + 2] * x[p].z + w[4 * p + 3] * x[p].w;
-            acc += s;
+            acc += W::dot(r->v[u], [sx, K, c](int p) { return reinterpret_cast<const float4 *>(sx)[p * (K / W::VALS) + c]; });
         }
     }
     return acc;
