@@ -2,10 +2,11 @@
  * are the reference, and the SIMD dot products that are the CPU matvec's inner kernel.
  *
  * The dequantizer must give the gguf package's bits, so each weight is computed with the same
- * operations in the same order as its NumPy code (and ggml's dequantize_row_*): the block scale
- * times the integer, then plus or minus the offset, each product and sum rounded to fp32 on its
- * own. That relies on no contraction into fused multiply-adds, which is gcc's default under
- * -std=c11 (-ffp-contract=off for ISO C); tests/test_quant.py would catch a build that contracts.
+ * operations as its NumPy code (and ggml's dequantize_row_*): the block scale times the integer,
+ * then plus or minus the offset. Every product there is exact in fp32 (an fp16 scale has 11
+ * significant bits, a K sub-block scale at most 7, the integer at most 5: 23 <= 24), so the one
+ * rounding is the offset's add: a fused multiply-add, or any order of the products, gives the same
+ * bits. The GPU's dequantization can rely on that too.
  *
  * The SIMD dot products sum q * x over each (sub-)block in fp32 with the integers q exact, then
  * scale the block's sum once: (d * sc) * sum(q * x) - (dmin * m) * sum(x), as llama.cpp's kernels

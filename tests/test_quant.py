@@ -30,6 +30,7 @@ also checks that the tolerance does reject such an error.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
 
@@ -135,12 +136,14 @@ def made_blocks(rng, qtype, rows: int, n: int) -> tuple[np.ndarray, str]:
         return random_blocks(rng, qtype, rows, n, trained_scale_bits(rng)), "random (no quantizer in gguf)"
 
 
+@functools.lru_cache(maxsize=1)
 def smol_tensors():
     if not SMOL_GGUF.exists():
         pytest.skip(f"{SMOL_GGUF} absent: `make` fetches it (codegen/fetch_default.py)")
     return GGUFReader(str(SMOL_GGUF)).tensors
 
 
+@functools.lru_cache(maxsize=None)
 def smol_rows(qtype, max_rows: int = 8):
     """Rows of every tensor of qtype in the default GGUF, grouped by row length: {n: uint8 rows}."""
     groups: dict[int, list[np.ndarray]] = {}
