@@ -177,7 +177,7 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
  *
  * vec: the accumulator (16 lanes on AVX-512, 8 on AVX2). V_FMA16(q, x, acc): acc += the 16 int8
  * in q (an __m128i) times x[0..16). V_XSUM16(x, xs): xs += x[0..16). V_SCALE(f, a, acc):
- * acc += f * a. V_HSUM(acc): the sum of its lanes. */
+ * acc += f * a. V_ADD(a, b): a + b. V_HSUM(acc): the sum of its lanes. */
 #if !defined(QUANT_SIMD_AVX512) && !defined(QUANT_SIMD_AVX2)
 #if defined(__AVX512F__)
 #define QUANT_SIMD_AVX512 1
@@ -192,6 +192,7 @@ typedef __m512 vec;
 #define V_FMA16(q, x, acc) _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_loadu_ps(x), (acc))
 #define V_XSUM16(x, xs) _mm512_add_ps(_mm512_loadu_ps(x), (xs))
 #define V_SCALE(f, a, acc) _mm512_fmadd_ps(_mm512_set1_ps(f), (a), (acc))
+#define V_ADD(a, b) _mm512_add_ps((a), (b))
 #define V_HSUM(acc) _mm512_reduce_add_ps(acc)
 #define QUANT_ISA "avx512"
 #elif defined(QUANT_SIMD_AVX2)
@@ -202,6 +203,7 @@ typedef __m256 vec;
                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_loadu_ps(x), (acc)))
 #define V_XSUM16(x, xs) _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps((x) + 8)), (xs))
 #define V_SCALE(f, a, acc) _mm256_fmadd_ps(_mm256_set1_ps(f), (a), (acc))
+#define V_ADD(a, b) _mm256_add_ps((a), (b))
 #define V_HSUM(acc) hsum256(acc)
 #define QUANT_ISA "avx2"
 #endif
@@ -210,40 +212,54 @@ typedef __m256 vec;
 static inline __m128i ld16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 static inline float ld_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
 
+/* Two blocks a step into two accumulators, so that consecutive blocks' scaling multiply-adds do
+ * not wait on each other (the K formats keep four, one per scale of a step). */
+static inline vec q8_0_block(const uint8_t *b, const float *x, vec acc) {
+    const vec s = V_FMA16(ld16(b + 18), x + 16, V_FMA16(ld16(b + 2), x, V_ZERO()));
+    return V_SCALE(ld_f16(b), s, acc);
+}
+
 static float dot_q8_0(const uint8_t *b, const float *x, int nb) {
-    vec acc = V_ZERO();
-    for (int i = 0; i < nb; i++, b += 34, x += 32) {
-        vec s = V_FMA16(ld16(b + 2), x, V_ZERO());
-        s = V_FMA16(ld16(b + 18), x + 16, s);
-        acc = V_SCALE(ld_f16(b), s, acc);
+    vec a0 = V_ZERO(), a1 = V_ZERO();
+    int i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        a0 = q8_0_block(b + 34 * i, x + 32 * i, a0);
+        a1 = q8_0_block(b + 34 * (i + 1), x + 32 * (i + 1), a1);
     }
-    return V_HSUM(acc);
+    if (i < nb) a0 = q8_0_block(b + 34 * i, x + 32 * i, a0);
+    return V_HSUM(V_ADD(a0, a1));
+}
+
+static inline vec q4_0_block(const uint8_t *b, const float *x, vec acc) {
+    const __m128i m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8), q = ld16(b + 2);
+    vec s = V_FMA16(_mm_sub_epi8(_mm_and_si128(q, m4), eight), x, V_ZERO());
+    s = V_FMA16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight), x + 16, s);
+    return V_SCALE(ld_f16(b), s, acc);
 }
 
 static float dot_q4_0(const uint8_t *b, const float *x, int nb) {
-    const __m128i m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
-    vec acc = V_ZERO();
-    for (int i = 0; i < nb; i++, b += 18, x += 32) {
-        const __m128i q = ld16(b + 2);
-        vec s = V_FMA16(_mm_sub_epi8(_mm_and_si128(q, m4), eight), x, V_ZERO());
-        s = V_FMA16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight), x + 16, s);
-        acc = V_SCALE(ld_f16(b), s, acc);
+    vec a0 = V_ZERO(), a1 = V_ZERO();
+    int i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        a0 = q4_0_block(b + 18 * i, x + 32 * i, a0);
+        a1 = q4_0_block(b + 18 * (i + 1), x + 32 * (i + 1), a1);
     }
-    return V_HSUM(acc);
+    if (i < nb) a0 = q4_0_block(b + 18 * i, x + 32 * i, a0);
+    return V_HSUM(V_ADD(a0, a1));
 }
 
 static float dot_q4_1(const uint8_t *b, const float *x, int nb) {
     const __m128i m4 = _mm_set1_epi8(0xF);
-    vec acc = V_ZERO();
+    vec acc = V_ZERO(), accm = V_ZERO();
     for (int i = 0; i < nb; i++, b += 20, x += 32) {
         const __m128i q = ld16(b + 4);
         vec s = V_FMA16(_mm_and_si128(q, m4), x, V_ZERO());
         s = V_FMA16(_mm_and_si128(_mm_srli_epi16(q, 4), m4), x + 16, s);
         const vec xs = V_XSUM16(x + 16, V_XSUM16(x, V_ZERO()));
         acc = V_SCALE(ld_f16(b), s, acc);
-        acc = V_SCALE(ld_f16(b + 2), xs, acc);
+        accm = V_SCALE(ld_f16(b + 2), xs, accm);
     }
-    return V_HSUM(acc);
+    return V_HSUM(V_ADD(acc, accm));
 }
 
 /* Q4_K and Q5_K: per 64 weights, two sub-blocks from 32 bytes of qs (low nibbles, high nibbles),
@@ -253,7 +269,7 @@ static float dot_q4_1(const uint8_t *b, const float *x, int nb) {
 static float dot_q45_k(const uint8_t *b, const float *x, int nb, int five) {
     const __m128i m4 = _mm_set1_epi8(0xF), one = _mm_set1_epi8(1);
     const int bytes = five ? 176 : 144;
-    vec acc = V_ZERO();
+    vec acc[4] = {V_ZERO(), V_ZERO(), V_ZERO(), V_ZERO()};
     for (int i = 0; i < nb; i++, b += bytes) {
         const float d = ld_f16(b), dmin = ld_f16(b + 2);
         const uint8_t *scales = b + 4, *qs = b + (five ? 48 : 16);
@@ -276,20 +292,20 @@ static float dot_q45_k(const uint8_t *b, const float *x, int nb, int five) {
             const vec s0 = V_FMA16(lo1, x + 16, V_FMA16(lo0, x, V_ZERO()));
             const vec s1 = V_FMA16(hi1, x + 48, V_FMA16(hi0, x + 32, V_ZERO()));
             const vec xs0 = V_XSUM16(x + 16, V_XSUM16(x, V_ZERO())), xs1 = V_XSUM16(x + 48, V_XSUM16(x + 32, V_ZERO()));
-            acc = V_SCALE(d * (float)sc0, s0, acc);
-            acc = V_SCALE(d * (float)sc1, s1, acc);
-            acc = V_SCALE(-(dmin * (float)m0), xs0, acc);
-            acc = V_SCALE(-(dmin * (float)m1), xs1, acc);
+            acc[0] = V_SCALE(d * (float)sc0, s0, acc[0]);
+            acc[1] = V_SCALE(d * (float)sc1, s1, acc[1]);
+            acc[2] = V_SCALE(-(dmin * (float)m0), xs0, acc[2]);
+            acc[3] = V_SCALE(-(dmin * (float)m1), xs1, acc[3]);
         }
     }
-    return V_HSUM(acc);
+    return V_HSUM(V_ADD(V_ADD(acc[0], acc[1]), V_ADD(acc[2], acc[3])));
 }
 
 /* Q6_K: per half of 128 weights, four groups of 32 (see dequant_q6_k), each two groups of 16 with
  * a scale of their own. */
 static float dot_q6_k(const uint8_t *b, const float *x, int nb) {
     const __m128i m4 = _mm_set1_epi8(0xF), m2 = _mm_set1_epi8(3), c32 = _mm_set1_epi8(32);
-    vec acc = V_ZERO();
+    vec acc[4] = {V_ZERO(), V_ZERO(), V_ZERO(), V_ZERO()};
     for (int i = 0; i < nb; i++, b += 210) {
         const float d = ld_f16(b + 208);
         const uint8_t *ql = b, *qh = b + 128;
@@ -302,14 +318,14 @@ static float dot_q6_k(const uint8_t *b, const float *x, int nb) {
                     const __m128i lb = l[2 * (k & 1) + p];
                     const __m128i lo = k < 2 ? _mm_and_si128(lb, m4) : _mm_and_si128(_mm_srli_epi16(lb, 4), m4);
                     const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(h[p], m2), 4)), c32);
-                    acc = V_SCALE(d * (float)sc[2 * k + p], V_FMA16(q, x + 32 * k + 16 * p, V_ZERO()), acc);
+                    acc[2 * (k & 1) + p] = V_SCALE(d * (float)sc[2 * k + p], V_FMA16(q, x + 32 * k + 16 * p, V_ZERO()), acc[2 * (k & 1) + p]);
                 }
                 h[0] = _mm_srli_epi16(h[0], 2);
                 h[1] = _mm_srli_epi16(h[1], 2);
             }
         }
     }
-    return V_HSUM(acc);
+    return V_HSUM(V_ADD(V_ADD(acc[0], acc[1]), V_ADD(acc[2], acc[3])));
 }
 
 float quant_dot(int type, const void *row, const float *x, int n) {

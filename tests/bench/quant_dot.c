@@ -9,21 +9,55 @@
  *
  * For each format: a matrix of rows of n weights, `MiB` of blocks (far past L2 and L3), random
  * bytes with sane fp16 scales, and x (n) fp32; y = W x, each row by one quant_dot, rows split
- * statically over the threads as the CPU matvec does. Best of 5 passes. "in L2" repeats the same
+ * statically over the threads as the CPU matvec does. Best of 5 passes; one thread's on its own
+ * CPU clock (time given to other processes is not counted), all threads' on the wall clock. "in L2" repeats the same
  * 256 KiB of rows (per thread), the kernel's speed with the memory out of the way. GB/s counts the
- * blocks' bytes (scales included), Gw/s weights a second. */
+ * blocks' bytes (scales included), Gw/s weights a second. Rows "x int8" (Q8_0, Q4_0, AVX2 builds):
+ * the same matrix through llama.cpp's integer method (below), for comparison. */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "errors.h"
 #include "probe.h"
 #include "quant.h"
 
 static const int types[] = {QUANT_F32, QUANT_BF16, QUANT_F16, QUANT_Q8_0, QUANT_Q6_K, QUANT_Q5_K, QUANT_Q4_K, QUANT_Q4_1, QUANT_Q4_0};
+
+/* One thread's runs are timed on its own CPU clock, so that time the scheduler gives to other
+ * processes (a shared machine) is not counted; runs on all threads need the wall clock. */
+static double thread_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static double clock_for(int threads) { return threads == 1 ? thread_time() : time_now(); }
+
+/* The read probe on one thread's CPU clock: 128 bytes a step into four 32-byte accumulators. */
+typedef float v8f __attribute__((vector_size(32)));
+static double read_bw_1(const uint8_t *p, size_t bytes) {
+    double best = 1e30;
+    for (int pass = 0; pass < 5; pass++) {
+        const double t0 = thread_time();
+        v8f s[4] = {{0}, {0}, {0}, {0}};
+        for (size_t i = 0; i + 128 <= bytes; i += 128)
+            for (int k = 0; k < 4; k++) {
+                v8f v;
+                memcpy(&v, p + i + 32 * k, sizeof v);
+                s[k] += v;
+            }
+        const double dt = thread_time() - t0;
+        volatile float sink = (s[0] + s[1] + s[2] + s[3])[0];
+        (void)sink;
+        if (dt < best) best = dt;
+    }
+    return bytes / best;
+}
 
 static uint64_t rng = 0x9E3779B97F4A7C15u;
 static uint64_t next(void) {
@@ -63,7 +97,7 @@ static double time_matvec(int type, const uint8_t *w, size_t rows, size_t row_by
                           int threads, size_t l2_rows, int passes) {
     double best = 1e30;
     for (int p = 0; p < passes; p++) {
-        double t0 = time_now();
+        double t0 = clock_for(threads);
         if (!l2_rows) {
 #pragma omp parallel for num_threads(threads) schedule(static)
             for (size_t r = 0; r < rows; r++) y[r] = quant_dot(type, w + r * row_bytes, x, n);
@@ -75,25 +109,111 @@ static double time_matvec(int type, const uint8_t *w, size_t rows, size_t row_by
                     for (size_t r = first; r < first + l2_rows; r++) y[r] += quant_dot(type, w + r * row_bytes, x, n);
             }
         }
-        double dt = time_now() - t0;
+        double dt = clock_for(threads) - t0;
         if (dt < best) best = dt;
     }
     return best;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * The variant not taken (yet): llama.cpp's method, x quantized once per matvec to Q8_0 blocks
+ * (int8 and an fp16-sized scale per 32), then integer dot products (maddubs: 32 multiplies in
+ * one instruction) and one float multiply-add per block. It changes the numbers (x rounded to 8
+ * bits) where quant_dot keeps x in fp32: here only to measure how much faster the unpacking gets.
+ * AVX2 only. */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+typedef struct {
+    float d;
+    int8_t qs[32];
+} x_q8; /* one block of x quantized: x[i] ~ d * qs[i] */
+
+static void x_quantize(const float *x, x_q8 *xq, int n) {
+    for (int b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fabsf(x[32 * b + i]) > amax ? fabsf(x[32 * b + i]) : amax;
+        const float d = amax / 127, id = d ? 1 / d : 0;
+        xq[b].d = d;
+        for (int i = 0; i < 32; i++) xq[b].qs[i] = (int8_t)lrintf(x[32 * b + i] * id);
+    }
+}
+
+static inline __m256 sum_i8_pairs(__m256i a, __m256i b) { /* 32 int8 a * int8 b, as 8 fp32 partial sums */
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+static float dot_q4_0_q8(const uint8_t *w, const x_q8 *xq, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0xF), eight = _mm256_set1_epi8(8);
+    for (int b = 0; b < n / 32; b++, w += 18) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(w + 2));
+        const __m256i wq = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4), eight);
+        const float d = _cvtsh_ss((uint16_t)(w[0] | w[1] << 8)) * xq[b].d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), sum_i8_pairs(wq, _mm256_loadu_si256((const __m256i *)xq[b].qs)), acc);
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+static float dot_q8_0_q8(const uint8_t *w, const x_q8 *xq, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / 32; b++, w += 34) {
+        const __m256i wq = _mm256_loadu_si256((const __m256i *)(w + 2));
+        const float d = _cvtsh_ss((uint16_t)(w[0] | w[1] << 8)) * xq[b].d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), sum_i8_pairs(wq, _mm256_loadu_si256((const __m256i *)xq[b].qs)), acc);
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* As time_matvec, for the two int8-activation kernels. */
+static double time_matvec_q8(int type, const uint8_t *w, size_t rows, size_t row_bytes, const x_q8 *xq, int n, float *y,
+                             int threads, size_t l2_rows, int passes) {
+    double best = 1e30;
+    for (int p = 0; p < passes; p++) {
+        double t0 = clock_for(threads);
+#pragma omp parallel num_threads(threads)
+        {
+            const size_t t = (size_t)omp_get_thread_num();
+            const size_t lo = l2_rows ? t * l2_rows : rows * t / (size_t)threads;
+            const size_t hi = l2_rows ? lo + l2_rows : rows * (t + 1) / (size_t)threads;
+            const size_t reps = l2_rows ? rows / l2_rows / (size_t)threads : 1;
+            for (size_t k = 0; k < reps; k++)
+                for (size_t r = lo; r < hi; r++)
+                    y[r] += type == QUANT_Q4_0 ? dot_q4_0_q8(w + r * row_bytes, xq, n) : dot_q8_0_q8(w + r * row_bytes, xq, n);
+        }
+        double dt = clock_for(threads) - t0;
+        if (dt < best) best = dt;
+    }
+    return best;
+}
+#endif
 
 int main(int argc, char **argv) {
     const size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 512;
     const int n = argc > 2 ? atoi(argv[2]) : 4096;
     const int all = omp_get_max_threads();
     double probe1, proben;
-    err_code rc = probe_cpu_read_bandwidth(mib << 20, 1, &probe1);
-    if (!rc) rc = probe_cpu_read_bandwidth(mib << 20, all, &proben);
+    err_code rc = probe_cpu_read_bandwidth(mib << 20, all, &proben);
     if (rc) {
         fprintf(stderr, "%s: %s\n", err_name(rc), err_detail());
         return 1;
     }
-    printf("quant_dot (%s), rows of %d weights, %zu MiB a format, %d threads; read probe: 1 thread %.1f GB/s, "
-           "%d threads %.1f GB/s\n", quant_dot_isa(), n, mib, all, probe1 / 1e9, all, proben / 1e9);
+    {
+        uint8_t *buf = mmap(NULL, mib << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (buf == MAP_FAILED) return 1;
+        madvise(buf, mib << 20, MADV_HUGEPAGE);
+        memset(buf, 1, mib << 20);
+        probe1 = read_bw_1(buf, mib << 20);
+        munmap(buf, mib << 20);
+    }
+    printf("quant_dot (%s), rows of %d weights, %zu MiB a format, %d threads; read probe: 1 thread %.1f GB/s (its CPU "
+           "clock), %d threads %.1f GB/s (wall clock, runtime/probe.c)\n", quant_dot_isa(), n, mib, all, probe1 / 1e9, all,
+           proben / 1e9);
     printf("%-5s %6s | %-22s | %-22s | %-22s\n", "type", "bits/w", "1 thread GB/s (probe%)", "all threads GB/s (%)",
            "in L2, 1 thr: GB/s Gw/s");
     float *x = malloc(sizeof(float) * (size_t)n);
@@ -115,17 +235,34 @@ int main(int argc, char **argv) {
         madvise(w, bytes, MADV_HUGEPAGE);
         fill(type, w, rows, row_bytes, n);
         const size_t l2_rows = ((size_t)256 << 10) / row_bytes ? ((size_t)256 << 10) / row_bytes : 1;
-        const double t1 = time_matvec(type, w, rows, row_bytes, x, n, y, 1, 0, 5);
-        const double tn = time_matvec(type, w, rows, row_bytes, x, n, y, all, 0, 5);
-        const double tl2 = time_matvec(type, w, rows, row_bytes, x, n, y, 1, l2_rows, 3);
         const double l2_bytes = (double)(rows / l2_rows) * (double)l2_rows * (double)row_bytes;
-        double sink = 0;
-        for (size_t r = 0; r < rows; r++) sink += y[r];
-        printf("%-5s %6.2f | %7.2f (%5.1f%%)        | %7.2f (%5.1f%%)        | %6.2f %6.2f%s\n",
-               quant_format_of(type)->name, 8.0 * quant_format_of(type)->bytes / quant_format_of(type)->block,
-               bytes / t1 / 1e9, 100 * bytes / t1 / probe1, bytes / tn / 1e9, 100 * bytes / tn / proben,
-               l2_bytes / tl2 / 1e9, l2_bytes / tl2 / 1e9 * 8.0 * quant_format_of(type)->block / (8.0 * quant_format_of(type)->bytes),
-               sink == 12345.678 ? " " : "");
+        const double w_per_byte = (double)quant_format_of(type)->block / quant_format_of(type)->bytes;
+        for (int variant = 0; variant < 2; variant++) {
+            double t1, tn, tl2;
+            if (!variant) {
+                t1 = time_matvec(type, w, rows, row_bytes, x, n, y, 1, 0, 5);
+                tn = time_matvec(type, w, rows, row_bytes, x, n, y, all, 0, 5);
+                tl2 = time_matvec(type, w, rows, row_bytes, x, n, y, 1, l2_rows, 3);
+            } else {
+#if defined(__AVX2__) && defined(__FMA__)
+                if (type != QUANT_Q4_0 && type != QUANT_Q8_0) break;
+                x_q8 *xq = malloc(sizeof *xq * (size_t)(n / 32));
+                x_quantize(x, xq, n);
+                t1 = time_matvec_q8(type, w, rows, row_bytes, xq, n, y, 1, 0, 5);
+                tn = time_matvec_q8(type, w, rows, row_bytes, xq, n, y, all, 0, 5);
+                tl2 = time_matvec_q8(type, w, rows, row_bytes, xq, n, y, 1, l2_rows, 3);
+                free(xq);
+#else
+                break;
+#endif
+            }
+            double sink = 0;
+            for (size_t r = 0; r < rows; r++) sink += y[r];
+            printf("%-5s %6.2f | %7.2f (%5.1f%%)        | %7.2f (%5.1f%%)        | %6.2f %6.2f%s\n",
+                   variant ? "x int8" : quant_format_of(type)->name, 8.0 / w_per_byte, bytes / t1 / 1e9, 100 * bytes / t1 / probe1,
+                   bytes / tn / 1e9, 100 * bytes / tn / proben, l2_bytes / tl2 / 1e9, l2_bytes / tl2 / 1e9 * w_per_byte,
+                   sink == 12345.678 ? " " : "");
+        }
         munmap(w, bytes);
         free(y);
     }
