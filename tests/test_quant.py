@@ -209,12 +209,15 @@ def check_dot(binary: Path, tmp: Path, qtype, n: int, rows: np.ndarray, rng) -> 
         bad = np.flatnonzero(err > tol)
         assert bad.size == 0, (f"{qtype.name} n={n} {what} row {bad[0]}: {got[bad[0], col]!r}, exact {exact[bad[0]]!r}, "
                                f"error {err[bad[0]]:.3g} > tolerance {tol[bad[0]]:.3g}")
-    # The tolerance rejects a kernel that reads the block's two halves swapped (a nibble-order bug).
+    # The tolerance can fail: it is under 0.1% of S, and it rejects, on most rows, a kernel that
+    # reads each block's two halves swapped (a nibble-order bug; a row whose blocks are nearly
+    # constant, all offset, hardly changes).
+    assert (tol < 1e-3 * s).all()
     block = GGML_QUANT_SIZES[qtype][0]
     if block > 1:
         xs = x64.reshape(-1, 2, block // 2)[:, ::-1].reshape(n)
         wrong = w @ xs
-        assert (np.abs(wrong - exact) > tol).mean() > 0.9, f"{qtype.name}: the tolerance would accept swapped halves"
+        assert (np.abs(wrong - exact) > tol).mean() > 0.5, f"{qtype.name}: the tolerance would accept swapped halves"
     return float((np.abs(got - exact[:, None]) / np.maximum(tol[:, None], 1e-300)).max())
 
 
