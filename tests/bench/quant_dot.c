@@ -13,7 +13,29 @@
  * CPU clock (time given to other processes is not counted), all threads' on the wall clock. "in L2" repeats the same
  * 256 KiB of rows (per thread), the kernel's speed with the memory out of the way. GB/s counts the
  * blocks' bytes (scales included), Gw/s weights a second. Rows "x int8" (Q8_0, Q4_0, AVX2 builds):
- * the same matrix through llama.cpp's integer method (below), for comparison. */
+ * the same matrix through llama.cpp's integer method (below), for comparison.
+ *
+ * Measured (quant.c at this commit's parent's kernels, 512 MiB a format, two runs): a 2-core AMD
+ * EPYC VM, CPU family 23 (Zen/Zen 2), AVX2, shared with other jobs (load average ~4 on 2 cores:
+ * the all-thread column is not a bandwidth figure there; the one-thread columns, on the thread's
+ * CPU clock, are). Read probe, 1 thread: 15.5-18.5 GB/s.
+ *
+ *   type    1 thread GB/s (of probe)   in L2: GB/s, G weights/s
+ *   F32     14.0-14.8 (80-91%)         34-35,  8.6-8.8
+ *   BF16    10.3-11.8 (64-67%)         12.6-15.0, 6.3-7.5
+ *   F16     10.2-11.2 (61-66%)         12.5-13.9, 6.2-7.0
+ *   Q8_0     5.5-6.3  (34-36%)          5.8-6.8,  5.4-6.4   x int8: 8.8-10.3 (56-57%), 9.8-10.4 Gw/s
+ *   Q6_K     2.7-2.8  (15-18%)          2.7-2.8,  3.4
+ *   Q5_K     2.1-2.4  (13-14%)          2.1-2.2,  3.1-3.2
+ *   Q4_K     2.0      (11-13%)          2.0,      3.6
+ *   Q4_1     2.1-2.2  (12-14%)          2.1-2.2,  3.4-3.5
+ *   Q4_0     2.5-2.6  (14-17%)          2.6,      4.5-4.6   x int8: 4.2 (23-27%), 7.7-7.8 Gw/s
+ *
+ * So on this core quant_dot is bound by unpacking, not memory: the same speed in L2 as streaming,
+ * 3-6 G weights/s against bf16's 6-7.5, a sixth to a third of one core's read bandwidth. The int8
+ * method is 1.7-2.2x faster a weight but changes the numbers; the dequantize-then-FMA route with x
+ * in fp32 spends ~3.5 instructions per 8 weights (widen, convert, multiply-add) whatever the
+ * format. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
