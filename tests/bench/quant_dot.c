@@ -15,7 +15,7 @@
  * blocks' bytes (scales included), Gw/s weights a second. Rows "x int8" (Q8_0, Q4_0, AVX2 builds):
  * the same matrix through llama.cpp's integer method (below), for comparison.
  *
- * Measured (quant.c at this commit's parent's kernels, 512 MiB a format, two runs): a 2-core AMD
+ * Measured (quant.c as of fbdb67c, 512 MiB a format, two runs): a 2-core AMD
  * EPYC VM, CPU family 23 (Zen/Zen 2), AVX2, shared with other jobs (load average ~4 on 2 cores:
  * the all-thread column is not a bandwidth figure there; the one-thread columns, on the thread's
  * CPU clock, are). Read probe, 1 thread: 15.5-18.5 GB/s.
