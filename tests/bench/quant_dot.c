@@ -35,7 +35,13 @@
  * 3-6 G weights/s against bf16's 6-7.5, a sixth to a third of one core's read bandwidth. The int8
  * method is 1.7-2.2x faster a weight but changes the numbers; the dequantize-then-FMA route with x
  * in fp32 spends ~3.5 instructions per 8 weights (widen, convert, multiply-add) whatever the
- * format. */
+ * format.
+ *
+ * Instructions a weight, which the load on a shared machine does not move (valgrind
+ * --tool=callgrind --toggle-collect=quant_dot build/tests/quant_cli_avx2 dot TYPE 4096 W X OUT, 64
+ * rows): F32 0.39, F16 0.39, BF16 0.52, Q8_0 0.73, Q4_0 0.86, Q4_1 1.20, Q6_K 1.28, Q4_K 1.53,
+ * Q5_K 1.82. The K formats pay for their sub-block scales and for sum(x) of each sub-block (the
+ * mins), which a matvec could compute once for all rows. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
