@@ -41,12 +41,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
+from codegen import fetch_default
 from conftest import REPO, make
-
-import sys
-
-sys.path.insert(0, str(REPO))
-from codegen import fetch_default  # noqa: E402
 
 SMOL_GGUF = fetch_default.DOWNLOADS / fetch_default.GGUF_PATH.name
 TYPES = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K)
