@@ -73,11 +73,15 @@ PATHS = {
 
 
 def cli(path: str) -> Path:
+    """The driver built for path, checked to have compiled that path (quant_dot_isa)."""
     binary, why = PATHS[path]
     if why:
         pytest.skip(f"{path}: {why}")
     make(f"build/tests/{binary}")
-    return REPO / "build" / "tests" / binary
+    exe = REPO / "build" / "tests" / binary
+    isa = run(exe, "info").stdout.split("\n")[0]
+    assert isa == path.removesuffix("-simde"), f"{binary} was compiled for {isa!r}, expected {path!r}"
+    return exe
 
 
 def run(binary: Path, *args) -> subprocess.CompletedProcess:
