@@ -176,8 +176,9 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
  * SIMD dot products
  *
  * vec: the accumulator (16 lanes on AVX-512, 8 on AVX2). V_FMA16(q, x, acc): acc += the 16 int8
- * in q (an __m128i) times x[0..16). V_XSUM16(x, xs): xs += x[0..16). V_SCALE(f, a, acc):
- * acc += f * a. V_ADD(a, b): a + b. V_HSUM(acc): the sum of its lanes. */
+ * in q (an __m128i) times x[0..16); V_FMA16_MEM(p, x, acc): the same for the 16 int8 at p.
+ * V_XSUM16(x, xs): xs += x[0..16). V_SCALE(f, a, acc): acc += f * a. V_ADD(a, b): a + b.
+ * V_HSUM(acc): the sum of its lanes. */
 #if !defined(QUANT_SIMD_AVX512) && !defined(QUANT_SIMD_AVX2)
 #if defined(__AVX512F__)
 #define QUANT_SIMD_AVX512 1
@@ -190,6 +191,7 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
 typedef __m512 vec;
 #define V_ZERO() _mm512_setzero_ps()
 #define V_FMA16(q, x, acc) _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_loadu_ps(x), (acc))
+#define V_FMA16_MEM(p, x, acc) V_FMA16(ld16(p), (x), (acc))
 #define V_XSUM16(x, xs) _mm512_add_ps(_mm512_loadu_ps(x), (xs))
 #define V_SCALE(f, a, acc) _mm512_fmadd_ps(_mm512_set1_ps(f), (a), (acc))
 #define V_ADD(a, b) _mm512_add_ps((a), (b))
@@ -201,6 +203,12 @@ typedef __m256 vec;
 #define V_FMA16(q, x, acc)                                                                              \
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128((q), 8))), _mm256_loadu_ps((x) + 8), \
                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_loadu_ps(x), (acc)))
+/* from memory, each 8 bytes widened by the load itself (no shift to reach the high half) */
+#define V_FMA16_MEM(p, x, acc)                                                                          \
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((p) + 8)))),    \
+                    _mm256_loadu_ps((x) + 8),                                                           \
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))), \
+                                    _mm256_loadu_ps(x), (acc)))
 #define V_XSUM16(x, xs) _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps((x) + 8)), (xs))
 #define V_SCALE(f, a, acc) _mm256_fmadd_ps(_mm256_set1_ps(f), (a), (acc))
 #define V_ADD(a, b) _mm256_add_ps((a), (b))
@@ -215,7 +223,7 @@ static inline float ld_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
 /* Two blocks a step into two accumulators, so that consecutive blocks' scaling multiply-adds do
  * not wait on each other (the K formats keep four, one per scale of a step). */
 static inline vec q8_0_block(const uint8_t *b, const float *x, vec acc) {
-    const vec s = V_FMA16(ld16(b + 18), x + 16, V_FMA16(ld16(b + 2), x, V_ZERO()));
+    const vec s = V_FMA16_MEM(b + 18, x + 16, V_FMA16_MEM(b + 2, x, V_ZERO()));
     return V_SCALE(ld_f16(b), s, acc);
 }
 
@@ -274,6 +282,15 @@ static float dot_q45_k(const uint8_t *b, const float *x, int nb, int five) {
         const float d = ld_f16(b), dmin = ld_f16(b + 2);
         const uint8_t *scales = b + 4, *qs = b + (five ? 48 : 16);
         __m128i h0 = five ? ld16(b + 16) : _mm_setzero_si128(), h1 = five ? ld16(b + 32) : _mm_setzero_si128();
+        /* The sub-blocks' scales as floats, read back by broadcasts from memory (a load each,
+         * where a broadcast from a register takes the shuffle unit that widening needs). */
+        float dsc[8], dmn[8];
+        for (int s = 0; s < 8; s++) {
+            int sc, m;
+            scale_min_k4(s, scales, &sc, &m);
+            dsc[s] = d * (float)sc;
+            dmn[s] = -(dmin * (float)m);
+        }
         for (int j = 0; j < 4; j++, qs += 32, x += 64) {
             const __m128i a0 = ld16(qs), a1 = ld16(qs + 16);
             __m128i lo0 = _mm_and_si128(a0, m4), lo1 = _mm_and_si128(a1, m4);
@@ -286,16 +303,13 @@ static float dot_q45_k(const uint8_t *b, const float *x, int nb, int five) {
                 h0 = _mm_srli_epi16(h0, 2);
                 h1 = _mm_srli_epi16(h1, 2);
             }
-            int sc0, m0, sc1, m1;
-            scale_min_k4(2 * j, scales, &sc0, &m0);
-            scale_min_k4(2 * j + 1, scales, &sc1, &m1);
             const vec s0 = V_FMA16(lo1, x + 16, V_FMA16(lo0, x, V_ZERO()));
             const vec s1 = V_FMA16(hi1, x + 48, V_FMA16(hi0, x + 32, V_ZERO()));
             const vec xs0 = V_XSUM16(x + 16, V_XSUM16(x, V_ZERO())), xs1 = V_XSUM16(x + 48, V_XSUM16(x + 32, V_ZERO()));
-            acc[0] = V_SCALE(d * (float)sc0, s0, acc[0]);
-            acc[1] = V_SCALE(d * (float)sc1, s1, acc[1]);
-            acc[2] = V_SCALE(-(dmin * (float)m0), xs0, acc[2]);
-            acc[3] = V_SCALE(-(dmin * (float)m1), xs1, acc[3]);
+            acc[0] = V_SCALE(dsc[2 * j], s0, acc[0]);
+            acc[1] = V_SCALE(dsc[2 * j + 1], s1, acc[1]);
+            acc[2] = V_SCALE(dmn[2 * j], xs0, acc[2]);
+            acc[3] = V_SCALE(dmn[2 * j + 1], xs1, acc[3]);
         }
     }
     return V_HSUM(V_ADD(V_ADD(acc[0], acc[1]), V_ADD(acc[2], acc[3])));
@@ -309,7 +323,9 @@ static float dot_q6_k(const uint8_t *b, const float *x, int nb) {
     for (int i = 0; i < nb; i++, b += 210) {
         const float d = ld_f16(b + 208);
         const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *sc = (const int8_t *)(b + 192);
+        float dsc[16]; /* as in dot_q45_k: broadcast from memory */
+        for (int s = 0; s < 16; s++) dsc[s] = d * (float)(int8_t)b[192 + s];
+        const float *sc = dsc;
         for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, x += 128) {
             const __m128i l[4] = {ld16(ql), ld16(ql + 16), ld16(ql + 32), ld16(ql + 48)};
             __m128i h[2] = {ld16(qh), ld16(qh + 16)};
@@ -318,7 +334,7 @@ static float dot_q6_k(const uint8_t *b, const float *x, int nb) {
                     const __m128i lb = l[2 * (k & 1) + p];
                     const __m128i lo = k < 2 ? _mm_and_si128(lb, m4) : _mm_and_si128(_mm_srli_epi16(lb, 4), m4);
                     const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(h[p], m2), 4)), c32);
-                    acc[2 * (k & 1) + p] = V_SCALE(d * (float)sc[2 * k + p], V_FMA16(q, x + 32 * k + 16 * p, V_ZERO()), acc[2 * (k & 1) + p]);
+                    acc[2 * (k & 1) + p] = V_SCALE(sc[2 * k + p], V_FMA16(q, x + 32 * k + 16 * p, V_ZERO()), acc[2 * (k & 1) + p]);
                 }
                 h[0] = _mm_srli_epi16(h[0], 2);
                 h[1] = _mm_srli_epi16(h[1], 2);
