@@ -10,37 +10,39 @@
  * For each format: a matrix of rows of n weights, `MiB` of blocks (far past L2 and L3), random
  * bytes with sane fp16 scales, and x (n) fp32; y = W x, each row by one quant_dot, rows split
  * statically over the threads as the CPU matvec does. Best of 5 passes; one thread's on its own
- * CPU clock (time given to other processes is not counted), all threads' on the wall clock. "in L2" repeats the same
- * 256 KiB of rows (per thread), the kernel's speed with the memory out of the way. GB/s counts the
+ * CPU clock (time given to other processes is not counted), all threads' on the wall clock. "in
+ * L2" repeats the same 256 KiB of rows (per thread), the kernel's speed with the memory out of the
+ * way. GB/s counts the
  * blocks' bytes (scales included), Gw/s weights a second. Rows "x int8" (Q8_0, Q4_0, AVX2 builds):
  * the same matrix through llama.cpp's integer method (below), for comparison.
  *
- * Measured (quant.c as of fbdb67c, 512 MiB a format, two runs): a 2-core AMD
- * EPYC VM, CPU family 23 (Zen/Zen 2), AVX2, shared with other jobs (load average ~4 on 2 cores:
- * the all-thread column is not a bandwidth figure there; the one-thread columns, on the thread's
- * CPU clock, are). Read probe, 1 thread: 15.5-18.5 GB/s.
+ * Measured (512 MiB a format, two runs, within 5% of each other): a 2-core AMD EPYC VM, CPU
+ * family 23 (Zen/Zen 2), AVX2, shared with other jobs (load average 4-6 on 2 cores: the all-thread
+ * column, on the wall clock, is not a bandwidth figure there; the one-thread columns, on the
+ * thread's CPU clock, are). Read probe, 1 thread: 17.3-17.6 GB/s.
  *
  *   type    1 thread GB/s (of probe)   in L2: GB/s, G weights/s
- *   F32     14.0-14.8 (80-91%)         34-35,  8.6-8.8
- *   BF16    10.3-11.8 (64-67%)         12.6-15.0, 6.3-7.5
- *   F16     10.2-11.2 (61-66%)         12.5-13.9, 6.2-7.0
- *   Q8_0     5.5-6.3  (34-36%)          5.8-6.8,  5.4-6.4   x int8: 8.8-10.3 (56-57%), 9.8-10.4 Gw/s
- *   Q6_K     2.7-2.8  (15-18%)          2.7-2.8,  3.4
- *   Q5_K     2.1-2.4  (13-14%)          2.1-2.2,  3.1-3.2
- *   Q4_K     2.0      (11-13%)          2.0,      3.6
- *   Q4_1     2.1-2.2  (12-14%)          2.1-2.2,  3.4-3.5
- *   Q4_0     2.5-2.6  (14-17%)          2.6,      4.5-4.6   x int8: 4.2 (23-27%), 7.7-7.8 Gw/s
+ *   F32     15.5-15.8 (89-90%)         44.6-44.8, 11.1-11.2
+ *   BF16    11.5-11.7 (65-67%)         15.0-15.1,  7.5-7.6
+ *   F16     11.6-11.7 (66-67%)         15.2-15.3,  7.6-7.7
+ *   Q8_0     7.3      (41-42%)          7.7-7.8,   7.2-7.4   x int8: 10.4 (59-60%), 11.1-11.7 Gw/s
+ *   Q6_K     3.4-3.6  (19-21%)          3.4-3.6,   4.1-4.4
+ *   Q5_K     2.5-2.6  (14-15%)          2.6-2.7,   3.8-3.9
+ *   Q4_K     2.3      (13%)             2.3,       4.0-4.1
+ *   Q4_1     2.5-2.6  (15%)             2.5-2.6,   4.0-4.2
+ *   Q4_0     2.9-3.1  (17%)             3.1,       5.5       x int8: 5.0 (29%), 9.2-9.3 Gw/s
  *
  * So on this core quant_dot is bound by unpacking, not memory: the same speed in L2 as streaming,
- * 3-6 G weights/s against bf16's 6-7.5, a sixth to a third of one core's read bandwidth. The int8
- * method is 1.7-2.2x faster a weight but changes the numbers; the dequantize-then-FMA route with x
- * in fp32 spends ~3.5 instructions per 8 weights (widen, convert, multiply-add) whatever the
- * format.
+ * 4-7 G weights/s against bf16's 7.5, an eighth to two fifths of one core's read bandwidth. The
+ * int8 method is 1.5-1.7x faster a weight but changes the numbers; the dequantize-then-FMA route
+ * with x in fp32 spends ~3.5 instructions per 8 weights (widen, convert, multiply-add) whatever
+ * the format. (Zen 1 runs each 256-bit instruction as two 128-bit halves; an AVX-512 server core
+ * does 16 weights an instruction, so the same route there is worth measuring before another.)
  *
  * Instructions a weight, which the load on a shared machine does not move (valgrind
  * --tool=callgrind --toggle-collect=quant_dot build/tests/quant_cli_avx2 dot TYPE 4096 W X OUT, 64
- * rows): F32 0.39, F16 0.39, BF16 0.52, Q8_0 0.73, Q4_0 0.86, Q4_1 1.20, Q6_K 1.28, Q4_K 1.53,
- * Q5_K 1.82. The K formats pay for their sub-block scales and for sum(x) of each sub-block (the
+ * rows): F32 0.39, F16 0.39, BF16 0.52, Q8_0 0.61, Q4_0 0.86, Q6_K 1.19, Q4_1 1.20, Q4_K 1.46,
+ * Q5_K 1.59. The K formats pay for their sub-block scales and for sum(x) of each sub-block (the
  * mins), which a matvec could compute once for all rows. */
 #include <math.h>
 #include <omp.h>
