@@ -392,9 +392,7 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
  * late input costs one round trip after its last write lands, not one a float4). At most
  * POLL_MAX_FLOATS values (a bit a float4 of the thread's; the model's init checks). issued() as
  * for_each_group's. */
-#ifndef POLL_VEC
-#define POLL_VEC 8 /* a test builds 2: rounds of them */
-#endif
+#define POLL_VEC MODEL_POLL_VEC /* the plan's: 8; a test builds 2, rounds of them */
 #define POLL_MAX_FLOATS (64 * 4 * MV_THREADS)
 template <typename F, typename H>
 __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H issued) {
