@@ -651,10 +651,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             }
         }
         TRACE_END(); /* its loads are in; the combine comes after */
-#if defined(INGOT_TRACE) && TRACE_ATT == 6 /* the products done: their sums an input of the stamp's asm */
-#pragma unroll
-        for (int t = 0; t < MT; t++) asm volatile("" ::"f"(o[t][0]), "f"(o[t][1]), "f"(o[t][2]), "f"(o[t][3]));
-#endif
         __syncthreads(); /* sc is reused below for the warps' sums */
         mma_store_sums<HD>(red, o, wid, rows, g, cq);
     } else {
