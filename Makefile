@@ -73,7 +73,8 @@ endif
 
 # Model-agnostic runtime, compiled once for every model.
 RUNTIME_SRCS := runtime/errors.c runtime/bundle.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
-	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c
+	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c \
+	runtime/quant.c
 RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)
 CUDA_HDRS := $(wildcard runtime/*.cuh)
@@ -208,6 +209,20 @@ $(OUT)/ingot: $(OUT)/main.o $(OUT)/engine.o $(OUT)/server.o $(MODEL_OBJS) $(CUDA
 build/tests/%: tests/%.c tests/check.h $(RUNTIME_OBJS) $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $< $(RUNTIME_OBJS) -o $@ $(LDLIBS)
+
+# The quantized block formats' driver with each dot-product path forced (tests/test_quant.py): the
+# flags after -march=native turn the others off. The avx512 one builds anywhere, runs where the CPU
+# has AVX-512; quant_cli_avx512_sim runs the AVX-512 kernels on any x86 through SIMDe's portable
+# intrinsics (Debian's libsimde-dev), built only where its headers are.
+QUANT_ISA_FLAGS_scalar := -mno-avx512f -mno-avx2 -mno-fma -mno-f16c
+QUANT_ISA_FLAGS_avx2 := -mno-avx512f -mavx2 -mfma -mf16c
+QUANT_ISA_FLAGS_avx512 := -mavx512f -mavx2 -mfma -mf16c
+build/tests/quant_cli_%: tests/quant_cli.c runtime/quant.c runtime/quant.h runtime/cpu_kernels.h build/runtime/errors.o
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(QUANT_ISA_FLAGS_$*) tests/quant_cli.c runtime/quant.c build/runtime/errors.o -o $@ $(LDLIBS)
+build/tests/quant_cli_avx512_sim: tests/quant_cli.c tests/quant_simde.c runtime/quant.c runtime/quant.h runtime/cpu_kernels.h build/runtime/errors.o
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -mno-avx512f -Wno-psabi tests/quant_cli.c tests/quant_simde.c build/runtime/errors.o -o $@ $(LDLIBS)
 
 # The GPU sampler against the CPU one on the same logits (run by tests/test_gpu.py on a GPU).
 build/tests/cuda_sampler_test: tests/cuda_sampler_test.cu runtime/cuda_sampler.cuh runtime/cuda_sync.cuh \

@@ -62,6 +62,15 @@ class Plan:
     att_trigger_early: int  # decode attention lets o_proj launch before its wait: 1 short kernel, 2 split, 3 both (_att_trigger_early)
     o_proj_trigger_shortest: int  # 1: in the one-split graphs o_proj lets the MLP launch before its wait (_o_proj_trigger_shortest)
     att_o_poll: int  # 1: the joined short grid's o_proj polls attention's outputs, not its count (_att_o_poll)
+    # Fixed values that tests set otherwise to reach a path the tiny models would not take (make
+    # PLAN="att_min_chunk=5"); each one's measurement is in the kernel header that reads it.
+    att_min_chunk: int = 256  # fewest positions a decode attention block takes (D41); 5: many splits
+    fmma_min_chunk: int = 1024  # fewest positions a prompt flash-attention split takes (ATT_TILE: D83); 5: many splits
+    fmma_tile: int = 64  # positions a prompt flash-attention tile takes (a multiple of 16)
+    poll_vec: int = 8  # float4s a polling thread loads at once (poll_each_group); 2: rounds of polls
+    prefill_batch: int = 0  # prompt tokens a prefill batch takes at most: 8 to 128; 0: 128 on wgmma, else 64 (D94)
+    prefill_gate_up_gemm: int = 1  # gate/up's prompt GEMM: 1 where its tiles fill 3/4 of the SMs, 2 always
+    gate_up_tma_wide: int = 1  # gate/up's TMA GEMM at two warpgroups a block: 1 by its rule (D92), 2 always
 
 
 class CExpr:
@@ -399,6 +408,15 @@ def _apply_sets(plan: Plan, spec: Spec, sets: dict) -> Plan:
         raise PlanError("--set att_short / att_stage_values: they run on the tensor-core attention (att_mma=1)")
     if fields["att_o_short"] and not fields["att_short"]:
         raise PlanError("--set att_o_short=1: the short context's kernel (att_short=1)")
+    for name, ok, what in (("att_min_chunk", 1 <= fields["att_min_chunk"] <= 1024, "1 to 1024 (ATT_TILE)"),
+                           ("fmma_min_chunk", 1 <= fields["fmma_min_chunk"] <= 1024, "1 to 1024 (ATT_TILE)"),
+                           ("fmma_tile", fields["fmma_tile"] in (16, 32, 64, 128), "16, 32, 64 or 128"),
+                           ("poll_vec", 1 <= fields["poll_vec"] <= 8, "1 to 8"),
+                           ("prefill_batch", fields["prefill_batch"] in (0, 8, 16, 32, 64, 128), "8, 16, 32, 64 or 128 (0: the rule)"),
+                           ("prefill_gate_up_gemm", fields["prefill_gate_up_gemm"] in (1, 2), "1 (the rule) or 2 (always)"),
+                           ("gate_up_tma_wide", fields["gate_up_tma_wide"] in (1, 2), "1 (the rule) or 2 (always)")):
+        if not ok:
+            raise PlanError(f"--set {name}={fields[name]}: expected {what}")
     return Plan(**fields)
 
 
@@ -507,4 +525,12 @@ def header_constants(plan: Plan, head_dim) -> list[tuple[str, object, str]]:
         ("PREFILL_ATT_TOKENS", plan.prefill_att_tokens, "prompt tokens a prefill attention block takes beside its group's heads: 1 on heads over 64 (_prefill_att_tokens)"),
         ("PREFILL_FLASH", plan.prefill_flash, "the prompt's attention as flash attention, all query rows of a KV head in a block: heads of 64 and 128 (_prefill_flash)"),
         ("GEMM_WGMMA", plan.gemm_wgmma, "the prompt's GEMMs on Hopper's warpgroup MMA (sm_90a), else mma.sync (_gemm_wgmma)"),
+        ("ATT_MIN_CHUNK", plan.att_min_chunk, "fewest positions a decode attention block takes (D41; tests: 5)"),
+        ("FMMA_MIN_CHUNK", plan.fmma_min_chunk, "fewest positions a prompt flash-attention split takes (D83; tests: 5)"),
+        ("FMMA_TILE", plan.fmma_tile, "positions a prompt flash-attention tile takes"),
+        ("POLL_VEC", plan.poll_vec, "float4s a polling thread loads at once (tests: 2)"),
+        ("PREFILL_BATCH", plan.prefill_batch or (128 if plan.gemm_wgmma else 64),
+         "prompt tokens a prefill batch takes at most: 128 on wgmma, else 64 (D94)"),
+        ("PREFILL_GATE_UP_GEMM", plan.prefill_gate_up_gemm, "gate/up's prompt GEMM: 1 where its tiles fill 3/4 of the SMs, 2 always (tests)"),
+        ("GATE_UP_TMA_WIDE", plan.gate_up_tma_wide, "gate/up's TMA GEMM at two warpgroups a block: 1 by its rule (D92), 2 always (tests)"),
     ]

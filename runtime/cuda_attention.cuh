@@ -8,13 +8,11 @@
 #include "cuda_matvec.cuh"
 
 #define ATT_TILE 1024                   /* most positions one attention block scores at once */
-#ifndef ATT_MIN_CHUNK
-/* Fewest positions an attention block takes (a test builds 5: many splits, odd bounds). 256 against
+/* Fewest positions an attention block takes (the plan's; a test builds 5: many splits, odd bounds). 256 against
  * 32: up to depth 8448 (33 splits of 256 on the 1B and 7B shapes) fewer, longer splits and a shorter
  * combine: decode 1B +2.8% at depth 1024 and +0.7% at 4096, 7B +0.6% at 4096; the 128-token prompt
  * +16-18% (1B) and +7-12% (7B) at 1024 and 4096; even at 0 and 16384 (docs/performance.md, D41) */
-#define ATT_MIN_CHUNK 256
-#endif
+#define ATT_MIN_CHUNK MODEL_ATT_MIN_CHUNK
 /* The same for the prompt's attention (the flash kernels, attention_body with TOKENS > 1): 512
  * measured +8-9% at depth 8192 where the decode lost, at 1024-4096 it lost 12-20%; the prompt's
  * splits grow with the context instead (below; docs/performance.md, D41, D85) */
@@ -653,10 +651,6 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             }
         }
         TRACE_END(); /* its loads are in; the combine comes after */
-#if defined(INGOT_TRACE) && TRACE_ATT == 6 /* the products done: their sums an input of the stamp's asm */
-#pragma unroll
-        for (int t = 0; t < MT; t++) asm volatile("" ::"f"(o[t][0]), "f"(o[t][1]), "f"(o[t][2]), "f"(o[t][3]));
-#endif
         __syncthreads(); /* sc is reused below for the warps' sums */
         mma_store_sums<HD>(red, o, wid, rows, g, cq);
     } else {

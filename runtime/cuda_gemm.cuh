@@ -423,9 +423,7 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
  * weights' reads want warps in flight, not staged bytes. At batches of 128 in two terms (256
  * columns, 128 sums a thread) either form fits one block an SM; the Mistral-7B shape's two
  * warpgroups there: gate/up 4,075 against 4,222 µs a batch, prompt +1.9% (D92, D94). */
-#ifndef GATE_UP_TMA_WIDE
-#define GATE_UP_TMA_WIDE 1
-#endif
+#define GATE_UP_TMA_WIDE MODEL_GATE_UP_TMA_WIDE /* the plan's */
 static_assert(GATE_UP_TMA_WIDE == 1 || GATE_UP_TMA_WIDE == 2, "GATE_UP_TMA_WIDE: 1 (the rule) or 2 (always)");
 /* Where a block of two warpgroups is alone on its SM anyway (256 columns: batches of 128 in two
  * terms), 4 stages with a stage's wgmma left running (as GATE_UP_GEMM_WAIT1) instead of 3 without:

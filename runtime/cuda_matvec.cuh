@@ -167,16 +167,8 @@ __device__ __forceinline__ float dot_step(const row_chunks<W, U> *r, const float
     for (int u = 0; u < U; u++) {
         int c = (step * U + u) * WARP_SIZE + lane;
         if (c < K / W::VALS) {
-            float w[W::VALS];
-            W::to_f32(r->v[u], w);
             /* the chunk's inputs: float4 c of each plane of the staged input (sx_group) */
-            float4 x[W::VALS / 4];
-#pragma unroll
-            for (int p = 0; p < W::VALS / 4; p++) x[p] = reinterpret_cast<const float4 *>(sx)[p * (K / W::VALS) + c];
-            float s = w[0] * x[0].x + w[1] * x[0].y + w[2] * x[0].z + w[3] * x[0].w;
-#pragma unroll
-            for (int p = 1; p < W::VALS / 4; p++) s = s + w[4 * p] * x[p].x + w[4 * p + 1] * x[p].y + w[4 * p + 2] * x[p].z + w[4 * p + 3] * x[p].w;
-            acc += s;
+            acc += W::dot(r->v[u], [sx, K, c](int p) { return reinterpret_cast<const float4 *>(sx)[p * (K / W::VALS) + c]; });
         }
     }
     return acc;
@@ -400,9 +392,7 @@ __device__ __forceinline__ void stage_norm(float *sx, const uint16_t *norm_w, in
  * late input costs one round trip after its last write lands, not one a float4). At most
  * POLL_MAX_FLOATS values (a bit a float4 of the thread's; the model's init checks). issued() as
  * for_each_group's. */
-#ifndef POLL_VEC
-#define POLL_VEC 8 /* a test builds 2: rounds of them */
-#endif
+#define POLL_VEC MODEL_POLL_VEC /* the plan's: 8; a test builds 2, rounds of them */
 #define POLL_MAX_FLOATS (64 * 4 * MV_THREADS)
 template <typename F, typename H>
 __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H issued) {

@@ -36,9 +36,7 @@
  * +29%, 7B +10%; a batch of 128 costs 1.33 (1B) to 1.63 (7B) of one of 64. So 128 where the GEMMs
  * run on wgmma, 64 on mma.sync (its fragments for 256 columns would take 128 registers a lane
  * more). Each a multiple of the mma's n, 8; tests build 16, 32 and 64. */
-#ifndef PREFILL_BATCH
-#define PREFILL_BATCH (MODEL_GEMM_WGMMA ? 128 : 64)
-#endif
+#define PREFILL_BATCH MODEL_PREFILL_BATCH /* the plan's: 128 on wgmma, else 64 */
 #define PREFILL_SMALL 8
 #define PREFILL_SIZES (PREFILL_BATCH == 128 ? 5 : PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
 static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 || PREFILL_BATCH == 64 || PREFILL_BATCH == 128,

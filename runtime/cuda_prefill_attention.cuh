@@ -128,14 +128,10 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
  * Its blocks are short and each split adds to the last block's combine: splits of 1024 against the
  * prompt's 256-512 measured faster by 22% at depth 4096 and 29-51% at 16384 in the kernel alone
  * (1B, 7B; docs/performance.md, D83). Tests build 5 (many splits, the combine). */
-#ifndef FMMA_MIN_CHUNK
-#define FMMA_MIN_CHUNK ATT_TILE
-#endif
+#define FMMA_MIN_CHUNK MODEL_FMMA_MIN_CHUNK /* the plan's: ATT_TILE */
 #define FMMA_WARPS (FLASH_ROWS / 16)
 #define FMMA_THREADS (FMMA_WARPS * WARP_SIZE)
-#ifndef FMMA_TILE
-#define FMMA_TILE 64 /* positions a tile: a multiple of 16 */
-#endif
+#define FMMA_TILE MODEL_FMMA_TILE /* positions a tile (the plan's: 64): a multiple of 16 */
 static_assert(FMMA_TILE % 16 == 0, "FMMA_TILE: whole k-steps of 16 positions");
 /* Dynamic shared memory: two stages of a tile's keys and values, then the block's queries' hi and lo
  * terms, all fp16 rows of hd */

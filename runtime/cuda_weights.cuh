@@ -12,6 +12,9 @@
  *                          lanes read 512 contiguous bytes
  *   W::load(row, c)        chunk c of a row, streamed past L1 (each weight is read once a step)
  *   W::to_f32(chunk, f)    its VALS weights as fp32, in the order of the row
+ *   W::dot(chunk, x)       its weights dotted with their VALS inputs, fp32 (x(p): the p-th float4
+ *                          of them, p < VALS / 4, loaded when the format asks): the matvec core's
+ *                          inner product, where a format folds its scale in once a chunk
  *   W::word(chunk)         one 32-bit word of it (load_lots' exit test reads the lot's data)
  *   W::BF16                the tensor cores' input type of the prompt's GEMMs (bf16, else fp16):
  *                          the GEMM cores take dense 16-bit formats only (W::DENSE16); a quantized
@@ -80,6 +83,13 @@ struct w16 {
         else
             h8_to_f32(u, f);
     }
+    template <typename X>
+    __device__ __forceinline__ static float dot(chunk u, X x) {
+        float w[VALS];
+        to_f32(u, w);
+        const float4 a = x(0), b = x(1);
+        return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+    }
     __device__ __forceinline__ static uint32_t word(chunk u) { return u.x; }
 };
 using w_bf16 = w16<true>;
@@ -117,6 +127,24 @@ struct w_q8_0 {
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int b = 0; b < 4; b++) f[4 * i + b] = d * (float)(int8_t)(w[i] >> (8 * b));
+    }
+    /* sum_i q_i x_i in fp32, then times d once: q_i as fp32 by the byte-in-mantissa trick (q_i + 128
+     * into the low byte of 2^23's mantissa, 2^23 + 128 taken off: exact), one byte permute and one
+     * add a weight where I2F runs at a quarter of the FMA rate */
+    template <typename X>
+    __device__ __forceinline__ static float dot(chunk u, X x) {
+        const uint32_t w[4] = {u.q.x ^ 0x80808080u, u.q.y ^ 0x80808080u, u.q.z ^ 0x80808080u, u.q.w ^ 0x80808080u};
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float q0 = __int_as_float(__byte_perm(w[i], 0x4B000000u, 0x7440)) - 8388736.0f;
+            const float q1 = __int_as_float(__byte_perm(w[i], 0x4B000000u, 0x7441)) - 8388736.0f;
+            const float q2 = __int_as_float(__byte_perm(w[i], 0x4B000000u, 0x7442)) - 8388736.0f;
+            const float q3 = __int_as_float(__byte_perm(w[i], 0x4B000000u, 0x7443)) - 8388736.0f;
+            const float4 v = x(i);
+            s += q0 * v.x + q1 * v.y + q2 * v.z + q3 * v.w;
+        }
+        return __half2float(__ushort_as_half(u.d)) * s;
     }
     __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
 };

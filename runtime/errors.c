@@ -22,6 +22,7 @@ static const char *const err_names[ERR_COUNT] = {
     [ERR_UTF8] = "invalid UTF-8",
     [ERR_CONTEXT] = "context length exceeded",
     [ERR_DEVICE] = "device unavailable",
+    [ERR_QUANT] = "quantized weights",
 };
 
 static _Thread_local char detail[512];

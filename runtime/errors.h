@@ -25,6 +25,7 @@ typedef enum {
     ERR_UTF8,         /* text input is not valid UTF-8 */
     ERR_CONTEXT,      /* the tokens do not fit in the context */
     ERR_DEVICE,       /* the requested device is not available in this build or machine */
+    ERR_QUANT,        /* a quantized type or row length the block formats cannot honour */
     ERR_COUNT
 } err_code;
 

@@ -349,9 +349,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_ker
  * tiles number at least 3/4 of the SMs (the 1B and 7-8B shapes on an H200: prompt +10% and +17%;
  * with fewer tiles SMs would idle: the SmolLM2 shape's 48 keep prefill_pairs_body, unmeasured as a
  * GEMM), 2 always (a test knob: the tiny models' tiles are fewer). */
-#ifndef PREFILL_GATE_UP_GEMM
-#define PREFILL_GATE_UP_GEMM 1
-#endif
+#define PREFILL_GATE_UP_GEMM MODEL_PREFILL_GATE_UP_GEMM /* the plan's */
 static_assert(PREFILL_GATE_UP_GEMM == 1 || PREFILL_GATE_UP_GEMM == 2, "PREFILL_GATE_UP_GEMM: 1 (the rule) or 2 (always)");
 /* Blocks an SM the GEMMs' launch bounds ask for: four (of GEMM_STAGES 3, their shared memory); at
  * batches of 64 three (their stages take 72 KB; at four blocks' 128 registers they spill); at 256

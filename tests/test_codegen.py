@@ -406,3 +406,26 @@ def test_generic_plan_for_a_specialized_build_takes_the_generic_builds_decisions
     assert "#define MODEL_GRID_QKV 192 " in header  # tiny-d2048's own: (2048 + 2 * 512) / 2 / 8
     generic = make_generic_plan()
     assert all(getattr(generic, k) == v for k, v in sets.items()) and set(sets) < {f.name for f in dataclasses.fields(Plan)}
+
+
+def test_test_knobs_are_plan_settings_refused_out_of_range(tmp_path):
+    """The values tests set otherwise to reach a path the tiny models would not take (the attention's
+    least split, the prompt's batch, gate/up's GEMM forms, the polls' width) go through the plan like
+    every decision: written into model_plan.h, and refused in one line where a kernel cannot take them."""
+    def gen(*sets):
+        args = [a for s in sets for a in ("--set", s)]
+        return subprocess.run([sys.executable, "-m", "codegen", "tests/models/tiny-gqa", "--out", str(tmp_path), *args],
+                              cwd=REPO, capture_output=True, text=True)
+
+    r = gen("att_min_chunk=5", "fmma_min_chunk=5", "fmma_tile=16", "poll_vec=2", "prefill_batch=32", "prefill_gate_up_gemm=2",
+            "gate_up_tma_wide=2")
+    assert r.returncode == 0, r.stderr
+    header = (tmp_path / "model_plan.h").read_text()
+    for name, value in (("ATT_MIN_CHUNK", 5), ("FMMA_MIN_CHUNK", 5), ("FMMA_TILE", 16), ("POLL_VEC", 2), ("PREFILL_BATCH", 32),
+                        ("PREFILL_GATE_UP_GEMM", 2), ("GATE_UP_TMA_WIDE", 2)):
+        assert f"#define MODEL_{name} {value} " in header, name
+    r = gen()
+    assert "#define MODEL_PREFILL_BATCH 128 " in (tmp_path / "model_plan.h").read_text()  # sm_90: wgmma, batches of 128
+    for bad in ("att_min_chunk=0", "fmma_tile=24", "poll_vec=9", "prefill_batch=12", "prefill_gate_up_gemm=3", "gate_up_tma_wide=0"):
+        r = gen(bad)
+        assert r.returncode == 1 and f"--set {bad}: expected" in r.stderr and r.stderr.count("\n") == 1, (bad, r.stderr)

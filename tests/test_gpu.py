@@ -45,12 +45,12 @@ RES_PAIRS = "residual_pairs=1"  # o_proj and down a pair of rows a warp
 NO_SHORT = "att_short=0"  # the decode attention's split kernel at short contexts too
 ATT_O_SHORT = "att_o_short=1 att_o_poll=0"  # the short context's attention and o_proj in one grid, o_proj counting
 ATT_O_POLL = "att_o_short=1"  # ... o_proj polling attention's outputs
-ATT_CHUNK5 = "-DATT_MIN_CHUNK=5"  # the decode attention in splits of 5 positions
-COMBINE_EARLY = "-DATT_MIN_CHUNK=5 att_combine_early=16"
-GATE_UP_GEMM = "-DPREFILL_GATE_UP_GEMM=2"  # gate/up as a GEMM on every model (the tiny models' tiles are too few for the rule)
+ATT_CHUNK5 = "att_min_chunk=5"  # the decode attention in splits of 5 positions
+COMBINE_EARLY = "att_min_chunk=5 att_combine_early=16"
+GATE_UP_GEMM = "prefill_gate_up_gemm=2"  # gate/up as a GEMM on every model (the tiny models' tiles are too few for the rule)
 MMA_SYNC = "gemm_wgmma=0"  # the prefill GEMMs on mma.sync (the default on sm_90: wgmma)
-CHUNK5 = "-DATT_MIN_CHUNK=5 -DFMMA_MIN_CHUNK=5"
-TMA_WIDE = "-DPREFILL_GATE_UP_GEMM=2 -DGATE_UP_TMA_WIDE=2"  # gate/up's TMA body two warpgroups a block, on every model
+CHUNK5 = "att_min_chunk=5 fmma_min_chunk=5"
+TMA_WIDE = "prefill_gate_up_gemm=2 gate_up_tma_wide=2"  # gate/up's TMA body two warpgroups a block, on every model
 
 
 def split_last_flags(blocks, unroll):
@@ -365,7 +365,7 @@ def test_tiny_gpu_qkv_split_last_equal_cpu(blocks, unroll, tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
-@pytest.mark.parametrize("chunk", ["", " -DATT_MIN_CHUNK=5"])
+@pytest.mark.parametrize("chunk", ["", " att_min_chunk=5"])
 def test_tiny_gpu_staged_values_equal_cpu(variant, chunk, tmp_path):
     """Decode attention's first round of values staged in shared memory with the keys (the plan's
     choice on the 1B shape; att_stage_values=1 in a build of its own here): heads of 64 in
@@ -427,7 +427,7 @@ def test_tiny_gpu_joined_o_proj_polls_outputs_equal_cpu(variant, tmp_path):
 
 
 @pytest.mark.parametrize("variant,flags", [("tiny-gqa", "down_poll=1"),
-                                           ("tiny-wide", "down_poll=1 -DPOLL_VEC=2"),
+                                           ("tiny-wide", "down_poll=1 poll_vec=2"),
                                            ("tiny-group3", "down_poll=1")])
 def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
     """Down's blocks poll gate/up's outputs (DOWN_POLL, the plan's on the 1B and 7B shapes, none of
@@ -439,17 +439,17 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
     assert_logits_and_text_equal_cpu(binary, d, tmp_path)
 
 
-@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "-DPREFILL_BATCH=16"), ("tiny-wide", "-DPREFILL_BATCH=16"),
-                                           ("tiny-gqa", "-DPREFILL_BATCH=32"),
+@pytest.mark.parametrize("variant,flags", [("tiny-gqa", "prefill_batch=16"), ("tiny-wide", "prefill_batch=16"),
+                                           ("tiny-gqa", "prefill_batch=32"),
                                            ("tiny-group3", MMA_SYNC), ("tiny-gqa", GATE_UP_GEMM),
                                            ("tiny-wide", GATE_UP_GEMM),
                                            ("tiny-group3", f"{GATE_UP_GEMM} {MMA_SYNC}"),
                                            ("tiny-gqa", f"{GATE_UP_GEMM} {MMA_SYNC}"), ("tiny-wide", f"{GATE_UP_GEMM} {MMA_SYNC}"),
-                                           ("tiny-wide", f"-DPREFILL_BATCH=32 {GATE_UP_GEMM} {MMA_SYNC}"),
+                                           ("tiny-wide", f"prefill_batch=32 {GATE_UP_GEMM} {MMA_SYNC}"),
                                            ("tiny-llama3", MMA_SYNC),
-                                           ("tiny-group3", "-DFMMA_TILE=16"),
+                                           ("tiny-group3", "fmma_tile=16"),
                                            ("tiny-gqa", TMA_WIDE), ("tiny-wide", TMA_WIDE), ("tiny-group3", TMA_WIDE),
-                                           ("tiny-gqa", "-DPREFILL_BATCH=64"), ("tiny-wide", f"-DPREFILL_BATCH=64 {TMA_WIDE}")])
+                                           ("tiny-gqa", "prefill_batch=64"), ("tiny-wide", f"prefill_batch=64 {TMA_WIDE}")])
 def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     """The prefill's builds other than the default, each in a build of its own: batches of at most
     16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp), gate/up as
@@ -465,7 +465,7 @@ def test_tiny_gpu_prefill_builds_equal_cpu(variant, flags):
     splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns in two terms
     (there 4 stages with WAIT1); TINY_PROMPT's 148 tokens go as a batch of 128, then 20 in a batch
     of 32, the smallest that covers them, run through its last layer for the last token's choice; the
-    -DPREFILL_BATCH=32 builds run its kernels at 32.)"""
+    prefill_batch=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
@@ -483,7 +483,7 @@ PREFILL_DUMP_FROM = 140
                                                ("tiny-group3", None, PREFILL_DUMP_FROM), ("tiny-qwen2", None, PREFILL_DUMP_FROM),
                                                ("tiny-llama3", None, PREFILL_DUMP_FROM), ("tiny-gqa", None, 130), ("tiny-gqa", None, 129),
                                                ("tiny-group3", None, 3), ("tiny-wide", TMA_WIDE, PREFILL_DUMP_FROM),
-                                               ("tiny-gqa", "-DPREFILL_BATCH=64", PREFILL_DUMP_FROM),
+                                               ("tiny-gqa", "prefill_batch=64", PREFILL_DUMP_FROM),
                                                ("tiny-gqa", None, 2)])
 def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     """--dump-prefill: TINY_PROMPT's first `fed` tokens fed at once, then one at a time; the GPU's
@@ -510,7 +510,7 @@ def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
 
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-wide", "tiny-group3"])
 def test_tiny_gpu_attention_odd_chunks_equal_cpu(variant):
-    """Attention chunks of 5 positions (-DATT_MIN_CHUNK=5, in a build of its own): a decode step's
+    """Attention chunks of 5 positions (att_min_chunk=5, in a build of its own): a decode step's
     attention in many splits, combined (tiny-gqa: attention_body, one output a thread; tiny-wide and
     tiny-group3: the short context's kernel, heads of 128 and 64, the float4 form and the plain one,
     ~39 splits in rounds of loads); and on tiny-gqa a prefill attention block's group of
@@ -525,7 +525,7 @@ def test_tiny_gpu_attention_odd_chunks_equal_cpu(variant):
 @pytest.mark.parametrize("variant", ["tiny-gqa", "tiny-group3"])
 def test_tiny_gpu_combine_early_equal_cpu(variant, tmp_path):
     """The combine's partial sums loaded with the splits' (max, sum) (ATT_COMBINE_EARLY: the plan's
-    64 on these shapes, here 16) with chunks of 5 positions (-DATT_MIN_CHUNK=5: ~39 splits, so past
+    64 on these shapes, here 16) with chunks of 5 positions (att_min_chunk=5: ~39 splits, so past
     the 16 loaded early too), in builds of their own: tiny-gqa's attention_body (decode, and prefill groups whose rows
     can see none of a split) and tiny-group3's short context's kernel. Logits and greedy text
     against the CPU's."""

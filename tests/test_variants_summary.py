@@ -89,10 +89,10 @@ def kernels_output(variant: str, graphs: tuple[float, float]) -> str:
 
 
 def test_batch_graph_times_are_columns_of_their_own():
-    text = kernels_output("plain", (907.1, 873.6)) + kernels_output("-DFMMA_TILE=64", (880.0, 840.2))
+    text = kernels_output("plain", (907.1, 873.6)) + kernels_output("fmma_tile=16", (880.0, 840.2))
     runs = variants_summary.parse(text)["llama-3.2-1b-instruct"]
-    assert runs["plain"]["batch(16) us", 1] == [907.1] and runs["-DFMMA_TILE=64"]["batch(8) us", 1] == [840.2]
+    assert runs["plain"]["batch(16) us", 1] == [907.1] and runs["fmma_tile=16"]["batch(8) us", 1] == [840.2]
     lines = variants_summary.table("llama-3.2-1b-instruct", runs).splitlines()
     assert lines[1] == "| variant | batch(16) us 1 | batch(8) us 1 | decode 0 | probe GB/s |"
     # 840.2 against 873.6: -3.8%
-    assert lines[4] == "| `-DFMMA_TILE=64` | 880.0 (-3.0%) | 840.2 (-3.8%) | 1476.6 (+0.0%) | 4616.4 |"
+    assert lines[4] == "| `fmma_tile=16` | 880.0 (-3.0%) | 840.2 (-3.8%) | 1476.6 (+0.0%) | 4616.4 |"

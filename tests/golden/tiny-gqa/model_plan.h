@@ -47,5 +47,12 @@
 #define MODEL_PREFILL_ATT_TOKENS 4 /* prompt tokens a prefill attention block takes beside its group's heads: 1 on heads over 64 (_prefill_att_tokens) */
 #define MODEL_PREFILL_FLASH 0 /* the prompt's attention as flash attention, all query rows of a KV head in a block: heads of 64 and 128 (_prefill_flash) */
 #define MODEL_GEMM_WGMMA 1 /* the prompt's GEMMs on Hopper's warpgroup MMA (sm_90a), else mma.sync (_gemm_wgmma) */
+#define MODEL_ATT_MIN_CHUNK 256 /* fewest positions a decode attention block takes (D41; tests: 5) */
+#define MODEL_FMMA_MIN_CHUNK 1024 /* fewest positions a prompt flash-attention split takes (D83; tests: 5) */
+#define MODEL_FMMA_TILE 64 /* positions a prompt flash-attention tile takes */
+#define MODEL_POLL_VEC 8 /* float4s a polling thread loads at once (tests: 2) */
+#define MODEL_PREFILL_BATCH 128 /* prompt tokens a prefill batch takes at most: 128 on wgmma, else 64 (D94) */
+#define MODEL_PREFILL_GATE_UP_GEMM 1 /* gate/up's prompt GEMM: 1 where its tiles fill 3/4 of the SMs, 2 always (tests) */
+#define MODEL_GATE_UP_TMA_WIDE 1 /* gate/up's TMA GEMM at two warpgroups a block: 1 by its rule (D92), 2 always (tests) */
 
 #endif /* MODEL_PLAN_H */

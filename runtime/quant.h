@@ -1,0 +1,87 @@
+/* quant.h - GGUF's weight block formats: their sizes, a row's bytes, a scalar dequantizer and the
+ * dot product of a quantized row with an fp32 vector (the CPU matvec's inner kernel).
+ *
+ * The layouts are ggml's, byte for byte (block_q8_0, block_q4_0, ... in ggml-common.h), so a GGUF
+ * tensor's bytes are used as they lie in the file: a row of n weights is n / block blocks of
+ * `bytes` bytes each, little-endian, unaligned. Types are GGUF's ggml_type ids.
+ *
+ *   type  id  block  bytes  one block
+ *   F32    0      1      4  float
+ *   F16    1      1      2  IEEE half
+ *   Q4_0   2     32     18  fp16 d; qs[16]: w = d * (nibble - 8); low nibbles elements 0..15, high 16..31
+ *   Q4_1   3     32     20  fp16 d, m; qs[16]: w = d * nibble + m
+ *   Q8_0   8     32     34  fp16 d; int8 qs[32]: w = d * q
+ *   Q4_K  12    256    144  fp16 d, dmin; scales[12] (8 x 6-bit scale and min); qs[128]:
+ *                           sub-block s of 32: w = (d * sc[s]) * nibble - dmin * m[s]
+ *   Q5_K  13    256    176  as Q4_K plus qh[32], the 5th bit: qs[32], then 16 * bit s of qh[l]
+ *   Q6_K  14    256    210  ql[128], qh[64], int8 scales[16], fp16 d: w = (d * sc[i / 16]) * (q - 32)
+ *   BF16  30      1      2  bfloat16
+ *
+ * The dequantizer rounds exactly as the `gguf` package's NumPy dequantizer (and ggml's C) does, so
+ * its floats are the same bits (tests/test_quant.py). The dot product sums in fp32 in a blocked
+ * order: its tolerance against an exact sum is in tests/test_quant.py. Which SIMD path quant_dot
+ * takes is fixed at compile time by -march, as in cpu_kernels.h: AVX-512 (F), else AVX2 + FMA +
+ * F16C, else the scalar twin. */
+#ifndef INGOT_QUANT_H
+#define INGOT_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errors.h"
+
+/* GGUF's ggml_type ids of the formats this file knows. */
+typedef enum {
+    QUANT_F32 = 0,
+    QUANT_F16 = 1,
+    QUANT_Q4_0 = 2,
+    QUANT_Q4_1 = 3,
+    QUANT_Q8_0 = 8,
+    QUANT_Q4_K = 12,
+    QUANT_Q5_K = 13,
+    QUANT_Q6_K = 14,
+    QUANT_BF16 = 30,
+} quant_type;
+
+/* Weights per super-block of the K formats (ggml's QK_K). */
+#define QUANT_K 256
+
+typedef struct {
+    const char *name; /* GGUF's name: "Q4_K" */
+    int block;        /* weights per block */
+    int bytes;        /* bytes per block */
+} quant_format;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The format of a GGUF type id, or NULL when this file does not implement it. */
+const quant_format *quant_format_of(int type);
+
+/* GGUF's name for any ggml_type id it defines ("Q5_0", "IQ2_XXS"), implemented or not, for
+ * messages; NULL for an id GGUF does not define. */
+const char *quant_type_name(int type);
+
+/* *bytes = the bytes of a row of n weights of type. ERR_QUANT (with the detail naming the type and
+ * n) for a type not implemented here, n <= 0, or n not a multiple of the block. */
+err_code quant_row_bytes(int type, int64_t n, size_t *bytes);
+
+/* y[0..n) = the weights of row (n weights of type), in fp32, bit for bit as the gguf package's
+ * dequantizer. n must have passed quant_row_bytes: the hot path has no error checks. */
+void quant_dequantize_row(int type, const void *row, float *y, int n);
+
+/* sum over i of w[i] * x[i] for the row's weights w (n) and x (n), fp32 sums.
+ * quant_dot_ref: the scalar twin, each block dequantized as quant_dequantize_row does, then summed
+ * in order. quant_dot: the fastest path this build has (quant_dot_isa names it). */
+float quant_dot_ref(int type, const void *row, const float *x, int n);
+float quant_dot(int type, const void *row, const float *x, int n);
+
+/* "avx512", "avx2" or "scalar": the path quant_dot was compiled with. */
+const char *quant_dot_isa(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

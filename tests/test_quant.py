@@ -1,0 +1,320 @@
+"""runtime/quant.c against the gguf package: the block table, the refusals, the dequantizer bit for
+bit, and the dot products of every kernel path against an exact sum.
+
+Data, for every type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K):
+  (a) random valid blocks: random bytes with the fp16 scale fields replaced by random finite fp16
+      (any exponent, subnormals included);
+  (b) the real tensors of the default model's GGUF (downloads/SmolLM2-135M-Instruct.Q4_1.gguf:
+      Q4_1, Q8_0 and F32; `make test` fetches it first, skipped with a message when absent);
+  (c) blocks made by gguf.quants.quantize from Gaussian weights where the package quantizes the type
+      (Q8_0, Q4_0, Q4_1), else random blocks with scales of a trained model's size (Q4_K, Q5_K, Q6_K).
+
+The dequantizer must give the gguf package's bits (compared as uint32, so -0.0 and NaN payloads
+count). It is the same scalar code in every build; the scalar and the native build are checked.
+
+The dot products run on every path: scalar (quant_dot_ref), avx2, avx512 (real instructions, where
+the CPU has them) and avx512-simde (the AVX-512 kernels on SIMDe's portable intrinsics, where its
+headers are installed). Each is compared with the exact sum, in float64, of the dequantized fp32
+weights times x. Tolerance: |got - exact| <= gamma(k) * S, with
+  S        = sum_i (|w_i - o_i| + |o_i|) * |x_i|, o_i the block offset the kernel sums separately
+             (Q4_1's m, Q4_K/Q5_K's dmin * min, else 0), so S bounds every partial sum's terms;
+  gamma(k) = k u / (1 - k u), u = 2^-24 (fp32), k = n + 16.
+That is the classic bound for a sum of products evaluated in any order where no term passes through
+more than k roundings (Higham, Accuracy and Stability, 3.1). Every path's longest chain is below it:
+the scalar twin sums in order (n roundings, plus 1 for the weight's own rounding), a SIMD path sums
+n / lanes products in a lane and scales each block (n / 8 + 4 for AVX2) and reduces its lanes
+(log2 16 = 4); the scale d * sc and the weights rounded to fp32 on dequantization add 2 more. A
+wrong nibble, scale or sign moves the result by O(S), thousands of times the tolerance; the test
+also checks that the tolerance does reject such an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+from codegen import fetch_default
+from conftest import REPO, make
+
+SMOL_GGUF = fetch_default.DOWNLOADS / fetch_default.GGUF_PATH.name
+TYPES = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K)
+QUANT_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K)
+# The fp16 fields of each block: byte offsets (ggml-common.h's block_*).
+FP16_FIELDS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+# The offset fields (zeroing d leaves only the offsets): Q4_1's d, Q4_K/Q5_K's d.
+OFFSET_TYPES = (T.Q4_1, T.Q4_K, T.Q5_K)
+U = 2.0**-24
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+FLAGS = cpu_flags()
+SIMDE = Path("/usr/include/simde/x86/avx512.h").exists()
+PATHS = {
+    # path: (binary, why it cannot run here or None)
+    "scalar": ("quant_cli_scalar", None),
+    "avx2": ("quant_cli_avx2", None if {"avx2", "fma", "f16c"} <= FLAGS else "this CPU has no AVX2+FMA+F16C"),
+    "avx512": ("quant_cli_avx512", None if "avx512f" in FLAGS else "this CPU has no AVX-512"),
+    "avx512-simde": ("quant_cli_avx512_sim", None if SIMDE else "SIMDe headers absent (apt-get install libsimde-dev)"),
+}
+
+
+def cli(path: str) -> Path:
+    """The driver built for path, checked to have compiled that path (quant_dot_isa)."""
+    binary, why = PATHS[path]
+    if why:
+        pytest.skip(f"{path}: {why}")
+    make(f"build/tests/{binary}")
+    exe = REPO / "build" / "tests" / binary
+    isa = run(exe, "info").stdout.split("\n")[0]
+    assert isa == path.removesuffix("-simde"), f"{binary} was compiled for {isa!r}, expected {path!r}"
+    return exe
+
+
+def run(binary: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+def random_f16(rng, shape) -> np.ndarray:
+    """Random finite fp16 bit patterns (any sign, exponent 0..30, any mantissa)."""
+    bits = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
+    exp31 = (bits & 0x7C00) == 0x7C00
+    bits[exp31] &= np.uint16(0xFBFF)  # clear one exponent bit: finite
+    return bits
+
+
+def random_blocks(rng, qtype, rows: int, n: int, scale_bits=None) -> np.ndarray:
+    """rows x n weights of qtype as random valid blocks (uint8, rows x row_bytes)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    nb = rows * n // block
+    if qtype == T.F32:
+        return rng.standard_normal(rows * n).astype(np.float32).view(np.uint8).reshape(rows, -1)
+    if qtype in (T.F16, T.BF16):
+        if qtype == T.F16:
+            data = random_f16(rng, rows * n)
+        else:  # finite, 2^-60 .. 2^60 (the every-bit-pattern test covers the rest)
+            f = rng.standard_normal(rows * n) * 2.0 ** rng.integers(-60, 60, rows * n)
+            data = (f.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return data.view(np.uint8).reshape(rows, -1)
+    blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+    for off in FP16_FIELDS[qtype]:
+        bits = random_f16(rng, nb) if scale_bits is None else scale_bits(nb)
+        blocks[:, off:off + 2] = bits.reshape(nb, 1).view(np.uint8).reshape(nb, 2)
+    return blocks.reshape(rows, -1)
+
+
+def trained_scale_bits(rng):
+    """fp16 scales of the size a trained model's blocks have (|N(0, 1)| * 2^-9 .. 2^-5), positive."""
+    def draw(nb):
+        return (np.abs(rng.standard_normal(nb)) * 2.0 ** rng.uniform(-9, -5, nb) + 1e-5).astype(np.float16).view(np.uint16)
+    return draw
+
+
+def made_blocks(rng, qtype, rows: int, n: int) -> tuple[np.ndarray, str]:
+    """(c): gguf.quants.quantize of Gaussian weights, or, where it cannot quantize the type, random
+    blocks with trained-size scales. Returns the blocks and which it was."""
+    w = (rng.standard_normal((rows, n)) * 0.02).astype(np.float32)
+    try:
+        return quantize(w, qtype), "quantized"
+    except NotImplementedError:
+        return random_blocks(rng, qtype, rows, n, trained_scale_bits(rng)), "random (no quantizer in gguf)"
+
+
+@functools.lru_cache(maxsize=1)
+def smol_tensors():
+    if not SMOL_GGUF.exists():
+        pytest.skip(f"{SMOL_GGUF} absent: `make` fetches it (codegen/fetch_default.py)")
+    return GGUFReader(str(SMOL_GGUF)).tensors
+
+
+@functools.lru_cache(maxsize=None)
+def smol_rows(qtype, max_rows: int = 8):
+    """Rows of every tensor of qtype in the default GGUF, grouped by row length: {n: uint8 rows}."""
+    groups: dict[int, list[np.ndarray]] = {}
+    for t in smol_tensors():
+        if t.tensor_type != qtype:
+            continue
+        data = np.asarray(t.data).view(np.uint8)
+        n = int(t.shape[0])
+        data = data.reshape(-1, GGML_QUANT_SIZES[qtype][1] * n // GGML_QUANT_SIZES[qtype][0])
+        pick = np.unique(np.linspace(0, data.shape[0] - 1, min(max_rows, data.shape[0])).astype(int))
+        groups.setdefault(n, []).append(data[pick])
+    assert groups, f"no {qtype.name} tensor in {SMOL_GGUF.name}"
+    return {n: np.concatenate(v) for n, v in groups.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+def check_dequant(binary: Path, tmp: Path, qtype, n: int, rows: np.ndarray):
+    src, dst = tmp / "w.bin", tmp / "y.bin"
+    np.ascontiguousarray(rows).tofile(src)
+    r = run(binary, "dequant", int(qtype), n, src, dst)
+    assert r.returncode == 0, r.stderr
+    got = np.fromfile(dst, dtype=np.float32).reshape(rows.shape[0], n)
+    want = dequantize(rows, qtype).reshape(rows.shape[0], n).astype(np.float32, copy=False)
+    same = got.view(np.uint32) == want.view(np.uint32)
+    if not same.all():
+        r_, c_ = np.argwhere(~same)[0]
+        raise AssertionError(f"{qtype.name} n={n}: {int((~same).sum())} of {same.size} weights differ; first at row "
+                             f"{r_} weight {c_}: {got[r_, c_]!r} ({got.view(np.uint32)[r_, c_]:#010x}), gguf "
+                             f"{want[r_, c_]!r} ({want.view(np.uint32)[r_, c_]:#010x})")
+
+
+def offsets(qtype, rows: np.ndarray, n: int) -> np.ndarray:
+    """The per-weight offset o_i the kernels sum apart from d * q (zero for types without)."""
+    if qtype not in OFFSET_TYPES:
+        return np.zeros((rows.shape[0], n))
+    _, size = GGML_QUANT_SIZES[qtype]
+    blocks = rows.reshape(-1, size).copy()
+    blocks[:, 0:2] = 0  # d = 0 leaves m (Q4_1) or -dmin * min (Q4_K, Q5_K)
+    return dequantize(blocks.reshape(rows.shape), qtype).reshape(rows.shape[0], n).astype(np.float64)
+
+
+def check_dot(binary: Path, tmp: Path, qtype, n: int, rows: np.ndarray, rng) -> float:
+    """Checks quant_dot_ref and quant_dot of each row against the exact sum; returns the largest
+    error as a share of the tolerance."""
+    x = rng.standard_normal(n).astype(np.float32)
+    src, xf, dst = tmp / "w.bin", tmp / "x.bin", tmp / "d.bin"
+    np.ascontiguousarray(rows).tofile(src)
+    x.tofile(xf)
+    r = run(binary, "dot", int(qtype), n, src, xf, dst)
+    assert r.returncode == 0, r.stderr
+    got = np.fromfile(dst, dtype=np.float32).reshape(-1, 2).astype(np.float64)
+    w = dequantize(rows, qtype).reshape(rows.shape[0], n).astype(np.float64)
+    x64 = x.astype(np.float64)
+    exact = w @ x64
+    o = offsets(qtype, rows, n)
+    s = (np.abs(w - o) + np.abs(o)) @ np.abs(x64)
+    k = n + 16
+    tol = k * U / (1 - k * U) * s
+    for col, what in ((0, "quant_dot_ref"), (1, "quant_dot")):
+        err = np.abs(got[:, col] - exact)
+        bad = np.flatnonzero(err > tol)
+        assert bad.size == 0, (f"{qtype.name} n={n} {what} row {bad[0]}: {got[bad[0], col]!r}, exact {exact[bad[0]]!r}, "
+                               f"error {err[bad[0]]:.3g} > tolerance {tol[bad[0]]:.3g}")
+    # The tolerance can fail: it is under 0.1% of S, and it rejects, on most rows, a kernel that
+    # reads each block's two halves swapped (a nibble-order bug; a row whose blocks are nearly
+    # constant, all offset, hardly changes).
+    assert (tol < 1e-3 * s).all()
+    block = GGML_QUANT_SIZES[qtype][0]
+    if block > 1:
+        xs = x64.reshape(-1, 2, block // 2)[:, ::-1].reshape(n)
+        wrong = w @ xs
+        assert (np.abs(wrong - exact) > tol).mean() > 0.5, f"{qtype.name}: the tolerance would accept swapped halves"
+    return float((np.abs(got - exact[:, None]) / np.maximum(tol[:, None], 1e-300)).max())
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+def test_table_matches_gguf():
+    make("build/tests/quant_cli")
+    r = run(REPO / "build/tests/quant_cli", "info")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[0] in ("avx512", "avx2", "scalar")
+    got = {int(t): (name, int(b), int(s)) for t, name, b, s in (l.split() for l in lines[1:] if l)}
+    want = {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in TYPES}
+    assert got == want
+
+
+@pytest.mark.parametrize("qtype,n,expect", [
+    (T.Q4_K, 300, "a row of 300 weights of type Q4_K: expected a positive multiple of its block of 256"),
+    (T.Q8_0, 48, "a row of 48 weights of type Q8_0: expected a positive multiple of its block of 32"),
+    (T.Q4_0, 0, "a row of 0 weights of type Q4_0"),
+    (T.Q5_0, 64, "ggml type 6 (Q5_0) is not supported"),
+    (T.IQ2_XXS, 256, "ggml type 16 (IQ2_XXS) is not supported"),
+    (99, 256, "ggml type 99 (not a GGUF type) is not supported"),
+])
+def test_row_bytes_refuses(qtype, n, expect):
+    make("build/tests/quant_cli")
+    r = run(REPO / "build/tests/quant_cli", "rowbytes", int(qtype), n)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("quantized weights: ") and expect in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_row_bytes(qtype):
+    make("build/tests/quant_cli")
+    block, size = GGML_QUANT_SIZES[qtype]
+    for blocks in (1, 3, 2304 // block if block < 2304 else 9):
+        r = run(REPO / "build/tests/quant_cli", "rowbytes", int(qtype), blocks * block)
+        assert r.returncode == 0 and int(r.stdout) == blocks * size, r.stderr
+
+
+@pytest.mark.parametrize("path", ["scalar", "native"])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequant_random_blocks(qtype, path, tmp_path):
+    binary = cli("scalar") if path == "scalar" else (make("build/tests/quant_cli") or REPO / "build/tests/quant_cli")
+    rng = np.random.default_rng(59 + int(qtype))
+    n = 4 * max(256, GGML_QUANT_SIZES[qtype][0])
+    check_dequant(binary, tmp_path, qtype, n, random_blocks(rng, qtype, 64, n))
+
+
+def test_dequant_f16_bf16_every_bit_pattern(tmp_path):
+    """Every one of the 65536 halves and bfloat16s, NaNs and infinities included."""
+    binary = cli("scalar")
+    allbits = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(64, -1)
+    for qtype in (T.F16, T.BF16):
+        check_dequant(binary, tmp_path, qtype, 1024, allbits)
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_dequant_made_blocks(qtype, tmp_path):
+    rng = np.random.default_rng(590 + int(qtype))
+    rows, _ = made_blocks(rng, qtype, 32, 2048)
+    check_dequant(cli("scalar"), tmp_path, qtype, 2048, rows)
+
+
+@pytest.mark.parametrize("qtype", (T.Q4_1, T.Q8_0, T.F32), ids=lambda t: t.name)
+def test_dequant_smollm2_tensors(qtype, tmp_path):
+    for n, rows in smol_rows(qtype).items():
+        check_dequant(cli("scalar"), tmp_path, qtype, n, rows)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dot_random_blocks(qtype, path, tmp_path):
+    binary = cli(path)
+    rng = np.random.default_rng(5900 + int(qtype))
+    # Row lengths: one block (the shortest), three (an odd count: the kernels take two a step),
+    # SmolLM2's 576 and 1536 where the block divides them, 4096.
+    block = GGML_QUANT_SIZES[qtype][0]
+    for n in sorted({block * (2 if block == 1 else 1), 3 * block, *(m for m in (576, 1536) if m % block == 0), 4096}):
+        check_dot(binary, tmp_path, qtype, n, random_blocks(rng, qtype, 16, n), rng)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_dot_made_blocks(qtype, path, tmp_path):
+    binary = cli(path)
+    rng = np.random.default_rng(59000 + int(qtype))
+    rows, _ = made_blocks(rng, qtype, 32, 4096)
+    share = check_dot(binary, tmp_path, qtype, 4096, rows, rng)
+    assert share <= 1.0
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", (T.Q4_1, T.Q8_0, T.F32), ids=lambda t: t.name)
+def test_dot_smollm2_tensors(qtype, path, tmp_path):
+    binary = cli(path)
+    rng = np.random.default_rng(7)
+    for n, rows in smol_rows(qtype).items():
+        check_dot(binary, tmp_path, qtype, n, rows, rng)
