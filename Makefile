@@ -59,7 +59,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
 # Model-agnostic runtime, compiled once for every model.
-RUNTIME_SRCS := runtime/errors.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
+RUNTIME_SRCS := runtime/errors.c runtime/files.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
 	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c
 RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)

@@ -238,16 +238,26 @@ static err_code check_model_args(options *o) {
 // ----------------------------------------------------------------------------------------------
 // Files
 
+/* The most bytes of text -f, stdin or --perplexity may give: a file or device without end (-f
+ * /dev/zero) is refused at the limit instead of filling memory. */
+#define TEXT_MAX ((size_t)64 << 20)
+
+/* A prompt or text file, whole (a pipe or FIFO too: the user named it), at most TEXT_MAX bytes. */
 static err_code read_file(const char *path, char **out, size_t *len) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
-    if (!buf) return err_set(ERR_NOMEM, "%s: reading", path);
+    if (!buf) { if (f != stdin) fclose(f); return err_set(ERR_NOMEM, "%s: reading", path); }
     for (;;) {
         if (n == cap) {
+            if (cap > TEXT_MAX) {
+                free(buf);
+                if (f != stdin) fclose(f);
+                return err_set(ERR_IO, "%s: more than %zu bytes of text", path, TEXT_MAX);
+            }
             char *nb = realloc(buf, 2 * cap + 1);
-            if (!nb) { free(buf); return err_set(ERR_NOMEM, "%s: %zu bytes", path, 2 * cap); }
+            if (!nb) { free(buf); if (f != stdin) fclose(f); return err_set(ERR_NOMEM, "%s: %zu bytes", path, 2 * cap); }
             buf = nb;
             cap *= 2;
         }
@@ -258,6 +268,7 @@ static err_code read_file(const char *path, char **out, size_t *len) {
     int failed = ferror(f);
     if (f != stdin) fclose(f);
     if (failed) { free(buf); return err_set(ERR_IO, "%s: read error", path); }
+    if (n > TEXT_MAX) { free(buf); return err_set(ERR_IO, "%s: more than %zu bytes of text", path, TEXT_MAX); }
     buf[n] = '\0';
     *out = buf;
     *len = n;

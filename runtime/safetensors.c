@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "files.h"
 #include "json.h"
 
 #define ST_HEADER_MAX ((uint64_t)100 << 20) /* bytes; real headers are at most a few MB */
@@ -289,19 +290,9 @@ static err_code file_open(st_model *m, const char *dir, const char *name) {
     f->name = f->path + strlen(f->path) - strlen(name);
     m->n_files++; /* from here on st_model_close() releases f */
 
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_set(ERR_IO, "%s: %s", f->path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return err_set(ERR_IO, "%s: %s", f->path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return err_set(ERR_IO, "%s: not a regular file", f->path);
-    }
-    f->size = (size_t)st.st_size;
+    int fd;
+    err_code orc = file_open_regular(f->path, UINT64_MAX, &fd, &f->size);
+    if (orc) return orc;
     if (f->size < 8) {
         close(fd);
         return err_set(ERR_ST_TRUNCATED, "%s: %zu bytes, shorter than the 8-byte header length",
@@ -393,42 +384,6 @@ static int str_cmp(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Reads a small file (the index: tens of KB) whole into a malloc'd buffer. */
-static err_code read_whole(const char *path, char **out, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    err_code rc = ERR_OK;
-    char *buf = NULL;
-    size_t n = 0;
-    if (fstat(fd, &st) != 0) {
-        rc = err_set(ERR_IO, "%s: %s", path, strerror(errno));
-    } else if ((uint64_t)st.st_size > ST_HEADER_MAX) {
-        rc = err_set(ERR_ST_HEADER, "%s: %lld bytes, more than the %llu-byte limit", path,
-                     (long long)st.st_size, (unsigned long long)ST_HEADER_MAX);
-    } else if (!(buf = malloc((size_t)st.st_size + 1))) {
-        rc = err_set(ERR_NOMEM, "%s: %lld bytes", path, (long long)st.st_size);
-    } else {
-        while (n < (size_t)st.st_size) {
-            ssize_t got = read(fd, buf + n, (size_t)st.st_size - n);
-            if (got < 0 && errno == EINTR) continue;
-            if (got <= 0) {
-                rc = err_set(ERR_IO, "%s: %s", path, got ? strerror(errno) : "file shrank while read");
-                break;
-            }
-            n += (size_t)got;
-        }
-    }
-    close(fd);
-    if (rc) {
-        free(buf);
-        return rc;
-    }
-    *out = buf;
-    *len = n;
-    return ERR_OK;
-}
-
 /* Opens every shard the index names and checks that the index and the shards agree exactly:
  * each tensor sits in the shard the index says, and each indexed tensor exists. */
 static err_code open_sharded(st_model *m, const char *dir) {
@@ -437,7 +392,7 @@ static err_code open_sharded(st_model *m, const char *dir) {
     json_doc doc = {0};
     index_item *items = NULL;
     const char **shards = NULL;
-    err_code rc = read_whole(m->source, &text, &len);
+    err_code rc = file_read_regular(m->source, ST_HEADER_MAX, &text, &len);
     if (rc) return rc;
     if (json_parse(text, len, &doc) != ERR_OK) {
         char why[256];
