@@ -231,13 +231,17 @@ static err_code parse_number(parser *p, size_t self) {
         if (i >= p->len || p->s[i] < '0' || p->s[i] > '9') return fail(p, "a digit in the exponent");
         while (i < p->len && p->s[i] >= '0' && p->s[i] <= '9') i++;
     }
-    char buf[64];
+    /* strtod wants a terminated copy: on the stack, or for a long literal (Python reads integers
+     * of up to 4300 digits) on the heap */
+    char small[64], *buf = small;
     size_t n = i - p->pos;
-    if (n >= sizeof buf) return fail(p, "a number of at most 63 characters");
+    if (n > 4096) return fail(p, "a number of at most 4096 characters");
+    if (n >= sizeof small && !(buf = malloc(n + 1))) return err_set(ERR_NOMEM, "JSON: a number of %zu characters", n);
     memcpy(buf, p->s + p->pos, n);
     buf[n] = '\0';
     p->nodes[self].num = strtod(buf, NULL);
     p->nodes[self].n = memchr(buf, '.', n) == NULL && memchr(buf, 'e', n) == NULL && memchr(buf, 'E', n) == NULL;
+    if (buf != small) free(buf);
     p->pos = i;
     return ERR_OK;
 }
