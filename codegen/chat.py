@@ -47,6 +47,8 @@ import jinja2.ext
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .spec import parse_json
+
 FIXED_NOW = datetime(2024, 7, 26)
 
 # Sentinel contents for the decomposition: plain ASCII (they survive trim, strip and tojson) that
@@ -294,18 +296,22 @@ def _token_content(t):
 
 
 def _ids(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list) else [value]
+    """The ids of an eos_token_id value (an id or a list of them); what is not an id (an integer in
+    0..2^31-1) is skipped, as runtime/chat_template.c skips it."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31]
 
 
 def _load_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = parse_json(path.read_bytes())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise ChatError(f"{path}: unreadable ({e})") from None
+    if not isinstance(value, dict):
+        raise ChatError(f"{path}: expected a JSON object")
+    return value
 
 
 def token_table(model_dir: Path) -> dict:

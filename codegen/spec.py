@@ -62,7 +62,6 @@ class Spec:
     dtype_bytes: int
     bos_id: int  # bos_token_id, -1 if none
     eos_ids: tuple[int, ...]  # eos_token_id (int or list)
-    config_checks: tuple[tuple[str, int], ...]  # (HF key, value) pairs the runtime re-checks
 
     @property
     def q_dim(self) -> int:
@@ -390,14 +389,6 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
         if e >= vocab:
             raise SpecError(f"config.json: 'eos_token_id' {e} is outside the vocabulary ({vocab})")
 
-    checks = (
-        ("hidden_size", dim),
-        ("intermediate_size", hidden_dim),
-        ("num_hidden_layers", n_layers),
-        ("num_attention_heads", n_heads),
-        ("num_key_value_heads", n_kv_heads),
-        ("vocab_size", vocab),
-    )
     return Spec(
         name=name,
         config_path=config_path,
@@ -423,5 +414,4 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
         dtype_bytes=dtype_bytes,
         bos_id=bos_id,
         eos_ids=eos_ids,
-        config_checks=checks,
     )
