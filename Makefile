@@ -81,7 +81,7 @@ CHAT_TEMPLATES := $(sort $(wildcard models/*/tokenizer_config.json)) tests/model
 	$(sort $(wildcard tests/fixtures/chat/*.jinja))
 endif
 
-.PHONY: all run test test-gpu bench compare generate venv clean
+.PHONY: all run test test-gpu bench compare generate venv clean fuzz
 .DELETE_ON_ERROR:
 
 all: $(OUT)/ingot
@@ -232,6 +232,33 @@ test: $(VENV)/.installed $(DEFAULT_MODEL)/model.safetensors $(OUT)/ingot
 PYTEST_ARGS ?=
 test-gpu: $(VENV)/.installed $(OUT)/ingot
 	$(PY) -m pytest -q tests/test_gpu.py tests/test_gpu_stages.py $(PYTEST_ARGS)
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing: a libFuzzer target per parser of untrusted bytes (tests/fuzz/fuzz_*.c), built with clang
+# under ASan and UBSan against the runtime sources. `make fuzz FUZZ_TIME=60` runs each for that many
+# seconds, one after another, starting from its seed corpus (tests/fuzz/corpus/<target>/) and the
+# inputs earlier runs found (build/fuzz/corpus/<target>/); a crash is written to build/fuzz/ as
+# crash-<target>-*, to be kept as a regression input in the seed corpus and tests/test_hardening.py.
+
+FUZZ_TIME ?= 60
+FUZZ_CC ?= clang
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE \
+	-Iruntime -DFUZZ_TOKENIZER_JSON='"$(abspath tests/models/tiny-tokenizer/tokenizer.json)"'
+FUZZ_RUNTIME := $(filter-out runtime/probe.c,$(RUNTIME_SRCS))
+
+build/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(FUZZ_RUNTIME) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_RUNTIME) -o $@ -lm
+
+fuzz: $(FUZZ_TARGETS:%=build/fuzz/%)
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p build/fuzz/corpus/$$t; \
+		echo "fuzz: $$t for $(FUZZ_TIME) s"; \
+		build/fuzz/$$t -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+			-artifact_prefix=build/fuzz/crash-$$t- build/fuzz/corpus/$$t tests/fuzz/corpus/$$t 2>&1 \
+			| grep -E "^stat::(number_of_executed_units|peak_rss)|ERROR|SUMMARY|crash-" || true; \
+	done
 
 clean:
 	rm -rf build generated/*/

@@ -140,6 +140,7 @@ err_code chat_strings_load(chat_strings *c, const char *model_dir, const tokeniz
                  "has a chat template this generic build does not know; chat with the model's own build (make MODEL=%s)", model_dir);
         rc = stop_ids(c, model_dir, tok, eos_ids, n_eos, NULL);
         json_free(&doc);
+        if (rc) chat_strings_free(c);
         return rc;
     }
     for (int t = 0; t < N_TOKENS; t++) {
@@ -149,6 +150,7 @@ err_code chat_strings_load(chat_strings *c, const char *model_dir, const tokeniz
                      TOKEN_KEYS[t]);
             rc = stop_ids(c, model_dir, tok, eos_ids, n_eos, NULL);
             json_free(&doc);
+            if (rc) chat_strings_free(c);
             return rc;
         }
     }

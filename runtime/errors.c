@@ -22,6 +22,7 @@ static const char *const err_names[ERR_COUNT] = {
     [ERR_ST_SHAPE] = "safetensors: wrong shape",
     [ERR_ST_MISSING] = "safetensors: missing tensor",
     [ERR_ST_EXTRA] = "safetensors: unexpected tensor",
+    [ERR_ST_NONFINITE] = "safetensors: weights not finite",
     [ERR_TOKENIZER] = "tokenizer",
     [ERR_UTF8] = "invalid UTF-8",
     [ERR_CONTEXT] = "context length exceeded",

@@ -58,6 +58,7 @@ typedef struct {
     const char *device;
     const char *dump_logits;  /* testing aid: the prompt's logits, float32 (n_tokens, vocab) */
     int dump_prefill;         /* ... its first N tokens fed at once (the prompt path), logits from position N - 1 on */
+    int check_weights;        /* scan the weights for NaN and infinity at load */
 } options;
 
 static void usage(FILE *f) {
@@ -93,6 +94,7 @@ static void usage(FILE *f) {
             "                          (on the GPU, of a prefill batch too)\n"
             "      --tokenize          print the prompt's token ids (with --chat: its chat turn's) and exit\n"
             "  -m, --model DIR         model directory (default %s)\n"
+            "      --check-weights     refuse weights that hold NaN or infinity (a scan of every weight at load)\n"
             "      --threads N         CPU threads (default: physical cores)\n"
             "      --ctx N             context length in tokens (default %s)\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
@@ -184,6 +186,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--json", "--json")) o->json = 1;
         else if (FLAG("--bench-kernels", "--bench-kernels")) o->bench_kernels = 1;
         else if (FLAG("--tokenize", "--tokenize")) o->tokenize = 1;
+        else if (FLAG("--check-weights", "--check-weights")) o->check_weights = 1;
         else if (FLAG("--threads", "--threads")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, 1024, &n); o->n_threads = (int)n; }
         else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); o->ctx_arg = v; }
         else if (FLAG("--device", "--device")) {
@@ -313,6 +316,7 @@ static err_code engine_open(engine *e, const options *o) {
                                                                                         * build's count is the config's */
     if (!data) return err_set(ERR_NOMEM, "%d tensor pointers", (int)MODEL_N_TENSORS);
     if ((rc = st_model_bind(e->st, model_tensor_specs, MODEL_N_TENSORS, data, ignore_tensor))) return rc;
+    if (o->check_weights && (rc = st_check_finite(model_tensor_specs, data, MODEL_N_TENSORS))) return rc;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     if ((rc = tok_load(&e->tok, path, MODEL_VOCAB_SIZE))) return rc; /* every id below vocab_size */
@@ -649,13 +653,16 @@ static err_code run_bench(engine *e, const options *o) {
         "model's decoding reads all of its weights once, so the speed of one stream is set by memory bandwidth. ";
     int n_decode = o->n_tokens < 0 ? 64 : o->n_tokens, n_prompt = o->bench_prompt ? o->bench_prompt : 128;
     int depths[16], n_depths = 0, max_depth = 0;
-    for (const char *p = o->bench_depths; *p && n_depths < 16;) {
+    /* sizes in 64 bits: -n, --bench-prompt and each depth may each be up to INT_MAX */
+    for (const char *p = o->bench_depths; *p;) {
         char *end;
+        errno = 0;
         long d = strtol(p, &end, 10);
-        if (end == p || (*end && *end != ',') || d < 0)
-            return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated non-negative integers", o->bench_depths);
+        if (end == p || (*end && *end != ',') || d < 0 || d > INT_MAX || errno)
+            return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated integers in 0..%d", o->bench_depths, INT_MAX);
+        if (n_depths == 16) return err_set(ERR_ARG, "--bench-depths %s: at most 16 depths", o->bench_depths);
         p = *end == ',' ? end + 1 : end;
-        if (d + n_decode + 1 > e->ctx) { /* deeper than the context allows */
+        if ((long long)d + n_decode + 1 > e->ctx) { /* deeper than the context allows */
             fprintf(stderr, "ingot: --bench: depth %ld skipped: %ld + %d decoded tokens exceed the context of %d\n", d, d,
                     n_decode, e->ctx);
             continue;
@@ -663,8 +670,8 @@ static err_code run_bench(engine *e, const options *o) {
         depths[n_depths++] = (int)d;
         max_depth = d > max_depth ? (int)d : max_depth;
     }
-    if (n_depths == 0 || n_prompt + n_decode > e->ctx)
-        return err_set(ERR_ARG, "--bench needs at least %d tokens of context, --ctx is %d", n_prompt + n_decode, e->ctx);
+    if (n_depths == 0 || (long long)n_prompt + n_decode > e->ctx)
+        return err_set(ERR_ARG, "--bench needs at least %lld tokens of context, --ctx is %d", (long long)n_prompt + n_decode, e->ctx);
     int *base, nb;
     err_code rc = encode(e, text, 0, &base, &nb);
     if (rc) return rc;

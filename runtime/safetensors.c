@@ -566,6 +566,59 @@ err_code st_model_bind(const st_model *m, const st_tensor_spec *specs, int n, co
     return rc;
 }
 
+/* Index of the first element of x[0..n) whose exponent bits are all ones (NaN or infinity), or n:
+ * exp_mask is the dtype's exponent field. */
+static size_t first_nonfinite16(const uint16_t *x, size_t n, uint16_t exp_mask) {
+    for (size_t i = 0; i < n; i += 4096) { /* a block at a time: the loop the compiler vectorizes */
+        size_t end = i + 4096 < n ? i + 4096 : n;
+        int bad = 0;
+        for (size_t k = i; k < end; k++) bad |= (x[k] & exp_mask) == exp_mask;
+        if (bad)
+            for (size_t k = i; k < end; k++)
+                if ((x[k] & exp_mask) == exp_mask) return k;
+    }
+    return n;
+}
+
+static size_t first_nonfinite32(const uint32_t *x, size_t n) {
+    for (size_t i = 0; i < n; i += 4096) {
+        size_t end = i + 4096 < n ? i + 4096 : n;
+        int bad = 0;
+        for (size_t k = i; k < end; k++) bad |= (x[k] & 0x7F800000u) == 0x7F800000u;
+        if (bad)
+            for (size_t k = i; k < end; k++)
+                if ((x[k] & 0x7F800000u) == 0x7F800000u) return k;
+    }
+    return n;
+}
+
+err_code st_check_finite(const st_tensor_spec *specs, const void *const *data, int n) {
+    for (int t = 0; t < n; t++) {
+        const st_tensor_spec *s = &specs[t];
+        size_t numel = 1;
+        for (int d = 0; d < s->ndim; d++) numel *= (size_t)s->shape[d];
+        size_t bad;
+        int is_nan;
+        if (s->dtype == DT_F32) {
+            const uint32_t *x = data[t];
+            bad = first_nonfinite32(x, numel);
+            is_nan = bad < numel && (x[bad] & 0x007FFFFFu);
+        } else {
+            const uint16_t *x = data[t];
+            uint16_t exp = s->dtype == DT_BF16 ? 0x7F80 : 0x7C00;
+            bad = first_nonfinite16(x, numel, exp);
+            is_nan = bad < numel && (x[bad] & (uint16_t)~(exp | 0x8000));
+        }
+        if (bad < numel) {
+            char where[96];
+            fmt_shape(where, sizeof where, s->shape, s->ndim);
+            return err_set(ERR_ST_NONFINITE, "%s (%s %s): element %zu is %s", s->name, st_dtype_name(s->dtype), where, bad,
+                           is_nan ? "NaN" : "infinite");
+        }
+    }
+    return ERR_OK;
+}
+
 size_t st_model_data_bytes(const st_model *m) { return m->data_bytes; }
 
 void st_model_close(st_model *m) {
