@@ -63,7 +63,10 @@ endif
 # Model-agnostic runtime, compiled once for every model.
 RUNTIME_SRCS := runtime/errors.c runtime/files.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
 	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c
-RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
+# RUNTIME_BUILD: where the runtime's objects go; a build with other flags (the sanitizer builds of
+# tests/test_hardening.py) gives its own.
+RUNTIME_BUILD ?= build/runtime
+RUNTIME_OBJS := $(patsubst runtime/%.c,$(RUNTIME_BUILD)/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)
 CUDA_HDRS := $(wildcard runtime/*.cuh)
 CODEGEN_SRCS := $(wildcard codegen/*.py) $(wildcard templates/*.j2)
@@ -128,7 +131,7 @@ $(GEN_FILES): $(STAMP) ;
 # ---------------------------------------------------------------------------------------------
 # Binaries
 
-build/runtime/%.o: runtime/%.c $(RUNTIME_HDRS)
+$(RUNTIME_BUILD)/%.o: runtime/%.c $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 

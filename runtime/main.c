@@ -652,7 +652,9 @@ static err_code run_bench(engine *e, const options *o) {
         "The history of computing is a story of machines that read and write memory. Every step of a language "
         "model's decoding reads all of its weights once, so the speed of one stream is set by memory bandwidth. ";
     int n_decode = o->n_tokens < 0 ? 64 : o->n_tokens, n_prompt = o->bench_prompt ? o->bench_prompt : 128;
-    int depths[16], n_depths = 0, max_depth = 0;
+    int depths[16], n_depths = 0, max_depth = 0, skipped[16], n_skipped = 0;
+    if ((long long)n_prompt + n_decode > e->ctx)
+        return err_set(ERR_ARG, "--bench needs at least %lld tokens of context, --ctx is %d", (long long)n_prompt + n_decode, e->ctx);
     /* sizes in 64 bits: -n, --bench-prompt and each depth may each be up to INT_MAX */
     for (const char *p = o->bench_depths; *p;) {
         char *end;
@@ -660,18 +662,21 @@ static err_code run_bench(engine *e, const options *o) {
         long d = strtol(p, &end, 10);
         if (end == p || (*end && *end != ',') || d < 0 || d > INT_MAX || errno)
             return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated integers in 0..%d", o->bench_depths, INT_MAX);
-        if (n_depths == 16) return err_set(ERR_ARG, "--bench-depths %s: at most 16 depths", o->bench_depths);
+        if (n_depths + n_skipped == 16) return err_set(ERR_ARG, "--bench-depths %s: at most 16 depths", o->bench_depths);
         p = *end == ',' ? end + 1 : end;
         if ((long long)d + n_decode + 1 > e->ctx) { /* deeper than the context allows */
-            fprintf(stderr, "ingot: --bench: depth %ld skipped: %ld + %d decoded tokens exceed the context of %d\n", d, d,
-                    n_decode, e->ctx);
+            skipped[n_skipped++] = (int)d;
             continue;
         }
         depths[n_depths++] = (int)d;
         max_depth = d > max_depth ? (int)d : max_depth;
     }
-    if (n_depths == 0 || (long long)n_prompt + n_decode > e->ctx)
-        return err_set(ERR_ARG, "--bench needs at least %lld tokens of context, --ctx is %d", (long long)n_prompt + n_decode, e->ctx);
+    if (n_depths == 0)
+        return err_set(ERR_ARG, "--bench-depths %s: no depth leaves room for %d decoded tokens in the context of %d",
+                       o->bench_depths, n_decode, e->ctx);
+    for (int i = 0; i < n_skipped; i++) /* a warning, once the run goes ahead */
+        fprintf(stderr, "ingot: --bench: depth %d skipped: %d + %d decoded tokens exceed the context of %d\n", skipped[i],
+                skipped[i], n_decode, e->ctx);
     int *base, nb;
     err_code rc = encode(e, text, 0, &base, &nb);
     if (rc) return rc;

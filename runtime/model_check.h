@@ -54,8 +54,8 @@ static int model_check_differs(const model_spec *s, const char **key, char *got,
     /* the kernels use the float32 epsilon */
     if ((float)s->norm_eps != MODEL_NORM_EPS) {
         *key = "rms_norm_eps";
-        snprintf(got, cap, "%.9g", s->norm_eps);
-        snprintf(want, cap, "%.9g", (double)MODEL_NORM_EPS);
+        snprintf(got, cap, "%g", s->norm_eps);
+        snprintf(want, cap, "%g", (double)MODEL_NORM_EPS);
         return 1;
     }
     if (s->rope_theta != MODEL_ROPE_THETA) {
