@@ -254,12 +254,26 @@ build/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(FUZZ_RUNTIME) $(RUNTIME_
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_RUNTIME) -o $@ -lm
 
+# The command line runs the whole program: the tiny-llama test model's specialized build (weights
+# synthesized as the tests do), CPU only.
+FUZZ_MODEL := build/fuzz/tiny-llama
+$(FUZZ_MODEL)/model.safetensors: tests/models/tiny-llama/config.json | $(VENV)/.installed
+	@mkdir -p $(@D)
+	cp $< $(@D)/config.json
+	$(PY) -m codegen.synth $(@D) --seed 1 --tokenizer tests/models/tiny-tokenizer
+build/fuzz/fuzz_cli: tests/fuzz/fuzz_cli.c tests/fuzz/fuzz_common.h runtime/main.c $(FUZZ_MODEL)/model.safetensors \
+		$(RUNTIME_SRCS) $(RUNTIME_HDRS) $(CODEGEN_SRCS)
+	$(MAKE) MODEL=$(FUZZ_MODEL) generate
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fopenmp -march=native -Igenerated/tiny-llama -DINGOT_MODEL_DIR='"$(abspath $(FUZZ_MODEL))"' \
+		$< generated/tiny-llama/forward_cpu.c generated/tiny-llama/model_tensors.c $(RUNTIME_SRCS) -o $@ -lm
+
 fuzz: $(FUZZ_TARGETS:%=build/fuzz/%)
 	@for t in $(FUZZ_TARGETS); do \
 		mkdir -p build/fuzz/corpus/$$t; \
 		echo "fuzz: $$t for $(FUZZ_TIME) s"; \
 		build/fuzz/$$t -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-			-artifact_prefix=build/fuzz/crash-$$t- build/fuzz/corpus/$$t tests/fuzz/corpus/$$t 2>&1 \
+			-close_fd_mask=3 $$( [ $$t = fuzz_cli ] && echo -detect_leaks=0 ) \
+			-artifact_prefix=$(CURDIR)/build/fuzz/crash-$$t- $(CURDIR)/build/fuzz/corpus/$$t $(CURDIR)/tests/fuzz/corpus/$$t 2>&1 \
 			| grep -E "^stat::(number_of_executed_units|peak_rss)|ERROR|SUMMARY|crash-" || true; \
 	done
 

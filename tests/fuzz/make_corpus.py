@@ -91,6 +91,22 @@ def main() -> None:
                                               ).encode())
     for p in configs[:1]:
         write("fuzz_json", "tokenizer-config.json", p.read_bytes())
+    # the command line: arguments separated by NUL bytes (fuzz_cli.c), each mode once
+    argvs = {
+        "complete": ["-p", "Hello", "-n", "4"],
+        "chat": ["--chat", "-p", "Hi", "--temp", "0", "-n", "6"],
+        "chat-system": ["--chat", "--system", "be brief", "-p", "hi", "-n", "3"],
+        "tokenize": ["--tokenize", "-p", "h\u00e9llo <|im_start|>"],
+        "tokenize-chat": ["--tokenize", "--chat", "-f", "p"],
+        "perplexity": ["--perplexity", "p", "--ctx", "8"],
+        "logits": ["-f", "p", "--dump-logits", "out", "--dump-prefill", "2"],
+        "sampling": ["--top-k", "5", "--top-p", "0.5", "--min-p", "0.1", "--repeat-penalty", "1.3", "--seed", "7",
+                     "--temp", "1.5", "-p", "x", "-n", "8"],
+        "context": ["--ctx", "4", "-p", "a long prompt that does not fit"],
+        "device": ["--device", "cpu", "-n", "0", "-p", "x", "--check-weights"],
+    }
+    for name, argv in argvs.items():
+        write("fuzz_cli", name, b"\0".join(a.encode() for a in argv))
     write("fuzz_json", "escapes.json", b'{"a": "\\u00e9\\ud83d\\ude00\\n", "b": [1, -2.5e3, true, false, null, {}]}')
 
 
