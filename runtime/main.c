@@ -161,7 +161,12 @@ static err_code parse_args(int argc, char **argv, options *o) {
         if (FLAG("-h", "--help")) { usage(stdout); exit(0); }
         else if (FLAG("-p", "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
         else if (FLAG("-f", "--file")) { NEEDS_VALUE(); o->prompt_file = v; }
-        else if (FLAG("-m", "--model")) { NEEDS_VALUE(); o->model_dir = v; }
+        else if (FLAG("-m", "--model")) {
+            NEEDS_VALUE();
+            /* its files' paths are built in 4096-byte buffers: a longer one would be cut, not refused */
+            if (strlen(v) > 3072) return err_set(ERR_ARG, "%s: a path of %zu bytes, at most 3072", a, strlen(v));
+            o->model_dir = v;
+        }
         else if (FLAG("-n", "--n-tokens")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, INT_MAX, &n); o->n_tokens = (int)n; }
         else if (FLAG("--temp", "--temperature")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 100.0f, &o->sampling.temperature); }
         else if (FLAG("--top-k", "--top-k")) { NEEDS_VALUE(); o->top_k_arg = v; }

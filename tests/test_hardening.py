@@ -336,6 +336,11 @@ def _(b, d):
     return ["-m", str(odd), "-p", "x"], "odd\\x0Adir\\x1B[1m/config.json: No such file or directory"
 
 
+@case("sizes", "model-path-4000-bytes")
+def _(b, d):
+    return ["-m", "/" + "x/" * 2000, "-p", "x"], "-m: a path of 4001 bytes, at most 3072"
+
+
 def poison(d, tensor, value: bytes):
     header, body = safetensors_parts(d / "model.safetensors")
     start = header[tensor]["data_offsets"][0] + 2 * 5  # element 5 (BF16)
