@@ -426,3 +426,47 @@ def test_sanitized_modes(hbin, tmp_path):
     assert r.returncode == 0 and b"perplexity" in r.stdout, r.stderr.decode(errors="replace")[:3000]
     r = ok("-p", "Hello world again", "--dump-logits", str(tmp_path / "l.bin"), "--dump-prefill", "3")
     assert r.returncode == 0, r.stderr.decode(errors="replace")[:3000]
+
+
+def test_generator_chat_data_refused_never_crashes(tmp_path):
+    """The generator's reading of the chat data (codegen/chat.py) on 300 mutated tokenizer_config.json,
+    tokenizer.json, generation_config.json and config.json files: ChatError or a result, never
+    another exception (config.json itself: tests/test_model_spec.py's differential fuzzing)."""
+    import copy
+    import random
+
+    from codegen.chat import ChatError, load_chat_strings
+    from conftest import TINY_TOKENIZER
+
+    rng = random.Random(61)
+    base_tc = json.loads((TINY_TOKENIZER / "tokenizer_config.json").read_text())
+    base_tok = json.loads((TINY_TOKENIZER / "tokenizer.json").read_text())
+    values = [None, True, 0, -1, 2, 2**40, 1.5, "", "x", "<|im_end|>", [], [1], [None], [{}], {}, {"content": 5},
+              {"content": "<|im_end|>"}, [{"name": "default", "template": 5}], [{"name": "default"}], [5],
+              "{{ 1/0 }}", "{{ 'a' + 1 }}", "{{ messages[9] }}", "{% for m in messages %}{{ m.content }}{% endfor %}",
+              {"1": {"content": "a"}}, {"x": 1}]
+    outcomes = {"refused": 0, "read": 0}
+    for i in range(300):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        tc, tok = copy.deepcopy(base_tc), copy.deepcopy(base_tok)
+        for _ in range(rng.randint(1, 3)):
+            which = rng.random()
+            if which < 0.5:
+                key = rng.choice(["chat_template", "bos_token", "eos_token", "unk_token", "pad_token",
+                                  "added_tokens_decoder"])
+                tc[key] = copy.deepcopy(rng.choice(values))
+            elif which < 0.8:
+                extra = [copy.deepcopy(rng.choice(values))]
+                tok["added_tokens"] = extra[0] if rng.random() < 0.5 else base_tok["added_tokens"] + extra
+            else:
+                (d / "generation_config.json").write_text(json.dumps({"eos_token_id": rng.choice(values)}))
+        (d / "tokenizer_config.json").write_text(json.dumps(tc))
+        (d / "tokenizer.json").write_text(json.dumps(tok))
+        (d / "config.json").write_text(json.dumps({"eos_token_id": rng.choice(values)}))
+        try:
+            load_chat_strings(d)
+            outcomes["read"] += 1
+        except ChatError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] >= 10 and outcomes["read"] >= 100, outcomes  # both paths exercised
