@@ -17,10 +17,11 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 
 import pytest
 
-from conftest import Binary, make, tiny_model_dir
+from conftest import REPO, TINY_TOKENIZER, Binary, make, tiny_model_dir
 
 HARDENING_BUILDS = ("specialized", "generic", "specialized-asan", "generic-asan")
 SANITIZE = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
@@ -38,10 +39,10 @@ def hbin(request) -> Binary:
         out = f"build/asan/{'generic' if generic else d.name}"
         make(*(["GENERIC=1"] if generic else [f"MODEL={d}"]), f"OUT={out}", "RUNTIME_BUILD=build/asan/runtime",
              f"EXTRA_CFLAGS={SANITIZE}", "NVCC=")
-        path = d.parent.parent.parent / out / "ingot"
+        path = REPO / out / "ingot"
     else:
         make(*(["GENERIC=1"] if generic else [f"MODEL={d}"]), "NVCC=")
-        path = d.parent.parent.parent / ("build/generic" if generic else f"build/{d.name}") / "ingot"
+        path = REPO / ("build/generic" if generic else f"build/{d.name}") / "ingot"
     return Binary(path, d, generic)
 
 
@@ -436,7 +437,6 @@ def test_generator_chat_data_refused_never_crashes(tmp_path):
     import random
 
     from codegen.chat import ChatError, load_chat_strings
-    from conftest import TINY_TOKENIZER
 
     rng = random.Random(61)
     base_tc = json.loads((TINY_TOKENIZER / "tokenizer_config.json").read_text())
@@ -470,3 +470,29 @@ def test_generator_chat_data_refused_never_crashes(tmp_path):
         except ChatError:
             outcomes["refused"] += 1
     assert outcomes["refused"] >= 10 and outcomes["read"] >= 100, outcomes  # both paths exercised
+
+
+@pytest.mark.parametrize("shape", [(72, 161, 6, 2, 12), (16, 1, 1, 1, 4), (20, 5, 5, 5, 4), (66, 7, 1, 1, 66)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_generic_odd_shapes(hbin, shape):
+    """Shapes no real model has, which the generator accepts (dims not multiples of the kernels'
+    vector widths, an odd FFN, one head, GQA 3:1): the generic build runs them (under the sanitizers
+    too) or refuses with one line what its CPU step cannot do (head_dim % 4)."""
+    if not hbin.generic:
+        pytest.skip("a specialized build of such a shape is its own binary")
+    dim, ffn, heads, kv_heads, head_dim = shape
+    cfg = json.loads((hbin.model_dir / "config.json").read_text())
+    cfg.update(hidden_size=dim, intermediate_size=ffn, num_attention_heads=heads, num_key_value_heads=kv_heads,
+               head_dim=head_dim, num_hidden_layers=1, max_position_embeddings=64)
+    d = REPO / "build" / "test-models" / ("odd-" + "x".join(map(str, shape)))
+    if not (d / "model.safetensors").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(cfg))
+        subprocess.run([sys.executable, "-m", "codegen.synth", str(d), "--seed", "1", "--tokenizer", str(TINY_TOKENIZER)],
+                       cwd=REPO, check=True, capture_output=True)
+    args = ["-m", str(d), "-p", "Hello world, a prompt long enough for a prefill batch of tokens", "-n", "6", "--temp", "0"]
+    if head_dim % 4:
+        refuses(hbin, *args, message="the CPU decode step needs head_dim % 4 == 0")
+    else:
+        r = ingot(hbin, *args)
+        assert r.returncode == 0, r.stderr.decode(errors="replace")[:3000]
