@@ -6,7 +6,8 @@ link to /dev/zero would be read until memory runs out), malformed JSON, configs 
 finite, another model's config under a specialized binary, token ids outside the vocabulary,
 messages that quote hostile text (newlines, terminal escapes), weights that are not finite, sizes
 that overflow. Every case runs on tiny-llama with four binaries: the specialized and the generic
-build, and both again built with AddressSanitizer and UndefinedBehaviorSanitizer (build/asan/), so
+build, and both again built with AddressSanitizer and UndefinedBehaviorSanitizer (build/asan/, CPU
+only: the GPU tests run under compute-sanitizer), so
 a memory error that the release build survives still fails here. The sanitizer builds also run
 the ordinary modes once (completion, chat, tokenize, perplexity, logits)."""
 
@@ -21,7 +22,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TINY_TOKENIZER, Binary, make, tiny_model_dir
+from conftest import REPO, TINY_TOKENIZER, Binary, binary_for, make, tiny_model_dir
 
 HARDENING_BUILDS = ("specialized", "generic", "specialized-asan", "generic-asan")
 SANITIZE = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
@@ -40,10 +41,8 @@ def hbin(request) -> Binary:
         make(*(["GENERIC=1"] if generic else [f"MODEL={d}"]), f"OUT={out}", "RUNTIME_BUILD=build/asan/runtime",
              f"EXTRA_CFLAGS={SANITIZE}", "NVCC=")
         path = REPO / out / "ingot"
-    else:
-        make(*(["GENERIC=1"] if generic else [f"MODEL={d}"]), "NVCC=")
-        path = REPO / ("build/generic" if generic else f"build/{d.name}") / "ingot"
-    return Binary(path, d, generic)
+        return Binary(path, d, generic)
+    return binary_for(d, build)  # the release builds the other tests use (with CUDA where nvcc is)
 
 
 def ingot(binary: Binary, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
