@@ -248,8 +248,9 @@ static err_code check_model_args(options *o) {
 // Files
 
 /* The most bytes of text -f, stdin or --perplexity may give: a file or device without end (-f
- * /dev/zero) is refused at the limit instead of filling memory. */
-#define TEXT_MAX ((size_t)64 << 20)
+ * /dev/zero) is refused at the limit instead of filling memory. Tokenizing takes about 20 bytes of
+ * memory a byte of text (52 MB: 1 GB), so the limit bounds that too: 16 MiB, ~330 MB. */
+#define TEXT_MAX ((size_t)16 << 20)
 
 /* A prompt or text file, whole (a pipe or FIFO too: the user named it), at most TEXT_MAX bytes. */
 static err_code read_file(const char *path, char **out, size_t *len) {

@@ -161,7 +161,7 @@ def _(b, d):
 
 @case("files", "prompt-devzero")
 def _(b, d):
-    return ["-f", "/dev/zero"], "/dev/zero: more than 67108864 bytes of text"
+    return ["-f", "/dev/zero"], "/dev/zero: more than 16777216 bytes of text"
 
 
 @case("json", "config-duplicate-key")
