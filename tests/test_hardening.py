@@ -233,6 +233,36 @@ for _key, (_value, _message) in CONFIG_LIMITS.items():
         edit_json(d / "config.json", **{key: value})
         return ["-p", "x"], message
 
+@case("config limits", "heads-times-head-dim-wraps")
+def _(b, d):
+    """65536 heads of 65536 (one KV head): q_dim = 2^32 wrapped to 0 in int, so weights with empty
+    q_proj and o_proj passed every check and attention ran past its buffers (a segfault)."""
+    edit_json(d / "config.json", num_attention_heads=65536, num_key_value_heads=1, head_dim=65536)
+    header, body = safetensors_parts(d / "model.safetensors")
+    out, tensors = b"", {k: v for k, v in header.items() if k == "__metadata__"}
+    entries = [(name, e) for name, e in header.items() if name != "__metadata__"]
+    for name, e in sorted(entries, key=lambda kv: kv[1]["data_offsets"][0]):
+        raw = body[e["data_offsets"][0]:e["data_offsets"][1]]
+        if "q_proj" in name or "o_proj" in name:
+            e, raw = dict(e, shape=[0, 64] if "q_proj" in name else [64, 0]), b""
+        elif "k_proj" in name or "v_proj" in name:
+            e, raw = dict(e, shape=[65536, 64]), bytes(65536 * 64 * 2)
+        tensors[name] = dict(e, data_offsets=[len(out), len(out) + len(raw)])
+        out += raw
+    write_safetensors(d / "model.safetensors", tensors, out)
+    return ["-p", "x"], "'num_attention_heads' = 65536, expected at most 1024"
+
+
+@case("token ids", "template-suffix-id-perplexity")
+def _(b, d):
+    """An id after the sequence is never fed in --perplexity, only looked up in the logits."""
+    tokenizer_edit(d, lambda t: t.update(post_processor={
+        "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "</s>"}}],
+        "special_tokens": {"</s>": {"id": "</s>", "ids": [1 << 28], "tokens": ["</s>"]}}}))
+    (d / "t.txt").write_text("the quick brown fox jumps over the lazy dog")
+    return ["--perplexity", str(d / "t.txt")], "\"</s>\": id 268435456 is outside the model's vocabulary"
+
+
 CONFIG_VALUES = {
     "eps-infinite": ({"rms_norm_eps": "@1e400"}, "'rms_norm_eps' = inf, expected a finite value"),
     "theta-denormal": ({"rope_theta": 5e-324}, "'rope_theta' = 5e-324 gives RoPE frequencies that are not finite"),
