@@ -242,6 +242,8 @@ test-gpu: $(VENV)/.installed $(OUT)/ingot
 # seconds, one after another, starting from its seed corpus (tests/fuzz/corpus/<target>/) and the
 # inputs earlier runs found (build/fuzz/corpus/<target>/); a crash is written to build/fuzz/ as
 # crash-<target>-*, to be kept as a regression input in the seed corpus and tests/test_hardening.py.
+# The command line's inputs may generate a whole context of tokens, seconds under the sanitizers on a
+# loaded machine: its timeout is 60 s, the parsers' 10 s.
 
 FUZZ_TIME ?= 60
 FUZZ_CC ?= clang
@@ -272,7 +274,7 @@ fuzz: $(FUZZ_TARGETS:%=build/fuzz/%)
 		mkdir -p build/fuzz/corpus/$$t; \
 		echo "fuzz: $$t for $(FUZZ_TIME) s"; \
 		build/fuzz/$$t -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-			-close_fd_mask=3 $$( [ $$t = fuzz_cli ] && echo -detect_leaks=0 ) \
+			-close_fd_mask=3 $$( [ $$t = fuzz_cli ] && echo -detect_leaks=0 -timeout=60 ) \
 			-artifact_prefix=$(CURDIR)/build/fuzz/crash-$$t- $(CURDIR)/build/fuzz/corpus/$$t $(CURDIR)/tests/fuzz/corpus/$$t 2>&1 \
 			| grep -E "^stat::(number_of_executed_units|peak_rss)|ERROR|SUMMARY|crash-" || true; \
 	done
