@@ -1,7 +1,7 @@
 """Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/) from the project's own
 files and a few hand-made variants that reach each feature of a parser. Run from the repo root:
     .venv/bin/python tests/fuzz/make_corpus.py
-Crash inputs kept as regression seeds (crash-*) are not touched."""
+Inputs kept from fuzzing as regression seeds (crash-*, timeout-*) are not touched."""
 
 from __future__ import annotations
 
