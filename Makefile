@@ -39,7 +39,9 @@ PY := $(VENV)/bin/python
 
 CC := gcc
 EXTRA_CFLAGS ?=
-CFLAGS := -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime $(EXTRA_CFLAGS)
+# -Wstack-usage: no frame may grow with the input (a variable-length array sized by config.json) or
+# pass 1 MiB
+CFLAGS := -std=c11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -Wstack-usage=1048576 -D_GNU_SOURCE -Iruntime $(EXTRA_CFLAGS)
 LDLIBS := -lm
 
 # --serve's HTTP: GNU libmicrohttpd (Debian: libmicrohttpd-dev), linked statically where its static
@@ -72,10 +74,13 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
 # Model-agnostic runtime, compiled once for every model.
-RUNTIME_SRCS := runtime/errors.c runtime/bundle.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
+RUNTIME_SRCS := runtime/errors.c runtime/files.c runtime/bundle.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
 	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c \
 	runtime/quant.c
-RUNTIME_OBJS := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRCS))
+# RUNTIME_BUILD: where the runtime's objects go; a build with other flags (the sanitizer builds of
+# tests/test_hardening.py) gives its own.
+RUNTIME_BUILD ?= build/runtime
+RUNTIME_OBJS := $(patsubst runtime/%.c,$(RUNTIME_BUILD)/%.o,$(RUNTIME_SRCS))
 RUNTIME_HDRS := $(wildcard runtime/*.h)
 CUDA_HDRS := $(wildcard runtime/*.cuh)
 CODEGEN_SRCS := $(wildcard codegen/*.py) $(wildcard templates/*.j2)
@@ -93,7 +98,7 @@ CHAT_TEMPLATES := $(sort $(wildcard models/*/tokenizer_config.json)) tests/model
 	$(sort $(wildcard tests/fixtures/chat/*.jinja))
 endif
 
-.PHONY: all run test test-gpu bench compare generate venv clean
+.PHONY: all run test test-gpu bench compare generate venv clean fuzz
 .DELETE_ON_ERROR:
 
 all: $(OUT)/ingot
@@ -140,7 +145,7 @@ $(GEN_FILES): $(STAMP) ;
 # ---------------------------------------------------------------------------------------------
 # Binaries
 
-build/runtime/%.o: runtime/%.c $(RUNTIME_HDRS)
+$(RUNTIME_BUILD)/%.o: runtime/%.c $(RUNTIME_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -298,6 +303,50 @@ build/.chromium-checked:
 PYTEST_ARGS ?=
 test-gpu: $(VENV)/.installed $(OUT)/ingot
 	$(PY) -m pytest -q tests/test_gpu.py tests/test_gpu_stages.py $(PYTEST_ARGS)
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing: a libFuzzer target per parser of untrusted bytes (tests/fuzz/fuzz_*.c), built with clang
+# under ASan and UBSan against the runtime sources. `make fuzz FUZZ_TIME=60` runs each for that many
+# seconds, one after another, starting from its seed corpus (tests/fuzz/corpus/<target>/) and the
+# inputs earlier runs found (build/fuzz/corpus/<target>/); a crash is written to build/fuzz/ as
+# crash-<target>-*, to be kept as a regression input in the seed corpus and tests/test_hardening.py.
+# The command line's inputs may generate a whole context of tokens, seconds under the sanitizers on a
+# loaded machine: its timeout is 60 s, the parsers' 10 s.
+
+FUZZ_TIME ?= 60
+FUZZ_CC ?= clang
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE \
+	-Iruntime -DFUZZ_TOKENIZER_JSON='"$(abspath tests/models/tiny-tokenizer/tokenizer.json)"'
+FUZZ_RUNTIME := $(filter-out runtime/probe.c,$(RUNTIME_SRCS))
+
+build/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(FUZZ_RUNTIME) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_RUNTIME) -o $@ -lm
+
+# The command line runs the whole program: the tiny-llama test model's specialized build (weights
+# synthesized as the tests do), CPU only.
+FUZZ_MODEL := build/fuzz/tiny-llama
+$(FUZZ_MODEL)/model.safetensors: tests/models/tiny-llama/config.json | $(VENV)/.installed
+	@mkdir -p $(@D)
+	cp $< $(@D)/config.json
+	$(PY) -m codegen.synth $(@D) --seed 1 --tokenizer tests/models/tiny-tokenizer
+build/fuzz/fuzz_cli: tests/fuzz/fuzz_cli.c tests/fuzz/fuzz_common.h runtime/main.c runtime/engine.c runtime/server.c \
+		runtime/chat_page.html $(FUZZ_MODEL)/model.safetensors $(RUNTIME_SRCS) $(RUNTIME_HDRS) $(CODEGEN_SRCS) build/.mhd-ok
+	$(MAKE) MODEL=$(FUZZ_MODEL) generate
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fopenmp -march=native -Igenerated/tiny-llama -DINGOT_MODEL_DIR='"$(abspath $(FUZZ_MODEL))"' \
+		$< runtime/engine.c runtime/server.c generated/tiny-llama/forward_cpu.c generated/tiny-llama/model_tensors.c \
+		$(RUNTIME_SRCS) -o $@ -lm -lmicrohttpd -lpthread
+
+fuzz: $(FUZZ_TARGETS:%=build/fuzz/%)
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p build/fuzz/corpus/$$t; \
+		echo "fuzz: $$t for $(FUZZ_TIME) s"; \
+		build/fuzz/$$t -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+			-close_fd_mask=3 $$( [ $$t = fuzz_cli ] && echo -detect_leaks=0 -timeout=60 ) \
+			-artifact_prefix=$(CURDIR)/build/fuzz/crash-$$t- $(CURDIR)/build/fuzz/corpus/$$t $(CURDIR)/tests/fuzz/corpus/$$t 2>&1 \
+			| grep -E "^stat::(number_of_executed_units|peak_rss)|ERROR|SUMMARY|crash-" || true; \
+	done
 
 clean:
 	rm -rf build generated/*/

@@ -88,6 +88,12 @@ def generate_generic(out_dir: Path, cuda_arch: str = "90", chat_templates: list 
                       regenerate="make generate GENERIC=1")
 
 
+def one_line(message: str) -> str:
+    """A message that quotes input, made one printable line as runtime/errors.c makes its own:
+    control characters as \\xNN."""
+    return "".join(c if c >= " " and not 0x7F <= ord(c) <= 0x9F else f"\\x{ord(c):02X}" for c in message)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m codegen", description=__doc__.splitlines()[0])
     ap.add_argument("model_dir", type=Path, nargs="?", help="Hugging Face model directory (config.json, tokenizer files)")
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             changed = generate(args.model_dir, args.out, args.cuda_arch, sets)
     except (SpecError, PlanError) as e:
-        print(f"codegen: {args.model_dir or 'generic'}: {e}", file=sys.stderr)
+        print(one_line(f"codegen: {args.model_dir or 'generic'}: {e}"), file=sys.stderr)
         return 1
     for p in changed:
         print(f"codegen: wrote {display_path(p)}")

@@ -47,6 +47,8 @@ import jinja2.ext
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .spec import parse_json
+
 FIXED_NOW = datetime(2024, 7, 26)
 
 # Sentinel contents for the decomposition: plain ASCII (they survive trim, strip and tojson) that
@@ -172,6 +174,10 @@ def decompose(template: str, name: str, special_tokens: dict,
         except TemplateError as e:
             shape = "/".join(m["role"] for m in msgs)
             raise ChatError(f"{name}: chat template fails on a {shape} conversation: {e}") from None
+        except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError, RecursionError) as e:
+            # the template's own code failed (1/0, a string plus a number...): the template's fault
+            shape = "/".join(m["role"] for m in msgs)
+            raise ChatError(f"{name}: chat template fails on a {shape} conversation: {type(e).__name__}: {e}") from None
 
     def cut(msgs, gen):
         """The rendered text split at the contents: len(msgs) + 1 segments."""
@@ -289,32 +295,43 @@ def _check(cs: ChatStrings, render) -> None:
 # A model directory
 
 def _token_content(t):
-    """tokenizer_config.json writes special tokens as strings or as AddedToken dicts."""
-    return t.get("content") if isinstance(t, dict) else t
+    """tokenizer_config.json writes special tokens as strings or as AddedToken dicts; anything else
+    is no token (as runtime/chat_template.c reads it)."""
+    t = t.get("content") if isinstance(t, dict) else t
+    return t if isinstance(t, str) else None
 
 
 def _ids(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list) else [value]
+    """The ids of an eos_token_id value (an id or a list of them); what is not an id (an integer in
+    0..2^31-1) is skipped, as runtime/chat_template.c skips it."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31]
 
 
 def _load_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = parse_json(path.read_bytes())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise ChatError(f"{path}: unreadable ({e})") from None
+    if not isinstance(value, dict):
+        raise ChatError(f"{path}: expected a JSON object")
+    return value
 
 
 def token_table(model_dir: Path) -> dict:
     """{token string: id} for the added tokens, from tokenizer.json or else tokenizer_config.json."""
+    def is_id(v):
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+
     tok = _load_json(model_dir / "tokenizer.json")
-    if tok.get("added_tokens"):
-        return {a["content"]: a["id"] for a in tok["added_tokens"]}
-    cfg = _load_json(model_dir / "tokenizer_config.json")
-    return {v["content"]: int(k) for k, v in cfg.get("added_tokens_decoder", {}).items()}
+    if tok.get("added_tokens") and isinstance(tok["added_tokens"], list):
+        return {a["content"]: a["id"] for a in tok["added_tokens"]
+                if isinstance(a, dict) and isinstance(a.get("content"), str) and is_id(a.get("id"))}
+    decoder = _load_json(model_dir / "tokenizer_config.json").get("added_tokens_decoder")
+    return {v["content"]: int(k) for k, v in (decoder.items() if isinstance(decoder, dict) else ())
+            if k.isdigit() and is_id(int(k)) and isinstance(v, dict) and isinstance(v.get("content"), str)}
 
 
 def load_chat_strings(model_dir: str | Path, name: str | None = None,
@@ -331,11 +348,12 @@ def load_chat_strings(model_dir: str | Path, name: str | None = None,
     tc = _load_json(model_dir / "tokenizer_config.json")
     template = tc.get("chat_template")
     if isinstance(template, list):  # [{name, template}]: transformers uses "default"
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    if not template:
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
+    if not template or not isinstance(template, str):  # as runtime/chat_template.c: no usable template
         return None
     special = {k: _token_content(tc[k]) for k in ("bos_token", "eos_token", "unk_token",
-                                                   "pad_token") if tc.get(k) is not None}
+                                                   "pad_token") if _token_content(tc.get(k)) is not None}
     cs = decompose(template, name, special, now)
 
     table = token_table(model_dir)

@@ -57,6 +57,13 @@ def c_float(x: float) -> str:
     return f"{f32:.9e}f"
 
 
+def c_double(x: float) -> str:
+    """A double literal of exactly x: Python's repr reads back as the same double, in C too."""
+    if not math.isfinite(x):
+        raise ValueError(f"non-finite constant {x}")
+    return repr(float(x))
+
+
 def make_env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
@@ -69,6 +76,7 @@ def make_env() -> jinja2.Environment:
     env.filters["c_string"] = c_string
     env.filters["c_string_lines"] = c_string_lines
     env.filters["c_float"] = c_float
+    env.filters["c_double"] = c_double
     env.filters["json"] = lambda v: json.dumps(v, sort_keys=True)
     return env
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,6 @@ class Spec:
     dtype_bytes: int
     bos_id: int  # bos_token_id, -1 if none
     eos_ids: tuple[int, ...]  # eos_token_id (int or list)
-    config_checks: tuple[tuple[str, int], ...]  # (HF key, value) pairs the runtime re-checks
 
     @property
     def q_dim(self) -> int:
@@ -123,21 +123,81 @@ class Spec:
         return self.n_layers * 2 * self.kv_dim * 2
 
 
+# The largest value each integer key may take: far above every real model (Llama-3.1-405B: hidden
+# 16384, FFN 53248, 126 layers, 128 heads; vocabularies up to 262144; contexts up to 10M), low
+# enough that every size derived from them fits 64 bits with room and that a hostile config is
+# refused before anything is allocated. runtime/model_spec.c holds the same table.
+LIMITS = {
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 18,
+    "num_hidden_layers": 1 << 10,
+    "num_attention_heads": 1 << 10,
+    "num_key_value_heads": 1 << 10,
+    "head_dim": 1 << 10,
+    "vocab_size": 1 << 22,
+    "max_position_embeddings": 1 << 24,
+}
+MAX_ID = 2**31 - 1  # token ids are C ints
+REPR_MAX = 200  # characters of a value quoted in a message; longer ones end in "..."
+
+
+def show(v) -> str:
+    """A config value as messages quote it: repr(), as runtime/model_spec.c writes it too (integers
+    beyond 2^53, which C reads as doubles, as the integer the double holds; long values cut at
+    REPR_MAX)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 2**53:
+        try:
+            v = int(float(v))
+        except OverflowError:
+            return "inf" if v > 0 else "-inf"
+    r = repr(v)
+    return r if len(r) <= REPR_MAX else r[:REPR_MAX] + "..."
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _float(v) -> float:
+    """float(v), an integer too large for a double being infinite (as C's strtod reads it)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
 def _get(cfg: dict, key: str, kind, default=None, required=True):
     if key not in cfg or cfg[key] is None:
         if default is not None or not required:
             return default
         raise SpecError(f"config.json: missing key '{key}'")
     v = cfg[key]
-    if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-        raise SpecError(f"config.json: '{key}' = {v!r}, expected an integer")
-    if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
-        raise SpecError(f"config.json: '{key}' = {v!r}, expected a number")
+    if kind is int and not _is_int(v):
+        raise SpecError(f"config.json: '{key}' = {show(v)}, expected an integer")
+    if kind is float and not _is_number(v):
+        raise SpecError(f"config.json: '{key}' = {show(v)}, expected a number")
     if kind is bool and not isinstance(v, bool):
-        raise SpecError(f"config.json: '{key}' = {v!r}, expected true or false")
-    if kind in (int, float) and v <= 0 and key not in ("bos_token_id", "eos_token_id"):
-        raise SpecError(f"config.json: '{key}' = {v!r}, expected a positive value")
-    return kind(v)
+        raise SpecError(f"config.json: '{key}' = {show(v)}, expected true or false")
+    if kind in (int, float) and v <= 0:
+        raise SpecError(f"config.json: '{key}' = {show(v)}, expected a positive value")
+    if kind is float and not math.isfinite(_float(v)):
+        raise SpecError(f"config.json: '{key}' = {show(v)}, expected a finite value")
+    if kind is int and v > LIMITS.get(key, MAX_ID):
+        raise SpecError(f"config.json: '{key}' = {show(v)}, expected at most {LIMITS.get(key, MAX_ID)}")
+    return _float(v) if kind is float else kind(v)
+
+
+def _positive(where: str, key: str, v) -> float:
+    """A number of rope_scaling or rope_theta: finite and positive."""
+    if not _is_number(v):
+        raise SpecError(f"config.json: {where}'{key}' = {show(v)}, expected a number")
+    if not (v > 0 and math.isfinite(_float(v))):
+        raise SpecError(f"config.json: {where}'{key}' = {show(v)}, expected a positive finite value")
+    return _float(v)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[str, tuple[float, ...]]:
@@ -148,24 +208,26 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[st
     literal, where HF computes in float32 (differences of one float32 ulp).
     """
     base = [1.0 / theta ** (2 * i / head_dim) for i in range(head_dim // 2)]
-    if not scaling:
-        return "none", tuple(base)
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "default":
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    if not scaling or kind == "default":
         return "none", tuple(base)
     if kind == "linear":
         if "factor" not in scaling:
             raise SpecError("config.json: rope_scaling (linear) lacks 'factor'")
-        factor = float(scaling["factor"])
+        factor = _positive("rope_scaling (linear): ", "factor", scaling["factor"])
         return "linear", tuple(f / factor for f in base)
     if kind == "llama3":
-        try:
-            factor = float(scaling["factor"])
-            low = float(scaling["low_freq_factor"])
-            high = float(scaling["high_freq_factor"])
-            old_ctx = float(scaling["original_max_position_embeddings"])
-        except KeyError as e:
-            raise SpecError(f"config.json: rope_scaling (llama3) lacks {e.args[0]!r}") from None
+        values = {}
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if key not in scaling:
+                raise SpecError(f"config.json: rope_scaling (llama3) lacks '{key}'")
+            values[key] = _positive("rope_scaling (llama3): ", key, scaling[key])
+        factor, low, high, old_ctx = values.values()
+        if high <= low:
+            raise SpecError(
+                f"config.json: rope_scaling (llama3): 'high_freq_factor' = {show(scaling['high_freq_factor'])} "
+                f"must be greater than 'low_freq_factor' = {show(scaling['low_freq_factor'])}"
+            )
         low_wavelen = old_ctx / low
         high_wavelen = old_ctx / high
         out = []
@@ -179,7 +241,49 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[st
                 smooth = (old_ctx / wavelen - low) / (high - low)
                 out.append((1 - smooth) * f / factor + smooth * f)
         return "llama3", tuple(out)
-    raise SpecError(f"config.json: rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+    raise SpecError(f"config.json: rope_scaling type {show(kind)} is not supported (supported: default, linear, llama3)")
+
+
+def _float32_finite(x: float) -> bool:
+    """x stays finite when rounded to float32, as the kernels use it."""
+    try:
+        struct.pack("<f", x)
+    except OverflowError:
+        return False
+    return math.isfinite(x)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"duplicate key {k!r} in an object")
+        seen[k] = v
+    return seen
+
+
+JSON_MAX_DEPTH = 128  # runtime/json.c: values nested deeper are refused
+
+
+def _depth_ok(v, depth: int = 0) -> bool:
+    if depth > JSON_MAX_DEPTH:
+        return False
+    children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+    return all(_depth_ok(c, depth + 1) for c in children)
+
+
+def parse_json(raw: bytes):
+    """JSON as the runtime's parser (runtime/json.c) reads it: UTF-8, no NaN or Infinity, no key
+    twice in an object (parsers disagree on which value counts), nesting at most 128 deep.
+    ValueError otherwise."""
+    v = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+    if not _depth_ok(v):
+        raise ValueError(f"values nested more than {JSON_MAX_DEPTH} deep")
+    return v
 
 
 def load_spec(config_path: str | Path, name: str | None = None) -> Spec:
@@ -190,8 +294,8 @@ def load_spec(config_path: str | Path, name: str | None = None) -> Spec:
     except OSError as e:
         raise SpecError(f"{path}: cannot read ({e.strerror})") from None
     try:
-        cfg = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        cfg = parse_json(raw)
+    except (ValueError, RecursionError) as e:
         raise SpecError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: expected a JSON object")
@@ -200,16 +304,17 @@ def load_spec(config_path: str | Path, name: str | None = None) -> Spec:
 
 def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec:
     archs = cfg.get("architectures") or []
-    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
+    if (not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str)
+            or archs[0] not in SUPPORTED_ARCHITECTURES):
         raise SpecError(
-            f"config.json: 'architectures' = {archs!r}, expected one of {sorted(SUPPORTED_ARCHITECTURES)}"
+            f"config.json: 'architectures' = {show(archs)}, expected one of {sorted(SUPPORTED_ARCHITECTURES)}"
         )
     arch = archs[0]
     family = SUPPORTED_ARCHITECTURES[arch]
 
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
-        raise SpecError(f"config.json: 'hidden_act' = {act!r}, only 'silu' is supported")
+        raise SpecError(f"config.json: 'hidden_act' = {show(act)}, only 'silu' is supported")
     if cfg.get("mlp_bias", False):
         raise SpecError("config.json: 'mlp_bias' = true is not supported")
     if family == "qwen2":
@@ -238,32 +343,41 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
     seq_len = _get(cfg, "max_position_embeddings", int)
 
     window = cfg.get("sliding_window")
+    if family == "mistral" and window is not None and not _is_number(window):
+        raise SpecError(f"config.json: 'sliding_window' = {show(window)}, expected a number or null")
     if family == "mistral" and window is not None and window < seq_len:
         raise SpecError(
-            f"config.json: 'sliding_window' = {window} is smaller than the context {seq_len}; sliding-window attention is not supported"
+            f"config.json: 'sliding_window' = {show(window)} is smaller than the context {seq_len}; sliding-window attention is not supported"
         )
 
     # transformers >= 4.56 may keep theta and scaling under "rope_parameters".
     rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-    theta = float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    theta = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if not _is_number(theta):
+        raise SpecError(f"config.json: 'rope_theta' = {show(theta)}, expected a number")
+    theta = _float(theta)
     if theta <= 0:
-        raise SpecError(f"config.json: 'rope_theta' = {theta}, expected a positive value")
+        raise SpecError(f"config.json: 'rope_theta' = {show(theta)}, expected a positive value")
+    if not math.isfinite(theta):
+        raise SpecError(f"config.json: 'rope_theta' = {show(theta)}, expected a finite value")
     scaling = cfg.get("rope_scaling") or (rope_params if rope_params.get("rope_type") not in (None, "default") else None)
     if scaling is not None and not isinstance(scaling, dict):
-        raise SpecError(f"config.json: 'rope_scaling' = {scaling!r}, expected an object or null")
+        raise SpecError(f"config.json: 'rope_scaling' = {show(scaling)}, expected an object or null")
     rope_kind, inv_freq = rope_inv_freq(head_dim, theta, scaling)
+    if not all(_float32_finite(f) for f in inv_freq):
+        raise SpecError(f"config.json: 'rope_theta' = {show(theta)} gives RoPE frequencies that are not finite")
 
     torch_dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
-    if torch_dtype not in WEIGHT_DTYPES:
-        raise SpecError(f"config.json: 'torch_dtype' = {torch_dtype!r}, expected one of {sorted(WEIGHT_DTYPES)}")
+    if not isinstance(torch_dtype, str) or torch_dtype not in WEIGHT_DTYPES:
+        raise SpecError(f"config.json: 'torch_dtype' = {show(torch_dtype)}, expected one of {sorted(WEIGHT_DTYPES)}")
     dtype, dtype_bytes = WEIGHT_DTYPES[torch_dtype]
 
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-    if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_ids):
-        raise SpecError(f"config.json: 'eos_token_id' = {eos!r}, expected an id or a list of ids")
+    if not all(_is_int(e) and 0 <= e <= MAX_ID for e in eos_ids):
+        raise SpecError(f"config.json: 'eos_token_id' = {show(eos)}, expected an id or a list of ids")
     bos = cfg.get("bos_token_id")
-    bos_id = bos if isinstance(bos, int) and not isinstance(bos, bool) else -1
+    bos_id = bos if _is_int(bos) and 0 <= bos <= MAX_ID else -1
 
     vocab = _get(cfg, "vocab_size", int)
     hidden_dim = _get(cfg, "intermediate_size", int)
@@ -275,14 +389,6 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
         if e >= vocab:
             raise SpecError(f"config.json: 'eos_token_id' {e} is outside the vocabulary ({vocab})")
 
-    checks = (
-        ("hidden_size", dim),
-        ("intermediate_size", hidden_dim),
-        ("num_hidden_layers", n_layers),
-        ("num_attention_heads", n_heads),
-        ("num_key_value_heads", n_kv_heads),
-        ("vocab_size", vocab),
-    )
     return Spec(
         name=name,
         config_path=config_path,
@@ -308,5 +414,4 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
         dtype_bytes=dtype_bytes,
         bos_id=bos_id,
         eos_ids=eos_ids,
-        config_checks=checks,
     )

@@ -24,6 +24,11 @@ static err_code load_optional(const char *dir, const char *name, json_doc *doc, 
     err_code rc = json_parse_file(path, doc);
     *found = rc == ERR_OK;
     if (rc == ERR_IO && errno == ENOENT) return ERR_OK;
+    if (!rc && doc->root->type != JSON_OBJECT) {
+        json_free(doc);
+        *found = 0;
+        return err_set(ERR_CONFIG, "%s: expected a JSON object", path);
+    }
     return rc == ERR_JSON ? ERR_CONFIG : rc; /* the detail names the file and the byte */
 }
 
@@ -55,11 +60,12 @@ static char *paste(const char *s, const json_value *const tokens[N_TOKENS]) {
     return out;
 }
 
-/* Adds the ids of an eos_token_id value (an id or a list of them) to ids, once each. */
+/* Adds the ids of an eos_token_id value (an id or a list of them) to ids, once each; what is not an
+ * id (not an integer in 0..INT_MAX) is skipped, as codegen/chat.py skips it. */
 static void add_ids(int *ids, int *n, const json_value *v) {
     const json_value *e = v && v->type == JSON_ARRAY ? v->child : v;
     for (; e; e = v->type == JSON_ARRAY ? e->next : NULL) {
-        if (!json_is_int(e)) continue;
+        if (!json_is_int(e) || e->num < 0 || e->num > 2147483647.0) continue;
         int id = (int)e->num, seen = 0;
         for (int i = 0; i < *n; i++) seen |= ids[i] == id;
         if (!seen) ids[(*n)++] = id;
@@ -134,6 +140,7 @@ err_code chat_strings_load(chat_strings *c, const char *model_dir, const tokeniz
                  "has a chat template this generic build does not know; chat with the model's own build (make MODEL=%s)", model_dir);
         rc = stop_ids(c, model_dir, tok, eos_ids, n_eos, NULL);
         json_free(&doc);
+        if (rc) chat_strings_free(c);
         return rc;
     }
     for (int t = 0; t < N_TOKENS; t++) {
@@ -143,6 +150,7 @@ err_code chat_strings_load(chat_strings *c, const char *model_dir, const tokeniz
                      TOKEN_KEYS[t]);
             rc = stop_ids(c, model_dir, tok, eos_ids, n_eos, NULL);
             json_free(&doc);
+            if (rc) chat_strings_free(c);
             return rc;
         }
     }

@@ -13,28 +13,8 @@
 #include "model.h"
 #include "model_chat.h"
 #include "model_spec.h"
+#include "model_check.h"
 
-#if !MODEL_GENERIC
-/* The model directory's config.json must describe the model this binary was built for (a generic
- * binary reads it instead: model_generic_load). */
-static err_code check_config(const char *dir) {
-    char path[4096];
-    json_doc doc;
-    err_code rc = model_config_parse(dir, &doc, path, sizeof path);
-    if (rc) return rc;
-    for (int i = 0; i < MODEL_N_CONFIG_CHECKS && !rc; i++) {
-        const model_config_check *c = &model_config_checks[i];
-        const json_value *v = json_get(doc.root, c->key);
-        if (!json_is_int(v))
-            rc = err_set(ERR_CONFIG, "%s: '%s' missing or not an integer; this binary was built for %lld", path, c->key, c->value);
-        else if ((long long)v->num != c->value)
-            rc = err_set(ERR_CONFIG, "%s: '%s' is %lld, this binary was built for %lld (build one for this model: make MODEL=%s)",
-                         path, c->key, (long long)v->num, c->value, dir);
-    }
-    json_free(&doc);
-    return rc;
-}
-#endif
 
 /* Exporters sometimes leave RoPE buffers in the weights; they are derived, never read. */
 static int ignore_tensor(const char *name) { return strstr(name, "rotary_emb.inv_freq") != NULL; }
@@ -43,16 +23,17 @@ err_code engine_open(engine *e, const engine_config *o) {
     memset(e, 0, sizeof *e);
     err_code rc = ERR_OK;
 #if !MODEL_GENERIC
-    if ((rc = check_config(o->model_dir))) return rc;
+    if ((rc = model_check_config(o->model_dir))) return rc; /* the model this binary was built for */
 #endif
     if ((rc = st_model_open(&e->st, o->model_dir))) return rc;
-    const void *data[MODEL_N_TENSORS];
+    const void **data = e->weights = malloc((size_t)MODEL_N_TENSORS * sizeof *data); /* not on the stack: a generic
+                                                                                        * build's count is the config's */
+    if (!data) return err_set(ERR_NOMEM, "%d tensor pointers", (int)MODEL_N_TENSORS);
     if ((rc = st_model_bind(e->st, model_tensor_specs, MODEL_N_TENSORS, data, ignore_tensor))) return rc;
+    if (o->check_weights && (rc = st_check_finite(model_tensor_specs, data, MODEL_N_TENSORS))) return rc;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-    if ((rc = tok_load(&e->tok, path))) return rc;
-    if (tok_vocab_size(e->tok) > MODEL_VOCAB_SIZE)
-        return err_set(ERR_TOKENIZER, "%s: %d tokens, more than the model's vocab_size %d", path, tok_vocab_size(e->tok), MODEL_VOCAB_SIZE);
+    if ((rc = tok_load(&e->tok, path, MODEL_VOCAB_SIZE))) return rc; /* every id below vocab_size */
     e->piece_cap = tok_max_piece_bytes(e->tok);
     e->piece = malloc((size_t)e->piece_cap);
     if (!e->piece) return err_set(ERR_NOMEM, "token text buffer");
@@ -89,6 +70,7 @@ void engine_close(engine *e) {
     free(e->piece);
     free(e->stop_ids);
     free(e->scratch);
+    free(e->weights);
 }
 
 static int is_stop(const engine *e, int id) {

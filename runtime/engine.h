@@ -23,10 +23,12 @@ typedef struct {
     int n_threads;   /* CPU threads */
     int cuda;        /* run on the GPU (a build with INGOT_CUDA) */
     int host_logits; /* the GPU sends each step's logits to the host (perplexity, logits dumps) */
+    int check_weights; /* scan the weights for NaN and infinity at load (--check-weights) */
 } engine_config;
 
 typedef struct {
     st_model *st;
+    const void **weights; /* (n_tensors) each tensor's bytes in the mapping, in model_tensor_specs' order */
     tokenizer *tok;
     model_cpu *cpu;       /* one of cpu and gpu runs the model */
     model_cuda *gpu;

@@ -21,6 +21,7 @@ typedef enum {
     ERR_ST_SHAPE,     /* a tensor's shape is not what the model needs */
     ERR_ST_MISSING,   /* a tensor the model needs is not in the files */
     ERR_ST_EXTRA,     /* a tensor in the files that the model does not have */
+    ERR_ST_NONFINITE, /* a weight is NaN or infinite (--check-weights) */
     ERR_TOKENIZER,    /* tokenizer.json is malformed or uses an unsupported feature */
     ERR_UTF8,         /* text input is not valid UTF-8 */
     ERR_CONTEXT,      /* the tokens do not fit in the context */

@@ -5,6 +5,8 @@
  * hostile header cannot overflow the stack. */
 #include "json.h"
 
+#include "files.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -15,6 +17,9 @@
 #include "bundle.h"
 
 #define JSON_MAX_DEPTH 128
+/* Values a document may hold: real tokenizer.json files have about a million (Llama 3: vocab and
+ * merges); the cap keeps a hostile file's tree under ~400 MB (96 bytes a value). */
+#define JSON_MAX_VALUES ((size_t)1 << 22)
 
 typedef struct {
     const char *s;
@@ -23,6 +28,7 @@ typedef struct {
     size_t n_nodes, cap_nodes;
     size_t *child_idx, *next_idx; /* parallel to nodes: index + 1, 0 for none */
     size_t *key_off, *str_off;    /* offsets into strings, resolved at the end */
+    size_t *key_pos;              /* byte of the source where each member's key starts */
     char *strings;
     size_t n_strings;
 } parser;
@@ -40,6 +46,7 @@ static void skip_ws(parser *p) {
 }
 
 static err_code new_node(parser *p, json_type type, size_t *out) {
+    if (p->n_nodes == JSON_MAX_VALUES) return fail(p, "at most 4194304 values in a document");
     if (p->n_nodes == p->cap_nodes) {
         size_t cap = p->cap_nodes ? p->cap_nodes * 2 : 256;
         json_value *nodes = realloc(p->nodes, cap * sizeof *nodes);
@@ -51,8 +58,10 @@ static err_code new_node(parser *p, json_type type, size_t *out) {
         if (ko) p->key_off = ko;
         size_t *so = realloc(p->str_off, cap * sizeof *so);
         if (so) p->str_off = so;
+        size_t *kp = realloc(p->key_pos, cap * sizeof *kp);
+        if (kp) p->key_pos = kp;
         if (nodes) p->nodes = nodes;
-        if (!nodes || !ci || !ni || !ko || !so) return err_set(ERR_NOMEM, "JSON: %zu values", cap);
+        if (!nodes || !ci || !ni || !ko || !so || !kp) return err_set(ERR_NOMEM, "JSON: %zu values", cap);
         p->cap_nodes = cap;
     }
     size_t i = p->n_nodes++;
@@ -60,6 +69,7 @@ static err_code new_node(parser *p, json_type type, size_t *out) {
     p->nodes[i].type = type;
     p->child_idx[i] = p->next_idx[i] = 0;
     p->key_off[i] = p->str_off[i] = SIZE_MAX;
+    p->key_pos[i] = 0;
     *out = i;
     return ERR_OK;
 }
@@ -89,6 +99,22 @@ static size_t put_utf8(char *d, unsigned cp) {
     d[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); d[3] = (char)(0x80 | (cp & 0x3F)); return 4;
 }
 
+/* Length of the valid UTF-8 character at s[0..n) whose first byte is >= 0x80 (overlong forms,
+ * surrogates and code points above U+10FFFF are invalid), or 0. */
+static int utf8_len(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    unsigned c = s[0], lo = 0x80, hi = 0xBF;
+    int len;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    else return 0;
+    if ((size_t)len > n || s[1] < lo || s[1] > hi) return 0;
+    for (int k = 2; k < len; k++)
+        if ((s[k] & 0xC0) != 0x80) return 0;
+    return len;
+}
+
 /* Decodes the string starting at the opening quote into p->strings; returns offset and length. */
 static err_code parse_string(parser *p, size_t *off, int *n) {
     p->pos++; /* opening quote */
@@ -100,6 +126,14 @@ static err_code parse_string(parser *p, size_t *off, int *n) {
         unsigned char c = (unsigned char)p->s[p->pos];
         if (c == '"') { p->pos++; break; }
         if (c < 0x20) return fail(p, "no control character inside a string");
+        if (c >= 0x80) {
+            int n = utf8_len(p->s + p->pos, p->len - p->pos);
+            if (!n) return fail(p, "valid UTF-8");
+            memcpy(d + k, p->s + p->pos, (size_t)n);
+            k += (size_t)n;
+            p->pos += (size_t)n;
+            continue;
+        }
         if (c != '\\') { d[k++] = (char)c; p->pos++; continue; }
         if (p->pos + 1 >= p->len) return fail(p, "escape character");
         char e = p->s[p->pos + 1];
@@ -152,12 +186,13 @@ static err_code parse_container(parser *p, size_t self, int depth, int is_object
     int count = 0;
     if (p->pos < p->len && p->s[p->pos] == close) { p->pos++; p->nodes[self].n = 0; return ERR_OK; }
     for (;;) {
-        size_t key_off = SIZE_MAX;
+        size_t key_off = SIZE_MAX, key_pos = 0;
         int key_len = 0;
         err_code rc;
         if (is_object) {
             skip_ws(p);
             if (p->pos >= p->len || p->s[p->pos] != '"') return fail(p, "a string key");
+            key_pos = p->pos;
             if ((rc = parse_string(p, &key_off, &key_len))) return rc;
             skip_ws(p);
             if (p->pos >= p->len || p->s[p->pos] != ':') return fail(p, "':'");
@@ -166,6 +201,7 @@ static err_code parse_container(parser *p, size_t self, int depth, int is_object
         size_t child;
         if ((rc = parse_value(p, &child, depth + 1))) return rc;
         p->key_off[child] = key_off;
+        p->key_pos[child] = key_pos;
         p->nodes[child].key_len = key_len;
         if (prev) p->next_idx[prev - 1] = child + 1;
         else p->child_idx[self] = child + 1;
@@ -197,13 +233,17 @@ static err_code parse_number(parser *p, size_t self) {
         if (i >= p->len || p->s[i] < '0' || p->s[i] > '9') return fail(p, "a digit in the exponent");
         while (i < p->len && p->s[i] >= '0' && p->s[i] <= '9') i++;
     }
-    char buf[64];
+    /* strtod wants a terminated copy: on the stack, or for a long literal (Python reads integers
+     * of up to 4300 digits) on the heap */
+    char small[64], *buf = small;
     size_t n = i - p->pos;
-    if (n >= sizeof buf) return fail(p, "a number of at most 63 characters");
+    if (n > 4096) return fail(p, "a number of at most 4096 characters");
+    if (n >= sizeof small && !(buf = malloc(n + 1))) return err_set(ERR_NOMEM, "JSON: a number of %zu characters", n);
     memcpy(buf, p->s + p->pos, n);
     buf[n] = '\0';
     p->nodes[self].num = strtod(buf, NULL);
     p->nodes[self].n = memchr(buf, '.', n) == NULL && memchr(buf, 'e', n) == NULL && memchr(buf, 'E', n) == NULL;
+    if (buf != small) free(buf);
     p->pos = i;
     return ERR_OK;
 }
@@ -258,6 +298,43 @@ static void parser_release(parser *p) {
     free(p->next_idx);
     free(p->key_off);
     free(p->str_off);
+    free(p->key_pos);
+}
+
+static int member_cmp(const void *a, const void *b) {
+    const json_value *x = *(const json_value *const *)a, *y = *(const json_value *const *)b;
+    if (x->key_len != y->key_len) return x->key_len < y->key_len ? -1 : 1;
+    int c = memcmp(x->key, y->key, (size_t)x->key_len);
+    if (c) return c;
+    return x < y ? -1 : x > y; /* document order: the error names the second */
+}
+
+/* Refuses an object that names a key twice, naming the second occurrence: O(n log n) a object. */
+static err_code check_duplicate_keys(const parser *p) {
+    const json_value **members = NULL;
+    size_t cap = 0;
+    err_code rc = ERR_OK;
+    for (size_t i = 0; i < p->n_nodes && !rc; i++) {
+        const json_value *obj = &p->nodes[i];
+        if (obj->type != JSON_OBJECT || obj->n < 2) continue;
+        if ((size_t)obj->n > cap) {
+            const json_value **m = realloc(members, (size_t)obj->n * sizeof *m);
+            if (!m) { rc = err_set(ERR_NOMEM, "JSON: an object of %d members", obj->n); break; }
+            members = m;
+            cap = (size_t)obj->n;
+        }
+        size_t n = 0;
+        json_for_each(c, obj) members[n++] = c;
+        qsort(members, n, sizeof *members, member_cmp);
+        for (size_t k = 1; k < n && !rc; k++) {
+            const json_value *a = members[k - 1], *b = members[k];
+            if (a->key_len == b->key_len && memcmp(a->key, b->key, (size_t)a->key_len) == 0)
+                rc = err_set(ERR_JSON, "at byte %zu: duplicate key \"%.64s\" in an object", p->key_pos[b - p->nodes],
+                             b->key);
+        }
+    }
+    free(members);
+    return rc;
 }
 
 err_code json_parse(const char *text, size_t len, json_doc *doc) {
@@ -285,6 +362,12 @@ err_code json_parse(const char *text, size_t len, json_doc *doc) {
         v->key = p.key_off[i] != SIZE_MAX ? p.strings + p.key_off[i] : NULL;
         v->str = p.str_off[i] != SIZE_MAX ? p.strings + p.str_off[i] : NULL;
     }
+    if ((rc = check_duplicate_keys(&p))) {
+        parser_release(&p);
+        free(p.nodes);
+        free(p.strings);
+        return rc;
+    }
     parser_release(&p);
     doc->nodes = p.nodes;
     doc->n_nodes = p.n_nodes;
@@ -308,31 +391,11 @@ err_code json_parse_file(const char *path, json_doc *doc) {
         }
         return rc;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            char *nb = realloc(buf, cap = cap ? 2 * cap : 1 << 16);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return err_set(ERR_NOMEM, "%s: reading", path);
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    int failed = ferror(f);
-    fclose(f);
-    if (failed) {
-        free(buf);
-        return err_set(ERR_IO, "%s: read error", path);
-    }
-    err_code rc = json_parse(buf, len, doc);
+    char *buf;
+    size_t len;
+    err_code rc = file_read_regular(path, FILE_JSON_MAX, &buf, &len);
+    if (rc) return rc;
+    rc = json_parse(buf, len, doc);
     free(buf);
     if (rc == ERR_JSON) {
         char why[256]; /* err_set writes the buffer err_detail() reads: copy it first */

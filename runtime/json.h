@@ -3,8 +3,11 @@
  *
  * json_parse() builds a tree in one arena owned by the json_doc. Strings (values and keys) are
  * decoded (escapes, \uXXXX with surrogate pairs) into NUL-terminated UTF-8 with an explicit byte
- * length, since a decoded string may hold "\u0000". Numbers are doubles; integers up to 2^53 are
- * exact, which covers every safetensors offset we can map. */
+ * length, since a decoded string may hold "\u0000". Strings must be valid UTF-8 (as RFC 8259 and
+ * Python's json require), so every string a caller gets is. An object may not name a key twice:
+ * parsers disagree on which of two values counts (Python takes the last, others the first), so
+ * the document is refused; codegen/spec.py refuses it too. Numbers are doubles; integers up to 2^53
+ * are exact, which covers every safetensors offset we can map. */
 #ifndef INGOT_JSON_H
 #define INGOT_JSON_H
 
@@ -38,9 +41,10 @@ typedef struct {
 err_code json_parse(const char *text, size_t len, json_doc *doc);
 void json_free(json_doc *doc);
 
-/* Reads the file at path and parses it: ERR_IO naming the path when it cannot be read (errno is
- * left as the failed call set it, so ENOENT tells a missing file), else json_parse's result, its
- * detail after the path ("config.json: at byte 12: expected ..."). */
+/* Reads the file at path and parses it: ERR_IO naming the path when it cannot be read or is not a
+ * regular file of at most FILE_JSON_MAX bytes (files.h; errno is left as a failed open set it, so
+ * ENOENT tells a missing file), else json_parse's result, its detail after the path
+ * ("config.json: at byte 12: expected ..."). */
 err_code json_parse_file(const char *path, json_doc *doc);
 
 /* The member of obj named key, or NULL if obj is not an object or has no such member.

@@ -64,6 +64,7 @@ typedef struct {
     int serve;                /* --serve: the HTTP server (server.h) */
     server_config server;
     int model_given;          /* -m: not the executable's own model (an appliance's) */
+    int check_weights;        /* scan the weights for NaN and infinity at load */
 } options;
 
 static void usage(FILE *f) {
@@ -99,6 +100,7 @@ static void usage(FILE *f) {
             "                          (on the GPU, of a prefill batch too)\n"
             "      --tokenize          print the prompt's token ids (with --chat: its chat turn's) and exit\n"
             "  -m, --model DIR         model directory (default %s)\n"
+            "      --check-weights     refuse weights that hold NaN or infinity (a scan of every weight at load)\n"
             "      --threads N         CPU threads (default: physical cores)\n"
             "      --ctx N             context length in tokens (default %s)\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
@@ -175,7 +177,13 @@ static err_code parse_args(int argc, char **argv, options *o) {
         if (FLAG("-h", "--help")) { usage(stdout); exit(0); }
         else if (FLAG("-p", "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
         else if (FLAG("-f", "--file")) { NEEDS_VALUE(); o->prompt_file = v; }
-        else if (FLAG("-m", "--model")) { NEEDS_VALUE(); o->model_dir = v; o->model_given = 1; }
+        else if (FLAG("-m", "--model")) {
+            NEEDS_VALUE();
+            /* its files' paths are built in 4096-byte buffers: a longer one would be cut, not refused */
+            if (strlen(v) > 3072) return err_set(ERR_ARG, "%s: a path of %zu bytes, at most 3072", a, strlen(v));
+            o->model_dir = v;
+            o->model_given = 1;
+        }
         else if (FLAG("-n", "--n-tokens")) { NEEDS_VALUE(); rc = parse_long(a, v, 0, INT_MAX, &n); o->n_tokens = (int)n; }
         else if (FLAG("--temp", "--temperature")) { NEEDS_VALUE(); rc = parse_float(a, v, 0.0f, 100.0f, &o->sampling.temperature); }
         else if (FLAG("--top-k", "--top-k")) { NEEDS_VALUE(); o->top_k_arg = v; }
@@ -200,6 +208,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--json", "--json")) o->json = 1;
         else if (FLAG("--bench-kernels", "--bench-kernels")) o->bench_kernels = 1;
         else if (FLAG("--tokenize", "--tokenize")) o->tokenize = 1;
+        else if (FLAG("--check-weights", "--check-weights")) o->check_weights = 1;
         else if (FLAG("--threads", "--threads")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, 1024, &n); o->n_threads = (int)n; }
         else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); o->ctx_arg = v; }
         else if (FLAG("--device", "--device")) {
@@ -268,16 +277,27 @@ static err_code check_model_args(options *o) {
 // ----------------------------------------------------------------------------------------------
 // Files
 
+/* The most bytes of text -f, stdin or --perplexity may give: a file or device without end (-f
+ * /dev/zero) is refused at the limit instead of filling memory. Tokenizing takes about 20 bytes of
+ * memory a byte of text (52 MB: 1 GB), so the limit bounds that too: 16 MiB, ~330 MB. */
+#define TEXT_MAX ((size_t)16 << 20)
+
+/* A prompt or text file, whole (a pipe or FIFO too: the user named it), at most TEXT_MAX bytes. */
 static err_code read_file(const char *path, char **out, size_t *len) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
-    if (!buf) return err_set(ERR_NOMEM, "%s: reading", path);
+    if (!buf) { if (f != stdin) fclose(f); return err_set(ERR_NOMEM, "%s: reading", path); }
     for (;;) {
         if (n == cap) {
+            if (cap > TEXT_MAX) {
+                free(buf);
+                if (f != stdin) fclose(f);
+                return err_set(ERR_IO, "%s: more than %zu bytes of text", path, TEXT_MAX);
+            }
             char *nb = realloc(buf, 2 * cap + 1);
-            if (!nb) { free(buf); return err_set(ERR_NOMEM, "%s: %zu bytes", path, 2 * cap); }
+            if (!nb) { free(buf); if (f != stdin) fclose(f); return err_set(ERR_NOMEM, "%s: %zu bytes", path, 2 * cap); }
             buf = nb;
             cap *= 2;
         }
@@ -288,6 +308,7 @@ static err_code read_file(const char *path, char **out, size_t *len) {
     int failed = ferror(f);
     if (f != stdin) fclose(f);
     if (failed) { free(buf); return err_set(ERR_IO, "%s: read error", path); }
+    if (n > TEXT_MAX) { free(buf); return err_set(ERR_IO, "%s: more than %zu bytes of text", path, TEXT_MAX); }
     buf[n] = '\0';
     *out = buf;
     *len = n;
@@ -460,23 +481,31 @@ static err_code run_bench(engine *e, const options *o) {
         "The history of computing is a story of machines that read and write memory. Every step of a language "
         "model's decoding reads all of its weights once, so the speed of one stream is set by memory bandwidth. ";
     int n_decode = o->n_tokens < 0 ? 64 : o->n_tokens, n_prompt = o->bench_prompt ? o->bench_prompt : 128;
-    int depths[16], n_depths = 0, max_depth = 0;
-    for (const char *p = o->bench_depths; *p && n_depths < 16;) {
+    int depths[16], n_depths = 0, max_depth = 0, skipped[16], n_skipped = 0;
+    if ((long long)n_prompt + n_decode > e->ctx)
+        return err_set(ERR_ARG, "--bench needs at least %lld tokens of context, --ctx is %d", (long long)n_prompt + n_decode, e->ctx);
+    /* sizes in 64 bits: -n, --bench-prompt and each depth may each be up to INT_MAX */
+    for (const char *p = o->bench_depths; *p;) {
         char *end;
+        errno = 0;
         long d = strtol(p, &end, 10);
-        if (end == p || (*end && *end != ',') || d < 0)
-            return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated non-negative integers", o->bench_depths);
+        if (end == p || (*end && *end != ',') || d < 0 || d > INT_MAX || errno)
+            return err_set(ERR_ARG, "--bench-depths %s: expected comma-separated integers in 0..%d", o->bench_depths, INT_MAX);
+        if (n_depths + n_skipped == 16) return err_set(ERR_ARG, "--bench-depths %s: at most 16 depths", o->bench_depths);
         p = *end == ',' ? end + 1 : end;
-        if (d + n_decode + 1 > e->ctx) { /* deeper than the context allows */
-            fprintf(stderr, "ingot: --bench: depth %ld skipped: %ld + %d decoded tokens exceed the context of %d\n", d, d,
-                    n_decode, e->ctx);
+        if ((long long)d + n_decode + 1 > e->ctx) { /* deeper than the context allows */
+            skipped[n_skipped++] = (int)d;
             continue;
         }
         depths[n_depths++] = (int)d;
         max_depth = d > max_depth ? (int)d : max_depth;
     }
-    if (n_depths == 0 || n_prompt + n_decode > e->ctx)
-        return err_set(ERR_ARG, "--bench needs at least %d tokens of context, --ctx is %d", n_prompt + n_decode, e->ctx);
+    if (n_depths == 0)
+        return err_set(ERR_ARG, "--bench-depths %s: no depth leaves room for %d decoded tokens in the context of %d",
+                       o->bench_depths, n_decode, e->ctx);
+    for (int i = 0; i < n_skipped; i++) /* a warning, once the run goes ahead */
+        fprintf(stderr, "ingot: --bench: depth %d skipped: %d + %d decoded tokens exceed the context of %d\n", skipped[i],
+                skipped[i], n_decode, e->ctx);
     int *base, nb;
     err_code rc = engine_encode(e, text, 0, &base, &nb);
     if (rc) return rc;
@@ -619,7 +648,8 @@ int main(int argc, char **argv) {
 
     engine e;
     engine_config ec = {.model_dir = o.model_dir, .ctx = o.ctx, .n_threads = o.n_threads,
-                        .cuda = strcmp(o.device, "cuda") == 0, .host_logits = o.dump_logits || o.perplexity_file};
+                        .cuda = strcmp(o.device, "cuda") == 0, .host_logits = o.dump_logits || o.perplexity_file,
+                        .check_weights = o.check_weights};
     rc = engine_open(&e, &ec);
     if (!rc) {
         if (o.serve) {

@@ -24,13 +24,6 @@ extern "C" {
 /* The tensors the model needs, in table order: HF name, dtype, shape (model_tensors.c). */
 extern const st_tensor_spec model_tensor_specs[MODEL_N_TENSORS];
 
-/* config.json keys and the values this binary was built for, re-checked when a model directory is
- * opened so that weights of another model are refused with the key named. */
-typedef struct {
-    const char *key;
-    long long value;
-} model_config_check;
-extern const model_config_check model_config_checks[MODEL_N_CONFIG_CHECKS];
 #else
 /* The generic build (runtime/model_generic.c). model_generic_load reads dir/config.json into
  * model_rt, refusing what it cannot run with a message naming the key; model_generic_load_chat

@@ -121,12 +121,16 @@ static void repr(text *t, const json_value *v) {
     }
 }
 
+/* Characters of a value quoted in a message; longer ones end in "..." (spec.py REPR_MAX). */
+#define REPR_MAX 200
+
 /* The repr of v in a static buffer: for one message at a time. */
 static const char *r(const json_value *v) {
-    static _Thread_local char buf[256];
+    static _Thread_local char buf[REPR_MAX + 8];
     text t = {buf, 0, sizeof buf};
     buf[0] = '\0';
     repr(&t, v);
+    if (t.len > REPR_MAX) memcpy(buf + REPR_MAX, "...", 4);
     return buf;
 }
 
@@ -156,7 +160,10 @@ static int truthy(const json_value *v) {
 static int is_null(const json_value *v) { return !v || v->type == JSON_NULL; }
 static int is_number(const json_value *v) { return v && v->type == JSON_NUMBER; }
 static int is_int(const json_value *v) { return is_number(v) && v->n; }
-static int is_str(const json_value *v, const char *s) { return v && v->type == JSON_STRING && strcmp(v->str, s) == 0; }
+/* A string equal to s (a decoded string may hold NUL bytes: compared by length, as Python does). */
+static int is_str(const json_value *v, const char *s) {
+    return v && v->type == JSON_STRING && (size_t)v->n == strlen(s) && memcmp(v->str, s, (size_t)v->n) == 0;
+}
 
 // ----------------------------------------------------------------------------------------------
 // spec.py's _get
@@ -178,14 +185,31 @@ static err_code refuse(const reader *rd, const char *fmt, ...) {
 
 enum { REQUIRED, OPTIONAL };
 
-/* An integer key, positive (bos/eos aside); *out unchanged when absent and optional. Integers
- * beyond int are refused: no dimension that large fits in memory anyway. */
+/* spec.py LIMITS: the largest value each integer key may take, far above every real model and low
+ * enough that every size derived from them fits 64 bits (and q_dim, kv_dim an int) with room. */
+static const struct {
+    const char *key;
+    long long max;
+} LIMITS[] = {
+    {"hidden_size", 1 << 16},         {"intermediate_size", 1 << 18}, {"num_hidden_layers", 1 << 10},
+    {"num_attention_heads", 1 << 10}, {"num_key_value_heads", 1 << 10}, {"head_dim", 1 << 10},
+    {"vocab_size", 1 << 22},          {"max_position_embeddings", 1 << 24},
+};
+#define MAX_ID 2147483647.0 /* token ids are ints */
+
+static long long limit_of(const char *key) {
+    for (size_t i = 0; i < sizeof LIMITS / sizeof *LIMITS; i++)
+        if (strcmp(LIMITS[i].key, key) == 0) return LIMITS[i].max;
+    return (long long)MAX_ID;
+}
+
+/* An integer key, positive, at most its limit; *out unchanged when absent and optional. */
 static err_code get_int(const reader *rd, const char *key, int optional, int *out) {
     const json_value *v = json_get(rd->cfg, key);
     if (is_null(v)) return optional ? ERR_OK : refuse(rd, "missing key '%s'", key);
     if (!is_int(v)) return refuse(rd, "'%s' = %s, expected an integer", key, r(v));
     if (v->num <= 0) return refuse(rd, "'%s' = %s, expected a positive value", key, r(v));
-    if (v->num > 2147483647.0) return refuse(rd, "'%s' = %s, too large", key, r(v));
+    if (v->num > (double)limit_of(key)) return refuse(rd, "'%s' = %s, expected at most %lld", key, r(v), limit_of(key));
     *out = (int)v->num;
     return ERR_OK;
 }
@@ -195,6 +219,7 @@ static err_code get_float(const reader *rd, const char *key, double *out) {
     if (is_null(v)) return ERR_OK; /* spec.py's only float key has a default */
     if (!is_number(v)) return refuse(rd, "'%s' = %s, expected a number", key, r(v));
     if (v->num <= 0) return refuse(rd, "'%s' = %s, expected a positive value", key, r(v));
+    if (!isfinite(v->num)) return refuse(rd, "'%s' = %s, expected a finite value", key, r(v));
     *out = v->num;
     return ERR_OK;
 }
@@ -210,12 +235,13 @@ static err_code get_bool(const reader *rd, const char *key, int *out) {
 // ----------------------------------------------------------------------------------------------
 // RoPE: spec.py's rope_inv_freq
 
-/* A number member of a rope_scaling object for the given type; Python's KeyError message when
- * absent. */
+/* A number member of a rope_scaling object for the given type, finite and positive. */
 static err_code scaling_number(const reader *rd, const json_value *scaling, const char *kind, const char *key, double *out) {
     const json_value *v = json_get(scaling, key);
     if (!v) return refuse(rd, "rope_scaling (%s) lacks '%s'", kind, key);
     if (!is_number(v)) return refuse(rd, "rope_scaling (%s): '%s' = %s, expected a number", kind, key, r(v));
+    if (!(v->num > 0 && isfinite(v->num)))
+        return refuse(rd, "rope_scaling (%s): '%s' = %s, expected a positive finite value", kind, key, r(v));
     *out = v->num;
     return ERR_OK;
 }
@@ -243,6 +269,12 @@ static err_code rope_inv_freq(const reader *rd, model_spec *s, const json_value 
                 (rc = scaling_number(rd, scaling, "llama3", "high_freq_factor", &high)) ||
                 (rc = scaling_number(rd, scaling, "llama3", "original_max_position_embeddings", &old_ctx)))
                 return rc;
+            if (high <= low) {
+                char lo[REPR_MAX + 8];
+                snprintf(lo, sizeof lo, "%s", r(json_get(scaling, "low_freq_factor")));
+                return refuse(rd, "rope_scaling (llama3): 'high_freq_factor' = %s must be greater than 'low_freq_factor' = %s",
+                              r(json_get(scaling, "high_freq_factor")), lo);
+            }
             double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
             for (int i = 0; i < n; i++) {
                 double wavelen = 2 * M_PI / f[i];
@@ -259,6 +291,8 @@ static err_code rope_inv_freq(const reader *rd, model_spec *s, const json_value 
             return refuse(rd, "rope_scaling type %s is not supported (supported: default, linear, llama3)", r(kind));
         }
     }
+    for (int i = 0; i < n; i++)
+        if (!isfinite(f[i]) || isinf((float)f[i])) return refuse(rd, "'rope_theta' = %s gives RoPE frequencies that are not finite", r_float(s->rope_theta));
     for (int i = 0; i < n; i++) s->rope_inv_freq[i] = (float)f[i];
     return ERR_OK;
 }
@@ -339,9 +373,9 @@ static err_code from_config(const reader *rd, model_spec *s) {
     json_value empty = {.type = JSON_ARRAY};
     if (!truthy(archs)) archs = &empty;
     int a = -1;
-    if (archs->type == JSON_ARRAY && archs->n == 1 && archs->child->type == JSON_STRING)
+    if (archs->type == JSON_ARRAY && archs->n == 1)
         for (int i = 0; i < 3; i++)
-            if (strcmp(archs->child->str, ARCHITECTURES[i][0]) == 0) a = i;
+            if (is_str(archs->child, ARCHITECTURES[i][0])) a = i;
     if (a < 0)
         return refuse(rd, "'architectures' = %s, expected one of ['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM']",
                       r(archs));
@@ -396,6 +430,7 @@ static err_code from_config(const reader *rd, model_spec *s) {
         s->rope_theta = theta->num;
     }
     if (s->rope_theta <= 0) return refuse(rd, "'rope_theta' = %s, expected a positive value", r_float(s->rope_theta));
+    if (!isfinite(s->rope_theta)) return refuse(rd, "'rope_theta' = %s, expected a finite value", r_float(s->rope_theta));
     const json_value *scaling = json_get(cfg, "rope_scaling");
     if (!truthy(scaling)) {
         const json_value *kind = rope_params ? json_get(rope_params, "rope_type") : NULL;
@@ -425,13 +460,13 @@ static err_code from_config(const reader *rd, model_spec *s) {
     if (!is_null(eos)) {
         const json_value *e = eos->type == JSON_ARRAY ? eos->child : eos;
         for (; e; e = eos->type == JSON_ARRAY ? e->next : NULL) {
-            if (!is_int(e) || e->num < 0 || e->num > 2147483647.0)
+            if (!is_int(e) || e->num < 0 || e->num > MAX_ID)
                 return refuse(rd, "'eos_token_id' = %s, expected an id or a list of ids", r(eos));
             s->eos_ids[s->n_eos++] = (int)e->num;
         }
     }
     const json_value *bos = json_get(cfg, "bos_token_id");
-    s->bos_id = is_int(bos) && fabs(bos->num) <= 2147483647.0 ? (int)bos->num : -1;
+    s->bos_id = is_int(bos) && bos->num >= 0 && bos->num <= MAX_ID ? (int)bos->num : -1;
 
     if ((rc = get_int(rd, "vocab_size", REQUIRED, &s->vocab_size))) return rc;
     if ((rc = get_int(rd, "intermediate_size", REQUIRED, &s->hidden_dim))) return rc;

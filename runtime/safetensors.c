@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "bundle.h"
+#include "files.h"
 #include "json.h"
 
 #define ST_HEADER_MAX ((uint64_t)100 << 20) /* bytes; real headers are at most a few MB */
@@ -299,19 +300,9 @@ static err_code file_open(st_model *m, const char *dir, const char *name) {
         f->bundled = 1;
         if (f->size < 8) return err_set(ERR_ST_TRUNCATED, "%s: %zu bytes, shorter than the 8-byte header length", f->path, f->size);
     } else {
-        int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) return err_set(ERR_IO, "%s: %s", f->path, strerror(errno));
-        struct stat st;
-        if (fstat(fd, &st) != 0) {
-            int e = errno;
-            close(fd);
-            return err_set(ERR_IO, "%s: %s", f->path, strerror(e));
-        }
-        if (!S_ISREG(st.st_mode)) {
-            close(fd);
-            return err_set(ERR_IO, "%s: not a regular file", f->path);
-        }
-        f->size = (size_t)st.st_size;
+        int fd;
+        err_code orc = file_open_regular(f->path, UINT64_MAX, &fd, &f->size);
+        if (orc) return orc;
         if (f->size < 8) {
             close(fd);
             return err_set(ERR_ST_TRUNCATED, "%s: %zu bytes, shorter than the 8-byte header length",
@@ -404,7 +395,8 @@ static int str_cmp(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Reads a small file (the index: tens of KB) whole into a malloc'd buffer. */
+/* Reads a small file (the index: tens of KB) whole into a malloc'd buffer: an appliance's own, or a
+ * regular file of at most ST_HEADER_MAX bytes. */
 static err_code read_whole(const char *path, char **out, size_t *len) {
     const void *bundled;
     size_t bundled_size;
@@ -415,41 +407,11 @@ static err_code read_whole(const char *path, char **out, size_t *len) {
             return err_set(ERR_ST_HEADER, "%s: %zu bytes, more than the %llu-byte limit", path, bundled_size, (unsigned long long)ST_HEADER_MAX);
         if (!(*out = malloc(bundled_size + 1))) return err_set(ERR_NOMEM, "%s: %zu bytes", path, bundled_size);
         memcpy(*out, bundled, bundled_size);
+        (*out)[bundled_size] = 0;
         *len = bundled_size;
         return ERR_OK;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_set(ERR_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    err_code rc = ERR_OK;
-    char *buf = NULL;
-    size_t n = 0;
-    if (fstat(fd, &st) != 0) {
-        rc = err_set(ERR_IO, "%s: %s", path, strerror(errno));
-    } else if ((uint64_t)st.st_size > ST_HEADER_MAX) {
-        rc = err_set(ERR_ST_HEADER, "%s: %lld bytes, more than the %llu-byte limit", path,
-                     (long long)st.st_size, (unsigned long long)ST_HEADER_MAX);
-    } else if (!(buf = malloc((size_t)st.st_size + 1))) {
-        rc = err_set(ERR_NOMEM, "%s: %lld bytes", path, (long long)st.st_size);
-    } else {
-        while (n < (size_t)st.st_size) {
-            ssize_t got = read(fd, buf + n, (size_t)st.st_size - n);
-            if (got < 0 && errno == EINTR) continue;
-            if (got <= 0) {
-                rc = err_set(ERR_IO, "%s: %s", path, got ? strerror(errno) : "file shrank while read");
-                break;
-            }
-            n += (size_t)got;
-        }
-    }
-    close(fd);
-    if (rc) {
-        free(buf);
-        return rc;
-    }
-    *out = buf;
-    *len = n;
-    return ERR_OK;
+    return file_read_regular(path, ST_HEADER_MAX, out, len);
 }
 
 /* Opens every shard the index names and checks that the index and the shards agree exactly:
@@ -640,6 +602,59 @@ err_code st_model_bind(const st_model *m, const st_tensor_spec *specs, int n, co
     }
     free(used);
     return rc;
+}
+
+/* Index of the first element of x[0..n) whose exponent bits are all ones (NaN or infinity), or n:
+ * exp_mask is the dtype's exponent field. */
+static size_t first_nonfinite16(const uint16_t *x, size_t n, uint16_t exp_mask) {
+    for (size_t i = 0; i < n; i += 4096) { /* a block at a time: the loop the compiler vectorizes */
+        size_t end = i + 4096 < n ? i + 4096 : n;
+        int bad = 0;
+        for (size_t k = i; k < end; k++) bad |= (x[k] & exp_mask) == exp_mask;
+        if (bad)
+            for (size_t k = i; k < end; k++)
+                if ((x[k] & exp_mask) == exp_mask) return k;
+    }
+    return n;
+}
+
+static size_t first_nonfinite32(const uint32_t *x, size_t n) {
+    for (size_t i = 0; i < n; i += 4096) {
+        size_t end = i + 4096 < n ? i + 4096 : n;
+        int bad = 0;
+        for (size_t k = i; k < end; k++) bad |= (x[k] & 0x7F800000u) == 0x7F800000u;
+        if (bad)
+            for (size_t k = i; k < end; k++)
+                if ((x[k] & 0x7F800000u) == 0x7F800000u) return k;
+    }
+    return n;
+}
+
+err_code st_check_finite(const st_tensor_spec *specs, const void *const *data, int n) {
+    for (int t = 0; t < n; t++) {
+        const st_tensor_spec *s = &specs[t];
+        size_t numel = 1;
+        for (int d = 0; d < s->ndim; d++) numel *= (size_t)s->shape[d];
+        size_t bad;
+        int is_nan;
+        if (s->dtype == DT_F32) {
+            const uint32_t *x = data[t];
+            bad = first_nonfinite32(x, numel);
+            is_nan = bad < numel && (x[bad] & 0x007FFFFFu);
+        } else {
+            const uint16_t *x = data[t];
+            uint16_t exp = s->dtype == DT_BF16 ? 0x7F80 : 0x7C00;
+            bad = first_nonfinite16(x, numel, exp);
+            is_nan = bad < numel && (x[bad] & (uint16_t)~(exp | 0x8000));
+        }
+        if (bad < numel) {
+            char where[96];
+            fmt_shape(where, sizeof where, s->shape, s->ndim);
+            return err_set(ERR_ST_NONFINITE, "%s (%s %s): element %zu is %s", s->name, st_dtype_name(s->dtype), where, bad,
+                           is_nan ? "NaN" : "infinite");
+        }
+    }
+    return ERR_OK;
 }
 
 size_t st_model_data_bytes(const st_model *m) { return m->data_bytes; }

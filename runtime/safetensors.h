@@ -41,6 +41,10 @@ err_code st_model_open(st_model **out, const char *dir);
 err_code st_model_bind(const st_model *m, const st_tensor_spec *specs, int n, const void **data,
                        int (*ignore)(const char *name));
 
+/* Scans tensors[0..n) (specs[i]'s bytes at data[i], as st_model_bind gave them) for NaN and
+ * infinity: ERR_ST_NONFINITE naming the first tensor that holds one, the element and its value. */
+err_code st_check_finite(const st_tensor_spec *specs, const void *const *data, int n);
+
 /* Total bytes of tensor data across all files. */
 size_t st_model_data_bytes(const st_model *m);
 

@@ -89,6 +89,18 @@ static int utf8_decode(const unsigned char *s, uint32_t *cp) {
     return 4;
 }
 
+/* utf8_decode for bytes that may not be valid UTF-8 (a decoder step's output: ByteLevel and
+ * ByteFallback give raw bytes): never reads past s[n - 1]; a byte that does not start a valid
+ * character is one character U+FFFD. */
+static int utf8_decode_n(const unsigned char *s, size_t n, uint32_t *cp) {
+    size_t valid = utf8_invalid_at(s, n < 4 ? n : 4);
+    if (s[0] >= 0x80 && valid == 0) {
+        *cp = 0xFFFD;
+        return 1;
+    }
+    return utf8_decode(s, cp);
+}
+
 static int utf8_encode(uint32_t cp, char *out) {
     if (cp < 0x80) { out[0] = (char)cp; return 1; }
     if (cp < 0x800) {
@@ -1015,7 +1027,7 @@ static void decode_token(const tokenizer *t, const tok_str *tok, int first, buf 
             int all = 1;
             for (size_t i = 0; i < n && all;) {
                 uint32_t cp;
-                i += (size_t)utf8_decode((const unsigned char *)s + i, &cp);
+                i += (size_t)utf8_decode_n((const unsigned char *)s + i, n - i, &cp);
                 int b = cp < BYTE_CHAR_END ? t->char_byte[cp] : -1;
                 if (b < 0) all = 0;
                 else buf_put(tmp, &(char){(char)b}, 1);
@@ -1039,7 +1051,7 @@ static void decode_token(const tokenizer *t, const tok_str *tok, int first, buf 
             size_t i = 0;
             for (int c = 0; c < st->start && i < n && (!fused || first); c++) {
                 uint32_t cp;
-                int l = utf8_decode((const unsigned char *)s + i, &cp);
+                int l = utf8_decode_n((const unsigned char *)s + i, n - i, &cp);
                 if (cp != st->ch) break;
                 i += (size_t)l;
             }
@@ -1048,7 +1060,7 @@ static void decode_token(const tokenizer *t, const tok_str *tok, int first, buf 
                 size_t b = end - 1;
                 while (b > i && ((unsigned char)s[b] & 0xC0) == 0x80) b--;
                 uint32_t cp;
-                utf8_decode((const unsigned char *)s + b, &cp);
+                utf8_decode_n((const unsigned char *)s + b, end - b, &cp);
                 if (cp != st->ch) break;
                 end = b;
             }
@@ -1056,7 +1068,7 @@ static void decode_token(const tokenizer *t, const tok_str *tok, int first, buf 
         } else { /* Metaspace: the replacement becomes a space, and disappears from the first token */
             for (size_t i = 0; i < n;) {
                 uint32_t cp;
-                int l = utf8_decode((const unsigned char *)s + i, &cp);
+                int l = utf8_decode_n((const unsigned char *)s + i, n - i, &cp);
                 if (cp != st->ch) buf_put(tmp, s + i, (size_t)l);
                 else if (!(first && st->prepend != PREPEND_NEVER)) buf_put(tmp, " ", 1);
                 i += (size_t)l;
@@ -1104,6 +1116,7 @@ int tok_find(const tokenizer *t, const char *str) {
 typedef struct {
     tokenizer *t;
     const char *path;
+    int max_ids; /* every id must be below: the model's vocab_size */
 } loader;
 
 static err_code fail(const loader *L, const char *where, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -1225,8 +1238,11 @@ static err_code load_model(const loader *L, const json_value *model) {
     const json_value *vocab = json_get(model, "vocab");
     if (!vocab || vocab->type != JSON_OBJECT) return fail(L, "model.vocab", "must be an object");
     json_for_each(it, vocab) {
-        if (!json_is_int(it) || it->num < 0 || it->num >= INT32_MAX / 2)
+        if (!json_is_int(it) || it->num < 0)
             return fail(L, "model.vocab", "\"%s\": id must be a non-negative integer", it->key);
+        if (it->num >= L->max_ids)
+            return fail(L, "model.vocab", "\"%s\": id %.0f is outside the model's vocabulary (vocab_size %d)", it->key,
+                        it->num, L->max_ids);
         if ((int)it->num + 1 > t->n_vocab) t->n_vocab = (int)it->num + 1;
     }
     uint32_t slots = 16;
@@ -1357,7 +1373,10 @@ static err_code load_added(const loader *L, const json_value *added) {
             (rc = get_bool(L, a, where, "special", 0, &tok->special)) ||
             (rc = get_bool(L, a, where, "normalized", !tok->special, &tok->normalized)))
             return rc;
-        if (!content || id < 0 || id >= INT32_MAX / 2) return fail(L, where, "needs \"content\" and an \"id\"");
+        if (!content || id < 0) return fail(L, where, "needs \"content\" and an \"id\"");
+        if (id >= L->max_ids)
+            return fail(L, where, "\"%s\": id %d is outside the model's vocabulary (vocab_size %d)", content->str, id,
+                        L->max_ids);
         if (single_word) return fail(L, where, "\"%s\": single_word true is not supported", content->str);
         if (content->n == 0) continue; /* the library skips empty tokens */
         int dup = 0;
@@ -1488,8 +1507,11 @@ static err_code template_ids(const loader *L, const json_value *specials, const 
     if (!p) return err_set(ERR_NOMEM, "%s: post_processor", L->path);
     *ids = p;
     json_for_each(it, list) {
-        if (!json_is_int(it) || it->num < 0 || it->num >= INT32_MAX / 2)
+        if (!json_is_int(it) || it->num < 0)
             return fail(L, "post_processor.special_tokens", "\"%s\": ids must be non-negative integers", name);
+        if (it->num >= L->max_ids)
+            return fail(L, "post_processor.special_tokens", "\"%s\": id %.0f is outside the model's vocabulary "
+                        "(vocab_size %d)", name, it->num, L->max_ids);
         p[(*n)++] = (int)it->num;
     }
     return ERR_OK;
@@ -1529,9 +1551,11 @@ static err_code load_post_processor(const loader *L, const json_value *p, const 
         if (t->n_prefix || t->n_suffix) return fail(L, where, "a second template is not supported");
         const json_value *cls_id = cls && cls->type == JSON_ARRAY && cls->n == 2 ? cls->child->next : NULL;
         const json_value *sep_id = sep && sep->type == JSON_ARRAY && sep->n == 2 ? sep->child->next : NULL;
-        if (!json_is_int(cls_id) || cls_id->num < 0 || cls_id->num >= INT32_MAX / 2 || !json_is_int(sep_id) ||
-            sep_id->num < 0 || sep_id->num >= INT32_MAX / 2)
+        if (!json_is_int(cls_id) || cls_id->num < 0 || !json_is_int(sep_id) || sep_id->num < 0)
             return fail(L, where, "%s needs \"cls\" and \"sep\" as [token, id]", type);
+        if (cls_id->num >= L->max_ids || sep_id->num >= L->max_ids)
+            return fail(L, where, "%s: id %.0f is outside the model's vocabulary (vocab_size %d)", type,
+                        cls_id->num >= L->max_ids ? cls_id->num : sep_id->num, L->max_ids);
         t->prefix = malloc(sizeof *t->prefix);
         t->suffix = malloc(sizeof *t->suffix);
         if (!t->prefix || !t->suffix) return err_set(ERR_NOMEM, "%s: post_processor", L->path);
@@ -1606,8 +1630,17 @@ static err_code build_pieces(const loader *L) {
     memcpy(content, t->vocab, (size_t)t->n_vocab * sizeof *content);
     /* the library decodes a normalized added token from its normalized form (" ell" as "▁▁ell") */
     for (int k = 0; k < t->n_added; k++) content[t->added[k].id] = t->added[k].match;
-    buf out = {0}, tmp = {0};
     err_code rc = ERR_OK;
+    for (int k = 0; k < t->n_prefix + t->n_suffix && !rc; k++) {
+        int id = k < t->n_prefix ? t->prefix[k] : t->suffix[k - t->n_prefix];
+        if (id >= t->n_ids || !content[id].s)
+            rc = fail(L, "post_processor", "special token id %d is not a token of the vocabulary or the added tokens", id);
+    }
+    if (rc) {
+        free(content);
+        return rc;
+    }
+    buf out = {0}, tmp = {0};
     for (int id = 0; id < t->n_ids && !rc; id++) {
         if (!content[id].s) { /* the library skips ids it does not know */
             t->piece[id] = t->first[id] = (tok_str){"", 0};
@@ -1657,7 +1690,7 @@ static err_code load_root(const loader *L, const json_value *root) {
     return build_pieces(L);
 }
 
-err_code tok_load(tokenizer **out, const char *path) {
+err_code tok_load(tokenizer **out, const char *path, int max_ids) {
     *out = NULL;
     json_doc doc;
     err_code rc = json_parse_file(path, &doc);
@@ -1667,7 +1700,7 @@ err_code tok_load(tokenizer **out, const char *path) {
         json_free(&doc);
         return err_set(ERR_NOMEM, "%s: tokenizer", path);
     }
-    loader L = {t, path};
+    loader L = {t, path, max_ids};
     rc = load_root(&L, doc.root);
     json_free(&doc);
     if (rc) {

@@ -17,7 +17,10 @@
 
 typedef struct tokenizer tokenizer;
 
-err_code tok_load(tokenizer **out, const char *tokenizer_json_path);
+/* Loads tokenizer.json. Every id it holds (vocab, added tokens, post-processor) must be below
+ * max_ids, the model's vocab_size: an id the logits do not have is refused here, before anything
+ * is allocated for it, naming the id; the post-processor's ids must also be tokens. */
+err_code tok_load(tokenizer **out, const char *tokenizer_json_path, int max_ids);
 void tok_free(tokenizer *t);
 
 int tok_vocab_size(const tokenizer *t); /* largest id + 1, added tokens included */

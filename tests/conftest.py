@@ -102,7 +102,11 @@ def tiny_model_dir(variant: str, seed: int = 1, name: str | None = None) -> Path
 
 
 def run(binary: Path | Binary, *args: str, input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Runs an ingot binary with --check-weights always: a test model whose weights are not finite
+    fails loudly instead of passing on garbage."""
     argv = binary.argv(*args) if isinstance(binary, Binary) else [str(binary), *args]
+    if Path(argv[0]).name == "ingot":
+        argv.insert(1, "--check-weights")
     r = subprocess.run(argv, input=input, capture_output=True, timeout=600)
     if check and r.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.decode(errors='replace')}")

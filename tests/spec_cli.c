@@ -1,8 +1,9 @@
 /* spec_cli.c - a command-line driver of the run-time spec, for the tests (tests/test_model_spec.py).
  *
- *   spec_cli MODEL_DIR    prints MODEL_DIR/config.json's model_spec as one JSON object
- *
- * Errors print one line, "<err_name>: <detail>", on stderr and exit 1. */
+ *   spec_cli MODEL_DIR         prints MODEL_DIR/config.json's model_spec as one JSON object; an
+ *                              error prints one line, "<err_name>: <detail>", on stderr and exits 1
+ *   spec_cli DIR1 DIR2 ...     one line on stdout for each: the JSON object, or "!" and the error
+ *                              line (the differential test runs thousands of configs at once) */
 #include <stdio.h>
 
 #include "../runtime/model_spec.h"
@@ -13,17 +14,8 @@ static void print_ints(const char *key, const int *v, int n) {
     printf("], ");
 }
 
-int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: spec_cli MODEL_DIR\n");
-        return 2;
-    }
-    model_spec s;
-    err_code rc = model_spec_load(&s, argv[1]);
-    if (rc) {
-        fprintf(stderr, "%s: %s\n", err_name(rc), err_detail());
-        return 1;
-    }
+static void print_spec(const model_spec *ps) {
+    const model_spec s = *ps;
     printf("{\"name\": \"%s\", \"architecture\": \"%s\", \"family\": \"%s\", ", s.name, s.architecture, s.family);
     printf("\"dim\": %d, \"hidden_dim\": %d, \"n_layers\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, ",
            s.dim, s.hidden_dim, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim);
@@ -47,6 +39,26 @@ int main(int argc, char **argv) {
         printf("]]");
     }
     printf("]}\n");
-    model_spec_free(&s);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: spec_cli MODEL_DIR...\n");
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) {
+        model_spec s;
+        err_code rc = model_spec_load(&s, argv[i]);
+        if (rc && argc == 2) {
+            fprintf(stderr, "%s: %s\n", err_name(rc), err_detail());
+            return 1;
+        }
+        if (rc) {
+            printf("!%s: %s\n", err_name(rc), err_detail());
+            continue;
+        }
+        print_spec(&s);
+        model_spec_free(&s);
+    }
     return 0;
 }

@@ -188,3 +188,104 @@ def test_unreadable_and_malformed(spec_cli, tmp_path):
     (d / "config.json").write_text("[1, 2]")
     _, err = c_spec(spec_cli, d)
     assert err.endswith(f"{d}/config.json: expected a JSON object")
+
+
+# ---------------------------------------------------------------------------------------------
+# Differential fuzzing: random configs, mutated from the known ones with values of every kind a
+# config may hold (wrong types, zero, negative, huge, non-finite, escapes, nested), through both
+# specs. Same verdict and the same message, and spec.py never fails with anything but SpecError.
+# Values outside the comparison: strings with Unicode characters Python's repr escapes beyond
+# ASCII controls (C quotes their bytes); integers beyond 2^53 (C reads a double: shown as one).
+
+FUZZ_KEYS = ("architectures", "hidden_act", "mlp_bias", "use_sliding_window", "attention_bias", "hidden_size",
+             "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window",
+             "rope_parameters", "rope_theta", "rope_scaling", "torch_dtype", "dtype", "eos_token_id", "bos_token_id",
+             "vocab_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps", "tie_word_embeddings")
+INF = "@@INF@@"  # written as 1e400, which both parsers read as infinity
+NUMBERS = (0, 1, 2, 3, -1, 7, 16, 32, 64, 100, 128, 255, 256, 1024, 1025, 65536, 65537, 262145, 1 << 22, (1 << 22) + 1, 2**53 + 1, 10**400,
+           1 << 24, (1 << 24) + 1, 2**31 - 1, 2**31, 2**53, 0.0, 0.5, 1.0, 1.5, 4.0, 8.0, 64.0, 1e-5, -1e-5, 1e-300,
+           5e-324, 1e308, -1e308, 10000.0, 500000.0, INF)
+OTHERS = (None, True, False, "", "silu", "gelu", "64", "bfloat16", "float16", "int8", "LlamaForCausalLM",
+          "a\nb", "x'y", 'x"y', "x'y\"z", "\x1b[31m", "tab\there", "\x7f", "é", "llama3", "linear", "default", "yarn",
+          [], [1], [2, -1], [True], ["LlamaForCausalLM"], ["Qwen2ForCausalLM"], ["MistralForCausalLM"],
+          ["LlamaForCausalLM", "x"], [["LlamaForCausalLM"]], [{}], {}, {"a": 1}, {"rope_theta": 10.0},
+          "x" * 300, list(range(100)))
+SCALING_KEYS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def fuzz_value(rng, key):
+    if key in ("rope_scaling", "rope_parameters") and rng.random() < 0.7:
+        d = {}
+        if rng.random() < 0.8:
+            d[rng.choice(("rope_type", "type"))] = rng.choice(("linear", "llama3", "default", "yarn", None, 1))
+        for k in SCALING_KEYS[2:]:
+            if rng.random() < 0.8:
+                d[k] = rng.choice(NUMBERS + (None, "4.0", True))
+        if key == "rope_parameters" and rng.random() < 0.5:
+            d["rope_theta"] = rng.choice(NUMBERS + (None, "1e4"))
+        return d
+    return rng.choice(NUMBERS) if rng.random() < 0.6 else copy.deepcopy(rng.choice(OTHERS))
+
+
+def fuzz_configs(n, seed):
+    import random
+    rng = random.Random(seed)
+    bases = [base(), llama_1b(), json.loads((REPO / "tests" / "models" / "tiny-qwen2" / "config.json").read_text()),
+             with_(base(), architectures=["MistralForCausalLM"], sliding_window=None)]
+    for _ in range(n):
+        cfg = copy.deepcopy(rng.choice(bases))
+        for _ in range(rng.randint(1, 3)):
+            key = rng.choice(FUZZ_KEYS)
+            if rng.random() < 0.15:
+                cfg.pop(key, None)
+            else:
+                cfg[key] = fuzz_value(rng, key)
+        yield json.dumps(cfg).replace(f'"{INF}"', "1e400")
+
+
+def test_differential_fuzz(spec_cli, tmp_path):
+    texts = list(fuzz_configs(3000, seed=61))
+    dirs = []
+    for i, text in enumerate(texts):
+        d = tmp_path / f"c{i}"
+        d.mkdir()
+        (d / "config.json").write_text(text)
+        dirs.append(d)
+    r = subprocess.run([str(spec_cli), *map(str, dirs)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(dirs)
+    verdicts = {"accepted": 0, "refused": 0}
+    for d, text, line in zip(dirs, texts, lines):
+        try:
+            py, py_err = load_spec(d / "config.json", name=d.name), None
+        except SpecError as e:
+            py, py_err = None, str(e)
+        except Exception as e:  # the generator must refuse, never crash
+            pytest.fail(f"spec.py raised {type(e).__name__}: {e} on {text}")
+        if py_err is None:
+            assert not line.startswith("!"), f"C refused what spec.py accepts: {line} on {text}"
+            assert_same(json.loads(line), py)
+            verdicts["accepted"] += 1
+        else:
+            assert line.startswith("!"), f"C accepted what spec.py refuses ({py_err}) on {text}"
+            assert line == f"!config does not match this binary: {d}/config.json: {py_err[len('config.json: '):]}", text
+            verdicts["refused"] += 1
+    assert verdicts["accepted"] > 100 and verdicts["refused"] > 1000, verdicts  # both sides exercised
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"hidden_size": 64, "hidden_size": 128}', "duplicate key"),
+    ('{"rope_theta": NaN}', "not valid JSON"),
+    ('{"rope_theta": Infinity}', "not valid JSON"),
+    ("[" * 200 + "]" * 200, "nested"),
+])
+def test_json_refused_by_both(spec_cli, tmp_path, text, message):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_spec(d / "config.json")
+    assert message in str(e.value)
+    c, err = c_spec(spec_cli, d)
+    assert c is None and err.startswith(f"config does not match this binary: {d}/config.json: at byte"), err

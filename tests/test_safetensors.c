@@ -295,7 +295,7 @@ static void test_file_defects(void) {
     write_st(dir, "model.safetensors",
              "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
              "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", "12345678", 8);
-    expect_open(dir, ERR_ST_HEADER, "tensor w", "twice", NULL);
+    expect_open(dir, ERR_ST_HEADER, "duplicate key \"w\"", NULL);
 
     /* Edge cases that are valid: an empty header, a scalar, a zero-sized tensor. */
     dir = case_dir("empty_header");

@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
                                     "%s TOKENIZER_JSON decode ID...", argv[0], argv[0]));
     }
     tokenizer *t;
-    err_code rc = tok_load(&t, argv[1]);
+    err_code rc = tok_load(&t, argv[1], 1 << 22); /* the largest vocab_size a config may give (spec.py LIMITS) */
     if (rc) return die(rc);
     int status = !strcmp(argv[2], "encode") ? encode(t, argc == 3 || !strcmp(argv[3], "--plain"), argc == 4 && !strcmp(argv[3], "--plain")) : decode(t, argc - 3, argv + 3);
     tok_free(t);

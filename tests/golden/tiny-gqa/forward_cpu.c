@@ -226,8 +226,13 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
      * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
 #pragma omp parallel num_threads(m->n_threads)
     {
+#if MODEL_GENERIC
+        /* MODEL_DIM is read from config.json: never a stack array of a size the input chooses */
+        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
+#else
         _Alignas(64) float xb[1][MODEL_DIM]; /* this thread's normalized x: on the stack, where the compiler
                                               * knows nothing else points (8% faster decode than the heap) */
+#endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
@@ -473,8 +478,13 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
      * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
 #pragma omp parallel num_threads(m->n_threads)
     {
+#if MODEL_GENERIC
+        /* MODEL_DIM is read from config.json: never a stack array of a size the input chooses */
+        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
+#else
         _Alignas(64) float xb[1][MODEL_DIM]; /* this thread's normalized x: on the stack, where the compiler
                                               * knows nothing else points (8% faster decode than the heap) */
+#endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];

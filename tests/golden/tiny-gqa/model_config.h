@@ -67,6 +67,8 @@ typedef uint16_t model_weight_t;
 
 /* RoPE: per-pair inverse frequencies theta^(-2i/head_dim), theta = 10000.0, scaling: none.
  * Pairs are (i, i + head_dim/2) within a head, HF's rotate_half layout. */
+#define MODEL_ROPE_THETA 10000.0 /* rope_theta */
+#define MODEL_ROPE_SCALING "none" /* rope_scaling: none, linear or llama3 */
 static const float model_rope_inv_freq[MODEL_HEAD_DIM / 2] = {
     1.000000000e+00f,
     3.162277639e-01f,
@@ -132,7 +134,6 @@ static inline void model_weights_bind(model_weights *w, const void *const *data)
 
 #define MODEL_N_TENSORS 29 /* in model_tensor_specs */
 #define MODEL_LAYER_TENSORS 9 /* per layer */
-#define MODEL_N_CONFIG_CHECKS 6
 
 /* ---------------------------------------------------------------------------------------------
  * What the kernels rely on (this header is also compiled as CUDA C++) */
