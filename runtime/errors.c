@@ -37,11 +37,10 @@ const char *err_name(err_code code) {
     return err_names[code];
 }
 
-/* Length of the valid UTF-8 character at s[0..n) that is not a C1 control (U+0080..U+009F), or 0. */
-static int printable_utf8(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
+int utf8_valid_len(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    unsigned c = s[0], lo = 0x80, hi = 0xBF;
     int len;
-    unsigned lo = 0x80, hi = 0xBF;
     if (c >= 0xC2 && c <= 0xDF) len = 2;
     else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
     else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
@@ -49,7 +48,13 @@ static int printable_utf8(const unsigned char *s, size_t n) {
     if ((size_t)len > n || s[1] < lo || s[1] > hi) return 0;
     for (int k = 2; k < len; k++)
         if ((s[k] & 0xC0) != 0x80) return 0;
-    if (c == 0xC2 && s[1] < 0xA0) return 0; /* C1 controls: CSI (U+009B) starts escape sequences too */
+    return len;
+}
+
+/* Length of the valid UTF-8 character at s[0..n) that is not a C1 control (U+0080..U+009F), or 0. */
+static int printable_utf8(const unsigned char *s, size_t n) {
+    const int len = utf8_valid_len((const char *)s, n);
+    if (len == 2 && s[0] == 0xC2 && s[1] < 0xA0) return 0; /* C1 controls: CSI (U+009B) starts escape sequences too */
     return len;
 }
 

@@ -7,6 +7,8 @@
 #ifndef INGOT_ERRORS_H
 #define INGOT_ERRORS_H
 
+#include <stddef.h>
+
 typedef enum {
     ERR_OK = 0,
     ERR_ARG,          /* bad command-line flag or value */
@@ -47,5 +49,9 @@ const char *err_detail(void);
 #ifdef __cplusplus
 }
 #endif
+
+/* Length of the valid UTF-8 character at s[0..n) whose first byte is >= 0x80 (overlong forms,
+ * surrogates and code points above U+10FFFF are invalid), or 0. */
+int utf8_valid_len(const char *s, size_t n);
 
 #endif

@@ -99,22 +99,6 @@ static size_t put_utf8(char *d, unsigned cp) {
     d[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); d[3] = (char)(0x80 | (cp & 0x3F)); return 4;
 }
 
-/* Length of the valid UTF-8 character at s[0..n) whose first byte is >= 0x80 (overlong forms,
- * surrogates and code points above U+10FFFF are invalid), or 0. */
-static int utf8_len(const char *str, size_t n) {
-    const unsigned char *s = (const unsigned char *)str;
-    unsigned c = s[0], lo = 0x80, hi = 0xBF;
-    int len;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return 0;
-    if ((size_t)len > n || s[1] < lo || s[1] > hi) return 0;
-    for (int k = 2; k < len; k++)
-        if ((s[k] & 0xC0) != 0x80) return 0;
-    return len;
-}
-
 /* Decodes the string starting at the opening quote into p->strings; returns offset and length. */
 static err_code parse_string(parser *p, size_t *off, int *n) {
     p->pos++; /* opening quote */
@@ -127,7 +111,7 @@ static err_code parse_string(parser *p, size_t *off, int *n) {
         if (c == '"') { p->pos++; break; }
         if (c < 0x20) return fail(p, "no control character inside a string");
         if (c >= 0x80) {
-            int n = utf8_len(p->s + p->pos, p->len - p->pos);
+            int n = utf8_valid_len(p->s + p->pos, p->len - p->pos);
             if (!n) return fail(p, "valid UTF-8");
             memcpy(d + k, p->s + p->pos, (size_t)n);
             k += (size_t)n;
