@@ -56,6 +56,23 @@ typedef struct {
 extern "C" {
 #endif
 
+/* The bytes of a row of n weights of type (a type of the table, n a multiple of its block): the
+ * table's sizes as a switch, so that a constant type folds to a constant (the CPU forward's row
+ * strides); quant_row_bytes is the checked form. */
+static inline size_t quant_row_size(int type, size_t n) {
+    switch (type) {
+    case QUANT_F32: return 4 * n;
+    case QUANT_F16: case QUANT_BF16: return 2 * n;
+    case QUANT_Q4_0: return n / 32 * 18;
+    case QUANT_Q4_1: return n / 32 * 20;
+    case QUANT_Q8_0: return n / 32 * 34;
+    case QUANT_Q4_K: return n / QUANT_K * 144;
+    case QUANT_Q5_K: return n / QUANT_K * 176;
+    case QUANT_Q6_K: return n / QUANT_K * 210;
+    }
+    return 0;
+}
+
 /* The format of a GGUF type id, or NULL when this file does not implement it. */
 const quant_format *quant_format_of(int type);
 

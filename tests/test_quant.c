@@ -33,6 +33,7 @@ static void test_table(void) {
         const quant_format *f = quant_format_of(want[i].type);
         CHECK(f && f->block == want[i].block && f->bytes == want[i].bytes, "type %d", want[i].type);
         size_t bytes = 0;
+        CHECK(quant_row_size(want[i].type, 3 * (size_t)want[i].block) == 3u * want[i].bytes, "quant_row_size, type %d", want[i].type);
         CHECK(quant_row_bytes(want[i].type, 3 * want[i].block, &bytes) == ERR_OK && bytes == 3u * want[i].bytes, "type %d: %zu",
               want[i].type, bytes);
         if (want[i].block > 1)

@@ -1,0 +1,70 @@
+/* cpu_matrix.h - the CPU forward's view of a weight matrix: rows of n weights in one format, the
+ * model's dense dtype (model_weight_t) or a GGUF block format (runtime/quant.h), and the dot
+ * products of rows with fp32 vectors in either.
+ *
+ * A format is a GGUF type id (QUANT_*); model_config.h gives each matrix field's as MODEL_FORMAT_*.
+ * In a specialized build they are constants, so every `if (MAT_DENSE(f))` below folds away and a
+ * dense model compiles to exactly the dense kernels of cpu_kernels.h; in a generic build they are
+ * read from config.json and the branch is one compare per row (of hundreds of weights or more).
+ *
+ * Dense rows keep cpu_kernels.h's four-stream and several-token kernels. Quantized rows go through
+ * quant_dot one row and one token at a time: each weight is unpacked once per token (a prompt batch
+ * unpacks it once per token, not once per batch). That is the simple correct path; its speed is
+ * tests/bench/quant_dot.c's to improve. Include after model.h and cpu_kernels.h. */
+#ifndef INGOT_CPU_MATRIX_H
+#define INGOT_CPU_MATRIX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant.h"
+
+/* Whether format f is one of the dense dtypes, whose rows are model_weight_t. A dense matrix is
+ * always in the model's dtype (codegen/spec.py: only the dense tensors take torch_dtype). */
+#define MAT_DENSE(f) ((f) == QUANT_F32 || (f) == QUANT_F16 || (f) == QUANT_BF16)
+
+/* Row r of matrix w, whose rows hold n weights of format f. */
+KERNEL const void *mat_row(const void *w, int f, int n, size_t r) {
+    return (const uint8_t *)w + r * quant_row_size(f, (size_t)n);
+}
+
+/* The n weights of row in fp32 (the embedding lookup). */
+KERNEL void mat_row_to_f32(int f, const void *row, float *y, int n) {
+    if (MAT_DENSE(f)) {
+        const model_weight_t *w = row;
+        for (int i = 0; i < n; i++) y[i] = w_to_f32(w[i]);
+    } else
+        quant_dequantize_row(f, row, y, n);
+}
+
+/* row . x over n */
+KERNEL float mat_dot(int f, const void *row, const float *x, int n) {
+    return MAT_DENSE(f) ? dot_w((const model_weight_t *)row, x, n) : quant_dot(f, row, x, n);
+}
+
+/* o[r] = rows[r] . x for four rows */
+KERNEL void mat_dot4(int f, const void *const rows[4], const float *x, int n, float o[4]) {
+    if (MAT_DENSE(f)) {
+        const model_weight_t *const ws[4] = {rows[0], rows[1], rows[2], rows[3]};
+        dot4_w(ws, x, n, o);
+    } else
+        for (int r = 0; r < 4; r++) o[r] = quant_dot(f, rows[r], x, n);
+}
+
+/* o[t][r] = rows[r] . x[t] for four rows and two tokens' inputs (xs floats apart) */
+KERNEL void mat_dot4_x2(int f, const void *const rows[4], const float *x, size_t xs, int n, float o[2][4]) {
+    if (MAT_DENSE(f)) {
+        const model_weight_t *const ws[4] = {rows[0], rows[1], rows[2], rows[3]};
+        dot4_x2_w(ws, x, xs, n, o);
+    } else
+        for (int t = 0; t < 2; t++) mat_dot4(f, rows, x + (size_t)t * xs, n, o[t]);
+}
+
+/* o[t] = row . x[t] for one row and four tokens' inputs (xs floats apart) */
+KERNEL void mat_dot_x4(int f, const void *row, const float *x, size_t xs, int n, float o[4]) {
+    if (MAT_DENSE(f)) dot_x4_w((const model_weight_t *)row, x, xs, n, o);
+    else
+        for (int t = 0; t < 4; t++) o[t] = quant_dot(f, row, x + (size_t)t * xs, n);
+}
+
+#endif
