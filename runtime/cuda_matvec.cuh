@@ -487,12 +487,24 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 // a step needs nothing from the host to run on the previous step's choice.
 
 
-/* x (dim) = embed[history[pos]] */
-template <typename Wait>
-__device__ __forceinline__ void embed_body(const uint16_t *embed, const int *io, float *x, const int *history, int dim, Wait wait) {
+/* x (dim) = embed[history[pos]]: a value a thread in the dense formats, a chunk a thread in the
+ * others */
+template <typename W, typename Wait>
+__device__ __forceinline__ void embed_body(typename W::mat embed, const int *io, float *x, const int *history, int dim, Wait wait) {
     wait();
-    const uint16_t *row = embed + (size_t)history[io[IO_POS]] * dim;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
+    const int token = history[io[IO_POS]];
+    if constexpr (W::DENSE16) {
+        const uint16_t *row = embed + (size_t)token * dim;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
+    } else {
+        const typename W::row_t row = W::row(embed, token, dim);
+        for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < dim / W::VALS; c += gridDim.x * blockDim.x) {
+            float f[W::VALS];
+            W::to_f32(W::load(row, c), f);
+#pragma unroll
+            for (int j = 0; j < W::VALS; j++) x[c * W::VALS + j] = f[j];
+        }
+    }
 }
 
 /* The step's end, after every stage that reads the position: with emit, the chosen token into the

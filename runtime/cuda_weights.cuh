@@ -34,6 +34,8 @@
 #include <stdint.h>
 #include <type_traits>
 
+#include "quant.h"
+
 /* GPU_W_BF16: the weights on the device are bf16 (uploaded in their own dtype; converting bf16 to
  * fp16 on upload lost the 1B's decode 1.5% at depth 0: docs/performance.md, D98) */
 #if defined(MODEL_WEIGHT_DTYPE_BF16)
@@ -76,6 +78,7 @@ struct w16 {
     using row_t = const uint4 *;
     using chunk = uint4;
     __host__ __device__ __forceinline__ static row_t row(mat m, int r, int K) { return reinterpret_cast<row_t>(m + (size_t)r * K); }
+    static mat at(const void *p, size_t, int) { return static_cast<mat>(p); }
     __device__ __forceinline__ static chunk load(row_t row, int c) { return ld_stream(row + c); }
     __device__ __forceinline__ static void to_f32(chunk u, float f[VALS]) {
         if constexpr (IS_BF16)
@@ -95,6 +98,17 @@ struct w16 {
 using w_bf16 = w16<true>;
 using w_f16 = w16<false>;
 
+/* The four bytes of w, each as an fp32 integer minus k: byte b put into the low mantissa byte of
+ * 2^23 (exact) and 2^23 + k taken off: one byte permute and one add a value, where I2F runs at a
+ * quarter of the FMA rate. */
+__device__ __forceinline__ float4 bytes_to_f32(uint32_t w, float k) {
+    const float off = 8388608.0f + k;
+    return make_float4(__int_as_float(__byte_perm(w, 0x4B000000u, 0x7440)) - off, __int_as_float(__byte_perm(w, 0x4B000000u, 0x7441)) - off,
+                       __int_as_float(__byte_perm(w, 0x4B000000u, 0x7442)) - off, __int_as_float(__byte_perm(w, 0x4B000000u, 0x7443)) - off);
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
 /* GGUF's Q8_0 (blocks of 32 int8 values q and an fp16 scale d; a weight is d * q in fp32, as
  * gguf's dequantizer and ggml compute it), repacked on upload for 16-byte loads: a matrix's values
  * as int8 (rows, K) and its scales as fp16 (rows, K / 32), apart. A chunk is half a block: 16
@@ -104,10 +118,15 @@ struct w_q8_0 {
     static constexpr bool BF16 = false;
     static constexpr int VALS = 16;
     static constexpr int BLOCK = 32;
+    static constexpr int SCALE_BYTES = 2, VALUE_BYTES = 32; /* of a block; GGUF's block is the two in that order */
     struct mat {
         const int8_t *q;
         const __half *d;
     };
+    /* the matrix of rows (K) repacked at p: values, then scales */
+    static mat at(const void *p, size_t rows, int K) {
+        return {static_cast<const int8_t *>(p), reinterpret_cast<const __half *>(static_cast<const uint8_t *>(p) + rows * (K / BLOCK) * VALUE_BYTES)};
+    }
     struct row_t {
         const uint4 *q;
         const unsigned short *d;
@@ -128,29 +147,108 @@ struct w_q8_0 {
 #pragma unroll
             for (int b = 0; b < 4; b++) f[4 * i + b] = d * (float)(int8_t)(w[i] >> (8 * b));
     }
-    /* sum_i q_i x_i in fp32, then times d once: q_i as fp32 by the byte-in-mantissa trick (q_i + 128
-     * into the low byte of 2^23's mantissa, 2^23 + 128 taken off: exact), one byte permute and one
-     * add a weight where I2F runs at a quarter of the FMA rate */
+    /* sum_i q_i x_i in fp32, then times d once: q_i as fp32 by bytes_to_f32 (q_i + 128, flipped
+     * into the byte's unsigned range, minus 128) */
     template <typename X>
     __device__ __forceinline__ static float dot(chunk u, X x) {
         const uint32_t w[4] = {u.q.x ^ 0x80808080u, u.q.y ^ 0x80808080u, u.q.z ^ 0x80808080u, u.q.w ^ 0x80808080u};
         float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float q0 = __int_as_float(__byte_perm(w[i], 0x4B000000u, 0x7440)) - 8388736.0f;
-            const float q1 = __int_as_float(__byte_perm(w[i], 0x4B000000u, 0x7441)) - 8388736.0f;
-            const float q2 = __int_as_float(__byte_perm(w[i], 0x4B000000u, 0x7442)) - 8388736.0f;
-            const float q3 = __int_as_float(__byte_perm(w[i], 0x4B000000u, 0x7443)) - 8388736.0f;
-            const float4 v = x(i);
-            s += q0 * v.x + q1 * v.y + q2 * v.z + q3 * v.w;
-        }
+        for (int i = 0; i < 4; i++) s += dot4(bytes_to_f32(w[i], 128.0f), x(i));
         return __half2float(__ushort_as_half(u.d)) * s;
     }
     __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
 };
 
-/* The model's matrices' format: what forward_cuda.cu instantiates the cores with. */
+/* GGUF's 4-bit formats with blocks of 32 (Q4_0: fp16 d, w = d * (q - 8); Q4_1: fp16 d and m,
+ * w = d * q + m; q the nibbles, byte j holding weight j in its low nibble and j + 16 in its high),
+ * repacked on upload as w_q8_0 is: the nibbles (rows, K / 2) and the scales (rows, K / 32: d, or
+ * d and m as a half2) apart. A chunk is a whole block: 16 bytes of nibbles, 32 weights, and its
+ * scales (0.5625 / 0.625 bytes a weight). The weights come out as gguf computes them: d times the
+ * integer, plus m, in fp32 (each product exact: quant.c). The dot product sums q * x over the block
+ * and scales it once: d * sum(q x) - 8 d * sum(x) (Q4_0, folded as sum((q - 8) x)), or
+ * d * sum(q x) + m * sum(x) (Q4_1). K a multiple of 32. */
+template <bool MIN>
+struct w_q4 {
+    static constexpr bool DENSE16 = false;
+    static constexpr bool BF16 = false;
+    static constexpr int VALS = 32;
+    static constexpr int BLOCK = 32;
+    using scale_t = std::conditional_t<MIN, uint32_t, unsigned short>; /* d, or (d, m) */
+    static constexpr int SCALE_BYTES = sizeof(scale_t), VALUE_BYTES = 16; /* of a block; GGUF's block is the two in that order */
+    struct mat {
+        const uint8_t *q;
+        const scale_t *d;
+    };
+    /* the matrix of rows (K) repacked at p: values, then scales */
+    static mat at(const void *p, size_t rows, int K) {
+        return {static_cast<const uint8_t *>(p), reinterpret_cast<const scale_t *>(static_cast<const uint8_t *>(p) + rows * (K / BLOCK) * VALUE_BYTES)};
+    }
+    struct row_t {
+        const uint4 *q;
+        const scale_t *d;
+    };
+    struct chunk {
+        uint4 q;
+        scale_t d;
+    };
+    __host__ __device__ __forceinline__ static row_t row(mat m, int r, int K) {
+        return {reinterpret_cast<const uint4 *>(m.q + (size_t)r * (K / 2)), m.d + (size_t)r * (K / BLOCK)};
+    }
+    __device__ __forceinline__ static chunk load(row_t row, int c) { return {ld_stream(row.q + c), __ldcs(row.d + c)}; }
+    __device__ __forceinline__ static float2 scales(scale_t d) {
+        if constexpr (MIN)
+            return __half22float2(*reinterpret_cast<const __half2 *>(&d));
+        else
+            return make_float2(__half2float(__ushort_as_half(d)), 0.0f);
+    }
+    __device__ __forceinline__ static void to_f32(chunk u, float f[VALS]) {
+        const float2 dm = scales(u.d);
+        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float4 lo = bytes_to_f32(w[i] & 0x0F0F0F0Fu, MIN ? 0.0f : 8.0f), hi = bytes_to_f32((w[i] >> 4) & 0x0F0F0F0Fu, MIN ? 0.0f : 8.0f);
+            const float l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                f[4 * i + b] = MIN ? __fmaf_rn(dm.x, l[b], dm.y) : dm.x * l[b];
+                f[16 + 4 * i + b] = MIN ? __fmaf_rn(dm.x, h[b], dm.y) : dm.x * h[b];
+            }
+        }
+    }
+    template <typename X>
+    __device__ __forceinline__ static float dot(chunk u, X x) {
+        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
+        float s = 0.0f, sx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float4 xl = x(i), xh = x(4 + i);
+            s += dot4(bytes_to_f32(w[i] & 0x0F0F0F0Fu, MIN ? 0.0f : 8.0f), xl);
+            s += dot4(bytes_to_f32((w[i] >> 4) & 0x0F0F0F0Fu, MIN ? 0.0f : 8.0f), xh);
+            if constexpr (MIN) sx += (xl.x + xl.y) + (xl.z + xl.w) + (xh.x + xh.y) + (xh.z + xh.w);
+        }
+        const float2 dm = scales(u.d);
+        return MIN ? dm.x * s + dm.y * sx : dm.x * s;
+    }
+    __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
+};
+using w_q4_0 = w_q4<false>;
+using w_q4_1 = w_q4<true>;
+
+/* The model's dense dtype as a format: its vectors' and its unquantized matrices'. */
 using model_w = std::conditional_t<GPU_W_BF16, w_bf16, w_f16>;
+
+/* The format of a matrix stored as GGUF type F (model_config.h's MODEL_FORMAT_*): a dense matrix
+ * is in the model's dtype; format_on_gpu says which types have kernels (the others are refused by
+ * model_cuda_init and map to model_w only so that the code compiles). */
+template <int F> struct format_type { using type = model_w; };
+template <> struct format_type<QUANT_Q8_0> { using type = w_q8_0; };
+template <> struct format_type<QUANT_Q4_0> { using type = w_q4_0; };
+template <> struct format_type<QUANT_Q4_1> { using type = w_q4_1; };
+template <int F> using format_w = typename format_type<F>::type;
+constexpr bool format_on_gpu(int f) {
+    return f == QUANT_F16 || f == QUANT_BF16 || f == QUANT_Q8_0 || f == QUANT_Q4_0 || f == QUANT_Q4_1;
+}
 
 /* One value of the model's 16-bit dtype (vectors: norm weights, biases, embedding rows), to fp32 */
 __device__ __forceinline__ float w_to_f32(uint16_t u) {

@@ -51,13 +51,56 @@ static_assert(MODEL_DIM % 2 == 0, "MODEL_RESIDUAL_PAIRS: a warp pairs rows p and
 static __constant__ float rope_inv_freq[MODEL_MAX_HEAD_DIM / 2];
 
 // ---------------------------------------------------------------------------------------------
+// The matrices' formats: each field's (model_config.h's MODEL_FORMAT_*) as the cores take it
+// (cuda_weights.cuh's format_w). q, k and v share one kernel and so one format, as do gate and up;
+// model_cuda_init refuses a model whose formats differ there or have no kernels here. The generic
+// build reads dense matrices only (it refuses quantized ones). The prompt path's GEMMs take dense
+// matrices only: a quantized model's prompt goes through the decode step, a token at a time.
+#if MODEL_GENERIC
+#define CUDA_QUANTIZED 0
+using w_embed = model_w;
+using w_qkv = model_w;
+using w_o = model_w;
+using w_gate_up = model_w;
+using w_down = model_w;
+using w_lm = model_w;
+#else
+#define CUDA_QUANTIZED MODEL_QUANTIZED
+using w_embed = format_w<MODEL_FORMAT_EMBED>;
+using w_qkv = format_w<MODEL_FORMAT_WQ>;
+using w_o = format_w<MODEL_FORMAT_WO>;
+using w_gate_up = format_w<MODEL_FORMAT_W_GATE>;
+using w_down = format_w<MODEL_FORMAT_W_DOWN>;
+using w_lm = format_w<MODEL_FORMAT_LM_HEAD>;
+#endif
+#if CUDA_QUANTIZED && MODEL_MLP_FUSED
+#error "MODEL_MLP_FUSED: dense matrices only (codegen/plan.py turns it off for quantized models)"
+#endif
+
+/* The decode step's weights on the device, each matrix in its format (the generated model_weights
+ * holds the same pointers untyped; the prompt path's kernels, dense only, take that). */
+struct cuda_layer {
+    const uint16_t *attn_norm, *bq, *bk, *bv, *bo, *ffn_norm; /* vectors: the model's dtype */
+    w_qkv::mat wq, wk, wv;
+    w_o::mat wo;
+    w_gate_up::mat w_gate, w_up;
+    w_down::mat w_down;
+};
+struct cuda_weights {
+    w_embed::mat embed;
+    cuda_layer layers[MODEL_MAX_LAYERS];
+    const uint16_t *final_norm;
+    w_lm::mat lm_head;
+};
+
+// ---------------------------------------------------------------------------------------------
 // The kernels: each stage body with this model's constants and its weight format (model_w,
 // cuda_weights.cuh). Everything here is static: a generic build links one copy of this file per
 // weight dtype.
 
 /* zero: the buffer the first layer's fused MLP adds into (MODEL_MLP_FUSED), or NULL */
-static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed, const int *io, float *x, const int *history, float *zero) {
-    embed_body(embed, io, x, history, MODEL_DIM, wait_pdl{});
+static __global__ void __launch_bounds__(256) embed_kernel(w_embed::mat embed, const int *io, float *x, const int *history, float *zero) {
+    embed_body<w_embed>(embed, io, x, history, MODEL_DIM, wait_pdl{});
     if (zero)
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < MODEL_DIM; i += gridDim.x * blockDim.x) zero[i] = 0.0f;
 }
@@ -76,10 +119,10 @@ static __global__ void __launch_bounds__(256) embed_kernel(const uint16_t *embed
 #endif
 
 /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
-static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(model_layer_weights w, const float *x, float *q,
+static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(cuda_layer w, const float *x, float *q,
                                                                      uint16_t *kc, uint16_t *vc, const int *io, int ctx,
                                                                      float *hb_poll) {
-    rmsnorm_qkv_rope_body<model_w>(w.attn_norm, w.wq, w.wk, w.wv,
+    rmsnorm_qkv_rope_body<w_qkv>(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
                           x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
@@ -166,12 +209,12 @@ static attention_kernel_fn short_attention_kernel(void) {
 /* SHORTEST: the one-split graphs' launch, which lets the next kernel launch before its wait where
  * MODEL_O_PROJ_TRIGGER_SHORTEST says so */
 template <bool SHORTEST>
-static __global__ void __launch_bounds__(MV_THREADS, MODEL_O_PROJ_MIN_BLOCKS) o_proj_residual_kernel(model_layer_weights w, const float *att, float *x) {
+static __global__ void __launch_bounds__(MV_THREADS, MODEL_O_PROJ_MIN_BLOCKS) o_proj_residual_kernel(cuda_layer w, const float *att, float *x) {
     if constexpr (SHORTEST && MODEL_O_PROJ_TRIGGER_SHORTEST)
-        matvec_residual_body<model_w>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body<w_o>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              trigger_then_wait_pdl{});
     else
-        matvec_residual_body<model_w>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O, wait_pdl{});
+        matvec_residual_body<w_o>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O, wait_pdl{});
 }
 
 
@@ -189,7 +232,7 @@ static_assert(MODEL_ATT_SHORT, "MODEL_ATT_O_SHORT: the short context's attention
  * because CUDA promises no dispatch order: every attention role is held by a block already running,
  * so a waiting o_proj block never waits on one without a slot. */
 static __global__ void __launch_bounds__(MV_THREADS, 2)
-    attention_o_proj_kernel(model_layer_weights w, const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+    attention_o_proj_kernel(cuda_layer w, const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
                             float *part_acc, float *part_ml, unsigned *counters, float *att, float *x, int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
     __shared__ int arrived;
@@ -207,11 +250,11 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
     }
     const unsigned *go = MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
     if constexpr (MODEL_ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
-        matvec_residual_body<model_w>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body<w_o>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
     else
-        matvec_residual_body<model_w>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
+        matvec_residual_body<w_o>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              wait_count{counters + CTR_ATT_DONE, (unsigned)MODEL_N_KV_HEADS}, b - att_blocks,
                              (int)gridDim.x - att_blocks, go, (unsigned)MODEL_N_KV_HEADS);
 }
@@ -226,21 +269,21 @@ __device__ __forceinline__ void reset_att_signals(unsigned *att_done, float *att
         for (int i = threadIdx.x; i < MODEL_Q_DIM; i += blockDim.x) att_poll[i] = __uint_as_float(ATT_POLL_WORD);
 }
 
-static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(model_layer_weights w, const float *x, float *hb,
+static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_gate_up_silu_kernel(cuda_layer w, const float *x, float *hb,
                                                                                   unsigned *att_done, float *att_poll) {
-    rmsnorm_gate_up_silu_body<model_w>(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
+    rmsnorm_gate_up_silu_body<w_gate_up>(w.ffn_norm, w.w_gate, w.w_up, x, hb, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
 }
 
 
 /* mlp.down_proj + residual */
-static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(model_layer_weights w, const float *hb, float *x) {
+static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(cuda_layer w, const float *hb, float *x) {
     if constexpr (MODEL_DOWN_POLL != 0) { /* hb is hb_poll */
-        matvec_residual_body<model_w>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN,
+        matvec_residual_body<w_down>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN,
                              wait_poll{hb, 0, MODEL_HIDDEN_DIM});
         pdl_wait(); /* gate/up's grid ends before this one does */
     } else {
-        matvec_residual_body<model_w>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
+        matvec_residual_body<w_down>(w.w_down, NULL, hb, x, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_RESIDUAL_PAIRS, ST_DOWN, wait_pdl{});
     }
 }
 
@@ -248,7 +291,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) down_residual_kernel(mod
 /* post_attention_layernorm, mlp.gate_proj, mlp.up_proj, SiLU, mlp.down_proj + residual: x's next
  * value added into out (zero before), and zero zeroed for the next layer's. At most 96 registers a
  * thread, so that a block fits beside one of o_proj's, lost 0.4% on the 1B (docs/performance.md). */
-static __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused_kernel(model_layer_weights w, const uint16_t *down_t, const float *x,
+static __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused_kernel(cuda_layer w, const uint16_t *down_t, const float *x,
                                                                         float *out, float *zero, unsigned *att_done, float *att_poll) {
     mlp_fused_body<model_w, MODEL_DIM, MODEL_HIDDEN_DIM>(w.ffn_norm, w.w_gate, w.w_up, down_t, x, out, zero, MODEL_NORM_EPS, wait_pdl{});
     reset_att_signals(att_done, att_poll);
@@ -258,10 +301,10 @@ static __global__ void __launch_bounds__(MLP_THREADS, 1) mlp_fused_kernel(model_
 #endif
 
 /* model.norm, the LM head and the greedy choice */
-static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_lm_head_argmax_kernel(const uint16_t *norm_w, const uint16_t *w,
+static __global__ void __launch_bounds__(MV_THREADS) rmsnorm_lm_head_argmax_kernel(const uint16_t *norm_w, w_lm::mat w,
                                                                            const float *x, float *logits,
                                                                            float2 *block_best, unsigned *counter, int *io) {
-    rmsnorm_lm_head_argmax_body<model_w>(norm_w, w, x, logits, block_best, counter, io, MODEL_DIM, MODEL_VOCAB_SIZE,
+    rmsnorm_lm_head_argmax_body<w_lm>(norm_w, w, x, logits, block_best, counter, io, MODEL_DIM, MODEL_VOCAB_SIZE,
                                 MODEL_NORM_EPS, wait_pdl{});
 }
 
@@ -442,6 +485,7 @@ struct model_cuda {
     int grid_att_o_short;     /* attention_o_proj_kernel's o_proj blocks, after its attention blocks (MODEL_ATT_O_SHORT) */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
+    cuda_weights dw;          /* the same, each matrix in its format: the decode step's */
     float *x;                 /* (dim) residual stream */
     /* MODEL_MLP_FUSED: the residual stream's other two buffers, (dim) each: layer l reads the stream from
      * buffer l % 3 of {x, x_mlp[0], x_mlp[1]} (residual_at) and its MLP adds the next into l + 1 */
@@ -607,8 +651,8 @@ struct launch_marks {
  * residual stream after the layers (m->x, or residual_at(m, MODEL_N_LAYERS) after fused MLPs). */
 static void enqueue_choice(model_cuda *m, int kind, launch_marks &mark, const float *x) {
     if (kind != STEP_PROMPT) {
-        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->w.final_norm,
-               m->w.lm_head, x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
+        launch(rmsnorm_lm_head_argmax_kernel, m->grid_lm_head, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_DIM), m->stream, m->dw.final_norm,
+               m->dw.lm_head, x, m->logits, m->block_best, m->counters + CTR_ARGMAX, m->io);
         mark(ST_LM_HEAD);
     }
     if (kind == STEP_SAMPLE)
@@ -633,11 +677,11 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
     {
-        launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history,
+        launch(embed_kernel, (MODEL_DIM + 255) / 256, 1, 256, 0, m->stream, m->dw.embed, m->io, m->x, m->history,
                MODEL_MLP_FUSED ? residual_at(m, 1) : (float *)NULL);
         mark(ST_EMBED);
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
-            const model_layer_weights *lw = &m->w.layers[l];
+            const cuda_layer *lw = &m->dw.layers[l];
             float *x = residual_at(m, l);
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
@@ -889,19 +933,70 @@ static err_code capture(model_cuda *m, cudaGraphExec_t *exec, Enqueue enqueue) {
 /* Bytes of model_tensor_specs[t]. */
 static size_t tensor_bytes(int t) {
     const st_tensor_spec *s = &model_tensor_specs[t];
-    size_t bytes = sizeof(model_weight_t);
+    size_t bytes = st_dtype_size(s->dtype);
     for (int d = 0; d < s->ndim; d++) bytes *= (size_t)s->shape[d];
     return bytes;
 }
 
+/* The format of tensor t, a quantized one (dtype U8: codegen/spec.py), by its field's name. */
+static int quantized_format(int t) {
+    static const struct { const char *suffix; int format; } fields[] = {
+        {"embed_tokens.weight", MODEL_FORMAT_EMBED}, {"q_proj.weight", MODEL_FORMAT_WQ},   {"k_proj.weight", MODEL_FORMAT_WK},
+        {"v_proj.weight", MODEL_FORMAT_WV},          {"o_proj.weight", MODEL_FORMAT_WO},   {"gate_proj.weight", MODEL_FORMAT_W_GATE},
+        {"up_proj.weight", MODEL_FORMAT_W_UP},       {"down_proj.weight", MODEL_FORMAT_W_DOWN}, {"lm_head.weight", MODEL_FORMAT_LM_HEAD},
+    };
+    const char *name = model_tensor_specs[t].name;
+    const size_t n = strlen(name);
+    for (const auto &f : fields) {
+        const size_t k = strlen(f.suffix);
+        if (n >= k && strcmp(name + n - k, f.suffix) == 0) return f.format;
+    }
+    return -1;
+}
+
+/* A block's scale and value bytes in GGUF's layout (scales first) of a format with GPU kernels */
+template <typename W>
+static void block_bytes(int *scale, int *values) {
+    *scale = W::SCALE_BYTES;
+    *values = W::VALUE_BYTES;
+}
+static void format_block_bytes(int format, int *scale, int *values) {
+    switch (format) {
+    case QUANT_Q8_0: block_bytes<w_q8_0>(scale, values); break;
+    case QUANT_Q4_0: block_bytes<w_q4_0>(scale, values); break;
+    case QUANT_Q4_1: block_bytes<w_q4_1>(scale, values); break;
+    default: *scale = *values = 0; /* model_cuda_init refused it */
+    }
+}
+
+/* GGUF's blocks (each: scale bytes, then value bytes) to the layout the formats' cores read
+ * (cuda_weights.cuh: W::at): every block's values, then every block's scales. */
+static __global__ void repack_blocks_kernel(const uint8_t *src, uint8_t *dst, size_t blocks, int scale, int values) {
+    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < blocks; b += (size_t)gridDim.x * blockDim.x) {
+        const uint8_t *in = src + b * (scale + values);
+        for (int i = 0; i < values; i++) dst[b * values + i] = in[scale + i];
+        for (int i = 0; i < scale; i++) dst[blocks * values + b * scale + i] = in[i];
+    }
+}
+
 /* Copies every tensor into the arena through two pinned staging buffers, so the copy of one chunk
  * overlaps the reading of the next from the mapped file. A bar on a terminal for large models. */
+/* A quantized tensor goes to a raw buffer on the device first, then repack_blocks_kernel puts it in
+ * its place in the arena. */
 static err_code upload(model_cuda *m, const void *const *data, const size_t *offsets, size_t total) {
     const size_t chunk = (size_t)64 << 20;
     void *stage[2];
     cudaEvent_t done[2];
     cudaError_t e;
-    if ((e = cudaHostAlloc(&stage[0], 2 * chunk, cudaHostAllocDefault)) != cudaSuccess) return cuda_fail(e, "pinned staging buffer");
+    size_t raw_bytes = 0;
+    for (int t = 0; t < MODEL_N_TENSORS; t++)
+        if (model_tensor_specs[t].dtype == DT_U8) raw_bytes = std::max(raw_bytes, tensor_bytes(t));
+    uint8_t *raw = NULL;
+    if (raw_bytes && (e = cudaMalloc(&raw, raw_bytes)) != cudaSuccess) return cuda_fail(e, "the quantized weights' upload buffer");
+    if ((e = cudaHostAlloc(&stage[0], 2 * chunk, cudaHostAllocDefault)) != cudaSuccess) {
+        cudaFree(raw);
+        return cuda_fail(e, "pinned staging buffer");
+    }
     stage[1] = (char *)stage[0] + chunk;
     CUDA_CHECK(cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming));
@@ -909,11 +1004,13 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
     size_t sent = 0;
     for (int t = 0; t < MODEL_N_TENSORS; t++) {
         size_t bytes = tensor_bytes(t);
+        const bool quantized = model_tensor_specs[t].dtype == DT_U8;
+        uint8_t *dst = quantized ? raw : (uint8_t *)m->arena + offsets[t];
         for (size_t off = 0; off < bytes; off += chunk, slot ^= 1) {
             size_t n = bytes - off < chunk ? bytes - off : chunk;
             CUDA_CHECK(cudaEventSynchronize(done[slot])); /* the buffer's previous copy is finished */
             memcpy(stage[slot], (const char *)data[t] + off, n);
-            CUDA_CHECK(cudaMemcpyAsync((char *)m->arena + offsets[t] + off, stage[slot], n, cudaMemcpyHostToDevice, m->stream));
+            CUDA_CHECK(cudaMemcpyAsync(dst + off, stage[slot], n, cudaMemcpyHostToDevice, m->stream));
             CUDA_CHECK(cudaEventRecord(done[slot], m->stream));
             sent += n;
             if (bar && (int)(100 * sent / total) != shown) {
@@ -921,12 +1018,21 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
                 fprintf(stderr, "\ruploading weights: %3d%% of %.1f GB", shown, total / 1e9);
             }
         }
+        if (quantized) { /* stream order: the next tensor's copies into raw wait for this */
+            int scale, values;
+            format_block_bytes(quantized_format(t), &scale, &values);
+            const size_t blocks = bytes / (scale + values);
+            repack_blocks_kernel<<<(unsigned)std::min<size_t>((blocks + 255) / 256, 65535), 256, 0, m->stream>>>(
+                raw, (uint8_t *)m->arena + offsets[t], blocks, scale, values);
+            CUDA_CHECK(cudaGetLastError());
+        }
     }
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (bar) fprintf(stderr, "\n");
     cudaEventDestroy(done[0]);
     cudaEventDestroy(done[1]);
     cudaFreeHost(stage[0]);
+    cudaFree(raw);
     return ERR_OK;
 }
 
@@ -967,7 +1073,56 @@ static void set_decode_carveout(void) {
 #endif
 }
 
+/* The decode step's view of the weights bound in w: each matrix as its format takes it. */
+static void bind_formats(cuda_weights *dw, const model_weights *w) {
+    dw->embed = w_embed::at(w->embed, MODEL_VOCAB_SIZE, MODEL_DIM);
+    for (int l = 0; l < MODEL_N_LAYERS; l++) {
+        const model_layer_weights *s = &w->layers[l];
+        cuda_layer *d = &dw->layers[l];
+        d->attn_norm = s->attn_norm;
+        d->bq = s->bq;
+        d->bk = s->bk;
+        d->bv = s->bv;
+        d->bo = s->bo;
+        d->ffn_norm = s->ffn_norm;
+        d->wq = w_qkv::at(s->wq, MODEL_Q_DIM, MODEL_DIM);
+        d->wk = w_qkv::at(s->wk, MODEL_KV_DIM, MODEL_DIM);
+        d->wv = w_qkv::at(s->wv, MODEL_KV_DIM, MODEL_DIM);
+        d->wo = w_o::at(s->wo, MODEL_DIM, MODEL_Q_DIM);
+        d->w_gate = w_gate_up::at(s->w_gate, MODEL_HIDDEN_DIM, MODEL_DIM);
+        d->w_up = w_gate_up::at(s->w_up, MODEL_HIDDEN_DIM, MODEL_DIM);
+        d->w_down = w_down::at(s->w_down, MODEL_DIM, MODEL_HIDDEN_DIM);
+    }
+    dw->final_norm = w->final_norm;
+    dw->lm_head = w_lm::at(w->lm_head, MODEL_VOCAB_SIZE, MODEL_DIM);
+}
+
+/* NULL when the matrices' formats have kernels here, else why not */
+static const char *formats_refused(void) {
+#if MODEL_GENERIC
+    return MODEL_QUANTIZED ? "the generic build runs quantized weights on the CPU only (build the model itself: make MODEL=...)" : NULL;
+#else
+    static const struct { const char *field; int format; } fields[] = {
+        {"model.embed_tokens", MODEL_FORMAT_EMBED}, {"self_attn.q_proj", MODEL_FORMAT_WQ},     {"self_attn.k_proj", MODEL_FORMAT_WK},
+        {"self_attn.v_proj", MODEL_FORMAT_WV},      {"self_attn.o_proj", MODEL_FORMAT_WO},     {"mlp.gate_proj", MODEL_FORMAT_W_GATE},
+        {"mlp.up_proj", MODEL_FORMAT_W_UP},         {"mlp.down_proj", MODEL_FORMAT_W_DOWN},    {"lm_head", MODEL_FORMAT_LM_HEAD},
+    };
+    static char why[160];
+    for (const auto &f : fields)
+        if (!format_on_gpu(f.format)) {
+            snprintf(why, sizeof why, "%s is %s, which has no GPU kernels yet (Q8_0, Q4_0 and Q4_1 have; --device cpu runs it)", f.field,
+                     quant_type_name(f.format));
+            return why;
+        }
+    if (MODEL_FORMAT_WK != MODEL_FORMAT_WQ || MODEL_FORMAT_WV != MODEL_FORMAT_WQ)
+        return "q_proj, k_proj and v_proj in different formats (one kernel reads all three)";
+    if (MODEL_FORMAT_W_UP != MODEL_FORMAT_W_GATE) return "gate_proj and up_proj in different formats (one kernel reads both)";
+    return NULL;
+#endif
+}
+
 extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx) {
+    if (const char *why = formats_refused()) return err_set(ERR_DEVICE, "--device cuda: %s", why);
     MODEL_REQUIRE(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0, ERR_DEVICE,
                   "--device cuda: needs hidden_size, intermediate_size and q_dim multiples of 8 (matvec rows are read in "
                   "16-byte chunks of 8 weights)");
@@ -1070,6 +1225,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     const void *dev[MODEL_N_TENSORS];
     for (int t = 0; t < MODEL_N_TENSORS; t++) dev[t] = (const char *)m->arena + offsets[t];
     model_weights_bind(&m->w, dev);
+    bind_formats(&m->dw, &m->w);
 #if MODEL_MLP_FUSED
     CUDA_CHECK(cudaMalloc(&m->down_t, down_t));
     for (int l = 0; l < MODEL_N_LAYERS; l++)
@@ -1095,7 +1251,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
-    m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms;
+    m->gate_up_gemm = !CUDA_QUANTIZED && (PREFILL_GATE_UP_GEMM == 2 || 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
     prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
     const int wide_blocks = TMA_BLOCKS(MODEL_HIDDEN_DIM, 2);
@@ -1190,7 +1346,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
             if (s != 2 || m->short_kernel_positions)
                 rc = capture(m, &m->graphs[s][kind],
                              [&] { enqueue_step(m, kind, tier_splits(m, s, false), tier_short_kernel(s), NULL, NULL); });
-        for (int b = 0; b < 2 * PREFILL_SIZES && s < PREFILL_TIERS && !rc; b++)
+        for (int b = 0; b < 2 * PREFILL_SIZES && s < PREFILL_TIERS && !CUDA_QUANTIZED && !rc; b++)
             if (s != 2 || m->few_positions)
                 rc = capture(m, b < PREFILL_SIZES ? &m->prefill[s][b] : &m->prefill_last[s][b - PREFILL_SIZES], [&] {
                     enqueue_prefill_size<PREFILL_BATCH>(m, b % PREFILL_SIZES, tier_splits(m, s, true), b >= PREFILL_SIZES);
@@ -1297,7 +1453,7 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     auto prefill_from = [](int size) { return size > PREFILL_SMALL ? size / 2 + 1 : PREFILL_MIN_TAIL; };
     int i = 0;
     bool chosen = false; /* the last batch took the last token, which chooses */
-    for (int count; n - i >= PREFILL_MIN_TAIL; i += count) {
+    for (int count; !CUDA_QUANTIZED && n - i >= PREFILL_MIN_TAIL; i += count) { /* quantized: steps only */
         const int left = n - i;
         int s = 0;
         while (left < prefill_from(PREFILL_BATCH >> s)) s++; /* ends at 8, whose threshold is PREFILL_MIN_TAIL */
@@ -1436,11 +1592,14 @@ static void graph_boundary_bench(model_cuda *m, int pos, int reps, FILE *out) {
 }
 
 extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FILE *out) {
-    const double qkv = (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * 2.0, o = (double)MODEL_DIM * MODEL_Q_DIM * 2.0,
-                 gate_up = 2.0 * MODEL_HIDDEN_DIM * MODEL_DIM * 2.0, down = (double)MODEL_DIM * MODEL_HIDDEN_DIM * 2.0;
+#define ROWS_BYTES(rows, f, n) ((double)(rows) * quant_row_size(f, n)) /* of rows rows of n weights of format f */
+    const double qkv = ROWS_BYTES(MODEL_Q_DIM, MODEL_FORMAT_WQ, MODEL_DIM) + ROWS_BYTES(2 * MODEL_KV_DIM, MODEL_FORMAT_WK, MODEL_DIM),
+                 o = ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_WO, MODEL_Q_DIM), gate_up = ROWS_BYTES(2 * MODEL_HIDDEN_DIM, MODEL_FORMAT_W_GATE, MODEL_DIM),
+                 down = ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_W_DOWN, MODEL_HIDDEN_DIM);
     const double kv_pos = 2.0 * MODEL_KV_DIM * 2.0; /* a position's keys and values, one layer */
-    const double bytes[ST_COUNT] = {MODEL_DIM * 2.0, qkv, kv_pos * (pos + 1), o, gate_up, down, (double)MODEL_VOCAB_SIZE * MODEL_DIM * 2.0,
-                                    gate_up + down};
+    const double bytes[ST_COUNT] = {ROWS_BYTES(1, MODEL_FORMAT_EMBED, MODEL_DIM), qkv, kv_pos * (pos + 1), o, gate_up, down,
+                                    ROWS_BYTES(MODEL_VOCAB_SIZE, MODEL_FORMAT_LM_HEAD, MODEL_DIM), gate_up + down};
+#undef ROWS_BYTES
     const int token = 1;
     CUDA_CHECK(cudaMemcpy(m->history + pos, &token, sizeof token, cudaMemcpyHostToDevice));
     fprintf(out, "kernels at depth %d (launched one by one, best of %d):\n", pos, reps);
@@ -1455,7 +1614,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
      * launches); the device's io is put back as it was. Attention reads, for the batch's tokens,
      * pos + 1 .. pos + b positions. */
     const int room = std::min(PREFILL_BATCH, m->ctx - pos);
-    if (room < PREFILL_SMALL) return ERR_OK;
+    if (room < PREFILL_SMALL || CUDA_QUANTIZED) return ERR_OK; /* a quantized model has no prefill batches */
     int io_saved[IO_INTS], tokens[PREFILL_BATCH];
     for (int i = 0; i < PREFILL_BATCH; i++) tokens[i] = token;
     CUDA_CHECK(cudaMemcpy(io_saved, m->io, sizeof io_saved, cudaMemcpyDeviceToHost));
