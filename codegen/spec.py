@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = {
@@ -22,6 +22,36 @@ SUPPORTED_ARCHITECTURES = {
 
 # torch_dtype -> (safetensors dtype, bytes per element)
 WEIGHT_DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
+
+# Weight formats, GGUF's names and ggml_type ids (runtime/quant.h): (id, weights per block, bytes per
+# block). The dense ones are the safetensors dtypes; the block ones are what quantization_config's
+# "formats" may name (/work/notes/quant_contract.md), stored as U8 rows of blocks.
+FORMATS = {
+    "F32": (0, 1, 4), "F16": (1, 1, 2), "BF16": (30, 1, 2),
+    "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q8_0": (8, 32, 34),
+    "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210),
+}
+QUANT_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")  # sorted, as messages list them
+# The spec fields that may be quantized, every matrix, with the HF tensors each holds. Norms and
+# biases stay dense.
+MATRIX_TENSORS = {
+    "embed": "model.embed_tokens.weight",
+    "wq": "model.layers.*.self_attn.q_proj.weight",
+    "wk": "model.layers.*.self_attn.k_proj.weight",
+    "wv": "model.layers.*.self_attn.v_proj.weight",
+    "wo": "model.layers.*.self_attn.o_proj.weight",
+    "w_gate": "model.layers.*.mlp.gate_proj.weight",
+    "w_up": "model.layers.*.mlp.up_proj.weight",
+    "w_down": "model.layers.*.mlp.down_proj.weight",
+    "lm_head": "lm_head.weight",
+}
+MATRIX_FIELDS = tuple(MATRIX_TENSORS)
+
+
+def row_bytes(fmt: str, n: int) -> int:
+    """Bytes of a row of n weights of format fmt (n a multiple of its block)."""
+    _, block, nbytes = FORMATS[fmt]
+    return n // block * nbytes
 
 
 class SpecError(ValueError):
@@ -34,6 +64,25 @@ class Tensor:
     shape: tuple[int, ...]
     field: str  # where the generated code keeps it: "embed", "wq", ... (per layer for layer >= 0)
     layer: int  # -1 for tensors outside the layer stack
+    format: str  # a block format of FORMATS ("Q4_1") or the dense dtype ("BF16", "F16", "F32")
+
+    @property
+    def quantized(self) -> bool:
+        return self.format in QUANT_FORMATS
+
+    @property
+    def stored_dtype(self) -> str:
+        """The safetensors dtype of the stored tensor: U8 bytes for a block format."""
+        return "U8" if self.quantized else self.format
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The stored shape: [rows, row_bytes] for a block format, the HF shape otherwise."""
+        return (self.shape[0], row_bytes(self.format, self.shape[1])) if self.quantized else self.shape
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.stored_shape) * (1 if self.quantized else FORMATS[self.format][2])
 
 
 @dataclass(frozen=True)
@@ -62,6 +111,34 @@ class Spec:
     dtype_bytes: int
     bos_id: int  # bos_token_id, -1 if none
     eos_ids: tuple[int, ...]  # eos_token_id (int or list)
+    # quantization_config's formats by field, one per matrix field (a field's tensors share one);
+    # fields absent are dense. Read it through `formats`.
+    quant_formats: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def formats(self) -> dict[str, str]:
+        """The format of each matrix field, MATRIX_FIELDS' order: its block format or the dense
+        dtype; lm_head is embed's when tied."""
+        q = dict(self.quant_formats)
+        out = {f: q.get(f, self.dtype) for f in MATRIX_FIELDS}
+        if self.tied_embeddings:
+            out["lm_head"] = out["embed"]
+        return out
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any matrix is stored in a block format."""
+        return bool(self.quant_formats)
+
+    @property
+    def format_constants(self) -> tuple[tuple[str, str, int, str, str], ...]:
+        """One row per matrix field for model_config.h's MODEL_FORMAT_<NAME>: (NAME, field, format
+        id, format name, the HF tensors it covers)."""
+        fmt = self.formats
+        return tuple((field.upper(), field, FORMATS[fmt[field]][0], fmt[field],
+                      MATRIX_TENSORS[field] + (" (tied: model.embed_tokens.weight)"
+                                               if field == "lm_head" and self.tied_embeddings else ""))
+                     for field in MATRIX_FIELDS)
 
     @property
     def q_dim(self) -> int:
@@ -81,27 +158,33 @@ class Spec:
     @property
     def tensors(self) -> tuple[Tensor, ...]:
         """Every tensor of the model in the order the generated tables list them."""
-        out = [Tensor("model.embed_tokens.weight", (self.vocab_size, self.dim), "embed", -1)]
+        fmt = self.formats
+        out = []
+
+        def add(name, shape, field, layer):
+            out.append(Tensor(name, shape, field, layer, fmt.get(field, self.dtype)))
+
+        add("model.embed_tokens.weight", (self.vocab_size, self.dim), "embed", -1)
         for l in range(self.n_layers):
             p = f"model.layers.{l}."
-            out.append(Tensor(p + "input_layernorm.weight", (self.dim,), "attn_norm", l))
-            out.append(Tensor(p + "self_attn.q_proj.weight", (self.q_dim, self.dim), "wq", l))
-            out.append(Tensor(p + "self_attn.k_proj.weight", (self.kv_dim, self.dim), "wk", l))
-            out.append(Tensor(p + "self_attn.v_proj.weight", (self.kv_dim, self.dim), "wv", l))
+            add(p + "input_layernorm.weight", (self.dim,), "attn_norm", l)
+            add(p + "self_attn.q_proj.weight", (self.q_dim, self.dim), "wq", l)
+            add(p + "self_attn.k_proj.weight", (self.kv_dim, self.dim), "wk", l)
+            add(p + "self_attn.v_proj.weight", (self.kv_dim, self.dim), "wv", l)
             if self.qkv_bias:
-                out.append(Tensor(p + "self_attn.q_proj.bias", (self.q_dim,), "bq", l))
-                out.append(Tensor(p + "self_attn.k_proj.bias", (self.kv_dim,), "bk", l))
-                out.append(Tensor(p + "self_attn.v_proj.bias", (self.kv_dim,), "bv", l))
-            out.append(Tensor(p + "self_attn.o_proj.weight", (self.dim, self.q_dim), "wo", l))
+                add(p + "self_attn.q_proj.bias", (self.q_dim,), "bq", l)
+                add(p + "self_attn.k_proj.bias", (self.kv_dim,), "bk", l)
+                add(p + "self_attn.v_proj.bias", (self.kv_dim,), "bv", l)
+            add(p + "self_attn.o_proj.weight", (self.dim, self.q_dim), "wo", l)
             if self.o_bias:
-                out.append(Tensor(p + "self_attn.o_proj.bias", (self.dim,), "bo", l))
-            out.append(Tensor(p + "post_attention_layernorm.weight", (self.dim,), "ffn_norm", l))
-            out.append(Tensor(p + "mlp.gate_proj.weight", (self.hidden_dim, self.dim), "w_gate", l))
-            out.append(Tensor(p + "mlp.up_proj.weight", (self.hidden_dim, self.dim), "w_up", l))
-            out.append(Tensor(p + "mlp.down_proj.weight", (self.dim, self.hidden_dim), "w_down", l))
-        out.append(Tensor("model.norm.weight", (self.dim,), "final_norm", -1))
+                add(p + "self_attn.o_proj.bias", (self.dim,), "bo", l)
+            add(p + "post_attention_layernorm.weight", (self.dim,), "ffn_norm", l)
+            add(p + "mlp.gate_proj.weight", (self.hidden_dim, self.dim), "w_gate", l)
+            add(p + "mlp.up_proj.weight", (self.hidden_dim, self.dim), "w_up", l)
+            add(p + "mlp.down_proj.weight", (self.dim, self.hidden_dim), "w_down", l)
+        add("model.norm.weight", (self.dim,), "final_norm", -1)
         if not self.tied_embeddings:
-            out.append(Tensor("lm_head.weight", (self.vocab_size, self.dim), "lm_head", -1))
+            add("lm_head.weight", (self.vocab_size, self.dim), "lm_head", -1)
         return tuple(out)
 
     @property
@@ -111,11 +194,16 @@ class Spec:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights one decode step reads: all but the embedding table, of which it reads
-        one row (and all of it when the LM head is tied to it)."""
-        n = sum(math.prod(t.shape) for t in self.tensors if t.field != "embed")
-        n += self.dim if not self.tied_embeddings else self.vocab_size * self.dim
-        return n * self.dtype_bytes
+        """Bytes of weights one decode step reads, as stored (a block format's scales included):
+        all but the embedding table, of which it reads one row (and all of it when the LM head is
+        tied to it)."""
+        n = 0
+        for t in self.tensors:
+            if t.field != "embed":
+                n += t.nbytes
+            else:
+                n += t.nbytes if self.tied_embeddings else t.nbytes // t.shape[0]
+        return n
 
     @property
     def kv_bytes_per_pos(self) -> int:
@@ -389,7 +477,7 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
         if e >= vocab:
             raise SpecError(f"config.json: 'eos_token_id' {e} is outside the vocabulary ({vocab})")
 
-    return Spec(
+    spec = Spec(
         name=name,
         config_path=config_path,
         config_sha256=hashlib.sha256(raw).hexdigest(),
@@ -415,3 +503,48 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
         bos_id=bos_id,
         eos_ids=eos_ids,
     )
+    return replace(spec, quant_formats=quantization(cfg, spec))
+
+
+def quantization(cfg: dict, spec: Spec) -> tuple[tuple[str, str], ...]:
+    """quantization_config (quant_contract.md): {"quant_method": "ingot", "formats": {"<HF tensor
+    name>": "<TYPE>"}} -> ((field, TYPE), ...) for the quantized matrix fields, in MATRIX_FIELDS'
+    order. Checked entry by entry in the file's order (name, matrix, type, row length), then field
+    by field in table order: a field's tensors must share one format, since the generated code
+    takes one format per field."""
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        return ()
+    if not isinstance(qc, dict):
+        raise SpecError(f"config.json: 'quantization_config' = {show(qc)}, expected an object or null")
+    method = qc.get("quant_method")
+    if method != "ingot":
+        raise SpecError(f"config.json: quantization_config 'quant_method' = {show(method)}, expected 'ingot'")
+    formats = qc.get("formats")
+    if not isinstance(formats, dict):
+        raise SpecError(f"config.json: quantization_config 'formats' = {show(formats)}, expected an object")
+    tensors = {t.name: t for t in spec.tensors}
+    where = "config.json: quantization_config 'formats': "
+    for name, fmt in formats.items():
+        t = tensors.get(name)
+        if t is None:
+            raise SpecError(f"{where}{show(name)} is not a tensor of this model")
+        if t.field not in MATRIX_FIELDS:
+            raise SpecError(f"{where}{show(name)} is not a matrix; only matrices may be quantized")
+        if not isinstance(fmt, str) or fmt not in QUANT_FORMATS:
+            raise SpecError(f"{where}{show(name)} = {show(fmt)}, expected one of {list(QUANT_FORMATS)}")
+        block = FORMATS[fmt][1]
+        if t.shape[1] % block:
+            raise SpecError(f"{where}{name}: row length {t.shape[1]} is not a multiple of {fmt}'s block of {block}")
+    first = {}  # field -> (tensor name, format) of its first tensor
+    for t in spec.tensors:
+        if t.field not in MATRIX_FIELDS:
+            continue
+        fmt = formats.get(t.name, spec.dtype)
+        if t.field not in first:
+            first[t.field] = (t.name, fmt)
+        elif first[t.field][1] != fmt:
+            other, other_fmt = first[t.field]
+            raise SpecError(f"{where}{other} is {other_fmt} but {t.name} is {fmt}; "
+                            "the tensors of a field must share one format")
+    return tuple((f, first[f][1]) for f in MATRIX_FIELDS if f in first and first[f][1] in QUANT_FORMATS)

@@ -15,6 +15,7 @@
 
 #include "model.h"
 #include "model_spec.h"
+#include "quant.h"
 
 #if !MODEL_GENERIC
 /* The first value of s that differs from the built-in one: its key and both values as text. */
@@ -51,6 +52,22 @@ static int model_check_differs(const model_spec *s, const char **key, char *got,
         snprintf(want, cap, "%s", st_dtype_name(MODEL_WEIGHT_DTYPE));
         return 1;
     }
+    /* each matrix's format: Q4_0 and Q4_K rows of the same length have the same bytes, so the
+     * tensor table alone would not tell them apart */
+    const int formats[][2] = {{s->format_embed, MODEL_FORMAT_EMBED},   {s->format_wq, MODEL_FORMAT_WQ},
+                              {s->format_wk, MODEL_FORMAT_WK},         {s->format_wv, MODEL_FORMAT_WV},
+                              {s->format_wo, MODEL_FORMAT_WO},         {s->format_w_gate, MODEL_FORMAT_W_GATE},
+                              {s->format_w_up, MODEL_FORMAT_W_UP},     {s->format_w_down, MODEL_FORMAT_W_DOWN},
+                              {s->format_lm_head, MODEL_FORMAT_LM_HEAD}};
+    static const char *const format_of[] = {"embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj",
+                                            "gate_proj", "up_proj", "down_proj", "lm_head"};
+    for (int f = 0; f < 9; f++)
+        if (formats[f][0] != formats[f][1]) {
+            *key = "quantization_config";
+            snprintf(got, cap, "%s for %s", quant_format_of(formats[f][0])->name, format_of[f]);
+            snprintf(want, cap, "%s", quant_format_of(formats[f][1])->name);
+            return 1;
+        }
     /* the kernels use the float32 epsilon */
     if ((float)s->norm_eps != MODEL_NORM_EPS) {
         *key = "rms_norm_eps";

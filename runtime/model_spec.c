@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "json.h"
+#include "quant.h"
 
 // ----------------------------------------------------------------------------------------------
 // Values as Python's repr() prints them, for the messages
@@ -348,13 +349,129 @@ static err_code build_tensors(model_spec *s, const char *name) {
     add_tensor(s, &used, cap, 1, d, 0, "model.norm.weight", 0);
     if (!s->tied_embeddings) add_tensor(s, &used, cap, 2, v, d, "lm_head.weight", 0);
 
-    /* weight_bytes: every tensor but the embedding table, plus one row of it (all of it when tied) */
-    unsigned long long elems = s->tied_embeddings ? (unsigned long long)v * d : (unsigned long long)d;
-    for (int i = 1; i < s->n_tensors; i++) {
-        const st_tensor_spec *t = &s->tensors[i];
-        elems += (unsigned long long)t->shape[0] * (t->ndim == 2 ? (unsigned long long)t->shape[1] : 1);
+    return ERR_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// quantization_config: spec.py's quantization (/work/notes/quant_contract.md)
+
+/* The block formats "formats" may name, in the order spec.py's message lists their names. */
+static const int QUANT_TYPES[] = {QUANT_Q4_0, QUANT_Q4_1, QUANT_Q4_K, QUANT_Q5_K, QUANT_Q6_K, QUANT_Q8_0};
+#define N_QUANT_TYPES (int)(sizeof QUANT_TYPES / sizeof QUANT_TYPES[0])
+
+/* spec.py MATRIX_FIELDS: the fields that may be quantized, by the end of their tensors' names. */
+enum { F_EMBED, F_WQ, F_WK, F_WV, F_WO, F_W_GATE, F_W_UP, F_W_DOWN, F_LM_HEAD, N_MATRIX_FIELDS };
+static const char *const MATRIX_SUFFIX[N_MATRIX_FIELDS] = {
+    "model.embed_tokens.weight", ".self_attn.q_proj.weight", ".self_attn.k_proj.weight",
+    ".self_attn.v_proj.weight",  ".self_attn.o_proj.weight", ".mlp.gate_proj.weight",
+    ".mlp.up_proj.weight",       ".mlp.down_proj.weight",    "lm_head.weight"};
+
+/* The matrix field of a tensor of the table, or -1 for a norm or a bias. */
+static int field_of(const char *name) {
+    size_t n = strlen(name);
+    for (int f = 0; f < N_MATRIX_FIELDS; f++) {
+        size_t k = strlen(MATRIX_SUFFIX[f]);
+        if (n >= k && strcmp(name + n - k, MATRIX_SUFFIX[f]) == 0) return f;
     }
-    s->weight_bytes = elems * (unsigned long long)s->dtype_bytes;
+    return -1;
+}
+
+static int dense_format(st_dtype dt) { return dt == DT_F32 ? QUANT_F32 : dt == DT_F16 ? QUANT_F16 : QUANT_BF16; }
+
+static const char *format_name(int type) { return quant_format_of(type)->name; }
+
+/* Checks quantization_config against the tensor table, entry by entry in the file's order (name,
+ * matrix, type, row length), then field by field in table order (a field's tensors share one
+ * format); then sets the format_* fields and turns each quantized tensor's entry into its U8 bytes. */
+static err_code quantization(const reader *rd, model_spec *s) {
+    const int dense = dense_format(s->dtype);
+    int field_format[N_MATRIX_FIELDS];
+    for (int f = 0; f < N_MATRIX_FIELDS; f++) field_format[f] = dense;
+    const json_value *qc = json_get(rd->cfg, "quantization_config");
+    if (!is_null(qc)) {
+        if (qc->type != JSON_OBJECT) return refuse(rd, "'quantization_config' = %s, expected an object or null", r(qc));
+        const json_value *method = json_get(qc, "quant_method");
+        if (!is_str(method, "ingot")) return refuse(rd, "quantization_config 'quant_method' = %s, expected 'ingot'", r(method));
+        const json_value *formats = json_get(qc, "formats");
+        if (!formats || formats->type != JSON_OBJECT)
+            return refuse(rd, "quantization_config 'formats' = %s, expected an object", r(formats));
+        int *fmt = malloc((size_t)s->n_tensors * sizeof *fmt); /* each tensor's requested format */
+        if (!fmt) return err_set(ERR_NOMEM, "formats of %d tensors", s->n_tensors);
+        for (int t = 0; t < s->n_tensors; t++) fmt[t] = dense;
+        err_code rc = ERR_OK;
+        json_for_each(e, formats) {
+            char name[REPR_MAX + 8];
+            json_value key = {.type = JSON_STRING, .str = e->key, .n = e->key_len};
+            snprintf(name, sizeof name, "%s", r(&key));
+            int t = 0;
+            while (t < s->n_tensors && !((size_t)e->key_len == strlen(s->tensors[t].name) &&
+                                         memcmp(e->key, s->tensors[t].name, (size_t)e->key_len) == 0))
+                t++;
+            if (t == s->n_tensors) { rc = refuse(rd, "quantization_config 'formats': %s is not a tensor of this model", name); break; }
+            const st_tensor_spec *ts = &s->tensors[t];
+            if (field_of(ts->name) < 0) {
+                rc = refuse(rd, "quantization_config 'formats': %s is not a matrix; only matrices may be quantized", name);
+                break;
+            }
+            int type = -1;
+            for (int i = 0; i < N_QUANT_TYPES; i++)
+                if (is_str(e, format_name(QUANT_TYPES[i]))) type = QUANT_TYPES[i];
+            if (type < 0) {
+                rc = refuse(rd, "quantization_config 'formats': %s = %s, expected one of ['Q4_0', 'Q4_1', 'Q4_K', 'Q5_K', 'Q6_K', 'Q8_0']",
+                            name, r(e));
+                break;
+            }
+            int block = quant_format_of(type)->block;
+            if (ts->shape[1] % block) {
+                rc = refuse(rd, "quantization_config 'formats': %s: row length %lld is not a multiple of %s's block of %d",
+                            ts->name, (long long)ts->shape[1], format_name(type), block);
+                break;
+            }
+            fmt[t] = type;
+        }
+        int first[N_MATRIX_FIELDS]; /* the table index of each field's first tensor */
+        for (int f = 0; f < N_MATRIX_FIELDS; f++) first[f] = -1;
+        for (int t = 0; t < s->n_tensors && !rc; t++) {
+            int f = field_of(s->tensors[t].name);
+            if (f < 0) continue;
+            if (first[f] < 0) {
+                first[f] = t;
+                field_format[f] = fmt[t];
+            } else if (fmt[t] != field_format[f]) {
+                rc = refuse(rd, "quantization_config 'formats': %s is %s but %s is %s; the tensors of a field must share one format",
+                            s->tensors[first[f]].name, format_name(field_format[f]), s->tensors[t].name, format_name(fmt[t]));
+            }
+        }
+        for (int t = 0; t < s->n_tensors && !rc; t++) {
+            if (fmt[t] == dense) continue;
+            st_tensor_spec *ts = &s->tensors[t];
+            size_t bytes;
+            if ((rc = quant_row_bytes(fmt[t], ts->shape[1], &bytes))) break; /* checked above: cannot fail */
+            ts->dtype = DT_U8;
+            ts->shape[1] = (int64_t)bytes;
+        }
+        free(fmt);
+        if (rc) return rc;
+    }
+    if (s->tied_embeddings) field_format[F_LM_HEAD] = field_format[F_EMBED];
+    int *out[N_MATRIX_FIELDS] = {&s->format_embed, &s->format_wq,     &s->format_wk,   &s->format_wv,     &s->format_wo,
+                                 &s->format_w_gate, &s->format_w_up, &s->format_w_down, &s->format_lm_head};
+    s->quantized = 0;
+    for (int f = 0; f < N_MATRIX_FIELDS; f++) {
+        *out[f] = field_format[f];
+        s->quantized |= field_format[f] != dense;
+    }
+
+    /* weight_bytes: every tensor as stored but the embedding table, plus one row of it (all of it
+     * when tied) */
+    unsigned long long total = 0;
+    for (int t = 0; t < s->n_tensors; t++) {
+        const st_tensor_spec *ts = &s->tensors[t];
+        unsigned long long rows = (unsigned long long)ts->shape[0];
+        unsigned long long row = (ts->ndim == 2 ? (unsigned long long)ts->shape[1] : 1) * st_dtype_size(ts->dtype);
+        total += t == 0 && !s->tied_embeddings ? row : rows * row;
+    }
+    s->weight_bytes = total;
     s->kv_bytes_per_pos = (unsigned long long)s->n_layers * 2 * s->kv_dim * 2;
     return ERR_OK;
 }
@@ -510,11 +627,12 @@ err_code model_spec_load(model_spec *s, const char *dir) {
     err_code rc = model_config_parse(dir, &doc, path, sizeof path);
     if (rc) return rc;
     reader rd = {path, doc.root};
+    char name[1024];
     if (doc.root->type != JSON_OBJECT) rc = err_set(ERR_CONFIG, "%s: expected a JSON object", path);
     else rc = from_config(&rd, s);
-    json_free(&doc);
-    char name[1024];
     if (!rc) rc = build_tensors(s, basename_of(dir, name, sizeof name));
+    if (!rc) rc = quantization(&rd, s);
+    json_free(&doc);
     if (rc) model_spec_free(s);
     return rc;
 }

@@ -44,13 +44,20 @@ typedef struct {
     int bos_id;           /* bos_token_id, -1 if none */
     int n_eos;
     int *eos_ids;         /* (n_eos) eos_token_id */
-    unsigned long long weight_bytes;     /* bytes of weights one decode step reads (spec.py weight_bytes) */
+    /* Each matrix field's format, GGUF's ggml_type id (runtime/quant.h): a block format named by
+     * quantization_config's "formats", or the dense dtype's (BF16 30, F16 1, F32 0); lm_head is
+     * embed's when tied. spec.py's Spec.formats. */
+    int format_embed, format_wq, format_wk, format_wv, format_wo, format_w_gate, format_w_up, format_w_down,
+        format_lm_head;
+    int quantized;                       /* 1 when any matrix is in a block format */
+    unsigned long long weight_bytes;     /* bytes of weights one decode step reads, as stored (spec.py weight_bytes) */
     unsigned long long kv_bytes_per_pos; /* fp16 KV cache per position: n_layers * 2 * kv_dim * 2 */
     float *rope_inv_freq;        /* (head_dim / 2) the kernels' frequencies: rope_inv_freq_f64 rounded */
     double *rope_inv_freq_f64;   /* (head_dim / 2) theta^(-2i/head_dim), scaling applied */
     int n_tensors;               /* in tensors */
     int layer_tensors;           /* tensors per layer */
-    st_tensor_spec *tensors;     /* (n_tensors) every weight, in spec.py's order */
+    st_tensor_spec *tensors;     /* (n_tensors) every weight, in spec.py's order; a quantized one is
+                                    {name, DT_U8, 2, {rows, row_bytes}} */
     const char *name;            /* the model directory's basename */
     const char *architecture;    /* "LlamaForCausalLM", ... */
     const char *family;          /* "llama", "mistral", "qwen2" */

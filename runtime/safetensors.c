@@ -47,7 +47,7 @@ typedef struct {
 static const dtype_info dtypes[] = {
     {"F32", 4, DT_F32},   {"F16", 2, DT_F16},  {"BF16", 2, DT_BF16}, {"F64", 8, -1},
     {"I64", 8, -1},       {"U64", 8, -1},      {"I32", 4, -1},       {"U32", 4, -1},
-    {"I16", 2, -1},       {"U16", 2, -1},      {"I8", 1, -1},        {"U8", 1, -1},
+    {"I16", 2, -1},       {"U16", 2, -1},      {"I8", 1, -1},        {"U8", 1, DT_U8},
     {"BOOL", 1, -1},      {"F8_E4M3", 1, -1},  {"F8_E5M2", 1, -1},   {"F8_E8M0", 1, -1},
 };
 
@@ -56,6 +56,7 @@ const char *st_dtype_name(st_dtype dt) {
     case DT_F32: return "F32";
     case DT_F16: return "F16";
     case DT_BF16: return "BF16";
+    case DT_U8: return "U8";
     }
     return "?";
 }
@@ -65,6 +66,7 @@ size_t st_dtype_size(st_dtype dt) {
     case DT_F32: return 4;
     case DT_F16: return 2;
     case DT_BF16: return 2;
+    case DT_U8: return 1;
     }
     return 0;
 }
@@ -633,6 +635,7 @@ static size_t first_nonfinite32(const uint32_t *x, size_t n) {
 err_code st_check_finite(const st_tensor_spec *specs, const void *const *data, int n) {
     for (int t = 0; t < n; t++) {
         const st_tensor_spec *s = &specs[t];
+        if (s->dtype == DT_U8) continue;
         size_t numel = 1;
         for (int d = 0; d < s->ndim; d++) numel *= (size_t)s->shape[d];
         size_t bad;

@@ -17,7 +17,9 @@
 
 #include "errors.h"
 
-typedef enum { DT_F32, DT_F16, DT_BF16 } st_dtype;
+/* DT_U8: bytes, as a quantized matrix is stored: shape [rows, row_bytes], each row a GGUF block
+ * format's blocks (the format is config.json's quantization_config; runtime/quant.h). */
+typedef enum { DT_F32, DT_F16, DT_BF16, DT_U8 } st_dtype;
 
 #define ST_MAX_DIMS 4
 #define ST_MAX_SHARDS 64
@@ -42,7 +44,8 @@ err_code st_model_bind(const st_model *m, const st_tensor_spec *specs, int n, co
                        int (*ignore)(const char *name));
 
 /* Scans tensors[0..n) (specs[i]'s bytes at data[i], as st_model_bind gave them) for NaN and
- * infinity: ERR_ST_NONFINITE naming the first tensor that holds one, the element and its value. */
+ * infinity: ERR_ST_NONFINITE naming the first tensor that holds one, the element and its value.
+ * U8 tensors are skipped: bytes are never NaN, and their blocks' scales need the format to find. */
 err_code st_check_finite(const st_tensor_spec *specs, const void *const *data, int n);
 
 /* Total bytes of tensor data across all files. */
@@ -50,7 +53,7 @@ size_t st_model_data_bytes(const st_model *m);
 
 void st_model_close(st_model *m);
 
-const char *st_dtype_name(st_dtype dt); /* "F32", "F16", "BF16" */
+const char *st_dtype_name(st_dtype dt); /* "F32", "F16", "BF16", "U8" */
 size_t st_dtype_size(st_dtype dt);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "../runtime/model_spec.h"
+#include "../runtime/quant.h"
 
 static void print_ints(const char *key, const int *v, int n) {
     printf("\"%s\": [", key);
@@ -26,6 +27,11 @@ static void print_spec(const model_spec *ps) {
            s.o_bias ? "true" : "false", s.tied_embeddings ? "true" : "false");
     printf("\"dtype\": \"%s\", \"dtype_bytes\": %d, \"bos_id\": %d, ", st_dtype_name(s.dtype), s.dtype_bytes, s.bos_id);
     print_ints("eos_ids", s.eos_ids, s.n_eos);
+    const int formats[] = {s.format_embed, s.format_wq,     s.format_wk,   s.format_wv,     s.format_wo,
+                           s.format_w_gate, s.format_w_up, s.format_w_down, s.format_lm_head};
+    printf("\"formats\": [");
+    for (int i = 0; i < 9; i++) printf("%s\"%s\"", i ? ", " : "", quant_format_of(formats[i])->name);
+    printf("], \"quantized\": %s, ", s.quantized ? "true" : "false");
     printf("\"weight_bytes\": %llu, \"kv_bytes_per_pos\": %llu, ", s.weight_bytes, s.kv_bytes_per_pos);
     printf("\"rope_inv_freq\": [");
     for (int i = 0; i < s.head_dim / 2; i++) printf("%s%.17g", i ? ", " : "", s.rope_inv_freq_f64[i]);

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from codegen.render import GENERATOR_VERSION, c_float, c_string
-from codegen.spec import SpecError, spec_from_config
+from codegen.spec import SpecError, load_spec, spec_from_config
 from conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "tiny-gqa"
@@ -303,6 +303,31 @@ def test_generated_sources_match_golden(tmp_path):
     r = subprocess.run([sys.executable, "-m", "codegen", "tests/models/tiny-gqa", "--out", str(tmp_path)],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == ""
+
+
+GOLDEN_QUANT = REPO / "tests" / "golden" / "tiny-q4_1"
+
+
+def test_quantized_sources_match_golden(tmp_path):
+    """A quantized model's (tiny-gqa with its layers in Q4_1 and its embedding in Q8_0, as
+    codegen.quantize --type q4_1 writes it): the two files the formats change, model_config.h
+    (MODEL_FORMAT_*, MODEL_QUANTIZED, the bytes read) and model_tensors.c (U8 rows of blocks), against
+    tests/golden/tiny-q4_1; the table compiles. Refresh after an intended change with:
+        .venv/bin/python -m codegen tests/models/tiny-q4_1 --out /tmp/q && cp /tmp/q/model_config.h /tmp/q/model_tensors.c tests/golden/tiny-q4_1/"""
+    r = subprocess.run([sys.executable, "-m", "codegen", "tests/models/tiny-q4_1", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for name in sorted(p.name for p in GOLDEN_QUANT.iterdir()):
+        assert (tmp_path / name).read_text() == (GOLDEN_QUANT / name).read_text(), f"{name} differs from the golden copy"
+    ok = subprocess.run(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-Iruntime", f"-I{tmp_path}",
+                         str(tmp_path / "model_tensors.c")], cwd=REPO, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    spec = load_spec(REPO / "tests" / "models" / "tiny-q4_1" / "config.json")
+    # Q8_0: 34 bytes a 32 weights, Q4_1: 20; the norms bf16; the tied embedding read whole
+    layer = 20 * (64 * 64 * 2 + 32 * 64 * 2 + 160 * 64 * 3) // 32 + 2 * 64 * 2
+    assert spec.weight_bytes == 3 * layer + 2 * 64 + 34 * 400 * 64 // 32
+    assert spec.formats == {"embed": "Q8_0", "lm_head": "Q8_0", **{f: "Q4_1" for f in ("wq", "wk", "wv", "wo", "w_gate",
+                                                                                        "w_up", "w_down")}}
 
 
 def test_generator_refuses_bad_config_with_one_line(tmp_path):

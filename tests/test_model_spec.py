@@ -51,8 +51,9 @@ def assert_same(c: dict, py) -> None:
     assert got.shape == want.shape and np.all(np.abs(got - want) <= 1e-7 * np.abs(want))
     assert np.array_equal(np.array(c["rope_inv_freq_f32"], dtype=np.float32), want.astype(np.float32))
     assert c["layer_tensors"] == len(py.layer_fields)
-    assert [(n, tuple(s)) for n, _, s in c["tensors"]] == [(t.name, t.shape) for t in py.tensors]
-    assert {dt for _, dt, _ in c["tensors"]} == {py.dtype}
+    assert [(n, dt, tuple(s)) for n, dt, s in c["tensors"]] == [(t.name, t.stored_dtype, t.stored_shape)
+                                                                 for t in py.tensors]
+    assert c["formats"] == list(py.formats.values()) and c["quantized"] == py.quantized
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
@@ -103,6 +104,42 @@ VARIANTS = {
     "empty-rope-scaling": with_(base(), rope_scaling={}),
 }
 
+def quantized(cfg, formats, method="ingot", **qc):
+    """cfg with quantization_config {"quant_method": method, "formats": formats, **qc}; formats as
+    {name: TYPE}, or {field: TYPE} with the field's HF name (layer {l}) for every layer."""
+    layer_names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+                   "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
+                   "w_down": "mlp.down_proj"}
+    out = {}
+    for k, v in formats.items() if isinstance(formats, dict) else ():
+        if k in layer_names:
+            for l in range(cfg["num_hidden_layers"]):
+                out[f"model.layers.{l}.{layer_names[k]}.weight"] = v
+        else:
+            out[k] = v
+    return with_(cfg, quantization_config={"quant_method": method, "formats": out if isinstance(formats, dict) else formats, **qc})
+
+
+# A llama whose every row length divides into 256-weight blocks: 64-wide heads, hidden 256, FFN 512.
+def q_base():
+    return with_(base(), hidden_size=256, intermediate_size=512, head_dim=64, tie_word_embeddings=False)
+
+
+QUANT_VARIANTS = {
+    "q-all-formats": quantized(q_base(), {"model.embed_tokens.weight": "Q8_0", "lm_head.weight": "Q6_K", "wq": "Q8_0",
+                                          "wk": "Q4_0", "wv": "Q4_1", "wo": "Q4_K", "w_gate": "Q5_K", "w_up": "Q6_K",
+                                          "w_down": "Q4_K"}),
+    "q-layers-only-fp16": with_(quantized(q_base(), {f: "Q4_1" for f in ("wq", "wk", "wv", "wo", "w_gate", "w_up",
+                                                                            "w_down")}), torch_dtype="float16"),
+    "q-tied-embed": quantized(with_(q_base(), tie_word_embeddings=True), {"model.embed_tokens.weight": "Q8_0"}),
+    "q-empty-formats": quantized(base(), {}),
+    "q-null": with_(base(), quantization_config=None),
+    "q-extra-keys": quantized(base(), {"wq": "Q8_0"}, bits=8),
+    "q-qwen2": quantized(json.loads((REPO / "tests" / "models" / "tiny-qwen2" / "config.json").read_text()),
+                         {"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0"}),
+    "q-f32-down-dense": with_(quantized(q_base(), {"wq": "Q4_0"}), torch_dtype="float32"),
+}
+
 # Configs both must refuse, with spec.py's message.
 REFUSALS = {
     "architectures": with_(base(), architectures=["GPT2LMHeadModel"]),
@@ -147,6 +184,31 @@ REFUSALS = {
     "eps-tiny-negative": with_(base(), rms_norm_eps=-1e-5),
     "eps-large-negative": with_(base(), rms_norm_eps=-1e20),
     "tied-string": with_(base(), tie_word_embeddings="true"),
+    # quantization_config: every refusal of the contract
+    "q-config-list": with_(base(), quantization_config=["ingot"]),
+    "q-config-string": with_(base(), quantization_config="Q4_0"),
+    "q-method-gptq": quantized(base(), {"wq": "Q8_0"}, method="gptq"),
+    "q-method-missing": with_(base(), quantization_config={"formats": {}}),
+    "q-formats-list": quantized(base(), ["Q8_0"]),
+    "q-formats-missing": with_(base(), quantization_config={"quant_method": "ingot"}),
+    "q-not-a-tensor": quantized(base(), {"model.layers.9.self_attn.q_proj.weight": "Q8_0"}),
+    "q-bias-of-llama": quantized(base(), {"model.layers.0.self_attn.q_proj.bias": "Q8_0"}),
+    "q-lm-head-tied": quantized(with_(base(), tie_word_embeddings=True), {"lm_head.weight": "Q8_0"}),
+    "q-norm": quantized(base(), {"model.norm.weight": "Q8_0"}),
+    "q-bias-qwen2": quantized(json.loads((REPO / "tests" / "models" / "tiny-qwen2" / "config.json").read_text()),
+                              {"model.layers.0.self_attn.k_proj.bias": "Q8_0"}),
+    "q-type-unknown": quantized(base(), {"wq": "Q5_0"}),
+    "q-type-lowercase": quantized(base(), {"wq": "q8_0"}),
+    "q-type-dense": quantized(base(), {"wq": "BF16"}),
+    "q-type-number": quantized(base(), {"wq": 8}),
+    "q-type-null": quantized(base(), {"wq": None}),
+    "q-row-32": quantized(with_(base(), intermediate_size=176), {"w_down": "Q8_0"}),  # rows of 176
+    "q-row-256": quantized(base(), {"wq": "Q4_K"}),  # rows of hidden_size 64
+    "q-mixed-layers": quantized(q_base(), {"model.layers.0.mlp.down_proj.weight": "Q4_K",
+                                           "model.layers.1.mlp.down_proj.weight": "Q6_K"}),
+    "q-one-layer-dense": quantized(q_base(), {"model.layers.1.self_attn.v_proj.weight": "Q8_0"}),
+    "q-first-entry-bad-wins": quantized(q_base(), {"model.layers.0.mlp.up_proj.weight": "Q4_K",
+                                                   "model.layers.0.self_attn.q_proj.weight": "IQ4_XS"}),
 }
 
 
@@ -157,9 +219,9 @@ def write_config(tmp_path, name, cfg) -> Path:
     return d
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(VARIANTS) + sorted(QUANT_VARIANTS))
 def test_variants_match_spec_py(spec_cli, tmp_path, name):
-    d = write_config(tmp_path, name, VARIANTS[name])
+    d = write_config(tmp_path, name, {**VARIANTS, **QUANT_VARIANTS}[name])
     c, err = c_spec(spec_cli, d)
     assert err is None, err
     assert_same(c, load_spec(d / "config.json", name=name))
@@ -200,7 +262,8 @@ def test_unreadable_and_malformed(spec_cli, tmp_path):
 FUZZ_KEYS = ("architectures", "hidden_act", "mlp_bias", "use_sliding_window", "attention_bias", "hidden_size",
              "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window",
              "rope_parameters", "rope_theta", "rope_scaling", "torch_dtype", "dtype", "eos_token_id", "bos_token_id",
-             "vocab_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps", "tie_word_embeddings")
+             "vocab_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps", "tie_word_embeddings",
+             "quantization_config")
 INF = "@@INF@@"  # written as 1e400, which both parsers read as infinity
 NUMBERS = (0, 1, 2, 3, -1, 7, 16, 32, 64, 100, 128, 255, 256, 1024, 1025, 65536, 65537, 262145, 1 << 22, (1 << 22) + 1, 2**53 + 1, 10**400,
            1 << 24, (1 << 24) + 1, 2**31 - 1, 2**31, 2**53, 0.0, 0.5, 1.0, 1.5, 4.0, 8.0, 64.0, 1e-5, -1e-5, 1e-300,
@@ -213,7 +276,25 @@ OTHERS = (None, True, False, "", "silu", "gelu", "64", "bfloat16", "float16", "i
 SCALING_KEYS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
+QUANT_NAMES = ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.weight",
+               "model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.bias",
+               "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight",
+               "model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight", "model.layers.15.mlp.up_proj.weight",
+               "x", "")
+QUANT_TYPE_VALUES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "BF16", "q8_0", None, 8, "")
+
+
 def fuzz_value(rng, key):
+    if key == "quantization_config" and rng.random() < 0.8:
+        formats = {n: rng.choice(QUANT_TYPE_VALUES) if rng.random() < 0.2 else rng.choice(QUANT_TYPE_VALUES[:6])
+                   for n in rng.sample(QUANT_NAMES, rng.randint(0, 5))}
+        if rng.random() < 0.3:  # a whole field in one format, as a real file has it
+            field = rng.choice(("self_attn.q_proj", "mlp.up_proj", "mlp.down_proj"))
+            t = rng.choice(QUANT_TYPE_VALUES[:6])
+            formats.update({f"model.layers.{l}.{field}.weight": t for l in range(16)})
+        qc = {"quant_method": "ingot" if rng.random() < 0.9 else rng.choice(OTHERS),
+              "formats": formats if rng.random() < 0.95 else rng.choice(OTHERS)}
+        return qc
     if key in ("rope_scaling", "rope_parameters") and rng.random() < 0.7:
         d = {}
         if rng.random() < 0.8:
@@ -243,8 +324,8 @@ def fuzz_configs(n, seed):
         yield json.dumps(cfg).replace(f'"{INF}"', "1e400")
 
 
-def test_differential_fuzz(spec_cli, tmp_path):
-    texts = list(fuzz_configs(3000, seed=61))
+def differential(spec_cli, tmp_path, texts) -> dict:
+    """Runs every config text through both specs: same verdict, same spec or the same message."""
     dirs = []
     for i, text in enumerate(texts):
         d = tmp_path / f"c{i}"
@@ -255,7 +336,7 @@ def test_differential_fuzz(spec_cli, tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == len(dirs)
-    verdicts = {"accepted": 0, "refused": 0}
+    verdicts = {"accepted": 0, "refused": 0, "quantized": 0}
     for d, text, line in zip(dirs, texts, lines):
         try:
             py, py_err = load_spec(d / "config.json", name=d.name), None
@@ -267,11 +348,45 @@ def test_differential_fuzz(spec_cli, tmp_path):
             assert not line.startswith("!"), f"C refused what spec.py accepts: {line} on {text}"
             assert_same(json.loads(line), py)
             verdicts["accepted"] += 1
+            verdicts["quantized"] += py.quantized
         else:
             assert line.startswith("!"), f"C accepted what spec.py refuses ({py_err}) on {text}"
             assert line == f"!config does not match this binary: {d}/config.json: {py_err[len('config.json: '):]}", text
             verdicts["refused"] += 1
+    return verdicts
+
+
+def test_differential_fuzz(spec_cli, tmp_path):
+    verdicts = differential(spec_cli, tmp_path, list(fuzz_configs(3000, seed=61)))
     assert verdicts["accepted"] > 100 and verdicts["refused"] > 1000, verdicts  # both sides exercised
+
+
+def quant_fuzz_configs(n, seed):
+    """Quantized configs: each matrix field in one random format (or dense), then now and then one
+    entry changed (another format, a dense dtype, a tensor of no model, a layer out of range), on
+    bases whose rows divide into 32 or 256 weights or not."""
+    import random
+    rng = random.Random(seed)
+    bases = [q_base(), base(), with_(q_base(), tie_word_embeddings=True), with_(base(), intermediate_size=176),
+             json.loads((REPO / "tests" / "models" / "tiny-qwen2" / "config.json").read_text())]
+    for _ in range(n):
+        cfg = copy.deepcopy(rng.choice(bases))
+        fields = {}
+        for f in ("model.embed_tokens.weight", "lm_head.weight", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            if rng.random() < 0.5:
+                fields[f] = rng.choice(QUANT_TYPE_VALUES[:6])
+        cfg = quantized(cfg, fields)
+        formats = cfg["quantization_config"]["formats"]
+        if rng.random() < 0.3 and formats:
+            formats[rng.choice(sorted(formats))] = rng.choice(QUANT_TYPE_VALUES)
+        if rng.random() < 0.1:
+            formats[rng.choice(QUANT_NAMES)] = rng.choice(QUANT_TYPE_VALUES[:6])
+        yield json.dumps(cfg)
+
+
+def test_differential_fuzz_quantized(spec_cli, tmp_path):
+    verdicts = differential(spec_cli, tmp_path, list(quant_fuzz_configs(600, seed=59)))
+    assert verdicts["quantized"] > 100 and verdicts["refused"] > 100, verdicts
 
 
 @pytest.mark.parametrize("text, message", [

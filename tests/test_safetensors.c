@@ -465,6 +465,38 @@ static void test_sharded(void) {
     expect_open(dir, ERR_ST_TRUNCATED, S2, "tensor c", "6 bytes missing", NULL);
 }
 
+// ------------------------------------------------------------------------------------------------
+// U8: a quantized matrix's bytes, [rows, row_bytes], bound like the others
+
+static void test_u8(void) {
+    const char *dir = case_dir("u8");
+    /* q: U8 (2, 20) = two Q4_1 rows of 32 weights; n: F16 (4) */
+    static unsigned char data[48];
+    for (int i = 0; i < 48; i++) data[i] = (unsigned char)(0xF0 + i); /* F16 0x7CFx would be NaN */
+    write_st(dir, "model.safetensors",
+             "{\"q\":{\"dtype\":\"U8\",\"shape\":[2,20],\"data_offsets\":[0,40]},"
+             "\"n\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[40,48]}}",
+             data, 48);
+    const st_tensor_spec specs[2] = {{"q", DT_U8, 2, {2, 20}}, {"n", DT_F16, 1, {4}}};
+    st_model *m = NULL;
+    err_code rc = st_model_open(&m, dir);
+    CHECK(rc == ERR_OK, "u8: open: %s: %s", err_name(rc), err_detail());
+    if (rc) return;
+    const void *ptrs[2] = {0};
+    rc = st_model_bind(m, specs, 2, ptrs, NULL);
+    CHECK(rc == ERR_OK && ptrs[0] && memcmp(ptrs[0], data, 40) == 0, "u8: bind: %s: %s", err_name(rc), err_detail());
+    /* bytes are never NaN: the U8 tensor is skipped, the F16 one (0x1F18...) is finite */
+    rc = st_check_finite(specs, ptrs, 2);
+    CHECK(rc == ERR_OK, "u8: check_finite: %s: %s", err_name(rc), err_detail());
+    st_model_close(m);
+    CHECK(strcmp(st_dtype_name(DT_U8), "U8") == 0 && st_dtype_size(DT_U8) == 1, "u8: name/size");
+    /* a quantized spec against a dense file, and a row of other bytes, are named */
+    const st_tensor_spec want_u8[2] = {{"q", DT_U8, 2, {2, 20}}, {"n", DT_U8, 2, {4, 2}}};
+    expect_bind(dir, want_u8, 2, NULL, ERR_ST_DTYPE, "n", "dtype F16, expected U8", NULL);
+    const st_tensor_spec other_rows[2] = {{"q", DT_U8, 2, {2, 34}}, {"n", DT_F16, 1, {4}}};
+    expect_bind(dir, other_rows, 2, NULL, ERR_ST_SHAPE, "q", "[2, 34]", NULL);
+}
+
 int main(void) {
     snprintf(root, sizeof root, "/tmp/ingot_test_st_XXXXXX");
     if (!mkdtemp(root)) {
@@ -477,6 +509,7 @@ int main(void) {
     test_file_defects();
     test_bind_defects();
     test_sharded();
+    test_u8();
 
     cleanup();
     return check_summary();

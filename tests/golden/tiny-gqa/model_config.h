@@ -59,9 +59,24 @@ static const int model_eos_ids[1] = { 2 };
 #define MODEL_WEIGHT_DTYPE_BF16 1
 typedef uint16_t model_weight_t;
 
-/* What one decode step reads, for the bandwidth figures: every weight except the embedding
- * table, of which one row (all of it when the LM head is tied to it), bytes; and the fp16 KV cache
- * per position of context, n_layers * 2 * kv_dim * 2 bytes. */
+/* Each matrix's format, GGUF's ggml_type id (runtime/quant.h quant_type): a block format (Q8_0 8,
+ * Q4_0 2, Q4_1 3, Q4_K 12, Q5_K 13, Q6_K 14; stored as U8 rows of blocks, config.json's
+ * quantization_config) or the dense dtype (BF16 30, F16 1, F32 0). A field's tensors share one. */
+#define MODEL_FORMAT_EMBED 30 /* BF16: model.embed_tokens.weight */
+#define MODEL_FORMAT_WQ 30 /* BF16: model.layers.*.self_attn.q_proj.weight */
+#define MODEL_FORMAT_WK 30 /* BF16: model.layers.*.self_attn.k_proj.weight */
+#define MODEL_FORMAT_WV 30 /* BF16: model.layers.*.self_attn.v_proj.weight */
+#define MODEL_FORMAT_WO 30 /* BF16: model.layers.*.self_attn.o_proj.weight */
+#define MODEL_FORMAT_W_GATE 30 /* BF16: model.layers.*.mlp.gate_proj.weight */
+#define MODEL_FORMAT_W_UP 30 /* BF16: model.layers.*.mlp.up_proj.weight */
+#define MODEL_FORMAT_W_DOWN 30 /* BF16: model.layers.*.mlp.down_proj.weight */
+#define MODEL_FORMAT_LM_HEAD 30 /* BF16: lm_head.weight (tied: model.embed_tokens.weight) */
+#define MODEL_QUANTIZED 0 /* 1 when any matrix is quantized, else 0 */
+
+/* What one decode step reads, for the bandwidth figures: every weight as stored (a block format's
+ * scales included) except the embedding table, of which one row (all of it when the LM head is
+ * tied to it), bytes; and the fp16 KV cache per position of context, n_layers * 2 * kv_dim * 2
+ * bytes. */
 #define MODEL_WEIGHT_BYTES_PER_TOKEN 310144ULL
 #define MODEL_KV_BYTES_PER_POS 384ULL
 
