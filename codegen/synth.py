@@ -27,6 +27,13 @@ linear weights and embeddings N(0, 1/fan_in) with fan_in the input width (hidden
 embedding table, which doubles as the LM head when tied); at hidden_size 2048-4096 this is the
 usual 0.02-ish initializer_range, at tiny widths it keeps q.k and logit spreads near 1 instead of
 near 0.1. Norm weights 1 + N(0, 0.1^2). Biases N(0, 0.05^2).
+
+Quantized models: a config whose quantization_config (codegen/spec.py) names a tensor's GGUF block
+format gets that tensor as the format's blocks (dtype U8, shape [rows, row bytes]): the same values
+drawn, then quantized here as ggml's reference quantizers do (Q8_0: d = max|x| / 127; Q4_0: d =
+the signed value of largest magnitude / -8; Q4_1: d = (max - min) / 15, m = min). The weights
+are valid blocks of the right statistics, which is all a speed run or a kernel test needs;
+codegen/quantize.py is the bit-exact quantizer of real weights.
 """
 
 import argparse
@@ -60,12 +67,17 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 WEIGHT_FILE_RE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
 
 
+# GGUF block formats synth can write: (weights a block, bytes a block)
+QUANT_BLOCKS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
     shape: tuple
     mean: float
     std: float
+    format: str = ""  # a QUANT_BLOCKS key for a quantized tensor, else "" (the dtype)
 
     @property
     def numel(self):
@@ -73,6 +85,19 @@ class TensorSpec:
         for d in self.shape:
             n *= d
         return n
+
+    def nbytes(self, dtype):
+        if self.format:
+            block, size = QUANT_BLOCKS[self.format]
+            return self.numel // block * size
+        return self.numel * DTYPES[dtype][1]
+
+    def stored_shape(self):
+        """The shape in the file: a quantized matrix is [rows, row bytes] of U8."""
+        if self.format:
+            block, size = QUANT_BLOCKS[self.format]
+            return [self.shape[0], self.shape[1] // block * size]
+        return list(self.shape)
 
 
 # --- the tensor list -------------------------------------------------------------------------
@@ -123,7 +148,47 @@ def tensor_specs(config):
     specs += norm("model.norm")
     if not config.get("tie_word_embeddings", False):
         specs += linear("lm_head", vocab, dim, False)
-    return specs
+    formats = (config.get("quantization_config") or {}).get("formats") or {}
+    for name, fmt in formats.items():
+        if fmt not in QUANT_BLOCKS:
+            raise ValueError(f"quantization_config: {name}: format {fmt!r}, synth writes {', '.join(QUANT_BLOCKS)}")
+    out = []
+    for s in specs:
+        if s.name in formats:
+            if len(s.shape) != 2 or s.shape[1] % QUANT_BLOCKS[formats[s.name]][0]:
+                raise ValueError(f"quantization_config: {s.name} {s.shape} is not a matrix of whole blocks")
+            s = TensorSpec(s.name, s.shape, s.mean, s.std, formats[s.name])
+        out.append(s)
+    return out
+
+
+def quantize_blocks(x, fmt):
+    """float32 values (a multiple of 32) -> the bytes of GGUF blocks of fmt, as ggml's reference
+    quantizers compute them (quantize_row_q8_0_ref, _q4_0_ref, _q4_1_ref)."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    n = len(b)
+    if fmt == "Q8_0":
+        d = np.abs(b).max(axis=1) / 127.0
+        inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0).astype(np.float32)
+        q = np.round(b * inv[:, None]).astype(np.int8)
+        out = np.empty((n, 34), np.uint8)
+        out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(n, 2)
+        out[:, 2:] = q.view(np.uint8)
+        return out.tobytes()
+    if fmt == "Q4_0":
+        idx = np.abs(b).argmax(axis=1)
+        mx = b[np.arange(n), idx]
+        d = mx / -8.0
+        inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1.0), 0.0).astype(np.float32)
+        q = np.minimum(15, np.trunc(b * inv[:, None] + 8.5)).astype(np.uint8)
+        dh = d.astype(np.float16).view(np.uint8).reshape(n, 2)
+        return np.concatenate([dh, q[:, :16] | (q[:, 16:] << 4)], axis=1).tobytes()
+    lo, hi = b.min(axis=1), b.max(axis=1)  # Q4_1
+    d = (hi - lo) / 15.0
+    inv = np.where(d != 0, 1.0 / np.where(d != 0, d, 1.0), 0.0).astype(np.float32)
+    q = np.minimum(15, np.trunc((b - lo[:, None]) * inv[:, None] + 0.5)).astype(np.uint8)
+    dm = np.stack([d, lo], axis=1).astype(np.float16).view(np.uint8).reshape(n, 4)
+    return np.concatenate([dm, q[:, :16] | (q[:, 16:] << 4)], axis=1).tobytes()
 
 
 # --- values ----------------------------------------------------------------------------------
@@ -147,8 +212,11 @@ def f32_to_bf16_bits(x):
 
 
 def value_table(spec, dtype):
-    """(65536,) array of the raw element type for `dtype`: mean + std * quantile, cast."""
+    """(65536,) array of the raw element type for `dtype`: mean + std * quantile, cast (float32
+    for a quantized tensor, which chunk_bytes quantizes)."""
     v = (spec.mean + spec.std * normal_quantiles()).astype(np.float32)
+    if spec.format:
+        return v
     if dtype == "bf16":
         return f32_to_bf16_bits(v)
     if dtype == "f16":
@@ -157,10 +225,13 @@ def value_table(spec, dtype):
 
 
 def chunk_bytes(spec, table, seed, c):
-    """Raw bytes of elements [c * CHUNK_ELEMS, ...) of tensor `spec`."""
+    """Raw bytes of elements [c * CHUNK_ELEMS, ...) of tensor `spec` (a whole number of blocks of a
+    quantized one: rows are whole blocks, and CHUNK_ELEMS is a multiple of 32)."""
     n = min(CHUNK_ELEMS, spec.numel - c * CHUNK_ELEMS)
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode()), c])
     idx = rng.integers(0, 1 << 32, (n + 1) // 2, dtype=np.uint32).view(np.uint16)[:n]
+    if spec.format:
+        return quantize_blocks(table[idx], spec.format)
     return table[idx].tobytes()
 
 
@@ -169,10 +240,9 @@ def chunk_bytes(spec, table, seed, c):
 def plan_shards(specs, dtype, max_shard_bytes):
     """Split `specs` in order into lists whose data fits max_shard_bytes (a lone bigger tensor
     gets a shard of its own)."""
-    size = DTYPES[dtype][1]
     shards, cur, cur_bytes = [], [], 0
     for s in specs:
-        b = s.numel * size
+        b = s.nbytes(dtype)
         if cur and cur_bytes + b > max_shard_bytes:
             shards.append(cur)
             cur, cur_bytes = [], 0
@@ -186,12 +256,12 @@ def plan_shards(specs, dtype, max_shard_bytes):
 def safetensors_header(specs, dtype):
     """The 8-byte little-endian length followed by the JSON header, padded with spaces to a
     multiple of 8 so that the data (and with it every tensor) starts 8-byte aligned."""
-    st_dtype, size = DTYPES[dtype]
+    st_dtype = DTYPES[dtype][0]
     header = {"__metadata__": {"format": "pt"}}
     offset = 0
     for s in specs:
-        end = offset + s.numel * size
-        header[s.name] = {"dtype": st_dtype, "shape": list(s.shape), "data_offsets": [offset, end]}
+        end = offset + s.nbytes(dtype)
+        header[s.name] = {"dtype": "U8" if s.format else st_dtype, "shape": s.stored_shape(), "data_offsets": [offset, end]}
         offset = end
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
@@ -244,9 +314,8 @@ def synthesize(model_dir, dtype=None, seed=0, tokenizer=None, max_shard_bytes=MA
             write_shard(model_dir / name, shard, dtype, seed, pool, 2 * threads)
             written.append(model_dir / name)
     if n > 1:
-        size = DTYPES[dtype][1]
         index = {
-            "metadata": {"total_size": sum(s.numel * size for s in specs)},
+            "metadata": {"total_size": sum(s.nbytes(dtype) for s in specs)},
             "weight_map": {s.name: name for name, shard in zip(names, shards) for s in shard},
         }
         path = model_dir / "model.safetensors.index.json"
