@@ -295,7 +295,7 @@ def _gemm_wgmma(cuda_arch: str) -> int:
     return 1 if cuda_arch == "90" else 0
 
 
-def _mlp_fused_fits(dim: int, hidden_dim: int, cuda_arch: str) -> int:
+def _mlp_fused_fits(dim: int, hidden_dim: int, cuda_arch: str, quantized: bool = False) -> int:
     """Whether the decode step's MLP runs as one kernel (runtime/cuda_mlp_fused.cuh, mlp_fused_body:
     gate/up and down's transpose in batches of hidden units a block, the blocks' partial sums added
     in L2), the build's default where it fits (the plan's mlp_fused=0, make PLAN="mlp_fused=0", keeps
@@ -307,8 +307,9 @@ def _mlp_fused_fits(dim: int, hidden_dim: int, cuda_arch: str) -> int:
     MLPs 24.2 us a layer against 26.6 for two kernels (tests/bench/fused_mlp.cu); in the 1B's step,
     with its input by a bulk copy and every decode kernel's carveout alike, +0.2% at depth 0 and
     +1.9% at 4096. Its sums' order is not fixed: a build with it is not reproducible to the last
-    bit."""
-    return int(cuda_arch == "90" and dim in (2048, 4096) and hidden_dim % 32 == 0)
+    bit. Dense matrices only: a quantized model (any matrix in a block format) runs gate/up and
+    down apart (runtime/forward_cuda.cu)."""
+    return int(cuda_arch == "90" and dim in (2048, 4096) and hidden_dim % 32 == 0 and not quantized)
 
 
 def _smem_carveout(mlp_fused: int) -> int:
@@ -402,7 +403,7 @@ def _apply_sets(plan: Plan, spec: Spec, sets: dict) -> Plan:
     base = {k: v for k, v in fields.items() if k not in PLAN_FIELDS_DERIVED}
     base.update(sets)
     fields = _derive({**base, **{k: v for k, v in sets.items() if k in PLAN_FIELDS_DERIVED}})
-    if fields["mlp_fused"] and not _mlp_fused_fits(spec.dim, spec.hidden_dim, plan.cuda_arch):
+    if fields["mlp_fused"] and not _mlp_fused_fits(spec.dim, spec.hidden_dim, plan.cuda_arch, spec.quantized):
         raise PlanError(f"--set mlp_fused=1: this model's shape or target does not fit the fused MLP (_mlp_fused_fits)")
     if (fields["att_short"] or fields["att_stage_values"]) and not fields["att_mma"]:
         raise PlanError("--set att_short / att_stage_values: they run on the tensor-core attention (att_mma=1)")
@@ -447,7 +448,7 @@ def _make_plan(spec: Spec, cuda_arch: str) -> Plan:
         res_lot=_res_lot(spec.q_dim, spec.hidden_dim),
         down_poll=_down_poll(spec.hidden_dim),
         gemm_wgmma=_gemm_wgmma(cuda_arch),
-        **_derive(dict(mlp_fused=_mlp_fused_fits(spec.dim, spec.hidden_dim, cuda_arch),
+        **_derive(dict(mlp_fused=_mlp_fused_fits(spec.dim, spec.hidden_dim, cuda_arch, spec.quantized),
                        att_o_short=_att_o_short(_att_short(spec.head_dim, spec.kv_mul), _o_proj_min_blocks(spec.q_dim)))),
         **gpu,
     )

@@ -203,11 +203,12 @@ __host__ __device__ constexpr int pair_async_steps(int K) {
  * 1 .. pair_async_steps of both rows, a lane's chunks where it alone reads them. */
 template <typename W, int U>
 __host__ __device__ constexpr size_t pair_async_bytes(int K) {
+    if (!pair_async_copies<W>) return 0;
     return (size_t)pair_async_steps<W, U>(K) * 2 * U * WARP_SIZE * MODEL_MV_WARPS * sizeof(uint4);
 }
 
 /* Dynamic shared memory of QKV's block, whose input has K values. */
-#define QKV_SMEM_BYTES(K) (MV_SMEM_BYTES(K) + pair_async_bytes<model_w, MODEL_PAIR_UNROLL>(K))
+#define QKV_SMEM_BYTES(W, K) (MV_SMEM_BYTES(K) + pair_async_bytes<W, MODEL_PAIR_UNROLL>(K))
 
 /* This warp's slots for the async steps: after the block's staged input of K floats (K % 8 == 0, so
  * 16-byte aligned). Slot (s, row, u) holds lane l's chunk at [((s * 2 + row) * U + u) * WARP_SIZE + l]. */

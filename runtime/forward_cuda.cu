@@ -685,7 +685,7 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
             float *x = residual_at(m, l);
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(MODEL_DIM), m->stream, *lw,
+            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), m->stream, *lw,
                    x, m->q, kc, vc, m->io, m->ctx, m->hb_poll);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
@@ -1133,7 +1133,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
                   "--device cuda: needs at most 8 query heads per KV head (a GQA group's heads fit one attention block)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_DIM) <= 200 * 1024, ERR_DEVICE,
                   "--device cuda: needs hidden_size at most 51200 (the norm'd matvecs stage their input in shared memory)");
-    MODEL_REQUIRE(QKV_SMEM_BYTES(MODEL_DIM) <= 227 * 1024, ERR_DEVICE,
+    MODEL_REQUIRE(QKV_SMEM_BYTES(w_qkv, MODEL_DIM) <= 227 * 1024, ERR_DEVICE,
                   "--device cuda: QKV's staged input and cp.async row steps need more than 227 KB of shared memory a "
                   "block (build with make PLAN=qkv_async=0)");
     MODEL_REQUIRE(MV_SMEM_BYTES(MODEL_Q_DIM) <= 227 * 1024, ERR_DEVICE,
@@ -1161,7 +1161,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->ctx = ctx;
     const int sms = prop.multiProcessorCount;
     set_decode_carveout(); /* before the occupancy queries below, which count with it */
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(MODEL_DIM), sms);
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)MV_SMEM_BYTES(MODEL_Q_DIM)));

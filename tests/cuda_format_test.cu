@@ -1,16 +1,17 @@
-/* cuda_format_test.cu - a weight format other than the model's through the decode step's matvec
- * core: GGUF's Q8_0 (w_q8_0, cuda_weights.cuh) in o_proj/down's body (matvec_residual_body), the
- * first quantized format of issue 59 on the core issue 58 made generic over the format.
+/* cuda_format_test.cu - the quantized weight formats through the decode step's matvec core: GGUF's
+ * Q8_0, Q4_0 and Q4_1 (w_q8_0, w_q4_0, w_q4_1: cuda_weights.cuh) in o_proj/down's body
+ * (matvec_residual_body), each against the gguf package's dequantizer (the slow twin) and against
+ * the model's 16-bit format for speed.
  *
- *   cuda_format_test check OUTDIR SEED ROWS K   Q8_0 blocks as a GGUF file holds them (34 bytes
- *                                               each: fp16 scale, 32 int8), repacked as the upload
- *                                               will (values and scales apart), out = x0 + W . in;
- *                                               writes weights.bin (the GGUF bytes), in.bin, x0.bin,
- *                                               out.bin for tests/test_cuda_format.py to check
- *                                               against gguf's dequantizer and NumPy
- *   cuda_format_test bench ROWS K               GB/s the same body reads, Q8_0 against the model's
- *                                               16-bit format on matrices of the same shape (four
- *                                               of them in turn: past L2), and the read probe
+ *   cuda_format_test check FORMAT OUTDIR SEED ROWS K   FORMAT's blocks as a GGUF file holds them
+ *                                               (scales first, then values), repacked as the
+ *                                               upload does (values and scales apart), out = x0 +
+ *                                               W . in; writes weights.bin (the GGUF bytes), in.bin,
+ *                                               x0.bin, out.bin for tests/test_cuda_format.py to
+ *                                               check against gguf's dequantizer and NumPy
+ *   cuda_format_test bench FORMAT ROWS K        GB/s the same body reads, FORMAT against the
+ *                                               model's 16-bit format on matrices of the same shape
+ *                                               (four of them in turn: past L2), and the read probe
  *
  * Compiled against a model's generated headers (the plan's MV_WARPS, MV_UNROLL, RES_LOT ...):
  * nvcc -I runtime -I generated/<model> tests/cuda_format_test.cu build/runtime/probe_cuda.o
@@ -58,35 +59,39 @@ static uint16_t f32_to_f16_bits(float f) {
     return *reinterpret_cast<const uint16_t *>(&h);
 }
 
-/* rows x K / 32 Q8_0 blocks as GGUF lays them out: scales of order 1/(127 sqrt(K)), values uniform in [-127, 127] */
-static std::vector<uint8_t> q8_0_blocks(int rows, int K) {
+/* rows x K / 32 blocks of format W as GGUF lays them out: scales of order 1/(range sqrt(K)) (and
+ * Q4_1's minimum of order -8 of them), values uniform over the format's integers */
+template <typename W>
+static std::vector<uint8_t> gguf_blocks(int rows, int K) {
+    const int size = W::SCALE_BYTES + W::VALUE_BYTES;
     const size_t blocks = (size_t)rows * (K / 32);
-    std::vector<uint8_t> b(blocks * 34);
+    std::vector<uint8_t> b(blocks * size);
     for (size_t i = 0; i < blocks; i++) {
-        const uint16_t d = f32_to_f16_bits((float)((0.5 + unit()) / (127.0 * sqrt((double)K))));
-        memcpy(&b[i * 34], &d, 2);
-        for (int j = 0; j < 32; j++) b[i * 34 + 2 + j] = (uint8_t)(int8_t)((int)(unit() * 255.0) - 127);
+        uint8_t *blk = &b[i * size];
+        const float d = (float)((0.5 + unit()) / ((W::VALS == 16 ? 127.0 : 8.0) * sqrt((double)K)));
+        const uint16_t dh = f32_to_f16_bits(d), mh = f32_to_f16_bits(-8.0f * d * (float)unit());
+        memcpy(blk, &dh, 2);
+        if (W::SCALE_BYTES == 4) memcpy(blk + 2, &mh, 2);
+        for (int j = 0; j < W::VALUE_BYTES; j++) blk[W::SCALE_BYTES + j] = (uint8_t)(next_u64() >> 56);
     }
     return b;
 }
 
-/* The upload's repacking: values (rows, K) int8 and scales (rows, K / 32) fp16 apart, on the device */
-static w_q8_0::mat upload_q8_0(const std::vector<uint8_t> &blocks, int rows, int K) {
-    const size_t n = blocks.size() / 34;
-    std::vector<int8_t> q(n * 32);
-    std::vector<uint16_t> d(n);
+/* The upload's repacking (forward_cuda.cu's repack_blocks_kernel, here on the host): every block's
+ * values, then every block's scales, on the device */
+template <typename W>
+static typename W::mat upload_blocks(const std::vector<uint8_t> &blocks, int rows, int K) {
+    const int size = W::SCALE_BYTES + W::VALUE_BYTES;
+    const size_t n = blocks.size() / size;
+    std::vector<uint8_t> packed(blocks.size());
     for (size_t i = 0; i < n; i++) {
-        memcpy(&d[i], &blocks[i * 34], 2);
-        memcpy(&q[i * 32], &blocks[i * 34 + 2], 32);
+        memcpy(&packed[i * W::VALUE_BYTES], &blocks[i * size + W::SCALE_BYTES], W::VALUE_BYTES);
+        memcpy(&packed[n * W::VALUE_BYTES + i * W::SCALE_BYTES], &blocks[i * size], W::SCALE_BYTES);
     }
-    int8_t *dq = NULL;
-    __half *dd = NULL;
-    FC(cudaMalloc(&dq, q.size()));
-    FC(cudaMalloc(&dd, d.size() * 2));
-    FC(cudaMemcpy(dq, q.data(), q.size(), cudaMemcpyHostToDevice));
-    FC(cudaMemcpy(dd, d.data(), d.size() * 2, cudaMemcpyHostToDevice));
-    (void)rows, (void)K;
-    return {dq, dd};
+    uint8_t *p = NULL;
+    FC(cudaMalloc(&p, packed.size()));
+    FC(cudaMemcpy(p, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+    return W::at(p, rows, K);
 }
 
 static float *upload_f32(const std::vector<float> &v) {
@@ -121,16 +126,17 @@ static int prepare(int rows, int K) {
     return grid_for((const void *)residual_kernel<W>, rows, smem);
 }
 
-static int check(const char *dir, uint64_t seed, int rows, int K) {
+template <typename W>
+static int check(const char *format, const char *dir, uint64_t seed, int rows, int K) {
     rng_state = seed;
-    const std::vector<uint8_t> blocks = q8_0_blocks(rows, K);
+    const std::vector<uint8_t> blocks = gguf_blocks<W>(rows, K);
     std::vector<float> in(K), x0(rows);
     for (float &v : in) v = (float)(2.0 * unit() - 1.0);
     for (float &v : x0) v = (float)(2.0 * unit() - 1.0);
-    const w_q8_0::mat w = upload_q8_0(blocks, rows, K);
+    const typename W::mat w = upload_blocks<W>(blocks, rows, K);
     float *din = upload_f32(in), *dout = upload_f32(x0);
-    const int grid = prepare<w_q8_0>(rows, K);
-    residual_kernel<w_q8_0><<<grid, MV_THREADS, MV_SMEM_BYTES(K)>>>(w, din, dout, rows, K);
+    const int grid = prepare<W>(rows, K);
+    residual_kernel<W><<<grid, MV_THREADS, MV_SMEM_BYTES(K)>>>(w, din, dout, rows, K);
     FC(cudaGetLastError());
     FC(cudaDeviceSynchronize());
     std::vector<float> out(rows);
@@ -140,7 +146,7 @@ static int check(const char *dir, uint64_t seed, int rows, int K) {
     write_file(d + "/in.bin", in.data(), in.size() * sizeof(float));
     write_file(d + "/x0.bin", x0.data(), x0.size() * sizeof(float));
     write_file(d + "/out.bin", out.data(), out.size() * sizeof(float));
-    printf("check: %d x %d Q8_0, grid %d\n", rows, K, grid);
+    printf("check: %d x %d %s, grid %d\n", rows, K, format, grid);
     return 0;
 }
 
@@ -165,12 +171,13 @@ static double time_body(const typename W::mat *mats, float *din, float *dout, in
     return best;
 }
 
-static int bench(int rows, int K) {
+template <typename W>
+static int bench(const char *format, int rows, int K) {
     rng_state = 1;
     std::vector<float> in(K, 0.5f), x0(rows, 0.0f);
     float *din = upload_f32(in), *dout = upload_f32(x0);
-    w_q8_0::mat q8[4];
-    for (int i = 0; i < 4; i++) q8[i] = upload_q8_0(q8_0_blocks(rows, K), rows, K);
+    typename W::mat q[4];
+    for (int i = 0; i < 4; i++) q[i] = upload_blocks<W>(gguf_blocks<W>(rows, K), rows, K);
     model_w::mat w16[4];
     for (int i = 0; i < 4; i++) {
         uint16_t *p = NULL;
@@ -184,33 +191,44 @@ static int bench(int rows, int K) {
         fprintf(stderr, "cuda_format_test: the read probe failed\n");
         return 1;
     }
-    const double q8_bytes = (double)rows * K * (1.0 + 2.0 / 32), w16_bytes = (double)rows * K * 2;
-    const double t_q8 = time_body<w_q8_0>(q8, din, dout, rows, K), t_w16 = time_body<model_w>(w16, din, dout, rows, K);
+    const double q_bytes = (double)rows * (K / 32) * (W::SCALE_BYTES + W::VALUE_BYTES), w16_bytes = (double)rows * K * 2;
+    const double t_q = time_body<W>(q, din, dout, rows, K), t_w16 = time_body<model_w>(w16, din, dout, rows, K);
     printf("bench: %s, %d x %d, read probe %.1f GB/s\n", name, rows, K, probe / 1e9);
-    printf("  Q8_0: %.1f us, %.1f GB/s = %.1f%% of probe\n", t_q8 * 1e3, q8_bytes / (t_q8 * 1e-3) / 1e9, 100.0 * q8_bytes / (t_q8 * 1e-3) / probe);
+    printf("  %s: %.1f us, %.1f GB/s = %.1f%% of probe\n", format, t_q * 1e3, q_bytes / (t_q * 1e-3) / 1e9,
+           100.0 * q_bytes / (t_q * 1e-3) / probe);
     printf("  %s: %.1f us, %.1f GB/s = %.1f%% of probe\n", GPU_W_BF16 ? "bf16" : "fp16", t_w16 * 1e3, w16_bytes / (t_w16 * 1e-3) / 1e9,
            100.0 * w16_bytes / (t_w16 * 1e-3) / probe);
-    printf("  Q8_0 / 16-bit time: %.3f (bytes: %.3f)\n", t_q8 / t_w16, q8_bytes / w16_bytes);
+    printf("  %s / 16-bit time: %.3f (bytes: %.3f)\n", format, t_q / t_w16, q_bytes / w16_bytes);
     return 0;
 }
 
+/* mode(format) for the format named */
+template <typename F>
+static int for_format(const char *format, F mode) {
+    if (strcmp(format, "Q8_0") == 0) return mode(w_q8_0{});
+    if (strcmp(format, "Q4_0") == 0) return mode(w_q4_0{});
+    if (strcmp(format, "Q4_1") == 0) return mode(w_q4_1{});
+    fprintf(stderr, "cuda_format_test: format %s: expected Q8_0, Q4_0 or Q4_1\n", format);
+    return 2;
+}
+
+static bool shape_ok(int rows, int K) {
+    if (rows >= 1 && K >= 32 && K % 32 == 0 && K <= 65536) return true;
+    fprintf(stderr, "cuda_format_test: ROWS >= 1, K a multiple of 32 up to 65536\n");
+    return false;
+}
+
 int main(int argc, char **argv) {
-    if (argc == 6 && strcmp(argv[1], "check") == 0) {
-        const int rows = atoi(argv[4]), K = atoi(argv[5]);
-        if (rows < 1 || K < 32 || K % 32 || K > 65536) {
-            fprintf(stderr, "cuda_format_test: ROWS >= 1, K a multiple of 32 up to 65536\n");
-            return 2;
-        }
-        return check(argv[2], strtoull(argv[3], NULL, 10), rows, K);
+    if (argc == 7 && strcmp(argv[1], "check") == 0) {
+        const int rows = atoi(argv[5]), K = atoi(argv[6]);
+        if (!shape_ok(rows, K)) return 2;
+        return for_format(argv[2], [&](auto w) { return check<decltype(w)>(argv[2], argv[3], strtoull(argv[4], NULL, 10), rows, K); });
     }
-    if (argc == 4 && strcmp(argv[1], "bench") == 0) {
-        const int rows = atoi(argv[2]), K = atoi(argv[3]);
-        if (rows < 1 || K < 32 || K % 32 || K > 65536) {
-            fprintf(stderr, "cuda_format_test: ROWS >= 1, K a multiple of 32 up to 65536\n");
-            return 2;
-        }
-        return bench(rows, K);
+    if (argc == 5 && strcmp(argv[1], "bench") == 0) {
+        const int rows = atoi(argv[3]), K = atoi(argv[4]);
+        if (!shape_ok(rows, K)) return 2;
+        return for_format(argv[2], [&](auto w) { return bench<decltype(w)>(argv[2], rows, K); });
     }
-    fprintf(stderr, "usage: cuda_format_test check OUTDIR SEED ROWS K | bench ROWS K\n");
+    fprintf(stderr, "usage: cuda_format_test check FORMAT OUTDIR SEED ROWS K | bench FORMAT ROWS K\n");
     return 2;
 }

@@ -230,7 +230,7 @@ static void init_like_model(void) {
     sms = prop.multiProcessorCount;
     SC(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     set_decode_carveout(); /* the step's carveout (forward_cuda.cu), before the occupancy queries */
-    grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(MODEL_DIM), sms);
+    grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), sms);
     grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     SC(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)MV_SMEM_BYTES(MODEL_Q_DIM)));
@@ -299,9 +299,11 @@ static std::vector<uint16_t> cache_words(rng &r, int filled, float beyond) {
 
 static std::vector<long long> cache_shape(void) { return {NKV, ctx, HD}; }
 
-/* A fresh model_layer_weights with nothing bound (each stage binds what its kernel reads) */
-static model_layer_weights no_weights(void) {
-    model_layer_weights w;
+/* A fresh layer's weights with nothing bound (each stage binds what its kernel reads): the decode
+ * kernels' cuda_layer, or the prompt path's model_layer_weights */
+template <typename T = cuda_layer>
+static T no_weights(void) {
+    T w;
     memset(&w, 0, sizeof w);
     return w;
 }
@@ -334,7 +336,7 @@ static void stage_embed(stage_rec &s, rng &r) {
 
 static void stage_qkv(stage_rec &s, rng &r) {
     const int pos = r.between(1, ctx - 1);
-    model_layer_weights w = no_weights();
+    cuda_layer w = no_weights();
     w.attn_norm = s.in("attn_norm", W_DTYPE, norm_weights(r, D), {D});
     w.wq = matrix(s, r, "wq", QD, D);
     w.wk = matrix(s, r, "wk", KVD, D);
@@ -357,9 +359,9 @@ static void stage_qkv(stage_rec &s, rng &r) {
     std::vector<float> inv(model_rope_inv_freq, model_rope_inv_freq + HD / 2);
     s.input("rope_inv_freq", "f32", inv, {HD / 2});
     s.param("ctx", ctx);
-    launch(rmsnorm_qkv_rope_kernel, grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(MODEL_DIM), stream, w, (const float *)x, q, kcd, vcd,
+    launch(rmsnorm_qkv_rope_kernel, grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), stream, w, (const float *)x, q, kcd, vcd,
            (const int *)io, ctx, hb_poll);
-    launched(s, "rmsnorm_qkv_rope_kernel", grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(MODEL_DIM));
+    launched(s, "rmsnorm_qkv_rope_kernel", grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(w_qkv, MODEL_DIM));
     s.out("q", "f32", q, QD, {QD});
     s.out("key_cache_out", "f16", kcd, kc.size(), cache_shape());
     s.out("value_cache_out", "f16", vcd, vc.size(), cache_shape());
@@ -399,7 +401,7 @@ static void stage_attention(stage_rec &s, rng &r, bool short_kernel, int splits,
 
 template <bool SHORTEST>
 static void stage_o_proj(stage_rec &s, rng &r) {
-    model_layer_weights w = no_weights();
+    cuda_layer w = no_weights();
     w.wo = matrix(s, r, "wo", D, QD);
     if (MODEL_O_BIAS) w.bo = s.in("bo", W_DTYPE, weights(r, D, 0.5), {D});
     float *att = s.in("att", "f32", activations(r, QD, 0.5), {QD});
@@ -421,7 +423,7 @@ static void att_signals_out(stage_rec &s, const unsigned *att_done, const float 
 }
 
 static void stage_gate_up(stage_rec &s, rng &r) {
-    model_layer_weights w = no_weights();
+    cuda_layer w = no_weights();
     w.ffn_norm = s.in("ffn_norm", W_DTYPE, norm_weights(r, D), {D});
     w.w_gate = matrix(s, r, "w_gate", HID, D, 2.0);
     w.w_up = matrix(s, r, "w_up", HID, D);
@@ -438,7 +440,7 @@ static void stage_gate_up(stage_rec &s, rng &r) {
 }
 
 static void stage_down(stage_rec &s, rng &r) {
-    model_layer_weights w = no_weights();
+    cuda_layer w = no_weights();
     w.w_down = matrix(s, r, "w_down", D, HID);
     /* with MODEL_DOWN_POLL the kernel polls hb's words: every one written (no ATT_POLL_WORD) */
     float *hb = s.in("hb", "f32", activations(r, HID, 0.5), {HID});
@@ -467,7 +469,7 @@ static void stage_transpose(stage_rec &s, rng &r) {
 }
 
 static void stage_mlp_fused(stage_rec &s, rng &r) {
-    model_layer_weights w = no_weights();
+    cuda_layer w = no_weights();
     w.ffn_norm = s.in("ffn_norm", W_DTYPE, norm_weights(r, D), {D});
     w.w_gate = matrix(s, r, "w_gate", HID, D, 2.0);
     w.w_up = matrix(s, r, "w_up", HID, D);
@@ -568,7 +570,7 @@ static void stage_prefill_qkv(stage_rec &s, rng &r) {
     const int count = B > PREFILL_SMALL ? B - 1 : B; /* a short last batch: the caches past count untouched */
     const int pos = r.between(0, ctx - B);
     s.param("batch", B);
-    model_layer_weights w = no_weights();
+    model_layer_weights w = no_weights<model_layer_weights>();
     w.wq = matrix(s, r, "wq", QD, D);
     w.wk = matrix(s, r, "wk", KVD, D);
     w.wv = matrix(s, r, "wv", KVD, D);
@@ -602,7 +604,7 @@ template <int B>
 static void stage_prefill_o(stage_rec &s, rng &r) {
     constexpr int size = prefill_size_index(B);
     s.param("batch", B);
-    model_layer_weights w = no_weights();
+    model_layer_weights w = no_weights<model_layer_weights>();
     w.wo = matrix(s, r, "wo", D, QD);
     if (MODEL_O_BIAS) w.bo = s.in("bo", W_DTYPE, weights(r, D, 0.5), {D});
     float *att = s.in("att", "f32", activations(r, (size_t)B * QD, 1.0), {B, QD});
@@ -623,7 +625,7 @@ template <int B, int FORM>
 static void stage_prefill_gate_up(stage_rec &s, rng &r) {
     s.param("batch", B);
     s.param("form", FORM);
-    model_layer_weights w = no_weights();
+    model_layer_weights w = no_weights<model_layer_weights>();
     w.w_gate = matrix(s, r, "w_gate", HID, D);
     w.w_up = matrix(s, r, "w_up", HID, D);
     uint16_t *x_terms = s.in("x_terms", W_DTYPE, input_terms(r, B, D, 1.0), terms_shape(B, D));
@@ -655,7 +657,7 @@ template <int B>
 static void stage_prefill_down(stage_rec &s, rng &r) {
     constexpr int size = prefill_size_index(B);
     s.param("batch", B);
-    model_layer_weights w = no_weights();
+    model_layer_weights w = no_weights<model_layer_weights>();
     w.w_down = matrix(s, r, "w_down", D, HID);
     uint16_t *hb_terms = s.in("hb_terms", W_DTYPE, input_terms(r, B, HID, 1.0), terms_shape(B, HID));
     const int splits = down_split_count[size];

@@ -1,12 +1,13 @@
-"""A quantized weight format through the decode step's matvec core (issue 59's first format on issue
-58's format parameter): tests/cuda_format_test.cu runs matvec_residual_body<w_q8_0> (o_proj and
-down's body) on GGUF Q8_0 blocks, repacked as an upload would, and this checks the result against
-the `gguf` package's dequantizer and NumPy in float64.
+"""The quantized weight formats through the decode step's matvec core: tests/cuda_format_test.cu runs
+matvec_residual_body<W> (o_proj and down's body) for W = Q8_0, Q4_0 and Q4_1 on GGUF blocks,
+repacked as the upload does, and this checks the result against the `gguf` package's dequantizer
+and NumPy in float64.
 
 Tolerance: the products d * q of a weight are exact in fp32 (an fp16 scale times an integer of 8
-bits), so the GPU's sum differs from float64 only by fp32 summation in another order: RTOL_DOT of
-sum_k |w_k in_k| + |x0|, the bound tests/test_gpu_stages.py derives for every matvec. A weight read
-from the wrong block or a chunk dropped is ~1e-3 of that magnitude, far above it.
+bits or fewer), so the GPU's sum differs from float64 only by fp32 summation in another order (and
+Q4_1's m * sum(x) apart): RTOL_DOT of sum_k |w_k in_k| + |x0|, the bound tests/test_gpu_stages.py
+derives for every matvec. A weight read from the wrong block, a nibble swapped or a chunk dropped
+is ~1e-3 of that magnitude, far above it.
 
 Compiling needs nvcc (CI has it); running needs a GPU (skipped elsewhere)."""
 
@@ -54,17 +55,20 @@ def test_format_test_compiles(format_test):
 
 
 @pytest.mark.skipif(not gpu_present(), reason="no CUDA GPU here (nvidia-smi finds none): the program compiles, it runs on the GPU machine")
-@pytest.mark.parametrize("rows,K", [(300, 4096), (64, 14336), (97, 32)])
-def test_q8_0_matvec_matches_gguf_dequantizer(format_test, rows, K, tmp_path):
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("rows,K", [(300, 4096), (64, 14336), (97, 32), (33, 576)])
+def test_quantized_matvec_matches_gguf_dequantizer(format_test, fmt, rows, K, tmp_path):
     pytest.importorskip("gguf", reason="the gguf package is not installed here (the GPU machine's venv has no network to get it): "
                         "run the program there and check its files here")
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    r = subprocess.run([str(format_test), "check", str(tmp_path), "59", str(rows), str(K)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(format_test), "check", fmt, str(tmp_path), "59", str(rows), str(K)], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, r.stderr
-    blocks = np.fromfile(tmp_path / "weights.bin", dtype=np.uint8).reshape(rows, K // 32 * 34)
-    w = dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float64)
+    block_bytes = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[fmt]
+    blocks = np.fromfile(tmp_path / "weights.bin", dtype=np.uint8).reshape(rows, K // 32 * block_bytes)
+    w = dequantize(blocks, GGMLQuantizationType[fmt]).astype(np.float64)
     x_in = np.fromfile(tmp_path / "in.bin", dtype=np.float32).astype(np.float64)
     x0 = np.fromfile(tmp_path / "x0.bin", dtype=np.float32).astype(np.float64)
     got = np.fromfile(tmp_path / "out.bin", dtype=np.float32).astype(np.float64)
@@ -72,5 +76,5 @@ def test_q8_0_matvec_matches_gguf_dequantizer(format_test, rows, K, tmp_path):
     bound = RTOL_DOT * (np.abs(w) @ np.abs(x_in) + np.abs(x0))
     diff = np.abs(got - want)
     worst = int(np.argmax(diff / bound))
-    assert (diff <= bound).all(), (f"Q8_0 matvec {rows} x {K}: {int((diff > bound).sum())} rows past the bound; worst row {worst}: "
+    assert (diff <= bound).all(), (f"{fmt} matvec {rows} x {K}: {int((diff > bound).sum())} rows past the bound; worst row {worst}: "
                                    f"gpu {got[worst]!r}, reference {want[worst]!r}, |diff| {diff[worst]:.3g} > {bound[worst]:.3g}")

@@ -104,6 +104,7 @@ TEST_BUILDS = {
     "test_gpu_bench_kernels_times_decode_and_prefill": lambda p: [("plain", "tiny-llama", "specialized")],
     "test_prefill_builds_memcheck_clean": lambda p: [("flags", p["variant"], p["flags"])],
     "test_memcheck_clean": lambda p: [("plain", p["variant"], p["build"])],
+    "test_tiny_gpu_quantized_matches_cpu": lambda p: [("plain", p["variant"], "specialized")],
 }
 
 
@@ -186,6 +187,36 @@ def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path):
     cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
     err = compare_logits(gpu, cpu)
     assert err < GPU_CPU_TOLERANCE, f"{d.name}: GPU against CPU {err:.2e}"
+
+
+# Quantized tiny models (GGUF block formats kept on the device: runtime/cuda_weights.cuh): Q4_1
+# layers with a Q8_0 embedding (the default model's mix), Qwen2's biases on Q4_0, an untied Q8_0 LM
+# head, and the 1B's hidden size with Q4_0 attention and a Q4_1 MLP (rows of many chunks a lane).
+# Specialized builds only: the generic build refuses quantized weights on the GPU.
+QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0", "tiny-d2048-q4")
+
+
+@pytest.mark.parametrize("variant", QUANTIZED_VARIANTS)
+def test_tiny_gpu_quantized_matches_cpu(variant, tmp_path):
+    """The quantized decode step (each matrix read in its block format) against the CPU's, which
+    tests/test_numerics.py checks against NumPy on the dequantized weights; the prompt goes a token
+    at a time (a quantized model has no prefill batches), so a long prompt checks every step. Same
+    tolerance as the dense models: the blocks' products are exact in fp32 on both."""
+    d = tiny_model_dir(variant)
+    binary = binary_for(d, "specialized")
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    gpu = logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab)
+    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
+    err = compare_logits(gpu, cpu)
+    assert err < GPU_CPU_TOLERANCE, f"{variant}: quantized GPU against CPU {err:.2e}"
+
+
+def test_generic_gpu_refuses_quantized(tmp_path):
+    """The generic build has no quantized GPU kernels: it says so in one line instead of running."""
+    d = tiny_model_dir("tiny-q4_1")
+    r = run(binary_for(d, "generic"), "-m", str(d), "--device", "cuda", "-p", "hi", "-n", "1", check=False)
+    err = r.stderr.decode()
+    assert r.returncode != 0 and "quantized" in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("variant", TINY_VARIANTS)
