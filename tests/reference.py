@@ -36,9 +36,18 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
 
 # --- weights ---------------------------------------------------------------------------------
 
-def _decode(t, dtype):
-    """One safetensors entry {dtype, shape, data} -> ndarray of `dtype`."""
+def _decode(t, dtype, fmt=None):
+    """One safetensors entry {dtype, shape, data} -> ndarray of `dtype`. A U8 entry is a quantized
+    matrix of rows of blocks of format fmt (config.json's quantization_config), dequantized by the
+    `gguf` package's NumPy dequantizer to float32 first: the reference of a quantized model is the
+    dequantized model."""
     st = t["dtype"]
+    if st == "U8":
+        if fmt is None:
+            raise ValueError("safetensors dtype U8 for a tensor config.json's quantization_config does not name")
+        import gguf  # only quantized models need it
+        rows = np.frombuffer(t["data"], dtype=np.uint8).reshape(t["shape"])
+        return gguf.quants.dequantize(rows, gguf.GGMLQuantizationType[fmt]).astype(dtype)
     if st == "BF16":
         # bf16 is the top half of a float32: widen the bits, exact.
         bits = np.frombuffer(t["data"], dtype="<u2").astype(np.uint32) << 16
@@ -48,7 +57,7 @@ def _decode(t, dtype):
     elif st == "F32":
         a = np.frombuffer(t["data"], dtype="<f4")
     else:
-        raise ValueError(f"safetensors dtype {st}, expected BF16, F16 or F32")
+        raise ValueError(f"safetensors dtype {st}, expected BF16, F16, F32 or U8")
     return a.astype(dtype).reshape(t["shape"])
 
 
@@ -58,6 +67,8 @@ def load_tensors(model_dir, dtype=np.float64):
     safetensors' numpy backend cannot return bf16, so files go through safetensors.deserialize
     (the package's own parser and validation) and the raw bytes are widened here."""
     model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    formats = (config.get("quantization_config") or {}).get("formats", {})
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -66,7 +77,7 @@ def load_tensors(model_dir, dtype=np.float64):
     tensors = {}
     for name in files:
         for key, t in safetensors.deserialize((model_dir / name).read_bytes()):
-            tensors[key] = _decode(t, dtype)
+            tensors[key] = _decode(t, dtype, formats.get(key))
     return tensors
 
 

@@ -226,7 +226,7 @@ def test_import_tiny_llama_weights_exact(tmp_path):
              "model.layers.1.self_attn.k_proj.weight": Q.Q8_0,
              "model.layers.1.mlp.up_proj.weight": Q.Q4_1}
     hf = write_gguf(tmp_path / "m.gguf", types=types)
-    import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    import_gguf(tmp_path / "m.gguf", tmp_path / "out", dequantize=True)
     got = load_f16(tmp_path / "out")
     assert sorted(got) == sorted(hf)
     for name, want in hf.items():
@@ -396,7 +396,7 @@ needs_smol = pytest.mark.skipif(not SMOL_GGUF.exists(),
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2")
-    import_gguf(SMOL_GGUF, out)
+    import_gguf(SMOL_GGUF, out, dequantize=True)
     return out
 
 
@@ -510,7 +510,7 @@ def test_smollm2_answers(smol):
 
 @needs_smol
 def test_import_is_idempotent(smol):
-    assert import_gguf(SMOL_GGUF, smol) == []
+    assert import_gguf(SMOL_GGUF, smol, dequantize=True) == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -672,3 +672,124 @@ def test_chat_none_without_template(tmp_path):
     assert chat.load_chat_strings(tmp_path) is None  # no tokenizer_config.json at all
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     assert chat.load_chat_strings(tmp_path) is None  # a base model: no chat_template
+
+
+# ------------------------------------------------------------------------------------------------
+# Block formats kept as they are (the default; --dequantize inflates them)
+
+LAYER_MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def field_types(**by_field):
+    """{HF name: type} for every layer of TINY, from {"q_proj": Q.Q8_0, ...}."""
+    return {f"model.layers.{l}.{m}.weight": t for l in range(TINY["layers"]) for m in LAYER_MATRICES
+            for k, t in by_field.items() if m.endswith(k)}
+
+
+def test_import_keeps_block_formats(tmp_path):
+    """Each kept matrix's bytes are the GGUF's, rows un-permuted (q_proj, k_proj), and
+    dequantizing them gives the --dequantize output up to its fp16 rounding (exactly: the fp16
+    values are the fp16 nearest to the dequantized fp32 ones)."""
+    types = {"model.embed_tokens.weight": Q.Q8_0,
+             **field_types(q_proj=Q.Q8_0, k_proj=Q.Q4_0, v_proj=Q.Q4_1, o_proj=Q.F16, up_proj=Q.Q4_1)}
+    write_gguf(tmp_path / "m.gguf", types=types)
+    import_gguf(tmp_path / "m.gguf", tmp_path / "q")
+    import_gguf(tmp_path / "m.gguf", tmp_path / "d", dequantize=True)
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    kept = {n: t.name for n, t in types.items() if t != Q.F16}
+    assert cfg["quantization_config"] == {"quant_method": "ingot", "formats": kept}
+    assert cfg["torch_dtype"] == "float16"
+    got, dense = load_f16(tmp_path / "q"), load_f16(tmp_path / "d")
+    src = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors}
+    for name, want in dense.items():
+        if name not in kept:
+            assert got[name].dtype == np.float16 and np.array_equal(got[name], want), name
+            continue
+        t = src[gguf_name(name)]
+        heads = TINY["n_heads"] if "q_proj" in name else TINY["n_kv_heads"] if "k_proj" in name else 0
+        raw = np.asarray(t.data, dtype=np.uint8)
+        assert got[name].dtype == np.uint8 and got[name].shape == raw.shape, name
+        np.testing.assert_array_equal(got[name], qk_unpermute(raw, heads) if heads else raw, err_msg=name)
+        if heads:
+            assert not np.array_equal(got[name], raw)  # the rows did move
+        deq = gguf.quants.dequantize(got[name], Q[kept[name]])
+        assert deq.shape == want.shape
+        np.testing.assert_array_equal(deq.astype(np.float16), want, err_msg=name)
+    # the config passes the generator's spec, whose tensor table matches the file
+    from codegen.spec import load_spec
+    spec = load_spec(tmp_path / "q" / "config.json")
+    assert {t.name: (t.stored_dtype, t.stored_shape) for t in spec.tensors} == {
+        n: ("U8" if n in kept else "F16", a.shape) for n, a in got.items()}
+
+
+def test_import_refuses_block_formats_it_cannot_keep(tmp_path, capsys):
+    write_gguf(tmp_path / "a.gguf", types=field_types(up_proj=Q.Q5_0))
+    err = one_line_error(capsys, [str(tmp_path / "a.gguf"), str(tmp_path / "out")])
+    assert "tensor blk.0.ffn_up.weight: type Q5_0 is not supported" in err and "--dequantize" in err
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    # Q4_K_M's way: one layer's ffn_down in another format than the other's
+    types = {"model.layers.0.mlp.down_proj.weight": Q.Q8_0, "model.layers.1.mlp.down_proj.weight": Q.Q4_0}
+    write_gguf(tmp_path / "b.gguf", types=types)
+    err = one_line_error(capsys, [str(tmp_path / "b.gguf"), str(tmp_path / "out")])
+    assert "blk.0.ffn_down.weight (Q8_0) and blk.1.ffn_down.weight (Q4_0)" in err
+    # a quantized layer beside a dense one is a mix too
+    write_gguf(tmp_path / "c.gguf", types={"model.layers.1.self_attn.v_proj.weight": Q.Q8_0})
+    err = one_line_error(capsys, [str(tmp_path / "c.gguf"), str(tmp_path / "out")])
+    assert "blk.0.attn_v.weight (F32) and blk.1.attn_v.weight (Q8_0)" in err
+    # --dequantize takes them all
+    assert import_main([str(tmp_path / "a.gguf"), str(tmp_path / "out"), "--dequantize"]) == 0
+    assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def smol_q(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2-q")
+    import_gguf(SMOL_GGUF, out)
+    return out
+
+
+@needs_smol
+def test_smollm2_keeps_q4_1_and_q8_0(smol_q):
+    cfg = json.loads((smol_q / "config.json").read_text())
+    formats = cfg["quantization_config"]["formats"]
+    assert cfg["quantization_config"]["quant_method"] == "ingot" and cfg["torch_dtype"] == "float16"
+    assert formats == {"model.embed_tokens.weight": "Q8_0",
+                       **{f"model.layers.{l}.{m}.weight": "Q4_1" for l in range(30) for m in LAYER_MATRICES}}
+    got = load_f16(smol_q)
+    src = {t.name: t for t in gguf.GGUFReader(str(SMOL_GGUF)).tensors}
+    # every kept tensor's bytes are the GGUF's, Q/K rows un-permuted per head
+    for l in range(30):
+        for g, m, heads in (("attn_q", "self_attn.q_proj", 9), ("attn_k", "self_attn.k_proj", 3),
+                            ("attn_v", "self_attn.v_proj", 0), ("attn_output", "self_attn.o_proj", 0),
+                            ("ffn_gate", "mlp.gate_proj", 0), ("ffn_up", "mlp.up_proj", 0),
+                            ("ffn_down", "mlp.down_proj", 0)):
+            raw = np.asarray(src[f"blk.{l}.{g}.weight"].data)
+            want = qk_unpermute(raw, heads) if heads else raw
+            assert got[f"model.layers.{l}.{m}.weight"].dtype == np.uint8
+            np.testing.assert_array_equal(got[f"model.layers.{l}.{m}.weight"], want, err_msg=f"{l} {m}")
+    np.testing.assert_array_equal(got["model.embed_tokens.weight"], src["token_embd.weight"].data)
+    assert got["model.embed_tokens.weight"].shape == (49152, 576 // 32 * 34)
+    assert got["model.layers.0.mlp.down_proj.weight"].shape == (576, 1536 // 32 * 20)
+    assert got["model.norm.weight"].dtype == np.float16
+    # MODEL_WEIGHT_BYTES_PER_TOKEN: the tied Q8_0 table, 30 layers of Q4_1 and fp16 norms
+    from codegen.spec import load_spec
+    layer = (576 * 576 * 2 + 192 * 576 * 2 + 1536 * 576 * 3) // 32 * 20 + 2 * 576 * 2
+    assert load_spec(smol_q / "config.json").weight_bytes == 30 * layer + 576 * 2 + 49152 * 576 // 32 * 34
+
+
+@needs_smol
+def test_smollm2_kept_dequantizes_to_the_dense_import(smol, smol_q):
+    """The kept tensors dequantized (gguf's NumPy dequantizer) are the --dequantize import's values
+    before its fp16 rounding: rounded to fp16, equal."""
+    dense, got = load_f16(smol), load_f16(smol_q)
+    formats = json.loads((smol_q / "config.json").read_text())["quantization_config"]["formats"]
+    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                 "model.layers.17.self_attn.k_proj.weight", "model.layers.29.mlp.down_proj.weight"):
+        deq = gguf.quants.dequantize(got[name], Q[formats[name]])
+        np.testing.assert_array_equal(deq.astype(np.float16), dense[name], err_msg=name)
+
+
+@needs_smol
+def test_smollm2_kept_import_is_idempotent(smol_q):
+    assert import_gguf(SMOL_GGUF, smol_q) == []
