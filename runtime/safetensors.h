@@ -32,6 +32,10 @@ typedef struct {
     int64_t shape[ST_MAX_DIMS]; /* row-major, as in the file */
 } st_tensor_spec;
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct st_model st_model;
 
 /* Maps dir/model.safetensors, or the shards listed by dir/model.safetensors.index.json. */
@@ -55,5 +59,9 @@ void st_model_close(st_model *m);
 
 const char *st_dtype_name(st_dtype dt); /* "F32", "F16", "BF16", "U8" */
 size_t st_dtype_size(st_dtype dt);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

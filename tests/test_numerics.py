@@ -176,3 +176,26 @@ def test_generic_logits_equal_specialized(model, default_model, tmp_path):
     logits = [dump_logits(binary_for(model_dir, b), model_dir, prompt, tmp_path / f"{b}.bin", vocab) for b in BUILDS]
     assert logits[0].shape == logits[1].shape and logits[0].shape[0] > 1
     assert np.array_equal(logits[0], logits[1]), f"{model}: max |generic - specialized| {np.abs(logits[0] - logits[1]).max():.3e}"
+
+
+# Quantized tiny models (GGUF block formats, codegen/synth.py's blocks): the reference dequantizes
+# them with the gguf package (tests/reference.py), so the same tolerance holds: each block's
+# products are exact in fp32 (runtime/quant.c), the binary's sums are fp32 in another order.
+QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0")
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("variant", QUANTIZED_VARIANTS)
+def test_quantized_logits_match_reference(variant, build, tmp_path):
+    model_dir = tiny_model_dir(variant)
+    binary = binary_for(model_dir, build)
+    ref = load_model(model_dir, kv_dtype=np.float16)
+    ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(TINY_PROMPT).ids
+    got = dump_logits(binary, model_dir, TINY_PROMPT, tmp_path / "logits.bin", ref.config["vocab_size"])
+    err = compare_logits(got, ref.forward(ids))
+    assert err < TOLERANCE, f"{variant} ({build}): max relative logit error {err:.2e}"
+    out = tmp_path / "prefill.bin"  # the prompt's first 140 tokens in prefill batches: the same sums
+    run(binary, "-m", str(model_dir), "--dump-logits", str(out), "--dump-prefill", "140", "-p", TINY_PROMPT, "--threads", "2",
+        "--device", "cpu")
+    prefilled = np.fromfile(out, dtype=np.float32).reshape(-1, ref.config["vocab_size"])
+    assert np.array_equal(prefilled, got[139:]), f"{variant} ({build}): prefill logits differ from token by token"
