@@ -13,13 +13,38 @@
 #   make appliance MODEL=...      build/appliance/<name>: one executable carrying its weights, tokenizer and
 #                                 chat template (runs --serve or --chat with no other file)
 #   make MODEL=... PLAN="mlp_fused=0"  build with plan decisions set by hand (codegen/plan.py)
+#   make MODEL=path/to/file.gguf  import the GGUF into build/models/<stem>/ (its Q8_0/Q4_0/Q4_1/Q4_K/
+#                                 Q5_K/Q6_K matrices kept as they are) and build that, NAME <stem>
+#   make MODEL=... QUANT=q8_0     quantize the model (q8_0, q4_0 or q4_1) into build/models/<name>-q8_0/
+#                                 and build that, NAME <name>-q8_0
+#                                 (both also with GENERIC=1, run, bench and compare)
 #
 # Everything Python runs in .venv, created here from the pinned requirements.txt.
 
 DEFAULT_MODEL := models/smollm2-135m-instruct
 MODEL ?= $(DEFAULT_MODEL)
-# A name without a slash is a folder under models/.
-MODEL_DIR := $(patsubst %/,%,$(if $(findstring /,$(MODEL)),$(MODEL),models/$(MODEL)))
+# The model directory the build uses: MODEL_DIR. A name without a slash is a folder under models/; a
+# .gguf file is imported into build/models/<stem>/ (SRC_DIR); QUANT=<type> quantizes SRC_DIR into
+# build/models/<name>-<type>/. A directory made so has a stamp (.imported, .quantized) that stands
+# for its files in the rules below: the tools rewrite only the files that change.
+ifneq ($(filter %.gguf,$(MODEL)),)
+SRC_DIR := build/models/$(basename $(notdir $(MODEL)))
+SRC_DEPS := $(SRC_DIR)/.imported
+else
+SRC_DIR := $(patsubst %/,%,$(if $(findstring /,$(MODEL)),$(MODEL),models/$(MODEL)))
+SRC_DEPS := $(SRC_DIR)/config.json $(if $(filter $(DEFAULT_MODEL),$(SRC_DIR)),$(DEFAULT_MODEL)/model.safetensors)
+endif
+QUANT ?=
+ifneq ($(QUANT),)
+MODEL_DIR := build/models/$(notdir $(abspath $(SRC_DIR)))-$(QUANT)
+MODEL_DEPS := $(MODEL_DIR)/.quantized
+else
+MODEL_DIR := $(SRC_DIR)
+MODEL_DEPS := $(SRC_DEPS)
+endif
+MADE := $(filter build/models/%,$(MODEL_DIR))
+MODEL_CONFIG := $(if $(MADE),$(MODEL_DEPS),$(MODEL_DIR)/config.json)
+MODEL_WEIGHTS := $(if $(MADE),$(MODEL_DEPS),$(MODEL_DIR)/model.safetensors)
 NAME := $(notdir $(abspath $(MODEL_DIR)))
 # GENERIC=1: the same sources with the dimensions read at run time, one binary for every model.
 GENERIC ?=
@@ -119,6 +144,20 @@ $(DEFAULT_MODEL)/model.safetensors: | $(VENV)/.installed
 	$(PY) -m codegen.fetch_default $(DEFAULT_MODEL)
 
 # ---------------------------------------------------------------------------------------------
+# Model directories made from a GGUF file or by quantization (codegen/gguf_import.py,
+# codegen/quantize.py; each rewrites only the files that change, the stamp says it ran)
+
+build/models/%/.imported: $(filter %.gguf,$(MODEL)) codegen/gguf_import.py | $(VENV)/.installed
+	$(PY) -m codegen.gguf_import $< $(@D)
+	touch $@
+
+ifneq ($(QUANT),)
+$(MODEL_DIR)/.quantized: $(SRC_DEPS) codegen/quantize.py | $(VENV)/.installed
+	$(PY) -m codegen.quantize $(SRC_DIR) $(@D) --type $(QUANT)
+	touch $@
+endif
+
+# ---------------------------------------------------------------------------------------------
 # Generated sources
 
 # PLAN="field=N ...": plan decisions set by hand (codegen --set; codegen/plan.py's Plan fields), so
@@ -130,7 +169,7 @@ space := $(empty) $(empty)
 STAMP := $(GEN)/.stamp-sm$(CUDA_ARCH)$(if $(strip $(PLAN)),-$(subst $(space),-,$(strip $(PLAN))))
 generate: $(STAMP)
 ifeq ($(GENERIC),)
-$(STAMP): $(MODEL_DIR)/config.json $(wildcard $(MODEL_DIR)/tokenizer_config.json) $(CODEGEN_SRCS) | $(VENV)/.installed
+$(STAMP): $(MODEL_CONFIG) $(wildcard $(MODEL_DIR)/tokenizer_config.json) $(CODEGEN_SRCS) | $(VENV)/.installed
 	$(PY) -m codegen $(MODEL_DIR) --out $(GEN) --cuda-arch $(CUDA_ARCH) $(addprefix --set ,$(PLAN))
 	rm -f $(GEN)/.stamp-sm*
 	touch $@
@@ -255,7 +294,7 @@ endif
 
 SAMPLE_QUESTION := What is the capital of France?
 
-run: $(OUT)/ingot $(MODEL_DIR)/model.safetensors
+run: $(OUT)/ingot $(MODEL_WEIGHTS)
 	@if [ -t 0 ]; then \
 		echo "Chatting with $(NAME); an empty line or Ctrl-D ends."; \
 		$(OUT)/ingot $(MODEL_FLAG) --chat; \
@@ -264,7 +303,7 @@ run: $(OUT)/ingot $(MODEL_DIR)/model.safetensors
 		$(OUT)/ingot $(MODEL_FLAG) --chat -p "$(SAMPLE_QUESTION)" --temp 0; \
 	fi
 
-bench: $(OUT)/ingot
+bench: $(OUT)/ingot $(MODEL_WEIGHTS)
 	$(OUT)/ingot $(MODEL_FLAG) --bench $(BENCH_FLAGS)
 
 # Three builds on the same weights (tests/bench/compare.py, which times a clean rebuild of each):
@@ -272,7 +311,7 @@ bench: $(OUT)/ingot
 # PLAN=generic, in generated/<name>-generic-plan/ and build/<name>-generic-plan/) and generic.
 # specialized / generic-plan is the plan's effect, generic-plan / generic the constants'.
 # COMPARE_FLAGS passes its options, e.g. COMPARE_FLAGS="--repeats 5 --cpu-depths 0,2048".
-compare: $(OUT)/ingot $(VENV)/.installed
+compare: $(OUT)/ingot $(MODEL_WEIGHTS) $(VENV)/.installed
 	$(MAKE) MODEL=$(MODEL) PLAN=generic GEN=generated/$(NAME)-generic-plan OUT=build/$(NAME)-generic-plan
 	@test -x build/$(NAME)-generic-plan/ingot || { echo "make compare: make PLAN=generic did not build build/$(NAME)-generic-plan/ingot" >&2; exit 1; }
 	$(MAKE) MODEL=$(MODEL) GENERIC=1
