@@ -31,12 +31,6 @@ err_code engine_open(engine *e, const engine_config *o) {
     if (!data) return err_set(ERR_NOMEM, "%d tensor pointers", (int)MODEL_N_TENSORS);
     if ((rc = st_model_bind(e->st, model_tensor_specs, MODEL_N_TENSORS, data, ignore_tensor))) return rc;
     if (o->check_weights && (rc = st_check_finite(model_tensor_specs, data, MODEL_N_TENSORS))) return rc;
-    /* The weights bind (their tables are the contract's), but the forward code reads every matrix
-     * as the dense dtype until it takes each field's format: refused here rather than read out of
-     * bounds. (Goes when the CPU and CUDA forwards run MODEL_FORMAT_*.) */
-    if (MODEL_QUANTIZED)
-        return err_set(ERR_CONFIG, "%s/config.json: quantization_config: the weights bind, but this build's forward does not run "
-                       "block formats yet", o->model_dir);
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     if ((rc = tok_load(&e->tok, path, MODEL_VOCAB_SIZE))) return rc; /* every id below vocab_size */

@@ -485,7 +485,9 @@ struct model_cuda {
     int grid_att_o_short;     /* attention_o_proj_kernel's o_proj blocks, after its attention blocks (MODEL_ATT_O_SHORT) */
     void *arena;              /* every weight, in table order */
     model_weights w;          /* device pointers into arena */
+#if !defined(MODEL_WEIGHT_DTYPE_F32)
     cuda_weights dw;          /* the same, each matrix in its format: the decode step's */
+#endif
     float *x;                 /* (dim) residual stream */
     /* MODEL_MLP_FUSED: the residual stream's other two buffers, (dim) each: layer l reads the stream from
      * buffer l % 3 of {x, x_mlp[0], x_mlp[1]} (residual_at) and its MLP adds the next into l + 1 */
