@@ -1,6 +1,6 @@
 """Random weights for a Llama-family Hugging Face config, written as safetensors.
 
-    python -m codegen.synth MODEL_DIR [--dtype bf16|f16|f32] [--seed N] [--tokenizer PATH]
+    python -m codegen.synth MODEL_DIR [--dtype bf16|f16|f32] [--quant q8_0|q4_0|q4_1] [--seed N] [--tokenizer PATH]
 
 Reads MODEL_DIR/config.json and writes every tensor the HF model of that config has (the names,
 shapes and optional biases of modeling_llama.py / modeling_mistral.py / modeling_qwen2.py) into
@@ -33,7 +33,9 @@ format gets that tensor as the format's blocks (dtype U8, shape [rows, row bytes
 drawn, then quantized here as ggml's reference quantizers do (Q8_0: d = max|x| / 127; Q4_0: d =
 the signed value of largest magnitude / -8; Q4_1: d = (max - min) / 15, m = min). The weights
 are valid blocks of the right statistics, which is all a speed run or a kernel test needs;
-codegen/quantize.py is the bit-exact quantizer of real weights.
+codegen/quantize.py is the bit-exact quantizer of real weights. --quant TYPE first writes that
+quantization_config into config.json, with the formats codegen/quantize.py would choose (the layers
+in TYPE, the embedding and an untied lm_head in Q8_0): the random quantized model of a shape.
 """
 
 import argparse
@@ -288,9 +290,21 @@ def write_shard(path, specs, dtype, seed, pool, depth):
 # --- entry points ----------------------------------------------------------------------------
 
 def synthesize(model_dir, dtype=None, seed=0, tokenizer=None, max_shard_bytes=MAX_SHARD_BYTES,
-               threads=None):
-    """Write random weights for model_dir/config.json into model_dir; return the written paths."""
+               threads=None, quant=None):
+    """Write random weights for model_dir/config.json into model_dir; return the written paths.
+    quant (q8_0, q4_0, q4_1): first quantize the config (codegen/quantize.py's formats)."""
     model_dir = Path(model_dir)
+    if quant is not None:
+        from codegen.quantize import TYPES, QuantizeError, plan
+        if quant not in TYPES:
+            raise ValueError(f"--quant {quant!r}, expected one of {', '.join(TYPES)}")
+        try:
+            _, formats = plan(model_dir, TYPES[quant])
+        except QuantizeError as e:
+            raise ValueError(str(e)) from None
+        config = json.loads((model_dir / "config.json").read_text())
+        config["quantization_config"] = {"formats": dict(sorted(formats.items())), "quant_method": "ingot"}
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     config = json.loads((model_dir / "config.json").read_text())
     if dtype is None:
         dtype = TORCH_DTYPES.get(config.get("torch_dtype"), "bf16")
@@ -340,6 +354,7 @@ def main(argv=None):
     ap.add_argument("model_dir", help="directory holding config.json; weights are written there")
     ap.add_argument("--dtype", choices=sorted(DTYPES),
                     help="weight dtype (default: config torch_dtype, else bf16)")
+    ap.add_argument("--quant", help="q8_0, q4_0 or q4_1: a quantized model (the config's quantization_config written first)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", help="tokenizer.json (or a directory holding it) to copy in, "
                                         "with tokenizer_config.json from the same directory")
@@ -347,7 +362,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         for p in synthesize(args.model_dir, args.dtype, args.seed, args.tokenizer,
-                            threads=args.threads):
+                            threads=args.threads, quant=args.quant):
             print(p)
     except (OSError, ValueError, KeyError) as e:
         msg = f"missing config key {e}" if isinstance(e, KeyError) else str(e)
