@@ -46,6 +46,8 @@ import numpy as np
 import gguf
 from gguf.constants import GGMLQuantizationType, TokenType
 
+from codegen.spec import SpecError, spec_from_config
+
 
 class GGUFImportError(Exception):
     """A GGUF file this importer cannot turn into an HF directory; the message is one line."""
@@ -140,12 +142,18 @@ class Metadata:
 
     def get(self, key: str, default=None):
         f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        return default if f is None else self._contents(key, f)
 
     def need(self, key: str):
         if key not in self.reader.fields:
             raise GGUFImportError(f"{self.path}: metadata key {key} missing")
-        return self.reader.fields[key].contents()
+        return self._contents(key, self.reader.fields[key])
+
+    def _contents(self, key: str, field):
+        try:
+            return field.contents()
+        except Exception as e:  # noqa: BLE001 - decoded lazily from untrusted bytes: bad UTF-8, a bad type id
+            raise GGUFImportError(f"{self.path}: metadata key {key} unreadable ({type(e).__name__}: {one_line(e)})") from None
 
 
 def f32_repr(x: float) -> float:
@@ -374,9 +382,17 @@ def tensor_bytes(t, shape: list, heads: int, dtype: str, kept: str | None = None
     w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
     if heads:
         w = qk_unpermute(w, heads)
+    bad = ~np.isfinite(w) | (np.abs(w) > F16_MAX if dtype == "f16" else False)
+    if bad.any():
+        i = int(np.argmax(bad.ravel()))
+        raise GGUFImportError(f"tensor {t.name}: value {w.ravel()[i]!r} at element {i} "
+                              + ("is not finite" if not np.isfinite(w.ravel()[i]) else "does not fit f16 (--dtype bf16 holds it)"))
     if dtype == "f16":
         return np.ascontiguousarray(w.astype("<f2")).tobytes()
     return np.ascontiguousarray(f32_to_bf16(w).astype("<u2")).tobytes()
+
+
+F16_MAX = 65504.0  # the largest finite fp16
 
 
 def write_safetensors(path: Path, plan: list, dtype: str) -> None:
@@ -606,6 +622,54 @@ def write_json(path: Path, obj: dict) -> bool:
     return replace_if_changed(tmp, path)
 
 
+def interpret(reader: gguf.GGUFReader, path: str, dtype: str, dequantize: bool):
+    """(config, tensor plan, tokenizer.json, the JSON files by name) of a GGUF, checked: the config
+    as codegen/spec.py would take it (refused naming the key), every tensor the shape the config
+    gives, the tokenizer's arrays and ids consistent."""
+    md = Metadata(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise GGUFImportError(f"{path}: tensor token_embd.weight missing")
+    cfg = build_config(md, tensors, dtype)
+    plan = tensor_plan(md, tensors, cfg, dequantize)
+    qc = quantization_config(plan)
+    if qc:
+        cfg["quantization_config"] = qc
+    try:
+        spec = spec_from_config(cfg, json.dumps(cfg).encode(), path, Path(path).stem)
+    except SpecError as e:
+        raise GGUFImportError(f"{path}: its metadata gives a config ingot refuses: {one_line(e)}") from None
+    want = {t.name: list(t.shape) for t in spec.tensors}
+    for hf, t, shape, _, kept in plan:
+        if hf in want and shape != want[hf]:
+            raise GGUFImportError(f"{path}: tensor {t.name}: shape {shape} (HF order), the metadata gives {want[hf]}")
+        n = math.prod(shape)
+        if t.data.size * t.data.itemsize != int(t.n_bytes) or int(t.n_elements) != n:
+            raise GGUFImportError(f"{path}: tensor {t.name}: {int(t.n_elements)} elements in {int(t.n_bytes)} bytes, "
+                                  f"its shape {shape} and type {t.tensor_type.name} disagree")
+    tokens = md.need("tokenizer.ggml.tokens")
+    if len(tokens) > cfg["vocab_size"]:
+        raise GGUFImportError(f"{path}: {len(tokens)} tokens but token_embd.weight has {cfg['vocab_size']} rows")
+    for key in ("scores", "token_type"):
+        if md.has(f"tokenizer.ggml.{key}") and len(md.get(f"tokenizer.ggml.{key}")) != len(tokens):
+            raise GGUFImportError(f"{path}: tokenizer.ggml.{key} has {len(md.get(f'tokenizer.ggml.{key}'))} entries, "
+                                  f"tokenizer.ggml.tokens {len(tokens)}")
+    for key in ("bos", "eos", "pad", "unk"):
+        i = md.get(f"tokenizer.ggml.{key}_token_id")
+        if i is not None and not (isinstance(i, int) and 0 <= i < len(tokens)):
+            raise GGUFImportError(f"{path}: tokenizer.ggml.{key}_token_id = {i!r}, expected an id below {len(tokens)}")
+    tok = tokenizer_json(md)
+    files = {"config.json": cfg, "generation_config.json": generation_config_json(md),
+             "tokenizer.json": tok, "tokenizer_config.json": tokenizer_config_json(md, tok, cfg)}
+    return cfg, plan, tok, files
+
+
+def one_line(e: Exception) -> str:
+    """An exception's message on one line, at most 200 characters."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def import_gguf(gguf_path: str | Path, outdir: str | Path, dtype: str = "f16",
                 weights: bool = True, dequantize: bool = False) -> list:
     """Writes the HF directory for gguf_path into outdir; returns the names of the files that
@@ -616,33 +680,30 @@ def import_gguf(gguf_path: str | Path, outdir: str | Path, dtype: str = "f16",
     path = str(gguf_path)
     try:
         reader = gguf.GGUFReader(path)
-    except (OSError, ValueError) as e:
-        raise GGUFImportError(f"{path}: not a readable GGUF file ({e})") from None
-    md = Metadata(reader, path)
-    tensors = {t.name: t for t in reader.tensors}
-    if "token_embd.weight" not in tensors:
-        raise GGUFImportError(f"{path}: tensor token_embd.weight missing")
-    cfg = build_config(md, tensors, dtype)
-    plan = tensor_plan(md, tensors, cfg, dequantize)
-    qc = quantization_config(plan)
-    if qc:
-        cfg["quantization_config"] = qc
-    tok = tokenizer_json(md)
-    if len(md.need("tokenizer.ggml.tokens")) > cfg["vocab_size"]:
-        raise GGUFImportError(f"{path}: {len(md.need('tokenizer.ggml.tokens'))} tokens but "
-                              f"token_embd.weight has {cfg['vocab_size']} rows")
+    except Exception as e:  # noqa: BLE001 - the gguf package's parser, on untrusted bytes, raises
+        # whatever numpy or struct does when a count or length is wrong (IndexError, OverflowError,
+        # KeyError, UnicodeDecodeError, ...): all mean the same to the user
+        raise GGUFImportError(f"{path}: not a readable GGUF file ({type(e).__name__}: {one_line(e)})") from None
+    try:
+        cfg, plan, tok, files = interpret(reader, path, dtype, dequantize)
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError, AttributeError) as e:
+        # What the checks in interpret() do not name: values the gguf package read that do not fit
+        # together (a count, a length or an id from untrusted bytes)
+        raise GGUFImportError(f"{path}: inconsistent GGUF ({type(e).__name__}: {one_line(e)})") from None
 
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     changed = []
-    files = {"config.json": cfg, "generation_config.json": generation_config_json(md),
-             "tokenizer.json": tok, "tokenizer_config.json": tokenizer_config_json(md, tok, cfg)}
     for name, obj in files.items():
         if write_json(out / name, obj):
             changed.append(name)
     if weights:
         tmp = out / "model.safetensors.tmp"
-        write_safetensors(tmp, plan, dtype)
+        try:
+            write_safetensors(tmp, plan, dtype)
+        except GGUFImportError as e:
+            tmp.unlink(missing_ok=True)
+            raise GGUFImportError(f"{path}: {e}") from None
         if replace_if_changed(tmp, out / "model.safetensors"):
             changed.append("model.safetensors")
     return changed

@@ -24,8 +24,10 @@
  * inputs are the float4s c, K / VALS + c, ... (VALS / 4 planes), so that a warp's lanes read
  * consecutive float4s of each plane, no two lanes of a quarter-warp in one bank.
  *
- * Vectors (norm weights, biases, the embedding rows) stay in the model's 16-bit dtype whatever the
- * matrices' format: they are a fraction of a percent of the bytes (w_to_f32). */
+ * Vectors (norm weights, biases) stay in the model's 16-bit dtype whatever the matrices' format:
+ * they are a fraction of a percent of the bytes (w_to_f32). The formats: the dense w_bf16 and w_f16,
+ * and GGUF's Q8_0, Q4_0 and Q4_1 (w_q8_0, w_q4_0, w_q4_1), each matrix field of a model in its own
+ * (format_w of model_config.h's MODEL_FORMAT_*). */
 #ifndef INGOT_CUDA_WEIGHTS_CUH
 #define INGOT_CUDA_WEIGHTS_CUH
 

@@ -793,3 +793,42 @@ def test_smollm2_kept_dequantizes_to_the_dense_import(smol, smol_q):
 @needs_smol
 def test_smollm2_kept_import_is_idempotent(smol_q):
     assert import_gguf(SMOL_GGUF, smol_q) == []
+
+
+N_MUTATIONS, SEED = 300, 61  # the crafted-GGUF test's; 20 seeds x 1000 ran clean when it was written
+
+
+def test_crafted_gguf_files_end_in_one_line(tmp_path):
+    """A GGUF is untrusted input, parsed by the gguf package: a file cut short or with bytes of its
+    header, key/values or tensor table changed ends in GGUFImportError (one line, naming the file),
+    or imports if the change was harmless; never another exception. 300 mutations of a tiny file
+    (fixed seed): a count or length set huge, random bytes, the file truncated at random."""
+    src = tmp_path / "m.gguf"
+    write_gguf(src, types={"model.layers.0.self_attn.q_proj.weight": Q.Q4_0, "model.layers.1.self_attn.q_proj.weight": Q.Q4_0})
+    raw = src.read_bytes()
+    reader = gguf.GGUFReader(str(src))
+    table_end = min(t.data_offset for t in reader.tensors)  # the header, key/values and tensor infos lie before
+    rng = np.random.default_rng(SEED)
+    outcomes = {"refused": 0, "imported": 0}
+    for i in range(N_MUTATIONS):
+        b = bytearray(raw)
+        kind = i % 3
+        if kind == 0:  # one 8-byte field set huge or negative, as a count or a length would be
+            at = int(rng.integers(8, table_end - 8))
+            b[at:at + 8] = [2**31, 2**40, 2**63 - 1, 2**64 - 1][int(rng.integers(0, 4))].to_bytes(8, "little")
+        elif kind == 1:  # a few random bytes
+            for at in rng.integers(0, table_end, 4):
+                b[int(at)] = int(rng.integers(0, 256))
+        else:  # cut short
+            b = b[:int(rng.integers(0, len(raw)))]
+        f = tmp_path / f"c{i}.gguf"
+        f.write_bytes(bytes(b))
+        try:
+            import_gguf(f, tmp_path / f"out{i}", dequantize=i % 2 == 0)
+            outcomes["imported"] += 1
+        except GGUFImportError as e:
+            msg = str(e)
+            assert "\n" not in msg and str(f) in msg, f"mutation {i}: {msg!r}"
+            outcomes["refused"] += 1
+        f.unlink()
+    assert outcomes["refused"] > 200, outcomes
