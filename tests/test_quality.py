@@ -255,7 +255,14 @@ def test_bad_base_refused(default_binary, text, base, case, tmp_path):
         assert str(bad) in err, err
 
 
-def test_kl_flags_need_perplexity(default_binary, tmp_path):
-    for flag in ("--kl", "--kl-base"):
-        r = run(default_binary, "-p", "x", flag, str(tmp_path / "b.kl"), check=False)
-        assert r.returncode == 1 and f"{flag} needs --perplexity".encode() in r.stderr
+@pytest.mark.parametrize("args, message", [
+    (["-p", "x", "--kl", "b.kl"], "--kl needs --perplexity"),
+    (["-p", "x", "--kl-base", "b.kl"], "--kl-base needs --perplexity"),
+    (["--perplexity", "t.txt", "--dump-logits", "l.bin", "--dump-prefill", "2"], "--dump-prefill and --perplexity exclude each other"),
+    (["--perplexity", "t.txt", "--ctx", "2"], "--ctx 2: perplexity scores the second half of each chunk: at least 3 tokens"),
+])
+def test_flags_refused(default_binary, text, tmp_path, args, message):
+    args = [str(text) if a == "t.txt" else str(tmp_path / a) if a.endswith((".kl", ".bin")) else a for a in args]
+    r = run(default_binary, *args, check=False)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and len(err.strip().splitlines()) == 1 and message in err, err
