@@ -109,7 +109,7 @@ static void usage(FILE *f) {
             "  -m, --model DIR         model directory (default %s)\n"
             "      --check-weights     refuse weights that hold NaN or infinity (a scan of every weight at load)\n"
             "      --threads N         CPU threads (default: physical cores)\n"
-            "      --ctx N             context length in tokens (default %s)\n"
+            "      --ctx N             context length in tokens (default %s; --perplexity: 512)\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit;\n"
             "                          with --perplexity, those of the scored tokens\n"
