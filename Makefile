@@ -101,7 +101,7 @@ endif
 # Model-agnostic runtime, compiled once for every model.
 RUNTIME_SRCS := runtime/errors.c runtime/files.c runtime/bundle.c runtime/json.c runtime/safetensors.c runtime/tokenizer.c \
 	runtime/unicode_data.c runtime/sampler.c runtime/probe.c runtime/model_spec.c runtime/chat_template.c \
-	runtime/quant.c
+	runtime/quant.c runtime/quality.c
 # RUNTIME_BUILD: where the runtime's objects go; a build with other flags (the sanitizer builds of
 # tests/test_hardening.py) gives its own.
 RUNTIME_BUILD ?= build/runtime

@@ -103,6 +103,31 @@ err_code engine_feed(engine *e, const int *ids, int n) {
     return ERR_OK;
 }
 
+err_code engine_feed_logits(engine *e, const int *ids, int n, float *logits) {
+    if (e->n_tokens + n > e->ctx)
+        return err_set(ERR_CONTEXT, "%d tokens do not fit: %d already in a context of %d (raise --ctx, at most %d)",
+                       n, e->n_tokens, e->ctx, MODEL_SEQ_LEN);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= MODEL_VOCAB_SIZE) return err_set(ERR_ARG, "token id %d is outside the vocabulary", ids[i]);
+#ifdef INGOT_CUDA
+    if (e->gpu) {
+        if (e->device_sampling) return err_set(ERR_ARG, "engine_feed_logits: the engine was opened without host_logits");
+        for (int i = 0; i < n; i++) {
+            err_code rc = engine_feed(e, ids + i, 1);
+            if (rc) return rc;
+            memcpy(logits + (size_t)i * MODEL_VOCAB_SIZE, e->logits, (size_t)MODEL_VOCAB_SIZE * sizeof(float));
+        }
+        return ERR_OK;
+    }
+#endif
+    if (n == 0) return ERR_OK;
+    model_cpu_prefill_logits(e->cpu, ids, n, e->n_tokens, logits);
+    memcpy(e->tokens + e->n_tokens, ids, (size_t)n * sizeof(int));
+    e->n_tokens += n;
+    e->logits = logits + (size_t)(n - 1) * MODEL_VOCAB_SIZE;
+    return ERR_OK;
+}
+
 err_code engine_sampler_init(engine *e, sampler *s, const sampler_config *cfg) {
     err_code rc = sampler_init(s, cfg, MODEL_VOCAB_SIZE);
 #ifdef INGOT_CUDA

@@ -55,6 +55,11 @@ void engine_close(engine *e);
  * first drops the cache after that point: what is fed next overwrites it. */
 err_code engine_feed(engine *e, const int *ids, int n);
 
+/* engine_feed, writing the logits after each of ids[0..n) to logits (n, vocab): perplexity's scored
+ * positions. The CPU runs them in prefill batches; the GPU, whose prompt path keeps only the last
+ * token's logits, one step a token. */
+err_code engine_feed_logits(engine *e, const int *ids, int n, float *logits);
+
 /* The prompt cache: keeps the longest run of cached tokens that starts ids (all of ids but the
  * last at most, whose logits are needed), feeds the rest, and says in *reused how many tokens it
  * kept. reuse 0 feeds every token from position 0. */

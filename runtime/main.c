@@ -26,6 +26,7 @@
 #endif
 #include "model_chat.h"
 #include "probe.h"
+#include "quality.h"
 #include "sampler.h"
 #include "server.h"
 #include "tokenizer.h"
@@ -47,6 +48,8 @@ typedef struct {
     int chat;
     const char *system;
     const char *perplexity_file;
+    const char *kl_base;      /* --perplexity: write the base model's log-probabilities here */
+    const char *kl;           /* --perplexity: compare against the base file written by --kl-base */
     int bench;
     const char *bench_depths; /* comma-separated context depths, tokens */
     int bench_prompt;         /* prompt tokens --bench times */
@@ -90,7 +93,11 @@ static void usage(FILE *f) {
             "      --min-p P           drop tokens below P x the top probability, 0 = off (default 0.05)\n"
             "      --repeat-penalty R  penalise the last 64 tokens, 1 = off (default 1.0)\n"
             "      --seed S            random seed; the same seed gives the same text (default: time)\n"
-            "      --perplexity FILE   perplexity of the model on FILE\n"
+            "      --perplexity FILE   perplexity of the model on FILE, as llama.cpp computes it: chunks of --ctx\n"
+            "                          tokens (default 512), the second half of each scored\n"
+            "      --kl-base OUT       --perplexity: also write the log-probabilities of the scored tokens to OUT,\n"
+            "                          the base that --kl compares another build of the model against\n"
+            "      --kl BASE           --perplexity: KL divergence, top-1 agreement and perplexity ratio against BASE\n"
             "      --bench             prompt and decode speed, GB/s and share of measured read bandwidth\n"
             "      --bench-depths LIST context depths for --bench decode and prompt (default: cpu 0, cuda 0,4096,16384,32768)\n"
             "      --bench-prompt N    --bench: prompt tokens timed (default 128)\n"
@@ -102,9 +109,10 @@ static void usage(FILE *f) {
             "  -m, --model DIR         model directory (default %s)\n"
             "      --check-weights     refuse weights that hold NaN or infinity (a scan of every weight at load)\n"
             "      --threads N         CPU threads (default: physical cores)\n"
-            "      --ctx N             context length in tokens (default %s)\n"
+            "      --ctx N             context length in tokens (default %s; --perplexity: 512)\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
-            "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit\n"
+            "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit;\n"
+            "                          with --perplexity, those of the scored tokens\n"
             "      --dump-prefill N    ... its first N tokens fed at once (the prompt path), then one at a\n"
             "                          time: the logits of positions N - 1 on (n_tokens - N + 1 rows)\n"
             "      --parse-special     --chat: special-token text in a message (\"<|im_end|>\") is that control token,\n"
@@ -202,6 +210,8 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--chat", "--chat")) o->chat = 1;
         else if (FLAG("--system", "--system")) { NEEDS_VALUE(); o->system = v; }
         else if (FLAG("--perplexity", "--perplexity")) { NEEDS_VALUE(); o->perplexity_file = v; }
+        else if (FLAG("--kl-base", "--kl-base")) { NEEDS_VALUE(); o->kl_base = v; }
+        else if (FLAG("--kl", "--kl")) { NEEDS_VALUE(); o->kl = v; }
         else if (FLAG("--bench", "--bench")) o->bench = 1;
         else if (FLAG("--bench-depths", "--bench-depths")) { NEEDS_VALUE(); o->bench_depths = v; }
         else if (FLAG("--bench-prompt", "--bench-prompt")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, INT_MAX, &n); o->bench_prompt = (int)n; }
@@ -231,13 +241,17 @@ static err_code parse_args(int argc, char **argv, options *o) {
 #undef NEEDS_VALUE
     }
     if (o->prompt && o->prompt_file) return err_set(ERR_ARG, "-p and -f both given; use one");
-    int modes = !!o->bench + !!o->perplexity_file + !!(o->tokenize || o->chat) + !!o->dump_logits + !!o->serve;
+    /* --dump-logits with --perplexity dumps the scored tokens' logits, a mode of its own otherwise */
+    int modes = !!o->bench + !!o->perplexity_file + !!(o->tokenize || o->chat) + !!(o->dump_logits && !o->perplexity_file) + !!o->serve;
     if (modes > 1) return err_set(ERR_ARG, "--chat (or --tokenize), --bench, --perplexity, --dump-logits and --serve exclude each other");
     if (o->serve && (o->prompt || o->prompt_file)) return err_set(ERR_ARG, "--serve takes its prompts over HTTP, not -p or -f");
     if (o->system && !o->chat) return err_set(ERR_ARG, "--system needs --chat");
     if (o->parse_special && !o->chat) return err_set(ERR_ARG, "--parse-special needs --chat");
     if (server_flag && !o->serve) return err_set(ERR_ARG, "%s needs --serve", server_flag);
     if (o->dump_prefill && !o->dump_logits) return err_set(ERR_ARG, "--dump-prefill needs --dump-logits");
+    if (o->dump_prefill && o->perplexity_file) return err_set(ERR_ARG, "--dump-prefill and --perplexity exclude each other");
+    if ((o->kl_base || o->kl) && !o->perplexity_file) return err_set(ERR_ARG, "%s needs --perplexity", o->kl ? "--kl" : "--kl-base");
+    if (o->kl_base && o->kl) return err_set(ERR_ARG, "--kl-base and --kl exclude each other: write the base with one run, compare with another");
     if (o->bench_prompt && !o->bench) return err_set(ERR_ARG, "--bench-prompt needs --bench");
 #ifdef INGOT_CUDA
     int gpus = cuda_device_count();
@@ -257,12 +271,15 @@ static err_code parse_args(int argc, char **argv, options *o) {
     return ERR_OK;
 }
 
+#define PPL_CTX_DEFAULT 512
+
 /* The flags whose ranges are the model's, checked once its dimensions are known (in a generic
  * build, after its config.json is read). */
 static err_code check_model_args(options *o) {
     long n;
     err_code rc;
-    o->ctx = MODEL_SEQ_LEN;
+    /* perplexity's chunks are llama.cpp's default context, 512 tokens */
+    o->ctx = o->perplexity_file && MODEL_SEQ_LEN > PPL_CTX_DEFAULT ? PPL_CTX_DEFAULT : MODEL_SEQ_LEN;
     if (o->ctx_arg) {
         if ((rc = parse_long("--ctx", o->ctx_arg, 1, MODEL_SEQ_LEN, &n))) return rc;
         o->ctx = (int)n;
@@ -434,38 +451,149 @@ static err_code run_dump_logits(engine *e, const char *text, const char *path, i
     return rc;
 }
 
-/* Perplexity over the file's tokens, in windows of the context: exp(mean negative log-likelihood
- * of each token given those before it in its window). */
-static err_code run_perplexity(engine *e, const char *path) {
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The fraction-quantile of n sorted values, interpolated between neighbours as llama.cpp does. */
+static double percentile(const float *v, long n, double fraction) {
+    double p = fraction * (n - 1);
+    long i = (long)p;
+    return i + 1 < n ? (1 - (p - i)) * v[i] + (p - i) * v[i + 1] : v[n - 1];
+}
+
+/* --perplexity, as llama.cpp's perplexity tool computes it (so that the figures compare with its
+ * published ones): the text's tokens (with the tokenizer's own BOS, if it adds one) cut into
+ * n_ctx-token chunks, a last partial chunk dropped; each chunk run from an empty cache with its
+ * first token replaced by BOS where the tokenizer adds one; the tokens of its second half scored,
+ * each by the logits of the position before it (n_ctx - 1 - n_ctx/2 a chunk). Prints exp(mean nll)
+ * with its standard error. --kl-base writes the scored positions' log-probabilities; --kl compares
+ * against them (quality.h); --dump-logits writes the scored positions' logits, float32. */
+static err_code run_perplexity(engine *e, const options *o) {
+    const char *path = o->perplexity_file;
+    const int n_ctx = e->ctx, first = n_ctx / 2, n_score = n_ctx - 1 - first, V = MODEL_VOCAB_SIZE;
+    if (n_score < 1) return err_set(ERR_ARG, "--ctx %d: perplexity scores the second half of each chunk: at least 3 tokens", n_ctx);
     char *text;
     size_t len;
     err_code rc = read_file(path, &text, &len);
     if (rc) return rc;
-    int *ids, n;
+    int *ids, n, *bos_ids, n_bos;
     rc = tok_encode(e->tok, text, len, 1, &ids, &n);
     free(text);
     if (rc) return rc;
-    if (n < 2) { free(ids); return err_set(ERR_ARG, "%s: fewer than 2 tokens, nothing to predict", path); }
-    double nll = 0.0, t0 = time_now();
-    int counted = 0;
-    for (int start = 0; start + 1 < n && !rc; start += e->ctx) {
+    if ((rc = tok_encode(e->tok, "", 0, 1, &bos_ids, &n_bos))) { free(ids); return rc; }
+    /* the BOS each chunk starts with: what the tokenizer puts before any text, if anything */
+    const int bos = n_bos > 0 && n > 0 && ids[0] == bos_ids[0] ? bos_ids[0] : -1;
+    free(bos_ids);
+    if (n < 2 * n_ctx) {
+        free(ids);
+        return err_set(ERR_ARG, "%s: %d tokens; perplexity with --ctx %d needs at least %d (two chunks)", path, n, n_ctx, 2 * n_ctx);
+    }
+    const int n_chunk = n / n_ctx;
+
+    int *chunk = malloc((size_t)n_ctx * sizeof *chunk), *top = malloc((size_t)n_score * sizeof *top);
+    int *base_top = malloc((size_t)n_score * sizeof *base_top);
+    float *logits = malloc((size_t)n_score * V * sizeof *logits);
+    double *nll = malloc((size_t)n_score * sizeof *nll), *base_nll = malloc((size_t)n_score * sizeof *base_nll);
+    float *kld = o->kl ? malloc((size_t)n_chunk * n_score * sizeof *kld) : NULL; /* every position's, for percentiles */
+    unsigned char *rec = o->kl || o->kl_base ? malloc((size_t)n_score * KL_RECORD_BYTES(V)) : NULL;
+    FILE *dump = NULL, *base = NULL;
+    const char *base_path = o->kl ? o->kl : o->kl_base;
+    if (!chunk || !top || !base_top || !logits || !nll || !base_nll || ((o->kl || o->kl_base) && !rec) || (o->kl && !kld))
+        rc = err_set(ERR_NOMEM, "perplexity buffers for %d positions of %d logits", n_score, V);
+    if (!rc && o->dump_logits && !(dump = fopen(o->dump_logits, "wb"))) rc = err_set(ERR_IO, "%s: %s", o->dump_logits, strerror(errno));
+    if (!rc && o->kl) rc = kl_base_open(&base, o->kl, V, n_ctx, n_chunk, ids);
+    if (!rc && o->kl_base) {
+        if (!(base = fopen(o->kl_base, "wb"))) rc = err_set(ERR_IO, "%s: %s", o->kl_base, strerror(errno));
+        else rc = kl_base_write_header(base, o->kl_base, V, n_ctx, n_chunk, ids);
+    }
+
+    /* sums over the scored tokens: this model's nll, the base's, their product; KL; the target's
+     * probability difference p - p_base (llama.cpp's Δp) */
+    double s_nll = 0, s_nll2 = 0, s_bnll = 0, s_bnll2 = 0, s_cross = 0, s_kl = 0, s_kl2 = 0, s_dp2 = 0, s_dp4 = 0;
+    long count = 0, same_top = 0;
+    const size_t rec_bytes = KL_RECORD_BYTES(V);
+    double t0 = time_now();
+    for (int c = 0; c < n_chunk && !rc; c++) {
+        memcpy(chunk, ids + (size_t)c * n_ctx, (size_t)n_ctx * sizeof *chunk);
+        if (bos >= 0) chunk[0] = bos;
         e->n_tokens = 0;
-        int end = start + e->ctx < n ? start + e->ctx : n;
-        for (int i = start; i + 1 < end && !rc; i++) {
-            if ((rc = engine_feed(e, ids + i, 1))) break;
-            const float *logits = e->logits;
-            float max = logits[0];
-            for (int v = 1; v < MODEL_VOCAB_SIZE; v++) max = logits[v] > max ? logits[v] : max;
-            double sum = 0.0;
-            for (int v = 0; v < MODEL_VOCAB_SIZE; v++) sum += exp((double)(logits[v] - max));
-            nll -= (double)(logits[ids[i + 1]] - max) - log(sum);
-            counted++;
+        /* the first half builds the cache; positions first .. n_ctx - 2 give the logits of the next token */
+        if ((rc = engine_feed(e, chunk, first)) || (rc = engine_feed_logits(e, chunk + first, n_score, logits))) break;
+        if (o->kl && fread(rec, rec_bytes, (size_t)n_score, base) != (size_t)n_score) { rc = err_set(ERR_IO, "%s: read error", o->kl); break; }
+        for (int j = 0; j < n_score && o->kl && !rc; j++) rc = kl_record_check(rec + j * rec_bytes, V, o->kl, (long)c * n_score + j);
+        if (rc) break;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(o->n_threads)
+        for (int j = 0; j < n_score; j++) {
+            const float *lj = logits + (size_t)j * V;
+            const int target = chunk[first + j + 1];
+            nll[j] = quality_nll(lj, V, target, &top[j]);
+            if (o->kl_base) kl_record_encode(lj, V, target, rec + j * rec_bytes);
+            if (o->kl) kld[(size_t)c * n_score + j] = (float)kl_record_compare(rec + j * rec_bytes, V, lj, &base_top[j], &base_nll[j]);
         }
+        for (int j = 0; j < n_score; j++) { /* in order: the same sums for any thread count */
+            s_nll += nll[j];
+            s_nll2 += nll[j] * nll[j];
+            if (o->kl) {
+                const double k = kld[(size_t)c * n_score + j], dp = exp(-nll[j]) - exp(-base_nll[j]);
+                s_bnll += base_nll[j];
+                s_bnll2 += base_nll[j] * base_nll[j];
+                s_cross += nll[j] * base_nll[j];
+                s_kl += k;
+                s_kl2 += k * k;
+                s_dp2 += dp * dp;
+                s_dp4 += dp * dp * dp * dp;
+                same_top += top[j] == base_top[j];
+            }
+        }
+        count += n_score;
+        if (dump && fwrite(logits, sizeof *logits, (size_t)n_score * V, dump) != (size_t)n_score * V)
+            rc = err_set(ERR_IO, "%s: write failed", o->dump_logits);
+        if (!rc && o->kl_base && fwrite(rec, rec_bytes, (size_t)n_score, base) != (size_t)n_score)
+            rc = err_set(ERR_IO, "%s: write failed", o->kl_base);
+    }
+    const double seconds = time_now() - t0;
+    if (dump && fclose(dump) && !rc) rc = err_set(ERR_IO, "%s: write failed", o->dump_logits);
+    if (base && fclose(base) && !rc && o->kl_base) rc = err_set(ERR_IO, "%s: write failed", o->kl_base);
+    if (rc && o->kl_base) remove(o->kl_base); /* never leave half a base to compare against */
+    if (!rc) {
+        double m, err;
+        quality_mean_err(s_nll, s_nll2, count, &m, &err);
+        printf("perplexity: %.4f ± %.5f over %d chunks of %d tokens, %ld scored (%.1f tok/s)\n", exp(m), exp(m) * err, n_chunk,
+               n_ctx, count, (double)n_chunk * n_ctx / seconds);
+        if (o->kl) {
+            double bm, berr, km, kerr, dm, derr;
+            quality_mean_err(s_bnll, s_bnll2, count, &bm, &berr);
+            quality_mean_err(s_kl, s_kl2, count, &km, &kerr);
+            quality_mean_err(s_dp2, s_dp4, count, &dm, &derr);
+            /* llama.cpp's: the two models' mean nll are correlated; the ratio's error counts that */
+            const double cov = count > 1 ? (s_cross / count - m * bm) / (count - 1) : 0.0;
+            const double lr = m - bm, lr_var = err * err + berr * berr - 2.0 * cov, lr_err = lr_var > 0 ? sqrt(lr_var) : 0.0;
+            const double same = (double)same_top / count, same_err = count > 1 ? sqrt(same * (1 - same) / (count - 1)) : 0.0;
+            qsort(kld, (size_t)count, sizeof *kld, cmp_float);
+            printf("kl: against %s\n", base_path);
+            printf("  ppl(Q)                 %.6f ± %.6f\n", exp(m), exp(m) * err);
+            printf("  ppl(base)              %.6f ± %.6f\n", exp(bm), exp(bm) * berr);
+            printf("  ln(ppl(Q)/ppl(base))   %.6f ± %.6f\n", lr, lr_err);
+            printf("  ppl(Q)/ppl(base)       %.6f ± %.6f\n", exp(lr), exp(lr) * lr_err);
+            printf("  mean KL                %.6f ± %.6f\n", km, kerr);
+            printf("  KL median, 99%%, max    %.6f %.6f %.6f\n", percentile(kld, count, 0.5), percentile(kld, count, 0.99), kld[count - 1]);
+            printf("  RMS dp                 %.3f ± %.3f %%\n", 100.0 * sqrt(dm), dm > 0 ? 100.0 * 0.5 / sqrt(dm) * derr : 0.0);
+            printf("  same top               %.3f ± %.3f %%\n", 100.0 * same, 100.0 * same_err);
+        }
+        if (o->kl_base) printf("kl-base: %s: %ld positions\n", o->kl_base, count);
     }
     free(ids);
-    if (rc) return rc;
-    printf("perplexity: %.4f over %d tokens (%.1f tok/s)\n", exp(nll / counted), counted, counted / (time_now() - t0));
-    return ERR_OK;
+    free(chunk);
+    free(top);
+    free(base_top);
+    free(logits);
+    free(nll);
+    free(base_nll);
+    free(kld);
+    free(rec);
+    return rc;
 }
 
 /* Prompt and decode speed. On the CPU, decode at depth d first fills the cache with d prompt
@@ -657,8 +785,8 @@ int main(int argc, char **argv) {
             rc = server_run(&e, &o.server);
         }
         else if (o.tokenize) rc = run_tokenize(&e, &o, text);
+        else if (o.perplexity_file) rc = run_perplexity(&e, &o);
         else if (o.dump_logits) rc = run_dump_logits(&e, text, o.dump_logits, o.dump_prefill);
-        else if (o.perplexity_file) rc = run_perplexity(&e, o.perplexity_file);
         else if (o.bench) rc = run_bench(&e, &o);
         else if (o.chat) rc = run_chat(&e, &o, text);
         else rc = run_completion(&e, &o, text);

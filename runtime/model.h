@@ -50,6 +50,10 @@ const float *model_cpu_forward(model_cpu *m, int token, int pos);
  * logits after the last one, and the same cache as n calls of model_cpu_forward. */
 const float *model_cpu_prefill(model_cpu *m, const int *tokens, int n, int pos0);
 
+/* The same, writing the logits after each of the n tokens to logits (n, vocab): every position of a
+ * perplexity chunk scored in batches, the LM head's rows read once a batch. */
+void model_cpu_prefill_logits(model_cpu *m, const int *tokens, int n, int pos0, float *logits);
+
 /* Times each stage of a decode step at position pos (thread 0's clock at the step's barriers, best
  * of reps) and prints a table to out, as model_cuda_kernel_bench does: --bench-kernels on the CPU. */
 err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out);

@@ -41,6 +41,7 @@ void model_generic_free(void) {
     err_code model_cpu_init_##dt(model_cpu **out, const void *const *data, int ctx, int n_threads); \
     const float *model_cpu_forward_##dt(model_cpu *m, int token, int pos);                          \
     const float *model_cpu_prefill_##dt(model_cpu *m, const int *tokens, int n, int pos0);          \
+    void model_cpu_prefill_logits_##dt(model_cpu *m, const int *tokens, int n, int pos0, float *logits); \
     err_code model_cpu_stage_bench_##dt(model_cpu *m, int pos, int reps, FILE *out);                \
     void model_cpu_free_##dt(model_cpu *m);
 DECLARE_CPU(bf16)
@@ -53,6 +54,9 @@ err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n
 const float *model_cpu_forward(model_cpu *m, int token, int pos) { return BY_DTYPE(model_cpu_forward, m, token, pos); }
 const float *model_cpu_prefill(model_cpu *m, const int *tokens, int n, int pos0) {
     return BY_DTYPE(model_cpu_prefill, m, tokens, n, pos0);
+}
+void model_cpu_prefill_logits(model_cpu *m, const int *tokens, int n, int pos0, float *logits) {
+    BY_DTYPE(model_cpu_prefill_logits, m, tokens, n, pos0, logits);
 }
 err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
     return BY_DTYPE(model_cpu_stage_bench, m, pos, reps, out);

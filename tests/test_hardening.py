@@ -466,7 +466,7 @@ def test_sanitized_modes(hbin, tmp_path):
               ok("-n", "4", input=b"from stdin")):
         assert r.returncode == 0, r.stderr.decode(errors="replace")[:3000]
     (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog. " * 3)
-    r = ok("--perplexity", str(tmp_path / "t.txt"))
+    r = ok("--perplexity", str(tmp_path / "t.txt"), "--ctx", "8")
     assert r.returncode == 0 and b"perplexity" in r.stdout, r.stderr.decode(errors="replace")[:3000]
     r = ok("-p", "Hello world again", "--dump-logits", str(tmp_path / "l.bin"), "--dump-prefill", "3")
     assert r.returncode == 0, r.stderr.decode(errors="replace")[:3000]

@@ -331,8 +331,9 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
 }
 
 /* tokens[0..nb) at positions pos0.. through every layer, appending their keys and values to the
- * cache; the logits of the last one when want_logits: prompt prefill. */
-static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits) {
+ * cache; the logits of the last one when want_logits (prompt prefill), of every one into
+ * all_logits (nb, vocab) when it is not NULL (perplexity). */
+static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
     const model_weights *w = &m->w;
     for (int b = 0; b < nb; b++)
         for (int i = 0; i < MODEL_DIM; i++) m->x[(size_t)b * MODEL_DIM + i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
@@ -459,6 +460,11 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
         if (want_logits) {
             rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
             matvec(m->logits, 0, w->lm_head, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+        }
+        /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
+        if (all_logits) {
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
         }
     }
 }
@@ -596,9 +602,16 @@ const float *model_cpu_forward(model_cpu *m, int token, int pos) {
 const float *model_cpu_prefill(model_cpu *m, const int *tokens, int n, int pos0) {
     for (int i = 0; i < n; i += PREFILL_BATCH) {
         int nb = n - i < PREFILL_BATCH ? n - i : PREFILL_BATCH;
-        forward_prefill(m, tokens + i, nb, pos0 + i, i + nb == n);
+        forward_prefill(m, tokens + i, nb, pos0 + i, i + nb == n, NULL);
     }
     return m->logits;
+}
+
+void model_cpu_prefill_logits(model_cpu *m, const int *tokens, int n, int pos0, float *logits) {
+    for (int i = 0; i < n; i += PREFILL_BATCH) {
+        int nb = n - i < PREFILL_BATCH ? n - i : PREFILL_BATCH;
+        forward_prefill(m, tokens + i, nb, pos0 + i, 0, logits + (size_t)i * MODEL_VOCAB_SIZE);
+    }
 }
 
 /* Times each stage of the decode step at position pos (token 1 there, as the GPU's kernel
