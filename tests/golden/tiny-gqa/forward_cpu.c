@@ -16,6 +16,7 @@
 #include "model.h" /* first: cpu_kernels.h picks dot_w from MODEL_WEIGHT_DTYPE_* */
 #include "model_plan.h"
 #include "cpu_kernels.h"
+#include "cpu_matrix.h"
 
 /* The fused q/k/v pass works on four rows at a time: for Q and K, rows i, i+1 of a head with their
  * RoPE partners i + head_dim/2, i + 1 + head_dim/2; for V, four consecutive rows. */
@@ -141,24 +142,38 @@ static inline __attribute__((always_inline)) void rmsnorm(float *xb, const float
 }
 
 
-/* o[r] = ws[r] . xb for four rows of dim: side by side with 4 paired streams, one after another with 1. */
-static inline __attribute__((always_inline)) void dot_rows(const model_weight_t *const ws[4], const float *xb, float o[4]) {
-    if (CPU_PAIRED_STREAMS == 4) dot4_w(ws, xb, MODEL_DIM, o);
-    else for (int r = 0; r < 4; r++) o[r] = dot_w(ws[r], xb, MODEL_DIM);
+/* o[r] = ws[r] . xb for four rows of dim in format f: side by side with 4 paired streams, one after
+ * another with 1. */
+static inline __attribute__((always_inline)) void dot_rows(int f, const void *const ws[4], const float *xb, float o[4]) {
+    if (CPU_PAIRED_STREAMS == 4) mat_dot4(f, ws, xb, MODEL_DIM, o);
+    else for (int r = 0; r < 4; r++) o[r] = mat_dot(f, ws[r], xb, MODEL_DIM);
 }
 
 /* o[t][r] = ws[r] . xb[t] for four rows and four tokens' inputs (MODEL_DIM apart), each as
  * dot_rows gives it: one row against the four tokens at once where rows go one at a time (each
  * weight converted once for the four), else dot_rows per token. */
-static inline __attribute__((always_inline)) void dot_rows_x4(const model_weight_t *const ws[4], const float *xb, float o[4][4]) {
+static inline __attribute__((always_inline)) void dot_rows_x4(int f, const void *const ws[4], const float *xb, float o[4][4]) {
     if (CPU_PAIRED_STREAMS == 4)
-        for (int t = 0; t < 4; t += 2) dot4_x2_w(ws, xb + (size_t)t * MODEL_DIM, MODEL_DIM, MODEL_DIM, o + t);
+        for (int t = 0; t < 4; t += 2) mat_dot4_x2(f, ws, xb + (size_t)t * MODEL_DIM, MODEL_DIM, MODEL_DIM, o + t);
     else
         for (int r = 0; r < 4; r++) {
             float c[4];
-            dot_x4_w(ws[r], xb, MODEL_DIM, MODEL_DIM, c);
+            mat_dot_x4(f, ws[r], xb, MODEL_DIM, MODEL_DIM, c);
             for (int t = 0; t < 4; t++) o[t][r] = c[t];
         }
+}
+
+/* o = ws . x for the four rows ws = {gate row a, up row a, gate row c, up row c} of dim: one
+ * four-stream pass where gate and up share a format, else row by row. */
+static inline __attribute__((always_inline)) void gate_up_dot4(const void *const ws[4], const float *x, float o[4]) {
+    if (MODEL_FORMAT_W_GATE == MODEL_FORMAT_W_UP) mat_dot4(MODEL_FORMAT_W_GATE, ws, x, MODEL_DIM, o);
+    else for (int r = 0; r < 4; r++) o[r] = mat_dot(r % 2 ? MODEL_FORMAT_W_UP : MODEL_FORMAT_W_GATE, ws[r], x, MODEL_DIM);
+}
+
+/* The same for two tokens' inputs x, x + dim: o[t] for token t. */
+static inline __attribute__((always_inline)) void gate_up_dot4_x2(const void *const ws[4], const float *x, float o[2][4]) {
+    if (MODEL_FORMAT_W_GATE == MODEL_FORMAT_W_UP) mat_dot4_x2(MODEL_FORMAT_W_GATE, ws, x, MODEL_DIM, MODEL_DIM, o);
+    else for (int t = 0; t < 2; t++) gate_up_dot4(ws, x + (size_t)t * MODEL_DIM, o[t]);
 }
 
 /* This thread's share [lo, hi) of n items, contiguous, as schedule(static) would give it. */
@@ -168,25 +183,25 @@ static inline void thread_share(int n, int *lo, int *hi) {
     *hi = (int)((long long)n * (t + 1) / nt);
 }
 
-/* out[b] (rows) = [out[b] +] W (rows, n) . x[b] [+ bias] for the nb tokens of a batch (out and x
+/* out[b] (rows) = [out[b] +] W (rows, n, format f) . x[b] [+ bias] for the nb tokens of a batch (out and x
  * rows out_stride and x_stride floats apart), inside the parallel region with constant rows and n;
  * ends with a barrier. Each thread splits its contiguous rows into four equal runs and walks them
  * side by side, four long sequential streams (tests/bench/cpu_read.c: more bandwidth per core than
  * one stream, without cutting the runs short as four adjacent rows would); each group of rows serves
  * every token of the batch while it is in cache. */
-static inline __attribute__((always_inline)) void matvec(float *out, int out_stride, const model_weight_t *w, const model_weight_t *bias,
+static inline __attribute__((always_inline)) void matvec(float *out, int out_stride, const void *w, int f, const model_weight_t *bias,
                           const float *x, int x_stride, int nb, int rows, int n, int accumulate) {
     int lo, hi;
     thread_share(rows, &lo, &hi);
     int q = CPU_STREAMS == 4 ? (hi - lo) / 4 : 0;
     for (int j = 0; j < q; j++) {
         int r[4] = {lo + j, lo + q + j, lo + 2 * q + j, lo + 3 * q + j};
-        const model_weight_t *ws[4] = {w + (size_t)r[0] * n, w + (size_t)r[1] * n, w + (size_t)r[2] * n, w + (size_t)r[3] * n};
+        const void *ws[4] = {mat_row(w, f, n, r[0]), mat_row(w, f, n, r[1]), mat_row(w, f, n, r[2]), mat_row(w, f, n, r[3])};
         for (int b = 0; b < nb;) { /* two tokens at a time while two are left: the rows' weights converted once */
             float o[2][4];
             const int two = b + 2 <= nb;
-            if (two) dot4_x2_w(ws, x + (size_t)b * x_stride, (size_t)x_stride, n, o);
-            else dot4_w(ws, x + (size_t)b * x_stride, n, o[0]);
+            if (two) mat_dot4_x2(f, ws, x + (size_t)b * x_stride, (size_t)x_stride, n, o);
+            else mat_dot4(f, ws, x + (size_t)b * x_stride, n, o[0]);
             for (int t = 0; t <= two; t++, b++) {
                 float *y = out + (size_t)b * out_stride;
                 for (int k = 0; k < 4; k++) y[r[k]] = (accumulate ? y[r[k]] : 0.0f) + o[t][k] + (bias ? w_to_f32(bias[r[k]]) : 0.0f);
@@ -194,12 +209,12 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
         }
     }
     for (int i = lo + 4 * q; i < hi; i++) {
-        const model_weight_t *wi = w + (size_t)i * n;
+        const void *wi = mat_row(w, f, n, i);
         const float add = bias ? w_to_f32(bias[i]) : 0.0f;
         int b = 0;
         for (; b + 4 <= nb; b += 4) { /* four tokens a row: its weights converted once for them */
             float o[4];
-            dot_x4_w(wi, x + (size_t)b * x_stride, (size_t)x_stride, n, o);
+            mat_dot_x4(f, wi, x + (size_t)b * x_stride, (size_t)x_stride, n, o);
             for (int t = 0; t < 4; t++) {
                 float *y = out + (size_t)(b + t) * out_stride;
                 y[i] = (accumulate ? y[i] : 0.0f) + o[t] + add;
@@ -207,7 +222,7 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
         }
         for (; b < nb; b++) {
             float *y = out + (size_t)b * out_stride;
-            y[i] = (accumulate ? y[i] : 0.0f) + dot_w(wi, x + (size_t)b * x_stride, n) + add;
+            y[i] = (accumulate ? y[i] : 0.0f) + mat_dot(f, wi, x + (size_t)b * x_stride, n) + add;
         }
     }
 #pragma omp barrier
@@ -220,7 +235,8 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
 static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
     const model_weights *w = &m->w;
     for (int b = 0; b < 1; b++)
-        for (int i = 0; i < MODEL_DIM; i++) m->x[(size_t)b * MODEL_DIM + i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
+        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
+                       MODEL_DIM);
 
     /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
      * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
@@ -248,12 +264,13 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                     int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
                     int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
                     int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const model_weight_t *wm = is_k ? lw->wk : lw->wq;
-                    const model_weight_t *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = wm + (size_t)rows[r] * MODEL_DIM;
+                    const void *wm = is_k ? lw->wk : lw->wq;
+                    const int f = is_k ? MODEL_FORMAT_WK : MODEL_FORMAT_WQ;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                     for (int b = 0; b < 1; b++) {
                         int pos = pos0 + b;
-                        dot_rows(ws, xb[b], o);
+                        dot_rows(f, ws, xb[b], o);
                         if (MODEL_QKV_BIAS) {
                             const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                             for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -267,10 +284,11 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                     }
                 } else {
                     int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const model_weight_t *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = lw->wv + (size_t)(r0 + r) * MODEL_DIM;
+                    const int f = MODEL_FORMAT_WV;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                     for (int b = 0; b < 1; b++) {
-                        dot_rows(ws, xb[b], o);
+                        dot_rows(f, ws, xb[b], o);
                         for (int r = 0; r < 4; r++) {
                             if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                             vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
@@ -289,7 +307,7 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, MODEL_FORMAT_WO, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
@@ -300,32 +318,32 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                 int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
-                    const model_weight_t *ws[4] = {lw->w_gate + (size_t)a * MODEL_DIM, lw->w_up + (size_t)a * MODEL_DIM,
-                                                   lw->w_gate + (size_t)c * MODEL_DIM, lw->w_up + (size_t)c * MODEL_DIM};
+                    const void *ws[4] = {mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, a), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, c), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, c)};
                     for (int b = 0; b < 1; b++) {
                         float o[4];
-                        dot4_w(ws, xb[b], MODEL_DIM, o);
+                        gate_up_dot4(ws, xb[b], o);
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
-                    const model_weight_t *wg = lw->w_gate + (size_t)i * MODEL_DIM, *wu = lw->w_up + (size_t)i * MODEL_DIM;
+                    const void *wg = mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, i), *wu = mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, i);
                     int b = 0;
                     for (; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(wg, xb[b], MODEL_DIM)) * dot_w(wu, xb[b], MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(MODEL_FORMAT_W_GATE, wg, xb[b], MODEL_DIM)) * mat_dot(MODEL_FORMAT_W_UP, wu, xb[b], MODEL_DIM);
                 }
             }
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, MODEL_FORMAT_W_DOWN, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
         }
     }
 }
@@ -336,7 +354,8 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
 static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
     const model_weights *w = &m->w;
     for (int b = 0; b < nb; b++)
-        for (int i = 0; i < MODEL_DIM; i++) m->x[(size_t)b * MODEL_DIM + i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
+        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
+                       MODEL_DIM);
 
     /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
      * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
@@ -358,14 +377,15 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
                     int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
                     int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const model_weight_t *wm = is_k ? lw->wk : lw->wq;
-                    const model_weight_t *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = wm + (size_t)rows[r] * MODEL_DIM;
+                    const void *wm = is_k ? lw->wk : lw->wq;
+                    const int f = is_k ? MODEL_FORMAT_WK : MODEL_FORMAT_WQ;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                     for (int b = 0; b < nb; b++) {
                         int pos = pos0 + b;
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(ws, xb[b], o4);
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
                         if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(ws, xb[b], o);
+                        else dot_rows(f, ws, xb[b], o);
                         if (MODEL_QKV_BIAS) {
                             const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                             for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -379,12 +399,13 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     }
                 } else {
                     int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const model_weight_t *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = lw->wv + (size_t)(r0 + r) * MODEL_DIM;
+                    const int f = MODEL_FORMAT_WV;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                     for (int b = 0; b < nb; b++) {
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(ws, xb[b], o4);
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
                         if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(ws, xb[b], o);
+                        else dot_rows(f, ws, xb[b], o);
                         for (int r = 0; r < 4; r++) {
                             if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                             vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
@@ -413,7 +434,7 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, MODEL_FORMAT_WO, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
@@ -424,13 +445,13 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                 int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
-                    const model_weight_t *ws[4] = {lw->w_gate + (size_t)a * MODEL_DIM, lw->w_up + (size_t)a * MODEL_DIM,
-                                                   lw->w_gate + (size_t)c * MODEL_DIM, lw->w_up + (size_t)c * MODEL_DIM};
+                    const void *ws[4] = {mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, a), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, c), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, c)};
                     for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
                         float o[2][4];
                         const int two = b + 2 <= nb;
-                        if (two) dot4_x2_w(ws, xb[b], MODEL_DIM, MODEL_DIM, o);
-                        else dot4_w(ws, xb[b], MODEL_DIM, o[0]);
+                        if (two) gate_up_dot4_x2(ws, xb[b], o);
+                        else gate_up_dot4(ws, xb[b], o[0]);
                         for (int t = 0; t <= two; t++, b++) {
                             m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
                             m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
@@ -438,33 +459,33 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
-                    const model_weight_t *wg = lw->w_gate + (size_t)i * MODEL_DIM, *wu = lw->w_up + (size_t)i * MODEL_DIM;
+                    const void *wg = mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, i), *wu = mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, i);
                     int b = 0;
                     for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
                         float g[4], u[4];
-                        dot_x4_w(wg, xb[b], MODEL_DIM, MODEL_DIM, g);
-                        dot_x4_w(wu, xb[b], MODEL_DIM, MODEL_DIM, u);
+                        mat_dot_x4(MODEL_FORMAT_W_GATE, wg, xb[b], MODEL_DIM, MODEL_DIM, g);
+                        mat_dot_x4(MODEL_FORMAT_W_UP, wu, xb[b], MODEL_DIM, MODEL_DIM, u);
                         for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
                     }
                     for (; b < nb; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(wg, xb[b], MODEL_DIM)) * dot_w(wu, xb[b], MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(MODEL_FORMAT_W_GATE, wg, xb[b], MODEL_DIM)) * mat_dot(MODEL_FORMAT_W_UP, wu, xb[b], MODEL_DIM);
                 }
             }
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, MODEL_FORMAT_W_DOWN, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (want_logits) {
             rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
         }
         /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
         if (all_logits) {
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
-            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
         }
     }
 }
@@ -477,7 +498,8 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
     double t_last = omp_get_wtime();
     int k = 0;
     for (int b = 0; b < 1; b++)
-        for (int i = 0; i < MODEL_DIM; i++) m->x[(size_t)b * MODEL_DIM + i] = w_to_f32(w->embed[(size_t)tokens[b] * MODEL_DIM + i]);
+        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
+                       MODEL_DIM);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
 
     /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
@@ -506,12 +528,13 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
                     int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
                     int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
                     int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const model_weight_t *wm = is_k ? lw->wk : lw->wq;
-                    const model_weight_t *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = wm + (size_t)rows[r] * MODEL_DIM;
+                    const void *wm = is_k ? lw->wk : lw->wq;
+                    const int f = is_k ? MODEL_FORMAT_WK : MODEL_FORMAT_WQ;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                     for (int b = 0; b < 1; b++) {
                         int pos = pos0 + b;
-                        dot_rows(ws, xb[b], o);
+                        dot_rows(f, ws, xb[b], o);
                         if (MODEL_QKV_BIAS) {
                             const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                             for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -525,10 +548,11 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
                     }
                 } else {
                     int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const model_weight_t *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = lw->wv + (size_t)(r0 + r) * MODEL_DIM;
+                    const int f = MODEL_FORMAT_WV;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                     for (int b = 0; b < 1; b++) {
-                        dot_rows(ws, xb[b], o);
+                        dot_rows(f, ws, xb[b], o);
                         for (int r = 0; r < 4; r++) {
                             if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                             vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
@@ -549,7 +573,7 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, MODEL_FORMAT_WO, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
@@ -561,34 +585,34 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
                 int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
-                    const model_weight_t *ws[4] = {lw->w_gate + (size_t)a * MODEL_DIM, lw->w_up + (size_t)a * MODEL_DIM,
-                                                   lw->w_gate + (size_t)c * MODEL_DIM, lw->w_up + (size_t)c * MODEL_DIM};
+                    const void *ws[4] = {mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, a), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, c), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, c)};
                     for (int b = 0; b < 1; b++) {
                         float o[4];
-                        dot4_w(ws, xb[b], MODEL_DIM, o);
+                        gate_up_dot4(ws, xb[b], o);
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
-                    const model_weight_t *wg = lw->w_gate + (size_t)i * MODEL_DIM, *wu = lw->w_up + (size_t)i * MODEL_DIM;
+                    const void *wg = mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, i), *wu = mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, i);
                     int b = 0;
                     for (; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(dot_w(wg, xb[b], MODEL_DIM)) * dot_w(wu, xb[b], MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(MODEL_FORMAT_W_GATE, wg, xb[b], MODEL_DIM)) * mat_dot(MODEL_FORMAT_W_UP, wu, xb[b], MODEL_DIM);
                 }
             }
 #pragma omp barrier
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, MODEL_FORMAT_W_DOWN, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
     }
@@ -620,16 +644,18 @@ void model_cpu_prefill_logits(model_cpu *m, const int *tokens, int n, int pos0, 
 err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
     static const char *const names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
                                                 "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head"};
-    const double wb = (double)sizeof(model_weight_t); /* bytes per weight */
+#define ROWS_BYTES(rows, f, n) ((double)(rows) * quant_row_size(f, n)) /* of rows rows of n weights of format f */
     const double bytes[ST_COUNT] = {
-        MODEL_DIM * wb,
-        (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM * wb,
+        ROWS_BYTES(1, MODEL_FORMAT_EMBED, MODEL_DIM),
+        ROWS_BYTES(MODEL_Q_DIM, MODEL_FORMAT_WQ, MODEL_DIM) + ROWS_BYTES(MODEL_KV_DIM, MODEL_FORMAT_WK, MODEL_DIM) +
+            ROWS_BYTES(MODEL_KV_DIM, MODEL_FORMAT_WV, MODEL_DIM),
         2.0 * (pos + 1) * MODEL_KV_DIM * 2.0, /* attention: keys and values up to pos, fp16 */
-        (double)MODEL_DIM * MODEL_Q_DIM * wb,
-        2.0 * MODEL_HIDDEN_DIM * MODEL_DIM * wb,
-        (double)MODEL_DIM * MODEL_HIDDEN_DIM * wb,
-        (double)MODEL_VOCAB_SIZE * MODEL_DIM * wb,
+        ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_WO, MODEL_Q_DIM),
+        ROWS_BYTES(MODEL_HIDDEN_DIM, MODEL_FORMAT_W_GATE, MODEL_DIM) + ROWS_BYTES(MODEL_HIDDEN_DIM, MODEL_FORMAT_W_UP, MODEL_DIM),
+        ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_W_DOWN, MODEL_HIDDEN_DIM),
+        ROWS_BYTES(MODEL_VOCAB_SIZE, MODEL_FORMAT_LM_HEAD, MODEL_DIM),
     };
+#undef ROWS_BYTES
     if (pos < 0 || pos >= m->ctx) return err_set(ERR_ARG, "stage benchmark at position %d: expected 0..%d", pos, m->ctx - 1);
     double *best = malloc(STEP_STAGES * sizeof *best);
     m->stage_s = malloc(STEP_STAGES * sizeof *m->stage_s);

@@ -97,28 +97,36 @@ static const float model_rope_inv_freq[MODEL_HEAD_DIM / 2] = {
 
 /* ---------------------------------------------------------------------------------------------
  * Weights: pointers into the mapped safetensors files, shapes as in the files (rows, cols). The
- * biases are NULL in models without them. */
+ * biases are NULL in models without them. A matrix (model_mat) holds rows of its field's format,
+ * MODEL_FORMAT_*: the dense dtype (model_weight_t) or a GGUF block format (runtime/quant.h), so C
+ * sees it as bytes (runtime/cpu_matrix.h reads it by format). The CUDA code reads dense matrices
+ * only and sees them as model_weight_t. */
+#ifdef __CUDACC__
+typedef const model_weight_t *model_mat;
+#else
+typedef const void *model_mat;
+#endif
 typedef struct {
     const model_weight_t *attn_norm; /* (dim) input_layernorm */
-    const model_weight_t *wq;        /* (q_dim, dim) self_attn.q_proj */
-    const model_weight_t *wk;        /* (kv_dim, dim) self_attn.k_proj */
-    const model_weight_t *wv;        /* (kv_dim, dim) self_attn.v_proj */
+    model_mat wq;                    /* (q_dim, dim) self_attn.q_proj */
+    model_mat wk;                    /* (kv_dim, dim) self_attn.k_proj */
+    model_mat wv;                    /* (kv_dim, dim) self_attn.v_proj */
     const model_weight_t *bq;        /* (q_dim) self_attn.q_proj.bias */
     const model_weight_t *bk;        /* (kv_dim) self_attn.k_proj.bias */
     const model_weight_t *bv;        /* (kv_dim) self_attn.v_proj.bias */
-    const model_weight_t *wo;        /* (dim, q_dim) self_attn.o_proj */
+    model_mat wo;                    /* (dim, q_dim) self_attn.o_proj */
     const model_weight_t *bo;        /* (dim) self_attn.o_proj.bias */
     const model_weight_t *ffn_norm;  /* (dim) post_attention_layernorm */
-    const model_weight_t *w_gate;    /* (hidden_dim, dim) mlp.gate_proj */
-    const model_weight_t *w_up;      /* (hidden_dim, dim) mlp.up_proj */
-    const model_weight_t *w_down;    /* (dim, hidden_dim) mlp.down_proj */
+    model_mat w_gate;                /* (hidden_dim, dim) mlp.gate_proj */
+    model_mat w_up;                  /* (hidden_dim, dim) mlp.up_proj */
+    model_mat w_down;                /* (dim, hidden_dim) mlp.down_proj */
 } model_layer_weights;
 
 typedef struct {
-    const model_weight_t *embed;      /* (vocab, dim) model.embed_tokens */
+    model_mat embed;                  /* (vocab, dim) model.embed_tokens */
     model_layer_weights layers[MODEL_MAX_LAYERS];
     const model_weight_t *final_norm; /* (dim) model.norm */
-    const model_weight_t *lm_head;    /* (vocab, dim) lm_head, or embed when tied */
+    model_mat lm_head;                /* (vocab, dim) lm_head, or embed when tied */
 } model_weights;
 
 /* Fills w from the tensors' bytes: data[i] holds tensor i of the table (model_tensor_specs), whose
