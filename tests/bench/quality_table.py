@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", choices=["cpu", "cuda"])
     ap.add_argument("--base-file", type=Path, default=Path("build/quality/base.klbase"))
+    ap.add_argument("--no-base-row", action="store_true", help="skip the base against itself (a run as long as the base's)")
     args = ap.parse_args()
     if args.text is None:
         try:
@@ -74,7 +75,8 @@ def main() -> int:
             sys.exit(f"quality_table: base: {r.stderr.strip()}")
     print("| format | size | ppl | ppl ratio | mean KL | top-1 agreement | llama.cpp (Llama 3 8B) |")
     print("|---|---|---|---|---|---|---|")
-    print(kl_row("base", args.base_binary, args.base_model, args, args.base_file))
+    if not args.no_base_row:
+        print(kl_row("base", args.base_binary, args.base_model, args, args.base_file))
     for row in args.rows:
         label, _, rest = row.partition("=")
         binary, _, model = rest.partition(":")
