@@ -282,10 +282,11 @@ def _qkv_async(spec: Spec, sms: int) -> int:
     blocks of 8 an SM, the paired kernels' registers) and a row more than one step; else 0.
     Measured on the H200 (docs/performance.md, D50): Llama-3.2-1B (1,536 pairs, rows of
     two steps) +0.9% at depth 0, +0.2% at 4096; Mistral-7B (3,072 pairs, 1.45 rounds) -0.2% /
-    -0.4%; in gate/up (many rounds) -0.7% to -1.8% on both."""
+    -0.4%; in gate/up (many rounds) -0.7% to -1.8% on both. Dense q/k/v only: the copies take a
+    row's 16-byte chunks as they lie, and a block format's scales lie apart."""
     pairs = (spec.q_dim + 2 * spec.kv_dim) // 2
     steps = -(-spec.dim // (8 * _pair_unroll(spec.dim) * 32))
-    return int(pairs <= 16 * sms and steps > 1)
+    return int(pairs <= 16 * sms and steps > 1 and spec.formats["wq"] == spec.dtype)
 
 
 def _gemm_wgmma(cuda_arch: str) -> int:

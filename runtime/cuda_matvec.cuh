@@ -193,9 +193,11 @@ __device__ __forceinline__ float row_dot(row_chunks<W, U> *first, typename W::ro
 template <typename W>
 inline constexpr bool pair_async_copies = std::is_same_v<typename W::chunk, uint4> && std::is_same_v<typename W::row_t, const uint4 *>;
 
-/* QKV's steps of a row past the first that go through shared memory: at most MODEL_QKV_ASYNC. */
+/* QKV's steps of a row past the first that go through shared memory: at most MODEL_QKV_ASYNC, none
+ * in a format whose chunks are not plain copies (codegen/plan.py sets none for quantized models). */
 template <typename W, int U>
 __host__ __device__ constexpr int pair_async_steps(int K) {
+    if (!pair_async_copies<W>) return 0;
     return MODEL_QKV_ASYNC < mv_steps<W, U>(K) - 1 ? MODEL_QKV_ASYNC : mv_steps<W, U>(K) - 1;
 }
 
@@ -221,7 +223,6 @@ __device__ __forceinline__ uint4 *pair_async_slots(float *sx, int K) {
  * chunks it will read, so cp.async.wait_all in the same lane is all the reading needs. */
 template <typename W, int U>
 __device__ __forceinline__ void pair_async_issue(uint4 *slots, typename W::row_t ra, typename W::row_t rb, int K, int lane, int steps) {
-    static_assert(MODEL_QKV_ASYNC == 0 || pair_async_copies<W>, "QKV's async steps copy a row's 16-byte chunks as they are: dense formats");
     if constexpr (pair_async_copies<W>) {
 #pragma unroll
         for (int s = 1; s <= steps; s++) {
