@@ -123,8 +123,10 @@ struct stop_at_count {
 };
 
 /* Chunks 0 .. u_end - 1 of step 0 of row ra (and rb, given b) in lots of LOT chunks, each lot issued
- * once the last is in (the loop's exit reads the lot's data: an impossible bf16 pair only ends it
- * sooner), until stop says so; returns the chunks loaded. One lot (LOT >= u_end): all at once. */
+ * once the last is in (the loop's exit reads the lot's data: a word 0x7FC00001 ends it sooner, an
+ * impossible bf16 or fp16 pair but a possible word of a block format's values), until stop says
+ * so; returns the chunks loaded, which the caller must take as what is loaded: the rest is not.
+ * One lot (LOT >= u_end): all at once. */
 template <int LOT, typename W, int U, typename Stop>
 __device__ __forceinline__ int load_lots(row_chunks<W, U> *a, row_chunks<W, U> *b, typename W::row_t ra, typename W::row_t rb, int K, int lane,
                                          int u_end, Stop stop) {
@@ -144,11 +146,20 @@ __device__ __forceinline__ int load_lots(row_chunks<W, U> *a, row_chunks<W, U> *
 }
 
 /* A paired kernel's early loads, before its wait: the first MODEL_PAIR_EARLY chunks of rows ra and rb's
- * first step, in lots of MODEL_PAIR_LOT where the plan takes them, else at once. */
+ * first step, in lots of MODEL_PAIR_LOT where the plan takes them, else at once. Lots that end early
+ * (load_lots) leave the rest of the early chunks to load here, at once: Q8_0's values hold the word
+ * that ends them (int8 1, 0, -64, 127), and the Mistral-7B shape in Q8_0 decoded NaN on the GPU
+ * while its first 2 layers, or 32 layers in Q4_0, did not (H100): the likely cause, fixed here. */
 template <typename W, int U>
 __device__ __forceinline__ void pair_early_loads(row_chunks<W, U> *a, row_chunks<W, U> *b, typename W::row_t ra, typename W::row_t rb, int K, int lane) {
     if (MODEL_PAIR_LOT < MODEL_PAIR_EARLY) {
-        load_lots<MODEL_PAIR_LOT>(a, b, ra, rb, K, lane, MODEL_PAIR_EARLY, never_stop{});
+        const int loaded = load_lots<MODEL_PAIR_LOT>(a, b, ra, rb, K, lane, MODEL_PAIR_EARLY, never_stop{});
+#pragma unroll
+        for (int u = 0; u < MODEL_PAIR_EARLY; u++) /* static register indices; none where every lot went out */
+            if (u >= loaded && u * WARP_SIZE + lane < K / W::VALS) {
+                a->v[u] = W::load(ra, u * WARP_SIZE + lane);
+                b->v[u] = W::load(rb, u * WARP_SIZE + lane);
+            }
     } else {
         load_chunks(a, ra, K, 0, lane, 0, MODEL_PAIR_EARLY);
         load_chunks(b, rb, K, 0, lane, 0, MODEL_PAIR_EARLY);
@@ -490,11 +501,17 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 
 
 /* x (dim) = embed[history[pos]]: a value a thread in the dense formats, a chunk a thread in the
- * others */
+ * others. A token outside the vocabulary (the argmax of logits that are not finite chooses none:
+ * 0x7FFFFFFF) makes x NaN, not a read out of bounds; model_cuda_take reports the step's. */
 template <typename W, typename Wait>
-__device__ __forceinline__ void embed_body(typename W::mat embed, const int *io, float *x, const int *history, int dim, Wait wait) {
+__device__ __forceinline__ void embed_body(typename W::mat embed, const int *io, float *x, const int *history, int dim, int vocab,
+                                           Wait wait) {
     wait();
     const int token = history[io[IO_POS]];
+    if ((unsigned)token >= (unsigned)vocab) {
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = __int_as_float(0x7FC00000);
+        return;
+    }
     if constexpr (W::DENSE16) {
         const uint16_t *row = embed + (size_t)token * dim;
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);

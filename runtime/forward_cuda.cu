@@ -100,7 +100,7 @@ struct cuda_weights {
 
 /* zero: the buffer the first layer's fused MLP adds into (MODEL_MLP_FUSED), or NULL */
 static __global__ void __launch_bounds__(256) embed_kernel(w_embed::mat embed, const int *io, float *x, const int *history, float *zero) {
-    embed_body<w_embed>(embed, io, x, history, MODEL_DIM, wait_pdl{});
+    embed_body<w_embed>(embed, io, x, history, MODEL_DIM, MODEL_VOCAB_SIZE, wait_pdl{});
     if (zero)
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < MODEL_DIM; i += gridDim.x * blockDim.x) zero[i] = 0.0f;
 }
@@ -1489,6 +1489,8 @@ extern "C" err_code model_cuda_take(model_cuda *m, int *next, const float **logi
     CUDA_CHECK(cudaEventSynchronize(m->done[pos % STEP_RING]));
     *next = ((volatile int *)m->chosen)[pos];
     if (logits) *logits = m->kind_at[pos % STEP_RING] == STEP_LOGITS ? m->logits_host : NULL;
+    if (*next < 0 || *next >= MODEL_VOCAB_SIZE)
+        return err_set(ERR_DEVICE, "--device cuda: the step at position %d chose no token (%d): its logits are not finite", pos, *next);
     return ERR_OK;
 }
 
