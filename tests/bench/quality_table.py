@@ -25,10 +25,16 @@ def weight_bytes(model: Path) -> int:
     return sum(p.stat().st_size for p in model.glob("*.safetensors"))
 
 
-def kl_row(label: str, binary: str, model: Path, args, base_file: Path) -> str:
-    cmd = [binary, "-m", str(model), "--perplexity", str(args.text), "--ctx", str(args.ctx), "--kl", str(base_file)]
+def perplexity_cmd(binary: str, model: Path, args, mode: str, base_file: Path) -> list:
+    """binary's --perplexity run of model over the text, with mode (--kl or --kl-base) base_file"""
+    cmd = [binary, "-m", str(model), "--perplexity", str(args.text), "--ctx", str(args.ctx), mode, str(base_file)]
     cmd += ["--threads", str(args.threads)] if args.threads else []
     cmd += ["--device", args.device] if args.device else []
+    return cmd
+
+
+def kl_row(label: str, binary: str, model: Path, args, base_file: Path) -> str:
+    cmd = perplexity_cmd(binary, model, args, "--kl", base_file)
     r = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(f"== {label}: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
     if r.returncode != 0:
@@ -65,10 +71,7 @@ def main() -> int:
             sys.exit(f"quality_table: {e}")
     if not args.base_file.exists():
         args.base_file.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [args.base_binary, "-m", str(args.base_model), "--perplexity", str(args.text), "--ctx", str(args.ctx),
-               "--kl-base", str(args.base_file)]
-        cmd += ["--threads", str(args.threads)] if args.threads else []
-        cmd += ["--device", args.device] if args.device else []
+        cmd = perplexity_cmd(args.base_binary, args.base_model, args, "--kl-base", args.base_file)
         r = subprocess.run(cmd, capture_output=True, text=True)
         sys.stderr.write(f"== base: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
         if r.returncode != 0:
