@@ -211,6 +211,45 @@ def test_tiny_gpu_quantized_matches_cpu(variant, tmp_path):
     assert err < GPU_CPU_TOLERANCE, f"{variant}: quantized GPU against CPU {err:.2e}"
 
 
+def lot_word_model() -> "Path":
+    """tiny-d4096 in Q8_0 (its plan loads the paired kernels' early chunks in lots: pair_lot 2 of
+    pair_early 4) with int8 values 1, 0, -64, 127 (the word 0x7FC00001 that ends the lots early)
+    first in the blocks that the first lot of QKV's first pair (q_proj row head_dim / 2) and of
+    gate/up's first row (up_proj row 0) read."""
+    import struct
+    import sys
+    d = REPO / "build" / "test-models" / "tiny-d4096-q8_0-lot-word"
+    if not (d / "model.safetensors").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / "tests" / "models" / "tiny-d4096" / "config.json", d / "config.json")
+        subprocess.run([sys.executable, "-m", "codegen.synth", str(d), "--quant", "q8_0", "--seed", "5", "--tokenizer",
+                        str(REPO / "tests" / "models" / "tiny-tokenizer")], cwd=REPO, check=True, capture_output=True)
+        cfg = json.loads((d / "config.json").read_text())
+        row_bytes = cfg["hidden_size"] // 32 * 34
+        path = d / "model.safetensors"
+        raw = bytearray(path.read_bytes())
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        for name, row in (("model.layers.0.self_attn.q_proj.weight", cfg["head_dim"] // 2), ("model.layers.0.mlp.up_proj.weight", 0)):
+            at = 8 + n + header[name]["data_offsets"][0] + row * row_bytes + 2  # block 0's values, past its fp16 scale
+            raw[at:at + 4] = bytes([0x01, 0x00, 0xC0, 0x7F])
+        path.write_bytes(bytes(raw))
+    return d
+
+
+def test_tiny_gpu_lots_ended_by_a_q8_0_word_equal_cpu(tmp_path):
+    """The early lots of QKV and gate/up end at a chunk whose first word is 0x7FC00001 (load_lots):
+    an impossible bf16 pair, but int8 values Q8_0 can hold. The chunks after it must still be
+    loaded (pair_early_loads); left unset they gave the Mistral-7B shape NaN logits (H100)."""
+    d = lot_word_model()
+    binary = binary_for(d, "specialized")
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    gpu = logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab)
+    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
+    err = compare_logits(gpu, cpu)
+    assert err < GPU_CPU_TOLERANCE, f"Q8_0 with the lots' stop word: GPU against CPU {err:.2e}"
+
+
 def test_generic_gpu_refuses_quantized(tmp_path):
     """The generic build has no quantized GPU kernels: it says so in one line instead of running."""
     d = tiny_model_dir("tiny-q4_1")
