@@ -282,10 +282,10 @@ ifneq ($(NVCC),)
 ifeq ($(GENERIC),)
 .PHONY: stage-test
 stage-test: $(OUT)/cuda_stage_test
-$(OUT)/cuda_stage_test: tests/cuda_stage_test.cu runtime/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS) \
-		$(OUT)/model_tensors.o build/runtime/errors.o
+STAGE_TEST_OBJS = $(OUT)/model_tensors.o build/runtime/errors.o build/runtime/quant.o
+$(OUT)/cuda_stage_test: tests/cuda_stage_test.cu runtime/forward_cuda.cu $(GEN_FILES) $(RUNTIME_HDRS) $(CUDA_HDRS) $(STAGE_TEST_OBJS)
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -I$(GEN) $< $(OUT)/model_tensors.o build/runtime/errors.o -o $@
+	$(NVCC) $(NVCCFLAGS) -I$(GEN) $< $(STAGE_TEST_OBJS) -o $@
 endif
 endif
 

@@ -935,7 +935,7 @@ static err_code capture(model_cuda *m, cudaGraphExec_t *exec, Enqueue enqueue) {
 /* Bytes of model_tensor_specs[t]. */
 static size_t tensor_bytes(int t) {
     const st_tensor_spec *s = &model_tensor_specs[t];
-    size_t bytes = st_dtype_size(s->dtype);
+    size_t bytes = s->dtype == DT_U8 ? 1 : sizeof(model_weight_t); /* a quantized matrix's rows of blocks, or the dtype's values */
     for (int d = 0; d < s->ndim; d++) bytes *= (size_t)s->shape[d];
     return bytes;
 }

@@ -105,6 +105,9 @@ TEST_BUILDS = {
     "test_prefill_builds_memcheck_clean": lambda p: [("flags", p["variant"], p["flags"])],
     "test_memcheck_clean": lambda p: [("plain", p["variant"], p["build"])],
     "test_tiny_gpu_quantized_matches_cpu": lambda p: [("plain", p["variant"], "specialized")],
+    "test_generic_gpu_refuses_quantized": lambda p: [("plain", None, "generic")],
+    # its model is a tiny one with bytes planted (lot_word_model): built in the test, alone
+    "test_tiny_gpu_lots_ended_by_a_q8_0_word_equal_cpu": lambda p: [],
 }
 
 
