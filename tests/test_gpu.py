@@ -183,6 +183,13 @@ def tiny_gpu(request):
     return d, binary_for(d, build)
 
 
+def gpu_cpu_error(binary, d, tmp_path) -> float:
+    """compare_logits of binary's GPU logits against its CPU logits over TINY_PROMPT, model d"""
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    return compare_logits(logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab),
+                          logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab))
+
+
 def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path):
     d, binary = tiny_gpu
     vocab = json.loads((d / "config.json").read_text())["vocab_size"]
@@ -206,11 +213,7 @@ def test_tiny_gpu_quantized_matches_cpu(variant, tmp_path):
     at a time (a quantized model has no prefill batches), so a long prompt checks every step. Same
     tolerance as the dense models: the blocks' products are exact in fp32 on both."""
     d = tiny_model_dir(variant)
-    binary = binary_for(d, "specialized")
-    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    gpu = logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab)
-    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
-    err = compare_logits(gpu, cpu)
+    err = gpu_cpu_error(binary_for(d, "specialized"), d, tmp_path)
     assert err < GPU_CPU_TOLERANCE, f"{variant}: quantized GPU against CPU {err:.2e}"
 
 
@@ -245,11 +248,7 @@ def test_tiny_gpu_lots_ended_by_a_q8_0_word_equal_cpu(tmp_path):
     an impossible bf16 pair, but int8 values Q8_0 can hold. The chunks after it must still be
     loaded (pair_early_loads); left unset they gave the Mistral-7B shape NaN logits (H100)."""
     d = lot_word_model()
-    binary = binary_for(d, "specialized")
-    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
-    gpu = logits_of(binary, d, "cuda", TINY_PROMPT, tmp_path, vocab)
-    cpu = logits_of(binary, d, "cpu", TINY_PROMPT, tmp_path, vocab)
-    err = compare_logits(gpu, cpu)
+    err = gpu_cpu_error(binary_for(d, "specialized"), d, tmp_path)
     assert err < GPU_CPU_TOLERANCE, f"Q8_0 with the lots' stop word: GPU against CPU {err:.2e}"
 
 
