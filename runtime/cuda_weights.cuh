@@ -34,6 +34,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <algorithm>
 #include <type_traits>
 
 #include "quant.h"
@@ -111,6 +112,14 @@ __device__ __forceinline__ float4 bytes_to_f32(uint32_t w, float k) {
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
+/* Block b (of blocks) of a format whose GGUF block is SCALE bytes of scales, then VALUES of values,
+ * into the layout its cores read: every block's values, then every block's scales. */
+template <int SCALE, int VALUES>
+__device__ __forceinline__ void split_block(const uint8_t *in, uint8_t *dst, size_t b, size_t blocks) {
+    for (int i = 0; i < VALUES; i++) dst[b * VALUES + i] = in[SCALE + i];
+    for (int i = 0; i < SCALE; i++) dst[blocks * VALUES + b * SCALE + i] = in[i];
+}
+
 /* GGUF's Q8_0 (blocks of 32 int8 values q and an fp16 scale d; a weight is d * q in fp32, as
  * gguf's dequantizer and ggml compute it), repacked on upload for 16-byte loads: a matrix's values
  * as int8 (rows, K) and its scales as fp16 (rows, K / 32), apart. A chunk is half a block: 16
@@ -121,6 +130,10 @@ struct w_q8_0 {
     static constexpr int VALS = 16;
     static constexpr int BLOCK = 32;
     static constexpr int SCALE_BYTES = 2, VALUE_BYTES = 32; /* of a block; GGUF's block is the two in that order */
+    static constexpr int BLOCK_BYTES = SCALE_BYTES + VALUE_BYTES;
+    __device__ static void repack(const uint8_t *in, uint8_t *dst, size_t b, size_t blocks) {
+        split_block<SCALE_BYTES, VALUE_BYTES>(in, dst, b, blocks);
+    }
     struct mat {
         const int8_t *q;
         const __half *d;
@@ -162,6 +175,54 @@ struct w_q8_0 {
     __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
 };
 
+/* A chunk of 32 weights stored as nibbles, as the 4-bit formats' chunks are (16 bytes, byte i: weight i
+ * in its low nibble, weight i + 16 in its high), each weight q = nibble + high(i, half) (the bits
+ * above the nibble, spliced in place by the K formats; 0 for Q4_0 and Q4_1) minus k, as fp32. nibbles
+ * gives word i's low (weights 4i..4i+3) or high (16 + 4i..) half, with its high bits. */
+template <typename H>
+__device__ __forceinline__ float4 nibbles(uint32_t w, int i, int half, float k, H high) {
+    return bytes_to_f32(((half ? w >> 4 : w) & 0x0F0F0F0Fu) | high(i, half), k);
+}
+
+/* The chunk's sums over its first and second 16 weights of q * x, and with SUM_X the sum of x (the
+ * formats with a minimum fold it in once a block): (lo, hi, sum x). */
+template <bool SUM_X, typename H, typename X>
+__device__ __forceinline__ float3 nibble_sums(uint4 q, float k, H high, X x) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    float lo = 0.0f, hi = 0.0f, sx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float4 xl = x(i), xh = x(4 + i);
+        lo += dot4(nibbles(w[i], i, 0, k, high), xl);
+        hi += dot4(nibbles(w[i], i, 1, k, high), xh);
+        if constexpr (SUM_X) sx += (xl.x + xl.y) + (xl.z + xl.w) + (xh.x + xh.y) + (xh.z + xh.w);
+    }
+    return make_float3(lo, hi, sx);
+}
+
+/* The chunk's 32 weights as fp32: weight j (of the row's order) is scale(j < 16) * q_j + offset(j < 16),
+ * one rounding (each product is exact: quant.c), as gguf's dequantizer computes it. */
+template <typename H, typename S>
+__device__ __forceinline__ void nibbles_to_f32(uint4 q, float k, H high, S scale_offset, float f[32]) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    const float2 a = scale_offset(0), b = scale_offset(1);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float4 lo = nibbles(w[i], i, 0, k, high), hi = nibbles(w[i], i, 1, k, high);
+        const float l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            f[4 * i + j] = __fmaf_rn(a.x, l[j], a.y);
+            f[16 + 4 * i + j] = __fmaf_rn(b.x, h[j], b.y);
+        }
+    }
+}
+
+/* no bits above the nibbles */
+struct no_high {
+    __device__ __forceinline__ uint32_t operator()(int, int) const { return 0; }
+};
+
 /* GGUF's 4-bit formats with blocks of 32 (Q4_0: fp16 d, w = d * (q - 8); Q4_1: fp16 d and m,
  * w = d * q + m; q the nibbles, byte j holding weight j in its low nibble and j + 16 in its high),
  * repacked on upload as w_q8_0 is: the nibbles (rows, K / 2) and the scales (rows, K / 32: d, or
@@ -178,6 +239,10 @@ struct w_q4 {
     static constexpr int BLOCK = 32;
     using scale_t = std::conditional_t<MIN, uint32_t, unsigned short>; /* d, or (d, m) */
     static constexpr int SCALE_BYTES = sizeof(scale_t), VALUE_BYTES = 16; /* of a block; GGUF's block is the two in that order */
+    static constexpr int BLOCK_BYTES = SCALE_BYTES + VALUE_BYTES;
+    __device__ static void repack(const uint8_t *in, uint8_t *dst, size_t b, size_t blocks) {
+        split_block<SCALE_BYTES, VALUE_BYTES>(in, dst, b, blocks);
+    }
     struct mat {
         const uint8_t *q;
         const scale_t *d;
@@ -202,40 +267,180 @@ struct w_q4 {
         if constexpr (MIN)
             return __half22float2(*reinterpret_cast<const __half2 *>(&d));
         else
-            return make_float2(__half2float(__ushort_as_half(d)), 0.0f);
+            return make_float2(__half2float(__ushort_as_half(d)), -0.0f); /* d * q + -0 is d * q, its zero's sign kept */
     }
     __device__ __forceinline__ static void to_f32(chunk u, float f[VALS]) {
         const float2 dm = scales(u.d);
-        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float4 lo = bytes_to_f32(w[i] & 0x0F0F0F0Fu, MIN ? 0.0f : 8.0f), hi = bytes_to_f32((w[i] >> 4) & 0x0F0F0F0Fu, MIN ? 0.0f : 8.0f);
-            const float l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                f[4 * i + b] = MIN ? __fmaf_rn(dm.x, l[b], dm.y) : dm.x * l[b];
-                f[16 + 4 * i + b] = MIN ? __fmaf_rn(dm.x, h[b], dm.y) : dm.x * h[b];
-            }
-        }
+        nibbles_to_f32(u.q, MIN ? 0.0f : 8.0f, no_high{}, [dm](int) { return dm; }, f);
     }
     template <typename X>
     __device__ __forceinline__ static float dot(chunk u, X x) {
-        const uint32_t w[4] = {u.q.x, u.q.y, u.q.z, u.q.w};
-        float s = 0.0f, sx = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float4 xl = x(i), xh = x(4 + i);
-            s += dot4(bytes_to_f32(w[i] & 0x0F0F0F0Fu, MIN ? 0.0f : 8.0f), xl);
-            s += dot4(bytes_to_f32((w[i] >> 4) & 0x0F0F0F0Fu, MIN ? 0.0f : 8.0f), xh);
-            if constexpr (MIN) sx += (xl.x + xl.y) + (xl.z + xl.w) + (xh.x + xh.y) + (xh.z + xh.w);
-        }
+        const float3 s = nibble_sums<MIN>(u.q, MIN ? 0.0f : 8.0f, no_high{}, x);
         const float2 dm = scales(u.d);
-        return MIN ? dm.x * s + dm.y * sx : dm.x * s;
+        return MIN ? dm.x * (s.x + s.y) + dm.y * s.z : dm.x * (s.x + s.y);
     }
     __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
 };
 using w_q4_0 = w_q4<false>;
 using w_q4_1 = w_q4<true>;
+
+/* GGUF's K formats: super-blocks of 256 weights, 8 sub-blocks of 32 (quant.h's layouts):
+ *   Q4_K, Q5_K  w = (d sc) q - (dmin m): q of 4 or 5 bits; a 6-bit scale sc and minimum m a
+ *               sub-block, packed in 12 bytes behind the fp16 d and dmin (a 16-byte header)
+ *   Q6_K        w = (d sc) (q - 32): q of 6 bits; an int8 scale sc per 16 weights, fp16 d
+ * Repacked on upload into the same bytes, rearranged so that a chunk is one sub-block of 32 weights
+ * laid out as w_q4's: 16 bytes of low nibbles (byte i: weight i, weight i + 16), then the bits
+ * above them in one word (Q5_K) or two (Q6_K) placed for a shift and a mask (repack below), and the
+ * scales: Q4_K and Q5_K's header, which the 8 lanes of a super-block load together, or Q6_K's two
+ * int8 scales and d. The weights come out as gguf's dequantizer computes them ((d sc) exact, one
+ * rounding of its product with q and the minimum); the dot product scales each sub-block's sum once.
+ * K a multiple of 256. A matrix of S sub-blocks (rows K / 32), repacked at p:
+ *   Q4_K  nibbles (16 S), headers (2 S)
+ *   Q5_K  nibbles (16 S), high bits (4 S), headers (2 S)
+ *   Q6_K  nibbles (16 S), high bits (8 S), scales (2 S), d (S / 4) */
+template <int F>
+struct w_qk {
+    static constexpr bool DENSE16 = false;
+    static constexpr bool BF16 = false;
+    static constexpr int VALS = 32;
+    static constexpr int BLOCK = QUANT_K;
+    static constexpr bool Q6 = F == QUANT_Q6_K;
+    static constexpr int HIGH_BYTES = F == QUANT_Q4_K ? 0 : F == QUANT_Q5_K ? 4 : 8; /* of a chunk */
+    static constexpr int BLOCK_BYTES = F == QUANT_Q4_K ? 144 : F == QUANT_Q5_K ? 176 : 210;
+    static_assert(F == QUANT_Q4_K || F == QUANT_Q5_K || F == QUANT_Q6_K, "a K format");
+    using high_t = std::conditional_t<Q6, uint2, uint32_t>;
+    using scale_t = std::conditional_t<Q6, unsigned short, uint4>; /* a chunk's: Q6_K's two int8, else its super-block's header */
+    struct mat {
+        const uint4 *q;
+        const high_t *qh;
+        const scale_t *sc;
+        const unsigned short *d; /* Q6_K */
+    };
+    static mat at(const void *p, size_t rows, int K) {
+        const size_t chunks = rows * (size_t)(K / VALS);
+        const uint8_t *b = static_cast<const uint8_t *>(p), *qh = b + 16 * chunks, *sc = qh + HIGH_BYTES * chunks;
+        return {reinterpret_cast<const uint4 *>(b), reinterpret_cast<const high_t *>(qh), reinterpret_cast<const scale_t *>(sc),
+                reinterpret_cast<const unsigned short *>(sc + 2 * chunks)};
+    }
+    using row_t = mat;
+    struct chunk {
+        uint4 q;
+        high_t qh;
+        scale_t sc;
+        unsigned short d;
+        int j; /* the sub-block within its super-block */
+    };
+    __host__ __device__ __forceinline__ static row_t row(mat m, int r, int K) {
+        const size_t c = (size_t)r * (K / VALS);
+        return {m.q + c, HIGH_BYTES ? m.qh + c : m.qh, m.sc + (Q6 ? c : c / 8), m.d + c / 8};
+    }
+    __device__ __forceinline__ static chunk load(row_t row, int c) {
+        chunk u;
+        u.q = ld_stream(row.q + c);
+        if constexpr (HIGH_BYTES == 4) u.qh = __ldcs(row.qh + c);
+        else if constexpr (HIGH_BYTES == 8) u.qh = __ldcs(row.qh + c);
+        else u.qh = 0;
+        if constexpr (Q6) {
+            u.sc = __ldcs(row.sc + c);
+            u.d = __ldcs(row.d + c / 8);
+        } else {
+            u.sc = __ldcs(row.sc + c / 8);
+            u.d = 0;
+        }
+        u.j = c & 7;
+        return u;
+    }
+    /* the bits above word i's nibbles (half 0: weights 4i.., 1: 16 + 4i..), at bit 4 of each byte */
+    struct high {
+        high_t h;
+        __device__ __forceinline__ uint32_t operator()(int i, int half) const {
+            if constexpr (F == QUANT_Q4_K) return 0;
+            else if constexpr (F == QUANT_Q5_K) return ((h >> (4 * half + i)) & 0x01010101u) << 4;
+            else return (((half ? h.y : h.x) >> (2 * i)) & 0x03030303u) << 4;
+        }
+    };
+    /* (d sc, -(dmin m)) of Q4_K / Q5_K's sub-block j, from its super-block's header: sc_j and m_j
+     * are the low 6 bits of bytes j and 4 + j for j < 4; for j = 4 + k, the nibbles of byte 8 + k
+     * below the top 2 bits of bytes k and 4 + k */
+    __device__ __forceinline__ static float2 scale_min(uint4 h, int j) {
+        const float2 dm = __half22float2(*reinterpret_cast<const __half2 *>(&h.x));
+        const int s = 8 * (j & 3);
+        const uint32_t a = (h.y >> s) & 0xFFu, b = (h.z >> s) & 0xFFu, e = (h.w >> s) & 0xFFu;
+        const uint32_t sc = j < 4 ? a & 63u : (e & 15u) | (a >> 6) << 4, m = j < 4 ? b & 63u : (e >> 4) | (b >> 6) << 4;
+        return make_float2(dm.x * (float)sc, -(dm.y * (float)m));
+    }
+    /* d sc of Q6_K's half h of a chunk (its 16 weights' int8 scale) */
+    __device__ __forceinline__ static float scale6(chunk u, int h) {
+        return __half2float(__ushort_as_half(u.d)) * (float)(int8_t)(u.sc >> (8 * h));
+    }
+    __device__ __forceinline__ static void to_f32(chunk u, float f[VALS]) {
+        if constexpr (Q6)
+            nibbles_to_f32(u.q, 32.0f, high{u.qh}, [u](int h) { return make_float2(scale6(u, h), -0.0f); }, f);
+        else {
+            const float2 sm = scale_min(u.sc, u.j);
+            nibbles_to_f32(u.q, 0.0f, high{u.qh}, [sm](int) { return sm; }, f);
+        }
+    }
+    template <typename X>
+    __device__ __forceinline__ static float dot(chunk u, X x) {
+        if constexpr (Q6) {
+            const float3 s = nibble_sums<false>(u.q, 32.0f, high{u.qh}, x);
+            return scale6(u, 0) * s.x + scale6(u, 1) * s.y;
+        } else {
+            const float3 s = nibble_sums<true>(u.q, 0.0f, high{u.qh}, x);
+            const float2 sm = scale_min(u.sc, u.j);
+            return sm.x * (s.x + s.y) + sm.y * s.z;
+        }
+    }
+    __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
+
+    /* GGUF's super-block b (of blocks) at in, into the layout above at dst. Sub-block s's weight l
+     * (of 32): Q4_K / Q5_K: the nibble (s odd: high) of byte 32 (s / 2) + l of qs, Q5_K's fifth bit
+     * bit s of qh[l]; Q6_K (s = 4 n + g): the nibble (g >= 2: high) of ql[64 n + 32 (g & 1) + l], its
+     * two bits above at bit 2 g of qh[32 n + l]. Rearranged: the nibble bytes as w_q4's; the bits
+     * above weight 4 i + b (i < 4, b < 4) at bit i (Q5_K) or 2 i (Q6_K, in the first word) of byte
+     * b, those above weight 16 + 4 i + b at bit 4 + i (Q5_K) or 2 i of the second word (Q6_K). */
+    __device__ static void repack(const uint8_t *in, uint8_t *dst, size_t b, size_t blocks) {
+        const size_t chunks = 8 * blocks;
+        uint8_t *q = dst, *qh = q + 16 * chunks, *sc = qh + HIGH_BYTES * chunks, *d = sc + 2 * chunks;
+        const uint8_t *qs = in + (F == QUANT_Q4_K ? 16 : F == QUANT_Q5_K ? 48 : 0), *hb = in + (Q6 ? 128 : 16);
+        for (int s = 0; s < 8; s++) {
+            uint8_t lo[32], hi[32];
+            for (int l = 0; l < 32; l++) {
+                if constexpr (Q6) {
+                    const int n = s / 4, g = s % 4;
+                    lo[l] = (qs[64 * n + 32 * (g & 1) + l] >> (4 * (g >> 1))) & 15;
+                    hi[l] = (hb[32 * n + l] >> (2 * g)) & 3;
+                } else {
+                    lo[l] = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+                    hi[l] = F == QUANT_Q5_K ? (hb[l] >> s) & 1 : 0;
+                }
+            }
+            const size_t c = 8 * b + s;
+            for (int i = 0; i < 16; i++) q[16 * c + i] = lo[i] | lo[i + 16] << 4;
+            uint8_t h[8] = {0};
+            for (int i = 0; i < 4; i++)
+                for (int k = 0; k < 4; k++) {
+                    if constexpr (Q6) {
+                        h[k] |= hi[4 * i + k] << (2 * i);
+                        h[4 + k] |= hi[16 + 4 * i + k] << (2 * i);
+                    } else {
+                        h[k] |= hi[4 * i + k] << i | hi[16 + 4 * i + k] << (4 + i);
+                    }
+                }
+            for (int i = 0; i < HIGH_BYTES; i++) qh[HIGH_BYTES * c + i] = h[i];
+        }
+        if constexpr (Q6) {
+            for (int i = 0; i < 16; i++) sc[16 * b + i] = in[192 + i];
+            d[2 * b] = in[208];
+            d[2 * b + 1] = in[209];
+        } else
+            for (int i = 0; i < 16; i++) sc[16 * b + i] = in[i];
+    }
+};
+using w_q4_k = w_qk<QUANT_Q4_K>;
+using w_q5_k = w_qk<QUANT_Q5_K>;
+using w_q6_k = w_qk<QUANT_Q6_K>;
 
 /* The model's dense dtype as a format: its vectors' and its unquantized matrices'. */
 using model_w = std::conditional_t<GPU_W_BF16, w_bf16, w_f16>;
@@ -247,9 +452,39 @@ template <int F> struct format_type { using type = model_w; };
 template <> struct format_type<QUANT_Q8_0> { using type = w_q8_0; };
 template <> struct format_type<QUANT_Q4_0> { using type = w_q4_0; };
 template <> struct format_type<QUANT_Q4_1> { using type = w_q4_1; };
+template <> struct format_type<QUANT_Q4_K> { using type = w_q4_k; };
+template <> struct format_type<QUANT_Q5_K> { using type = w_q5_k; };
+template <> struct format_type<QUANT_Q6_K> { using type = w_q6_k; };
 template <int F> using format_w = typename format_type<F>::type;
 constexpr bool format_on_gpu(int f) {
-    return f == QUANT_F16 || f == QUANT_BF16 || f == QUANT_Q8_0 || f == QUANT_Q4_0 || f == QUANT_Q4_1;
+    return f == QUANT_F16 || f == QUANT_BF16 || f == QUANT_Q8_0 || f == QUANT_Q4_0 || f == QUANT_Q4_1 || f == QUANT_Q4_K ||
+           f == QUANT_Q5_K || f == QUANT_Q6_K;
+}
+
+/* GGUF's blocks of format W (bytes of them at src, as the file holds them) to the layout W's cores
+ * read (W::at), at dst: the upload's last step, and the format test's. */
+template <typename W>
+__global__ void repack_kernel(const uint8_t *src, uint8_t *dst, size_t blocks) {
+    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < blocks; b += (size_t)gridDim.x * blockDim.x)
+        W::repack(src + b * W::BLOCK_BYTES, dst, b, blocks);
+}
+template <typename W>
+inline cudaError_t repack(const uint8_t *src, uint8_t *dst, size_t bytes, cudaStream_t stream) {
+    const size_t blocks = bytes / W::BLOCK_BYTES;
+    repack_kernel<W><<<(unsigned)std::min<size_t>((blocks + 255) / 256, 65535), 256, 0, stream>>>(src, dst, blocks);
+    return cudaGetLastError();
+}
+/* repack for the format of GGUF type f (one of format_on_gpu's block formats) */
+inline cudaError_t repack_format(int f, const uint8_t *src, uint8_t *dst, size_t bytes, cudaStream_t stream) {
+    switch (f) {
+    case QUANT_Q8_0: return repack<w_q8_0>(src, dst, bytes, stream);
+    case QUANT_Q4_0: return repack<w_q4_0>(src, dst, bytes, stream);
+    case QUANT_Q4_1: return repack<w_q4_1>(src, dst, bytes, stream);
+    case QUANT_Q4_K: return repack<w_q4_k>(src, dst, bytes, stream);
+    case QUANT_Q5_K: return repack<w_q5_k>(src, dst, bytes, stream);
+    case QUANT_Q6_K: return repack<w_q6_k>(src, dst, bytes, stream);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 /* One value of the model's 16-bit dtype (vectors: norm weights, biases, embedding rows), to fp32 */

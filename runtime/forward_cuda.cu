@@ -957,34 +957,10 @@ static int quantized_format(int t) {
 }
 
 /* A block's scale and value bytes in GGUF's layout (scales first) of a format with GPU kernels */
-template <typename W>
-static void block_bytes(int *scale, int *values) {
-    *scale = W::SCALE_BYTES;
-    *values = W::VALUE_BYTES;
-}
-static void format_block_bytes(int format, int *scale, int *values) {
-    switch (format) {
-    case QUANT_Q8_0: block_bytes<w_q8_0>(scale, values); break;
-    case QUANT_Q4_0: block_bytes<w_q4_0>(scale, values); break;
-    case QUANT_Q4_1: block_bytes<w_q4_1>(scale, values); break;
-    default: *scale = *values = 0; /* model_cuda_init refused it */
-    }
-}
-
-/* GGUF's blocks (each: scale bytes, then value bytes) to the layout the formats' cores read
- * (cuda_weights.cuh: W::at): every block's values, then every block's scales. */
-static __global__ void repack_blocks_kernel(const uint8_t *src, uint8_t *dst, size_t blocks, int scale, int values) {
-    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < blocks; b += (size_t)gridDim.x * blockDim.x) {
-        const uint8_t *in = src + b * (scale + values);
-        for (int i = 0; i < values; i++) dst[b * values + i] = in[scale + i];
-        for (int i = 0; i < scale; i++) dst[blocks * values + b * scale + i] = in[i];
-    }
-}
-
 /* Copies every tensor into the arena through two pinned staging buffers, so the copy of one chunk
  * overlaps the reading of the next from the mapped file. A bar on a terminal for large models. */
-/* A quantized tensor goes to a raw buffer on the device first, then repack_blocks_kernel puts it in
- * its place in the arena. */
+/* A quantized tensor goes to a raw buffer on the device first, then its format's repack
+ * (cuda_weights.cuh) puts it in its place in the arena. */
 static err_code upload(model_cuda *m, const void *const *data, const size_t *offsets, size_t total) {
     const size_t chunk = (size_t)64 << 20;
     void *stage[2];
@@ -1020,14 +996,8 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
                 fprintf(stderr, "\ruploading weights: %3d%% of %.1f GB", shown, total / 1e9);
             }
         }
-        if (quantized) { /* stream order: the next tensor's copies into raw wait for this */
-            int scale, values;
-            format_block_bytes(quantized_format(t), &scale, &values);
-            const size_t blocks = bytes / (scale + values);
-            repack_blocks_kernel<<<(unsigned)std::min<size_t>((blocks + 255) / 256, 65535), 256, 0, m->stream>>>(
-                raw, (uint8_t *)m->arena + offsets[t], blocks, scale, values);
-            CUDA_CHECK(cudaGetLastError());
-        }
+        if (quantized) /* stream order: the next tensor's copies into raw wait for this */
+            CUDA_CHECK(repack_format(quantized_format(t), raw, (uint8_t *)m->arena + offsets[t], bytes, m->stream));
     }
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (bar) fprintf(stderr, "\n");
@@ -1112,7 +1082,7 @@ static const char *formats_refused(void) {
     static char why[160];
     for (const auto &f : fields)
         if (!format_on_gpu(f.format)) {
-            snprintf(why, sizeof why, "%s is %s, which has no GPU kernels yet (Q8_0, Q4_0 and Q4_1 have; --device cpu runs it)", f.field,
+            snprintf(why, sizeof why, "%s is %s, which has no GPU kernels (F16, BF16 and the block formats Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K have; --device cpu runs it)", f.field,
                      quant_type_name(f.format));
             return why;
         }

@@ -1,14 +1,15 @@
 /* cuda_format_test.cu - the quantized weight formats through the decode step's matvec core: GGUF's
- * Q8_0, Q4_0 and Q4_1 (w_q8_0, w_q4_0, w_q4_1: cuda_weights.cuh) in o_proj/down's body
+ * Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K (w_q8_0 ... w_q6_k: cuda_weights.cuh) in o_proj/down's body
  * (matvec_residual_body), each against the gguf package's dequantizer (the slow twin) and against
  * the model's 16-bit format for speed.
  *
- *   cuda_format_test check FORMAT OUTDIR SEED ROWS K   FORMAT's blocks as a GGUF file holds them
- *                                               (scales first, then values), repacked as the
- *                                               upload does (values and scales apart), out = x0 +
- *                                               W . in; writes weights.bin (the GGUF bytes), in.bin,
- *                                               x0.bin, out.bin for tests/test_cuda_format.py to
- *                                               check against gguf's dequantizer and NumPy
+ *   cuda_format_test check FORMAT OUTDIR SEED ROWS K   FORMAT's blocks as a GGUF file holds them,
+ *                                               repacked by the upload's kernel; out = x0 + W . in
+ *                                               and W's weights by W::to_f32 (the embedding's
+ *                                               lookup); writes weights.bin (the GGUF bytes),
+ *                                               in.bin, x0.bin, out.bin, dequant.bin for
+ *                                               tests/test_cuda_format.py to check against gguf's
+ *                                               dequantizer and NumPy
  *   cuda_format_test bench FORMAT ROWS K        GB/s the same body reads, FORMAT against the
  *                                               model's 16-bit format on matrices of the same shape
  *                                               (four of them in turn: past L2), and the read probe
@@ -28,6 +29,7 @@
 #include <string.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #define FC(call)                                                                                                   \
@@ -45,6 +47,18 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) residual_kernel(typename
     matvec_residual_body<W>(w, NULL, in, out, rows, K, false, ST_DOWN, wait_pdl{});
 }
 
+/* w (rows, K) in fp32, a chunk a thread, as embed_body reads a row */
+template <typename W>
+static __global__ void dequant_kernel(typename W::mat w, float *out, int rows, int K) {
+    const int chunks = K / W::VALS;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)rows * chunks; i += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(i / chunks), c = (int)(i % chunks);
+        float f[W::VALS];
+        W::to_f32(W::load(W::row(w, r, K), c), f);
+        for (int j = 0; j < W::VALS; j++) out[(size_t)r * K + (size_t)c * W::VALS + j] = f[j];
+    }
+}
+
 static uint64_t rng_state;
 static uint64_t next_u64(void) {
     uint64_t z = (rng_state += 0x9E3779B97F4A7C15ULL);
@@ -59,38 +73,49 @@ static uint16_t f32_to_f16_bits(float f) {
     return *reinterpret_cast<const uint16_t *>(&h);
 }
 
-/* rows x K / 32 blocks of format W as GGUF lays them out: scales of order 1/(range sqrt(K)) (and
- * Q4_1's minimum of order -8 of them), values uniform over the format's integers */
+/* Where a format's fp16 scales lie in its GGUF block, and the size of its integers times its
+ * block scale: GGUF's layouts (quant.h) */
+struct block_scales {
+    int d, dmin; /* byte offsets of d and of the minimum (-1: none) */
+    double range; /* |q| times the largest sub-block scale the random bytes give */
+};
+template <typename W> static block_scales scales_of() {
+    if constexpr (std::is_same_v<W, w_q8_0>) return {0, -1, 127.0};
+    else if constexpr (std::is_same_v<W, w_q4_0>) return {0, -1, 8.0};
+    else if constexpr (std::is_same_v<W, w_q4_1>) return {0, 2, 8.0};
+    else if constexpr (std::is_same_v<W, w_q6_k>) return {208, -1, 32.0 * 127.0};
+    else return {0, 2, (std::is_same_v<W, w_q5_k> ? 31.0 : 15.0) * 63.0};
+}
+
+/* rows x K / W::BLOCK blocks of format W as GGUF lays them out: random bytes (every integer and
+ * sub-block scale the format holds), fp16 scales of order 1/(range sqrt(K)) and minimums of order
+ * -8 (Q4_1) or 8 (K formats, subtracted) of them */
 template <typename W>
 static std::vector<uint8_t> gguf_blocks(int rows, int K) {
-    const int size = W::SCALE_BYTES + W::VALUE_BYTES;
-    const size_t blocks = (size_t)rows * (K / 32);
-    std::vector<uint8_t> b(blocks * size);
+    const block_scales bs = scales_of<W>();
+    const size_t blocks = (size_t)rows * (K / W::BLOCK);
+    std::vector<uint8_t> b(blocks * W::BLOCK_BYTES);
     for (size_t i = 0; i < blocks; i++) {
-        uint8_t *blk = &b[i * size];
-        const float d = (float)((0.5 + unit()) / ((W::VALS == 16 ? 127.0 : 8.0) * sqrt((double)K)));
-        const uint16_t dh = f32_to_f16_bits(d), mh = f32_to_f16_bits(-8.0f * d * (float)unit());
-        memcpy(blk, &dh, 2);
-        if (W::SCALE_BYTES == 4) memcpy(blk + 2, &mh, 2);
-        for (int j = 0; j < W::VALUE_BYTES; j++) blk[W::SCALE_BYTES + j] = (uint8_t)(next_u64() >> 56);
+        uint8_t *blk = &b[i * W::BLOCK_BYTES];
+        for (int j = 0; j < W::BLOCK_BYTES; j++) blk[j] = (uint8_t)(next_u64() >> 56);
+        const float d = (float)((0.5 + unit()) / (bs.range * sqrt((double)K)));
+        const uint16_t dh = f32_to_f16_bits(d), mh = f32_to_f16_bits((W::BLOCK == 32 ? -8.0f : 8.0f) * d * (float)unit());
+        memcpy(blk + bs.d, &dh, 2);
+        if (bs.dmin >= 0) memcpy(blk + bs.dmin, &mh, 2);
     }
     return b;
 }
 
-/* The upload's repacking (forward_cuda.cu's repack_blocks_kernel, here on the host): every block's
- * values, then every block's scales, on the device */
+/* The GGUF blocks on the device, repacked by the upload's own kernel (cuda_weights.cuh's repack) */
 template <typename W>
 static typename W::mat upload_blocks(const std::vector<uint8_t> &blocks, int rows, int K) {
-    const int size = W::SCALE_BYTES + W::VALUE_BYTES;
-    const size_t n = blocks.size() / size;
-    std::vector<uint8_t> packed(blocks.size());
-    for (size_t i = 0; i < n; i++) {
-        memcpy(&packed[i * W::VALUE_BYTES], &blocks[i * size + W::SCALE_BYTES], W::VALUE_BYTES);
-        memcpy(&packed[n * W::VALUE_BYTES + i * W::SCALE_BYTES], &blocks[i * size], W::SCALE_BYTES);
-    }
-    uint8_t *p = NULL;
-    FC(cudaMalloc(&p, packed.size()));
-    FC(cudaMemcpy(p, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+    uint8_t *raw = NULL, *p = NULL;
+    FC(cudaMalloc(&raw, blocks.size()));
+    FC(cudaMalloc(&p, blocks.size()));
+    FC(cudaMemcpy(raw, blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
+    FC(repack<W>(raw, p, blocks.size(), 0));
+    FC(cudaDeviceSynchronize());
+    FC(cudaFree(raw));
     return W::at(p, rows, K);
 }
 
@@ -139,13 +164,19 @@ static int check(const char *format, const char *dir, uint64_t seed, int rows, i
     residual_kernel<W><<<grid, MV_THREADS, MV_SMEM_BYTES(K)>>>(w, din, dout, rows, K);
     FC(cudaGetLastError());
     FC(cudaDeviceSynchronize());
-    std::vector<float> out(rows);
+    std::vector<float> out(rows), deq((size_t)rows * K);
     FC(cudaMemcpy(out.data(), dout, rows * sizeof(float), cudaMemcpyDeviceToHost));
+    float *ddeq = NULL;
+    FC(cudaMalloc(&ddeq, deq.size() * sizeof(float)));
+    dequant_kernel<W><<<256, 256>>>(w, ddeq, rows, K);
+    FC(cudaGetLastError());
+    FC(cudaMemcpy(deq.data(), ddeq, deq.size() * sizeof(float), cudaMemcpyDeviceToHost));
     const std::string d = dir;
     write_file(d + "/weights.bin", blocks.data(), blocks.size());
     write_file(d + "/in.bin", in.data(), in.size() * sizeof(float));
     write_file(d + "/x0.bin", x0.data(), x0.size() * sizeof(float));
     write_file(d + "/out.bin", out.data(), out.size() * sizeof(float));
+    write_file(d + "/dequant.bin", deq.data(), deq.size() * sizeof(float));
     printf("check: %d x %d %s, grid %d\n", rows, K, format, grid);
     return 0;
 }
@@ -191,7 +222,7 @@ static int bench(const char *format, int rows, int K) {
         fprintf(stderr, "cuda_format_test: the read probe failed\n");
         return 1;
     }
-    const double q_bytes = (double)rows * (K / 32) * (W::SCALE_BYTES + W::VALUE_BYTES), w16_bytes = (double)rows * K * 2;
+    const double q_bytes = (double)rows * (K / W::BLOCK) * W::BLOCK_BYTES, w16_bytes = (double)rows * K * 2;
     const double t_q = time_body<W>(q, din, dout, rows, K), t_w16 = time_body<model_w>(w16, din, dout, rows, K);
     printf("bench: %s, %d x %d, read probe %.1f GB/s\n", name, rows, K, probe / 1e9);
     printf("  %s: %.1f us, %.1f GB/s = %.1f%% of probe\n", format, t_q * 1e3, q_bytes / (t_q * 1e-3) / 1e9,
@@ -208,26 +239,33 @@ static int for_format(const char *format, F mode) {
     if (strcmp(format, "Q8_0") == 0) return mode(w_q8_0{});
     if (strcmp(format, "Q4_0") == 0) return mode(w_q4_0{});
     if (strcmp(format, "Q4_1") == 0) return mode(w_q4_1{});
-    fprintf(stderr, "cuda_format_test: format %s: expected Q8_0, Q4_0 or Q4_1\n", format);
+    if (strcmp(format, "Q4_K") == 0) return mode(w_q4_k{});
+    if (strcmp(format, "Q5_K") == 0) return mode(w_q5_k{});
+    if (strcmp(format, "Q6_K") == 0) return mode(w_q6_k{});
+    fprintf(stderr, "cuda_format_test: format %s: expected Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K\n", format);
     return 2;
 }
 
-static bool shape_ok(int rows, int K) {
-    if (rows >= 1 && K >= 32 && K % 32 == 0 && K <= 65536) return true;
-    fprintf(stderr, "cuda_format_test: ROWS >= 1, K a multiple of 32 up to 65536\n");
+static bool shape_ok(int rows, int K, int block) {
+    if (rows >= 1 && K >= block && K % block == 0 && K <= 65536) return true;
+    fprintf(stderr, "cuda_format_test: ROWS >= 1, K a multiple of the format's block (%d) up to 65536\n", block);
     return false;
 }
 
 int main(int argc, char **argv) {
     if (argc == 7 && strcmp(argv[1], "check") == 0) {
         const int rows = atoi(argv[5]), K = atoi(argv[6]);
-        if (!shape_ok(rows, K)) return 2;
-        return for_format(argv[2], [&](auto w) { return check<decltype(w)>(argv[2], argv[3], strtoull(argv[4], NULL, 10), rows, K); });
+        return for_format(argv[2], [&](auto w) {
+            using W = decltype(w);
+            return shape_ok(rows, K, W::BLOCK) ? check<W>(argv[2], argv[3], strtoull(argv[4], NULL, 10), rows, K) : 2;
+        });
     }
     if (argc == 5 && strcmp(argv[1], "bench") == 0) {
         const int rows = atoi(argv[3]), K = atoi(argv[4]);
-        if (!shape_ok(rows, K)) return 2;
-        return for_format(argv[2], [&](auto w) { return bench<decltype(w)>(argv[2], rows, K); });
+        return for_format(argv[2], [&](auto w) {
+            using W = decltype(w);
+            return shape_ok(rows, K, W::BLOCK) ? bench<W>(argv[2], rows, K) : 2;
+        });
     }
     fprintf(stderr, "usage: cuda_format_test check FORMAT OUTDIR SEED ROWS K | bench FORMAT ROWS K\n");
     return 2;

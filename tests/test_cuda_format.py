@@ -1,10 +1,11 @@
 """The quantized weight formats through the decode step's matvec core: tests/cuda_format_test.cu runs
-matvec_residual_body<W> (o_proj and down's body) for W = Q8_0, Q4_0 and Q4_1 on GGUF blocks,
-repacked as the upload does, and this checks the result against the `gguf` package's dequantizer
-and NumPy in float64.
+matvec_residual_body<W> (o_proj and down's body) for each of GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and
+Q6_K on random GGUF blocks, repacked by the upload's kernel, and this checks the result against the
+`gguf` package's dequantizer and NumPy in float64; and W::to_f32 (the embedding's lookup) against
+that dequantizer bit for bit.
 
-Tolerance: the products d * q of a weight are exact in fp32 (an fp16 scale times an integer of 8
-bits or fewer), so the GPU's sum differs from float64 only by fp32 summation in another order (and
+Tolerance: the products d * q of a weight are exact in fp32 (an fp16 scale, times a K format's
+sub-block scale, times an integer: quant.c), so the GPU's sum differs from float64 only by fp32 summation in another order (and
 Q4_1's m * sum(x) apart): RTOL_DOT of sum_k |w_k in_k| + |x0|, the bound tests/test_gpu_stages.py
 derives for every matvec. A weight read from the wrong block, a nibble swapped or a chunk dropped
 is ~1e-3 of that magnitude, far above it.
@@ -55,8 +56,8 @@ def test_format_test_compiles(format_test):
 
 
 @pytest.mark.skipif(not gpu_present(), reason="no CUDA GPU here (nvidia-smi finds none): the program compiles, it runs on the GPU machine")
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1"])
-@pytest.mark.parametrize("rows,K", [(300, 4096), (64, 14336), (97, 32), (33, 576)])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("rows,K", [(300, 4096), (64, 14336), (97, 256), (33, 768)])
 def test_quantized_matvec_matches_gguf_dequantizer(format_test, fmt, rows, K, tmp_path):
     pytest.importorskip("gguf", reason="the gguf package is not installed here (the GPU machine's venv has no network to get it): "
                         "run the program there and check its files here")
@@ -66,9 +67,15 @@ def test_quantized_matvec_matches_gguf_dequantizer(format_test, fmt, rows, K, tm
     r = subprocess.run([str(format_test), "check", fmt, str(tmp_path), "59", str(rows), str(K)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    block_bytes = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[fmt]
-    blocks = np.fromfile(tmp_path / "weights.bin", dtype=np.uint8).reshape(rows, K // 32 * block_bytes)
-    w = dequantize(blocks, GGMLQuantizationType[fmt]).astype(np.float64)
+    from gguf.constants import GGML_QUANT_SIZES
+    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[fmt]]
+    blocks = np.fromfile(tmp_path / "weights.bin", dtype=np.uint8).reshape(rows, K // block * block_bytes)
+    w32 = dequantize(blocks, GGMLQuantizationType[fmt]).astype(np.float32)
+    deq = np.fromfile(tmp_path / "dequant.bin", dtype=np.float32).reshape(rows, K)
+    wrong = np.flatnonzero(w32.view(np.uint32) != deq.view(np.uint32))
+    assert wrong.size == 0, (f"{fmt} to_f32 {rows} x {K}: {wrong.size} weights differ from gguf's bits; first at "
+                             f"{divmod(int(wrong[0]), K)}: gpu {deq.flat[wrong[0]]!r}, gguf {w32.flat[wrong[0]]!r}")
+    w = w32.astype(np.float64)
     x_in = np.fromfile(tmp_path / "in.bin", dtype=np.float32).astype(np.float64)
     x0 = np.fromfile(tmp_path / "x0.bin", dtype=np.float32).astype(np.float64)
     got = np.fromfile(tmp_path / "out.bin", dtype=np.float32).astype(np.float64)
