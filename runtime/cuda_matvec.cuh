@@ -503,6 +503,27 @@ __device__ __forceinline__ int grid_warps(void) { return (int)(gridDim.x * (bloc
 /* x (dim) = embed[history[pos]]: a value a thread in the dense formats, a chunk a thread in the
  * others. A token outside the vocabulary (the argmax of logits that are not finite chooses none:
  * 0x7FFFFFFF) makes x NaN, not a read out of bounds; model_cuda_take reports the step's. */
+/* x[i] = the embedding row of token for i = first, first + stride, ... < dim: a value at a time in
+ * the dense formats, a chunk of W::VALS values in the others */
+template <typename W>
+__device__ __forceinline__ void embed_row(typename W::mat embed, int token, float *x, int dim, int first, int stride) {
+    if constexpr (W::DENSE16) {
+        const uint16_t *row = embed + (size_t)token * dim;
+        for (int i = first; i < dim; i += stride) x[i] = w_to_f32(row[i]);
+    } else {
+        const typename W::row_t row = W::row(embed, token, dim);
+        for (int c = first; c < dim / W::VALS; c += stride) {
+            float f[W::VALS];
+            W::to_f32(W::load(row, c), f);
+#pragma unroll
+            for (int j = 0; j < W::VALS; j++) x[c * W::VALS + j] = f[j];
+        }
+    }
+}
+
+/* x (dim) = embed[history[pos]], a value or a chunk a thread (embed_row). A token outside the
+ * vocabulary (the argmax of logits that are not finite chooses none: 0x7FFFFFFF) makes x NaN, not a
+ * read out of bounds; model_cuda_take reports the step's. */
 template <typename W, typename Wait>
 __device__ __forceinline__ void embed_body(typename W::mat embed, const int *io, float *x, const int *history, int dim, int vocab,
                                            Wait wait) {
@@ -512,16 +533,28 @@ __device__ __forceinline__ void embed_body(typename W::mat embed, const int *io,
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = __int_as_float(0x7FC00000);
         return;
     }
-    if constexpr (W::DENSE16) {
-        const uint16_t *row = embed + (size_t)token * dim;
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) x[i] = w_to_f32(row[i]);
-    } else {
-        const typename W::row_t row = W::row(embed, token, dim);
-        for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < dim / W::VALS; c += gridDim.x * blockDim.x) {
-            float f[W::VALS];
-            W::to_f32(W::load(row, c), f);
+    embed_row<W>(embed, token, x, dim, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+}
+
+/* out (rows, K) = w in fp16, a chunk a thread over the grid: a quantized matrix as the prompt's GEMMs
+ * read it (forward_cuda.cu's prompt_dequant_kernel) */
+template <typename W>
+__device__ __forceinline__ void dequant_rows(typename W::mat w, int rows, int K, uint16_t *out) {
+    const int chunks = K / W::VALS;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)rows * chunks; i += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(i / chunks), c = (int)(i % chunks);
+        float f[W::VALS];
+        W::to_f32(W::load(W::row(w, r, K), c), f);
+        uint4 *o = reinterpret_cast<uint4 *>(out + (size_t)r * K + (size_t)c * W::VALS);
 #pragma unroll
-            for (int j = 0; j < W::VALS; j++) x[c * W::VALS + j] = f[j];
+        for (int v = 0; v < W::VALS / 8; v++) {
+            uint32_t h[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const __half2 p = __floats2half2_rn(f[8 * v + 2 * k], f[8 * v + 2 * k + 1]);
+                h[k] = *reinterpret_cast<const uint32_t *>(&p);
+            }
+            o[v] = make_uint4(h[0], h[1], h[2], h[3]);
         }
     }
 }

@@ -160,15 +160,15 @@ __device__ __forceinline__ void prefill_att_terms_body(const float *__restrict__
     store_terms4<W>(terms + (size_t)t * n + 4 * i, (size_t)gridDim.y * n, __ldcg(reinterpret_cast<const float4 *>(att + (size_t)t * n) + i));
 }
 
-/* x[b] = embed[history[pos + b]], block (i, b); the rows past the batch's tokens repeat its last
- * (their results are never stored in the cache or read). */
-__device__ __forceinline__ void prefill_embed_body(const uint16_t *embed, const int *io, float *x, const int *history, int dim) {
+/* x[b] = embed[history[pos + b]], block (i, b), in the embedding's format W (embed_row); the rows
+ * past the batch's tokens repeat its last (their results are never stored in the cache or read). */
+template <typename W>
+__device__ __forceinline__ void prefill_embed_body(typename W::mat embed, const int *io, float *x, const int *history, int dim) {
     pdl_wait();
     pdl_launch_dependents();
     const int b = blockIdx.y;
-    const uint16_t *row = embed + (size_t)history[io[IO_POS] + min(b, io[IO_COUNT] - 1)] * dim;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x)
-        x[(size_t)b * dim + i] = w_to_f32(row[i]);
+    embed_row<W>(embed, history[io[IO_POS] + min(b, io[IO_COUNT] - 1)], x + (size_t)b * dim, dim, blockIdx.x * blockDim.x + threadIdx.x,
+                 gridDim.x * blockDim.x);
 }
 
 /* q/k/v pair p's sums a, b over K for token t of the batch (+ bias, RoPE at position io[IO_POS] + t)

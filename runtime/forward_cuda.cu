@@ -55,7 +55,7 @@ static __constant__ float rope_inv_freq[MODEL_MAX_HEAD_DIM / 2];
 // (cuda_weights.cuh's format_w). q, k and v share one kernel and so one format, as do gate and up;
 // model_cuda_init refuses a model whose formats differ there or have no kernels here. The generic
 // build reads dense matrices only (it refuses quantized ones). The prompt path's GEMMs take dense
-// matrices only: a quantized model's prompt goes through the decode step, a token at a time.
+// 16-bit matrices (w_prompt below).
 #if MODEL_GENERIC
 #define CUDA_QUANTIZED 0
 using w_embed = model_w;
@@ -72,6 +72,17 @@ using w_o = format_w<MODEL_FORMAT_WO>;
 using w_gate_up = format_w<MODEL_FORMAT_W_GATE>;
 using w_down = format_w<MODEL_FORMAT_W_DOWN>;
 using w_lm = format_w<MODEL_FORMAT_LM_HEAD>;
+#endif
+/* The prompt's GEMMs read dense 16-bit matrices. A quantized model's layer is dequantized into fp16
+ * (prompt_dequant_kernel, m->prompt_w) before its GEMMs in each prompt batch: one more write and
+ * read of the layer in 16 bits a batch, against reading it a token at a time. fp16 rather than the
+ * model's bf16, so that a weight d * q keeps 11 significant bits: bf16's 8 would put a relative error
+ * of 2^-9 on each weight, near the GPU/CPU tolerance (tests/test_gpu.py); the GEMMs' input terms are
+ * fp16 then too. */
+#if CUDA_QUANTIZED
+using w_prompt = w_f16;
+#else
+using w_prompt = model_w;
 #endif
 #if CUDA_QUANTIZED && MODEL_MLP_FUSED
 #error "MODEL_MLP_FUSED: dense matrices only (codegen/plan.py turns it off for quantized models)"
@@ -327,14 +338,38 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(float *lo
 // The matvecs' launch bounds say 1 block an SM explicitly: ptxas then schedules more of a warp's
 // loads ahead of their use (more registers: 96 against 48-58 without the 1).
 
-static __global__ void __launch_bounds__(256) prefill_embed_kernel(const uint16_t *embed, const int *io, float *x,
+static __global__ void __launch_bounds__(256) prefill_embed_kernel(w_embed::mat embed, const int *io, float *x,
                                                                    const int *history) {
-    prefill_embed_body(embed, io, x, history, MODEL_DIM);
+    prefill_embed_body<w_embed>(embed, io, x, history, MODEL_DIM);
 }
+
+#if CUDA_QUANTIZED
+/* A layer's matrices in fp16 for the prompt's GEMMs (w_prompt), at out in prompt_layer's order */
+#define PROMPT_Q 0
+#define PROMPT_K (PROMPT_Q + (size_t)MODEL_Q_DIM * MODEL_DIM)
+#define PROMPT_V (PROMPT_K + (size_t)MODEL_KV_DIM * MODEL_DIM)
+#define PROMPT_O (PROMPT_V + (size_t)MODEL_KV_DIM * MODEL_DIM)
+#define PROMPT_GATE (PROMPT_O + (size_t)MODEL_DIM * MODEL_Q_DIM)
+#define PROMPT_UP (PROMPT_GATE + (size_t)MODEL_HIDDEN_DIM * MODEL_DIM)
+#define PROMPT_DOWN (PROMPT_UP + (size_t)MODEL_HIDDEN_DIM * MODEL_DIM)
+#define PROMPT_LAYER (PROMPT_DOWN + (size_t)MODEL_DIM * MODEL_HIDDEN_DIM)
+/* waits before its first write: the previous layer's GEMMs read out */
+static __global__ void __launch_bounds__(256) prompt_dequant_kernel(cuda_layer w, uint16_t *out) {
+    pdl_wait();
+    pdl_launch_dependents();
+    dequant_rows<w_qkv>(w.wq, MODEL_Q_DIM, MODEL_DIM, out + PROMPT_Q);
+    dequant_rows<w_qkv>(w.wk, MODEL_KV_DIM, MODEL_DIM, out + PROMPT_K);
+    dequant_rows<w_qkv>(w.wv, MODEL_KV_DIM, MODEL_DIM, out + PROMPT_V);
+    dequant_rows<w_o>(w.wo, MODEL_DIM, MODEL_Q_DIM, out + PROMPT_O);
+    dequant_rows<w_gate_up>(w.w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, out + PROMPT_GATE);
+    dequant_rows<w_gate_up>(w.w_up, MODEL_HIDDEN_DIM, MODEL_DIM, out + PROMPT_UP);
+    dequant_rows<w_down>(w.w_down, MODEL_DIM, MODEL_HIDDEN_DIM, out + PROMPT_DOWN);
+}
+#endif
 
 static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, int parts,
                                                                               const uint16_t *norm_w, uint16_t *terms) {
-    prefill_rms_terms_body<model_w, RMS_THREADS, RMS_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
+    prefill_rms_terms_body<w_prompt, RMS_THREADS, RMS_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B>
@@ -385,7 +420,7 @@ template <int B>
 static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_kernel(model_layer_weights w,
                                                                                               const uint16_t *x_terms,
                                                                                               uint16_t *hb_terms) {
-    prefill_gate_up_silu_body<model_w, B, false>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_silu_body<w_prompt, B, false>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 /* The same as a GEMM (prefill_gemm_body). Where it runs: PREFILL_GATE_UP_GEMM 1 where its pair
@@ -402,7 +437,7 @@ template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_gate_up_gemm_kernel(model_layer_weights w,
                                                                                      const uint16_t *x_terms,
                                                                                      uint16_t *hb_terms) {
-    prefill_gate_up_silu_body<model_w, B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_silu_body<w_prompt, B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 #if GEMM_TMA
 /* ... its tiles copied by TMA (GEMM_TMA): the layer's gate and up and the batch's input terms as
@@ -411,7 +446,7 @@ template <int B, int WGS>
 static __global__ void __launch_bounds__(TMA_THREADS(B, WGS), WGS == 1 ? GEMM_BLOCKS_SM_AT(B) : PREFILL_TERMS * (B) > 128 ? 1 : 2)
     prefill_gate_up_tma_kernel(const __grid_constant__ CUtensorMap gate, const __grid_constant__ CUtensorMap up,
                                const __grid_constant__ CUtensorMap x_terms, uint16_t *hb_terms) {
-    prefill_gate_up_tma_body<model_w, B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
+    prefill_gate_up_tma_body<w_prompt, B, TMA_STAGES(B, WGS), TMA_WAIT1(B, WGS), WGS>(&gate, &up, &x_terms, hb_terms, MODEL_DIM,
                                                                              MODEL_HIDDEN_DIM);
 }
 #endif
@@ -420,25 +455,25 @@ static __global__ void __launch_bounds__(TMA_THREADS(B, WGS), WGS == 1 ? GEMM_BL
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_qkv_gemm_kernel(model_layer_weights w,
                                                                                  const uint16_t *x_terms, float2 *part) {
-    prefill_qkv_gemm_body<model_w, B>(w.wq, w.wk, w.wv, x_terms, part, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM);
+    prefill_qkv_gemm_body<w_prompt, B>(w.wq, w.wk, w.wv, x_terms, part, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM);
 }
 
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_down_gemm_kernel(model_layer_weights w,
                                                                                   const uint16_t *hb_terms, float *part) {
-    prefill_residual_body<model_w, B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_residual_body<w_prompt, B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 /* o_proj as a GEMM: the attention's output split into terms, then
  * the GEMM over splits of K */
 static __global__ void __launch_bounds__(256) prefill_att_terms_kernel(const float *att, uint16_t *terms) {
-    prefill_att_terms_body<model_w>(att, terms, MODEL_Q_DIM);
+    prefill_att_terms_body<w_prompt>(att, terms, MODEL_Q_DIM);
 }
 
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_o_gemm_kernel(model_layer_weights w,
                                                                                const uint16_t *att_terms, float *part) {
-    prefill_residual_body<model_w, B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
+    prefill_residual_body<w_prompt, B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 /* A batch that ends a prompt whose last token's logits or choice are wanted: that token's residual
@@ -546,6 +581,8 @@ struct model_cuda {
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
     int gate_up_gemm;           /* the prefill's gate/up as a GEMM (PREFILL_GATE_UP_GEMM) */
+    uint16_t *prompt_w;         /* a quantized model's: one layer's matrices in fp16 (PROMPT_LAYER), its prompt's GEMMs' */
+    int dequant_blocks;         /* prompt_dequant_kernel's grid */
     int gate_up_wide;           /* ... its TMA body at two warpgroups a block (GATE_UP_TMA_WIDE) */
 #if GEMM_TMA
     /* (2 MODEL_N_LAYERS + PREFILL_SIZES) aligned to 64 bytes: layer l's gate and up at 2 l, 2 l + 1,
@@ -743,11 +780,11 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
 
 /* A prefill batch's stages, for the kernel benchmark, and its launches: the last layer's norm and
  * QKV only. */
-enum { PF_EMBED, PF_SCALES, PF_QKV, PF_ATT, PF_O, PF_GATE_UP, PF_DOWN, PF_END, PF_COUNT };
-static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_rms_terms", "prefill_qkv_rope",
+enum { PF_EMBED, PF_DEQUANT, PF_SCALES, PF_QKV, PF_ATT, PF_O, PF_GATE_UP, PF_DOWN, PF_END, PF_COUNT };
+static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_dequant", "prefill_rms_terms", "prefill_qkv_rope",
                                                           "prefill_attention", "prefill_o_proj", "prefill_gate_up_silu",
                                                           "prefill_down", "prefill_end"};
-#define PREFILL_LAUNCHES (7 * MODEL_N_LAYERS - 3)
+#define PREFILL_LAUNCHES ((7 + CUDA_QUANTIZED) * MODEL_N_LAYERS - 3) /* a quantized layer's dequantization first */
 
 /* s of a batch of B = PREFILL_BATCH >> s tokens (the prefill graphs', splits' and tensor maps' index) */
 static constexpr int prefill_size_index(int b) { return b >= PREFILL_BATCH ? 0 : 1 + prefill_size_index(2 * b); }
@@ -767,11 +804,7 @@ static CUtensorMap tensor_map_2d(const void *base, int rows, int cols, int box_r
             exit(1);
         }
     }
-#if GPU_W_BF16
-    const CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-#else
-    const CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-#endif
+    const CUtensorMapDataType type = w_prompt::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     CUtensorMap map;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * sizeof(uint16_t)};
     const cuuint32_t box[2] = {GEMM_KT, (cuuint32_t)box_rows}, steps[2] = {1, 1};
@@ -789,6 +822,22 @@ static CUtensorMap tensor_map_2d(const void *base, int rows, int cols, int box_r
  * As a prompt step, the last layer stops after its keys and values; with last, it runs through, the
  * last token's residual row goes where the LM head reads it and the position stays at that token
  * (its choice, enqueue_choice, advances it). With marks: as enqueue_step. */
+#if CUDA_QUANTIZED
+/* Layer l's weights for the prompt's kernels: its vectors, and its matrices at m->prompt_w, where
+ * prompt_dequant_kernel puts them before the layer's GEMMs */
+static model_layer_weights prompt_layer(const model_cuda *m, int l) {
+    model_layer_weights w = m->w.layers[l];
+    w.wq = m->prompt_w + PROMPT_Q;
+    w.wk = m->prompt_w + PROMPT_K;
+    w.wv = m->prompt_w + PROMPT_V;
+    w.wo = m->prompt_w + PROMPT_O;
+    w.w_gate = m->prompt_w + PROMPT_GATE;
+    w.w_up = m->prompt_w + PROMPT_UP;
+    w.w_down = m->prompt_w + PROMPT_DOWN;
+    return w;
+}
+#endif
+
 template <int B>
 static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
     const size_t smem = 0; /* gate/up's matvec's shared memory is static */
@@ -796,10 +845,16 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
     const int qkv_splits = m->qkv_splits[size], o_splits = m->o_splits[size], down_splits = m->down_splits[size];
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
-    launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, B, 256, 0, m->stream, m->w.embed, m->io, m->x, m->history);
+    launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, B, 256, 0, m->stream, m->dw.embed, m->io, m->x, m->history);
     mark(PF_EMBED);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
+#if CUDA_QUANTIZED
+        launch(prompt_dequant_kernel, m->dequant_blocks, 1, 256, 0, m->stream, m->dw.layers[l], m->prompt_w);
+        mark(PF_DEQUANT);
+        const model_layer_weights prompt = prompt_layer(m, l), *lw = &prompt;
+#else
         const model_layer_weights *lw = &m->w.layers[l];
+#endif
         uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
         launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0 ? down_splits : 0,
@@ -1223,7 +1278,11 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
-    m->gate_up_gemm = !CUDA_QUANTIZED && (PREFILL_GATE_UP_GEMM == 2 || 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms);
+    m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms;
+#if CUDA_QUANTIZED
+    CUDA_CHECK(cudaMalloc(&m->prompt_w, PROMPT_LAYER * sizeof(uint16_t)));
+    m->dequant_blocks = 8 * sms; /* 256 threads: a full SM's worth of threads 8 a SM */
+#endif
     prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
     const int wide_blocks = TMA_BLOCKS(MODEL_HIDDEN_DIM, 2);
@@ -1235,8 +1294,13 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
             return err_set(ERR_NOMEM, "--device cuda: out of memory for the tensor maps");
         }
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
-            m->tma_maps[2 * l] = tensor_map_2d(m->w.layers[l].w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
-            m->tma_maps[2 * l + 1] = tensor_map_2d(m->w.layers[l].w_up, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
+#if CUDA_QUANTIZED
+            const model_layer_weights w = prompt_layer(m, l); /* every layer's at the same place */
+#else
+            const model_layer_weights &w = m->w.layers[l];
+#endif
+            m->tma_maps[2 * l] = tensor_map_2d(w.w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
+            m->tma_maps[2 * l + 1] = tensor_map_2d(w.w_up, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
         }
         for (int s = 0; s < PREFILL_SIZES; s++) /* the input terms (PREFILL_TERMS, B, dim) as one matrix */
             m->tma_maps[2 * MODEL_N_LAYERS + s] = tensor_map_2d(m->prefill_x_terms, PREFILL_TERMS * (PREFILL_BATCH >> s),
@@ -1318,7 +1382,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
             if (s != 2 || m->short_kernel_positions)
                 rc = capture(m, &m->graphs[s][kind],
                              [&] { enqueue_step(m, kind, tier_splits(m, s, false), tier_short_kernel(s), NULL, NULL); });
-        for (int b = 0; b < 2 * PREFILL_SIZES && s < PREFILL_TIERS && !CUDA_QUANTIZED && !rc; b++)
+        for (int b = 0; b < 2 * PREFILL_SIZES && s < PREFILL_TIERS && !rc; b++)
             if (s != 2 || m->few_positions)
                 rc = capture(m, b < PREFILL_SIZES ? &m->prefill[s][b] : &m->prefill_last[s][b - PREFILL_SIZES], [&] {
                     enqueue_prefill_size<PREFILL_BATCH>(m, b % PREFILL_SIZES, tier_splits(m, s, true), b >= PREFILL_SIZES);
@@ -1425,7 +1489,7 @@ extern "C" err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int
     auto prefill_from = [](int size) { return size > PREFILL_SMALL ? size / 2 + 1 : PREFILL_MIN_TAIL; };
     int i = 0;
     bool chosen = false; /* the last batch took the last token, which chooses */
-    for (int count; !CUDA_QUANTIZED && n - i >= PREFILL_MIN_TAIL; i += count) { /* quantized: steps only */
+    for (int count; n - i >= PREFILL_MIN_TAIL; i += count) {
         const int left = n - i;
         int s = 0;
         while (left < prefill_from(PREFILL_BATCH >> s)) s++; /* ends at 8, whose threshold is PREFILL_MIN_TAIL */
@@ -1571,6 +1635,13 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
                  o = ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_WO, MODEL_Q_DIM), gate_up = ROWS_BYTES(2 * MODEL_HIDDEN_DIM, MODEL_FORMAT_W_GATE, MODEL_DIM),
                  down = ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_W_DOWN, MODEL_HIDDEN_DIM);
     const double kv_pos = 2.0 * MODEL_KV_DIM * 2.0; /* a position's keys and values, one layer */
+    /* the prompt's GEMMs read 16-bit matrices (a quantized model's dequantized a layer a batch: w_prompt) */
+    const double prompt_qkv = CUDA_QUANTIZED ? 2.0 * (MODEL_Q_DIM + 2 * MODEL_KV_DIM) * MODEL_DIM : qkv,
+                 prompt_o = CUDA_QUANTIZED ? 2.0 * MODEL_DIM * MODEL_Q_DIM : o,
+                 prompt_gate_up = CUDA_QUANTIZED ? 2.0 * 2 * MODEL_HIDDEN_DIM * MODEL_DIM : gate_up,
+                 prompt_down = CUDA_QUANTIZED ? 2.0 * MODEL_DIM * MODEL_HIDDEN_DIM : down,
+                 prompt_layer_weights = ((double)MODEL_Q_DIM + 2 * MODEL_KV_DIM) * MODEL_DIM + (double)MODEL_DIM * MODEL_Q_DIM +
+                                        3.0 * MODEL_HIDDEN_DIM * MODEL_DIM;
     const double bytes[ST_COUNT] = {ROWS_BYTES(1, MODEL_FORMAT_EMBED, MODEL_DIM), qkv, kv_pos * (pos + 1), o, gate_up, down,
                                     ROWS_BYTES(MODEL_VOCAB_SIZE, MODEL_FORMAT_LM_HEAD, MODEL_DIM), gate_up + down};
 #undef ROWS_BYTES
@@ -1588,7 +1659,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
      * launches); the device's io is put back as it was. Attention reads, for the batch's tokens,
      * pos + 1 .. pos + b positions. */
     const int room = std::min(PREFILL_BATCH, m->ctx - pos);
-    if (room < PREFILL_SMALL || CUDA_QUANTIZED) return ERR_OK; /* a quantized model has no prefill batches */
+    if (room < PREFILL_SMALL) return ERR_OK;
     int io_saved[IO_INTS], tokens[PREFILL_BATCH];
     for (int i = 0; i < PREFILL_BATCH; i++) tokens[i] = token;
     CUDA_CHECK(cudaMemcpy(io_saved, m->io, sizeof io_saved, cudaMemcpyDeviceToHost));
@@ -1603,7 +1674,9 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
             CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &b, sizeof b, cudaMemcpyHostToDevice));
         };
-        const double pf_bytes[PF_COUNT] = {b * MODEL_DIM * 2.0, 0.0, qkv, kv_pos * (b * (pos + 1.0) + b * (b - 1) / 2.0), o, gate_up, down, 0.0};
+        const double pf_bytes[PF_COUNT] = {b * MODEL_DIM * 2.0, CUDA_QUANTIZED ? qkv + o + gate_up + down + 2.0 * prompt_layer_weights : 0.0,
+                                           0.0, prompt_qkv, kv_pos * (b * (pos + 1.0) + b * (b - 1) / 2.0), prompt_o, prompt_gate_up,
+                                           prompt_down, 0.0};
         fprintf(out, "a prefill batch of %d tokens at depth %d (launched one by one, best of %d; K in %d, %d, %d splits for QKV, o_proj, down):\n",
                 b, pos, reps, m->qkv_splits[s], m->o_splits[s], m->down_splits[s]);
         stage_table(m, reps, PREFILL_LAUNCHES, PF_COUNT, prefill_stage_names, pf_bytes, "batch", out,
@@ -1666,7 +1739,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_att_terms, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters,
-                   m->down_t, m->x_mlp[0], m->x_mlp[1]};
+                   m->down_t, m->x_mlp[0], m->x_mlp[1], m->prompt_w};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);
