@@ -155,12 +155,13 @@ class Spec:
                      for field in MATRIX_FIELDS)
 
     @property
-    def mixed_format_layers(self) -> tuple[tuple[str, str, tuple[int, ...], tuple[str, ...]], ...]:
-        """One row per layer field whose layers differ in format, for model_config.h's per-layer
-        table: (NAME, field, each layer's format id, each layer's format name)."""
-        layers = self.layer_formats
+    def layer_format_constants(self) -> tuple[tuple[str, str, tuple[int, ...], tuple[str, ...]], ...]:
+        """One row per layer field for model_config.h's MODEL_FORMAT_<NAME>_AT(l): (NAME, field,
+        each layer's format id, each layer's format name) where its layers differ, else (NAME,
+        field, (), ())."""
+        layers, fmt = self.layer_formats, self.formats
         return tuple((field.upper(), field, tuple(FORMATS[f][0] for f in layers[field]), layers[field])
-                     for field in LAYER_MATRIX_FIELDS if self.formats[field] == MIXED)
+                     if fmt[field] == MIXED else (field.upper(), field, (), ()) for field in LAYER_MATRIX_FIELDS)
 
     @property
     def q_dim(self) -> int:
