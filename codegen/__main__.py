@@ -20,7 +20,7 @@ from pathlib import Path
 from .chat import ChatError, known_templates, load_chat_strings
 from .plan import PlanError, header_constants, make_generic_plan, make_plan, parse_sets
 from .render import GENERATOR_VERSION, REPO_ROOT, make_env, write_if_changed
-from .spec import MATRIX_TENSORS, SpecError, load_spec
+from .spec import LAYER_MATRIX_FIELDS, MATRIX_TENSORS, SpecError, load_spec
 
 # template -> generated file
 OUTPUTS = {
@@ -49,7 +49,8 @@ def render_all(outputs: dict, out_dir: Path, **context) -> list[Path]:
     changed = []
     for template, output in outputs.items():
         text = env.get_template(template).render(template=template, output=output, generator_version=GENERATOR_VERSION,
-                                                 matrix_tensors=MATRIX_TENSORS, **context)
+                                                 matrix_tensors=MATRIX_TENSORS, layer_matrix_fields=LAYER_MATRIX_FIELDS,
+                                                 **context)
         path = out_dir / output
         if write_if_changed(path, text):
             changed.append(path)

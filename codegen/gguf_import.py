@@ -9,12 +9,13 @@ generation_config.json.
 
 Weights: each matrix in a block format ingot runs (KEPT_TYPES: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)
 is kept as it is, its GGUF blocks stored as a U8 tensor [rows, row_bytes] and named in
-config.json's quantization_config (/work/notes/quant_contract.md); F16/BF16/F32 matrices, norms and
+config.json's quantization_config (/work/notes/quant_contract.md), each tensor in its own: the
+layers of a field may differ (llama.cpp's Q4_K_M keeps some layers' attn_v and ffn_down in Q6_K,
+the others in Q4_K), and the generated code reads each layer's. F16/BF16/F32 matrices, norms and
 biases are written in the dense dtype (--dtype). Another block type (Q5_0, Q2_K, IQ4_XS, ...) is
-refused naming the tensor, and so is a matrix field whose layers mix formats (llama.cpp's Q4_K_M
-keeps some layers' attn_v and ffn_down in Q6_K): the generated code takes one format a field.
---dequantize inflates every tensor to the dense dtype instead (the unquantized baseline of a
-quality measurement, and what the default model used before its forward ran quantized).
+refused naming the tensor and its type. --dequantize inflates every tensor to the dense dtype
+instead (the unquantized baseline of a quality measurement, and what the default model used before
+its forward ran quantized).
 
 It exists so that a GGUF file (the default model is a Q4_1 GGUF shipped inside a PyPI wheel) can be
 used with no model hub: ingot itself only ever reads HF directories.
@@ -332,32 +333,7 @@ def tensor_plan(md: Metadata, tensors: dict, cfg: dict, dequantize: bool = True)
         raise GGUFImportError(f"{md.path}: tensor for {missing[0]} missing "
                               f"({len(missing)} missing in all)")
     plan.sort(key=lambda p: p[0])
-    check_one_format_a_field(md, plan)
     return plan
-
-
-def field_of(hf: str) -> str:
-    """The generated code's field of an HF matrix name: the name without its layer number."""
-    parts = hf.split(".")
-    return ".".join(parts[:2] + parts[3:]) if hf.startswith("model.layers.") else hf
-
-
-def check_one_format_a_field(md: Metadata, plan: list) -> None:
-    """The layers' tensors of a field must share one format (the generated code takes one a field):
-    otherwise the first two that differ, in layer order, are named."""
-    first = {}
-    layer_of = lambda p: int(p[0].split(".")[2]) if p[0].startswith("model.layers.") else -1
-    for hf, t, shape, _, kept in sorted(plan, key=layer_of):
-        if len(shape) != 2:
-            continue
-        fmt = kept or "dense"
-        name = f"{t.name} ({kept or t.tensor_type.name})"
-        f = field_of(hf)
-        if f not in first:
-            first[f] = (fmt, name)
-        elif first[f][0] != fmt:
-            raise GGUFImportError(f"{md.path}: tensors {first[f][1]} and {name} of one field differ in format; "
-                                  "ingot takes one format a field (--dequantize converts every tensor to f16)")
 
 
 def quantization_config(plan: list) -> dict | None:

@@ -16,7 +16,7 @@ import jinja2
 
 # Bumped whenever generated code and runtime/ingot_version.h must change together; the generated
 # model_config.h refuses to compile against a runtime of another version.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = REPO_ROOT / "templates"

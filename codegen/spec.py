@@ -32,6 +32,9 @@ FORMATS = {
     "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210),
 }
 QUANT_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")  # sorted, as messages list them
+# The format of a matrix field whose layers differ (llama.cpp's Q4_K_M: some layers' v_proj and
+# down_proj in Q6_K, the others in Q4_K), and its id, runtime/quant.h's QUANT_MIXED: not a ggml_type.
+MIXED, MIXED_ID = "MIXED", -1
 # The spec fields that may be quantized, every matrix, with the HF tensors each holds. Norms and
 # biases stay dense.
 MATRIX_TENSORS = {
@@ -46,6 +49,7 @@ MATRIX_TENSORS = {
     "lm_head": "lm_head.weight",
 }
 MATRIX_FIELDS = tuple(MATRIX_TENSORS)
+LAYER_MATRIX_FIELDS = MATRIX_FIELDS[1:-1]  # the matrices of every layer, which may differ in format by layer
 
 
 def row_bytes(fmt: str, n: int) -> int:
@@ -111,19 +115,29 @@ class Spec:
     dtype_bytes: int
     bos_id: int  # bos_token_id, -1 if none
     eos_ids: tuple[int, ...]  # eos_token_id (int or list)
-    # quantization_config's formats by field, one per matrix field (a field's tensors share one);
-    # fields absent are dense. Read it through `formats`.
+    # quantization_config's formats: (HF tensor name, TYPE) of each matrix in a block format, in
+    # table order; the tensors absent are dense. Read them through Tensor.format, `layer_formats`
+    # and `formats`.
     quant_formats: tuple[tuple[str, str], ...] = ()
 
     @property
-    def formats(self) -> dict[str, str]:
-        """The format of each matrix field, MATRIX_FIELDS' order: its block format or the dense
-        dtype; lm_head is embed's when tied."""
-        q = dict(self.quant_formats)
-        out = {f: q.get(f, self.dtype) for f in MATRIX_FIELDS}
+    def layer_formats(self) -> dict[str, tuple[str, ...]]:
+        """The formats of each matrix field's tensors, MATRIX_FIELDS' order: a layer field's one per
+        layer, embed's and lm_head's one (lm_head's embed's when tied). A block format or the dense
+        dtype."""
+        out = {f: [] for f in MATRIX_FIELDS}
+        for t in self.tensors:
+            if t.field in out:
+                out[t.field].append(t.format)
         if self.tied_embeddings:
             out["lm_head"] = out["embed"]
-        return out
+        return {f: tuple(v) for f, v in out.items()}
+
+    @property
+    def formats(self) -> dict[str, str]:
+        """The format of each matrix field, MATRIX_FIELDS' order: the one its tensors share, or
+        MIXED where its layers differ."""
+        return {f: v[0] if len(set(v)) == 1 else MIXED for f, v in self.layer_formats.items()}
 
     @property
     def quantized(self) -> bool:
@@ -133,12 +147,21 @@ class Spec:
     @property
     def format_constants(self) -> tuple[tuple[str, str, int, str, str], ...]:
         """One row per matrix field for model_config.h's MODEL_FORMAT_<NAME>: (NAME, field, format
-        id, format name, the HF tensors it covers)."""
+        id, format name, the HF tensors it covers); a field whose layers differ has MIXED_ID."""
         fmt = self.formats
-        return tuple((field.upper(), field, FORMATS[fmt[field]][0], fmt[field],
+        return tuple((field.upper(), field, MIXED_ID if fmt[field] == MIXED else FORMATS[fmt[field]][0], fmt[field],
                       MATRIX_TENSORS[field] + (" (tied: model.embed_tokens.weight)"
                                                if field == "lm_head" and self.tied_embeddings else ""))
                      for field in MATRIX_FIELDS)
+
+    @property
+    def layer_format_constants(self) -> tuple[tuple[str, str, tuple[int, ...], tuple[str, ...]], ...]:
+        """One row per layer field for model_config.h's MODEL_FORMAT_<NAME>_AT(l): (NAME, field,
+        each layer's format id, each layer's format name) where its layers differ, else (NAME,
+        field, (), ())."""
+        layers, fmt = self.layer_formats, self.formats
+        return tuple((field.upper(), field, tuple(FORMATS[f][0] for f in layers[field]), layers[field])
+                     if fmt[field] == MIXED else (field.upper(), field, (), ()) for field in LAYER_MATRIX_FIELDS)
 
     @property
     def q_dim(self) -> int:
@@ -158,11 +181,11 @@ class Spec:
     @property
     def tensors(self) -> tuple[Tensor, ...]:
         """Every tensor of the model in the order the generated tables list them."""
-        fmt = self.formats
+        fmt = dict(self.quant_formats)
         out = []
 
         def add(name, shape, field, layer):
-            out.append(Tensor(name, shape, field, layer, fmt.get(field, self.dtype)))
+            out.append(Tensor(name, shape, field, layer, fmt.get(name, self.dtype)))
 
         add("model.embed_tokens.weight", (self.vocab_size, self.dim), "embed", -1)
         for l in range(self.n_layers):
@@ -508,10 +531,9 @@ def spec_from_config(cfg: dict, raw: bytes, config_path: str, name: str) -> Spec
 
 def quantization(cfg: dict, spec: Spec) -> tuple[tuple[str, str], ...]:
     """quantization_config (quant_contract.md): {"quant_method": "ingot", "formats": {"<HF tensor
-    name>": "<TYPE>"}} -> ((field, TYPE), ...) for the quantized matrix fields, in MATRIX_FIELDS'
-    order. Checked entry by entry in the file's order (name, matrix, type, row length), then field
-    by field in table order: a field's tensors must share one format, since the generated code
-    takes one format per field."""
+    name>": "<TYPE>"}} -> ((HF tensor name, TYPE), ...) in table order. Checked entry by entry in
+    the file's order (name, matrix, type, row length). Each tensor has its own format: the layers of
+    a field may differ (the generated code reads each layer's)."""
     qc = cfg.get("quantization_config")
     if qc is None:
         return ()
@@ -536,15 +558,4 @@ def quantization(cfg: dict, spec: Spec) -> tuple[tuple[str, str], ...]:
         block = FORMATS[fmt][1]
         if t.shape[1] % block:
             raise SpecError(f"{where}{name}: row length {t.shape[1]} is not a multiple of {fmt}'s block of {block}")
-    first = {}  # field -> (tensor name, format) of its first tensor
-    for t in spec.tensors:
-        if t.field not in MATRIX_FIELDS:
-            continue
-        fmt = formats.get(t.name, spec.dtype)
-        if t.field not in first:
-            first[t.field] = (t.name, fmt)
-        elif first[t.field][1] != fmt:
-            other, other_fmt = first[t.field]
-            raise SpecError(f"{where}{other} is {other_fmt} but {t.name} is {fmt}; "
-                            "the tensors of a field must share one format")
-    return tuple((f, first[f][1]) for f in MATRIX_FIELDS if f in first and first[f][1] in QUANT_FORMATS)
+    return tuple((t.name, formats[t.name]) for t in spec.tensors if t.name in formats)

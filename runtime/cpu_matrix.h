@@ -2,10 +2,12 @@
  * model's dense dtype (model_weight_t) or a GGUF block format (runtime/quant.h), and the dot
  * products of rows with fp32 vectors in either.
  *
- * A format is a GGUF type id (QUANT_*); model_config.h gives each matrix field's as MODEL_FORMAT_*.
- * In a specialized build they are constants, so every `if (MAT_DENSE(f))` below folds away and a
- * dense model compiles to exactly the dense kernels of cpu_kernels.h; in a generic build they are
- * read from config.json and the branch is one compare per row (of hundreds of weights or more).
+ * A format is a GGUF type id (QUANT_*); model_config.h gives each layer's of each matrix field as
+ * MODEL_FORMAT_*_AT(l) (a field's layers may differ: llama.cpp's Q4_K_M). In a specialized build
+ * whose field has one format it is a constant, so every `if (MAT_DENSE(f))` below folds away and a
+ * dense model compiles to exactly the dense kernels of cpu_kernels.h; where the layers differ, or
+ * in a generic build, it is read from a table and the branch is one compare per row (of hundreds
+ * of weights or more).
  *
  * Dense rows keep cpu_kernels.h's four-stream and several-token kernels. Quantized rows go through
  * quant_dot one row and one token at a time: each weight is unpacked once per token (a prompt batch

@@ -1126,6 +1126,27 @@ static void bind_formats(cuda_weights *dw, const model_weights *w) {
 
 /* NULL when the matrices' formats have kernels here, else why not */
 static const char *formats_refused(void) {
+    /* the kernels take one format a field: a field whose layers differ (QUANT_MIXED) is named with
+     * its formats, in the order its layers first take them */
+    static const char *const layer_fields[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                                "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    static char mixed[200];
+    for (int f = 0; f < 7; f++) {
+        int formats[8], n = 0;
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const int at[7] = {MODEL_FORMAT_WQ_AT(l),     MODEL_FORMAT_WK_AT(l),   MODEL_FORMAT_WV_AT(l),    MODEL_FORMAT_WO_AT(l),
+                               MODEL_FORMAT_W_GATE_AT(l), MODEL_FORMAT_W_UP_AT(l), MODEL_FORMAT_W_DOWN_AT(l)};
+            int i = 0;
+            while (i < n && formats[i] != at[f]) i++;
+            if (i == n && n < 8) formats[n++] = at[f];
+        }
+        if (n < 2) continue;
+        int len = snprintf(mixed, sizeof mixed, "the layers of %s mix %s", layer_fields[f], quant_type_name(formats[0]));
+        for (int i = 1; i < n; i++)
+            len += snprintf(mixed + len, sizeof mixed - len, "%s%s", i == n - 1 ? " and " : ", ", quant_type_name(formats[i]));
+        snprintf(mixed + len, sizeof mixed - len, "; the GPU kernels take one format a field yet; --device cpu runs it");
+        return mixed;
+    }
 #if MODEL_GENERIC
     return MODEL_QUANTIZED ? "the generic build runs quantized weights on the CPU only (build the model itself: make MODEL=...)" : NULL;
 #else

@@ -6,6 +6,6 @@
 #ifndef INGOT_VERSION_H
 #define INGOT_VERSION_H
 
-#define INGOT_GENERATOR_VERSION 1
+#define INGOT_GENERATOR_VERSION 2
 
 #endif

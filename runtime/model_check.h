@@ -52,22 +52,29 @@ static int model_check_differs(const model_spec *s, const char **key, char *got,
         snprintf(want, cap, "%s", st_dtype_name(MODEL_WEIGHT_DTYPE));
         return 1;
     }
-    /* each matrix's format: Q4_0 and Q4_K rows of the same length have the same bytes, so the
-     * tensor table alone would not tell them apart */
-    const int formats[][2] = {{s->format_embed, MODEL_FORMAT_EMBED},   {s->format_wq, MODEL_FORMAT_WQ},
-                              {s->format_wk, MODEL_FORMAT_WK},         {s->format_wv, MODEL_FORMAT_WV},
-                              {s->format_wo, MODEL_FORMAT_WO},         {s->format_w_gate, MODEL_FORMAT_W_GATE},
-                              {s->format_w_up, MODEL_FORMAT_W_UP},     {s->format_w_down, MODEL_FORMAT_W_DOWN},
-                              {s->format_lm_head, MODEL_FORMAT_LM_HEAD}};
-    static const char *const format_of[] = {"embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj",
-                                            "gate_proj", "up_proj", "down_proj", "lm_head"};
-    for (int f = 0; f < 9; f++)
-        if (formats[f][0] != formats[f][1]) {
-            *key = "quantization_config";
-            snprintf(got, cap, "%s for %s", quant_format_of(formats[f][0])->name, format_of[f]);
-            snprintf(want, cap, "%s", quant_format_of(formats[f][1])->name);
-            return 1;
-        }
+    /* each matrix's format, layer by layer: Q4_0 and Q4_K rows of the same length have the same
+     * bytes, so the tensor table alone would not tell them apart */
+#define MODEL_CHECK_FORMAT(got_format, built, ...)                                         \
+    if ((got_format) != (built)) {                                                         \
+        *key = "quantization_config";                                                      \
+        int n_ = snprintf(got, cap, "%s for ", quant_format_of(got_format)->name);         \
+        snprintf(got + n_, cap - (size_t)n_, __VA_ARGS__);                                 \
+        snprintf(want, cap, "%s", quant_format_of(built)->name);                           \
+        return 1;                                                                          \
+    }
+    MODEL_CHECK_FORMAT(s->format_embed, MODEL_FORMAT_EMBED, "model.embed_tokens")
+    for (int l = 0; l < MODEL_N_LAYERS; l++) {
+        const model_layer_formats *f = &s->layer_formats[l];
+        MODEL_CHECK_FORMAT(f->wq, MODEL_FORMAT_WQ_AT(l), "model.layers.%d.self_attn.q_proj", l)
+        MODEL_CHECK_FORMAT(f->wk, MODEL_FORMAT_WK_AT(l), "model.layers.%d.self_attn.k_proj", l)
+        MODEL_CHECK_FORMAT(f->wv, MODEL_FORMAT_WV_AT(l), "model.layers.%d.self_attn.v_proj", l)
+        MODEL_CHECK_FORMAT(f->wo, MODEL_FORMAT_WO_AT(l), "model.layers.%d.self_attn.o_proj", l)
+        MODEL_CHECK_FORMAT(f->w_gate, MODEL_FORMAT_W_GATE_AT(l), "model.layers.%d.mlp.gate_proj", l)
+        MODEL_CHECK_FORMAT(f->w_up, MODEL_FORMAT_W_UP_AT(l), "model.layers.%d.mlp.up_proj", l)
+        MODEL_CHECK_FORMAT(f->w_down, MODEL_FORMAT_W_DOWN_AT(l), "model.layers.%d.mlp.down_proj", l)
+    }
+    MODEL_CHECK_FORMAT(s->format_lm_head, MODEL_FORMAT_LM_HEAD, "lm_head")
+#undef MODEL_CHECK_FORMAT
     /* the kernels use the float32 epsilon */
     if ((float)s->norm_eps != MODEL_NORM_EPS) {
         *key = "rms_norm_eps";

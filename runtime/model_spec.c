@@ -380,87 +380,99 @@ static int dense_format(st_dtype dt) { return dt == DT_F32 ? QUANT_F32 : dt == D
 
 static const char *format_name(int type) { return quant_format_of(type)->name; }
 
-/* Checks quantization_config against the tensor table, entry by entry in the file's order (name,
- * matrix, type, row length), then field by field in table order (a field's tensors share one
- * format); then sets the format_* fields and turns each quantized tensor's entry into its U8 bytes. */
+/* Reads quantization_config's "formats" into fmt (each tensor's format, dense unless named),
+ * checking entry by entry in the file's order: name, matrix, type, row length. */
+static err_code read_formats(const reader *rd, const model_spec *s, int *fmt) {
+    const json_value *qc = json_get(rd->cfg, "quantization_config");
+    if (is_null(qc)) return ERR_OK;
+    if (qc->type != JSON_OBJECT) return refuse(rd, "'quantization_config' = %s, expected an object or null", r(qc));
+    const json_value *method = json_get(qc, "quant_method");
+    if (!is_str(method, "ingot")) return refuse(rd, "quantization_config 'quant_method' = %s, expected 'ingot'", r(method));
+    const json_value *formats = json_get(qc, "formats");
+    if (!formats || formats->type != JSON_OBJECT)
+        return refuse(rd, "quantization_config 'formats' = %s, expected an object", r(formats));
+    json_for_each(e, formats) {
+        char name[REPR_MAX + 8];
+        json_value key = {.type = JSON_STRING, .str = e->key, .n = e->key_len};
+        snprintf(name, sizeof name, "%s", r(&key));
+        int t = 0;
+        while (t < s->n_tensors && !((size_t)e->key_len == strlen(s->tensors[t].name) &&
+                                     memcmp(e->key, s->tensors[t].name, (size_t)e->key_len) == 0))
+            t++;
+        if (t == s->n_tensors) return refuse(rd, "quantization_config 'formats': %s is not a tensor of this model", name);
+        const st_tensor_spec *ts = &s->tensors[t];
+        if (field_of(ts->name) < 0)
+            return refuse(rd, "quantization_config 'formats': %s is not a matrix; only matrices may be quantized", name);
+        int type = -1;
+        for (int i = 0; i < N_QUANT_TYPES; i++)
+            if (is_str(e, format_name(QUANT_TYPES[i]))) type = QUANT_TYPES[i];
+        if (type < 0)
+            return refuse(rd, "quantization_config 'formats': %s = %s, expected one of ['Q4_0', 'Q4_1', 'Q4_K', 'Q5_K', 'Q6_K', 'Q8_0']",
+                          name, r(e));
+        int block = quant_format_of(type)->block;
+        if (ts->shape[1] % block)
+            return refuse(rd, "quantization_config 'formats': %s: row length %lld is not a multiple of %s's block of %d",
+                          ts->name, (long long)ts->shape[1], format_name(type), block);
+        fmt[t] = type;
+    }
+    return ERR_OK;
+}
+
+/* Where layer_formats keeps a layer field's format. */
+static int *layer_format_of(model_layer_formats *lf, int field) {
+    switch (field) {
+    case F_WQ: return &lf->wq;
+    case F_WK: return &lf->wk;
+    case F_WV: return &lf->wv;
+    case F_WO: return &lf->wo;
+    case F_W_GATE: return &lf->w_gate;
+    case F_W_UP: return &lf->w_up;
+    case F_W_DOWN: return &lf->w_down;
+    }
+    return NULL;
+}
+
+/* Checks quantization_config against the tensor table (read_formats); then sets the format_*
+ * fields (a layer field whose layers differ: QUANT_MIXED) and layer_formats, and turns each
+ * quantized tensor's entry into its U8 bytes. */
 static err_code quantization(const reader *rd, model_spec *s) {
     const int dense = dense_format(s->dtype);
-    int field_format[N_MATRIX_FIELDS];
-    for (int f = 0; f < N_MATRIX_FIELDS; f++) field_format[f] = dense;
-    const json_value *qc = json_get(rd->cfg, "quantization_config");
-    if (!is_null(qc)) {
-        if (qc->type != JSON_OBJECT) return refuse(rd, "'quantization_config' = %s, expected an object or null", r(qc));
-        const json_value *method = json_get(qc, "quant_method");
-        if (!is_str(method, "ingot")) return refuse(rd, "quantization_config 'quant_method' = %s, expected 'ingot'", r(method));
-        const json_value *formats = json_get(qc, "formats");
-        if (!formats || formats->type != JSON_OBJECT)
-            return refuse(rd, "quantization_config 'formats' = %s, expected an object", r(formats));
-        int *fmt = malloc((size_t)s->n_tensors * sizeof *fmt); /* each tensor's requested format */
-        if (!fmt) return err_set(ERR_NOMEM, "formats of %d tensors", s->n_tensors);
-        for (int t = 0; t < s->n_tensors; t++) fmt[t] = dense;
-        err_code rc = ERR_OK;
-        json_for_each(e, formats) {
-            char name[REPR_MAX + 8];
-            json_value key = {.type = JSON_STRING, .str = e->key, .n = e->key_len};
-            snprintf(name, sizeof name, "%s", r(&key));
-            int t = 0;
-            while (t < s->n_tensors && !((size_t)e->key_len == strlen(s->tensors[t].name) &&
-                                         memcmp(e->key, s->tensors[t].name, (size_t)e->key_len) == 0))
-                t++;
-            if (t == s->n_tensors) { rc = refuse(rd, "quantization_config 'formats': %s is not a tensor of this model", name); break; }
-            const st_tensor_spec *ts = &s->tensors[t];
-            if (field_of(ts->name) < 0) {
-                rc = refuse(rd, "quantization_config 'formats': %s is not a matrix; only matrices may be quantized", name);
-                break;
-            }
-            int type = -1;
-            for (int i = 0; i < N_QUANT_TYPES; i++)
-                if (is_str(e, format_name(QUANT_TYPES[i]))) type = QUANT_TYPES[i];
-            if (type < 0) {
-                rc = refuse(rd, "quantization_config 'formats': %s = %s, expected one of ['Q4_0', 'Q4_1', 'Q4_K', 'Q5_K', 'Q6_K', 'Q8_0']",
-                            name, r(e));
-                break;
-            }
-            int block = quant_format_of(type)->block;
-            if (ts->shape[1] % block) {
-                rc = refuse(rd, "quantization_config 'formats': %s: row length %lld is not a multiple of %s's block of %d",
-                            ts->name, (long long)ts->shape[1], format_name(type), block);
-                break;
-            }
-            fmt[t] = type;
-        }
-        int first[N_MATRIX_FIELDS]; /* the table index of each field's first tensor */
-        for (int f = 0; f < N_MATRIX_FIELDS; f++) first[f] = -1;
-        for (int t = 0; t < s->n_tensors && !rc; t++) {
-            int f = field_of(s->tensors[t].name);
-            if (f < 0) continue;
-            if (first[f] < 0) {
-                first[f] = t;
-                field_format[f] = fmt[t];
-            } else if (fmt[t] != field_format[f]) {
-                rc = refuse(rd, "quantization_config 'formats': %s is %s but %s is %s; the tensors of a field must share one format",
-                            s->tensors[first[f]].name, format_name(field_format[f]), s->tensors[t].name, format_name(fmt[t]));
-            }
-        }
-        for (int t = 0; t < s->n_tensors && !rc; t++) {
-            if (fmt[t] == dense) continue;
-            st_tensor_spec *ts = &s->tensors[t];
-            size_t bytes;
-            if ((rc = quant_row_bytes(fmt[t], ts->shape[1], &bytes))) break; /* checked above: cannot fail */
-            ts->dtype = DT_U8;
-            ts->shape[1] = (int64_t)bytes;
-        }
+    int *fmt = malloc((size_t)s->n_tensors * sizeof *fmt); /* each tensor's format */
+    s->layer_formats = malloc((size_t)s->n_layers * sizeof *s->layer_formats);
+    if (!fmt || !s->layer_formats) {
         free(fmt);
-        if (rc) return rc;
+        return err_set(ERR_NOMEM, "formats of %d tensors", s->n_tensors);
     }
+    for (int t = 0; t < s->n_tensors; t++) fmt[t] = dense;
+    err_code rc = read_formats(rd, s, fmt);
+    if (rc) {
+        free(fmt);
+        return rc;
+    }
+    int field_format[N_MATRIX_FIELDS], seen[N_MATRIX_FIELDS] = {0};
+    s->quantized = 0;
+    for (int t = 0; t < s->n_tensors; t++) {
+        const int f = field_of(s->tensors[t].name);
+        if (f < 0) continue;
+        if (!seen[f]) field_format[f] = fmt[t];
+        else if (field_format[f] != fmt[t]) field_format[f] = QUANT_MIXED;
+        seen[f] = 1;
+        if (f != F_EMBED && f != F_LM_HEAD) /* layer l's tensors follow the embedding, layer_tensors a layer */
+            *layer_format_of(&s->layer_formats[(t - 1) / s->layer_tensors], f) = fmt[t];
+        if (fmt[t] == dense) continue;
+        s->quantized = 1;
+        st_tensor_spec *ts = &s->tensors[t];
+        size_t bytes;
+        if ((rc = quant_row_bytes(fmt[t], ts->shape[1], &bytes))) break; /* checked by read_formats: cannot fail */
+        ts->dtype = DT_U8;
+        ts->shape[1] = (int64_t)bytes;
+    }
+    free(fmt);
+    if (rc) return rc;
     if (s->tied_embeddings) field_format[F_LM_HEAD] = field_format[F_EMBED];
     int *out[N_MATRIX_FIELDS] = {&s->format_embed, &s->format_wq,     &s->format_wk,   &s->format_wv,     &s->format_wo,
                                  &s->format_w_gate, &s->format_w_up, &s->format_w_down, &s->format_lm_head};
-    s->quantized = 0;
-    for (int f = 0; f < N_MATRIX_FIELDS; f++) {
-        *out[f] = field_format[f];
-        s->quantized |= field_format[f] != dense;
-    }
+    for (int f = 0; f < N_MATRIX_FIELDS; f++) *out[f] = field_format[f];
 
     /* weight_bytes: every tensor as stored but the embedding table, plus one row of it (all of it
      * when tied) */
@@ -643,5 +655,6 @@ void model_spec_free(model_spec *s) {
     free(s->rope_inv_freq_f64);
     free(s->tensors);
     free(s->storage);
+    free(s->layer_formats);
     memset(s, 0, sizeof *s);
 }

@@ -22,6 +22,11 @@
 extern "C" {
 #endif
 
+/* The formats of one layer's matrices, GGUF type ids as model_spec's format_* fields hold them. */
+typedef struct {
+    int wq, wk, wv, wo, w_gate, w_up, w_down;
+} model_layer_formats;
+
 typedef struct {
     int dim;              /* hidden_size */
     int hidden_dim;       /* intermediate_size */
@@ -46,9 +51,11 @@ typedef struct {
     int *eos_ids;         /* (n_eos) eos_token_id */
     /* Each matrix field's format, GGUF's ggml_type id (runtime/quant.h): a block format named by
      * quantization_config's "formats", or the dense dtype's (BF16 30, F16 1, F32 0); lm_head is
-     * embed's when tied. spec.py's Spec.formats. */
+     * embed's when tied; QUANT_MIXED for a layer field whose layers differ. spec.py's Spec.formats. */
     int format_embed, format_wq, format_wk, format_wv, format_wo, format_w_gate, format_w_up, format_w_down,
         format_lm_head;
+    model_layer_formats *layer_formats; /* (n_layers) each layer's formats (spec.py's Spec.layer_formats);
+                                           host memory: the GPU, which takes one format a field, never reads it */
     int quantized;                       /* 1 when any matrix is in a block format */
     unsigned long long weight_bytes;     /* bytes of weights one decode step reads, as stored (spec.py weight_bytes) */
     unsigned long long kv_bytes_per_pos; /* fp16 KV cache per position: n_layers * 2 * kv_dim * 2 */

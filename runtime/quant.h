@@ -41,6 +41,12 @@ typedef enum {
     QUANT_Q5_K = 13,
     QUANT_Q6_K = 14,
     QUANT_BF16 = 30,
+    /* Not a format: a matrix field whose layers differ (llama.cpp's Q4_K_M keeps some layers'
+     * v_proj and down_proj in Q6_K, the rest in Q4_K), as model_config.h's MODEL_FORMAT_* gives it;
+     * MODEL_FORMAT_*_AT(l) then names each layer's. Negative, so no ggml_type id (GGUF stores them
+     * unsigned, numbered from 0) is ever taken for it; quant_format_of and quant_type_name know no
+     * such type. */
+    QUANT_MIXED = -1,
 } quant_type;
 
 /* Weights per super-block of the K formats (ggml's QK_K). */

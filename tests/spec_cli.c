@@ -15,6 +15,9 @@ static void print_ints(const char *key, const int *v, int n) {
     printf("], ");
 }
 
+/* A format's name as spec.py's Spec.formats writes it: MIXED for a field whose layers differ. */
+static const char *format_name(int type) { return type == QUANT_MIXED ? "MIXED" : quant_format_of(type)->name; }
+
 static void print_spec(const model_spec *ps) {
     const model_spec s = *ps;
     printf("{\"name\": \"%s\", \"architecture\": \"%s\", \"family\": \"%s\", ", s.name, s.architecture, s.family);
@@ -30,7 +33,14 @@ static void print_spec(const model_spec *ps) {
     const int formats[] = {s.format_embed, s.format_wq,     s.format_wk,   s.format_wv,     s.format_wo,
                            s.format_w_gate, s.format_w_up, s.format_w_down, s.format_lm_head};
     printf("\"formats\": [");
-    for (int i = 0; i < 9; i++) printf("%s\"%s\"", i ? ", " : "", quant_format_of(formats[i])->name);
+    for (int i = 0; i < 9; i++) printf("%s\"%s\"", i ? ", " : "", format_name(formats[i]));
+    printf("], \"layer_formats\": [");
+    for (int l = 0; l < s.n_layers; l++) {
+        const model_layer_formats *f = &s.layer_formats[l];
+        printf("%s[\"%s\", \"%s\", \"%s\", \"%s\", \"%s\", \"%s\", \"%s\"]", l ? ", " : "", format_name(f->wq),
+               format_name(f->wk), format_name(f->wv), format_name(f->wo), format_name(f->w_gate), format_name(f->w_up),
+               format_name(f->w_down));
+    }
     printf("], \"quantized\": %s, ", s.quantized ? "true" : "false");
     printf("\"weight_bytes\": %llu, \"kv_bytes_per_pos\": %llu, ", s.weight_bytes, s.kv_bytes_per_pos);
     printf("\"rope_inv_freq\": [");

@@ -106,6 +106,7 @@ TEST_BUILDS = {
     "test_memcheck_clean": lambda p: [("plain", p["variant"], p["build"])],
     "test_tiny_gpu_quantized_matches_cpu": lambda p: [("plain", p["variant"], "specialized")],
     "test_generic_gpu_refuses_quantized": lambda p: [("plain", None, "generic")],
+    "test_gpu_refuses_formats_mixed_by_layer": lambda p: [("plain", "tiny-q4_k_m", p["build"])],
     # its model is a tiny one with bytes planted (lot_word_model): built in the test, alone
     "test_tiny_gpu_lots_ended_by_a_q8_0_word_equal_cpu": lambda p: [],
 }
@@ -258,6 +259,19 @@ def test_generic_gpu_refuses_quantized(tmp_path):
     r = run(binary_for(d, "generic"), "-m", str(d), "--device", "cuda", "-p", "hi", "-n", "1", check=False)
     err = r.stderr.decode()
     assert r.returncode != 0 and "quantized" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_gpu_refuses_formats_mixed_by_layer(build):
+    """tiny-q4_k_m's v_proj and down_proj mix Q6_K (layers 0, 3, 6, 7) and Q4_K, llama.cpp's Q4_K_M
+    way: the GPU kernels take one format a field, so both builds refuse in one line that names the
+    first such field and its formats (the CPU runs it: tests/test_numerics.py)."""
+    d = tiny_model_dir("tiny-q4_k_m")
+    r = run(binary_for(d, build), "--device", "cuda", "-p", "hi", "-n", "1", check=False)
+    err = r.stderr.decode()
+    assert r.returncode != 0 and len(err.strip().splitlines()) == 1, err
+    assert ("--device cuda: the layers of self_attn.v_proj mix Q6_K and Q4_K; the GPU kernels take one format a field yet; "
+            "--device cpu runs it") in err, err
 
 
 @pytest.mark.parametrize("variant", TINY_VARIANTS)

@@ -26,7 +26,7 @@ import safetensors.numpy
 from gguf.constants import GGMLQuantizationType as Q, TokenType
 from tokenizers import Tokenizer
 
-from codegen import chat, fetch_default
+from codegen import chat, fetch_default, synth
 from codegen.gguf_import import (GGUFImportError, import_gguf, main as import_main, qk_permute,
                                  qk_unpermute, spm_merges)
 
@@ -104,10 +104,13 @@ def spm_vocab():
     return tokens, types, scores
 
 
-def tiny_hf_weights(cfg, rng, qkv_bias=False):
-    """HF-layout weights of a tiny model, fp16-representable so f16 output can be exact."""
+def tiny_hf_weights(cfg, rng, qkv_bias=False, fan_in_scale=False):
+    """HF-layout weights of a tiny model, fp16-representable so f16 output can be exact; standard
+    normal, or with fan_in_scale the matrices scaled by the power of two nearest below
+    1/sqrt(fan in) (activations of order one through the layers, for a model that runs)."""
     def r(*shape):
-        return rng.standard_normal(shape).astype(np.float16).astype(np.float32)
+        w = rng.standard_normal(shape).astype(np.float16).astype(np.float32)
+        return w * 2.0 ** -math.ceil(math.log2(math.sqrt(shape[1]))) if fan_in_scale and len(shape) == 2 else w
     dim, hd, nh, nkv, ffn = (cfg[k] for k in ("dim", "head_dim", "n_heads", "n_kv_heads", "ffn"))
     w = {"model.embed_tokens.weight": r(cfg["vocab"], dim), "model.norm.weight": r(dim)}
     for layer in range(cfg["layers"]):
@@ -151,17 +154,19 @@ TINY = {"dim": 64, "head_dim": 16, "n_heads": 4, "n_kv_heads": 2, "ffn": 96, "la
 
 
 def write_gguf(path, arch="llama", tokenizer="gpt2", pre="smollm", qkv_bias=False, tied=True,
-               types=None, extra=None, rope_freqs=None, skip=()):
+               types=None, extra=None, rope_freqs=None, skip=(), dims=None):
     """A tiny GGUF the way convert_hf_to_gguf.py writes one; returns the HF weights it holds.
 
-    types maps HF names to the GGUF type to store them in (default F32)."""
+    types maps HF names to the GGUF type to store them in (default F32); the K formats, which the
+    gguf package cannot quantize, by codegen/synth.py's plain quantizer. dims: TINY's values to
+    change, for a model that runs (its matrices then scaled by fan in)."""
     rng = np.random.default_rng(1)
     if tokenizer == "gpt2":
         tokens, toktypes = bpe_vocab()
     else:
         tokens, toktypes, scores = spm_vocab()
-    cfg = dict(TINY, vocab=len(tokens))
-    hf = tiny_hf_weights(cfg, rng, qkv_bias)
+    cfg = dict(TINY, **(dims or {}), vocab=len(tokens))
+    hf = tiny_hf_weights(cfg, rng, qkv_bias, fan_in_scale=dims is not None)
     if not tied:
         hf["lm_head.weight"] = rng.standard_normal((cfg["vocab"], cfg["dim"])).astype(np.float16) \
             .astype(np.float32)
@@ -206,6 +211,9 @@ def write_gguf(path, arch="llama", tokenizer="gpt2", pre="smollm", qkv_bias=Fals
             w.add_tensor(g, t.astype(np.float16))
         elif qtype == Q.I32:
             w.add_tensor(g, t.astype(np.int32))
+        elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+            blocks = np.frombuffer(synth.quantize_blocks(t, qtype.name), np.uint8).reshape(t.shape[0], -1)
+            w.add_tensor(g, blocks, raw_dtype=qtype)
         else:
             w.add_tensor(g, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
     if rope_freqs is not None:
@@ -723,23 +731,71 @@ def test_import_keeps_block_formats(tmp_path):
         n: ("U8" if n in kept else "F16", a.shape) for n, a in got.items()}
 
 
-def test_import_refuses_block_formats_it_cannot_keep(tmp_path, capsys):
-    write_gguf(tmp_path / "a.gguf", types=field_types(up_proj=Q.Q5_0))
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1])
+def test_import_refuses_block_formats_it_cannot_keep(tmp_path, capsys, qtype):
+    """A matrix in a block format without kernels is refused in one line naming the tensor and
+    its type, even in one layer only; --dequantize takes it."""
+    write_gguf(tmp_path / "a.gguf", types={**field_types(up_proj=Q.Q8_0), "model.layers.1.mlp.up_proj.weight": qtype})
     err = one_line_error(capsys, [str(tmp_path / "a.gguf"), str(tmp_path / "out")])
-    assert "tensor blk.0.ffn_up.weight: type Q5_0 is not supported" in err and "--dequantize" in err
+    assert f"tensor blk.1.ffn_up.weight: type {qtype.name} is not supported" in err and "--dequantize" in err
     assert not (tmp_path / "out" / "model.safetensors").exists()
-    # Q4_K_M's way: one layer's ffn_down in another format than the other's
-    types = {"model.layers.0.mlp.down_proj.weight": Q.Q8_0, "model.layers.1.mlp.down_proj.weight": Q.Q4_0}
-    write_gguf(tmp_path / "b.gguf", types=types)
-    err = one_line_error(capsys, [str(tmp_path / "b.gguf"), str(tmp_path / "out")])
-    assert "blk.0.ffn_down.weight (Q8_0) and blk.1.ffn_down.weight (Q4_0)" in err
-    # a quantized layer beside a dense one is a mix too
-    write_gguf(tmp_path / "c.gguf", types={"model.layers.1.self_attn.v_proj.weight": Q.Q8_0})
-    err = one_line_error(capsys, [str(tmp_path / "c.gguf"), str(tmp_path / "out")])
-    assert "blk.0.attn_v.weight (F32) and blk.1.attn_v.weight (Q8_0)" in err
-    # --dequantize takes them all
     assert import_main([str(tmp_path / "a.gguf"), str(tmp_path / "out"), "--dequantize"]) == 0
     assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+
+
+# A model whose rows divide into the K formats' 256-weight blocks, with llama.cpp's use_more_bits
+# layers 0, 3, 6 and 7 of eight.
+K_DIMS = {"dim": 256, "head_dim": 64, "n_heads": 4, "n_kv_heads": 2, "ffn": 512, "layers": 8}
+
+
+def q4_k_m_types():
+    """{HF name: GGUF type} of llama.cpp's Q4_K_M for K_DIMS, untied (codegen/synth.py
+    k_mix_formats), with one layer's q_proj left in F16 as a dense matrix among quantized ones."""
+    more = {l for l in range(8) if synth.use_more_bits(l, 8)}
+    assert more == {0, 3, 6, 7}
+    types = {"model.embed_tokens.weight": Q.Q4_K, "lm_head.weight": Q.Q6_K}
+    for l in range(8):
+        for m in LAYER_MATRICES:
+            q6 = l in more and m in ("self_attn.v_proj", "mlp.down_proj")
+            types[f"model.layers.{l}.{m}.weight"] = Q.Q6_K if q6 else Q.Q4_K
+    types["model.layers.2.self_attn.q_proj.weight"] = Q.F16
+    return types
+
+
+def test_import_keeps_formats_mixed_by_layer_and_runs(tmp_path):
+    """A Q4_K_M-style file (v_proj and down_proj in Q6_K in some layers, Q4_K in the others, a Q6_K
+    output, one F16 q_proj among Q4_K ones) imports with each tensor's format kept, its bytes the
+    GGUF's (Q/K rows un-permuted), and runs: the binary's logits against the NumPy reference on the
+    gguf package's dequantization of the same blocks, tests/test_numerics.py's tolerance."""
+    from conftest import make, run
+    from reference import compare_logits, load_model
+    from test_numerics import TOLERANCE
+
+    types = q4_k_m_types()
+    write_gguf(tmp_path / "m.gguf", types=types, tied=False, dims=K_DIMS)
+    out = tmp_path / "gguf-q4_k_m"
+    import_gguf(tmp_path / "m.gguf", out)
+    cfg = json.loads((out / "config.json").read_text())
+    kept = {n: t.name for n, t in types.items() if t != Q.F16}
+    assert cfg["quantization_config"] == {"quant_method": "ingot", "formats": kept}
+    got = load_f16(out)
+    src = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors}
+    for name, fmt in kept.items():
+        heads = K_DIMS["n_heads"] if "q_proj" in name else K_DIMS["n_kv_heads"] if "k_proj" in name else 0
+        raw = np.asarray(src[gguf_name(name)].data, dtype=np.uint8)
+        np.testing.assert_array_equal(got[name], qk_unpermute(raw, heads) if heads else raw, err_msg=name)
+    assert got["model.layers.2.self_attn.q_proj.weight"].dtype == np.float16
+
+    make(f"MODEL={out}", "NVCC=", f"build/{out.name}/ingot")
+    prompt = "the the 12 the he 1212 t"
+    ref = load_model(out, kv_dtype=np.float16)
+    ids = Tokenizer.from_file(str(out / "tokenizer.json")).encode(prompt).ids
+    run(ROOT / "build" / out.name / "ingot", "-m", str(out), "--dump-logits", str(tmp_path / "l.bin"), "-p", prompt,
+        "--threads", "2")
+    logits = np.fromfile(tmp_path / "l.bin", dtype=np.float32).reshape(-1, cfg["vocab_size"])
+    assert logits.shape[0] == len(ids) > 10
+    err = compare_logits(logits, ref.forward(ids))
+    assert err < TOLERANCE, f"imported Q4_K_M-style model: max relative logit error {err:.2e}"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codegen.spec import SpecError, load_spec
+from codegen.spec import LAYER_MATRIX_FIELDS, MIXED, SpecError, load_spec
 from conftest import REPO, make
 
 SPEC_CLI = REPO / "build" / "tests" / "spec_cli"
@@ -54,6 +54,7 @@ def assert_same(c: dict, py) -> None:
     assert [(n, dt, tuple(s)) for n, dt, s in c["tensors"]] == [(t.name, t.stored_dtype, t.stored_shape)
                                                                  for t in py.tensors]
     assert c["formats"] == list(py.formats.values()) and c["quantized"] == py.quantized
+    assert c["layer_formats"] == [[py.layer_formats[f][l] for f in LAYER_MATRIX_FIELDS] for l in range(py.n_layers)]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
@@ -138,6 +139,19 @@ QUANT_VARIANTS = {
     "q-qwen2": quantized(json.loads((REPO / "tests" / "models" / "tiny-qwen2" / "config.json").read_text()),
                          {"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0"}),
     "q-f32-down-dense": with_(quantized(q_base(), {"wq": "Q4_0"}), torch_dtype="float32"),
+    # fields whose layers differ in format
+    "q-mixed-layers": quantized(q_base(), {"model.layers.0.mlp.down_proj.weight": "Q4_K",
+                                           "model.layers.1.mlp.down_proj.weight": "Q6_K"}),
+    "q-one-layer-dense": quantized(q_base(), {"model.layers.1.self_attn.v_proj.weight": "Q8_0"}),
+    "q-k-m": quantized(q_base(), {"model.embed_tokens.weight": "Q4_K", "lm_head.weight": "Q6_K", "wq": "Q4_K", "wk": "Q4_K",
+                                  "wo": "Q4_K", "w_gate": "Q4_K", "w_up": "Q4_K",
+                                  "model.layers.0.self_attn.v_proj.weight": "Q6_K",
+                                  "model.layers.1.self_attn.v_proj.weight": "Q4_K",
+                                  "model.layers.0.mlp.down_proj.weight": "Q4_K",
+                                  "model.layers.1.mlp.down_proj.weight": "Q5_K"}),
+    "q-mixed-tied-fp16": with_(quantized(with_(q_base(), tie_word_embeddings=True),
+                                         {"model.embed_tokens.weight": "Q6_K", "model.layers.1.mlp.gate_proj.weight": "Q4_0",
+                                          "model.layers.0.mlp.up_proj.weight": "Q8_0"}), torch_dtype="float16"),
 }
 
 # Configs both must refuse, with spec.py's message.
@@ -204,9 +218,9 @@ REFUSALS = {
     "q-type-null": quantized(base(), {"wq": None}),
     "q-row-32": quantized(with_(base(), intermediate_size=176), {"w_down": "Q8_0"}),  # rows of 176
     "q-row-256": quantized(base(), {"wq": "Q4_K"}),  # rows of hidden_size 64
-    "q-mixed-layers": quantized(q_base(), {"model.layers.0.mlp.down_proj.weight": "Q4_K",
-                                           "model.layers.1.mlp.down_proj.weight": "Q6_K"}),
-    "q-one-layer-dense": quantized(q_base(), {"model.layers.1.self_attn.v_proj.weight": "Q8_0"}),
+    "q-mixed-unknown-in-one-layer": quantized(q_base(), {"w_down": "Q4_K", "model.layers.1.mlp.down_proj.weight": "Q3_K"}),
+    "q-mixed-rows-in-one-layer": quantized(with_(q_base(), intermediate_size=288),
+                                           {"w_gate": "Q4_K", "model.layers.1.mlp.down_proj.weight": "Q4_K"}),
     "q-first-entry-bad-wins": quantized(q_base(), {"model.layers.0.mlp.up_proj.weight": "Q4_K",
                                                    "model.layers.0.self_attn.q_proj.weight": "IQ4_XS"}),
 }
@@ -217,6 +231,26 @@ def write_config(tmp_path, name, cfg) -> Path:
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
     return d
+
+
+def test_layers_of_a_field_may_differ_in_format(tmp_path):
+    """q-k-m (two layers, hidden 256, FFN 512, q_dim = kv_dim = 256, vocab 400): v_proj Q6_K then
+    Q4_K, down_proj Q4_K then Q5_K. Each tensor keeps its format, the field is MIXED, the bytes a
+    step reads are each layer's own."""
+    d = write_config(tmp_path, "q-k-m", QUANT_VARIANTS["q-k-m"])
+    spec = load_spec(d / "config.json")
+    assert spec.layer_formats["wv"] == ("Q6_K", "Q4_K") and spec.layer_formats["w_down"] == ("Q4_K", "Q5_K")
+    assert spec.layer_formats["wq"] == ("Q4_K", "Q4_K") and spec.layer_formats["lm_head"] == ("Q6_K",)
+    assert spec.formats == {"embed": "Q4_K", "wq": "Q4_K", "wk": "Q4_K", "wv": MIXED, "wo": "Q4_K", "w_gate": "Q4_K",
+                            "w_up": "Q4_K", "w_down": MIXED, "lm_head": "Q6_K"}
+    assert [row for row in spec.layer_format_constants if row[2]] == [("WV", "wv", (14, 12), ("Q6_K", "Q4_K")),
+                                                                      ("W_DOWN", "w_down", (12, 13), ("Q4_K", "Q5_K"))]
+    assert [c[2] for c in spec.format_constants] == [12, 12, 12, -1, 12, 12, 12, -1, 14]
+    q4k, q5k, q6k = 144, 176, 210  # bytes of a block of 256
+    norms, q_k_o_gate_up = 2 * 256 * 2, 256 * q4k * 3 + 512 * q4k * 2
+    layer0 = norms + q_k_o_gate_up + 256 * q6k + 256 * 2 * q4k
+    layer1 = norms + q_k_o_gate_up + 256 * q4k + 256 * 2 * q5k
+    assert spec.weight_bytes == q4k + layer0 + layer1 + 256 * 2 + 400 * q6k  # one embedding row, ..., final norm, lm_head
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS) + sorted(QUANT_VARIANTS))
@@ -288,10 +322,10 @@ def fuzz_value(rng, key):
     if key == "quantization_config" and rng.random() < 0.8:
         formats = {n: rng.choice(QUANT_TYPE_VALUES) if rng.random() < 0.2 else rng.choice(QUANT_TYPE_VALUES[:6])
                    for n in rng.sample(QUANT_NAMES, rng.randint(0, 5))}
-        if rng.random() < 0.3:  # a whole field in one format, as a real file has it
+        if rng.random() < 0.3:  # a whole field in one format, or two by layer as llama.cpp's _M files have it
             field = rng.choice(("self_attn.q_proj", "mlp.up_proj", "mlp.down_proj"))
-            t = rng.choice(QUANT_TYPE_VALUES[:6])
-            formats.update({f"model.layers.{l}.{field}.weight": t for l in range(16)})
+            t = rng.sample(QUANT_TYPE_VALUES[:6], 2) if rng.random() < 0.5 else [rng.choice(QUANT_TYPE_VALUES[:6])] * 2
+            formats.update({f"model.layers.{l}.{field}.weight": t[l % 3 == 2] for l in range(16)})
         qc = {"quant_method": "ingot" if rng.random() < 0.9 else rng.choice(OTHERS),
               "formats": formats if rng.random() < 0.95 else rng.choice(OTHERS)}
         return qc

@@ -160,12 +160,13 @@ def test_smollm2_greedy_matches_reference(default_build, default_model, prompt):
     assert r.stdout.decode() == prompt + tok.decode(ids, skip_special_tokens=False) + "\n"
 
 
-@pytest.mark.parametrize("model", [*TINY_VARIANTS, "tiny-gqa-float32", "tiny-gqa-float16", "smollm2"])
-def test_generic_logits_equal_specialized(model, default_model, tmp_path):
+@pytest.mark.parametrize("model", [*TINY_VARIANTS, "tiny-gqa-float32", "tiny-gqa-float16", "tiny-q4_k_m", "smollm2"])
+def test_generic_logits_equal_specialized(model, request, tmp_path):
     """The generic build's logits are the specialized build's, bit for bit, on every variant and
-    weight dtype (bf16 tiny models, fp32 and fp16 tiny-gqa, fp16 SmolLM2)."""
-    if model == "smollm2":
-        model_dir, prompt = default_model, SMOL_PROMPTS[0]
+    weight dtype (bf16 tiny models, fp32 and fp16 tiny-gqa, fp16 SmolLM2) and with formats that
+    differ by layer (tiny-q4_k_m)."""
+    if model == "smollm2":  # the fixture skips when the default model is not fetched
+        model_dir, prompt = request.getfixturevalue("default_model"), SMOL_PROMPTS[0]
     elif model.startswith("tiny-gqa-float"):
         model_dir, prompt = dtype_model_dir(model.rsplit("-", 1)[1]), TINY_PROMPT
     else:
@@ -181,7 +182,9 @@ def test_generic_logits_equal_specialized(model, default_model, tmp_path):
 # Quantized tiny models (GGUF block formats, codegen/synth.py's blocks): the reference dequantizes
 # them with the gguf package (tests/reference.py), so the same tolerance holds: each block's
 # products are exact in fp32 (runtime/quant.c), the binary's sums are fp32 in another order.
-QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0")
+# tiny-q4_k_m is llama.cpp's Q4_K_M mix (synth --quant q4_k_m): v_proj and down_proj in Q6_K in
+# layers 0, 3, 6, 7 and Q4_K in the others, the other matrices Q4_K, lm_head Q6_K.
+QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0", "tiny-q4_k_m")
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -199,3 +202,21 @@ def test_quantized_logits_match_reference(variant, build, tmp_path):
         "--device", "cpu")
     prefilled = np.fromfile(out, dtype=np.float32).reshape(-1, ref.config["vocab_size"])
     assert np.array_equal(prefilled, got[139:]), f"{variant} ({build}): prefill logits differ from token by token"
+
+
+def test_mixed_formats_binary_refuses_another_layer_format(tmp_path):
+    """The tiny-q4_k_m binary takes its formats layer by layer: the same model with one layer's
+    v_proj in Q4_K instead of Q6_K is refused, naming that layer's matrix."""
+    model_dir = tiny_model_dir("tiny-q4_k_m")
+    binary = binary_for(model_dir, "specialized")
+    other = tmp_path / "tiny-q4_k_m"
+    other.mkdir()
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["quantization_config"]["formats"]["model.layers.3.self_attn.v_proj.weight"] = "Q4_K"
+    (other / "config.json").write_text(json.dumps(cfg))
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (other / name).symlink_to(model_dir / name)
+    r = run(binary.path, "-m", str(other), "-p", "a", "-n", "1", check=False)
+    err = r.stderr.decode()
+    assert r.returncode != 0 and err.count("\n") == 1, err
+    assert "'quantization_config' is Q4_K for model.layers.3.self_attn.v_proj, this binary was built for Q6_K" in err, err

@@ -212,4 +212,4 @@ def test_binary_refuses_another_format(tiny_src, tmp_path):
     assert ok.returncode == 0 and ok.stdout.startswith("a"), ok.stderr
     r = subprocess.run([str(binary), "-m", str(q8), "-p", "a", "-n", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.count("\n") == 1
-    assert "'quantization_config' is Q8_0 for q_proj, this binary was built for Q4_1" in r.stderr, r.stderr
+    assert "'quantization_config' is Q8_0 for model.layers.0.self_attn.q_proj, this binary was built for Q4_1" in r.stderr, r.stderr

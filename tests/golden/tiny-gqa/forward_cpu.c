@@ -163,17 +163,17 @@ static inline __attribute__((always_inline)) void dot_rows_x4(int f, const void 
         }
 }
 
-/* o = ws . x for the four rows ws = {gate row a, up row a, gate row c, up row c} of dim: one
- * four-stream pass where gate and up share a format, else row by row. */
-static inline __attribute__((always_inline)) void gate_up_dot4(const void *const ws[4], const float *x, float o[4]) {
-    if (MODEL_FORMAT_W_GATE == MODEL_FORMAT_W_UP) mat_dot4(MODEL_FORMAT_W_GATE, ws, x, MODEL_DIM, o);
-    else for (int r = 0; r < 4; r++) o[r] = mat_dot(r % 2 ? MODEL_FORMAT_W_UP : MODEL_FORMAT_W_GATE, ws[r], x, MODEL_DIM);
+/* o = ws . x for the four rows ws = {gate row a, up row a, gate row c, up row c} of dim, gate's in
+ * format fg and up's in fu: one four-stream pass where they share a format, else row by row. */
+static inline __attribute__((always_inline)) void gate_up_dot4(int fg, int fu, const void *const ws[4], const float *x, float o[4]) {
+    if (fg == fu) mat_dot4(fg, ws, x, MODEL_DIM, o);
+    else for (int r = 0; r < 4; r++) o[r] = mat_dot(r % 2 ? fu : fg, ws[r], x, MODEL_DIM);
 }
 
 /* The same for two tokens' inputs x, x + dim: o[t] for token t. */
-static inline __attribute__((always_inline)) void gate_up_dot4_x2(const void *const ws[4], const float *x, float o[2][4]) {
-    if (MODEL_FORMAT_W_GATE == MODEL_FORMAT_W_UP) mat_dot4_x2(MODEL_FORMAT_W_GATE, ws, x, MODEL_DIM, MODEL_DIM, o);
-    else for (int t = 0; t < 2; t++) gate_up_dot4(ws, x + (size_t)t * MODEL_DIM, o[t]);
+static inline __attribute__((always_inline)) void gate_up_dot4_x2(int fg, int fu, const void *const ws[4], const float *x, float o[2][4]) {
+    if (fg == fu) mat_dot4_x2(fg, ws, x, MODEL_DIM, MODEL_DIM, o);
+    else for (int t = 0; t < 2; t++) gate_up_dot4(fg, fu, ws, x + (size_t)t * MODEL_DIM, o[t]);
 }
 
 /* This thread's share [lo, hi) of n items, contiguous, as schedule(static) would give it. */
@@ -252,6 +252,9 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
+            /* the layer's matrix formats: constants where a field's layers share one */
+            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
+                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
 
@@ -265,7 +268,7 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                     int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
                     int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
                     const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? MODEL_FORMAT_WK : MODEL_FORMAT_WQ;
+                    const int f = is_k ? fk : fq;
                     const void *ws[4];
                     for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                     for (int b = 0; b < 1; b++) {
@@ -284,7 +287,7 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                     }
                 } else {
                     int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = MODEL_FORMAT_WV;
+                    const int f = fv;
                     const void *ws[4];
                     for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                     for (int b = 0; b < 1; b++) {
@@ -307,7 +310,7 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, MODEL_FORMAT_WO, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
@@ -318,26 +321,26 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
                 int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
-                    const void *ws[4] = {mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, a), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, a),
-                                         mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, c), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, c)};
+                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
                     for (int b = 0; b < 1; b++) {
                         float o[4];
-                        gate_up_dot4(ws, xb[b], o);
+                        gate_up_dot4(fg, fu, ws, xb[b], o);
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
-                    const void *wg = mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, i), *wu = mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, i);
+                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
                     int b = 0;
                     for (; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(MODEL_FORMAT_W_GATE, wg, xb[b], MODEL_DIM)) * mat_dot(MODEL_FORMAT_W_UP, wu, xb[b], MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
                 }
             }
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, MODEL_FORMAT_W_DOWN, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
         }
 
         /* model.norm and the LM head, for the last token only */
@@ -365,6 +368,9 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
+            /* the layer's matrix formats: constants where a field's layers share one */
+            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
+                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
 
@@ -378,7 +384,7 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
                     int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
                     const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? MODEL_FORMAT_WK : MODEL_FORMAT_WQ;
+                    const int f = is_k ? fk : fq;
                     const void *ws[4];
                     for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                     for (int b = 0; b < nb; b++) {
@@ -399,7 +405,7 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     }
                 } else {
                     int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = MODEL_FORMAT_WV;
+                    const int f = fv;
                     const void *ws[4];
                     for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                     for (int b = 0; b < nb; b++) {
@@ -434,7 +440,7 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, MODEL_FORMAT_WO, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
@@ -445,13 +451,13 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                 int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
-                    const void *ws[4] = {mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, a), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, a),
-                                         mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, c), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, c)};
+                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
                     for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
                         float o[2][4];
                         const int two = b + 2 <= nb;
-                        if (two) gate_up_dot4_x2(ws, xb[b], o);
-                        else gate_up_dot4(ws, xb[b], o[0]);
+                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], o);
+                        else gate_up_dot4(fg, fu, ws, xb[b], o[0]);
                         for (int t = 0; t <= two; t++, b++) {
                             m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
                             m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
@@ -459,22 +465,22 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
-                    const void *wg = mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, i), *wu = mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, i);
+                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
                     int b = 0;
                     for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
                         float g[4], u[4];
-                        mat_dot_x4(MODEL_FORMAT_W_GATE, wg, xb[b], MODEL_DIM, MODEL_DIM, g);
-                        mat_dot_x4(MODEL_FORMAT_W_UP, wu, xb[b], MODEL_DIM, MODEL_DIM, u);
+                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, MODEL_DIM, g);
+                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, MODEL_DIM, u);
                         for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
                     }
                     for (; b < nb; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(MODEL_FORMAT_W_GATE, wg, xb[b], MODEL_DIM)) * mat_dot(MODEL_FORMAT_W_UP, wu, xb[b], MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
                 }
             }
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, MODEL_FORMAT_W_DOWN, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
         }
 
         /* model.norm and the LM head, for the last token only */
@@ -516,6 +522,9 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
+            /* the layer's matrix formats: constants where a field's layers share one */
+            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
+                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
             uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
             uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
 
@@ -529,7 +538,7 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
                     int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
                     int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
                     const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? MODEL_FORMAT_WK : MODEL_FORMAT_WQ;
+                    const int f = is_k ? fk : fq;
                     const void *ws[4];
                     for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                     for (int b = 0; b < 1; b++) {
@@ -548,7 +557,7 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
                     }
                 } else {
                     int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = MODEL_FORMAT_WV;
+                    const int f = fv;
                     const void *ws[4];
                     for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                     for (int b = 0; b < 1; b++) {
@@ -573,7 +582,7 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, MODEL_FORMAT_WO, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
@@ -585,27 +594,27 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
                 int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
-                    const void *ws[4] = {mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, a), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, a),
-                                         mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, c), mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, c)};
+                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
                     for (int b = 0; b < 1; b++) {
                         float o[4];
-                        gate_up_dot4(ws, xb[b], o);
+                        gate_up_dot4(fg, fu, ws, xb[b], o);
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
-                    const void *wg = mat_row(lw->w_gate, MODEL_FORMAT_W_GATE, MODEL_DIM, i), *wu = mat_row(lw->w_up, MODEL_FORMAT_W_UP, MODEL_DIM, i);
+                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
                     int b = 0;
                     for (; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(MODEL_FORMAT_W_GATE, wg, xb[b], MODEL_DIM)) * mat_dot(MODEL_FORMAT_W_UP, wu, xb[b], MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
                 }
             }
 #pragma omp barrier
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, MODEL_FORMAT_W_DOWN, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
@@ -641,21 +650,30 @@ void model_cpu_prefill_logits(model_cpu *m, const int *tokens, int n, int pos0, 
 /* Times each stage of the decode step at position pos (token 1 there, as the GPU's kernel
  * benchmark does; the next real step at pos overwrites its cache entry), best of reps per stage of
  * each layer, and prints the table model_cuda_kernel_bench prints: --bench-kernels on the CPU. */
+/* Bytes stage i of the decode step at position pos reads (STEP_STAGES in launch order): its
+ * weights as stored, each layer's in that layer's formats, and attention's fp16 keys and values. */
+static double stage_bytes(int i, int pos) {
+#define ROWS_BYTES(rows, f, n) ((double)(rows) * quant_row_size(f, n)) /* of rows rows of n weights of format f */
+    if (i == 0) return ROWS_BYTES(1, MODEL_FORMAT_EMBED, MODEL_DIM);
+    if (i == STEP_STAGES - 1) return ROWS_BYTES(MODEL_VOCAB_SIZE, MODEL_FORMAT_LM_HEAD, MODEL_DIM);
+    const int l = (i - 1) / 5;
+    (void)l; /* unused where each layer field has one format */
+    switch (ST_QKV + (i - 1) % 5) {
+    case ST_QKV:
+        return ROWS_BYTES(MODEL_Q_DIM, MODEL_FORMAT_WQ_AT(l), MODEL_DIM) + ROWS_BYTES(MODEL_KV_DIM, MODEL_FORMAT_WK_AT(l), MODEL_DIM) +
+               ROWS_BYTES(MODEL_KV_DIM, MODEL_FORMAT_WV_AT(l), MODEL_DIM);
+    case ST_ATT: return 2.0 * (pos + 1) * MODEL_KV_DIM * 2.0;
+    case ST_O: return ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_WO_AT(l), MODEL_Q_DIM);
+    case ST_GATE_UP:
+        return ROWS_BYTES(MODEL_HIDDEN_DIM, MODEL_FORMAT_W_GATE_AT(l), MODEL_DIM) + ROWS_BYTES(MODEL_HIDDEN_DIM, MODEL_FORMAT_W_UP_AT(l), MODEL_DIM);
+    default: return ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_W_DOWN_AT(l), MODEL_HIDDEN_DIM); /* ST_DOWN */
+    }
+#undef ROWS_BYTES
+}
+
 err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
     static const char *const names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
                                                 "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head"};
-#define ROWS_BYTES(rows, f, n) ((double)(rows) * quant_row_size(f, n)) /* of rows rows of n weights of format f */
-    const double bytes[ST_COUNT] = {
-        ROWS_BYTES(1, MODEL_FORMAT_EMBED, MODEL_DIM),
-        ROWS_BYTES(MODEL_Q_DIM, MODEL_FORMAT_WQ, MODEL_DIM) + ROWS_BYTES(MODEL_KV_DIM, MODEL_FORMAT_WK, MODEL_DIM) +
-            ROWS_BYTES(MODEL_KV_DIM, MODEL_FORMAT_WV, MODEL_DIM),
-        2.0 * (pos + 1) * MODEL_KV_DIM * 2.0, /* attention: keys and values up to pos, fp16 */
-        ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_WO, MODEL_Q_DIM),
-        ROWS_BYTES(MODEL_HIDDEN_DIM, MODEL_FORMAT_W_GATE, MODEL_DIM) + ROWS_BYTES(MODEL_HIDDEN_DIM, MODEL_FORMAT_W_UP, MODEL_DIM),
-        ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_W_DOWN, MODEL_HIDDEN_DIM),
-        ROWS_BYTES(MODEL_VOCAB_SIZE, MODEL_FORMAT_LM_HEAD, MODEL_DIM),
-    };
-#undef ROWS_BYTES
     if (pos < 0 || pos >= m->ctx) return err_set(ERR_ARG, "stage benchmark at position %d: expected 0..%d", pos, m->ctx - 1);
     double *best = malloc(STEP_STAGES * sizeof *best);
     m->stage_s = malloc(STEP_STAGES * sizeof *m->stage_s);
@@ -672,11 +690,12 @@ err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
         for (int i = 0; i < STEP_STAGES; i++)
             if (m->stage_s[i] < best[i]) best[i] = m->stage_s[i];
     }
-    double us[ST_COUNT] = {0}, total = 0;
+    double us[ST_COUNT] = {0}, bytes[ST_COUNT] = {0}, total = 0;
     int calls[ST_COUNT] = {0};
     for (int i = 0; i < STEP_STAGES; i++) {
         int st = i == 0 ? ST_EMBED : i == STEP_STAGES - 1 ? ST_LM_HEAD : ST_QKV + (i - 1) % 5;
         us[st] += best[i] * 1e6;
+        bytes[st] += stage_bytes(i, pos);
         calls[st]++;
         total += best[i] * 1e6;
     }
@@ -684,8 +703,7 @@ err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
             m->n_threads, reps);
     fprintf(out, "  %-24s %8s %12s %10s %8s\n", "stage", "launches", "us/token", "MB/token", "GB/s");
     for (int st = 0; st < ST_COUNT; st++) {
-        double b = bytes[st] * calls[st];
-        fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", names[st], calls[st], us[st], b / 1e6, b / (us[st] * 1e3));
+        fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", names[st], calls[st], us[st], bytes[st] / 1e6, bytes[st] / (us[st] * 1e3));
     }
     fprintf(out, "  %-24s %8d %12.1f\n", "total", STEP_STAGES, total);
     free(best);

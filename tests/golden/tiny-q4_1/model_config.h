@@ -15,7 +15,7 @@
 
 #include "ingot_version.h"
 
-#define MODEL_GENERATOR_VERSION 1
+#define MODEL_GENERATOR_VERSION 2
 #if MODEL_GENERATOR_VERSION != INGOT_GENERATOR_VERSION
 #error "generated code is stale for this runtime: regenerate it with `make generate MODEL=tests/models/tiny-q4_1`"
 #endif
@@ -61,7 +61,9 @@ typedef uint16_t model_weight_t;
 
 /* Each matrix's format, GGUF's ggml_type id (runtime/quant.h quant_type): a block format (Q8_0 8,
  * Q4_0 2, Q4_1 3, Q4_K 12, Q5_K 13, Q6_K 14; stored as U8 rows of blocks, config.json's
- * quantization_config) or the dense dtype (BF16 30, F16 1, F32 0). A field's tensors share one. */
+ * quantization_config) or the dense dtype (BF16 30, F16 1, F32 0); QUANT_MIXED (-1) for a field
+ * whose layers differ (llama.cpp's Q4_K_M). MODEL_FORMAT_<F>_AT(l) is layer l's format of a layer
+ * field: the field's own where its layers share one, so that it folds to a constant. */
 #define MODEL_FORMAT_EMBED 8 /* Q8_0: model.embed_tokens.weight */
 #define MODEL_FORMAT_WQ 3 /* Q4_1: model.layers.*.self_attn.q_proj.weight */
 #define MODEL_FORMAT_WK 3 /* Q4_1: model.layers.*.self_attn.k_proj.weight */
@@ -71,6 +73,13 @@ typedef uint16_t model_weight_t;
 #define MODEL_FORMAT_W_UP 3 /* Q4_1: model.layers.*.mlp.up_proj.weight */
 #define MODEL_FORMAT_W_DOWN 3 /* Q4_1: model.layers.*.mlp.down_proj.weight */
 #define MODEL_FORMAT_LM_HEAD 8 /* Q8_0: lm_head.weight (tied: model.embed_tokens.weight) */
+#define MODEL_FORMAT_WQ_AT(l) MODEL_FORMAT_WQ
+#define MODEL_FORMAT_WK_AT(l) MODEL_FORMAT_WK
+#define MODEL_FORMAT_WV_AT(l) MODEL_FORMAT_WV
+#define MODEL_FORMAT_WO_AT(l) MODEL_FORMAT_WO
+#define MODEL_FORMAT_W_GATE_AT(l) MODEL_FORMAT_W_GATE
+#define MODEL_FORMAT_W_UP_AT(l) MODEL_FORMAT_W_UP
+#define MODEL_FORMAT_W_DOWN_AT(l) MODEL_FORMAT_W_DOWN
 #define MODEL_QUANTIZED 1 /* 1 when any matrix is quantized, else 0 */
 
 /* What one decode step reads, for the bandwidth figures: every weight as stored (a block format's
