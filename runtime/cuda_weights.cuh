@@ -442,6 +442,113 @@ using w_q4_k = w_qk<QUANT_Q4_K>;
 using w_q5_k = w_qk<QUANT_Q5_K>;
 using w_q6_k = w_qk<QUANT_Q6_K>;
 
+/* Any of the K formats, chosen per matrix at run time: the kernel of a field whose layers differ,
+ * or of q, k and v in different formats (llama.cpp's Q4_K_M keeps v_proj and down_proj in Q6_K in
+ * some layers, Q4_K in the others). Each matrix holds its format; a chunk branches on it, the same
+ * way in every lane of a warp (a warp's row is of one matrix), to w_qk's code. A chunk holds the
+ * largest of the three's fields. */
+struct w_kany {
+    static constexpr bool DENSE16 = false;
+    static constexpr bool BF16 = false;
+    static constexpr int VALS = 32;
+    static constexpr int BLOCK = QUANT_K;
+    struct mat {
+        const uint8_t *q, *qh, *sc, *d; /* w_qk<f>::mat's, untyped */
+        int f;
+    };
+    template <int F>
+    static mat of(typename w_qk<F>::mat m) {
+        return {reinterpret_cast<const uint8_t *>(m.q), reinterpret_cast<const uint8_t *>(m.qh), reinterpret_cast<const uint8_t *>(m.sc),
+                reinterpret_cast<const uint8_t *>(m.d), F};
+    }
+    /* the matrix of rows (K) of format f repacked at p */
+    static mat at(const void *p, size_t rows, int K, int f) {
+        return f == QUANT_Q4_K ? of<QUANT_Q4_K>(w_q4_k::at(p, rows, K))
+             : f == QUANT_Q5_K ? of<QUANT_Q5_K>(w_q5_k::at(p, rows, K))
+                               : of<QUANT_Q6_K>(w_q6_k::at(p, rows, K));
+    }
+    using row_t = mat;
+    struct chunk {
+        uint4 q;
+        uint2 qh;
+        uint4 sc;
+        unsigned short d;
+        int j, f;
+    };
+    template <int F>
+    __host__ __device__ __forceinline__ static typename w_qk<F>::mat typed(mat m) {
+        using T = w_qk<F>;
+        return {reinterpret_cast<const uint4 *>(m.q), reinterpret_cast<const typename T::high_t *>(m.qh),
+                reinterpret_cast<const typename T::scale_t *>(m.sc), reinterpret_cast<const unsigned short *>(m.d)};
+    }
+    __host__ __device__ __forceinline__ static row_t row(mat m, int r, int K) {
+        return m.f == QUANT_Q4_K ? of_row<QUANT_Q4_K>(m, r, K) : m.f == QUANT_Q5_K ? of_row<QUANT_Q5_K>(m, r, K) : of_row<QUANT_Q6_K>(m, r, K);
+    }
+    template <int F>
+    __host__ __device__ __forceinline__ static row_t of_row(mat m, int r, int K) {
+        const typename w_qk<F>::mat t = w_qk<F>::row(typed<F>(m), r, K);
+        return {reinterpret_cast<const uint8_t *>(t.q), reinterpret_cast<const uint8_t *>(t.qh), reinterpret_cast<const uint8_t *>(t.sc),
+                reinterpret_cast<const uint8_t *>(t.d), F};
+    }
+    template <int F>
+    __device__ __forceinline__ static chunk load_as(row_t row, int c) {
+        const typename w_qk<F>::chunk u = w_qk<F>::load(typed<F>(row), c);
+        chunk k;
+        k.q = u.q;
+        if constexpr (F == QUANT_Q6_K) {
+            k.qh = u.qh;
+            k.sc = make_uint4(u.sc, 0, 0, 0);
+        } else {
+            k.qh = make_uint2(u.qh, 0);
+            k.sc = u.sc;
+        }
+        k.d = u.d;
+        k.j = u.j;
+        k.f = F;
+        return k;
+    }
+    __device__ __forceinline__ static chunk load(row_t row, int c) {
+        return row.f == QUANT_Q4_K ? load_as<QUANT_Q4_K>(row, c) : row.f == QUANT_Q5_K ? load_as<QUANT_Q5_K>(row, c) : load_as<QUANT_Q6_K>(row, c);
+    }
+    template <int F>
+    __device__ __forceinline__ static typename w_qk<F>::chunk as(chunk k) {
+        typename w_qk<F>::chunk u;
+        u.q = k.q;
+        if constexpr (F == QUANT_Q6_K) {
+            u.qh = k.qh;
+            u.sc = (unsigned short)k.sc.x;
+        } else {
+            u.qh = k.qh.x;
+            u.sc = k.sc;
+        }
+        u.d = k.d;
+        u.j = k.j;
+        return u;
+    }
+    __device__ __forceinline__ static void to_f32(chunk k, float f[VALS]) {
+        if (k.f == QUANT_Q4_K) w_q4_k::to_f32(as<QUANT_Q4_K>(k), f);
+        else if (k.f == QUANT_Q5_K) w_q5_k::to_f32(as<QUANT_Q5_K>(k), f);
+        else w_q6_k::to_f32(as<QUANT_Q6_K>(k), f);
+    }
+    template <typename X>
+    __device__ __forceinline__ static float dot(chunk k, X x) {
+        return k.f == QUANT_Q4_K ? w_q4_k::dot(as<QUANT_Q4_K>(k), x)
+             : k.f == QUANT_Q5_K ? w_q5_k::dot(as<QUANT_Q5_K>(k), x)
+                                 : w_q6_k::dot(as<QUANT_Q6_K>(k), x);
+    }
+    __device__ __forceinline__ static uint32_t word(chunk k) { return k.q.x; }
+};
+
+/* The matrix at p of rows (K) in format f (GGUF type) as format W takes it: w_kany holds the format */
+template <typename W>
+typename W::mat format_at(const void *p, size_t rows, int K, int f) {
+    if constexpr (std::is_same_v<W, w_kany>)
+        return W::at(p, rows, K, f);
+    else
+        return W::at(p, rows, K);
+}
+constexpr bool format_k(int f) { return f == QUANT_Q4_K || f == QUANT_Q5_K || f == QUANT_Q6_K; }
+
 /* The model's dense dtype as a format: its vectors' and its unquantized matrices'. */
 using model_w = std::conditional_t<GPU_W_BF16, w_bf16, w_f16>;
 

@@ -52,8 +52,9 @@ static __constant__ float rope_inv_freq[MODEL_MAX_HEAD_DIM / 2];
 
 // ---------------------------------------------------------------------------------------------
 // The matrices' formats: each field's (model_config.h's MODEL_FORMAT_*) as the cores take it
-// (cuda_weights.cuh's format_w). q, k and v share one kernel and so one format, as do gate and up;
-// model_cuda_init refuses a model whose formats differ there or have no kernels here. The generic
+// (cuda_weights.cuh's format_w). q, k and v share one kernel, as do gate and up: one format there,
+// or several K formats (w_kany), which a field's layers may mix too (group_w); model_cuda_init
+// refuses other mixes and formats with no kernels here (formats_refused). The generic
 // build reads dense matrices only (it refuses quantized ones). The prompt path's GEMMs take dense
 // 16-bit matrices (w_prompt below).
 #if MODEL_GENERIC
@@ -66,11 +67,15 @@ using w_down = model_w;
 using w_lm = model_w;
 #else
 #define CUDA_QUANTIZED MODEL_QUANTIZED
+/* A kernel reading matrices of several formats (q, k and v; gate and up; a field whose layers differ,
+ * QUANT_MIXED) takes w_kany, the K formats chosen per matrix; formats_refused refuses other mixes. */
+template <int A, int B = A, int C = A>
+using group_w = std::conditional_t<A == B && B == C && A != QUANT_MIXED, format_w<A>, w_kany>;
 using w_embed = format_w<MODEL_FORMAT_EMBED>;
-using w_qkv = format_w<MODEL_FORMAT_WQ>;
-using w_o = format_w<MODEL_FORMAT_WO>;
-using w_gate_up = format_w<MODEL_FORMAT_W_GATE>;
-using w_down = format_w<MODEL_FORMAT_W_DOWN>;
+using w_qkv = group_w<MODEL_FORMAT_WQ, MODEL_FORMAT_WK, MODEL_FORMAT_WV>;
+using w_o = group_w<MODEL_FORMAT_WO>;
+using w_gate_up = group_w<MODEL_FORMAT_W_GATE, MODEL_FORMAT_W_UP>;
+using w_down = group_w<MODEL_FORMAT_W_DOWN>;
 using w_lm = format_w<MODEL_FORMAT_LM_HEAD>;
 #endif
 /* The prompt's GEMMs read dense 16-bit matrices. A quantized model's layer is dequantized into fp16
@@ -997,12 +1002,14 @@ static size_t tensor_bytes(int t) {
 
 /* The format of tensor t, a quantized one (dtype U8: codegen/spec.py), by its field's name. */
 static int quantized_format(int t) {
-    static const struct { const char *suffix; int format; } fields[] = {
-        {"embed_tokens.weight", MODEL_FORMAT_EMBED}, {"q_proj.weight", MODEL_FORMAT_WQ},   {"k_proj.weight", MODEL_FORMAT_WK},
-        {"v_proj.weight", MODEL_FORMAT_WV},          {"o_proj.weight", MODEL_FORMAT_WO},   {"gate_proj.weight", MODEL_FORMAT_W_GATE},
-        {"up_proj.weight", MODEL_FORMAT_W_UP},       {"down_proj.weight", MODEL_FORMAT_W_DOWN}, {"lm_head.weight", MODEL_FORMAT_LM_HEAD},
-    };
     const char *name = model_tensor_specs[t].name;
+    int l = 0; /* the layer of a layer's tensor (the generated table's names) */
+    sscanf(name, "model.layers.%d.", &l);
+    const struct { const char *suffix; int format; } fields[] = {
+        {"embed_tokens.weight", MODEL_FORMAT_EMBED},      {"q_proj.weight", MODEL_FORMAT_WQ_AT(l)},   {"k_proj.weight", MODEL_FORMAT_WK_AT(l)},
+        {"v_proj.weight", MODEL_FORMAT_WV_AT(l)},         {"o_proj.weight", MODEL_FORMAT_WO_AT(l)},   {"gate_proj.weight", MODEL_FORMAT_W_GATE_AT(l)},
+        {"up_proj.weight", MODEL_FORMAT_W_UP_AT(l)},      {"down_proj.weight", MODEL_FORMAT_W_DOWN_AT(l)}, {"lm_head.weight", MODEL_FORMAT_LM_HEAD},
+    };
     const size_t n = strlen(name);
     for (const auto &f : fields) {
         const size_t k = strlen(f.suffix);
@@ -1112,13 +1119,13 @@ static void bind_formats(cuda_weights *dw, const model_weights *w) {
         d->bv = s->bv;
         d->bo = s->bo;
         d->ffn_norm = s->ffn_norm;
-        d->wq = w_qkv::at(s->wq, MODEL_Q_DIM, MODEL_DIM);
-        d->wk = w_qkv::at(s->wk, MODEL_KV_DIM, MODEL_DIM);
-        d->wv = w_qkv::at(s->wv, MODEL_KV_DIM, MODEL_DIM);
-        d->wo = w_o::at(s->wo, MODEL_DIM, MODEL_Q_DIM);
-        d->w_gate = w_gate_up::at(s->w_gate, MODEL_HIDDEN_DIM, MODEL_DIM);
-        d->w_up = w_gate_up::at(s->w_up, MODEL_HIDDEN_DIM, MODEL_DIM);
-        d->w_down = w_down::at(s->w_down, MODEL_DIM, MODEL_HIDDEN_DIM);
+        d->wq = format_at<w_qkv>(s->wq, MODEL_Q_DIM, MODEL_DIM, MODEL_FORMAT_WQ_AT(l));
+        d->wk = format_at<w_qkv>(s->wk, MODEL_KV_DIM, MODEL_DIM, MODEL_FORMAT_WK_AT(l));
+        d->wv = format_at<w_qkv>(s->wv, MODEL_KV_DIM, MODEL_DIM, MODEL_FORMAT_WV_AT(l));
+        d->wo = format_at<w_o>(s->wo, MODEL_DIM, MODEL_Q_DIM, MODEL_FORMAT_WO_AT(l));
+        d->w_gate = format_at<w_gate_up>(s->w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, MODEL_FORMAT_W_GATE_AT(l));
+        d->w_up = format_at<w_gate_up>(s->w_up, MODEL_HIDDEN_DIM, MODEL_DIM, MODEL_FORMAT_W_UP_AT(l));
+        d->w_down = format_at<w_down>(s->w_down, MODEL_DIM, MODEL_HIDDEN_DIM, MODEL_FORMAT_W_DOWN_AT(l));
     }
     dw->final_norm = w->final_norm;
     dw->lm_head = w_lm::at(w->lm_head, MODEL_VOCAB_SIZE, MODEL_DIM);
@@ -1126,45 +1133,50 @@ static void bind_formats(cuda_weights *dw, const model_weights *w) {
 
 /* NULL when the matrices' formats have kernels here, else why not */
 static const char *formats_refused(void) {
-    /* the kernels take one format a field: a field whose layers differ (QUANT_MIXED) is named with
-     * its formats, in the order its layers first take them */
-    static const char *const layer_fields[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                                "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-    static char mixed[200];
-    for (int f = 0; f < 7; f++) {
-        int formats[8], n = 0;
-        for (int l = 0; l < MODEL_N_LAYERS; l++) {
-            const int at[7] = {MODEL_FORMAT_WQ_AT(l),     MODEL_FORMAT_WK_AT(l),   MODEL_FORMAT_WV_AT(l),    MODEL_FORMAT_WO_AT(l),
-                               MODEL_FORMAT_W_GATE_AT(l), MODEL_FORMAT_W_UP_AT(l), MODEL_FORMAT_W_DOWN_AT(l)};
-            int i = 0;
-            while (i < n && formats[i] != at[f]) i++;
-            if (i == n && n < 8) formats[n++] = at[f];
-        }
-        if (n < 2) continue;
-        int len = snprintf(mixed, sizeof mixed, "the layers of %s mix %s", layer_fields[f], quant_type_name(formats[0]));
-        for (int i = 1; i < n; i++)
-            len += snprintf(mixed + len, sizeof mixed - len, "%s%s", i == n - 1 ? " and " : ", ", quant_type_name(formats[i]));
-        snprintf(mixed + len, sizeof mixed - len, "; the GPU kernels take one format a field yet; --device cpu runs it");
-        return mixed;
-    }
 #if MODEL_GENERIC
     return MODEL_QUANTIZED ? "the generic build runs quantized weights on the CPU only (build the model itself: make MODEL=...)" : NULL;
 #else
+    static char why[240];
     static const struct { const char *field; int format; } fields[] = {
-        {"model.embed_tokens", MODEL_FORMAT_EMBED}, {"self_attn.q_proj", MODEL_FORMAT_WQ},     {"self_attn.k_proj", MODEL_FORMAT_WK},
-        {"self_attn.v_proj", MODEL_FORMAT_WV},      {"self_attn.o_proj", MODEL_FORMAT_WO},     {"mlp.gate_proj", MODEL_FORMAT_W_GATE},
-        {"mlp.up_proj", MODEL_FORMAT_W_UP},         {"mlp.down_proj", MODEL_FORMAT_W_DOWN},    {"lm_head", MODEL_FORMAT_LM_HEAD},
+        {"model.embed_tokens", MODEL_FORMAT_EMBED}, {"lm_head", MODEL_FORMAT_LM_HEAD},
     };
-    static char why[160];
     for (const auto &f : fields)
         if (!format_on_gpu(f.format)) {
-            snprintf(why, sizeof why, "%s is %s, which has no GPU kernels (F16, BF16 and the block formats Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K have; --device cpu runs it)", f.field,
-                     quant_type_name(f.format));
+            snprintf(why, sizeof why, "%s is %s, which has no GPU kernels (F16, BF16 and the block formats Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, "
+                     "Q6_K have; --device cpu runs it)", f.field, quant_type_name(f.format));
             return why;
         }
-    if (MODEL_FORMAT_WK != MODEL_FORMAT_WQ || MODEL_FORMAT_WV != MODEL_FORMAT_WQ)
-        return "q_proj, k_proj and v_proj in different formats (one kernel reads all three)";
-    if (MODEL_FORMAT_W_UP != MODEL_FORMAT_W_GATE) return "gate_proj and up_proj in different formats (one kernel reads both)";
+    /* each kernel's matrices over the layers: one format, or only K formats (w_kany) */
+    static const char *const groups[4] = {"self_attn.q_proj, k_proj and v_proj", "self_attn.o_proj", "mlp.gate_proj and up_proj",
+                                          "mlp.down_proj"};
+    for (int g = 0; g < 4; g++) {
+        int formats[8], n = 0;
+        bool all_k = true;
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const int at[4][3] = {{MODEL_FORMAT_WQ_AT(l), MODEL_FORMAT_WK_AT(l), MODEL_FORMAT_WV_AT(l)},
+                                  {MODEL_FORMAT_WO_AT(l), MODEL_FORMAT_WO_AT(l), MODEL_FORMAT_WO_AT(l)},
+                                  {MODEL_FORMAT_W_GATE_AT(l), MODEL_FORMAT_W_UP_AT(l), MODEL_FORMAT_W_UP_AT(l)},
+                                  {MODEL_FORMAT_W_DOWN_AT(l), MODEL_FORMAT_W_DOWN_AT(l), MODEL_FORMAT_W_DOWN_AT(l)}};
+            for (int k = 0; k < 3; k++) {
+                const int f = at[g][k];
+                if (!format_on_gpu(f)) {
+                    snprintf(why, sizeof why, "%s of layer %d is %s, which has no GPU kernels (F16, BF16 and the block formats Q8_0, "
+                             "Q4_0, Q4_1, Q4_K, Q5_K, Q6_K have; --device cpu runs it)", groups[g], l, quant_type_name(f));
+                    return why;
+                }
+                all_k = all_k && format_k(f);
+                int i = 0;
+                while (i < n && formats[i] != f) i++;
+                if (i == n && n < 8) formats[n++] = f;
+            }
+        }
+        if (n < 2 || all_k) continue;
+        int len = snprintf(why, sizeof why, "%s mix %s", groups[g], quant_type_name(formats[0]));
+        for (int i = 1; i < n; i++)
+            len += snprintf(why + len, sizeof why - len, "%s%s", i == n - 1 ? " and " : ", ", quant_type_name(formats[i]));
+        snprintf(why + len, sizeof why - len, "; one kernel reads them, and mixes only the K formats (Q4_K, Q5_K, Q6_K); --device cpu runs it");
+        return why;
+    }
     return NULL;
 #endif
 }

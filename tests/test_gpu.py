@@ -106,7 +106,7 @@ TEST_BUILDS = {
     "test_memcheck_clean": lambda p: [("plain", p["variant"], p["build"])],
     "test_tiny_gpu_quantized_matches_cpu": lambda p: [("plain", p["variant"], "specialized")],
     "test_generic_gpu_refuses_quantized": lambda p: [("plain", None, "generic")],
-    "test_gpu_refuses_formats_mixed_by_layer": lambda p: [("plain", "tiny-q4_k_m", p["build"])],
+    "test_gpu_refuses_formats_mixed_by_layer_outside_the_k_formats": lambda p: [("plain", "tiny-mixed-q4_1-q8_0", "specialized")],
     # its model is a tiny one with bytes planted (lot_word_model): built in the test, alone
     "test_tiny_gpu_lots_ended_by_a_q8_0_word_equal_cpu": lambda p: [],
 }
@@ -202,9 +202,11 @@ def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path):
 
 # Quantized tiny models (GGUF block formats kept on the device: runtime/cuda_weights.cuh): Q4_1
 # layers with a Q8_0 embedding (the default model's mix), Qwen2's biases on Q4_0, an untied Q8_0 LM
-# head, and the 1B's hidden size with Q4_0 attention and a Q4_1 MLP (rows of many chunks a lane).
+# head, the 1B's hidden size with Q4_0 attention and a Q4_1 MLP (rows of many chunks a lane), the
+# same shape in the K formats (Q5_K attention, Q4_K o_proj and gate/up, Q6_K down and embedding), and
+# llama.cpp's Q4_K_M mix (v_proj and down_proj Q6_K in some layers, Q4_K in the others: w_kany).
 # Specialized builds only: the generic build refuses quantized weights on the GPU.
-QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0", "tiny-d2048-q4")
+QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0", "tiny-d2048-q4", "tiny-d2048-k", "tiny-q4_k_m")
 
 
 @pytest.mark.parametrize("variant", QUANTIZED_VARIANTS)
@@ -261,17 +263,16 @@ def test_generic_gpu_refuses_quantized(tmp_path):
     assert r.returncode != 0 and "quantized" in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("build", BUILDS)
-def test_gpu_refuses_formats_mixed_by_layer(build):
-    """tiny-q4_k_m's v_proj and down_proj mix Q6_K (layers 0, 3, 6, 7) and Q4_K, llama.cpp's Q4_K_M
-    way: the GPU kernels take one format a field, so both builds refuse in one line that names the
-    first such field and its formats (the CPU runs it: tests/test_numerics.py)."""
-    d = tiny_model_dir("tiny-q4_k_m")
-    r = run(binary_for(d, build), "--device", "cuda", "-p", "hi", "-n", "1", check=False)
+def test_gpu_refuses_formats_mixed_by_layer_outside_the_k_formats():
+    """tiny-mixed-q4_1-q8_0's down_proj is Q8_0 in its last layer, Q4_1 in the others: one kernel
+    reads a field's every layer, and mixes only the K formats (w_kany), so the GPU refuses it in one
+    line naming the field and its formats (the CPU runs it: tests/test_numerics.py)."""
+    d = tiny_model_dir("tiny-mixed-q4_1-q8_0")
+    r = run(binary_for(d, "specialized"), "--device", "cuda", "-p", "hi", "-n", "1", check=False)
     err = r.stderr.decode()
     assert r.returncode != 0 and len(err.strip().splitlines()) == 1, err
-    assert ("--device cuda: the layers of self_attn.v_proj mix Q6_K and Q4_K; the GPU kernels take one format a field yet; "
-            "--device cpu runs it") in err, err
+    assert ("--device cuda: mlp.down_proj mix Q4_1 and Q8_0; one kernel reads them, and mixes only the K formats (Q4_K, Q5_K, "
+            "Q6_K); --device cpu runs it") in err, err
 
 
 @pytest.mark.parametrize("variant", TINY_VARIANTS)
