@@ -14,10 +14,27 @@
 #include "model_chat.h"
 #include "model_spec.h"
 #include "model_check.h"
+#include "quant.h"
 
 
 /* Exporters sometimes leave RoPE buffers in the weights; they are derived, never read. */
 static int ignore_tensor(const char *name) { return strstr(name, "rotary_emb.inv_freq") != NULL; }
+
+/* --check-weights for the quantized matrices: every block's fp16 scales finite (their integers are
+ * all valid values) */
+static err_code check_blocks_finite(const void *const *data) {
+    for (int t = 0; t < (int)MODEL_N_TENSORS; t++) {
+        const st_tensor_spec *s = &model_tensor_specs[t];
+        if (s->dtype != DT_U8) continue;
+        const quant_format *f = quant_format_of(model_tensor_format(s->name));
+        const size_t bytes = (size_t)s->shape[0] * (size_t)s->shape[1];
+        int is_nan = 0;
+        const size_t bad = quant_first_nonfinite_block(model_tensor_format(s->name), data[t], bytes, &is_nan);
+        if (bad < bytes / (size_t)f->bytes)
+            return err_set(ERR_ST_NONFINITE, "%s (%s blocks): block %zu's scale is %s", s->name, f->name, bad, is_nan ? "NaN" : "infinite");
+    }
+    return ERR_OK;
+}
 
 err_code engine_open(engine *e, const engine_config *o) {
     memset(e, 0, sizeof *e);
@@ -30,7 +47,8 @@ err_code engine_open(engine *e, const engine_config *o) {
                                                                                         * build's count is the config's */
     if (!data) return err_set(ERR_NOMEM, "%d tensor pointers", (int)MODEL_N_TENSORS);
     if ((rc = st_model_bind(e->st, model_tensor_specs, MODEL_N_TENSORS, data, ignore_tensor))) return rc;
-    if (o->check_weights && (rc = st_check_finite(model_tensor_specs, data, MODEL_N_TENSORS))) return rc;
+    if (o->check_weights && ((rc = st_check_finite(model_tensor_specs, data, MODEL_N_TENSORS)) || (rc = check_blocks_finite(data))))
+        return rc;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
     if ((rc = tok_load(&e->tok, path, MODEL_VOCAB_SIZE))) return rc; /* every id below vocab_size */

@@ -1001,22 +1001,6 @@ static size_t tensor_bytes(int t) {
 }
 
 /* The format of tensor t, a quantized one (dtype U8: codegen/spec.py), by its field's name. */
-static int quantized_format(int t) {
-    const char *name = model_tensor_specs[t].name;
-    int l = 0; /* the layer of a layer's tensor (the generated table's names) */
-    sscanf(name, "model.layers.%d.", &l);
-    const struct { const char *suffix; int format; } fields[] = {
-        {"embed_tokens.weight", MODEL_FORMAT_EMBED},      {"q_proj.weight", MODEL_FORMAT_WQ_AT(l)},   {"k_proj.weight", MODEL_FORMAT_WK_AT(l)},
-        {"v_proj.weight", MODEL_FORMAT_WV_AT(l)},         {"o_proj.weight", MODEL_FORMAT_WO_AT(l)},   {"gate_proj.weight", MODEL_FORMAT_W_GATE_AT(l)},
-        {"up_proj.weight", MODEL_FORMAT_W_UP_AT(l)},      {"down_proj.weight", MODEL_FORMAT_W_DOWN_AT(l)}, {"lm_head.weight", MODEL_FORMAT_LM_HEAD},
-    };
-    const size_t n = strlen(name);
-    for (const auto &f : fields) {
-        const size_t k = strlen(f.suffix);
-        if (n >= k && strcmp(name + n - k, f.suffix) == 0) return f.format;
-    }
-    return -1;
-}
 
 /* A block's scale and value bytes in GGUF's layout (scales first) of a format with GPU kernels */
 /* Copies every tensor into the arena through two pinned staging buffers, so the copy of one chunk
@@ -1059,7 +1043,7 @@ static err_code upload(model_cuda *m, const void *const *data, const size_t *off
             }
         }
         if (quantized) /* stream order: the next tensor's copies into raw wait for this */
-            CUDA_CHECK(repack_format(quantized_format(t), raw, (uint8_t *)m->arena + offsets[t], bytes, m->stream));
+            CUDA_CHECK(repack_format(model_tensor_format(model_tensor_specs[t].name), raw, (uint8_t *)m->arena + offsets[t], bytes, m->stream));
     }
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     if (bar) fprintf(stderr, "\n");

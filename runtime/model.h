@@ -10,6 +10,7 @@
 #define INGOT_MODEL_H
 
 #include <stdio.h>
+#include <string.h>
 
 #include "errors.h"
 #include "model_config.h"
@@ -33,6 +34,27 @@ err_code model_generic_load(const char *dir);
 err_code model_generic_load_chat(const char *dir, const struct tokenizer *tok);
 void model_generic_free(void);
 #endif
+
+/* The format (a GGUF type: quant.h; a dense matrix's is the model's dtype) of the matrix named name
+ * in the tensor table: its field's, or its layer's where the field's layers differ
+ * (MODEL_FORMAT_<F>_AT); -1 for a tensor that is not a matrix. */
+static inline int model_tensor_format(const char *name) {
+    int l = 0; /* the layer of a layer's tensor */
+    sscanf(name, "model.layers.%d.", &l);
+    const struct { const char *suffix; int format; } fields[] = {
+        {"embed_tokens.weight", MODEL_FORMAT_EMBED},    {"q_proj.weight", MODEL_FORMAT_WQ_AT(l)},
+        {"k_proj.weight", MODEL_FORMAT_WK_AT(l)},       {"v_proj.weight", MODEL_FORMAT_WV_AT(l)},
+        {"o_proj.weight", MODEL_FORMAT_WO_AT(l)},       {"gate_proj.weight", MODEL_FORMAT_W_GATE_AT(l)},
+        {"up_proj.weight", MODEL_FORMAT_W_UP_AT(l)},    {"down_proj.weight", MODEL_FORMAT_W_DOWN_AT(l)},
+        {"lm_head.weight", MODEL_FORMAT_LM_HEAD},
+    };
+    const size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const size_t k = strlen(fields[i].suffix);
+        if (n >= k && strcmp(name + n - k, fields[i].suffix) == 0) return fields[i].format;
+    }
+    return -1;
+}
 
 /* ---------------------------------------------------------------------------------------------
  * The CPU decode step (forward_cpu.c) */

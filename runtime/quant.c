@@ -69,6 +69,23 @@ err_code quant_row_bytes(int type, int64_t n, size_t *bytes) {
  * Scalar dequantizer: one block of each format into y (its block of weights) */
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+size_t quant_first_nonfinite_block(int type, const void *blocks, size_t bytes, int *is_nan) {
+    /* each format's fp16 fields: their offsets in its block (-1: none) */
+    int at[2] = {0, -1};
+    if (type == QUANT_Q4_1 || type == QUANT_Q4_K || type == QUANT_Q5_K) at[1] = 2;
+    if (type == QUANT_Q6_K) at[0] = 208;
+    const quant_format *f = quant_format_of(type);
+    const size_t n = bytes / (size_t)f->bytes;
+    const uint8_t *b = blocks;
+    for (size_t i = 0; i < n; i++, b += f->bytes)
+        for (int k = 0; k < 2; k++)
+            if (at[k] >= 0 && (rd16(b + at[k]) & 0x7C00) == 0x7C00) {
+                *is_nan = (rd16(b + at[k]) & 0x03FF) != 0;
+                return i;
+            }
+    return n;
+}
 static inline float rd_f16(const uint8_t *p) { return f16_to_f32_ref(rd16(p)); }
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block (ggml's get_scale_min_k4):

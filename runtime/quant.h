@@ -90,6 +90,11 @@ const char *quant_type_name(int type);
  * n) for a type not implemented here, n <= 0, or n not a multiple of the block. */
 err_code quant_row_bytes(int type, int64_t n, size_t *bytes);
 
+/* The first of the blocks of type (a block format; bytes of them at blocks) whose fp16 scale or
+ * minimum is NaN (*is_nan 1) or infinite, or the count of blocks: --check-weights' scan of a
+ * quantized matrix, whose integers are all valid. */
+size_t quant_first_nonfinite_block(int type, const void *blocks, size_t bytes, int *is_nan);
+
 /* y[0..n) = the weights of row (n weights of type), in fp32, bit for bit as the gguf package's
  * dequantizer. n must have passed quant_row_bytes: the hot path has no error checks. */
 void quant_dequantize_row(int type, const void *row, float *y, int n);

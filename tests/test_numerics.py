@@ -221,3 +221,37 @@ def test_mixed_formats_binary_refuses_another_layer_format(tmp_path):
     err = r.stderr.decode()
     assert r.returncode != 0 and err.count("\n") == 1, err
     assert "'quantization_config' is Q4_K for model.layers.3.self_attn.v_proj, this binary was built for Q6_K" in err, err
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("variant,tensor,at,value,what", [
+    ("tiny-q4_1", "model.layers.1.mlp.up_proj.weight", 20 * 3 + 2, 0x7E00, "NaN"),  # block 3's minimum
+    ("tiny-q4_k_m", "model.layers.3.self_attn.v_proj.weight", 210 * 3 + 208, 0x7C00, "infinite"),  # Q6_K block 3's d
+])
+def test_check_weights_refuses_a_nonfinite_block_scale(build, variant, tensor, at, value, what, tmp_path):
+    """--check-weights reads every quantized block's fp16 scales (quant_first_nonfinite_block): a
+    NaN or infinite one is named in one line, its tensor, format and block; without the flag nothing
+    names it (the scan is what refuses)."""
+    import struct
+
+    model_dir = tiny_model_dir(variant)
+    binary = binary_for(model_dir, build)
+    d = tmp_path / variant
+    d.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (model_dir / name).exists():
+            (d / name).symlink_to(model_dir / name)
+    raw = bytearray((model_dir / "model.safetensors").read_bytes())
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    pos = 8 + n + header[tensor]["data_offsets"][0] + at
+    raw[pos:pos + 2] = struct.pack("<H", value)
+    (d / "model.safetensors").write_bytes(bytes(raw))
+    fmt = json.loads((model_dir / "config.json").read_text())["quantization_config"]["formats"][tensor]
+    r = run(binary.path, "-m", str(d), "-p", "a", "-n", "1", "--device", "cpu", check=False)  # run() adds --check-weights
+    err = r.stderr.decode()
+    assert r.returncode != 0 and err.count("\n") == 1, err
+    assert f"{tensor} ({fmt} blocks): block 3's scale is {what}" in err, err
+    import subprocess
+    r = subprocess.run([*binary.argv("-m", str(d), "-p", "a", "-n", "1", "--device", "cpu")], capture_output=True, timeout=300)
+    assert "scale is" not in r.stderr.decode(), r.stderr.decode()
