@@ -65,15 +65,33 @@ static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE
  * Split, each of 1,920 warps on every SM takes one step, the halves meeting in shared memory: +0.4%
  * at depths 0 and 4096 (docs/performance.md, D51). */
 #define QKV_SPLIT_LAST 1
+/* The chunks a lane holds in flight a row step, and the lots above, by format: the plan's for the
+ * dense formats' 16-byte chunks of 8 weights; for a block format, whose chunk holds its scales beside
+ * 16 bytes of values and unpacks to 16 (Q8_0) or 32 weights, at most BLOCK_WEIGHTS weights' worth
+ * (Q8_0 4 chunks, the 4-bit and K formats 2). At the dense 8 the residual matvec spills (ptxas) and
+ * reads 36% (Q4_0), 58% (Q8_0), 16-31% (K formats) of the probe; at 4 chunks 46-73%, at 2 38-63%
+ * (tests/cuda_format_test.cu bench, one row a warp, 4096 x 14336, H100); with a row pair a warp
+ * (residual_pairs, the paired QKV and gate/up) 4 chunks of 32 weights still spill (docs/performance.md,
+ * D114). */
+#define BLOCK_WEIGHTS 64
+template <typename W, int PLAN>
+constexpr int format_unroll = W::DENSE16 ? PLAN : (PLAN < BLOCK_WEIGHTS / W::VALS ? PLAN : BLOCK_WEIGHTS / W::VALS);
+template <typename W> constexpr int mv_unroll = format_unroll<W, MODEL_MV_UNROLL>;
+template <typename W> constexpr int pair_unroll = format_unroll<W, MODEL_PAIR_UNROLL>;
+template <typename W> constexpr int pair_early = MODEL_PAIR_EARLY < pair_unroll<W> ? MODEL_PAIR_EARLY : pair_unroll<W>;
+template <typename W> constexpr int pair_lot = MODEL_PAIR_LOT < pair_early<W> ? MODEL_PAIR_LOT : pair_early<W>;
+template <typename W> constexpr int res_lot = MODEL_RES_LOT < mv_unroll<W> ? MODEL_RES_LOT : mv_unroll<W>;
+template <typename W> constexpr int res_pace = MV_RES_PACE ? mv_unroll<W> / 2 : 0; /* MV_RES_PACE's */
+
 // ---------------------------------------------------------------------------------------------
 // The matvec core. A block first stages its input vector in shared memory (for the norm'd inputs
 // as x * norm_w / rms(x): every block computes the same sum of squares, from L2), then each warp
 // takes one weight row at a time: lane l reads 16-byte chunks l, l + 32, ... (W::VALS weights each),
-// MODEL_MV_UNROLL chunks in flight per step, and the warp's partial sums meet in a shuffle reduction.
+// mv_unroll<W> chunks in flight per step, and the warp's partial sums meet in a shuffle reduction.
 
-/* A lane's U chunks of one step of a row: U = MODEL_MV_UNROLL, or MODEL_PAIR_UNROLL in the paired norm'd
+/* A lane's U chunks of one step of a row: U = mv_unroll<W>, or pair_unroll<W> in the paired norm'd
  * kernels (QKV, gate/up), whose warps hold two rows. */
-template <typename W, int U = MODEL_MV_UNROLL>
+template <typename W, int U = mv_unroll<W>>
 struct row_chunks {
     typename W::chunk v[U];
 };
@@ -145,24 +163,24 @@ __device__ __forceinline__ int load_lots(row_chunks<W, U> *a, row_chunks<W, U> *
     return loaded;
 }
 
-/* A paired kernel's early loads, before its wait: the first MODEL_PAIR_EARLY chunks of rows ra and rb's
- * first step, in lots of MODEL_PAIR_LOT where the plan takes them, else at once. Lots that end early
+/* A paired kernel's early loads, before its wait: the first pair_early<W> chunks of rows ra and rb's
+ * first step, in lots of pair_lot<W> where the plan takes them, else at once. Lots that end early
  * (load_lots) leave the rest of the early chunks to load here, at once: Q8_0's values hold the word
- * that ends them (int8 1, 0, -64, 127), and the Mistral-7B shape in Q8_0 decoded NaN on the GPU
- * while its first 2 layers, or 32 layers in Q4_0, did not (H100): the likely cause, fixed here. */
+ * that ends them (int8 1, 0, -64, 127). Left unset, they gave the Mistral-7B shape in Q8_0 NaN logits
+ * on the GPU (its first 2 layers, or 32 layers in Q4_0, were right; H100); loaded, it decodes. */
 template <typename W, int U>
 __device__ __forceinline__ void pair_early_loads(row_chunks<W, U> *a, row_chunks<W, U> *b, typename W::row_t ra, typename W::row_t rb, int K, int lane) {
-    if (MODEL_PAIR_LOT < MODEL_PAIR_EARLY) {
-        const int loaded = load_lots<MODEL_PAIR_LOT>(a, b, ra, rb, K, lane, MODEL_PAIR_EARLY, never_stop{});
+    if (pair_lot<W> < pair_early<W>) {
+        const int loaded = load_lots<pair_lot<W>>(a, b, ra, rb, K, lane, pair_early<W>, never_stop{});
 #pragma unroll
-        for (int u = 0; u < MODEL_PAIR_EARLY; u++) /* static register indices; none where every lot went out */
+        for (int u = 0; u < pair_early<W>; u++) /* static register indices; none where every lot went out */
             if (u >= loaded && u * WARP_SIZE + lane < K / W::VALS) {
                 a->v[u] = W::load(ra, u * WARP_SIZE + lane);
                 b->v[u] = W::load(rb, u * WARP_SIZE + lane);
             }
     } else {
-        load_chunks(a, ra, K, 0, lane, 0, MODEL_PAIR_EARLY);
-        load_chunks(b, rb, K, 0, lane, 0, MODEL_PAIR_EARLY);
+        load_chunks(a, ra, K, 0, lane, 0, pair_early<W>);
+        load_chunks(b, rb, K, 0, lane, 0, pair_early<W>);
     }
 }
 
@@ -221,7 +239,7 @@ __host__ __device__ constexpr size_t pair_async_bytes(int K) {
 }
 
 /* Dynamic shared memory of QKV's block, whose input has K values. */
-#define QKV_SMEM_BYTES(W, K) (MV_SMEM_BYTES(K) + pair_async_bytes<W, MODEL_PAIR_UNROLL>(K))
+#define QKV_SMEM_BYTES(W, K) (MV_SMEM_BYTES(K) + pair_async_bytes<W, pair_unroll<W>>(K))
 
 /* This warp's slots for the async steps: after the block's staged input of K floats (K % 8 == 0, so
  * 16-byte aligned). Slot (s, row, u) holds lane l's chunk at [((s * 2 + row) * U + u) * WARP_SIZE + l]. */
@@ -536,26 +554,39 @@ __device__ __forceinline__ void embed_body(typename W::mat embed, const int *io,
     embed_row<W>(embed, token, x, dim, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
-/* out (rows, K) = w in fp16, a chunk a thread over the grid: a quantized matrix as the prompt's GEMMs
- * read it (forward_cuda.cu's prompt_dequant_kernel) */
+/* out (rows, K) = w in fp16: a quantized matrix as the prompt's GEMMs read it (forward_cuda.cu's
+ * prompt_dequant_kernel, blocks of DEQUANT_THREADS). A warp takes 32 consecutive chunks, a chunk a
+ * lane, and stores them through shared memory, so that each store instruction writes 512 contiguous
+ * bytes: a lane's own 16-byte stores land 2 * VALS bytes apart, 4 lines an instruction. */
+#define DEQUANT_THREADS 256
 template <typename W>
 __device__ __forceinline__ void dequant_rows(typename W::mat w, int rows, int K, uint16_t *out) {
-    const int chunks = K / W::VALS;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)rows * chunks; i += (size_t)gridDim.x * blockDim.x) {
-        const int r = (int)(i / chunks), c = (int)(i % chunks);
-        float f[W::VALS];
-        W::to_f32(W::load(W::row(w, r, K), c), f);
-        uint4 *o = reinterpret_cast<uint4 *>(out + (size_t)r * K + (size_t)c * W::VALS);
+    constexpr int WORDS = W::VALS / 8; /* uint4s of fp16 a chunk */
+    __shared__ uint4 staged[DEQUANT_THREADS / WARP_SIZE][WARP_SIZE * WORDS];
+    uint4 *mine = staged[threadIdx.x / WARP_SIZE];
+    const int lane = threadIdx.x % WARP_SIZE, chunks = K / W::VALS;
+    const size_t total = (size_t)rows * chunks, step = (size_t)gridDim.x * blockDim.x;
+    for (size_t base = blockIdx.x * (size_t)blockDim.x + threadIdx.x - lane; base < total; base += step) {
+        const size_t i = base + lane;
+        if (i < total) {
+            float f[W::VALS];
+            W::to_f32(W::load(W::row(w, (int)(i / chunks), K), (int)(i % chunks)), f);
 #pragma unroll
-        for (int v = 0; v < W::VALS / 8; v++) {
-            uint32_t h[4];
+            for (int v = 0; v < WORDS; v++) {
+                uint32_t h[4];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const __half2 p = __floats2half2_rn(f[8 * v + 2 * k], f[8 * v + 2 * k + 1]);
-                h[k] = *reinterpret_cast<const uint32_t *>(&p);
+                for (int k = 0; k < 4; k++) {
+                    const __half2 p = __floats2half2_rn(f[8 * v + 2 * k], f[8 * v + 2 * k + 1]);
+                    h[k] = *reinterpret_cast<const uint32_t *>(&p);
+                }
+                mine[lane * WORDS + v] = make_uint4(h[0], h[1], h[2], h[3]);
             }
-            o[v] = make_uint4(h[0], h[1], h[2], h[3]);
         }
+        __syncwarp();
+        uint4 *o = reinterpret_cast<uint4 *>(out + base * W::VALS); /* chunk base's row r, column c: r K + c VALS */
+        const int n = (int)(total - base < WARP_SIZE ? total - base : WARP_SIZE) * WORDS;
+        for (int k = lane; k < n; k += WARP_SIZE) o[k] = mine[k];
+        __syncwarp();
     }
 }
 
@@ -607,7 +638,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, ty
     const int lane = threadIdx.x % WARP_SIZE;
     int p = grid_warp(), ra = 0, rb = 0, kind = 0;
     TRACE_BEGIN(ST_QKV);
-    row_chunks<W, MODEL_PAIR_UNROLL> a, b;
+    row_chunks<W, pair_unroll<W>> a, b;
     if (p < pairs) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
         typename W::mat wm = kind == 0 ? wq : kind == 1 ? wk : wv;
@@ -620,18 +651,18 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, ty
     TRACE_AT(TRACE_WAITED);
     /* the async steps, where this build has them (MODEL_QKV_ASYNC): issued once the input is staged (in
      * stage_input's hook, right behind the input's loads: 7B -1.1%, 1B 0.3 points less gain) */
-    const int async = pair_async_steps<W, MODEL_PAIR_UNROLL>(dim);
-    uint4 *slots = pair_async_slots<W, MODEL_PAIR_UNROLL>(sx, dim);
+    const int async = pair_async_steps<W, pair_unroll<W>>(dim);
+    uint4 *slots = pair_async_slots<W, pair_unroll<W>>(sx, dim);
     const float scale = stage_input<W>(sx, x, true, dim, eps, [&] {
-        if (MODEL_PAIR_EARLY == MODEL_PAIR_UNROLL || p >= pairs) return;
+        if (pair_early<W> == pair_unroll<W> || p >= pairs) return;
         typename W::mat wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        load_chunks(&a, W::row(wm, ra, dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
-        load_chunks(&b, W::row(wm, rb, dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
+        load_chunks(&a, W::row(wm, ra, dim), dim, 0, lane, pair_early<W>, pair_unroll<W>);
+        load_chunks(&b, W::row(wm, rb, dim), dim, 0, lane, pair_early<W>, pair_unroll<W>);
     });
     TRACE_AT(TRACE_STAGED);
     if (async > 0 && p < pairs) {
         typename W::mat wm = kind == 0 ? wq : kind == 1 ? wk : wv;
-        pair_async_issue<W, MODEL_PAIR_UNROLL>(slots, W::row(wm, ra, dim),
+        pair_async_issue<W, pair_unroll<W>>(slots, W::row(wm, ra, dim),
                                          W::row(wm, rb, dim), dim, lane, async);
     }
     const int pos = io[IO_POS];
@@ -657,7 +688,7 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, ty
     };
     /* the last round split by K (QKV_SPLIT_LAST) where the pairs fill a round and what is left of
      * them fits half the warps; the full rounds before it as usual */
-    const int full = pairs / grid_warps() * grid_warps(), left = pairs - full, steps = mv_steps<W, MODEL_PAIR_UNROLL>(dim);
+    const int full = pairs / grid_warps() * grid_warps(), left = pairs - full, steps = mv_steps<W, pair_unroll<W>>(dim);
     const bool split = QKV_SPLIT_LAST && full > 0 && left > 0 && 2 * left <= grid_warps() && steps >= 2;
     for (bool first = true; p < (split ? full : pairs); p += grid_warps(), first = false) {
         qkv_pair(p, q_pairs, k_pairs, head_dim, &ra, &rb, &kind);
@@ -707,17 +738,18 @@ __device__ __forceinline__ void matvec_residual_body(typename W::mat w, const ui
     row_chunks<W> a, b;
     extern __shared__ float sx[];
     /* the first step's chunks loaded before the wait (load_lots): in the joined grid given go, lots
-     * of MV_RES_PACE polling *go until it reaches go_count; launched on its own, lots of MODEL_RES_LOT */
-    int early = MODEL_MV_UNROLL;
+     * of res_pace<W> polling *go until it reaches go_count; launched on its own, lots of res_lot<W> */
+    constexpr int U = mv_unroll<W>;
+    int early = U;
     if (row < n) {
-        constexpr int PACE_LOT = MV_RES_PACE > 0 ? MV_RES_PACE : MODEL_MV_UNROLL;
-        if (MV_RES_PACE > 0 && go) {
+        constexpr int PACE_LOT = res_pace<W> > 0 ? res_pace<W> : U;
+        if (res_pace<W> > 0 && go) {
             early = load_lots<PACE_LOT>(&a, pairs ? &b : nullptr, W::row(w, row, K),
-                                        W::row(w, row + half, K), K, lane, MODEL_MV_UNROLL,
+                                        W::row(w, row + half, K), K, lane, U,
                                         stop_at_count{go, go_count});
-        } else if (MODEL_RES_LOT < MODEL_MV_UNROLL) {
-            early = load_lots<MODEL_RES_LOT>(&a, pairs ? &b : nullptr, W::row(w, row, K),
-                                          W::row(w, row + half, K), K, lane, MODEL_MV_UNROLL,
+        } else if (res_lot<W> < U) {
+            early = load_lots<res_lot<W>>(&a, pairs ? &b : nullptr, W::row(w, row, K),
+                                          W::row(w, row + half, K), K, lane, U,
                                           never_stop{});
         } else {
             load_step(&a, W::row(w, row, K), K, 0, lane);
@@ -727,9 +759,9 @@ __device__ __forceinline__ void matvec_residual_body(typename W::mat w, const ui
     TRACE_AT(TRACE_READY);
     wait();
     TRACE_AT(TRACE_WAITED);
-    /* the first step's chunks a paced start left (MV_RES_PACE), behind the input's loads */
+    /* the first step's chunks a paced start left (res_pace), behind the input's loads */
     auto rest = [&] {
-        if (early >= MODEL_MV_UNROLL || row >= n) return;
+        if (early >= U || row >= n) return;
         load_chunks_from(&a, W::row(w, row, K), K, 0, lane, early);
         if (pairs) load_chunks_from(&b, W::row(w, row + half, K), K, 0, lane, early);
     };
@@ -773,7 +805,7 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     const int lane = threadIdx.x % WARP_SIZE;
     int i = grid_warp();
     TRACE_BEGIN(ST_GATE_UP);
-    row_chunks<W, MODEL_PAIR_UNROLL> a, b;
+    row_chunks<W, pair_unroll<W>> a, b;
     if (i < hidden) {
         pair_early_loads(&a, &b, W::row(wg, i, dim),
                          W::row(wu, i, dim), dim, lane);
@@ -783,9 +815,9 @@ __device__ __forceinline__ void rmsnorm_gate_up_silu_body(const uint16_t *norm_w
     wait();
     TRACE_AT(TRACE_WAITED);
     const float scale = stage_input<W, polls_input<Wait>::value>(sx, x, true, dim, eps, [&] {
-        if (MODEL_PAIR_EARLY == MODEL_PAIR_UNROLL || i >= hidden) return;
-        load_chunks(&a, W::row(wg, i, dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
-        load_chunks(&b, W::row(wu, i, dim), dim, 0, lane, MODEL_PAIR_EARLY, MODEL_PAIR_UNROLL);
+        if (pair_early<W> == pair_unroll<W> || i >= hidden) return;
+        load_chunks(&a, W::row(wg, i, dim), dim, 0, lane, pair_early<W>, pair_unroll<W>);
+        load_chunks(&b, W::row(wu, i, dim), dim, 0, lane, pair_early<W>, pair_unroll<W>);
     });
     TRACE_AT(TRACE_STAGED);
     for (bool first = true; i < hidden; i += grid_warps(), first = false) {

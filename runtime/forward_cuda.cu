@@ -264,7 +264,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
                                                counters + CTR_ATT_DONE);
         return;
     }
-    const unsigned *go = MV_RES_PACE ? counters + CTR_ATT_DONE : NULL;
+    const unsigned *go = res_pace<w_o> ? counters + CTR_ATT_DONE : NULL;
     if constexpr (MODEL_ATT_O_POLL) /* att is att_poll: o_proj polls the outputs themselves */
         matvec_residual_body<w_o>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att, x, MODEL_DIM, MODEL_Q_DIM, MODEL_RESIDUAL_PAIRS, ST_O,
                              wait_poll{att, MODEL_N_KV_HEADS, MODEL_Q_DIM}, b - att_blocks,
@@ -359,7 +359,7 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(w_embed::mat 
 #define PROMPT_DOWN (PROMPT_UP + (size_t)MODEL_HIDDEN_DIM * MODEL_DIM)
 #define PROMPT_LAYER (PROMPT_DOWN + (size_t)MODEL_DIM * MODEL_HIDDEN_DIM)
 /* waits before its first write: the previous layer's GEMMs read out */
-static __global__ void __launch_bounds__(256) prompt_dequant_kernel(cuda_layer w, uint16_t *out) {
+static __global__ void __launch_bounds__(DEQUANT_THREADS) prompt_dequant_kernel(cuda_layer w, uint16_t *out) {
     pdl_wait();
     pdl_launch_dependents();
     dequant_rows<w_qkv>(w.wq, MODEL_Q_DIM, MODEL_DIM, out + PROMPT_Q);
@@ -854,7 +854,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
     mark(PF_EMBED);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
 #if CUDA_QUANTIZED
-        launch(prompt_dequant_kernel, m->dequant_blocks, 1, 256, 0, m->stream, m->dw.layers[l], m->prompt_w);
+        launch(prompt_dequant_kernel, m->dequant_blocks, 1, DEQUANT_THREADS, 0, m->stream, m->dw.layers[l], m->prompt_w);
         mark(PF_DEQUANT);
         const model_layer_weights prompt = prompt_layer(m, l), *lw = &prompt;
 #else
@@ -1298,7 +1298,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms;
 #if CUDA_QUANTIZED
     CUDA_CHECK(cudaMalloc(&m->prompt_w, PROMPT_LAYER * sizeof(uint16_t)));
-    m->dequant_blocks = 8 * sms; /* 256 threads: a full SM's worth of threads 8 a SM */
+    m->dequant_blocks = 8 * sms; /* 8 blocks of DEQUANT_THREADS: an SM's 2048 threads */
 #endif
     prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
