@@ -377,6 +377,14 @@ build/fuzz/fuzz_cli: tests/fuzz/fuzz_cli.c tests/fuzz/fuzz_common.h runtime/main
 		$< runtime/engine.c runtime/server.c generated/tiny-llama/forward_cpu.c generated/tiny-llama/model_tensors.c \
 		$(RUNTIME_SRCS) -o $@ -lm -lmicrohttpd -lpthread
 
+# The server's request handling: the same model, server.c included by the target (its statics).
+build/fuzz/fuzz_server: tests/fuzz/fuzz_server.c tests/fuzz/fuzz_common.h runtime/engine.c runtime/server.c \
+		$(FUZZ_MODEL)/model.safetensors $(RUNTIME_SRCS) $(RUNTIME_HDRS) $(CODEGEN_SRCS) build/.mhd-ok
+	$(MAKE) MODEL=$(FUZZ_MODEL) generate
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fopenmp -march=native -Igenerated/tiny-llama -DINGOT_MODEL_DIR='"$(abspath $(FUZZ_MODEL))"' \
+		$< runtime/engine.c generated/tiny-llama/forward_cpu.c generated/tiny-llama/model_tensors.c \
+		$(RUNTIME_SRCS) -o $@ -lm -lmicrohttpd -lpthread
+
 fuzz: $(FUZZ_TARGETS:%=build/fuzz/%)
 	@for t in $(FUZZ_TARGETS); do \
 		mkdir -p build/fuzz/corpus/$$t; \

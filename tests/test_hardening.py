@@ -539,3 +539,16 @@ def test_generic_odd_shapes(hbin, shape):
     else:
         r = ingot(hbin, *args)
         assert r.returncode == 0, r.stderr.decode(errors="replace")[:3000]
+
+
+def test_fuzz_server_seed_corpus():
+    """The server's request handling (tests/fuzz/fuzz_server.c: libFuzzer with AddressSanitizer and
+    UBSan) on its seed corpus, which holds every input kept from fuzzing it: no crash, and every
+    property the target checks holds (a job's ids in the vocabulary and the context, a refusal's
+    status and one-line message, the answers' JSON parsing for any bytes of text)."""
+    if not shutil.which("clang"):
+        pytest.skip("clang is not installed here: the fuzz targets build with it (make fuzz)")
+    subprocess.run(["make", "-s", "build/fuzz/fuzz_server"], cwd=REPO, check=True, capture_output=True)
+    inputs = sorted(str(p) for p in (FUZZ_CORPUS / "fuzz_server").iterdir())
+    r = subprocess.run([str(REPO / "build" / "fuzz" / "fuzz_server"), *inputs], capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]

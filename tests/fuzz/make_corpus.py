@@ -107,6 +107,24 @@ def main() -> None:
     }
     for name, argv in argvs.items():
         write("fuzz_cli", name, b"\0".join(a.encode() for a in argv))
+    # the server: the URL, a newline, the body (fuzz_server.c), each request field once
+    chat = {"model": "tiny-llama", "messages": [{"role": "system", "content": "be brief"},
+                                                 {"role": "user", "content": "h\u00e9llo"}]}
+    requests = {
+        "chat": ("/v1/chat/completions", chat),
+        "chat-parts": ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+        "chat-sampling": ("/v1/chat/completions", {**chat, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
+                                                   "seed": 3, "max_tokens": 4, "max_completion_tokens": 4, "stop": ["\n", "x"],
+                                                   "stream": True, "stream_options": {"include_usage": True},
+                                                   "repeat_penalty": 1.1, "n": 1}),
+        "completion": ("/v1/completions", {"prompt": "Once upon", "max_tokens": 3, "stop": "."}),
+        "completion-long": ("/v1/completions", {"prompt": "a " * 300}),
+        "health": ("/health", None),
+        "models": ("/v1/models", None),
+    }
+    for name, (url, body) in requests.items():
+        write("fuzz_server", name, url.encode() + b"\n" + (json.dumps(body).encode() if body is not None else b""))
+    write("fuzz_server", "text-bytes", b"/v1/chat/completions\n\xff\xfe\xc3\x28 \xe2\x82 \x00\x1b[1m \"quoted\" \\ \xf0\x9f\x98\x80")
     write("fuzz_json", "escapes.json", b'{"a": "\\u00e9\\ud83d\\ude00\\n", "b": [1, -2.5e3, true, false, null, {}]}')
 
 
