@@ -69,12 +69,12 @@ err_code engine_open(engine *e, const engine_config *o) {
     if (o->cuda) {
 #ifdef INGOT_CUDA
         e->device_sampling = !o->host_logits;
-        return model_cuda_init(&e->gpu, data, e->ctx);
+        return model_cuda_init(&e->gpu, data, e->ctx, (kv_cache_type)o->kv_cache);
 #else
         return err_set(ERR_DEVICE, "this binary was built without CUDA");
 #endif
     }
-    return model_cpu_init(&e->cpu, data, e->ctx, o->n_threads);
+    return model_cpu_init(&e->cpu, data, e->ctx, o->n_threads, (kv_cache_type)o->kv_cache);
 }
 
 void engine_close(engine *e) {

@@ -24,6 +24,7 @@ typedef struct {
     int cuda;        /* run on the GPU (a build with INGOT_CUDA) */
     int host_logits; /* the GPU sends each step's logits to the host (perplexity, logits dumps) */
     int check_weights; /* scan the weights for NaN and infinity at load (--check-weights) */
+    int kv_cache;      /* the KV cache's element type, a kv_cache_type (model.h): --kv-cache */
 } engine_config;
 
 typedef struct {

@@ -603,8 +603,8 @@ struct model_cuda {
 };
 
 #if defined(MODEL_WEIGHT_DTYPE_F32)
-extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx) {
-    (void)out, (void)data, (void)ctx;
+extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, kv_cache_type kv) {
+    (void)out, (void)data, (void)ctx, (void)kv;
     return err_set(ERR_DEVICE, "--device cuda: fp32 weights are not supported on the GPU; convert the model to bf16 or fp16");
 }
 extern "C" err_code model_cuda_feed(model_cuda *, const int *, int, int, int) { return ERR_DEVICE; }
@@ -1165,8 +1165,9 @@ static const char *formats_refused(void) {
 #endif
 }
 
-extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx) {
+extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, kv_cache_type kv) {
     if (const char *why = formats_refused()) return err_set(ERR_DEVICE, "--device cuda: %s", why);
+    if (kv != KV_F16) return err_set(ERR_DEVICE, "--kv-cache q8: not on the GPU yet; --device cpu runs it");
     MODEL_REQUIRE(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0, ERR_DEVICE,
                   "--device cuda: needs hidden_size, intermediate_size and q_dim multiples of 8 (matvec rows are read in "
                   "16-byte chunks of 8 weights)");

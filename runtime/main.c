@@ -68,6 +68,7 @@ typedef struct {
     server_config server;
     int model_given;          /* -m: not the executable's own model (an appliance's) */
     int check_weights;        /* scan the weights for NaN and infinity at load */
+    int kv_cache;             /* --kv-cache: a kv_cache_type (model.h) */
 } options;
 
 static void usage(FILE *f) {
@@ -110,6 +111,8 @@ static void usage(FILE *f) {
             "      --check-weights     refuse weights that hold NaN or infinity (a scan of every weight at load)\n"
             "      --threads N         CPU threads (default: physical cores)\n"
             "      --ctx N             context length in tokens (default %s; --perplexity: 512)\n"
+            "      --kv-cache f16|q8   the KV cache's elements: fp16, or int8 with a scale a position and KV head\n"
+            "                          (half the bytes: longer contexts, faster deep decode; default f16)\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit;\n"
             "                          with --perplexity, those of the scored tokens\n"
@@ -221,6 +224,12 @@ static err_code parse_args(int argc, char **argv, options *o) {
         else if (FLAG("--check-weights", "--check-weights")) o->check_weights = 1;
         else if (FLAG("--threads", "--threads")) { NEEDS_VALUE(); rc = parse_long(a, v, 1, 1024, &n); o->n_threads = (int)n; }
         else if (FLAG("--ctx", "--ctx")) { NEEDS_VALUE(); o->ctx_arg = v; }
+        else if (FLAG("--kv-cache", "--kv-cache")) {
+            NEEDS_VALUE();
+            if (strcmp(v, "f16") == 0) o->kv_cache = KV_F16;
+            else if (strcmp(v, "q8") == 0) o->kv_cache = KV_Q8;
+            else return err_set(ERR_ARG, "--kv-cache %s: expected f16 or q8", v);
+        }
         else if (FLAG("--device", "--device")) {
             NEEDS_VALUE();
             if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) return err_set(ERR_ARG, "--device %s: expected cpu or cuda", v);
@@ -777,7 +786,7 @@ int main(int argc, char **argv) {
     engine e;
     engine_config ec = {.model_dir = o.model_dir, .ctx = o.ctx, .n_threads = o.n_threads,
                         .cuda = strcmp(o.device, "cuda") == 0, .host_logits = o.dump_logits || o.perplexity_file,
-                        .check_weights = o.check_weights};
+                        .check_weights = o.check_weights, .kv_cache = o.kv_cache};
     rc = engine_open(&e, &ec);
     if (!rc) {
         if (o.serve) {

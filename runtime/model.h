@@ -57,12 +57,18 @@ static inline int model_tensor_format(const char *name) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The KV cache's element type (--kv-cache). KV_Q8: each position's key and value vector of a KV
+ * head as int8 with one fp32 scale, d = max|x| / 127 and x_i ~ d * rint(x_i * (127 / max|x|)): half
+ * the bytes of fp16 for long contexts (docs/architecture.md, "The KV cache"). */
+typedef enum { KV_F16, KV_Q8 } kv_cache_type;
+
+/* ---------------------------------------------------------------------------------------------
  * The CPU decode step (forward_cpu.c) */
 typedef struct model_cpu model_cpu;
 
 /* data[i]: model_tensor_specs[i]'s bytes (the mapped files); ctx: tokens of KV cache
- * (1..MODEL_SEQ_LEN); n_threads: OpenMP threads (>= 1). */
-err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n_threads);
+ * (1..MODEL_SEQ_LEN); n_threads: OpenMP threads (>= 1); kv: the cache's element type. */
+err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n_threads, kv_cache_type kv);
 
 /* Runs token at position pos (0 <= pos < ctx) through the model, appending its keys and values to
  * the cache, and returns the logits (vocab) for the next token, valid until the next call. */
@@ -89,7 +95,7 @@ typedef struct model_cuda model_cuda;
 /* Uploads the weights (data[i]: model_tensor_specs[i]'s bytes on the host) and allocates a KV cache
  * of ctx tokens on device 0; refuses with ERR_DEVICE when there is no device or they do not fit.
  * Each decode step then runs as a CUDA graph of a kernel per stage. */
-err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx);
+err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, kv_cache_type kv);
 
 /* The GPU decode steps run in a queue on the device: the host queues steps without waiting and
  * takes the chosen tokens in order, so the device never waits on the host between steps. A step

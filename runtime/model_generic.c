@@ -38,7 +38,7 @@ void model_generic_free(void) {
                                 : fn##_f32(__VA_ARGS__))
 
 #define DECLARE_CPU(dt)                                                                              \
-    err_code model_cpu_init_##dt(model_cpu **out, const void *const *data, int ctx, int n_threads); \
+    err_code model_cpu_init_##dt(model_cpu **out, const void *const *data, int ctx, int n_threads, kv_cache_type kv); \
     const float *model_cpu_forward_##dt(model_cpu *m, int token, int pos);                          \
     const float *model_cpu_prefill_##dt(model_cpu *m, const int *tokens, int n, int pos0);          \
     void model_cpu_prefill_logits_##dt(model_cpu *m, const int *tokens, int n, int pos0, float *logits); \
@@ -48,8 +48,8 @@ DECLARE_CPU(bf16)
 DECLARE_CPU(f16)
 DECLARE_CPU(f32)
 
-err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n_threads) {
-    return BY_DTYPE(model_cpu_init, out, data, ctx, n_threads);
+err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n_threads, kv_cache_type kv) {
+    return BY_DTYPE(model_cpu_init, out, data, ctx, n_threads, kv);
 }
 const float *model_cpu_forward(model_cpu *m, int token, int pos) { return BY_DTYPE(model_cpu_forward, m, token, pos); }
 const float *model_cpu_prefill(model_cpu *m, const int *tokens, int n, int pos0) {
@@ -65,7 +65,7 @@ void model_cpu_free(model_cpu *m) { BY_DTYPE(model_cpu_free, m); }
 
 #ifdef INGOT_CUDA
 #define DECLARE_CUDA(dt)                                                                             \
-    err_code model_cuda_init_##dt(model_cuda **out, const void *const *data, int ctx); \
+    err_code model_cuda_init_##dt(model_cuda **out, const void *const *data, int ctx, kv_cache_type kv); \
     err_code model_cuda_feed_##dt(model_cuda *m, const int *tokens, int n, int pos, int out);       \
     err_code model_cuda_feed_choice_##dt(model_cuda *m);                                            \
     err_code model_cuda_take_##dt(model_cuda *m, int *next, const float **logits);                  \
@@ -78,8 +78,8 @@ DECLARE_CUDA(bf16)
 DECLARE_CUDA(f16)
 DECLARE_CUDA(f32)
 
-err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx) {
-    return BY_DTYPE(model_cuda_init, out, data, ctx);
+err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, kv_cache_type kv) {
+    return BY_DTYPE(model_cuda_init, out, data, ctx, kv);
 }
 err_code model_cuda_feed(model_cuda *m, const int *tokens, int n, int pos, int out) {
     return BY_DTYPE(model_cuda_feed, m, tokens, n, pos, out);

@@ -72,7 +72,8 @@ struct model_cpu {
 /* Floats of each activation, rounded up to whole cache lines. */
 static inline size_t activation_floats(size_t n) { return (n + 15) / 16 * 16; }
 
-err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n_threads) {
+err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n_threads, kv_cache_type kv) {
+    if (kv != KV_F16) return err_set(ERR_ARG, "--kv-cache q8: not on the CPU yet");
     MODEL_REQUIRE(MODEL_HEAD_DIM % 4 == 0, ERR_CONFIG,
                   "the CPU decode step needs head_dim % 4 == 0: q/k/v quads pair rows i, i+1 with i + head_dim/2, i + 1 + head_dim/2");
     MODEL_REQUIRE(CPU_STREAMS == 1 || CPU_STREAMS == 4, ERR_CONFIG, "CPU_STREAMS is 1 or 4");
