@@ -378,8 +378,8 @@ __device__ __forceinline__ void mma_store_sums(float *red, const float (&o)[HD /
  * are read once for all of them. A row scores the positions past its token's as -inf. A token's
  * query, output and partial sums are q_stride floats and `parts` (n_heads * n_splits) splits
  * after the previous token's; one counter for the group's KV head. */
-template <int TOKENS, typename Wait, int MMA_HD = 0>
-__device__ __forceinline__ void attention_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+template <int TOKENS, typename KV, typename Wait, int MMA_HD = 0>
+__device__ __forceinline__ void attention_body(const float *q, const kv_view<KV> &cache, const int *io,
                                                int ahead, float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                int head_dim, int kv_mul, int ctx, int n_splits,
                                                int min_splits, int kvh, int split, unsigned *ready, Wait wait,
@@ -408,17 +408,16 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     TRACE_BEGIN(ST_ATT);
     /* the fp32 path: thread (c, slice) takes chunk c (8 dims) of positions slice, slice + slices, ... */
     const int chunks = head_dim / 8, slices = blockDim.x / chunks, c = tid % chunks, slice = tid / chunks;
-    const size_t vstride = head_dim / 8; /* uint4s from one position to the next */
-    const uint4 *kbase = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, head_dim)) + c;
-    const uint4 *vbase = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, head_dim)) + c;
+    const typename KV::elem *kbase = cache.k + kv_at(start, kvh, ctx, head_dim) + 8 * c;
+    const typename KV::elem *vbase = cache.v + kv_at(start, kvh, ctx, head_dim) + 8 * c;
     float *red = sc; /* (warps, rows, head_dim): the warps' sums of the weighted values, after them */
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         static_assert(MMA_HD == 64 || MMA_HD == 128, "attention on the tensor cores: heads of 64 or 128");
         constexpr int HD = MMA_HD, KCH = HD / 32, U = att_mma_tiles(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
-        const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, HD));
-        const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
-        /* keys of positions 16 tile + g + 8 h, this lane's uint4 of chunk ch: uint4 4 ch + cq of the row */
+        const typename KV::elem *kb = cache.k + kv_at(start, kvh, ctx, HD);
+        /* keys of positions 16 tile + g + 8 h, this lane's 8 elements of chunk ch: the row's 4 ch + cq'th
+         * (as fp16: KV::load8) */
         typedef uint4 key_regs[U][2][KCH];
         auto load_keys = [&](key_regs &kr, int round, bool before_wait) {
 #pragma unroll
@@ -430,7 +429,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     const bool want = j < len && (round > 0 || (start + j < first_new) == before_wait);
 #pragma unroll
                     for (int ch = 0; ch < KCH; ch++)
-                        if (want) kr[k][h][ch] = __ldcg(kb + (size_t)j * (HD / 8) + 4 * ch + cq);
+                        if (want) kr[k][h][ch] = KV::load8(kb + (size_t)j * HD + 8 * (4 * ch + cq));
                         else if (round > 0 || before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
                 }
         };
@@ -439,7 +438,8 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
          * every warp's same lane (in registers they took the 7B shape past 128) */
         uint32_t *qf = reinterpret_cast<uint32_t *>(sml + 2 * rows);
         uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* this warp's staged tiles */
-        auto stage_values = [&](bool before_wait) {
+        auto stage_values = [&](bool before_wait) { /* kv_f16's only (staged: below) */
+            const uint4 *vb = reinterpret_cast<const uint4 *>(cache.v + kv_at(start, kvh, ctx, HD));
 #pragma unroll
             for (int k = 0; k < U; k++) {
                 const int tile = wid + WARPS * k;
@@ -457,7 +457,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         };
         key_regs ka, kn; /* this round's keys, the next round's where pipelined */
         load_keys(ka, 0, true);
-        const bool staged = MODEL_ATT_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS;
+        const bool staged = !KV::Q8 && MODEL_ATT_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS;
         if (staged) stage_values(true);
         TRACE_AT(TRACE_READY);
         wait();
@@ -477,7 +477,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
-                    if (r < rows && j < len) sc[r * ATT_TILE + j] = s[i] * scale;
+                    if (r < rows && j < len) sc[r * ATT_TILE + j] = s[i] * scale * kv_key_scale(cache, kvh, ctx, start + j);
                 }
             }
         };
@@ -506,7 +506,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     #pragma unroll
         for (int k = 0; k < ATT_UNROLL; k++) {
             const int j = slice + k * slices;
-            k0[k] = j < len && start + j < first_new ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
+            k0[k] = j < len && start + j < first_new ? KV::load8(kbase + (size_t)j * head_dim) : make_uint4(0, 0, 0, 0);
         }
         TRACE_AT(TRACE_READY);
         wait();
@@ -514,7 +514,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     #pragma unroll
         for (int k = 0; k < ATT_UNROLL; k++) {
             const int j = slice + k * slices;
-            if (j < len && start + j >= first_new) k0[k] = __ldcg(kbase + (size_t)j * vstride);
+            if (j < len && start + j >= first_new) k0[k] = KV::load8(kbase + (size_t)j * head_dim);
         }
 
         /* scores: thread (c, slice) takes chunk c (8 dims) of the keys of positions slice, slice +
@@ -538,7 +538,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     #pragma unroll
                 for (int k = 0; k < ATT_UNROLL; k++) {
                     const int j = jb + slice + k * slices;
-                    u[k] = jb == 0 ? k0[k] : j < len ? __ldcg(kbase + (size_t)j * vstride) : make_uint4(0, 0, 0, 0);
+                    u[k] = jb == 0 ? k0[k] : j < len ? KV::load8(kbase + (size_t)j * head_dim) : make_uint4(0, 0, 0, 0);
                 }
     #pragma unroll
                 for (int k = 0; k < ATT_UNROLL; k++) {
@@ -554,7 +554,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                             for (int o = 1; o < chunks; o *= 2) d += __shfl_xor_sync(0xFFFFFFFFu, d, o);
                             /* a row sees the positions up to its token's own */
                             const bool seen = TOKENS == 1 || start + j <= first_new + ahead + token_of(h);
-                            if (c == 0 && j < len) sc[h * ATT_TILE + j] = seen ? d * scale : -INFINITY;
+                            if (c == 0 && j < len) sc[h * ATT_TILE + j] = seen ? d * scale * kv_key_scale(cache, kvh, ctx, start + j) : -INFINITY;
                         }
                 }
             }
@@ -571,9 +571,9 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
 #pragma unroll
         for (int o = WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
         const float shift = TOKENS > 1 && m == -INFINITY ? 0.0f : m;
-        for (int j = lane; j < len; j += WARP_SIZE) {
+        for (int j = lane; j < len; j += WARP_SIZE) { /* the sum of p; q8's values weighed by their scales */
             float p = __expf(row[j] - shift);
-            row[j] = p;
+            row[j] = p * kv_value_scale(cache, kvh, ctx, start + j);
             l += p;
         }
         l = warp_sum(l);
@@ -584,7 +584,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
-        const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
+        const typename KV::elem *vb = cache.v + kv_at(start, kvh, ctx, HD);
         /* O^T for this lane: m-tile t's rows g (d' = t) and g + 8 (d' = t + MT), query rows 2 cq, 2 cq + 1 */
         float o[MT][4];
 #pragma unroll
@@ -593,7 +593,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
         typedef uint4 value_regs[U][4][VU];
         const uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* round 0's, if staged */
         auto load_values = [&](value_regs &vr, int round) {
-            if (MODEL_ATT_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
+            if (!KV::Q8 && MODEL_ATT_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
                 cp_async_wait_all();
                 __syncwarp();
 #pragma unroll
@@ -614,7 +614,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
                     const int j = 16 * (wid + WARPS * (round * U + k)) + 4 * cq + i;
 #pragma unroll
                     for (int u = 0; u < VU; u++)
-                        vr[k][i][u] = j < len ? __ldcg(vb + (size_t)j * (HD / 8) + 8 * u + g) : make_uint4(0, 0, 0, 0);
+                        vr[k][i][u] = j < len ? KV::load8(vb + (size_t)j * HD + 8 * (8 * u + g)) : make_uint4(0, 0, 0, 0);
                 }
         };
         auto value_round = [&](const value_regs &vr, int round) {
@@ -667,7 +667,7 @@ __device__ __forceinline__ void attention_body(const float *q, const uint16_t *k
             uint4 u[ATT_UNROLL];
     #pragma unroll
             for (int k = 0; k < ATT_UNROLL; k++)
-                if (j0 + k * slices < len) u[k] = __ldcg(vbase + (size_t)(j0 + k * slices) * vstride);
+                if (j0 + k * slices < len) u[k] = KV::load8(vbase + (size_t)(j0 + k * slices) * head_dim);
     #pragma unroll
             for (int k = 0; k < ATT_UNROLL; k++) {
                 int j = j0 + k * slices;

@@ -34,8 +34,8 @@ __host__ __device__ constexpr int att_short_max(int hd) { return MODEL_ATT_THREA
 #define ATT_SHORT_SMEM_BYTES(kv_mul, hd) \
     (((size_t)(kv_mul) * (att_short_max(hd) + (MODEL_ATT_THREADS / WARP_SIZE) * ((hd) + 2)) + ATT_QFRAG_WORDS(hd)) * sizeof(float))
 
-template <int HD, typename Wait>
-__device__ __forceinline__ void attention_short_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+template <int HD, typename KV, typename Wait>
+__device__ __forceinline__ void attention_short_body(const float *q, const kv_view<KV> &cache, const int *io,
                                                      float *part_acc, float *part_ml, unsigned *counters, float *out,
                                                      int kv_mul, int ctx, int n_splits, int min_splits, int kvh, int split,
                                                      Wait wait, unsigned *ready = nullptr) {
@@ -56,10 +56,9 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
     const int start = split * chunk, len = min(n, start + chunk) - start, n_tiles = (len + 15) / 16;
     if (len > SP) __trap();
     TRACE_BEGIN(ST_ATT);
-    const uint4 *kb = reinterpret_cast<const uint4 *>(kc + kv_at(start, kvh, ctx, HD));
-    const uint4 *vb = reinterpret_cast<const uint4 *>(vc + kv_at(start, kvh, ctx, HD));
-    /* tile wid + WARPS k: keys of positions 16 tile + g + 8 h (uint4 4 ch + cq of each), values of
-     * 16 tile + 4 cq + i (uint4s 8 u + g); zeros past len */
+    const typename KV::elem *kb = cache.k + kv_at(start, kvh, ctx, HD), *vb = cache.v + kv_at(start, kvh, ctx, HD);
+    /* tile wid + WARPS k: keys of positions 16 tile + g + 8 h (8-element chunk 4 ch + cq of each),
+     * values of 16 tile + 4 cq + i (chunks 8 u + g), as fp16 (KV::load8); zeros past len */
     uint4 kr[U][2][KCH], vr[U][4][VU];
     auto load = [&](bool before_wait) { /* before the wait the cached positions, after it this step's */
 #pragma unroll
@@ -71,7 +70,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
                 const bool want = j < len && (start + j < first_new) == before_wait;
 #pragma unroll
                 for (int ch = 0; ch < KCH; ch++)
-                    if (want) kr[k][h][ch] = __ldcg(kb + (size_t)j * (HD / 8) + 4 * ch + cq);
+                    if (want) kr[k][h][ch] = KV::load8(kb + (size_t)j * HD + 8 * (4 * ch + cq));
                     else if (before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
@@ -80,7 +79,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
                 const bool want = j < len && (start + j < first_new) == before_wait;
 #pragma unroll
                 for (int u = 0; u < VU; u++)
-                    if (want) vr[k][i][u] = __ldcg(vb + (size_t)j * (HD / 8) + 8 * u + g);
+                    if (want) vr[k][i][u] = KV::load8(vb + (size_t)j * HD + 8 * (8 * u + g));
                     else if (before_wait) vr[k][i][u] = make_uint4(0, 0, 0, 0);
             }
         }
@@ -104,7 +103,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int j = 16 * tile + g + 8 * (i / 2);
-            s[k][i] = j < len ? s[k][i] * scale : -INFINITY;
+            s[k][i] = j < len ? s[k][i] * scale * kv_key_scale(cache, kvh, ctx, start + j) : -INFINITY;
             m[i % 2] = fmaxf(m[i % 2], s[k][i]);
         }
     }
@@ -120,7 +119,8 @@ __device__ __forceinline__ void attention_short_body(const float *q, const uint1
             const float p = s[k][i] == -INFINITY ? 0.0f : __expf(s[k][i] - m[i % 2]);
             l[i % 2] += p;
             const int tile = wid + WARPS * k, j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
-            if (r < rows && tile < n_tiles) sp[r * SP + j] = p; /* the warp's own columns; 0 past len */
+            /* the warp's own columns; 0 past len; q8's weighed by the values' scales */
+            if (r < rows && tile < n_tiles) sp[r * SP + j] = j < len ? p * kv_value_scale(cache, kvh, ctx, start + j) : 0.0f;
         }
 #pragma unroll
     for (int o = 4; o < WARP_SIZE; o *= 2) {

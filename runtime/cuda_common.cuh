@@ -1,5 +1,5 @@
 /* cuda_common.cuh - what every GPU kernel body reads: the weight formats (cuda_weights.cuh), the
- * KV cache's layout, warp sums, asynchronous copies to shared memory, and Hopper's mbarriers with
+ * KV cache (cuda_kv.cuh), warp sums, asynchronous copies to shared memory, and Hopper's mbarriers with
  * the bulk-copy engine.
  *
  * Written against the MODEL_* names of the generated model_config.h and model_plan.h, like every
@@ -14,16 +14,7 @@
 
 #include "cuda_sync.cuh"
 #include "cuda_weights.cuh"
-
-// ---------------------------------------------------------------------------------------------
-// The KV cache of a layer: (kv head, position, head_dim), so that an attention block's keys and
-// values are one contiguous run (position-major put a head's 128 or 256 bytes of each position
-// kv_dim * 2 bytes apart; head-major measured +1.5% on the 1B shape at every depth, +0.5% on 7B).
-// The element where position pos of KV head kvh starts:
-
-__host__ __device__ __forceinline__ size_t kv_at(int pos, int kvh, int ctx, int head_dim) {
-    return ((size_t)kvh * ctx + pos) * head_dim;
-}
+#include "cuda_kv.cuh"
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -626,12 +626,12 @@ __device__ __forceinline__ void qkv_pair(int p, int q_pairs, int k_pairs, int he
     }
 }
 
-/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store, a pair per warp. */
-template <typename W, typename Wait>
+/* input_layernorm + q/k/v projections (+ bias) + RoPE + KV-cache store (kv_put), a pair per warp. */
+template <typename W, typename KV, typename Wait>
 __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, typename W::mat wq, typename W::mat wk,
                                                       typename W::mat wv, const uint16_t *bq, const uint16_t *bk,
-                                                      const uint16_t *bv, const float *x, float *q, uint16_t *kc,
-                                                      uint16_t *vc, const int *io, const float *inv_freq, int dim,
+                                                      const uint16_t *bv, const float *x, float *q, kv_view<KV> cache,
+                                                      const int *io, const float *inv_freq, int dim,
                                                       int q_dim, int kv_dim, int head_dim, int ctx, float eps, Wait wait) {
     extern __shared__ float sx[];
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2, pairs = q_pairs + k_pairs + kv_dim / 2;
@@ -681,9 +681,8 @@ __device__ __forceinline__ void rmsnorm_qkv_rope_body(const uint16_t *norm_w, ty
             q[ra] = va;
             q[rb] = vb;
         } else {
-            uint16_t *cache = kind == 1 ? kc : vc;
-            cache[kv_at(pos, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(va));
-            cache[kv_at(pos, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(vb));
+            kv_put(cache, kind, 0, pos, ra, va, kv_dim, head_dim, ctx);
+            kv_put(cache, kind, 0, pos, rb, vb, kv_dim, head_dim, ctx);
         }
     };
     /* the last round split by K (QKV_SPLIT_LAST) where the pairs fill a round and what is left of

@@ -172,9 +172,10 @@ __device__ __forceinline__ void prefill_embed_body(typename W::mat embed, const 
 }
 
 /* q/k/v pair p's sums a, b over K for token t of the batch (+ bias, RoPE at position io[IO_POS] + t)
- * into q (t, q_dim), or the key or value cache for tokens of the batch's count. */
+ * into q (t, q_dim), or the key or value cache (kv_put) for tokens of the batch's count. */
+template <typename KV>
 __device__ __forceinline__ void prefill_qkv_store(int p, int t, float a, float b, const uint16_t *bq, const uint16_t *bk,
-                                                  const uint16_t *bv, float *q, uint16_t *kc, uint16_t *vc, const int *io,
+                                                  const uint16_t *bv, float *q, const kv_view<KV> &cache, const int *io,
                                                   const float *inv_freq, int q_dim, int kv_dim, int head_dim, int ctx) {
     const int q_pairs = q_dim / 2, k_pairs = kv_dim / 2;
     int ra, rb, kind;
@@ -197,9 +198,8 @@ __device__ __forceinline__ void prefill_qkv_store(int p, int t, float a, float b
         q[(size_t)t * q_dim + ra] = a;
         q[(size_t)t * q_dim + rb] = b;
     } else {
-        uint16_t *cache = kind == 1 ? kc : vc;
-        cache[kv_at(pos0 + t, ra / head_dim, ctx, head_dim) + ra % head_dim] = __half_as_ushort(__float2half_rn(a));
-        cache[kv_at(pos0 + t, rb / head_dim, ctx, head_dim) + rb % head_dim] = __half_as_ushort(__float2half_rn(b));
+        kv_put(cache, kind, t, pos0 + t, ra, a, kv_dim, head_dim, ctx);
+        kv_put(cache, kind, t, pos0 + t, rb, b, kv_dim, head_dim, ctx);
     }
 }
 
@@ -226,9 +226,9 @@ __device__ __forceinline__ void prefill_qkv_gemm_body(typename W::mat wq, typena
 
 /* QKV's splits added in order, for pair blockIdx.x * blockDim.x + threadIdx.x and token blockIdx.y
  * of a batch of B, then stored (prefill_qkv_store) */
-template <int B>
+template <int B, typename KV>
 __device__ __forceinline__ void prefill_qkv_finish_body(const float2 *part, int splits, const uint16_t *bq, const uint16_t *bk,
-                                                        const uint16_t *bv, float *q, uint16_t *kc, uint16_t *vc, const int *io,
+                                                        const uint16_t *bv, float *q, const kv_view<KV> &cache, const int *io,
                                                         const float *inv_freq, int q_dim, int kv_dim, int head_dim, int ctx) {
     const int pairs = q_dim / 2 + kv_dim, p = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     pdl_wait();
@@ -240,7 +240,7 @@ __device__ __forceinline__ void prefill_qkv_finish_body(const float2 *part, int 
         v.x += w.x;
         v.y += w.y;
     }
-    prefill_qkv_store(p, t, v.x, v.y, bq, bk, bv, q, kc, vc, io, inv_freq, q_dim, kv_dim, head_dim, ctx);
+    prefill_qkv_store(p, t, v.x, v.y, bq, bk, bv, q, cache, io, inv_freq, q_dim, kv_dim, head_dim, ctx);
 }
 
 /* part[s] (B, rows) = W (rows, K) . in over split s = blockIdx.y of gridDim.y's parts of K [+ bias,

@@ -152,8 +152,8 @@ __device__ __forceinline__ uint32_t fmma_off(int r, int c) {
     return (uint32_t)(r * HD * 2 + ((c ^ (r & 7)) << 4));
 }
 
-template <int B, int HD, int KV_MUL>
-__device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+template <int B, int HD, int KV_MUL, typename KV>
+__device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_view<KV> &cache, const int *io,
                                                        float *part_acc, float *part_ml, unsigned *counters, float *att,
                                                        int q_dim, int n_kv_heads, int ctx, int n_splits, int min_splits) {
     static_assert(HD == 64 || HD == 128, "prefill attention on the tensor cores: heads of 64 or 128");
@@ -175,14 +175,39 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uin
     auto token_of = [](int r) { return r / KV_MUL; };
     auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
 
-    const uint16_t *kg = kc + kv_at(start, kvh, ctx, HD), *vg = vc + kv_at(start, kvh, ctx, HD);
+    const typename KV::elem *kg = cache.k + kv_at(start, kvh, ctx, HD), *vg = cache.v + kv_at(start, kvh, ctx, HD);
+    /* kv_q8: tile it's int8 rows (HD bytes) in raw stage it % 2, after the fp16 stage (which then has
+     * one stage: to_f16 fills it for each tile) */
+    constexpr uint32_t RAW = 2 * TILE_BYTES;
     auto load_tile = [&](int it) {
-        const uint32_t ks = sbase + (it % 2) * 2 * TILE_BYTES, vs = ks + TILE_BYTES;
+        if constexpr (KV::Q8) {
+            const uint32_t ks = sbase + RAW + (it % 2) * TILE_BYTES, vs = ks + TILE_BYTES / 2;
+            for (int i = tid; i < T * HD / 16; i += FMMA_THREADS) {
+                const int p = i / (HD / 16), c = i % (HD / 16), pos = it * T + p;
+                const size_t at = pos < len ? (size_t)pos * HD + 16 * c : 0;
+                cp_async16_s(ks + p * HD + 16 * c, kg + at, pos < len); /* zeros past the split */
+                cp_async16_s(vs + p * HD + 16 * c, vg + at, pos < len);
+            }
+        } else {
+            const uint32_t ks = sbase + (it % 2) * 2 * TILE_BYTES, vs = ks + TILE_BYTES;
+            for (int i = tid; i < T * CH; i += FMMA_THREADS) {
+                const int p = i / CH, c = i % CH, pos = it * T + p;
+                const size_t at = pos < len ? (size_t)pos * HD + 8 * c : 0;
+                cp_async16_s(ks + fmma_off<HD>(p, c), kg + at, pos < len); /* zeros past the split */
+                cp_async16_s(vs + fmma_off<HD>(p, c), vg + at, pos < len);
+            }
+        }
+    };
+    /* kv_q8: tile it's raw rows into the fp16 stage as exact integers (the scales go on the scores
+     * and probabilities below) */
+    auto to_f16 = [&](int it) {
+        const unsigned char *raw = fmma_smem + RAW + (it % 2) * TILE_BYTES;
         for (int i = tid; i < T * CH; i += FMMA_THREADS) {
-            const int p = i / CH, c = i % CH, pos = it * T + p;
-            const size_t at = pos < len ? (size_t)pos * HD + 8 * c : 0;
-            cp_async16_s(ks + fmma_off<HD>(p, c), kg + at, pos < len); /* zeros past the split */
-            cp_async16_s(vs + fmma_off<HD>(p, c), vg + at, pos < len);
+            const int p = i / CH, c = i % CH;
+            *reinterpret_cast<uint4 *>(fmma_smem + fmma_off<HD>(p, c)) =
+                kv_q8::convert8(*reinterpret_cast<const uint2 *>(raw + p * HD + 8 * c));
+            *reinterpret_cast<uint4 *>(fmma_smem + TILE_BYTES + fmma_off<HD>(p, c)) =
+                kv_q8::convert8(*reinterpret_cast<const uint2 *>(raw + TILE_BYTES / 2 + p * HD + 8 * c));
         }
     };
     load_tile(0);
@@ -226,8 +251,12 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uin
         __syncthreads(); /* tile it is in (and the queries), every warp done with the stage the next copies overwrite */
         if (it + 1 < n_tiles) load_tile(it + 1);
         cp_async_commit();
+        if constexpr (KV::Q8) {
+            to_f16(it);
+            __syncthreads();
+        }
         if (!live) continue;
-        const uint32_t ks = sbase + (it % 2) * 2 * TILE_BYTES, vs = ks + TILE_BYTES;
+        const uint32_t ks = sbase + (KV::Q8 ? 0 : (it % 2) * 2 * TILE_BYTES), vs = ks + TILE_BYTES;
         float sc[NS][4];
 #pragma unroll
         for (int j = 0; j < NS; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
@@ -248,6 +277,16 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uin
             }
         }
         /* sc[j][2 h + e]: row h's score at position it T + 8 j + 2 cq + e; masked past what it sees */
+        if constexpr (KV::Q8) {
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int pos = it * T + 8 * j + 2 * cq + e;
+                    const float kd = pos < len ? kv_key_scale(cache, kvh, ctx, start + pos) : 1.0f;
+                    sc[j][e] *= kd, sc[j][2 + e] *= kd;
+                }
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float mx = -INFINITY;
@@ -276,6 +315,16 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const uin
             m[h] = m_new;
 #pragma unroll
             for (int t = 0; t < NO; t++) o[t][2 * h] *= rescale, o[t][2 * h + 1] *= rescale;
+        }
+        if constexpr (KV::Q8) { /* the probabilities, summed, weighed by the values' scales */
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int pos = it * T + 8 * j + 2 * cq + e;
+                    const float vd = pos < len ? kv_value_scale(cache, kvh, ctx, start + pos) : 0.0f;
+                    sc[j][e] *= vd, sc[j][2 + e] *= vd;
+                }
         }
         /* O += P V, 16 positions a k-step */
 #pragma unroll

@@ -134,16 +134,32 @@ static __global__ void __launch_bounds__(256) embed_kernel(w_embed::mat embed, c
 #error "MODEL_MLP_FUSED: sm_90 (bulk copies onto mbarriers)"
 #endif
 
-/* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store */
+/* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj, RoPE, KV-cache store (kv_q8: its stage,
+ * for kv_quantize_kernel) */
+template <typename KV>
 static __global__ void __launch_bounds__(MV_THREADS, 2) rmsnorm_qkv_rope_kernel(cuda_layer w, const float *x, float *q,
-                                                                     uint16_t *kc, uint16_t *vc, const int *io, int ctx,
+                                                                     kv_view<KV> cache, const int *io, int ctx,
                                                                      float *hb_poll) {
     rmsnorm_qkv_rope_body<w_qkv>(w.attn_norm, w.wq, w.wk, w.wv,
                           MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL, MODEL_QKV_BIAS ? w.bv : NULL,
-                          x, q, kc, vc, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
+                          x, q, cache, io, rope_inv_freq, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM, ctx,
                           MODEL_NORM_EPS, wait_pdl{});
     /* past the wait: the last layer's down has ended, and this layer's gate/up writes after its own */
     if (MODEL_DOWN_POLL && !MODEL_MLP_FUSED) unwrite_words(hb_poll, MODEL_HIDDEN_DIM);
+}
+
+/* kv_q8: the keys and values QKV staged, of one token (a decode step) or of the batch's, into the
+ * cache (kv_quantize_body), between QKV and attention; warps of (token, kind, KV head) */
+#define KV_QUANTIZE_THREADS 256
+static __global__ void __launch_bounds__(KV_QUANTIZE_THREADS) kv_quantize_kernel(kv_view<kv_q8> cache, const int *io, int ctx,
+                                                                                 int batch) {
+    pdl_launch_dependents();
+    pdl_wait();
+    kv_quantize_body(cache, io, batch != 0, MODEL_N_KV_HEADS, MODEL_HEAD_DIM, ctx);
+}
+/* its blocks for tokens */
+static int kv_quantize_blocks(int tokens) {
+    return (tokens * 2 * MODEL_N_KV_HEADS + KV_QUANTIZE_THREADS / WARP_SIZE - 1) / (KV_QUANTIZE_THREADS / WARP_SIZE);
 }
 
 /* MODEL_ATT_O_SHORT: the short context's steps with attention and o_proj in one grid, so that o_proj
@@ -163,12 +179,12 @@ static_assert(!MODEL_ATT_O_SHORT || MODEL_ATT_SHORT, "MODEL_ATT_O_SHORT: the sho
  * MLP's first loads then go out beside attention's (docs/performance.md). */
 /* split-K attention over the cache, one block per (KV head, split); MMA_HD: the tensor cores' head
  * width (MODEL_ATT_MMA_HD: 64 or 128), 0 for the fp32 path */
-template <int MMA_HD>
-static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+template <int MMA_HD, typename KV>
+static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_kernel(const float *q, kv_view<KV> cache,
                                                                 const int *io, float *part_acc, float *part_ml,
                                                                 unsigned *counters, float *att, int ctx, int n_splits) {
     if (MODEL_ATT_TRIGGER_EARLY & 2) pdl_launch_dependents();
-    attention_body<1, wait_pdl, MMA_HD>(q, kc, vc, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
+    attention_body<1, KV, wait_pdl, MMA_HD>(q, cache, io, 0, part_acc, part_ml, counters, att, MODEL_HEAD_DIM, MODEL_KV_MUL, ctx,
                       n_splits, MODEL_ATT_MIN_SPLITS, blockIdx.x, blockIdx.y, NULL, wait_pdl{});
 }
 
@@ -186,15 +202,16 @@ static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_kernel(con
 #endif
 #endif
 
-typedef void (*attention_kernel_fn)(const float *, const uint16_t *, const uint16_t *, const int *, float *, float *, unsigned *,
-                                    float *, int, int);
+template <typename KV>
+using attention_kernel_fn = void (*)(const float *, kv_view<KV>, const int *, float *, float *, unsigned *, float *, int, int);
 
 /* the model's attention_kernel */
-static attention_kernel_fn decode_attention_kernel(void) {
+template <typename KV>
+static attention_kernel_fn<KV> decode_attention_kernel(void) {
 #if MODEL_GENERIC
-    return MODEL_ATT_MMA_HD == 64 ? attention_kernel<64> : MODEL_ATT_MMA_HD == 128 ? attention_kernel<128> : attention_kernel<0>;
+    return MODEL_ATT_MMA_HD == 64 ? attention_kernel<64, KV> : MODEL_ATT_MMA_HD == 128 ? attention_kernel<128, KV> : attention_kernel<0, KV>;
 #else
-    return attention_kernel<MODEL_ATT_MMA_HD>;
+    return attention_kernel<MODEL_ATT_MMA_HD, KV>;
 #endif
 }
 
@@ -202,21 +219,22 @@ static attention_kernel_fn decode_attention_kernel(void) {
 /* the decode attention of a short context, one block a (KV head, split) of at most
  * att_short_max(MODEL_HEAD_DIM) positions (attention_short_body): the steps that read at most
  * short_kernel_positions launch it, in the [2] graphs */
-template <int MMA_HD>
-static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_short_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+template <int MMA_HD, typename KV>
+static __global__ void __launch_bounds__(MODEL_ATT_THREADS) attention_short_kernel(const float *q, kv_view<KV> cache,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
     if (MODEL_ATT_TRIGGER_EARLY & 1) pdl_launch_dependents();
-    attention_short_body<MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
+    attention_short_body<MMA_HD>(q, cache, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS,
                                  blockIdx.x, blockIdx.y, wait_pdl{});
 }
 
 /* the model's attention_short_kernel (where MODEL_ATT_SHORT) */
-static attention_kernel_fn short_attention_kernel(void) {
+template <typename KV>
+static attention_kernel_fn<KV> short_attention_kernel(void) {
 #if MODEL_GENERIC
-    return MODEL_ATT_MMA_HD == 128 ? attention_short_kernel<128> : attention_short_kernel<64>;
+    return MODEL_ATT_MMA_HD == 128 ? attention_short_kernel<128, KV> : attention_short_kernel<64, KV>;
 #else
-    return attention_short_kernel<MODEL_ATT_MMA_HD>;
+    return attention_short_kernel<MODEL_ATT_MMA_HD, KV>;
 #endif
 }
 #endif
@@ -247,8 +265,9 @@ static_assert(MODEL_ATT_SHORT, "MODEL_ATT_O_SHORT: the short context's attention
  * after attention lets them launch (~2 us a layer, traced). Roles by arrival, not by block index,
  * because CUDA promises no dispatch order: every attention role is held by a block already running,
  * so a waiting o_proj block never waits on one without a slot. */
+template <typename KV>
 static __global__ void __launch_bounds__(MV_THREADS, 2)
-    attention_o_proj_kernel(cuda_layer w, const float *q, const uint16_t *kc, const uint16_t *vc, const int *io,
+    attention_o_proj_kernel(cuda_layer w, const float *q, kv_view<KV> cache, const int *io,
                             float *part_acc, float *part_ml, unsigned *counters, float *att, float *x, int ctx, int n_splits) {
     const int att_blocks = MODEL_N_KV_HEADS * n_splits;
     __shared__ int arrived;
@@ -259,7 +278,7 @@ static __global__ void __launch_bounds__(MV_THREADS, 2)
     __syncthreads();
     const int b = arrived;
     if (b < att_blocks) {
-        attention_short_body<MODEL_ATT_MMA_HD>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits,
+        attention_short_body<MODEL_ATT_MMA_HD>(q, cache, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, ctx, n_splits,
                                                MODEL_ATT_MIN_SPLITS, b % MODEL_N_KV_HEADS, b / MODEL_N_KV_HEADS, wait_pdl{},
                                                counters + CTR_ATT_DONE);
         return;
@@ -377,12 +396,11 @@ static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(f
     prefill_rms_terms_body<w_prompt, RMS_THREADS, RMS_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
-template <int B>
+template <int B, typename KV>
 static __global__ void __launch_bounds__(256) prefill_qkv_finish_kernel(model_layer_weights w, const float2 *part, int splits,
-                                                                        float *q, uint16_t *kc, uint16_t *vc, const int *io,
-                                                                        int ctx) {
+                                                                        float *q, kv_view<KV> cache, const int *io, int ctx) {
     prefill_qkv_finish_body<B>(part, splits, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
-                               MODEL_QKV_BIAS ? w.bv : NULL, q, kc, vc, io, rope_inv_freq, MODEL_Q_DIM, MODEL_KV_DIM,
+                               MODEL_QKV_BIAS ? w.bv : NULL, q, cache, io, rope_inv_freq, MODEL_Q_DIM, MODEL_KV_DIM,
                                MODEL_HEAD_DIM, ctx);
 }
 
@@ -396,11 +414,11 @@ static_assert(PREFILL_SMALL % MODEL_PREFILL_ATT_TOKENS == 0, "prefill attention:
  * context's splits fit its combine; 0: attention_body's prefill, MODEL_PREFILL_ATT_TOKENS tokens a
  * block. */
 #if MODEL_PREFILL_FLASH
-template <int B>
-static __global__ void __launch_bounds__(FMMA_THREADS) prefill_flash_kernel(const float *q, const uint16_t *kc, const uint16_t *vc,
+template <int B, typename KV>
+static __global__ void __launch_bounds__(FMMA_THREADS) prefill_flash_kernel(const float *q, kv_view<KV> cache,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
-    prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, kc, vc, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
+    prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, cache, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
                                                             MODEL_N_KV_HEADS, ctx, n_splits, MODEL_ATT_MIN_SPLITS);
 }
 #endif
@@ -408,14 +426,15 @@ static __global__ void __launch_bounds__(FMMA_THREADS) prefill_flash_kernel(cons
 /* tokens [t0, t0 + MODEL_PREFILL_ATT_TOKENS) of the batch, t0 = blockIdx.z * MODEL_PREFILL_ATT_TOKENS, at
  * io[IO_POS] + t0 on, their partial sums and counters those of token t0 on; none past the batch's
  * tokens (io, set before the graph, is read before the wait) */
-static __global__ void __launch_bounds__(MODEL_ATT_THREADS) prefill_attention_kernel(const float *q, const uint16_t *kc,
-                                                                           const uint16_t *vc, const int *io, float *part_acc,
+template <typename KV>
+static __global__ void __launch_bounds__(MODEL_ATT_THREADS) prefill_attention_kernel(const float *q, kv_view<KV> cache,
+                                                                           const int *io, float *part_acc,
                                                                            float *part_ml, unsigned *counters, float *att,
                                                                            int ctx, int n_splits) {
     const int t = blockIdx.z * MODEL_PREFILL_ATT_TOKENS;
     if (t >= __ldcg(&io[IO_COUNT])) return;
     const size_t parts = (size_t)MODEL_N_HEADS * n_splits;
-    attention_body<MODEL_PREFILL_ATT_TOKENS>(q + (size_t)t * MODEL_Q_DIM, kc, vc, io, t, part_acc + t * parts * MODEL_HEAD_DIM,
+    attention_body<MODEL_PREFILL_ATT_TOKENS, KV>(q + (size_t)t * MODEL_Q_DIM, cache, io, t, part_acc + t * parts * MODEL_HEAD_DIM,
                                        part_ml + t * parts * 2, counters + t * MODEL_N_KV_HEADS, att + (size_t)t * MODEL_Q_DIM,
                                        MODEL_HEAD_DIM, MODEL_KV_MUL, ctx, n_splits, MODEL_ATT_MIN_SPLITS, blockIdx.x, blockIdx.y,
                                        NULL, wait_pdl{}, MODEL_Q_DIM, parts);
@@ -490,16 +509,22 @@ static __global__ void __launch_bounds__(256) prefill_last_row_kernel(float *x, 
 
 static __global__ void __launch_bounds__(WARP_SIZE) prefill_end_kernel(int *io, int keep_last) { prefill_end_body(io, keep_last); }
 
-/* Random fp16 keys and values in [-1, 1) for positions [0, n_pos) of every layer: --bench at a
- * context depth without prefilling it token by token (decode speed depends on how much cache is
- * read, not on what it holds). */
-static __global__ void fill_cache_kernel(uint16_t *cache, size_t n, uint32_t seed) {
+/* Random keys and values in [-1, 1) for positions [0, n_pos) of every layer: --bench at a context
+ * depth without prefilling it token by token (decode speed depends on how much cache is read, not
+ * on what it holds). kv_q8: integers of -127..127 (n elements) and their scales 1 / 127 (n_scales). */
+__device__ __forceinline__ float fill_value(size_t i, uint32_t seed) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    return (float)(h & 0xFFFF) / 32768.0f - 1.0f;
+}
+template <typename KV>
+static __global__ void fill_cache_kernel(typename KV::elem *cache, float *scales, size_t n, size_t n_scales, uint32_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        cache[i] = __half_as_ushort(__float2half_rn((float)(h & 0xFFFF) / 32768.0f - 1.0f));
+        if constexpr (KV::Q8) cache[i] = (int8_t)__float2int_rn(127.0f * fill_value(i, seed));
+        else cache[i] = __half_as_ushort(__float2half_rn(fill_value(i, seed)));
+        if (KV::Q8 && i < n_scales) scales[i] = 1.0f / 127.0f;
     }
 }
 #endif /* !MODEL_WEIGHT_DTYPE_F32 */
@@ -540,8 +565,12 @@ struct model_cuda {
     float *hb;                /* (hidden_dim) */
     float *hb_poll;           /* (hidden_dim) gate/up's outputs where down polls them (MODEL_DOWN_POLL): ATT_POLL_WORD words until written */
     float *logits;            /* (vocab) */
-    uint16_t *key_cache;      /* (n_layers, n_kv_heads, ctx, head_dim) fp16 (cuda_common.cuh: kv_at) */
-    uint16_t *value_cache;    /* (n_layers, n_kv_heads, ctx, head_dim) fp16 */
+    kv_cache_type kv;         /* the cache's elements (--kv-cache; cuda_kv.cuh) */
+    void *key_cache;          /* (n_layers, n_kv_heads, ctx, head_dim) fp16 or int8 (cuda_kv.cuh: kv_at) */
+    void *value_cache;        /* (n_layers, n_kv_heads, ctx, head_dim) */
+    float *key_scales;        /* kv_q8: (n_layers, n_kv_heads, ctx) */
+    float *value_scales;
+    float *kv_stage;          /* kv_q8: (PREFILL_BATCH, 2, kv_dim) QKV's keys and values for kv_quantize_kernel */
     float *part_acc;          /* (n_heads, n_splits, head_dim) attention partial sums */
     float *part_ml;           /* (n_heads, n_splits, 2) their max and sum */
     unsigned *counters;       /* (CTR_COUNT) blocks done: attention per KV head, argmax, KV groups' attention outputs */
@@ -714,10 +743,24 @@ static float *residual_at(model_cuda *m, int l) {
     return m->x_mlp[l % 3 - 1];
 }
 
+/* Layer l's cache, as the kernels of KV take it */
+template <typename KV>
+static kv_view<KV> kv_layer(const model_cuda *m, int l) {
+    const size_t at = (size_t)l * m->ctx * MODEL_KV_DIM, scale_at = (size_t)l * m->ctx * MODEL_N_KV_HEADS;
+    kv_view<KV> c;
+    c.k = (typename KV::elem *)m->key_cache + at;
+    c.v = (typename KV::elem *)m->value_cache + at;
+    c.ks = KV::Q8 ? m->key_scales + scale_at : NULL;
+    c.vs = KV::Q8 ? m->value_scales + scale_at : NULL;
+    c.stage = m->kv_stage;
+    return c;
+}
+
 /* The decode step's launches, in order: on the token at history[pos], pos read from io on the
  * device. With marks (kernel benchmark, outside a graph) an event is recorded after each launch and
  * *stage_of says which stage it closed. */
-static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kernel, cudaEvent_t *marks, int *stage_of) {
+template <typename KV>
+static void enqueue_step_kv(model_cuda *m, int kind, int n_splits, bool short_kernel, cudaEvent_t *marks, int *stage_of) {
     launch_marks mark = {marks, stage_of, m->stream, 0};
     mark.begin();
     {
@@ -727,29 +770,30 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const cuda_layer *lw = &m->dw.layers[l];
             float *x = residual_at(m, l);
-            uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-            launch(rmsnorm_qkv_rope_kernel, m->grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), m->stream, *lw,
-                   x, m->q, kc, vc, m->io, m->ctx, m->hb_poll);
+            const kv_view<KV> cache = kv_layer<KV>(m, l);
+            launch(rmsnorm_qkv_rope_kernel<KV>, m->grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), m->stream, *lw,
+                   x, m->q, cache, m->io, m->ctx, m->hb_poll);
+            if constexpr (KV::Q8)
+                launch(kv_quantize_kernel, kv_quantize_blocks(1), 1, KV_QUANTIZE_THREADS, 0, m->stream, cache, m->io, m->ctx, 0);
             mark(ST_QKV);
             /* A prompt token needs the last layer's keys and values only: what follows feeds the LM head. */
             if (kind == STEP_PROMPT && l == MODEL_N_LAYERS - 1) break;
 #if MODEL_ATT_O_SHORT
             if (!marks && short_kernel) { /* the kernel benchmark times the two stages apart */
-                launch(attention_o_proj_kernel, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
-                       ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters,
+                launch(attention_o_proj_kernel<KV>, MODEL_N_KV_HEADS * n_splits + m->grid_att_o_short, 1, MV_THREADS,
+                       ATT_O_SHORT_SMEM_BYTES, m->stream, *lw, m->q, cache, m->io, m->part_acc, m->part_ml, m->counters,
                        MODEL_ATT_O_POLL ? m->att_poll : m->att, x, m->ctx, n_splits);
             } else
 #endif
             {
 #if ATT_SHORT_BUILT
                 if (short_kernel)
-                    launch(short_attention_kernel(), MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
-                           m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
+                    launch(short_attention_kernel<KV>(), MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM),
+                           m->stream, m->q, cache, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 else
 #endif
-                    launch(decode_attention_kernel(), MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES,
-                           m->stream, m->q, kc, vc, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
+                    launch(decode_attention_kernel<KV>(), MODEL_N_KV_HEADS, n_splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES,
+                           m->stream, m->q, cache, m->io, m->part_acc, m->part_ml, m->counters, m->att, m->ctx, n_splits);
                 mark(ST_ATT);
                 if (short_kernel && n_splits == 1) /* the one-split graphs (or heads of 128's short steps) */
                     launch(o_proj_residual_kernel<true>, m->grid_o, 1, MV_THREADS, MV_SMEM_BYTES(MODEL_Q_DIM), m->stream,
@@ -775,6 +819,10 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
         }
     }
     enqueue_choice(m, kind, mark, residual_at(m, MODEL_N_LAYERS));
+}
+static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kernel, cudaEvent_t *marks, int *stage_of) {
+    if (m->kv == KV_Q8) enqueue_step_kv<kv_q8>(m, kind, n_splits, short_kernel, marks, stage_of);
+    else enqueue_step_kv<kv_f16>(m, kind, n_splits, short_kernel, marks, stage_of);
 }
 
 #define STEP_LAUNCHES (2 + (MODEL_MLP_FUSED ? 4 : 5) * MODEL_N_LAYERS)
@@ -843,8 +891,8 @@ static model_layer_weights prompt_layer(const model_cuda *m, int l) {
 }
 #endif
 
-template <int B>
-static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
+template <int B, typename KV>
+static void enqueue_prefill(model_cuda *m, int n_splits, bool last, cudaEvent_t *marks, int *stage_of) {
     const size_t smem = 0; /* gate/up's matvec's shared memory is static */
     constexpr int size = prefill_size_index(B);
     const int qkv_splits = m->qkv_splits[size], o_splits = m->o_splits[size], down_splits = m->down_splits[size];
@@ -860,29 +908,30 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last = false, cuda
 #else
         const model_layer_weights *lw = &m->w.layers[l];
 #endif
-        uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
-        uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;
+        const kv_view<KV> cache = kv_layer<KV>(m, l);
         launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0 ? down_splits : 0,
                lw->attn_norm, m->prefill_x_terms);
         mark(PF_SCALES);
         launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), qkv_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream, *lw,
                m->prefill_x_terms, m->prefill_part_qkv);
-        launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, m->stream, *lw, m->prefill_part_qkv, qkv_splits,
-               m->q, kc, vc, m->io, m->ctx);
+        launch(prefill_qkv_finish_kernel<B, KV>, (QKV_PAIRS + 255) / 256, B, 256, 0, m->stream, *lw, m->prefill_part_qkv, qkv_splits,
+               m->q, cache, m->io, m->ctx);
+        if constexpr (KV::Q8)
+            launch(kv_quantize_kernel, kv_quantize_blocks(B), 1, KV_QUANTIZE_THREADS, 0, m->stream, cache, m->io, m->ctx, 1);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1 && !last) break;
 #if MODEL_PREFILL_FLASH
         if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
             const size_t flash_smem = FMMA_SMEM_BYTES(MODEL_HEAD_DIM);
-            CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)flash_smem));
-            launch_grid(prefill_flash_kernel<B>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
-                        FMMA_THREADS, flash_smem, m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+            launch_grid(prefill_flash_kernel<B, KV>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
+                        FMMA_THREADS, flash_smem, m->stream, m->q, cache, m->io, m->prefill_part_acc,
                         m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         } else
 #endif
-        launch_grid(prefill_attention_kernel, dim3(MODEL_N_KV_HEADS, n_splits, B / MODEL_PREFILL_ATT_TOKENS), MODEL_ATT_THREADS,
-                    ATT_SMEM_BYTES(MODEL_KV_MUL * MODEL_PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, kc, vc, m->io, m->prefill_part_acc,
+        launch_grid(prefill_attention_kernel<KV>, dim3(MODEL_N_KV_HEADS, n_splits, B / MODEL_PREFILL_ATT_TOKENS), MODEL_ATT_THREADS,
+                    ATT_SMEM_BYTES(MODEL_KV_MUL * MODEL_PREFILL_ATT_TOKENS, MODEL_HEAD_DIM), m->stream, m->q, cache, m->io, m->prefill_part_acc,
                     m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         mark(PF_ATT);
         launch(prefill_att_terms_kernel, (MODEL_Q_DIM / 4 + 255) / 256, B, 256, 0, m->stream, m->att, m->prefill_att_terms);
@@ -959,7 +1008,10 @@ static void prefill_split_counts(model_cuda *m, int sms) {
 /* A prefill batch of B >> s tokens (s < PREFILL_SIZES): one instance of enqueue_prefill a size. */
 template <int B>
 static void enqueue_prefill_size(model_cuda *m, int s, int n_splits, bool last, cudaEvent_t *marks = NULL, int *stage_of = NULL) {
-    if (s == 0) enqueue_prefill<B>(m, n_splits, last, marks, stage_of);
+    if (s == 0) {
+        if (m->kv == KV_Q8) enqueue_prefill<B, kv_q8>(m, n_splits, last, marks, stage_of);
+        else enqueue_prefill<B, kv_f16>(m, n_splits, last, marks, stage_of);
+    }
     else if constexpr (B > PREFILL_SMALL) enqueue_prefill_size<B / 2>(m, s - 1, n_splits, last, marks, stage_of);
 }
 
@@ -1071,14 +1123,7 @@ static int one_wave(const void *kernel, int needed, size_t smem, int sms) {
  * plan's), so that no SM drains to change its split between two stages; -1 leaves the driver's. */
 static void set_decode_carveout(void) {
 #if MODEL_SMEM_CARVEOUT >= 0
-    const void *decode_kernels[] = {(const void *)embed_kernel, (const void *)rmsnorm_qkv_rope_kernel,
-                                    (const void *)decode_attention_kernel(),
-#if ATT_SHORT_BUILT
-                                    (const void *)short_attention_kernel(),
-#endif
-#if MODEL_ATT_O_SHORT
-                                    (const void *)attention_o_proj_kernel,
-#endif
+    const void *decode_kernels[] = {(const void *)embed_kernel,
 #if MODEL_MLP_FUSED
                                     (const void *)mlp_fused_kernel,
 #endif
@@ -1088,6 +1133,35 @@ static void set_decode_carveout(void) {
                                     (const void *)sample_kernel, (const void *)step_end_kernel};
     for (const void *k : decode_kernels)
         CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, MODEL_SMEM_CARVEOUT));
+#endif
+}
+
+/* The decode kernels that read or write the cache, of its type KV: their carveout (as
+ * set_decode_carveout's), shared memory and grids */
+template <typename KV>
+static void set_kv_kernels(model_cuda *m, int sms) {
+    const void *kernels[] = {(const void *)rmsnorm_qkv_rope_kernel<KV>, (const void *)decode_attention_kernel<KV>(),
+#if ATT_SHORT_BUILT
+                             (const void *)short_attention_kernel<KV>(),
+#endif
+#if MODEL_ATT_O_SHORT
+                             (const void *)attention_o_proj_kernel<KV>,
+#endif
+                             (const void *)kv_quantize_kernel};
+    (void)kernels;
+#if MODEL_SMEM_CARVEOUT >= 0
+    for (const void *k : kernels) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, MODEL_SMEM_CARVEOUT));
+#endif
+    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel<KV>, MODEL_GRID_QKV, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), sms);
+#if MODEL_ATT_O_SHORT
+    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel<KV>, MODEL_GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
+#endif
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)decode_attention_kernel<KV>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)ATT_DECODE_SMEM_BYTES));
+#if ATT_SHORT_BUILT
+    if (MODEL_ATT_SHORT)
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)short_attention_kernel<KV>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
 }
 
@@ -1167,7 +1241,6 @@ static const char *formats_refused(void) {
 
 extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, int ctx, kv_cache_type kv) {
     if (const char *why = formats_refused()) return err_set(ERR_DEVICE, "--device cuda: %s", why);
-    if (kv != KV_F16) return err_set(ERR_DEVICE, "--kv-cache q8: not on the GPU yet; --device cpu runs it");
     MODEL_REQUIRE(MODEL_DIM % 8 == 0 && MODEL_HIDDEN_DIM % 8 == 0 && MODEL_Q_DIM % 8 == 0, ERR_DEVICE,
                   "--device cuda: needs hidden_size, intermediate_size and q_dim multiples of 8 (matvec rows are read in "
                   "16-byte chunks of 8 weights)");
@@ -1204,17 +1277,14 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     model_cuda *m = (model_cuda *)calloc(1, sizeof *m);
     if (!m) return err_set(ERR_NOMEM, "CUDA state");
     m->ctx = ctx;
+    m->kv = kv;
     const int sms = prop.multiProcessorCount;
     set_decode_carveout(); /* before the occupancy queries below, which count with it */
-    m->grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), sms);
+    if (kv == KV_Q8) set_kv_kernels<kv_q8>(m, sms);
+    else set_kv_kernels<kv_f16>(m, sms);
     m->grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     CUDA_CHECK(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)MV_SMEM_BYTES(MODEL_Q_DIM)));
-#if MODEL_ATT_O_SHORT
-    m->grid_att_o_short = one_wave((const void *)attention_o_proj_kernel, MODEL_GRID_O, ATT_O_SHORT_SMEM_BYTES, sms);
-#endif
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)decode_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)ATT_DECODE_SMEM_BYTES));
     m->grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, MODEL_GRID_GATE_UP,
                                MV_SMEM_BYTES(MODEL_DIM), sms);
     m->grid_down = one_wave((const void *)down_residual_kernel, MODEL_GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
@@ -1247,7 +1317,10 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
         offsets[t] = total;
         total += (bytes + 255) / 256 * 256; /* every tensor 256-byte aligned: 16-byte loads everywhere */
     }
-    size_t cache = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
+    /* each of the keys and the values: kv_q8's int8 elements and fp32 scales, or fp16 elements */
+    const size_t cache_elems = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM, cache_scales = (size_t)MODEL_N_LAYERS * ctx * MODEL_N_KV_HEADS;
+    const size_t cache = kv == KV_Q8 ? cache_elems + cache_scales * sizeof(float) : cache_elems * sizeof(uint16_t);
+    const size_t kv_stage = kv == KV_Q8 ? (size_t)PREFILL_BATCH * 2 * MODEL_KV_DIM * sizeof(float) : 0;
     size_t scratch = (size_t)(PREFILL_BATCH * (MODEL_DIM + 2 * MODEL_Q_DIM + MODEL_HIDDEN_DIM) + MODEL_VOCAB_SIZE) * sizeof(float) +
                      (size_t)(1 + PREFILL_BATCH) * MODEL_N_HEADS * m->n_splits * (MODEL_HEAD_DIM + 2) * sizeof(float) + m->grid_lm_head * sizeof(float2) +
                      (size_t)PREFILL_MAX_QKV_PARTS * PREFILL_BATCH * QKV_PAIRS * sizeof(float2) +
@@ -1257,7 +1330,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const size_t down_t = MODEL_MLP_FUSED ? (size_t)MODEL_N_LAYERS * MODEL_HIDDEN_DIM * MODEL_DIM * sizeof(uint16_t) : 0;
     scratch += MODEL_MLP_FUSED ? 2 * MODEL_DIM * sizeof(float) : 0;
-    size_t need = total + down_t + 2 * cache + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
+    size_t need = total + down_t + 2 * cache + kv_stage + scratch + ((size_t)256 << 20); /* and room for the graphs and the runtime */
     if (need > free_b) {
         free(m);
         return err_set(ERR_DEVICE, "--device cuda: weights (%.2f GB) and a KV cache of %d tokens (%.2f GB) need %.2f GB, %s has %.2f GB free (lower --ctx)",
@@ -1336,8 +1409,16 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_counters, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(m->prefill_counters, 0, (size_t)PREFILL_BATCH * MODEL_N_KV_HEADS * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&m->logits, MODEL_VOCAB_SIZE * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&m->key_cache, cache));
-    CUDA_CHECK(cudaMalloc(&m->value_cache, cache));
+    if (kv == KV_Q8) {
+        CUDA_CHECK(cudaMalloc(&m->key_cache, cache_elems));
+        CUDA_CHECK(cudaMalloc(&m->value_cache, cache_elems));
+        CUDA_CHECK(cudaMalloc(&m->key_scales, cache_scales * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&m->value_scales, cache_scales * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&m->kv_stage, kv_stage));
+    } else {
+        CUDA_CHECK(cudaMalloc(&m->key_cache, cache_elems * sizeof(uint16_t)));
+        CUDA_CHECK(cudaMalloc(&m->value_cache, cache_elems * sizeof(uint16_t)));
+    }
     CUDA_CHECK(cudaMalloc(&m->part_acc, (size_t)MODEL_N_HEADS * m->n_splits * MODEL_HEAD_DIM * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->part_ml, (size_t)MODEL_N_HEADS * m->n_splits * 2 * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&m->counters, CTR_COUNT * sizeof(unsigned)));
@@ -1389,8 +1470,6 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * 1B at depth 0) would find no positions and leave, yet still take their launch's time and the
      * SMs' slots as o_proj's blocks land (1B +0.2-0.3% at depth 0; docs/performance.md, D68) */
     m->one_split_positions = m->short_kernel_splits > 1 ? att_short_max(MODEL_HEAD_DIM) : 0;
-    CUDA_CHECK(cudaFuncSetAttribute((const void *)short_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
     }
 #endif
     /* the graphs of each tier (model_cuda's graphs, prefill, prefill_last), then the choices */
@@ -1722,16 +1801,23 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
     return ERR_OK;
 }
 
-extern "C" err_code model_cuda_fill_cache(model_cuda *m, int n_pos) {
+template <typename KV>
+static void fill_cache(model_cuda *m, int n_pos) {
     /* positions [0, n_pos) are one run per KV head of a layer */
     const size_t n = (size_t)n_pos * MODEL_HEAD_DIM;
     for (int l = 0; l < MODEL_N_LAYERS; l++)
         for (int h = 0; h < MODEL_N_KV_HEADS; h++) {
-            size_t off = (size_t)l * m->ctx * MODEL_KV_DIM + kv_at(0, h, m->ctx, MODEL_HEAD_DIM);
-            uint32_t seed = 2 * (l * MODEL_N_KV_HEADS + h);
-            fill_cache_kernel<<<1024, 256, 0, m->stream>>>(m->key_cache + off, n, seed + 1);
-            fill_cache_kernel<<<1024, 256, 0, m->stream>>>(m->value_cache + off, n, seed + 2);
+            const kv_view<KV> c = kv_layer<KV>(m, l);
+            const size_t off = kv_at(0, h, m->ctx, MODEL_HEAD_DIM), s = kv_at(0, h, m->ctx, 1);
+            const uint32_t seed = 2 * (l * MODEL_N_KV_HEADS + h);
+            fill_cache_kernel<KV><<<1024, 256, 0, m->stream>>>(c.k + off, KV::Q8 ? c.ks + s : NULL, n, n_pos, seed + 1);
+            fill_cache_kernel<KV><<<1024, 256, 0, m->stream>>>(c.v + off, KV::Q8 ? c.vs + s : NULL, n, n_pos, seed + 2);
         }
+}
+
+extern "C" err_code model_cuda_fill_cache(model_cuda *m, int n_pos) {
+    if (m->kv == KV_Q8) fill_cache<kv_q8>(m, n_pos);
+    else fill_cache<kv_f16>(m, n_pos);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     return ERR_OK;
@@ -1754,7 +1840,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
         if (m->choose[kind]) cudaGraphExecDestroy(m->choose[kind]);
     for (int i = 0; i < STEP_RING; i++)
         if (m->done[i]) cudaEventDestroy(m->done[i]);
-    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->part_acc,
+    void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->key_scales, m->value_scales, m->kv_stage, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_att_terms, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters,
                    m->down_t, m->x_mlp[0], m->x_mlp[1], m->prompt_w};

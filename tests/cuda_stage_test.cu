@@ -230,11 +230,11 @@ static void init_like_model(void) {
     sms = prop.multiProcessorCount;
     SC(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     set_decode_carveout(); /* the step's carveout (forward_cuda.cu), before the occupancy queries */
-    grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel, MODEL_GRID_QKV, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), sms);
+    grid_qkv = one_wave((const void *)rmsnorm_qkv_rope_kernel<kv_f16>, MODEL_GRID_QKV, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), sms);
     grid_o = one_wave((const void *)o_proj_residual_kernel<false>, MODEL_GRID_O, MV_SMEM_BYTES(MODEL_Q_DIM), sms);
     SC(cudaFuncSetAttribute((const void *)o_proj_residual_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)MV_SMEM_BYTES(MODEL_Q_DIM)));
-    SC(cudaFuncSetAttribute((const void *)decode_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
+    SC(cudaFuncSetAttribute((const void *)decode_attention_kernel<kv_f16>(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_DECODE_SMEM_BYTES));
     grid_gate_up = one_wave((const void *)rmsnorm_gate_up_silu_kernel, MODEL_GRID_GATE_UP, MV_SMEM_BYTES(MODEL_DIM), sms);
     grid_down = one_wave((const void *)down_residual_kernel, MODEL_GRID_DOWN, MV_SMEM_BYTES(MODEL_HIDDEN_DIM), sms);
     grid_lm_head = one_wave((const void *)rmsnorm_lm_head_argmax_kernel, MODEL_GRID_LM_HEAD, MV_SMEM_BYTES(MODEL_DIM), sms);
@@ -251,7 +251,7 @@ static void init_like_model(void) {
     if (ATT_MIN_CHUNK <= att_short_max(MODEL_HEAD_DIM))
         short_kernel_splits = std::min({n_splits, MODEL_ATT_MIN_SPLITS, att_short_max(MODEL_HEAD_DIM) / 2});
     short_kernel_positions = short_kernel_splits * att_short_max(MODEL_HEAD_DIM);
-    SC(cudaFuncSetAttribute((const void *)short_attention_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+    SC(cudaFuncSetAttribute((const void *)short_attention_kernel<kv_f16>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM)));
 #endif
     SC(cudaMemcpyToSymbol(rope_inv_freq, model_rope_inv_freq, MODEL_HEAD_DIM / 2 * sizeof(float)));
@@ -334,6 +334,9 @@ static void stage_embed(stage_rec &s, rng &r) {
     if (zero) s.out("zero", "f32", zero, D, {D});
 }
 
+/* fp16 caches as the kernels take them (cuda_kv.cuh) */
+static kv_view<kv_f16> f16_cache(uint16_t *k, uint16_t *v) { return kv_view<kv_f16>{k, v, NULL, NULL, NULL}; }
+
 static void stage_qkv(stage_rec &s, rng &r) {
     const int pos = r.between(1, ctx - 1);
     cuda_layer w = no_weights();
@@ -359,8 +362,8 @@ static void stage_qkv(stage_rec &s, rng &r) {
     std::vector<float> inv(model_rope_inv_freq, model_rope_inv_freq + HD / 2);
     s.input("rope_inv_freq", "f32", inv, {HD / 2});
     s.param("ctx", ctx);
-    launch(rmsnorm_qkv_rope_kernel, grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), stream, w, (const float *)x, q, kcd, vcd,
-           (const int *)io, ctx, hb_poll);
+    launch(rmsnorm_qkv_rope_kernel<kv_f16>, grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(w_qkv, MODEL_DIM), stream, w, (const float *)x, q,
+           f16_cache(kcd, vcd), (const int *)io, ctx, hb_poll);
     launched(s, "rmsnorm_qkv_rope_kernel", grid_qkv, 1, MV_THREADS, QKV_SMEM_BYTES(w_qkv, MODEL_DIM));
     s.out("q", "f32", q, QD, {QD});
     s.out("key_cache_out", "f16", kcd, kc.size(), cache_shape());
@@ -384,15 +387,15 @@ static void stage_attention(stage_rec &s, rng &r, bool short_kernel, int splits,
     if (short_kernel) {
 #if MODEL_ATT_SHORT
         const size_t smem = ATT_SHORT_SMEM_BYTES(MODEL_KV_MUL, MODEL_HEAD_DIM);
-        launch(short_attention_kernel(), NKV, splits, MODEL_ATT_THREADS, smem, stream, (const float *)q, (const uint16_t *)kc,
-               (const uint16_t *)vc, (const int *)io, part_acc, part_ml, counters, att, ctx, splits);
+        launch(short_attention_kernel<kv_f16>(), NKV, splits, MODEL_ATT_THREADS, smem, stream, (const float *)q, f16_cache(kc, vc),
+               (const int *)io, part_acc, part_ml, counters, att, ctx, splits);
         launched(s, "attention_short_kernel", NKV, splits, MODEL_ATT_THREADS, smem);
 #else
         fail("attention_short_kernel: not in this build");
 #endif
     } else {
-        launch(decode_attention_kernel(), NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES, stream, (const float *)q, (const uint16_t *)kc,
-               (const uint16_t *)vc, (const int *)io, part_acc, part_ml, counters, att, ctx, splits);
+        launch(decode_attention_kernel<kv_f16>(), NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES, stream, (const float *)q,
+               f16_cache(kc, vc), (const int *)io, part_acc, part_ml, counters, att, ctx, splits);
         launched(s, "attention_kernel", NKV, splits, MODEL_ATT_THREADS, ATT_DECODE_SMEM_BYTES);
     }
     s.out("att", "f32", att, QD, {QD});
@@ -591,8 +594,8 @@ static void stage_prefill_qkv(stage_rec &s, rng &r) {
     float *q = s.upload(poison_f32((size_t)B * QD));
     launch(prefill_qkv_gemm_kernel<B>, gemm_tiles(QKV_PAIRS), splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), stream, w,
            (const uint16_t *)x_terms, part);
-    launch(prefill_qkv_finish_kernel<B>, (QKV_PAIRS + 255) / 256, B, 256, 0, stream, w, (const float2 *)part, splits, q, kcd, vcd,
-           (const int *)io, ctx);
+    launch(prefill_qkv_finish_kernel<B, kv_f16>, (QKV_PAIRS + 255) / 256, B, 256, 0, stream, w, (const float2 *)part, splits, q,
+           f16_cache(kcd, vcd), (const int *)io, ctx);
     launched(s, "prefill_qkv_gemm_kernel + prefill_qkv_finish_kernel", gemm_tiles(QKV_PAIRS), splits, GEMM_THREADS, GEMM_SMEM_BYTES(B));
     s.out("q", "f32", q, (size_t)B * QD, {B, QD});
     s.out("key_cache_out", "f16", kcd, kc.size(), cache_shape());
