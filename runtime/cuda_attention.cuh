@@ -197,14 +197,15 @@ __device__ __forceinline__ void mma_query_operands(uint32_t *qf, const float *q,
 }
 
 /* One tile's scores S^T = K Q^T (16 positions x 8 query rows) into s: lane (g, cq) gives its keys of
- * positions g (k0) and g + 8 (k1), its uint4 of each 32-dim chunk, and gets (position g, rows 2 cq,
- * 2 cq + 1), (g + 8, the same) in s[0..3]; the queries' hi and lo terms from qf (attention_body). */
-template <int KCH>
-__device__ __forceinline__ void mma_score_tile(float s[4], const uint4 (&k0)[KCH], const uint4 (&k1)[KCH], const uint32_t *qf,
-                                               int lane) {
+ * positions g (k0) and g + 8 (k1), its 8 elements of each 32-dim chunk as loaded (KV::raw), and gets
+ * (position g, rows 2 cq, 2 cq + 1), (g + 8, the same) in s[0..3]; the queries' hi and lo terms from
+ * qf (attention_body). */
+template <int KCH, typename KV>
+__device__ __forceinline__ void mma_score_tile(float s[4], const typename KV::raw (&k0)[KCH], const typename KV::raw (&k1)[KCH],
+                                               const uint32_t *qf, int lane) {
 #pragma unroll
     for (int ch = 0; ch < KCH; ch++) {
-        const uint4 a = k0[ch], b = k1[ch];
+        const uint4 a = KV::h8(k0[ch]), b = KV::h8(k1[ch]);
         const uint32_t *f = qf + 8 * ch * WARP_SIZE + lane;
         mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, f[0 * WARP_SIZE], f[1 * WARP_SIZE]); /* hi */
         mma_f16_16x8x16(s, a.x, b.x, a.y, b.y, f[4 * WARP_SIZE], f[5 * WARP_SIZE]); /* lo */
@@ -214,11 +215,16 @@ __device__ __forceinline__ void mma_score_tile(float s[4], const uint4 (&k0)[KCH
 }
 
 /* One tile's weighted values O^T += V^T P^T into o (m-tile t: dims d' = t and t + MT, query rows
- * 2 cq, 2 cq + 1): lane (g, cq) gives its uint4s 8 u + g of positions 4 cq .. 4 cq + 3 (v) and row
- * g's probabilities at those positions (p, 0 past the group or the positions). */
-template <int HD>
-__device__ __forceinline__ void mma_value_tile(float (&o)[HD / 16][4], const uint4 (&v)[4][HD / 64], float4 p) {
+ * 2 cq, 2 cq + 1): lane (g, cq) gives its 8-element chunks 8 u + g of positions 4 cq .. 4 cq + 3 as
+ * loaded (vr) and row g's probabilities at those positions (p, 0 past the group or the positions). */
+template <int HD, typename KV>
+__device__ __forceinline__ void mma_value_tile(float (&o)[HD / 16][4], const typename KV::raw (&vr)[4][HD / 64], float4 p) {
     constexpr int MT = HD / 16;
+    uint4 v[4][HD / 64];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int u = 0; u < HD / 64; u++) v[i][u] = KV::h8(vr[i][u]);
     uint32_t ph0, pl0, ph1, pl1;
     split_h2(p.x, p.y, &ph0, &pl0);
     split_h2(p.z, p.w, &ph1, &pl1);
@@ -417,8 +423,8 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
         const typename KV::elem *kb = cache.k + kv_at(start, kvh, ctx, HD);
         /* keys of positions 16 tile + g + 8 h, this lane's 8 elements of chunk ch: the row's 4 ch + cq'th
-         * (as fp16: KV::load8) */
-        typedef uint4 key_regs[U][2][KCH];
+         * (as loaded: KV::raw) */
+        typedef typename KV::raw key_regs[U][2][KCH];
         auto load_keys = [&](key_regs &kr, int round, bool before_wait) {
 #pragma unroll
             for (int k = 0; k < U; k++)
@@ -429,8 +435,8 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
                     const bool want = j < len && (round > 0 || (start + j < first_new) == before_wait);
 #pragma unroll
                     for (int ch = 0; ch < KCH; ch++)
-                        if (want) kr[k][h][ch] = KV::load8(kb + (size_t)j * HD + 8 * (4 * ch + cq));
-                        else if (round > 0 || before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
+                        if (want) kr[k][h][ch] = KV::load(kb + (size_t)j * HD + 8 * (4 * ch + cq));
+                        else if (round > 0 || before_wait) kr[k][h][ch] = KV::zero();
                 }
         };
         /* query row g's dims 32 ch + 8 cq .. + 7 as hi and lo fp16 pairs (rows past the group's: 0),
@@ -473,7 +479,7 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
                 const int tile = wid + WARPS * (round * U + k);
                 if (tile >= n_tiles) break;
                 float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* (position g, rows 2 cq, 2 cq + 1), (g + 8, ...) */
-                mma_score_tile<KCH>(s, kr[k][0], kr[k][1], qf, lane);
+                mma_score_tile<KCH, KV>(s, kr[k][0], kr[k][1], qf, lane);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = 16 * tile + g + 8 * (i / 2), r = 2 * cq + i % 2;
@@ -502,11 +508,11 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
          * are read after the wait. Every cache load bypasses L1 (ld.cg), so a line
          * read before the wait never answers a read after it. (Values too before the wait: +0.8% at
          * depth 0, -0.6% at 16384, on both shapes.) */
-        uint4 k0[ATT_UNROLL];
+        typename KV::raw k0[ATT_UNROLL];
     #pragma unroll
         for (int k = 0; k < ATT_UNROLL; k++) {
             const int j = slice + k * slices;
-            k0[k] = j < len && start + j < first_new ? KV::load8(kbase + (size_t)j * head_dim) : make_uint4(0, 0, 0, 0);
+            k0[k] = j < len && start + j < first_new ? KV::load(kbase + (size_t)j * head_dim) : KV::zero();
         }
         TRACE_AT(TRACE_READY);
         wait();
@@ -514,7 +520,7 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
     #pragma unroll
         for (int k = 0; k < ATT_UNROLL; k++) {
             const int j = slice + k * slices;
-            if (j < len && start + j >= first_new) k0[k] = KV::load8(kbase + (size_t)j * head_dim);
+            if (j < len && start + j >= first_new) k0[k] = KV::load(kbase + (size_t)j * head_dim);
         }
 
         /* scores: thread (c, slice) takes chunk c (8 dims) of the keys of positions slice, slice +
@@ -534,17 +540,17 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
                     qc[h][4] = b.x, qc[h][5] = b.y, qc[h][6] = b.z, qc[h][7] = b.w;
                 }
             for (int jb = 0; jb < len; jb += ATT_UNROLL * slices) {
-                uint4 u[ATT_UNROLL];
+                typename KV::raw u[ATT_UNROLL];
     #pragma unroll
                 for (int k = 0; k < ATT_UNROLL; k++) {
                     const int j = jb + slice + k * slices;
-                    u[k] = jb == 0 ? k0[k] : j < len ? KV::load8(kbase + (size_t)j * head_dim) : make_uint4(0, 0, 0, 0);
+                    u[k] = jb == 0 ? k0[k] : j < len ? KV::load(kbase + (size_t)j * head_dim) : KV::zero();
                 }
     #pragma unroll
                 for (int k = 0; k < ATT_UNROLL; k++) {
                     const int j = jb + slice + k * slices;
                     float kf[8];
-                    h8_to_f32(u[k], kf);
+                    h8_to_f32(KV::h8(u[k]), kf);
     #pragma unroll
                     for (int h = 0; h < MODEL_ATT_MAX_GROUP; h++)
                         if (h < rows) {
@@ -590,23 +596,24 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
 #pragma unroll
         for (int t = 0; t < MT; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
         /* positions 16 tile + 4 cq + i, this lane's uint4s 8 u + g of each value row */
-        typedef uint4 value_regs[U][4][VU];
+        typedef typename KV::raw value_regs[U][4][VU];
         const uint4 *vs = att_value_stage<HD>(sml, rows) + (size_t)wid * U * 16 * (HD / 8); /* round 0's, if staged */
         auto load_values = [&](value_regs &vr, int round) {
-            if (!KV::Q8 && MODEL_ATT_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
-                cp_async_wait_all();
-                __syncwarp();
+            if constexpr (!KV::Q8)
+                if (MODEL_ATT_STAGE_VALUES && n_active <= ATT_STAGE_MAX_SPLITS && round == 0) { /* staged with the keys */
+                    cp_async_wait_all();
+                    __syncwarp();
 #pragma unroll
-                for (int k = 0; k < U; k++)
+                    for (int k = 0; k < U; k++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
+                        for (int i = 0; i < 4; i++)
 #pragma unroll
-                        for (int u = 0; u < VU; u++) {
-                            const int p = 4 * cq + i;
-                            vr[k][i][u] = vs[(k * 16 + p) * (HD / 8) + stage_chunk(8 * u + g, p)];
-                        }
-                return;
-            }
+                            for (int u = 0; u < VU; u++) {
+                                const int p = 4 * cq + i;
+                                vr[k][i][u] = vs[(k * 16 + p) * (HD / 8) + stage_chunk(8 * u + g, p)];
+                            }
+                    return;
+                }
 #pragma unroll
             for (int k = 0; k < U; k++)
 #pragma unroll
@@ -614,7 +621,7 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
                     const int j = 16 * (wid + WARPS * (round * U + k)) + 4 * cq + i;
 #pragma unroll
                     for (int u = 0; u < VU; u++)
-                        vr[k][i][u] = j < len ? KV::load8(vb + (size_t)j * HD + 8 * (8 * u + g)) : make_uint4(0, 0, 0, 0);
+                        vr[k][i][u] = j < len ? KV::load(vb + (size_t)j * HD + 8 * (8 * u + g)) : KV::zero();
                 }
         };
         auto value_round = [&](const value_regs &vr, int round) {
@@ -630,7 +637,7 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
                 if (j + 1 >= len) p.y = 0.0f;
                 if (j + 2 >= len) p.z = 0.0f;
                 if (j + 3 >= len) p.w = 0.0f;
-                mma_value_tile<HD>(o, vr[k], p);
+                mma_value_tile<HD, KV>(o, vr[k], p);
             }
         };
         auto has_round = [&](int round) { return wid + WARPS * round * U < n_tiles; };
@@ -664,16 +671,16 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
     #pragma unroll
             for (int i = 0; i < 8; i++) acc[h][i] = 0.0f;
         for (int j0 = slice; j0 < len; j0 += ATT_UNROLL * slices) {
-            uint4 u[ATT_UNROLL];
+            typename KV::raw u[ATT_UNROLL];
     #pragma unroll
             for (int k = 0; k < ATT_UNROLL; k++)
-                if (j0 + k * slices < len) u[k] = KV::load8(vbase + (size_t)(j0 + k * slices) * head_dim);
+                if (j0 + k * slices < len) u[k] = KV::load(vbase + (size_t)(j0 + k * slices) * head_dim);
     #pragma unroll
             for (int k = 0; k < ATT_UNROLL; k++) {
                 int j = j0 + k * slices;
                 if (j < len) {
                     float v[8];
-                    h8_to_f32(u[k], v);
+                    h8_to_f32(KV::h8(u[k]), v);
     #pragma unroll
                     for (int h = 0; h < MODEL_ATT_MAX_GROUP; h++)
                         if (h < rows) {

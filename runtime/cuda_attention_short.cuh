@@ -58,8 +58,8 @@ __device__ __forceinline__ void attention_short_body(const float *q, const kv_vi
     TRACE_BEGIN(ST_ATT);
     const typename KV::elem *kb = cache.k + kv_at(start, kvh, ctx, HD), *vb = cache.v + kv_at(start, kvh, ctx, HD);
     /* tile wid + WARPS k: keys of positions 16 tile + g + 8 h (8-element chunk 4 ch + cq of each),
-     * values of 16 tile + 4 cq + i (chunks 8 u + g), as fp16 (KV::load8); zeros past len */
-    uint4 kr[U][2][KCH], vr[U][4][VU];
+     * values of 16 tile + 4 cq + i (chunks 8 u + g), as loaded (KV::raw); zeros past len */
+    typename KV::raw kr[U][2][KCH], vr[U][4][VU];
     auto load = [&](bool before_wait) { /* before the wait the cached positions, after it this step's */
 #pragma unroll
         for (int k = 0; k < U; k++) {
@@ -70,8 +70,8 @@ __device__ __forceinline__ void attention_short_body(const float *q, const kv_vi
                 const bool want = j < len && (start + j < first_new) == before_wait;
 #pragma unroll
                 for (int ch = 0; ch < KCH; ch++)
-                    if (want) kr[k][h][ch] = KV::load8(kb + (size_t)j * HD + 8 * (4 * ch + cq));
-                    else if (before_wait) kr[k][h][ch] = make_uint4(0, 0, 0, 0);
+                    if (want) kr[k][h][ch] = KV::load(kb + (size_t)j * HD + 8 * (4 * ch + cq));
+                    else if (before_wait) kr[k][h][ch] = KV::zero();
             }
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -79,8 +79,8 @@ __device__ __forceinline__ void attention_short_body(const float *q, const kv_vi
                 const bool want = j < len && (start + j < first_new) == before_wait;
 #pragma unroll
                 for (int u = 0; u < VU; u++)
-                    if (want) vr[k][i][u] = KV::load8(vb + (size_t)j * HD + 8 * (8 * u + g));
-                    else if (before_wait) vr[k][i][u] = make_uint4(0, 0, 0, 0);
+                    if (want) vr[k][i][u] = KV::load(vb + (size_t)j * HD + 8 * (8 * u + g));
+                    else if (before_wait) vr[k][i][u] = KV::zero();
             }
         }
     };
@@ -99,7 +99,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const kv_vi
     for (int k = 0; k < U; k++) {
         const int tile = wid + WARPS * k;
         s[k][0] = s[k][1] = s[k][2] = s[k][3] = 0.0f;
-        if (tile < n_tiles) mma_score_tile<KCH>(s[k], kr[k][0], kr[k][1], qf, lane);
+        if (tile < n_tiles) mma_score_tile<KCH, KV>(s[k], kr[k][0], kr[k][1], qf, lane);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int j = 16 * tile + g + 8 * (i / 2);
@@ -138,7 +138,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const kv_vi
         if (tile >= n_tiles) break;
         float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* row g's probabilities at positions 4 cq .. + 3 */
         if (g < rows) p = *reinterpret_cast<const float4 *>(sp + g * SP + 16 * tile + 4 * cq);
-        mma_value_tile<HD>(o, vr[k], p);
+        mma_value_tile<HD, KV>(o, vr[k], p);
     }
     /* the warps that took a tile: their (max, sum) and unscaled sums, each in its own space, so one
      * barrier; then each output weighs those warps' sums by exp(m - M), M their max */

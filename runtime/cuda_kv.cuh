@@ -27,13 +27,18 @@ __host__ __device__ __forceinline__ size_t kv_at(int pos, int kvh, int ctx, int 
     return ((size_t)kvh * ctx + pos) * head_dim;
 }
 
-/* Eight elements at p (8-aligned) as eight fp16 values in a uint4: kv_f16's as stored, kv_q8's as
- * the exact integers -127..127 (each byte b ^ 0x80 put under fp16's exponent of 1024, 1024 + 128
- * taken off: a byte permute and a half2 subtraction a pair) */
+/* Eight elements at p (8-aligned): load() as stored (raw), h8() of those as eight fp16 values in a
+ * uint4: kv_f16's as they are, kv_q8's as the exact integers -127..127 (each byte b ^ 0x80 put under
+ * fp16's exponent of 1024, 1024 + 128 taken off: a byte permute and a half2 subtraction a pair).
+ * Loads in flight hold raw words; each is converted where it is used, so that a load is not waited
+ * for where it is issued. */
 struct kv_f16 {
     static constexpr bool Q8 = false;
     typedef uint16_t elem;
-    static __device__ __forceinline__ uint4 load8(const elem *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+    typedef uint4 raw;
+    static __device__ __forceinline__ raw load(const elem *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+    static __device__ __forceinline__ uint4 h8(raw r) { return r; }
+    static __device__ __forceinline__ raw zero(void) { return make_uint4(0, 0, 0, 0); }
 };
 struct kv_q8 {
     static constexpr bool Q8 = true;
@@ -47,7 +52,10 @@ struct kv_q8 {
         const uint32_t a = w.x ^ 0x80808080u, b = w.y ^ 0x80808080u;
         return make_uint4(pair(a, 0x4140), pair(a, 0x4342), pair(b, 0x4140), pair(b, 0x4342));
     }
-    static __device__ __forceinline__ uint4 load8(const elem *p) { return convert8(__ldcg(reinterpret_cast<const uint2 *>(p))); }
+    typedef uint2 raw;
+    static __device__ __forceinline__ raw load(const elem *p) { return __ldcg(reinterpret_cast<const uint2 *>(p)); }
+    static __device__ __forceinline__ uint4 h8(raw r) { return convert8(r); }
+    static __device__ __forceinline__ raw zero(void) { return make_uint2(0, 0); }
 };
 
 /* One layer's cache as the kernels take it. ks, vs: kv_q8's scales (n_kv_heads, ctx); stage: its

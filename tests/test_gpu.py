@@ -107,6 +107,10 @@ TEST_BUILDS = {
     "test_tiny_gpu_quantized_matches_cpu": lambda p: [("plain", p["variant"], "specialized")],
     "test_generic_gpu_refuses_quantized": lambda p: [("plain", None, "generic")],
     "test_gpu_refuses_formats_mixed_by_layer_outside_the_k_formats": lambda p: [("plain", "tiny-mixed-q4_1-q8_0", "specialized")],
+    "test_tiny_gpu_kv_q8_near_f16": lambda p: [("flags", p["variant"], p["flags"]) if p["flags"]
+                                                else ("plain", p["variant"], "specialized")],
+    "test_tiny_gpu_kv_q8_matches_cpu": lambda p: [("flags", p["variant"], p["flags"]) if p["flags"]
+                                                  else ("plain", p["variant"], "specialized")],
     # its model is a tiny one with bytes planted (lot_word_model): built in the test, alone
     "test_tiny_gpu_lots_ended_by_a_q8_0_word_equal_cpu": lambda p: [],
 }
@@ -640,6 +644,63 @@ def test_tiny_gpu_short_attention_graphs_equal_cpu():
     d = tiny_model_dir("tiny-long-context")
     binary = binary_for(d, "specialized")
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4"]
+    assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
+
+
+# --kv-cache q8 (runtime/cuda_kv.cuh): the GPU and the CPU store the same int8 elements and scales
+# (runtime/model.h's contract) and both fold the scales into the scores and probabilities, the GPU
+# reading the elements as exact fp16 integers, so GPU_CPU_TOLERANCE holds as for an fp16 cache. The
+# cases take every kernel that reads or writes the cache: tiny-gqa (heads of 16) attention_body's
+# fp32 path in decode and its prefill blocks of tokens, in splits of 5 too; tiny-group3 (64) and
+# tiny-wide (128) the tensor-core decode attention, the short context's kernel and the flash prefill,
+# in splits of 5 (many splits, tiles past a split, the combine) and with the short kernel joined to
+# o_proj; a quantized model (tiny-q4_k_m). Against the same binary's fp16 cache, the int8 rounding
+# (at most 1/254 of a vector's largest element) moves these logits by less than KV_Q8_FROM_F16.
+KV_Q8_CASES = [("tiny-gqa", None), ("tiny-gqa", ATT_CHUNK5), ("tiny-group3", None), ("tiny-group3", CHUNK5),
+               ("tiny-wide", None), ("tiny-wide", CHUNK5), ("tiny-wide", ATT_O_SHORT), ("tiny-q4_k_m", None)]
+KV_Q8_FROM_F16 = 3e-2
+
+
+def kv_case(variant, flags):
+    if flags is None:
+        d = tiny_model_dir(variant)
+        return d, binary_for(d, "specialized")
+    return flags_build(variant, flags)
+
+
+def kv_logits(binary, d, device, kv, tmp_path, fed=None):
+    """TINY_PROMPT's logits with --kv-cache kv: a step a token, or (fed) its first fed tokens through
+    the prompt path and the rest a step a token"""
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    out = tmp_path / f"kv-{device}-{kv}-{fed}.bin"
+    extra = ["--dump-prefill", str(fed)] if fed else []
+    run(binary, "-m", str(d), "--device", device, "--kv-cache", kv, "--dump-logits", str(out), *extra, "-p", TINY_PROMPT,
+        "--threads", "4")
+    return np.fromfile(out, dtype=np.float32).reshape(-1, vocab)
+
+
+@pytest.mark.parametrize("variant,flags", KV_Q8_CASES)
+def test_tiny_gpu_kv_q8_near_f16(variant, flags, tmp_path):
+    """The GPU's q8 cache against its fp16 cache: the decode steps' logits and the prompt path's
+    (PREFILL_DUMP_FROM tokens at once), within the int8 rounding's reach and not equal"""
+    d, binary = kv_case(variant, flags)
+    for fed in (None, PREFILL_DUMP_FROM):
+        q8, f16 = kv_logits(binary, d, "cuda", "q8", tmp_path, fed), kv_logits(binary, d, "cuda", "f16", tmp_path, fed)
+        err = compare_logits(q8, f16)
+        assert 0 < err < KV_Q8_FROM_F16, f"{variant} {flags or ''} fed {fed}: q8 cache against fp16 {err:.2e}"
+
+
+@pytest.mark.parametrize("variant,flags", KV_Q8_CASES)
+def test_tiny_gpu_kv_q8_matches_cpu(variant, flags, tmp_path):
+    """The GPU's q8 cache against the CPU's: the decode steps' logits, the prompt path's, and greedy
+    text"""
+    d, binary = kv_case(variant, flags)
+    for fed in (None, PREFILL_DUMP_FROM):
+        gpu = kv_logits(binary, d, "cuda", "q8", tmp_path, fed)
+        cpu = kv_logits(binary, d, "cpu", "q8", tmp_path)[(fed or 1) - 1:]
+        err = compare_logits(gpu, cpu)
+        assert err < GPU_CPU_TOLERANCE, f"{variant} {flags or ''} fed {fed}: GPU q8 against CPU q8 {err:.2e}"
+    args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4", "--kv-cache", "q8"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
 
