@@ -435,7 +435,7 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
                     const bool want = j < len && (round > 0 || (start + j < first_new) == before_wait);
 #pragma unroll
                     for (int ch = 0; ch < KCH; ch++)
-                        if (want) kr[k][h][ch] = KV::load(kb + (size_t)j * HD + 8 * (4 * ch + cq));
+                        if (want) kr[k][h][ch] = KV::load(kb + (size_t)j * HD + 8 * cq + 32 * ch);
                         else if (round > 0 || before_wait) kr[k][h][ch] = KV::zero();
                 }
         };
@@ -621,7 +621,7 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
                     const int j = 16 * (wid + WARPS * (round * U + k)) + 4 * cq + i;
 #pragma unroll
                     for (int u = 0; u < VU; u++)
-                        vr[k][i][u] = j < len ? KV::load(vb + (size_t)j * HD + 8 * (8 * u + g)) : KV::zero();
+                        vr[k][i][u] = j < len ? KV::load(vb + (size_t)j * HD + 8 * g + 64 * u) : KV::zero();
                 }
         };
         auto value_round = [&](const value_regs &vr, int round) {

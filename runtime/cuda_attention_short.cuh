@@ -70,7 +70,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const kv_vi
                 const bool want = j < len && (start + j < first_new) == before_wait;
 #pragma unroll
                 for (int ch = 0; ch < KCH; ch++)
-                    if (want) kr[k][h][ch] = KV::load(kb + (size_t)j * HD + 8 * (4 * ch + cq));
+                    if (want) kr[k][h][ch] = KV::load(kb + (size_t)j * HD + 8 * cq + 32 * ch);
                     else if (before_wait) kr[k][h][ch] = KV::zero();
             }
 #pragma unroll
@@ -79,7 +79,7 @@ __device__ __forceinline__ void attention_short_body(const float *q, const kv_vi
                 const bool want = j < len && (start + j < first_new) == before_wait;
 #pragma unroll
                 for (int u = 0; u < VU; u++)
-                    if (want) vr[k][i][u] = KV::load(vb + (size_t)j * HD + 8 * (8 * u + g));
+                    if (want) vr[k][i][u] = KV::load(vb + (size_t)j * HD + 8 * g + 64 * u);
                     else if (before_wait) vr[k][i][u] = KV::zero();
             }
         }
