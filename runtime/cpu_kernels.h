@@ -436,7 +436,7 @@ static inline float kv_quantize_q8(int8_t *q, const float *x, int n) {
         m = (a > m || a != a) ? a : m; /* NaN-propagating max */
     }
     if (!(m <= FLT_MAX) || m == 0.0f) {
-        memset(q, 0, (size_t)n);
+        for (int i = 0; i < n; i++) q[i] = 0; /* not memset: gcc cannot see that n > 0 where it is read at run time */
         return m == 0.0f ? 0.0f : NAN;
     }
     const float id = 127.0f / m;
