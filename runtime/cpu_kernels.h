@@ -1,5 +1,6 @@
 /* cpu_kernels.h - the CPU decode step's kernel bodies: dot products over bf16/fp16/fp32 weights,
- * fp16 conversions, RMSNorm, RoPE and single-head attention over an fp16 KV cache.
+ * fp16 conversions, RMSNorm, RoPE and single-head attention over an fp16 or an 8-bit KV cache
+ * (--kv-cache q8: its quantizer and attention, as notes/kv_contract.md fixes them).
  *
  * Header-only and static inline so that the generated forward pass, which calls them with its
  * MODEL_* constants, gets loops with constant trip counts: the compiler unrolls them exactly and
@@ -9,6 +10,7 @@
 #ifndef INGOT_CPU_KERNELS_H
 #define INGOT_CPU_KERNELS_H
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -105,6 +107,7 @@ static inline __m512 load16_bf16(const uint16_t *p) {
 }
 static inline __m512 load16_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 
 /* Four independent accumulators over 64 elements a step keep four 64-byte loads in flight. */
 #define DOT_AVX512(LOAD, w, x, n, tail_ref)                                                         \
@@ -132,6 +135,7 @@ static inline __m256 load8_bf16(const uint16_t *p) {
 }
 static inline __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -414,6 +418,135 @@ static inline void attention_heads_x4(float *out, size_t out_stride, const float
     for (int r = 0; r < 4; r++)
         for (int t = 0; t < n_pos[r]; t++)
             axpy_f16(out + r * out_stride, att[r * att_stride + t] * inv[r], v + (size_t)t * stride, head_dim);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The 8-bit KV cache (--kv-cache q8). Each position's key or value vector of a KV head is stored as
+ * head_dim int8 and one fp32 scale d, by the rules of notes/kv_contract.md, which the GPU and the
+ * NumPy reference (tests/reference.py) follow to the same bits. Attention never dequantizes an
+ * element: the key's d multiplies the score, the value's d the probability. */
+
+/* q (n) = x (n) as int8 and the scale d it returns: d = max|x| / 127, q_i = rint(x_i * 127 / max|x|)
+ * (fp32 divisions and product, ties to even). A vector holding NaN or infinity gets d = NaN (NaN in
+ * every score and output that reads it), an all-zero one d = 0; both store q = 0. */
+static inline float kv_quantize_q8(int8_t *q, const float *x, int n) {
+    float m = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        m = (a > m || a != a) ? a : m; /* NaN-propagating max */
+    }
+    if (!(m <= FLT_MAX) || m == 0.0f) {
+        for (int i = 0; i < n; i++) q[i] = 0; /* not memset: gcc cannot see that n > 0 where it is read at run time */
+        return m == 0.0f ? 0.0f : NAN;
+    }
+    const float id = 127.0f / m;
+    for (int i = 0; i < n; i++) q[i] = (int8_t)rintf(x[i] * id);
+    return m / 127.0f;
+}
+
+/* k (n) int8 . x (n) fp32, the sum of a score before its scales: dot_w's loop (four accumulators,
+ * then the tail) over int8 elements, and four queries at once as dot_x4_w (the same bits). */
+static inline float dot_i8_ref(const int8_t *k, const float *x, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += (float)k[i] * x[i];
+    return s;
+}
+#if defined(__AVX512F__)
+KERNEL float dot_i8(const int8_t *k, const float *x, int n) { DOT_AVX512(load16_i8, k, x, n, dot_i8_ref); }
+KERNEL void dot_x4_i8(const int8_t *k, const float *x, size_t xs, int n, float out[4]) { DOT_X4_AVX512(load16_i8, k, x, xs, n, out, dot_i8_ref); }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+KERNEL float dot_i8(const int8_t *k, const float *x, int n) { DOT_AVX2(load8_i8, k, x, n, dot_i8_ref); }
+KERNEL void dot_x4_i8(const int8_t *k, const float *x, size_t xs, int n, float out[4]) { for (int t = 0; t < 4; t++) out[t] = dot_i8(k, x + (size_t)t * xs, n); }
+#else
+KERNEL float dot_i8(const int8_t *k, const float *x, int n) { return dot_i8_ref(k, x, n); }
+KERNEL void dot_x4_i8(const int8_t *k, const float *x, size_t xs, int n, float out[4]) { for (int t = 0; t < 4; t++) out[t] = dot_i8(k, x + (size_t)t * xs, n); }
+#endif
+
+/* out (n) += a * v (n), v int8: the weighted sum of values, a = probability * the value's d. */
+static inline void axpy_i8_ref(float *out, float a, const int8_t *v, int n) {
+    for (int i = 0; i < n; i++) out[i] += a * (float)v[i];
+}
+static inline void axpy_i8(float *out, float a, const int8_t *v, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512 va = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_fmadd_ps(va, load16_i8(v + i), _mm512_loadu_ps(out + i)));
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(va, load8_i8(v + i), _mm256_loadu_ps(out + i)));
+#endif
+    if (i < n) axpy_i8_ref(out + i, a, v + i, n - i);
+}
+
+/* attention_head over an 8-bit cache: k, v the KV head's first position's int8 vectors (position t
+ * t * stride elements further), kd, vd their scales (position t's t * d_stride floats further):
+ *   out (head_dim) = sum_t p_t * vd_t * v_t / sum_t p_t,  p_t = exp(s_t - max),  s_t = (q . k_t) * kd_t / sqrt(head_dim)
+ * att (n_pos): scratch for the scores. */
+static inline void attention_head_q8(float *out, const float *q, const int8_t *k, const int8_t *v, const float *kd, const float *vd,
+                                     size_t stride, size_t d_stride, int n_pos, int head_dim, float *att) {
+    float scale = 1.0f / sqrtf((float)head_dim), max = -INFINITY;
+    for (int t = 0; t < n_pos; t++) {
+        att[t] = dot_i8(k + (size_t)t * stride, q, head_dim) * kd[(size_t)t * d_stride] * scale;
+        if (att[t] > max) max = att[t];
+    }
+    float sum = 0.0f;
+    for (int t = 0; t < n_pos; t++) {
+        att[t] = expf(att[t] - max);
+        sum += att[t];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
+    for (int t = 0; t < n_pos; t++) axpy_i8(out, att[t] * inv * vd[(size_t)t * d_stride], v + (size_t)t * stride, head_dim);
+}
+
+/* attention_heads_x4 over an 8-bit cache: four queries of one KV head at once, each key and value
+ * converted once for the four, each row's sums attention_head_q8's in its order (the same bits). */
+static inline void attention_heads_x4_q8(float *out, size_t out_stride, const float *q, size_t q_stride, const int8_t *k,
+                                         const int8_t *v, const float *kd, const float *vd, size_t stride, size_t d_stride,
+                                         const int n_pos[4], int head_dim, float *att, size_t att_stride) {
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    int n_max = 0;
+    for (int r = 0; r < 4; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
+    float max[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, inv[4];
+    for (int t = 0; t < n_max; t++) {
+        float s[4];
+        dot_x4_i8(k + (size_t)t * stride, q, q_stride, head_dim, s);
+        for (int r = 0; r < 4; r++)
+            if (t < n_pos[r]) {
+                float *a = att + r * att_stride;
+                a[t] = s[r] * kd[(size_t)t * d_stride] * scale;
+                if (a[t] > max[r]) max[r] = a[t];
+            }
+    }
+    for (int r = 0; r < 4; r++) {
+        float *a = att + r * att_stride, sum = 0.0f;
+        for (int t = 0; t < n_pos[r]; t++) {
+            a[t] = expf(a[t] - max[r]);
+            sum += a[t];
+        }
+        inv[r] = 1.0f / sum;
+        for (int i = 0; i < head_dim; i++) out[r * out_stride + i] = 0.0f;
+    }
+#if defined(__AVX512F__)
+    if (head_dim % 16 == 0) {
+        for (int t = 0; t < n_max; t++)
+            for (int i = 0; i < head_dim; i += 16) {
+                const __m512 vv = load16_i8(v + (size_t)t * stride + i);
+                for (int r = 0; r < 4; r++)
+                    if (t < n_pos[r]) {
+                        float *o = out + r * out_stride + i;
+                        const float p = att[r * att_stride + t] * inv[r] * vd[(size_t)t * d_stride];
+                        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(p), vv, _mm512_loadu_ps(o)));
+                    }
+            }
+        return;
+    }
+#endif
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < n_pos[r]; t++)
+            axpy_i8(out + r * out_stride, att[r * att_stride + t] * inv[r] * vd[(size_t)t * d_stride], v + (size_t)t * stride, head_dim);
 }
 
 /* ---------------------------------------------------------------------------------------------

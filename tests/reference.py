@@ -153,6 +153,8 @@ class Model:
 
     kv_dtype (e.g. np.float16) rounds K and V through that type before they enter the cache, to
     emulate an implementation with a reduced-precision KV cache and measure what that alone costs.
+    kv_dtype="q8" keeps the 8-bit cache of --kv-cache q8 instead (quantize_q8): integer vectors
+    and a scale each, the key's scale applied to the score, the value's to the probability.
     """
 
     def __init__(self, config, tensors, dtype=np.float64, kv_dtype=None):
@@ -222,9 +224,11 @@ class Model:
             self.lm_head = get("lm_head.weight", (self.vocab, dim))      # (vocab, dim)
 
     def new_cache(self):
-        """Per layer [key_cache, value_cache], each (t, n_kv_heads, head_dim), t = 0."""
+        """Per layer [key_cache, value_cache, key_scale, value_scale], the caches (t, n_kv_heads,
+        head_dim), the scales (t, n_kv_heads), t = 0. The scales are 1 except with kv_dtype="q8"."""
         empty = np.zeros((0, self.n_kv_heads, self.head_dim), dtype=self.dtype)
-        return [[empty, empty] for _ in range(self.n_layers)]
+        no_scales = np.zeros((0, self.n_kv_heads), dtype=self.dtype)
+        return [[empty, empty, no_scales, no_scales] for _ in range(self.n_layers)]
 
     def step(self, token_ids, cache):
         """Run token_ids at the positions that follow what `cache` holds; extend the cache.
@@ -250,16 +254,26 @@ class Model:
             v = _linear(xb, L["v"]).reshape(n, KV, hd)
             q = apply_rope(q, positions, self.inv_freq)
             k = apply_rope(k, positions, self.inv_freq)
-            if self.kv_dtype is not None:
+            k_scale = v_scale = np.ones((n, KV), dtype=self.dtype)
+            if self.kv_dtype == "q8":
+                k, k_scale = (a.astype(self.dtype) for a in quantize_q8(k))
+                v, v_scale = (a.astype(self.dtype) for a in quantize_q8(v))
+            elif self.kv_dtype is not None:
                 k = k.astype(self.kv_dtype).astype(self.dtype)
                 v = v.astype(self.kv_dtype).astype(self.dtype)
             key_cache = cache[l][0] = np.concatenate([cache[l][0], k])  # (t, KV, hd)
             value_cache = cache[l][1] = np.concatenate([cache[l][1], v])
+            key_scale = cache[l][2] = np.concatenate([cache[l][2], k_scale])    # (t, KV)
+            value_scale = cache[l][3] = np.concatenate([cache[l][3], v_scale])
             # repeat_kv: query head h reads kv head h // n_rep
             keys = np.repeat(key_cache, n_rep, axis=1).transpose(1, 2, 0)     # (H, hd, t)
             values = np.repeat(value_cache, n_rep, axis=1).transpose(1, 0, 2)  # (H, t, hd)
-            att = (q.transpose(1, 0, 2) @ keys) / math.sqrt(hd)              # (H, n, t)
+            k_scales = np.repeat(key_scale, n_rep, axis=1).T[:, None, :]      # (H, 1, t)
+            v_scales = np.repeat(value_scale, n_rep, axis=1).T[:, None, :]
+            att = (q.transpose(1, 0, 2) @ keys) * k_scales / math.sqrt(hd)   # (H, n, t)
             att = softmax(np.where(allowed[None], att, -np.inf))
+            # the value's scale on the probability; a masked position's 0 stays 0 whatever its scale
+            att = np.where(allowed[None], att * v_scales, 0.0)
             xb = (att @ values).transpose(1, 0, 2).reshape(n, H * hd)        # (n, H*hd)
             x = x + _linear(xb, L["o"])
             xb = rmsnorm(x, L["ln2"], self.eps)
@@ -283,6 +297,24 @@ class Model:
             if i + 1 < n:
                 logits = self.step([out[-1]], cache)
         return out
+
+
+def quantize_q8(x):
+    """The 8-bit KV cache's quantizer (notes/kv_contract.md), vector by vector over the last axis:
+    x (..., head_dim) as the float32 values an fp16 cache would round -> (q (..., head_dim) int8,
+    d (...) float32) with x ~ d * q. In float32 throughout, as the engine computes it:
+        m = max|x_i| (NaN if any x_i is NaN)
+        m NaN or infinite: d = NaN, q = 0;  m == 0: d = 0, q = 0
+        else: id = 127 / m, d = m / 127, q_i = rint(x_i * id) (ties to even)"""
+    x = np.asarray(x, dtype=np.float32)
+    m = np.max(np.abs(x), axis=-1)  # NumPy's max returns NaN where any element is NaN
+    ok = (m <= np.finfo(np.float32).max) & (m != 0)
+    m_ok = np.where(ok, m, np.float32(1.0)).astype(np.float32)
+    inv = (np.float32(127.0) / m_ok)[..., None]
+    with np.errstate(invalid="ignore"):
+        q = np.where(ok[..., None], np.rint(x * inv), np.float32(0.0)).astype(np.int8)
+    d = np.where(ok, m_ok / np.float32(127.0), np.where(m == 0, np.float32(0.0), np.float32(np.nan)))
+    return q, d.astype(np.float32)
 
 
 def _linear(x, wb):

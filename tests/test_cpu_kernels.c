@@ -175,6 +175,147 @@ static void test_attention_x4(void) {
         }
 }
 
+/* kv_quantize_q8 on the contract's edge cases (notes/kv_contract.md): exact values where the rule
+ * fixes them, and on random vectors the bound every element keeps. */
+static void test_kv_quantize(void) {
+    enum { HD = 64 };
+    float x[HD], d;
+    int8_t q[HD];
+    int ok = 1;
+    for (int i = 0; i < HD; i++) x[i] = i % 3 ? 0.0f : -0.0f;
+    memset(q, 7, sizeof q);
+    d = kv_quantize_q8(q, x, HD);
+    for (int i = 0; i < HD; i++) ok &= q[i] == 0;
+    CHECK(d == 0.0f && !signbit(d) && ok, "all-zero vector: d %g, expected 0 and every q 0", d);
+    for (int bad = 0; bad < 3; bad++) { /* NaN, +inf, -inf at element 5: d NaN, q 0 */
+        for (int i = 0; i < HD; i++) x[i] = frand();
+        x[5] = bad == 0 ? NAN : bad == 1 ? INFINITY : -INFINITY;
+        memset(q, 7, sizeof q);
+        d = kv_quantize_q8(q, x, HD);
+        ok = 1;
+        for (int i = 0; i < HD; i++) ok &= q[i] == 0;
+        CHECK(isnan(d) && ok, "vector with %s: d %g, expected NaN and every q 0", bad == 0 ? "NaN" : "infinity", d);
+    }
+    /* max|x| = 127: id = 1, so x_i * id = x_i and rint's ties go to even */
+    const float ties[] = {127.0f, -127.0f, 2.5f, 3.5f, -2.5f, -0.5f, 0.5f, 1.5f, 126.5f, 0.49999997f};
+    const int8_t want[] = {127, -127, 2, 4, -2, 0, 0, 2, 126, 0};
+    d = kv_quantize_q8(q, ties, 10);
+    CHECK(d == 1.0f && !memcmp(q, want, sizeof want), "ties: d %g, q %d %d %d %d %d %d %d %d %d %d", d, q[0], q[1], q[2], q[3],
+          q[4], q[5], q[6], q[7], q[8], q[9]);
+    /* tiny and huge magnitudes, the element of largest |x| always at +-127. Not below 2^-120: where
+     * max|x| < 127 / FLT_MAX, the contract's id = 127 / max|x| overflows to infinity */
+    for (int e = -120; e <= 127; e += 13) {
+        double worst = 0.0;
+        int peak = 0;
+        for (int i = 0; i < HD; i++) x[i] = ldexpf(frand(), e);
+        d = kv_quantize_q8(q, x, HD);
+        float m = 0.0f;
+        for (int i = 0; i < HD; i++) m = fmaxf(m, fabsf(x[i]));
+        for (int i = 0; i < HD; i++) {
+            peak |= fabsf(x[i]) == m && abs(q[i]) == 127;
+            if (m > 0) worst = fmax(worst, fabs((double)x[i] - (double)d * q[i]) / ((double)m / 127.0));
+        }
+        /* each element within half a step of d * q (plus the fp32 roundings of id and the product) */
+        CHECK(d == m / 127.0f && peak && worst <= 0.5 + 1e-5, "2^%d: d %g (m / 127 = %g), largest element at +-127: %d, error %g steps", e,
+              d, m / 127.0f, peak, worst);
+    }
+}
+
+/* dot_i8 and axpy_i8 against their scalar twins (the tolerance of test_dots). */
+static void test_dots_i8(void) {
+    static const int lengths[] = {1, 7, 16, 17, 63, 64, 65, 128, 1000};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        const int n = lengths[li];
+        float x[1000], o1[1000] = {0}, o2[1000] = {0};
+        int8_t k[1000];
+        double abs_sum = 0.0;
+        for (int i = 0; i < n; i++) {
+            x[i] = frand();
+            k[i] = (int8_t)lrintf(127.0f * frand());
+            abs_sum += fabs(k[i] * x[i]);
+        }
+        const float a = dot_i8(k, x, n), b = dot_i8_ref(k, x, n);
+        CHECK(fabs(a - b) <= 1e-5 * abs_sum + 1e-6, "dot_i8 n=%d: %g vs %g", n, a, b);
+        axpy_i8(o1, 0.0037f, k, n);
+        axpy_i8_ref(o2, 0.0037f, k, n);
+        int same = 1;
+        for (int i = 0; i < n; i++) same &= fabsf(o1[i] - o2[i]) <= 1e-6f;
+        CHECK(same, "axpy_i8 n=%d differs from the reference", n);
+    }
+}
+
+/* attention_head_q8 against the contract's formula in float64 (int8 vectors, scales folded into
+ * score and probability), including a position whose vectors are all zero (d = 0); and with NaN as
+ * one position's key or value scale, every output NaN. */
+static void test_attention_q8(void) {
+    enum { HD = 64, STRIDE = 3 * HD, NKV = 3 };
+    static const int lengths[] = {1, 2, 5, 100, 333};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        const int n = lengths[li];
+        int8_t *k = malloc((size_t)n * STRIDE), *v = malloc((size_t)n * STRIDE);
+        float *kd = malloc((size_t)n * NKV * sizeof(float)), *vd = malloc((size_t)n * NKV * sizeof(float));
+        float q[HD], out[HD], *att = malloc(n * sizeof(float)), row[HD];
+        for (int i = 0; i < HD; i++) q[i] = 3.0f * frand();
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < NKV; h++) {
+                for (int i = 0; i < HD; i++) row[i] = t == n / 2 ? 0.0f : frand();
+                kd[t * NKV + h] = kv_quantize_q8(k + t * STRIDE + h * HD, row, HD);
+                for (int i = 0; i < HD; i++) row[i] = t == n / 2 ? 0.0f : frand();
+                vd[t * NKV + h] = kv_quantize_q8(v + t * STRIDE + h * HD, row, HD);
+            }
+        attention_head_q8(out, q, k + HD, v + HD, kd + 1, vd + 1, STRIDE, NKV, n, HD, att); /* the second head */
+        double *s = malloc(n * sizeof(double)), max = -1e300, sum = 0.0, err = 0.0;
+        for (int t = 0; t < n; t++) {
+            double dd = 0.0;
+            for (int i = 0; i < HD; i++) dd += q[i] * (double)k[t * STRIDE + HD + i];
+            s[t] = dd * kd[t * NKV + 1] / sqrt((double)HD);
+            if (s[t] > max) max = s[t];
+        }
+        for (int t = 0; t < n; t++) sum += (s[t] = exp(s[t] - max));
+        for (int i = 0; i < HD; i++) {
+            double o = 0.0;
+            for (int t = 0; t < n; t++) o += s[t] / sum * vd[t * NKV + 1] * v[t * STRIDE + HD + i];
+            err = fmax(err, fabs(o - out[i]));
+        }
+        /* float32 softmax and sums of n terms: 1e-5 absolute on outputs of magnitude <= 1 */
+        CHECK(err < 1e-5, "attention_head_q8 n=%d: max error %g", n, err);
+        for (int which = 0; which < 2; which++) {
+            float *dd = which ? vd : kd, keep = dd[(n - 1) * NKV + 1];
+            dd[(n - 1) * NKV + 1] = NAN;
+            attention_head_q8(out, q, k + HD, v + HD, kd + 1, vd + 1, STRIDE, NKV, n, HD, att);
+            int all_nan = 1;
+            for (int i = 0; i < HD; i++) all_nan &= isnan(out[i]) != 0;
+            CHECK(all_nan, "attention_head_q8 n=%d: a NaN %s scale, expected NaN in every output", n, which ? "value" : "key");
+            dd[(n - 1) * NKV + 1] = keep;
+        }
+        free(k); free(v); free(kd); free(vd); free(att); free(s);
+    }
+}
+
+/* attention_heads_x4_q8 against attention_head_q8 for each of the four: the same bits. */
+static void test_attention_x4_q8(void) {
+    enum { STRIDE = 3 * 128, QS = 5 * 128, NKV = 3 };
+    static const int head_dims[] = {16, 64, 128}, firsts[] = {1, 30, 200};
+    for (size_t hi = 0; hi < 3; hi++)
+        for (size_t fi = 0; fi < 3; fi++) {
+            const int hd = head_dims[hi], n_pos[4] = {firsts[fi], firsts[fi] + 1, firsts[fi] + 2, firsts[fi] + 3}, n = n_pos[3];
+            int8_t *k = malloc((size_t)n * STRIDE), *v = malloc((size_t)n * STRIDE);
+            float *kd = malloc((size_t)n * NKV * sizeof(float)), *vd = malloc((size_t)n * NKV * sizeof(float));
+            float *q = malloc(4 * QS * sizeof *q), *out = malloc(4 * QS * sizeof *out), *att = malloc(4 * n * sizeof *att);
+            float one[128], *att1 = malloc(n * sizeof *att1);
+            for (int i = 0; i < 4 * QS; i++) q[i] = 3.0f * frand();
+            for (int i = 0; i < n * STRIDE; i++) { k[i] = (int8_t)lrintf(127.0f * frand()); v[i] = (int8_t)lrintf(127.0f * frand()); }
+            for (int i = 0; i < n * NKV; i++) { kd[i] = 0.01f * (1.0f + frand()); vd[i] = 0.01f * (1.0f + frand()); }
+            attention_heads_x4_q8(out, QS, q, QS, k + hd, v + hd, kd + 1, vd + 1, STRIDE, NKV, n_pos, hd, att, n);
+            for (int r = 0; r < 4; r++) {
+                attention_head_q8(one, q + r * QS, k + hd, v + hd, kd + 1, vd + 1, STRIDE, NKV, n_pos[r], hd, att1);
+                CHECK(!memcmp(one, out + r * QS, hd * sizeof(float)),
+                      "attention_heads_x4_q8 hd=%d n=%d row %d differs from attention_head_q8", hd, n_pos[r], r);
+            }
+            free(k); free(v); free(kd); free(vd); free(q); free(out); free(att); free(att1);
+        }
+}
+
 static void test_rope(void) {
     /* rope_rotate is a rotation: it keeps the pair's norm and turns it by pos * inv_freq. */
     float a = 0.6f, b = -0.8f;
@@ -193,6 +334,10 @@ int main(void) {
     test_dots_x4();
     test_attention();
     test_attention_x4();
+    test_kv_quantize();
+    test_dots_i8();
+    test_attention_q8();
+    test_attention_x4_q8();
     test_rope();
     return check_summary();
 }
