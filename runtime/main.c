@@ -282,6 +282,13 @@ static err_code parse_args(int argc, char **argv, options *o) {
 
 #define PPL_CTX_DEFAULT 512
 
+/* Bytes of KV cache a position holds, keys and values of every layer: fp16 elements, or q8's int8
+ * ones and a float scale a KV head (kv_cache_type) */
+static unsigned long long kv_bytes_per_pos(int kv) {
+    if (kv == KV_Q8) return (unsigned long long)MODEL_N_LAYERS * 2 * (MODEL_KV_DIM + sizeof(float) * MODEL_N_KV_HEADS);
+    return MODEL_KV_BYTES_PER_POS;
+}
+
 /* The flags whose ranges are the model's, checked once its dimensions are known (in a generic
  * build, after its config.json is read). */
 static err_code check_model_args(options *o) {
@@ -706,7 +713,7 @@ static err_code run_bench(engine *e, const options *o) {
         double dt = time_now() - t0;
         /* Step i reads the weights and the cache up to position start + i. */
         double bytes = (double)MODEL_WEIGHT_BYTES_PER_TOKEN * produced +
-                       (double)MODEL_KV_BYTES_PER_POS * ((double)produced * start + (double)produced * (produced + 1) / 2);
+                       (double)kv_bytes_per_pos(o->kv_cache) * ((double)produced * start + (double)produced * (produced + 1) / 2);
         tok_s[d] = produced / dt;
         gbs[d] = bytes / dt / 1e9;
     }
@@ -719,7 +726,7 @@ static err_code run_bench(engine *e, const options *o) {
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"device_name\": \"%s\", \"threads\": %d, "
                "\"weight_bytes_per_token\": %llu, \"kv_bytes_per_position\": %llu, \"probe_gb_s\": %.2f, "
                "\"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"decode\": [",
-               MODEL_NAME, dev, device, e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, MODEL_KV_BYTES_PER_POS,
+               MODEL_NAME, dev, device, e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, kv_bytes_per_pos(o->kv_cache),
                probe / 1e9, n_prompt, prompt_tok_s);
         for (int d = 0; d < n_depths; d++) {
             printf("%s{\"depth\": %d, \"tokens\": %d, \"tok_s\": %.2f, \"us_per_token\": %.1f, \"gb_s\": %.2f, "

@@ -649,7 +649,11 @@ def test_tiny_gpu_short_attention_graphs_equal_cpu():
 
 # --kv-cache q8 (runtime/cuda_kv.cuh): the GPU and the CPU store the same int8 elements and scales
 # (runtime/model.h's contract) and both fold the scales into the scores and probabilities, the GPU
-# reading the elements as exact fp16 integers, so GPU_CPU_TOLERANCE holds as for an fp16 cache. The
+# reading the elements as exact fp16 integers. What they differ by is a key or value element that
+# the two QKVs' summation orders put on either side of a rounding boundary: an fp16 cache moves it
+# by 2^-11 of itself, a q8 cache by one int8 step, 1/127 of its vector's largest element, about 16
+# times as far; so GPU_CPU_Q8_TOLERANCE is 10 times GPU_CPU_TOLERANCE (measured up to 1.9e-3 on an
+# H100 where 1e-3 failed). The
 # cases take every kernel that reads or writes the cache: tiny-gqa (heads of 16) attention_body's
 # fp32 path in decode and its prefill blocks of tokens, in splits of 5 too; tiny-group3 (64) and
 # tiny-wide (128) the tensor-core decode attention, the short context's kernel and the flash prefill,
@@ -659,6 +663,7 @@ def test_tiny_gpu_short_attention_graphs_equal_cpu():
 KV_Q8_CASES = [("tiny-gqa", None), ("tiny-gqa", ATT_CHUNK5), ("tiny-group3", None), ("tiny-group3", CHUNK5),
                ("tiny-wide", None), ("tiny-wide", CHUNK5), ("tiny-wide", ATT_O_SHORT), ("tiny-q4_k_m", None)]
 KV_Q8_FROM_F16 = 3e-2
+GPU_CPU_Q8_TOLERANCE = 1e-2
 
 
 def kv_case(variant, flags):
@@ -687,6 +692,7 @@ def test_tiny_gpu_kv_q8_near_f16(variant, flags, tmp_path):
     for fed in (None, PREFILL_DUMP_FROM):
         q8, f16 = kv_logits(binary, d, "cuda", "q8", tmp_path, fed), kv_logits(binary, d, "cuda", "f16", tmp_path, fed)
         err = compare_logits(q8, f16)
+        print(f"{variant} {flags or ''} fed {fed}: q8 cache against fp16 {err:.2e}")
         assert 0 < err < KV_Q8_FROM_F16, f"{variant} {flags or ''} fed {fed}: q8 cache against fp16 {err:.2e}"
 
 
@@ -699,7 +705,8 @@ def test_tiny_gpu_kv_q8_matches_cpu(variant, flags, tmp_path):
         gpu = kv_logits(binary, d, "cuda", "q8", tmp_path, fed)
         cpu = kv_logits(binary, d, "cpu", "q8", tmp_path)[(fed or 1) - 1:]
         err = compare_logits(gpu, cpu)
-        assert err < GPU_CPU_TOLERANCE, f"{variant} {flags or ''} fed {fed}: GPU q8 against CPU q8 {err:.2e}"
+        print(f"{variant} {flags or ''} fed {fed}: GPU q8 against CPU q8 {err:.2e}")
+        assert err < GPU_CPU_Q8_TOLERANCE, f"{variant} {flags or ''} fed {fed}: GPU q8 against CPU q8 {err:.2e}"
     args = ["-m", str(d), "-p", TINY_PROMPT, "-n", "48", "--temp", "0", "--threads", "4", "--kv-cache", "q8"]
     assert run(binary, *args, "--device", "cuda").stdout == run(binary, *args, "--device", "cpu").stdout
 
