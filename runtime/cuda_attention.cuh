@@ -1,5 +1,5 @@
 /* cuda_attention.cuh - the decode step's attention (and the prompt's on heads the flash kernels do
- * not take): split-K flash decoding over the fp16 KV cache, each KV head read once for its whole GQA
+ * not take): split-K flash decoding over the KV cache (fp16 or q8: cuda_kv.cuh), each KV head read once for its GQA
  * group, the splits' partial sums combined by the last block of the head; on heads of 64 and 128
  * the scores and weighted values on the tensor cores (MODEL_ATT_MMA_HD). */
 #ifndef INGOT_CUDA_ATTENTION_CUH
@@ -118,11 +118,6 @@ __device__ __forceinline__ void signal_done(unsigned *done) {
 #define ATT_MMA_PIPE_KEYS -1
 #define ATT_MMA_PIPE_VALUES -1
 __host__ __device__ constexpr int att_mma_tiles(int hd) { return ATT_MMA_TILES > 0 ? ATT_MMA_TILES : hd <= 64 ? 2 : 1; }
-/* ... in attention_body, whose loads in flight hold KV::raw words: kv_q8's half of fp16's bytes, so
- * twice the tiles in the same registers, the same bytes in flight a lane (one round at a time they
- * read the 1B's q8 cache at ~1.7 TB/s against fp16's ~2.6, H100) */
-template <typename KV>
-__host__ __device__ constexpr int att_mma_tiles_kv(int hd) { return att_mma_tiles(hd) * (KV::Q8 ? 2 : 1); }
 /* Each warp's first round of values copied into shared memory (cp.async) with its keys, the cached
  * positions' before the wait and this step's after it (2: all of them after it), instead of loaded
  * after the softmax: one L2 or DRAM round trip off the split's chain. A split of up to 256 positions
@@ -424,7 +419,7 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
     float *red = sc; /* (warps, rows, head_dim): the warps' sums of the weighted values, after them */
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
         static_assert(MMA_HD == 64 || MMA_HD == 128, "attention on the tensor cores: heads of 64 or 128");
-        constexpr int HD = MMA_HD, KCH = HD / 32, U = att_mma_tiles_kv<KV>(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
+        constexpr int HD = MMA_HD, KCH = HD / 32, U = att_mma_tiles(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
         const typename KV::elem *kb = cache.k + kv_at(start, kvh, ctx, HD);
         /* keys of positions 16 tile + g + 8 h, this lane's 8 elements of chunk ch: the row's 4 ch + cq'th
@@ -593,7 +588,7 @@ __device__ __forceinline__ void attention_body(const float *q, const kv_view<KV>
     __syncthreads();
 
     if constexpr (TOKENS == 1 && MMA_HD > 0) {
-        constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles_kv<KV>(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
+        constexpr int HD = MMA_HD, MT = HD / 16, VU = HD / 64, U = att_mma_tiles(MMA_HD), WARPS = MODEL_ATT_THREADS / WARP_SIZE;
         const int g = lane / 4, cq = lane % 4, n_tiles = (len + 15) / 16;
         const typename KV::elem *vb = cache.v + kv_at(start, kvh, ctx, HD);
         /* O^T for this lane: m-tile t's rows g (d' = t) and g + 8 (d' = t + MT), query rows 2 cq, 2 cq + 1 */
