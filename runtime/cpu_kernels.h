@@ -1,6 +1,6 @@
 /* cpu_kernels.h - the CPU decode step's kernel bodies: dot products over bf16/fp16/fp32 weights,
  * fp16 conversions, RMSNorm, RoPE and single-head attention over an fp16 or an 8-bit KV cache
- * (--kv-cache q8: its quantizer and attention, as notes/kv_contract.md fixes them).
+ * (--kv-cache q8: its quantizer and attention, as docs/architecture.md, "The KV cache", fixes them).
  *
  * Header-only and static inline so that the generated forward pass, which calls them with its
  * MODEL_* constants, gets loops with constant trip counts: the compiler unrolls them exactly and
@@ -422,7 +422,7 @@ static inline void attention_heads_x4(float *out, size_t out_stride, const float
 
 /* ---------------------------------------------------------------------------------------------
  * The 8-bit KV cache (--kv-cache q8). Each position's key or value vector of a KV head is stored as
- * head_dim int8 and one fp32 scale d, by the rules of notes/kv_contract.md, which the GPU and the
+ * head_dim int8 and one fp32 scale d, by the rules of docs/architecture.md ("The KV cache"), which the GPU and the
  * NumPy reference (tests/reference.py) follow to the same bits. Attention never dequantizes an
  * element: the key's d multiplies the score, the value's d the probability. */
 
@@ -436,7 +436,7 @@ static inline float kv_quantize_q8(int8_t *q, const float *x, int n) {
         m = (a > m || a != a) ? a : m; /* NaN-propagating max */
     }
     if (!(m <= FLT_MAX) || m == 0.0f) {
-        for (int i = 0; i < n; i++) q[i] = 0; /* not memset: gcc cannot see that n > 0 where it is read at run time */
+        for (int i = 0; i < n; i++) q[i] = 0; /* a loop: memset((size_t)n) of an n read at run time trips -Wstringop-overflow */
         return m == 0.0f ? 0.0f : NAN;
     }
     const float id = 127.0f / m;

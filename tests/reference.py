@@ -300,7 +300,7 @@ class Model:
 
 
 def quantize_q8(x):
-    """The 8-bit KV cache's quantizer (notes/kv_contract.md), vector by vector over the last axis:
+    """The 8-bit KV cache's quantizer (docs/architecture.md, "The KV cache"), vector by vector over the last axis:
     x (..., head_dim) as the float32 values an fp16 cache would round -> (q (..., head_dim) int8,
     d (...) float32) with x ~ d * q. In float32 throughout, as the engine computes it:
         m = max|x_i| (NaN if any x_i is NaN)

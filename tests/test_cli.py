@@ -44,6 +44,9 @@ def copy_model(src, dst):
         (["-p", "x", "--threads", "0"], "--threads 0"),
         (["-p"], "-p needs a value"),
         (["-p", "x", "--device", "tpu"], "--device tpu: expected cpu or cuda"),
+        (["-p", "x", "--kv-cache", "q9"], "--kv-cache q9: expected f16 or q8"),
+        (["-p", "x", "--kv-cache", "Q8"], "--kv-cache Q8: expected f16 or q8"),
+        (["-p", "x", "--kv-cache"], "--kv-cache needs a value"),
         (["-p", "x", "--device", "cuda"], "device unavailable"),
         (["-p", "x", "-f", "y"], "-p and -f both given"),
         (["-p", "x", "--system", "s"], "--system needs --chat"),
@@ -134,12 +137,53 @@ def test_stdin_prompt_and_n_tokens(tiny_llama):
     assert r.stdout.startswith(b"Hello") and len(r.stdout) > len(b"Hello\n")
 
 
-def test_perplexity(tiny_llama, tmp_path):
+@pytest.mark.parametrize("kv", ["f16", "q8"])
+def test_perplexity(tiny_llama, tmp_path, kv):
     (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog. " * 4)
-    r = run(tiny_llama[1], "--perplexity", str(tmp_path / "t.txt"), "--ctx", "8")
+    r = run(tiny_llama[1], "--perplexity", str(tmp_path / "t.txt"), "--ctx", "8", "--kv-cache", kv)
     ppl = float(r.stdout.split()[1])
     # random weights: perplexity near the vocabulary size (400), certainly not below 10 or NaN
     assert 10 < ppl < 10000
+
+
+def test_q8_cache_takes_half_the_memory(tmp_path):
+    """The caches' address space, under a limit on it (RLIMIT_AS): tiny-gqa with a context of 2^24
+    tokens (the generic build, which takes max_position_embeddings from config.json) needs 2 x 3 GiB
+    of fp16 cache, 2 x 1.5 GiB of int8 and 2 x 384 MiB of scales (a 4-byte scale a 16-element
+    vector) with --kv-cache q8. Under 5.5 GB the fp16 cache is refused in one line saying its size
+    and the q8 one runs; under 3 GB the q8 cache is refused too, its line saying the int8 bytes are
+    half the fp16 ones."""
+    import json
+    import resource
+    import subprocess
+
+    src = tiny_model_dir("tiny-gqa")
+    d = tmp_path / "tiny-gqa-long"
+    d.mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (d / name).symlink_to(src / name)
+    cfg = json.loads((src / "config.json").read_text())
+    ctx = cfg["max_position_embeddings"] = 1 << 24
+    (d / "config.json").write_text(json.dumps(cfg))
+    binary = binary_for(src, "generic")
+    f16_bytes = cfg["num_hidden_layers"] * ctx * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    scale_bytes = cfg["num_hidden_layers"] * ctx * cfg["num_key_value_heads"] * 4
+
+    def under(limit, kv):
+        def set_limit():
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        argv = [str(binary.path), "-m", str(d), "--ctx", str(ctx), "--kv-cache", kv, "--threads", "1", "-p", "Hello", "-n", "2",
+                "--temp", "0", "--device", "cpu"]
+        r = subprocess.run(argv, capture_output=True, timeout=300, preexec_fn=set_limit)
+        return r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+
+    rc, out, err = under(5_500_000_000, "f16")
+    assert rc == 1 and err == f"ingot: out of memory: KV cache (f16) for {ctx} tokens: 2 x {f16_bytes} bytes\n", err
+    rc, out, err = under(5_500_000_000, "q8")
+    assert rc == 0 and out.startswith("Hello"), err
+    rc, out, err = under(3_000_000_000, "q8")
+    assert rc == 1 and err == (f"ingot: out of memory: KV cache (q8) for {ctx} tokens: 2 x {f16_bytes // 2} bytes of int8 and "
+                               f"2 x {scale_bytes} bytes of scales\n"), err
 
 
 @pytest.mark.parametrize("build", BUILDS)

@@ -175,7 +175,7 @@ static void test_attention_x4(void) {
         }
 }
 
-/* kv_quantize_q8 on the contract's edge cases (notes/kv_contract.md): exact values where the rule
+/* kv_quantize_q8 on the contract's edge cases (docs/architecture.md, "The KV cache"): exact values where the rule
  * fixes them, and on random vectors the bound every element keeps. */
 static void test_kv_quantize(void) {
     enum { HD = 64 };

@@ -257,7 +257,7 @@ def test_check_weights_refuses_a_nonfinite_block_scale(build, variant, tensor, a
     assert "scale is" not in r.stderr.decode(), r.stderr.decode()
 
 
-# The 8-bit KV cache (--kv-cache q8, notes/kv_contract.md) against the reference's q8 cache
+# The 8-bit KV cache (--kv-cache q8, docs/architecture.md "The KV cache") against the reference's q8 cache
 # (load_model(..., kv_dtype="q8")), with the fp16 cache's bound: both sides quantize the same
 # float32 keys and values by the same rule, so what remains is float32 against float64 arithmetic
 # and the rare element whose float32 value lands on the other side of a rounding boundary (one step

@@ -41,13 +41,22 @@ TEXT = (
 # The tolerances, and why:
 # - ppl and its error from the dumped logits: the binary prints 4 and 5 decimals, and sums float32
 #   exponentials in double where NumPy works in float64 throughout: 1e-4 absolute covers both.
-# - the scored logits against the NumPy reference (float32 weights, float16 KV cache, as the
-#   binary keeps it): test_numerics.py's bound on the default model, max |a - b| / max |b|.
+# - the scored logits against the NumPy reference (float32 weights, the KV cache as the binary
+#   keeps it: float16, or the 8-bit cache): test_numerics.py's bound on the default model, max |a - b| / max |b|.
 # - KL of a model against its own base: the base keeps log-probabilities to 16/65535 nats (2.4e-4);
 #   rounding moves each position's KL by far less (measured 1e-7): 1e-5.
 # - KL against a perturbed base, the binary's float32 sums against NumPy's float64: 1e-4 relative.
+# - with --kv-cache q8 the scored logits cannot meet that bound on SmolLM2: a key or value element
+#   within rounding of a step boundary (1/127 of its vector's largest) lands on either side, and
+#   each flip moves the next layers' inputs enough to flip others. The reference's own float32 and
+#   float64 runs differ by 1.3e-2 (max relative) and 1.8e-4 nats (mean KL) on this text; the binary
+#   against the reference's q8 cache: 1.9e-2 and 2.5e-4; an fp16 cache in its place: 7.0e-4. So the
+#   q8 binary is held to the mean KL from the reference's q8 logits, 4e-4, and to being at least
+#   twice as far from the fp16 reference's (the flag is not ignored). The tiny models, which do not
+#   cascade, hold the q8 cache to LOGITS_REL (test_numerics.py, measured 1.6e-6).
 PPL_ABS = 1e-4
 LOGITS_REL = 1e-3
+Q8_KL = 4e-4
 SELF_KL = 1e-5
 KL_REL = 1e-4
 
@@ -146,11 +155,13 @@ def base(default_binary, text, tmp_path_factory):
 
 # --- perplexity ---------------------------------------------------------------------------------------
 
-def test_perplexity_matches_numpy(default_build, default_model, text, n_vocab, tmp_path):
+@pytest.mark.parametrize("kv", ["f16", "q8"])
+def test_perplexity_matches_numpy(default_build, default_model, text, n_vocab, tmp_path, kv):
     """The printed ppl ± error is llama.cpp's formula over the dumped logits of the scored tokens,
-    and those logits are the NumPy reference model's for each chunk run from an empty context."""
+    and those logits are the NumPy reference model's for each chunk run from an empty context, with
+    either KV cache (--kv-cache q8: the reference's 8-bit cache, kv_dtype="q8")."""
     r = run(default_build, "--perplexity", str(text), "--ctx", str(CTX), "--threads", "2",
-            "--dump-logits", str(tmp_path / "l.bin"))
+            "--dump-logits", str(tmp_path / "l.bin"), "--kv-cache", kv)
     ppl, err = parse_ppl(r.stdout)
     ids = tokens(default_build, text)
     n_chunk = len(ids) // CTX
@@ -162,11 +173,20 @@ def test_perplexity_matches_numpy(default_build, default_model, text, n_vocab, t
     m, e = mean_err(nll)
     assert abs(ppl - np.exp(m)) < PPL_ABS and abs(err - np.exp(m) * e) < PPL_ABS, (ppl, err, np.exp(m), np.exp(m) * e)
 
-    ref = load_model(default_model, dtype=np.float32, kv_dtype=np.float16)
-    for c in range(n_chunk):  # SmolLM2's tokenizer adds no BOS: a chunk is its tokens as they are
-        want = ref.forward(ids[c * CTX:(c + 1) * CTX])[FIRST:CTX - 1]
-        got = logits[c * N_SCORE:(c + 1) * N_SCORE]
-        assert compare_logits(got, want) < LOGITS_REL, f"chunk {c}"
+    def reference(kv_dtype):  # SmolLM2's tokenizer adds no BOS: a chunk is its tokens as they are
+        ref = load_model(default_model, dtype=np.float32, kv_dtype=kv_dtype)
+        return [ref.forward(ids[c * CTX:(c + 1) * CTX])[FIRST:CTX - 1] for c in range(n_chunk)]
+
+    if kv == "f16":
+        for c, want in enumerate(reference(np.float16)):
+            got = logits[c * N_SCORE:(c + 1) * N_SCORE]
+            assert compare_logits(got, want) < LOGITS_REL, f"chunk {c}"
+    else:
+        def mean_kl(want):  # KL(reference || binary), nats a scored position
+            p, q = log_softmax(np.concatenate(want)), log_softmax(logits)
+            return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
+        kl_q8, kl_f16 = mean_kl(reference("q8")), mean_kl(reference(np.float16))
+        assert kl_q8 < Q8_KL and kl_f16 > 2 * kl_q8, f"mean KL from the q8 reference {kl_q8:.2e}, from the fp16 one {kl_f16:.2e}"
 
 
 def test_perplexity_default_ctx_is_512(default_binary, text):

@@ -61,19 +61,37 @@ struct model_cpu {
     ACTIVATION(xb2, PREFILL_BATCH * MODEL_Q_DIM);     /* (batch, q_dim) attention output, input of o_proj */
     ACTIVATION(hb, PREFILL_BATCH * MODEL_HIDDEN_DIM); /* (batch, hidden_dim) silu(gate) * up, input of down_proj */
     ACTIVATION(logits, MODEL_VOCAB_SIZE);             /* (vocab) of the batch's last token */
+    ACTIVATION(k, PREFILL_BATCH * MODEL_KV_DIM);      /* (batch, kv_dim) KV_Q8: keys, RoPE applied, before quantizing */
+    ACTIVATION(v, PREFILL_BATCH * MODEL_KV_DIM);      /* (batch, kv_dim) KV_Q8: values before quantizing */
     float *xb;                    /* (n_threads, PREFILL_BATCH, dim) each thread's normalized x */
     float *att;                   /* (n_threads, 4, ctx) each thread's attention scores, four rows for a prefill batch */
-    uint16_t *key_cache;          /* (n_layers, ctx, kv_dim) fp16 */
-    uint16_t *value_cache;        /* (n_layers, ctx, kv_dim) fp16 */
+    kv_cache_type kv;             /* the caches' element type (--kv-cache) */
+    void *key_cache;              /* (n_layers, ctx, kv_dim) fp16 (KV_F16) or int8 (KV_Q8) */
+    void *value_cache;            /* (n_layers, ctx, kv_dim) fp16 (KV_F16) or int8 (KV_Q8) */
+    float *key_scale;             /* (n_layers, ctx, n_kv_heads) KV_Q8: each key vector's d; NULL for KV_F16 */
+    float *value_scale;           /* (n_layers, ctx, n_kv_heads) KV_Q8: each value vector's d; NULL for KV_F16 */
     size_t cache_bytes;           /* of each of key_cache and value_cache */
+    size_t scale_bytes;           /* of each of key_scale and value_scale (0 for KV_F16) */
     double *stage_s;              /* (STEP_STAGES) seconds of each stage of the last timed step */
 };
 
 /* Floats of each activation, rounded up to whole cache lines. */
 static inline size_t activation_floats(size_t n) { return (n + 15) / 16 * 16; }
 
+/* An anonymous mapping of bytes, reserved, not committed: pages appear as positions are written, so
+ * a long --ctx costs memory only as far as it is used. NULL where it fails or bytes is 0. */
+static void *cache_reserve(size_t bytes) {
+    if (!bytes) return NULL;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void cache_release(void *p, size_t bytes) {
+    if (p) munmap(p, bytes);
+}
+
 err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n_threads, kv_cache_type kv) {
-    if (kv != KV_F16) return err_set(ERR_ARG, "--kv-cache q8: not on the CPU yet");
+    if (kv != KV_F16 && kv != KV_Q8) return err_set(ERR_ARG, "--kv-cache: cache type %d, expected f16 or q8", (int)kv);
     MODEL_REQUIRE(MODEL_HEAD_DIM % 4 == 0, ERR_CONFIG,
                   "the CPU decode step needs head_dim % 4 == 0: q/k/v quads pair rows i, i+1 with i + head_dim/2, i + 1 + head_dim/2");
     MODEL_REQUIRE(CPU_STREAMS == 1 || CPU_STREAMS == 4, ERR_CONFIG, "CPU_STREAMS is 1 or 4");
@@ -85,48 +103,51 @@ err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n
     if (!m) return err_set(ERR_NOMEM, "CPU state: %zu bytes", sizeof *m);
     memset(m, 0, sizeof *m);
 #if MODEL_GENERIC
-    size_t sizes[5] = {activation_floats(PREFILL_BATCH * MODEL_DIM), activation_floats(PREFILL_BATCH * MODEL_Q_DIM),
+    size_t sizes[7] = {activation_floats(PREFILL_BATCH * MODEL_DIM), activation_floats(PREFILL_BATCH * MODEL_Q_DIM),
                        activation_floats(PREFILL_BATCH * MODEL_Q_DIM), activation_floats(PREFILL_BATCH * MODEL_HIDDEN_DIM),
-                       activation_floats(MODEL_VOCAB_SIZE)};
-    float *act = aligned_alloc(64, (sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]) * sizeof(float));
+                       activation_floats(MODEL_VOCAB_SIZE),     activation_floats(PREFILL_BATCH * MODEL_KV_DIM),
+                       activation_floats(PREFILL_BATCH * MODEL_KV_DIM)};
+    float *act = aligned_alloc(64, (sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4] + sizes[5] + sizes[6]) * sizeof(float));
     if (!act) { free(m); return err_set(ERR_NOMEM, "CPU activations"); }
     m->x = act;
     m->q = m->x + sizes[0];
     m->xb2 = m->q + sizes[1];
     m->hb = m->xb2 + sizes[2];
     m->logits = m->hb + sizes[3];
+    m->k = m->logits + sizes[4];
+    m->v = m->k + sizes[5];
 #endif
     model_weights_bind(&m->w, data);
     m->ctx = ctx;
     m->n_threads = n_threads;
-    /* The cache is reserved, not committed: pages appear as positions are written, so a long
-     * --ctx costs memory only as far as it is used. */
-    m->cache_bytes = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * sizeof(uint16_t);
-    void *kc = mmap(NULL, m->cache_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    void *vc = mmap(NULL, m->cache_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    m->kv = kv;
+    /* KV_F16: 2 bytes an element; KV_Q8: 1, and a 4-byte scale a vector of head_dim elements */
+    m->cache_bytes = (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * (kv == KV_Q8 ? sizeof(int8_t) : sizeof(uint16_t));
+    m->scale_bytes = kv == KV_Q8 ? (size_t)MODEL_N_LAYERS * ctx * MODEL_N_KV_HEADS * sizeof(float) : 0;
+    m->key_cache = cache_reserve(m->cache_bytes);
+    m->value_cache = cache_reserve(m->cache_bytes);
+    m->key_scale = cache_reserve(m->scale_bytes);
+    m->value_scale = cache_reserve(m->scale_bytes);
     m->att = malloc((size_t)n_threads * 4 * ctx * sizeof(float)); /* four rows a thread: attention_heads_x4 */
     m->xb = aligned_alloc(64, (size_t)n_threads * PREFILL_BATCH * MODEL_DIM * sizeof(float)); /* rows of 64-byte multiples */
-    if (kc == MAP_FAILED || vc == MAP_FAILED || !m->att || !m->xb) {
-        if (kc != MAP_FAILED) munmap(kc, m->cache_bytes);
-        if (vc != MAP_FAILED) munmap(vc, m->cache_bytes);
-        free(m->att);
-        free(m->xb);
-#if MODEL_GENERIC
-        free(m->x);
-#endif
-        free(m);
-        return err_set(ERR_NOMEM, "KV cache for %d tokens: 2 x %zu bytes", ctx, (size_t)MODEL_N_LAYERS * ctx * MODEL_KV_DIM * 2);
+    if (!m->key_cache || !m->value_cache || (kv == KV_Q8 && (!m->key_scale || !m->value_scale)) || !m->att || !m->xb) {
+        const size_t cache_bytes = m->cache_bytes, scale_bytes = m->scale_bytes;
+        model_cpu_free(m);
+        if (kv == KV_Q8)
+            return err_set(ERR_NOMEM, "KV cache (q8) for %d tokens: 2 x %zu bytes of int8 and 2 x %zu bytes of scales", ctx,
+                           cache_bytes, scale_bytes);
+        return err_set(ERR_NOMEM, "KV cache (f16) for %d tokens: 2 x %zu bytes", ctx, cache_bytes);
     }
-    m->key_cache = kc;
-    m->value_cache = vc;
     *out = m;
     return ERR_OK;
 }
 
 void model_cpu_free(model_cpu *m) {
     if (!m) return;
-    munmap(m->key_cache, m->cache_bytes);
-    munmap(m->value_cache, m->cache_bytes);
+    cache_release(m->key_cache, m->cache_bytes);
+    cache_release(m->value_cache, m->cache_bytes);
+    cache_release(m->key_scale, m->scale_bytes);
+    cache_release(m->value_scale, m->scale_bytes);
     free(m->att);
     free(m->xb);
 #if MODEL_GENERIC
@@ -229,11 +250,11 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
 #pragma omp barrier
 }
 
-/* One token at position pos0 through every layer, appending its keys and values to the cache, and
- * the logits after it: the decode step. The generator writes this body twice, here with a batch of
- * exactly one, so the batch loops vanish (OpenMP outlines the parallel region into its own
+/* One token at position pos0 through every layer, appending its keys and values to the f16
+ * cache, and the logits after it: the decode step. The generator writes this body for a batch too,
+ * here with a batch of exactly one, so the batch loops vanish (OpenMP outlines the parallel region into its own
  * function, where a batch size passed in would no longer be a constant). */
-static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
+static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
     const model_weights *w = &m->w;
     for (int b = 0; b < 1; b++)
         mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
@@ -256,8 +277,8 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
             /* the layer's matrix formats: constants where a field's layers share one */
             const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
                       fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
-            uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
-            uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
+            uint16_t *kc = (uint16_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            uint16_t *vc = (uint16_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
@@ -353,9 +374,9 @@ static void forward_decode(model_cpu *m, const int *tokens, int pos0) {
 }
 
 /* tokens[0..nb) at positions pos0.. through every layer, appending their keys and values to the
- * cache; the logits of the last one when want_logits (prompt prefill), of every one into
+ * f16 cache; the logits of the last one when want_logits (prompt prefill), of every one into
  * all_logits (nb, vocab) when it is not NULL (perplexity). */
-static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
+static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
     const model_weights *w = &m->w;
     for (int b = 0; b < nb; b++)
         mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
@@ -372,8 +393,8 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
             /* the layer's matrix formats: constants where a field's layers share one */
             const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
                       fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
-            uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
-            uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
+            uint16_t *kc = (uint16_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            uint16_t *vc = (uint16_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
@@ -497,10 +518,10 @@ static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, i
     }
 }
 
-/* The decode step with thread 0 reading the clock after every barrier: each stage's seconds (from
- * the end of the previous stage, so a stage includes the norm it starts with and the wait for the
- * slowest thread) go to m->stage_s, in launch order. */
-static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
+/* The decode step (f16 KV cache) with thread 0 reading the clock after every barrier: each
+ * stage's seconds (from the end of the previous stage, so a stage includes the norm it starts with
+ * and the wait for the slowest thread) go to m->stage_s, in launch order. */
+static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) {
     const model_weights *w = &m->w;
     double t_last = omp_get_wtime();
     int k = 0;
@@ -526,8 +547,8 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
             /* the layer's matrix formats: constants where a field's layers share one */
             const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
                       fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
-            uint16_t *kc = m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
-            uint16_t *vc = m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
+            uint16_t *kc = (uint16_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            uint16_t *vc = (uint16_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
@@ -628,9 +649,454 @@ static void forward_decode_timed(model_cpu *m, const int *tokens, int pos0) {
     }
 }
 
+/* One token at position pos0 through every layer, appending its keys and values to the q8
+ * cache, and the logits after it: the decode step. The generator writes this body for a batch too,
+ * here with a batch of exactly one, so the batch loops vanish (OpenMP outlines the parallel region into its own
+ * function, where a batch size passed in would no longer be a constant). */
+static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
+    const model_weights *w = &m->w;
+    for (int b = 0; b < 1; b++)
+        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
+                       MODEL_DIM);
+
+    /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
+     * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
+#pragma omp parallel num_threads(m->n_threads)
+    {
+#if MODEL_GENERIC
+        /* MODEL_DIM is read from config.json: never a stack array of a size the input chooses */
+        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
+#else
+        _Alignas(64) float xb[1][MODEL_DIM]; /* this thread's normalized x: on the stack, where the compiler
+                                              * knows nothing else points (8% faster decode than the heap) */
+#endif
+        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const model_layer_weights *lw = &w->layers[l];
+            /* the layer's matrix formats: constants where a field's layers share one */
+            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
+                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
+            int8_t *kc = (int8_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;     /* (ctx, kv_dim) */
+            int8_t *vc = (int8_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            float *kd = m->key_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;            /* (ctx, n_kv_heads) */
+            float *vd = m->value_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;          /* (ctx, n_kv_heads) */
+
+            /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
+             * to k and v, whole vectors for the quantizer below */
+            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+#pragma omp for schedule(static)
+            for (int item = 0; item < QKV_ITEMS; item++) {
+                float o[4];
+                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                    const void *wm = is_k ? lw->wk : lw->wq;
+                    const int f = is_k ? fk : fq;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                    for (int b = 0; b < 1; b++) {
+                        int pos = pos0 + b;
+                        dot_rows(f, ws, xb[b], o);
+                        if (MODEL_QKV_BIAS) {
+                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                        }
+                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                        for (int r = 0; r < 4; r++) {
+                            if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
+                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                        }
+                    }
+                } else {
+                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                    const int f = fv;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                    for (int b = 0; b < 1; b++) {
+                        dot_rows(f, ws, xb[b], o);
+                        for (int r = 0; r < 4; r++) {
+                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                            m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                        }
+                    }
+                }
+            }
+            /* KV store: each new key and value vector of a KV head as int8 and its scale (a vector's
+             * rows come from several threads above, so the quantizer waits for their barrier) */
+#pragma omp for schedule(static)
+            for (int item = 0; item < 2 * 1 * MODEL_N_KV_HEADS; item++) {
+                const int is_v = item % 2, b = item / 2 / MODEL_N_KV_HEADS, kvh = item / 2 % MODEL_N_KV_HEADS;
+                const size_t pos = (size_t)(pos0 + b), at = (size_t)b * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM;
+                if (is_v) vd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(vc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->v + at, MODEL_HEAD_DIM);
+                else kd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(kc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->k + at, MODEL_HEAD_DIM);
+            }
+
+            /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
+#pragma omp for schedule(static)
+            for (int bh = 0; bh < 1 * MODEL_N_HEADS; bh++) {
+                int b = bh / MODEL_N_HEADS, h = bh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
+                attention_head_q8(m->xb2 + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM, m->q + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM,
+                                  kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, kd + kvh, vd + kvh, MODEL_KV_DIM, MODEL_N_KV_HEADS,
+                                  pos0 + b + 1, MODEL_HEAD_DIM, att);
+            }
+
+
+            /* self_attn.o_proj (+ bias) + residual */
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+
+            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
+             * of its rows side by side in both matrices, four sequential streams */
+            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
+            {
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                for (int j = 0; j < q; j++) {
+                    int a = lo + j, c = lo + q + j;
+                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
+                    for (int b = 0; b < 1; b++) {
+                        float o[4];
+                        gate_up_dot4(fg, fu, ws, xb[b], o);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
+                    }
+                }
+                for (int i = lo + 2 * q; i < hi; i++) {
+                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
+                    int b = 0;
+                    for (; b < 1; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
+                }
+            }
+#pragma omp barrier
+
+            /* mlp.down_proj + residual */
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+        }
+
+        /* model.norm and the LM head, for the last token only */
+        if (1) {
+            rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+        }
+    }
+}
+
+/* tokens[0..nb) at positions pos0.. through every layer, appending their keys and values to the
+ * q8 cache; the logits of the last one when want_logits (prompt prefill), of every one into
+ * all_logits (nb, vocab) when it is not NULL (perplexity). */
+static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
+    const model_weights *w = &m->w;
+    for (int b = 0; b < nb; b++)
+        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
+                       MODEL_DIM);
+
+    /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
+     * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
+#pragma omp parallel num_threads(m->n_threads)
+    {
+        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
+        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const model_layer_weights *lw = &w->layers[l];
+            /* the layer's matrix formats: constants where a field's layers share one */
+            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
+                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
+            int8_t *kc = (int8_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;     /* (ctx, kv_dim) */
+            int8_t *vc = (int8_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            float *kd = m->key_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;            /* (ctx, n_kv_heads) */
+            float *vd = m->value_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;          /* (ctx, n_kv_heads) */
+
+            /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
+             * to k and v, whole vectors for the quantizer below */
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+#pragma omp for schedule(static)
+            for (int item = 0; item < QKV_ITEMS; item++) {
+                float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
+                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                    const void *wm = is_k ? lw->wk : lw->wq;
+                    const int f = is_k ? fk : fq;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                    for (int b = 0; b < nb; b++) {
+                        int pos = pos0 + b;
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(f, ws, xb[b], o);
+                        if (MODEL_QKV_BIAS) {
+                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                        }
+                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                        for (int r = 0; r < 4; r++) {
+                            if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
+                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                        }
+                    }
+                } else {
+                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                    const int f = fv;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                    for (int b = 0; b < nb; b++) {
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(f, ws, xb[b], o);
+                        for (int r = 0; r < 4; r++) {
+                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                            m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                        }
+                    }
+                }
+            }
+            /* KV store: each new key and value vector of a KV head as int8 and its scale (a vector's
+             * rows come from several threads above, so the quantizer waits for their barrier) */
+#pragma omp for schedule(static)
+            for (int item = 0; item < 2 * nb * MODEL_N_KV_HEADS; item++) {
+                const int is_v = item % 2, b = item / 2 / MODEL_N_KV_HEADS, kvh = item / 2 % MODEL_N_KV_HEADS;
+                const size_t pos = (size_t)(pos0 + b), at = (size_t)b * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM;
+                if (is_v) vd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(vc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->v + at, MODEL_HEAD_DIM);
+                else kd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(kc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->k + at, MODEL_HEAD_DIM);
+            }
+
+            /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
+            /* four tokens of one head an item: each key and value converted once for the four
+             * (attention_heads_x4, the same sums as attention_head); a last group of fewer, one by one */
+#pragma omp for schedule(static)
+            for (int gh = 0; gh < (nb + 3) / 4 * MODEL_N_HEADS; gh++) {
+                int b0 = 4 * (gh / MODEL_N_HEADS), h = gh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
+                float *out = m->xb2 + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
+                const float *qb = m->q + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
+                if (b0 + 4 <= nb) {
+                    const int n_pos[4] = {pos0 + b0 + 1, pos0 + b0 + 2, pos0 + b0 + 3, pos0 + b0 + 4};
+                    attention_heads_x4_q8(out, MODEL_Q_DIM, qb, MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, kd + kvh,
+                                          vd + kvh, MODEL_KV_DIM, MODEL_N_KV_HEADS, n_pos, MODEL_HEAD_DIM, att, m->ctx);
+                } else
+                    for (int b = b0; b < nb; b++)
+                        attention_head_q8(out + (size_t)(b - b0) * MODEL_Q_DIM, qb + (size_t)(b - b0) * MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM,
+                                          vc + kvh * MODEL_HEAD_DIM, kd + kvh, vd + kvh, MODEL_KV_DIM, MODEL_N_KV_HEADS, pos0 + b + 1,
+                                          MODEL_HEAD_DIM, att);
+            }
+
+
+            /* self_attn.o_proj (+ bias) + residual */
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
+
+            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
+             * of its rows side by side in both matrices, four sequential streams */
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
+            {
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                for (int j = 0; j < q; j++) {
+                    int a = lo + j, c = lo + q + j;
+                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
+                    for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
+                        float o[2][4];
+                        const int two = b + 2 <= nb;
+                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], o);
+                        else gate_up_dot4(fg, fu, ws, xb[b], o[0]);
+                        for (int t = 0; t <= two; t++, b++) {
+                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
+                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
+                        }
+                    }
+                }
+                for (int i = lo + 2 * q; i < hi; i++) {
+                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
+                    int b = 0;
+                    for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
+                        float g[4], u[4];
+                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, MODEL_DIM, g);
+                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, MODEL_DIM, u);
+                        for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
+                    }
+                    for (; b < nb; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
+                }
+            }
+#pragma omp barrier
+
+            /* mlp.down_proj + residual */
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+        }
+
+        /* model.norm and the LM head, for the last token only */
+        if (want_logits) {
+            rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+        }
+        /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
+        if (all_logits) {
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+        }
+    }
+}
+
+/* The decode step (q8 KV cache) with thread 0 reading the clock after every barrier: each
+ * stage's seconds (from the end of the previous stage, so a stage includes the norm it starts with
+ * and the wait for the slowest thread) go to m->stage_s, in launch order. */
+static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
+    const model_weights *w = &m->w;
+    double t_last = omp_get_wtime();
+    int k = 0;
+    for (int b = 0; b < 1; b++)
+        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
+                       MODEL_DIM);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
+
+    /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
+     * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
+#pragma omp parallel num_threads(m->n_threads)
+    {
+#if MODEL_GENERIC
+        /* MODEL_DIM is read from config.json: never a stack array of a size the input chooses */
+        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
+#else
+        _Alignas(64) float xb[1][MODEL_DIM]; /* this thread's normalized x: on the stack, where the compiler
+                                              * knows nothing else points (8% faster decode than the heap) */
+#endif
+        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const model_layer_weights *lw = &w->layers[l];
+            /* the layer's matrix formats: constants where a field's layers share one */
+            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
+                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
+            int8_t *kc = (int8_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;     /* (ctx, kv_dim) */
+            int8_t *vc = (int8_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            float *kd = m->key_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;            /* (ctx, n_kv_heads) */
+            float *vd = m->value_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;          /* (ctx, n_kv_heads) */
+
+            /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
+             * to k and v, whole vectors for the quantizer below */
+            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+#pragma omp for schedule(static)
+            for (int item = 0; item < QKV_ITEMS; item++) {
+                float o[4];
+                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                    const void *wm = is_k ? lw->wk : lw->wq;
+                    const int f = is_k ? fk : fq;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                    for (int b = 0; b < 1; b++) {
+                        int pos = pos0 + b;
+                        dot_rows(f, ws, xb[b], o);
+                        if (MODEL_QKV_BIAS) {
+                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                        }
+                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                        for (int r = 0; r < 4; r++) {
+                            if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
+                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                        }
+                    }
+                } else {
+                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                    const int f = fv;
+                    const void *ws[4];
+                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                    for (int b = 0; b < 1; b++) {
+                        dot_rows(f, ws, xb[b], o);
+                        for (int r = 0; r < 4; r++) {
+                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                            m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                        }
+                    }
+                }
+            }
+            /* KV store: each new key and value vector of a KV head as int8 and its scale (a vector's
+             * rows come from several threads above, so the quantizer waits for their barrier) */
+#pragma omp for schedule(static)
+            for (int item = 0; item < 2 * 1 * MODEL_N_KV_HEADS; item++) {
+                const int is_v = item % 2, b = item / 2 / MODEL_N_KV_HEADS, kvh = item / 2 % MODEL_N_KV_HEADS;
+                const size_t pos = (size_t)(pos0 + b), at = (size_t)b * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM;
+                if (is_v) vd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(vc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->v + at, MODEL_HEAD_DIM);
+                else kd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(kc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->k + at, MODEL_HEAD_DIM);
+            }
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.layers.{l}: input_layernorm, q/k/v, RoPE */
+
+            /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
+#pragma omp for schedule(static)
+            for (int bh = 0; bh < 1 * MODEL_N_HEADS; bh++) {
+                int b = bh / MODEL_N_HEADS, h = bh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
+                attention_head_q8(m->xb2 + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM, m->q + (size_t)b * MODEL_Q_DIM + h * MODEL_HEAD_DIM,
+                                  kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, kd + kvh, vd + kvh, MODEL_KV_DIM, MODEL_N_KV_HEADS,
+                                  pos0 + b + 1, MODEL_HEAD_DIM, att);
+            }
+
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
+
+            /* self_attn.o_proj (+ bias) + residual */
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
+
+            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
+             * of its rows side by side in both matrices, four sequential streams */
+            for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
+            {
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                for (int j = 0; j < q; j++) {
+                    int a = lo + j, c = lo + q + j;
+                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
+                    for (int b = 0; b < 1; b++) {
+                        float o[4];
+                        gate_up_dot4(fg, fu, ws, xb[b], o);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
+                    }
+                }
+                for (int i = lo + 2 * q; i < hi; i++) {
+                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
+                    int b = 0;
+                    for (; b < 1; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
+                }
+            }
+#pragma omp barrier
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
+
+            /* mlp.down_proj + residual */
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
+        }
+
+        /* model.norm and the LM head, for the last token only */
+        if (1) {
+            rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
+        }
+    }
+}
+
+/* Each entry point picks its cache type's instance once per call: the layers run without a test of it. */
 const float *model_cpu_forward(model_cpu *m, int token, int pos) {
-    forward_decode(m, &token, pos);
+    if (m->kv == KV_Q8) forward_decode_q8(m, &token, pos);
+    else forward_decode_f16(m, &token, pos);
     return m->logits;
+}
+
+static void forward_prefill(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
+    if (m->kv == KV_Q8) forward_prefill_q8(m, tokens, nb, pos0, want_logits, all_logits);
+    else forward_prefill_f16(m, tokens, nb, pos0, want_logits, all_logits);
 }
 
 const float *model_cpu_prefill(model_cpu *m, const int *tokens, int n, int pos0) {
@@ -652,8 +1118,9 @@ void model_cpu_prefill_logits(model_cpu *m, const int *tokens, int n, int pos0, 
  * benchmark does; the next real step at pos overwrites its cache entry), best of reps per stage of
  * each layer, and prints the table model_cuda_kernel_bench prints: --bench-kernels on the CPU. */
 /* Bytes stage i of the decode step at position pos reads (STEP_STAGES in launch order): its
- * weights as stored, each layer's in that layer's formats, and attention's fp16 keys and values. */
-static double stage_bytes(int i, int pos) {
+ * weights as stored, each layer's in that layer's formats, and attention's keys and values (fp16,
+ * or int8 and a float scale a vector: kv). */
+static double stage_bytes(int i, int pos, kv_cache_type kv) {
 #define ROWS_BYTES(rows, f, n) ((double)(rows) * quant_row_size(f, n)) /* of rows rows of n weights of format f */
     if (i == 0) return ROWS_BYTES(1, MODEL_FORMAT_EMBED, MODEL_DIM);
     if (i == STEP_STAGES - 1) return ROWS_BYTES(MODEL_VOCAB_SIZE, MODEL_FORMAT_LM_HEAD, MODEL_DIM);
@@ -663,7 +1130,7 @@ static double stage_bytes(int i, int pos) {
     case ST_QKV:
         return ROWS_BYTES(MODEL_Q_DIM, MODEL_FORMAT_WQ_AT(l), MODEL_DIM) + ROWS_BYTES(MODEL_KV_DIM, MODEL_FORMAT_WK_AT(l), MODEL_DIM) +
                ROWS_BYTES(MODEL_KV_DIM, MODEL_FORMAT_WV_AT(l), MODEL_DIM);
-    case ST_ATT: return 2.0 * (pos + 1) * MODEL_KV_DIM * 2.0;
+    case ST_ATT: return 2.0 * (pos + 1) * (kv == KV_Q8 ? MODEL_KV_DIM + MODEL_N_KV_HEADS * sizeof(float) : MODEL_KV_DIM * 2.0);
     case ST_O: return ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_WO_AT(l), MODEL_Q_DIM);
     case ST_GATE_UP:
         return ROWS_BYTES(MODEL_HIDDEN_DIM, MODEL_FORMAT_W_GATE_AT(l), MODEL_DIM) + ROWS_BYTES(MODEL_HIDDEN_DIM, MODEL_FORMAT_W_UP_AT(l), MODEL_DIM);
@@ -687,7 +1154,8 @@ err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
     for (int i = 0; i < STEP_STAGES; i++) best[i] = 1e30;
     const int token = 1;
     for (int r = 0; r < reps; r++) {
-        forward_decode_timed(m, &token, pos);
+        if (m->kv == KV_Q8) forward_decode_timed_q8(m, &token, pos);
+        else forward_decode_timed_f16(m, &token, pos);
         for (int i = 0; i < STEP_STAGES; i++)
             if (m->stage_s[i] < best[i]) best[i] = m->stage_s[i];
     }
@@ -696,7 +1164,7 @@ err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
     for (int i = 0; i < STEP_STAGES; i++) {
         int st = i == 0 ? ST_EMBED : i == STEP_STAGES - 1 ? ST_LM_HEAD : ST_QKV + (i - 1) % 5;
         us[st] += best[i] * 1e6;
-        bytes[st] += stage_bytes(i, pos);
+        bytes[st] += stage_bytes(i, pos, m->kv);
         calls[st]++;
         total += best[i] * 1e6;
     }
