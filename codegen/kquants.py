@@ -16,7 +16,7 @@ things make that hold:
 
 tests/test_quantize.py compares these bytes with ggml's own (tests/data/ggml_k_quants.npz, written
 by tests/ggml_k_fixture.py from a llama-cpp-python sdist) and dequantizes them through the gguf
-package. On one core a 135M-weight model takes about a minute a format.
+package. About 0.3 us a weight on one core (Q4_K; Q6_K 0.2): 45 s for a 135M-weight model.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ f32 = np.float32
 QK_K = 256  # weights a super-block
 BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 GROUP_MAX_EPS = f32(1e-15)  # ggml-quants.c: below this a group's largest |x| counts as zero
+# Super-blocks quantized at a time: the search's dozen temporaries of 256K weights stay near the
+# caches. On the 2-core development machine, 4M normal weights to Q4_K took 1.3 s in passes of
+# 64K or 256K weights, 1.7 s of 1M, 2.1 s of 4M.
+BLOCKS_PER_PASS = 1024
 
 
 def nearest_int(v: np.ndarray) -> np.ndarray:
@@ -199,6 +203,9 @@ def quantize_k(x: np.ndarray, fmt: str) -> np.ndarray:
     (rows, cols / 256 * block bytes) uint8 of fmt (Q4_K, Q5_K, Q6_K), ggml's reference bytes."""
     rows = x.shape[0] if x.ndim > 1 else 1
     b = np.asarray(x, f32).reshape(-1, QK_K)
+    out = np.empty((len(b), BLOCK_BYTES[fmt]), np.uint8)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        blocks = quantize_q6_k(b) if fmt == "Q6_K" else quantize_q45_k(b, fmt)
-    return blocks.reshape(rows, -1)
+        for i in range(0, len(b), BLOCKS_PER_PASS):
+            part = b[i:i + BLOCKS_PER_PASS]
+            out[i:i + BLOCKS_PER_PASS] = quantize_q6_k(part) if fmt == "Q6_K" else quantize_q45_k(part, fmt)
+    return out.reshape(rows, -1)
