@@ -15,7 +15,8 @@ copied as they are.
 The bytes are ggml's reference quantizers' (what llama-quantize writes without an importance
 matrix): gguf.quants.quantize for Q8_0, Q4_0 and Q4_1 (quantize_row_q8_0_ref and friends;
 tests/test_quantize.py checks it against a transcription of them), codegen/kquants.py for Q4_K,
-Q5_K and Q6_K (quantize_row_q4_K_ref and friends; checked against ggml's own output). Output: model.safetensors (quantized matrices as U8 [rows, row_bytes], the layout of
+Q5_K and Q6_K (quantize_row_q4_K_ref and friends; checked against ggml's own output). Output:
+model.safetensors (quantized matrices as U8 [rows, row_bytes], the layout of
 /work/notes/quant_contract.md), config.json (the source's, torch_dtype unchanged, plus
 quantization_config) and the tokenizer and generation files copied. Deterministic, and each file is
 replaced only when its bytes change, as codegen.gguf_import does.

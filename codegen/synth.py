@@ -32,14 +32,13 @@ Quantized models: a config whose quantization_config (codegen/spec.py) names a t
 format gets that tensor as the format's blocks (dtype U8, shape [rows, row bytes]): the same values
 drawn, then quantized as ggml's reference quantizers do: Q8_0, Q4_0 and Q4_1 here (Q8_0: d =
 max|x| / 127; Q4_0: d = the signed value of largest magnitude / -8; Q4_1: d = (max - min) / 15,
-m = min; the blocks a speed run or a kernel test needs, not checked byte for byte: codegen/quantize.py
-is the bit-exact quantizer of real weights), the K formats (Q4_K, Q5_K, Q6_K) by codegen/kquants.py,
-ggml's bytes, with its scale search (about 0.3 us a weight on a core: an 8B Q4_K_M model takes
-minutes on a dozen threads). --quant TYPE first writes that quantization_config into config.json,
-with the formats `codegen.quantize --type TYPE` would choose (q8_0, q4_0, q4_1: the layers in TYPE,
-the embedding and an untied lm_head in Q8_0; q6_k all in Q6_K; q4_k_m and q5_k_m llama.cpp's mix of
-those names, k_mix_formats, whose v_proj and down_proj differ in format from layer to layer): the
-random quantized model of a shape.
+m = min), the K formats (Q4_K, Q5_K, Q6_K) by codegen/kquants.py, which codegen/quantize.py
+quantizes real weights with: ggml's bytes, scale search included (about 0.3 us a weight on a core:
+an 8B Q4_K_M model takes minutes on a dozen threads). --quant TYPE first writes that
+quantization_config into config.json, with the formats `codegen.quantize --type TYPE` would choose
+(q8_0, q4_0, q4_1: the layers in TYPE, the embedding and an untied lm_head in Q8_0; q6_k all in
+Q6_K; q4_k_m and q5_k_m llama.cpp's mix of those names, k_mix_formats, whose v_proj and down_proj
+differ in format from layer to layer): the random quantized model of a shape.
 """
 
 import argparse
