@@ -16,7 +16,8 @@ things make that hold:
 
 tests/test_quantize.py compares these bytes with ggml's own (tests/data/ggml_k_quants.npz, written
 by tests/ggml_k_fixture.py from a llama-cpp-python sdist) and dequantizes them through the gguf
-package. About 0.3 us a weight on one core (Q4_K; Q6_K 0.2): 45 s for a 135M-weight model.
+package. One core quantizes SmolLM2-135M's 134.5M matrix weights in 34 s of CPU to Q4_K, 26 s to
+Q6_K (the 2-core development machine, loaded).
 """
 
 from __future__ import annotations
