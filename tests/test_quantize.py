@@ -108,16 +108,17 @@ def ggml_k():
 
 
 @pytest.mark.parametrize("fmt", K_FORMATS)
-def test_k_quantizer_is_ggml(ggml_k, fmt):
+def test_k_quantizer_is_ggml(ggml_k, fmt, monkeypatch):
     """Every row of the fixture (random rows of five spreads, heavy-tailed and skewed ones, rows
     whose small sub-blocks' scales round to 0, zeros, constants, outliers, one-signed, tiny,
-    subnormal and large values) quantizes to ggml's bytes, row by row and as one matrix of two rows
-    (the passes of kquants.BLOCKS_PER_PASS cut through a row)."""
+    subnormal and large values) quantizes to ggml's bytes, in one pass and as one matrix of two
+    rows in passes of 7 super-blocks (kquants.BLOCKS_PER_PASS; a pass's seam inside a row)."""
     rows, want = ggml_k["rows"], ggml_k[fmt]
     assert rows.shape == (194, 256) and want.shape == (194, K_BLOCK_BYTES[fmt])
     got = quantize_k(rows, fmt)
     bad = np.nonzero((got != want).any(axis=1))[0]
     assert not len(bad), f"{fmt}: {len(bad)} rows differ from ggml's, the first row {bad[0]}: {rows[bad[0], :4]}..."
+    monkeypatch.setattr("codegen.kquants.BLOCKS_PER_PASS", 7)
     assert np.array_equal(quantize_k(rows.reshape(2, -1), fmt).reshape(194, -1), want)
 
 
@@ -198,7 +199,7 @@ def test_quantize_writes_blocks_config_and_copies(tiny_src, tmp_path, monkeypatc
     spec = load_spec(out / "config.json")
     want = expected_formats(spec, qtype)
     assert formats == {"quant_method": "ingot", "formats": want}
-    assert ("lm_head.weight" in want) == (model.startswith("tiny-llama"))
+    assert ("lm_head.weight" in want) == model.startswith("tiny-llama")
     if qtype.endswith("_k_m"):
         assert set(want.values()) == {"Q6_K", qtype[:2].upper() + "_K"}
     got, have = raw_tensors(out), raw_tensors(src)
