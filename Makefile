@@ -15,8 +15,8 @@
 #   make MODEL=... PLAN="mlp_fused=0"  build with plan decisions set by hand (codegen/plan.py)
 #   make MODEL=path/to/file.gguf  import the GGUF into build/models/<stem>/ (its Q8_0/Q4_0/Q4_1/Q4_K/
 #                                 Q5_K/Q6_K matrices kept as they are) and build that, NAME <stem>
-#   make MODEL=... QUANT=q8_0     quantize the model (q8_0, q4_0 or q4_1) into build/models/<name>-q8_0/
-#                                 and build that, NAME <name>-q8_0
+#   make MODEL=... QUANT=q8_0     quantize the model (q8_0, q4_0, q4_1, q6_k, or llama.cpp's mixes q4_k_m
+#                                 and q5_k_m) into build/models/<name>-q8_0/ and build that, NAME <name>-q8_0
 #                                 (both also with GENERIC=1, run, bench and compare)
 #
 # Everything Python runs in .venv, created here from the pinned requirements.txt.

@@ -1,25 +1,31 @@
 """Build-time quantization: a bf16/fp16/fp32 model directory -> the same model with its matrices in
 a GGUF block format.
 
-    python -m codegen.quantize SRC_DIR OUT_DIR --type q8_0|q4_0|q4_1
+    python -m codegen.quantize SRC_DIR OUT_DIR --type q8_0|q4_0|q4_1|q6_k|q4_k_m|q5_k_m
 
-The seven matrices of every layer (q, k, v, o, gate, up, down) are quantized to TYPE; the
-embedding table and an untied lm_head to Q8_0 whatever TYPE is. Those two are the model's input
-and output: every token's logits go through lm_head, and a tied table is the lm_head. llama.cpp
-keeps its output layer at higher precision than the layers for the same reason (Q6_K in its Q4
-files; the `gguf` package cannot produce K formats, so Q8_0 here). Norms and biases are copied as
-they are.
+q8_0, q4_0, q4_1: the seven matrices of every layer (q, k, v, o, gate, up, down) are quantized to
+TYPE; the embedding table and an untied lm_head to Q8_0 whatever TYPE is. Those two are the
+model's input and output: every token's logits go through lm_head, and a tied table is the
+lm_head. llama.cpp keeps its output layer at higher precision than the layers for the same reason.
+q6_k: every one of those matrices in Q6_K, the embedding and lm_head too (llama.cpp's Q6_K).
+q4_k_m, q5_k_m: llama.cpp's mixes of those names (codegen/synth.py k_mix_formats: the layers in
+Q4_K or Q5_K, v_proj and down_proj of some layers and the output in Q6_K). Norms and biases are
+copied as they are.
 
-Quantization is gguf.quants.quantize, which gives ggml's reference quantizer's bytes
-(quantize_row_q8_0_ref and friends; tests/test_quantize.py checks it against a transcription of
-them). Output: model.safetensors (quantized matrices as U8 [rows, row_bytes], the layout of
+The bytes are ggml's reference quantizers' (what llama-quantize writes without an importance
+matrix): gguf.quants.quantize for Q8_0, Q4_0 and Q4_1 (quantize_row_q8_0_ref and friends;
+tests/test_quantize.py checks it against a transcription of them), codegen/kquants.py for Q4_K,
+Q5_K and Q6_K (quantize_row_q4_K_ref and friends; checked against ggml's own output). Output:
+model.safetensors (quantized matrices as U8 [rows, row_bytes], the layout of
 /work/notes/quant_contract.md), config.json (the source's, torch_dtype unchanged, plus
 quantization_config) and the tokenizer and generation files copied. Deterministic, and each file is
 replaced only when its bytes change, as codegen.gguf_import does.
 
 Refused, naming the thing: a source that is already quantized (quantization_config), a matrix
-whose row length does not divide into 32-weight blocks, a source tensor missing or of another
-dtype or shape than config.json says.
+whose row length does not divide into its format's blocks (32 weights; the K formats' super-blocks
+256), a source tensor missing or of another dtype or shape than config.json says. llama.cpp gives
+such a matrix another format (Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for Q6_K); the engine has no
+Q5_0 or Q5_1, so here it is refused.
 """
 
 from __future__ import annotations
@@ -36,16 +42,19 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from .gguf_import import replace_if_changed, write_json
+from .kquants import BLOCK_BYTES as K_FORMATS, quantize_k
 from .spec import FORMATS, SpecError, load_spec
+from .synth import K_MIXES, k_mix_formats
 
-# --type: the layers' format. The embedding and an untied lm_head are Q8_0 in every case.
-TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1"}
+# --type: the layers' format (for a mix, its base format). The embedding and an untied lm_head are
+# Q8_0 below Q6_K; q6_k puts them in Q6_K, the mixes as k_mix_formats says.
+TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q6_k": "Q6_K", **K_MIXES}
 EDGE_TYPE = "Q8_0"
 LAYER_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Files of a model directory that describe the tokenizer, the chat and generation: copied.
 COPIED = ("generation_config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer.model",
           "tokenizer_config.json", "vocab.json", "merges.txt")
-ROWS_PER_CHUNK = 4096  # rows quantized at a time: bounds the float32 copy of a large matrix
+WEIGHTS_PER_CHUNK = 1 << 20  # weights quantized at a time: bounds the float32 copy of a large matrix
 
 
 class QuantizeError(Exception):
@@ -84,16 +93,17 @@ def quantize_rows(raw: np.ndarray, dtype: str, shape: list, fmt: str) -> bytes:
     """A dense matrix's bytes -> its rows in block format fmt, a chunk of rows at a time."""
     rows, cols = shape
     x = raw.reshape(rows, -1)
-    qtype = GGMLQuantizationType[fmt]
+    step = max(1, WEIGHTS_PER_CHUNK // cols)
     parts = []
-    for r in range(0, rows, ROWS_PER_CHUNK):
-        w = to_f32(np.ascontiguousarray(x[r:r + ROWS_PER_CHUNK]).reshape(-1), dtype).reshape(-1, cols)
-        parts.append(np.ascontiguousarray(gguf.quants.quantize(w, qtype)).tobytes())
+    for r in range(0, rows, step):
+        w = to_f32(np.ascontiguousarray(x[r:r + step]).reshape(-1), dtype).reshape(-1, cols)
+        q = quantize_k(w, fmt) if fmt in K_FORMATS else gguf.quants.quantize(w, GGMLQuantizationType[fmt])
+        parts.append(np.ascontiguousarray(q).tobytes())
     return b"".join(parts)
 
 
 def plan(src: Path, qtype: str):
-    """(spec of the source, {tensor name: format} to quantize), or QuantizeError."""
+    """(spec of the source, {tensor name: format} to quantize) for --type qtype, or QuantizeError."""
     try:
         spec = load_spec(src / "config.json", name=src.resolve().name)
     except SpecError as e:
@@ -101,9 +111,16 @@ def plan(src: Path, qtype: str):
     if spec.quantized:
         raise QuantizeError(f"{src / 'config.json'}: already quantized (quantization_config); "
                             "quantize from the bf16/fp16 model")
+    if qtype in K_MIXES:
+        try:
+            return spec, k_mix_formats(spec, K_MIXES[qtype])
+        except ValueError as e:  # a row that is not whole super-blocks, named
+            raise QuantizeError(f"{src}: {e}") from None
+    layer = TYPES[qtype]
+    edge = layer if layer == "Q6_K" else EDGE_TYPE
     formats = {}
     for t in spec.tensors:
-        fmt = qtype if t.field in LAYER_FIELDS else EDGE_TYPE if t.field in ("embed", "lm_head") else None
+        fmt = layer if t.field in LAYER_FIELDS else edge if t.field in ("embed", "lm_head") else None
         if fmt is None:
             continue
         block = FORMATS[fmt][1]
@@ -119,7 +136,7 @@ def quantize(src: str | Path, out: str | Path, qtype: str) -> list:
     if qtype not in TYPES:
         raise QuantizeError(f"type {qtype!r} unsupported (supported: {', '.join(TYPES)})")
     src, out = Path(src), Path(out)
-    spec, formats = plan(src, TYPES[qtype])
+    spec, formats = plan(src, qtype)
     have = source_tensors(src)
     entries = []  # (name, stored dtype, stored shape, nbytes, source entry, format or None)
     for t in spec.tensors:
@@ -184,7 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("src", help="the model directory (config.json, safetensors, tokenizer files)")
     ap.add_argument("out", help="output directory (created if missing)")
     ap.add_argument("--type", required=True, choices=sorted(TYPES),
-                    help="the layers' format; the embedding and an untied lm_head are q8_0")
+                    help="the layers' format, or llama.cpp's mix (q4_k_m, q5_k_m); the embedding and an untied "
+                         "lm_head are q8_0 below q6_k")
     args = ap.parse_args(argv)
     try:
         changed = quantize(args.src, args.out, args.type)

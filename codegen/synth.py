@@ -1,6 +1,6 @@
 """Random weights for a Llama-family Hugging Face config, written as safetensors.
 
-    python -m codegen.synth MODEL_DIR [--dtype bf16|f16|f32] [--quant q8_0|q4_0|q4_1|q4_k_m|q5_k_m] [--seed N] [--tokenizer PATH]
+    python -m codegen.synth MODEL_DIR [--dtype bf16|f16|f32] [--quant q8_0|q4_0|q4_1|q6_k|q4_k_m|q5_k_m] [--seed N] [--tokenizer PATH]
 
 Reads MODEL_DIR/config.json and writes every tensor the HF model of that config has (the names,
 shapes and optional biases of modeling_llama.py / modeling_mistral.py / modeling_qwen2.py) into
@@ -30,15 +30,15 @@ near 0.1. Norm weights 1 + N(0, 0.1^2). Biases N(0, 0.05^2).
 
 Quantized models: a config whose quantization_config (codegen/spec.py) names a tensor's GGUF block
 format gets that tensor as the format's blocks (dtype U8, shape [rows, row bytes]): the same values
-drawn, then quantized here as ggml's reference quantizers do (Q8_0: d = max|x| / 127; Q4_0: d =
-the signed value of largest magnitude / -8; Q4_1: d = (max - min) / 15, m = min), and the K
-formats (Q4_K, Q5_K, Q6_K) by quantize_k_blocks, a plain min/max one. The weights are valid
-blocks of the right statistics, which is all a speed run or a kernel test needs;
-codegen/quantize.py is the bit-exact quantizer of real weights. --quant TYPE first writes that
-quantization_config into config.json, with the formats codegen/quantize.py would choose (the layers
-in TYPE, the embedding and an untied lm_head in Q8_0): the random quantized model of a shape.
---quant q4_k_m or q5_k_m writes llama.cpp's mix of those names instead (k_mix_formats), whose
-v_proj and down_proj differ in format from layer to layer.
+drawn, then quantized as ggml's reference quantizers do: Q8_0, Q4_0 and Q4_1 here (Q8_0: d =
+max|x| / 127; Q4_0: d = the signed value of largest magnitude / -8; Q4_1: d = (max - min) / 15,
+m = min), the K formats (Q4_K, Q5_K, Q6_K) by codegen/kquants.py, which codegen/quantize.py
+quantizes real weights with: ggml's bytes, scale search included (about 0.3 us a weight on a core:
+an 8B Q4_K_M model takes minutes on a dozen threads). --quant TYPE first writes that
+quantization_config into config.json, with the formats `codegen.quantize --type TYPE` would choose
+(q8_0, q4_0, q4_1: the layers in TYPE, the embedding and an untied lm_head in Q8_0; q6_k all in
+Q6_K; q4_k_m and q5_k_m llama.cpp's mix of those names, k_mix_formats, whose v_proj and down_proj
+differ in format from layer to layer): the random quantized model of a shape.
 """
 
 import argparse
@@ -55,6 +55,8 @@ from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
+
+from codegen.kquants import quantize_k
 
 MAX_SHARD_BYTES = 4 * 10**9  # decimal, like save_pretrained's max_shard_size="5GB"
 CHUNK_ELEMS = 1 << 22        # elements per generated chunk (8 MiB of bf16)
@@ -198,84 +200,12 @@ def k_mix_formats(spec, base):
     return formats
 
 
-def pack_k_scales(sc, mn):
-    """Q4_K/Q5_K's 12 bytes of eight 6-bit scales sc and mins mn (n, 8) per super-block, laid out as
-    the gguf package's Q4_K.get_scale_min unpacks them: bytes 0-3 scales 0-3 with the top two bits
-    of scales 4-7, bytes 4-7 mins 0-3 with the top two bits of mins 4-7, bytes 8-11 the low nibbles
-    of scales 4-7 and mins 4-7."""
-    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
-    out = np.empty((len(sc), 12), np.uint8)
-    out[:, 0:4] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
-    out[:, 4:8] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
-    out[:, 8:12] = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
-    return out
-
-
-def quantize_k_blocks(x, fmt):
-    """float32 values (a multiple of 256) -> the bytes of GGUF super-blocks of fmt (Q4_K, Q5_K,
-    Q6_K), laid out as the gguf package's dequantizers read them.
-
-    A plain reference quantizer, not llama.cpp's quality-optimized one (make_qkx2_quants,
-    make_qx_quants search for the scales that minimize the weighted error; this takes each
-    sub-block's min and max): Q4_K/Q5_K sub-blocks of 32 get scale (max - min) / levels and offset
-    min (min clipped to <= 0, as the format's offset is subtracted), Q6_K sub-blocks of 16 get
-    scale max|x| / 31; the sub-block scales are stored as 6-bit (Q6_K: 8-bit signed) multiples of a
-    super-block fp16 scale, and each weight is rounded to the nearest level of its sub-block's
-    stored scale. The blocks are valid and close to the values, which is what the kernel and
-    model tests need: they compare the engine with the gguf package's dequantization of these
-    very blocks."""
-    b = x.reshape(-1, 256).astype(np.float32)
-    n = len(b)
-
-    def fp16(v):
-        return v.astype(np.float16)
-
-    def inv(v):
-        return np.where(v != 0, 1.0 / np.where(v != 0, v, 1.0), 0.0).astype(np.float32)
-
-    if fmt == "Q6_K":
-        sub = b.reshape(n, 16, 16)
-        scale = np.abs(sub).max(axis=2) / 31.0  # (n, 16)
-        d = fp16(scale.max(axis=1) / 127.0)
-        sc = np.clip(np.round(scale * inv(d.astype(np.float32))[:, None]), 0, 127).astype(np.int8)
-        step = d.astype(np.float32)[:, None] * sc.astype(np.float32)  # (n, 16)
-        q = (np.clip(np.round(sub * inv(step)[:, :, None]), -32, 31) + 32).astype(np.uint8).reshape(n, 2, 128)
-        # element h*128 + k*64 + i: low nibble in ql[h*64 + i] (k = 0) or its high nibble (k = 1);
-        # element h*128 + j*32 + i: its top two bits at bits 2j of qh[h*32 + i]
-        ql = (q[:, :, :64] & 0x0F) | ((q[:, :, 64:] & 0x0F) << 4)
-        hi = (q >> 4).reshape(n, 2, 4, 32)
-        qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
-        return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8),
-                               d.view(np.uint8).reshape(n, 2)], axis=1).tobytes()
-
-    levels = 15 if fmt == "Q4_K" else 31
-    sub = b.reshape(n, 8, 32)
-    lo = np.minimum(sub.min(axis=2), 0.0)  # (n, 8): the offset, -dmin * m, is never positive
-    scale = (sub.max(axis=2) - lo) / levels
-    d, dmin = fp16(scale.max(axis=1) / 63.0), fp16(-lo.min(axis=1) / 63.0)
-    sc = np.clip(np.round(scale * inv(d.astype(np.float32))[:, None]), 0, 63)
-    mn = np.clip(np.round(-lo * inv(dmin.astype(np.float32))[:, None]), 0, 63)
-    step = d.astype(np.float32)[:, None] * sc.astype(np.float32)
-    offset = dmin.astype(np.float32)[:, None] * mn.astype(np.float32)
-    q = np.clip(np.round((sub + offset[:, :, None]) * inv(step)[:, :, None]), 0, levels).astype(np.uint8)
-    # sub-blocks 2j and 2j + 1 share qs[32j .. 32j + 32): the low nibbles and the high ones
-    qs = ((q[:, 0::2] & 0x0F) | ((q[:, 1::2] & 0x0F) << 4)).reshape(n, 128)
-    head = [d.view(np.uint8).reshape(n, 2), dmin.view(np.uint8).reshape(n, 2), pack_k_scales(sc, mn)]
-    if fmt == "Q4_K":
-        return np.concatenate(head + [qs], axis=1).tobytes()
-    bit = (q >> 4).astype(np.uint8)  # (n, 8, 32): the fifth bit of sub-block s at bit s of qh[i]
-    qh = np.zeros((n, 32), np.uint8)
-    for s_ in range(8):
-        qh |= bit[:, s_] << s_
-    return np.concatenate(head + [qh, qs], axis=1).tobytes()
-
-
 def quantize_blocks(x, fmt):
     """float32 values (a multiple of the block) -> the bytes of GGUF blocks of fmt: as ggml's
-    reference quantizers compute them (quantize_row_q8_0_ref, _q4_0_ref, _q4_1_ref), the K formats
-    by quantize_k_blocks."""
+    reference quantizers compute them (quantize_row_q8_0_ref, _q4_0_ref, _q4_1_ref; the K formats
+    codegen/kquants.py)."""
     if fmt in ("Q4_K", "Q5_K", "Q6_K"):
-        return quantize_k_blocks(x, fmt)
+        return quantize_k(x.reshape(-1, 256), fmt).tobytes()
     b = x.reshape(-1, 32).astype(np.float32)
     n = len(b)
     if fmt == "Q8_0":
@@ -401,25 +331,15 @@ def write_shard(path, specs, dtype, seed, pool, depth):
 def synthesize(model_dir, dtype=None, seed=0, tokenizer=None, max_shard_bytes=MAX_SHARD_BYTES,
                threads=None, quant=None):
     """Write random weights for model_dir/config.json into model_dir; return the written paths.
-    quant (q8_0, q4_0, q4_1): first quantize the config (codegen/quantize.py's formats); q4_k_m,
-    q5_k_m: llama.cpp's mix of that name (k_mix_formats)."""
+    quant (a `codegen.quantize --type`): first quantize the config with the formats
+    codegen/quantize.py chooses for that type."""
     model_dir = Path(model_dir)
     if quant is not None:
-        from codegen.quantize import TYPES, QuantizeError, plan
-        if quant not in TYPES and quant not in K_MIXES:
-            raise ValueError(f"--quant {quant!r}, expected one of {', '.join([*TYPES, *K_MIXES])}")
+        from codegen.quantize import TYPES, QuantizeError, plan  # quantize imports k_mix_formats from here
+        if quant not in TYPES:
+            raise ValueError(f"--quant {quant!r}, expected one of {', '.join(TYPES)}")
         try:
-            if quant in K_MIXES:
-                from codegen.spec import SpecError, load_spec
-                try:
-                    spec = load_spec(model_dir / "config.json")
-                except SpecError as e:
-                    raise ValueError(str(e)) from None
-                if spec.quantized:
-                    raise ValueError("config.json: already quantized (quantization_config)")
-                formats = k_mix_formats(spec, K_MIXES[quant])
-            else:
-                _, formats = plan(model_dir, TYPES[quant])
+            _, formats = plan(model_dir, quant)
         except QuantizeError as e:
             raise ValueError(str(e)) from None
         config = json.loads((model_dir / "config.json").read_text())
@@ -474,8 +394,8 @@ def main(argv=None):
     ap.add_argument("model_dir", help="directory holding config.json; weights are written there")
     ap.add_argument("--dtype", choices=sorted(DTYPES),
                     help="weight dtype (default: config torch_dtype, else bf16)")
-    ap.add_argument("--quant", help="q8_0, q4_0, q4_1, q4_k_m or q5_k_m: a quantized model (the config's quantization_config "
-                                    "written first)")
+    ap.add_argument("--quant", help="q8_0, q4_0, q4_1, q6_k, q4_k_m or q5_k_m: a quantized model (the config's "
+                                    "quantization_config written first)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", help="tokenizer.json (or a directory holding it) to copy in, "
                                         "with tokenizer_config.json from the same directory")

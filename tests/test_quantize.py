@@ -1,10 +1,12 @@
 """Build-time quantization (codegen/quantize.py): the `gguf` package's quantizer against ggml's
-reference quantizer, the quantized directory's bytes and config, every refusal, and a binary built
-for one format refusing another.
+reference quantizer, codegen/kquants.py's K quantizer against ggml's own bytes, the quantized
+directory's bytes and config, every refusal, and a binary built for one format refusing another.
 
-The reference quantizer is transcribed here from ggml-quants.c (quantize_row_q8_0_ref,
-quantize_row_q4_0_ref, quantize_row_q4_1_ref), one weight at a time in float32 as the C does, so
-that gguf.quants.quantize is checked against it bit for bit rather than trusted."""
+The reference quantizer of Q8_0, Q4_0 and Q4_1 is transcribed here from ggml-quants.c
+(quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q4_1_ref), one weight at a time in
+float32 as the C does, so that gguf.quants.quantize is checked against it bit for bit rather than
+trusted. The K formats' reference is ggml itself: tests/data/ggml_k_quants.npz holds rows and the
+blocks ggml-quants.c (llama-cpp-python 0.3.16) made of them, written by tests/ggml_k_fixture.py."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 import safetensors.numpy
 from gguf.constants import GGMLQuantizationType as Q
 
+from codegen.kquants import quantize_k
 from codegen.quantize import QuantizeError, main as quantize_main, quantize
 from codegen.spec import load_spec
 from conftest import REPO, make
@@ -88,17 +91,70 @@ def test_gguf_quantizer_is_ggml_reference(qtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# The K formats against ggml's own bytes
+
+K_FORMATS = ("Q4_K", "Q5_K", "Q6_K")
+K_BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+# Relative RMS error of the dequantized values (through the gguf package) for normal weights: a
+# wrong bit or nibble layout gives errors of order one. Measured on the fixture's five spreads of
+# 24 normal rows, the worst of the five: Q4_K 0.0725, Q5_K 0.0369, Q6_K 0.0199; the bounds leave a
+# tenth above that.
+K_RMS_BOUNDS = {"Q4_K": 0.08, "Q5_K": 0.041, "Q6_K": 0.022}
+
+
+@pytest.fixture(scope="module")
+def ggml_k():
+    return dict(np.load(REPO / "tests" / "data" / "ggml_k_quants.npz"))
+
+
+@pytest.mark.parametrize("fmt", K_FORMATS)
+def test_k_quantizer_is_ggml(ggml_k, fmt, monkeypatch):
+    """Every row of the fixture (random rows of five spreads, heavy-tailed and skewed ones, rows
+    whose small sub-blocks' scales round to 0, zeros, constants, outliers, one-signed, tiny,
+    subnormal and large values) quantizes to ggml's bytes, in one pass and as one matrix of two
+    rows in passes of 7 super-blocks (kquants.BLOCKS_PER_PASS; a pass's seam inside a row)."""
+    rows, want = ggml_k["rows"], ggml_k[fmt]
+    assert rows.shape == (194, 256) and want.shape == (194, K_BLOCK_BYTES[fmt])
+    got = quantize_k(rows, fmt)
+    bad = np.nonzero((got != want).any(axis=1))[0]
+    assert not len(bad), f"{fmt}: {len(bad)} rows differ from ggml's, the first row {bad[0]}: {rows[bad[0], :4]}..."
+    monkeypatch.setattr("codegen.kquants.BLOCKS_PER_PASS", 7)
+    assert np.array_equal(quantize_k(rows.reshape(2, -1), fmt).reshape(194, -1), want)
+
+
+@pytest.mark.parametrize("fmt", K_FORMATS)
+def test_k_blocks_dequantize_to_the_rows(ggml_k, fmt):
+    """ggml's blocks of the fixture's normal rows dequantize (gguf package) within K_RMS_BOUNDS;
+    a super-block of zeros comes back zeros."""
+    rows = ggml_k["rows"]
+    y = gguf.quants.dequantize(ggml_k[fmt], Q[fmt])
+    for i in range(0, 120, 24):  # five spreads of 24 normal rows each
+        x = rows[i:i + 24]
+        assert np.sqrt(np.mean((y[i:i + 24] - x) ** 2)) < K_RMS_BOUNDS[fmt] * np.sqrt(np.mean(x ** 2)), (fmt, i)
+    zero = np.nonzero(~rows.any(axis=1))[0]
+    assert len(zero) and not y[zero].any()
+
+
+# ---------------------------------------------------------------------------------------------
 # The quantized directory
+
+# Rows of whole K super-blocks (hidden 256, FFN 512) and eight layers, of which llama.cpp's
+# use_more_bits picks 0, 3, 6 and 7.
+K_SHAPE = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "num_hidden_layers": 8}
+K_MORE_BITS = {0, 3, 6, 7}
+
 
 @pytest.fixture(scope="module")
 def tiny_src(tmp_path_factory):
-    """tiny-gqa (tied embedding) and tiny-llama (untied lm_head) with random bf16 weights."""
+    """tiny-gqa (tied embedding) and tiny-llama (untied lm_head) with random bf16 weights, and both
+    at K_SHAPE (tiny-gqa-k, tiny-llama-k)."""
     root = tmp_path_factory.mktemp("quantize-src")
     out = {}
-    for name in ("tiny-gqa", "tiny-llama"):
+    for name in ("tiny-gqa", "tiny-llama", "tiny-gqa-k", "tiny-llama-k"):
         d = root / name
         d.mkdir()
-        shutil.copy(REPO / "tests" / "models" / name / "config.json", d / "config.json")
+        cfg = json.loads((REPO / "tests" / "models" / name.removesuffix("-k") / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(dict(cfg, **K_SHAPE) if name.endswith("-k") else cfg))
         subprocess.run([sys.executable, "-m", "codegen.synth", str(d), "--seed", "3", "--tokenizer",
                         str(REPO / "tests" / "models" / "tiny-tokenizer")], cwd=REPO, check=True, capture_output=True)
         out[name] = d
@@ -111,22 +167,41 @@ def raw_tensors(d):
             for k, t in safetensors.deserialize((d / "model.safetensors").read_bytes())}
 
 
-@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q4_1"])
-@pytest.mark.parametrize("model", ["tiny-gqa", "tiny-llama"])
-def test_quantize_writes_blocks_config_and_copies(tiny_src, tmp_path, qtype, model):
+def expected_formats(spec, qtype):
+    """{tensor: format} that --type qtype should give, written out from llama.cpp's rules."""
+    out = {}
+    for t in spec.tensors:
+        if t.field not in ("embed", "lm_head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            continue
+        if qtype in ("q4_k_m", "q5_k_m"):  # the output Q6_K, so a tied table; some v and down Q6_K
+            base = qtype[:2].upper() + "_K"
+            output = t.field == "lm_head" or (t.field == "embed" and spec.tied_embeddings)
+            more = t.field in ("wv", "w_down") and t.layer in K_MORE_BITS
+            out[t.name] = "Q6_K" if output or more else base
+        elif qtype == "q6_k":
+            out[t.name] = "Q6_K"
+        else:
+            out[t.name] = qtype.upper() if t.field.startswith("w") else "Q8_0"
+    return out
+
+
+@pytest.mark.parametrize("qtype,model", [(q, m) for q in ("q8_0", "q4_0", "q4_1") for m in ("tiny-gqa", "tiny-llama")]
+                         + [(q, m) for q in ("q6_k", "q4_k_m", "q5_k_m") for m in ("tiny-gqa-k", "tiny-llama-k")])
+def test_quantize_writes_blocks_config_and_copies(tiny_src, tmp_path, monkeypatch, qtype, model):
     src = tiny_src[model]
     out = tmp_path / "q"
+    monkeypatch.setattr("codegen.quantize.WEIGHTS_PER_CHUNK", 3000)  # chunks of a few rows: their seams
     changed = quantize(src, out, qtype)
     assert sorted(changed) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     cfg, src_cfg = json.loads((out / "config.json").read_text()), json.loads((src / "config.json").read_text())
     formats = cfg.pop("quantization_config")
     assert cfg == src_cfg  # torch_dtype and everything else the source's
-    layer_type = qtype.upper()
     spec = load_spec(out / "config.json")
-    want = {t.name: (layer_type if t.field.startswith("w") else "Q8_0") for t in spec.tensors
-            if t.field in ("embed", "lm_head", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+    want = expected_formats(spec, qtype)
     assert formats == {"quant_method": "ingot", "formats": want}
-    assert ("lm_head.weight" in want) == (model == "tiny-llama")
+    assert ("lm_head.weight" in want) == model.startswith("tiny-llama")
+    if qtype.endswith("_k_m"):
+        assert set(want.values()) == {"Q6_K", qtype[:2].upper() + "_K"}
     got, have = raw_tensors(out), raw_tensors(src)
     assert {k: (dt, shape) for k, (dt, shape, _) in got.items()} == {
         t.name: (t.stored_dtype, list(t.stored_shape)) for t in spec.tensors}
@@ -135,13 +210,20 @@ def test_quantize_writes_blocks_config_and_copies(tiny_src, tmp_path, qtype, mod
             assert (dt, shape, data) == have[name], name  # norms copied as they are
             continue
         w = reference.load_tensors(src, np.float32)[name]
-        assert data == gguf.quants.quantize(w, Q[want[name]]).tobytes(), name
+        fmt = want[name]
+        blocks = quantize_k(w, fmt) if fmt in K_FORMATS else gguf.quants.quantize(w, Q[fmt])
+        assert data == blocks.tobytes(), name
     assert (out / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
-    # the reference forward reads the quantized model as its dequantized weights
-    deq = reference.load_tensors(out, np.float32)
-    name = "model.layers.1.mlp.down_proj.weight"
-    assert np.array_equal(deq[name], gguf.quants.dequantize(np.frombuffer(got[name][2], np.uint8).reshape(got[name][1]),
-                                                            Q[layer_type]))
+    # the reference forward reads the quantized model as its dequantized weights: through the gguf
+    # package, close to the source's (a K row's layout wrong would be errors of order one)
+    deq, dense = reference.load_tensors(out, np.float32), reference.load_tensors(src, np.float32)
+    for name in ("model.layers.1.mlp.down_proj.weight", "model.layers.0.self_attn.v_proj.weight"):
+        fmt = want[name]
+        assert np.array_equal(deq[name], gguf.quants.dequantize(np.frombuffer(got[name][2], np.uint8).reshape(got[name][1]),
+                                                                Q[fmt]))
+        if fmt in K_FORMATS:
+            rms = np.sqrt(np.mean((deq[name] - dense[name]) ** 2) / np.mean(dense[name] ** 2))
+            assert rms < K_RMS_BOUNDS[fmt], (name, fmt, rms)
     # deterministic, and nothing is rewritten when nothing changed
     mtime = (out / "model.safetensors").stat().st_mtime_ns
     assert quantize(src, out, qtype) == []
@@ -195,6 +277,20 @@ def test_refusals(tiny_src, tmp_path, capsys):
     assert f"{bad}/config.json: 'hidden_act' = 'gelu'" in err
     with pytest.raises(QuantizeError, match="type 'q5_k' unsupported"):
         quantize(src, tmp_path / "k", "q5_k")
+
+    # the K formats: rows of 64 weights (tiny-gqa's) are not 256-weight super-blocks, named by the
+    # first matrix that fails, in the format it would have had
+    for qtype in ("q6_k", "q4_k_m", "q5_k_m"):
+        err = one_line_error(capsys, [str(src), str(tmp_path / qtype), "--type", qtype])
+        assert f"{src}: model.embed_tokens.weight: row length 64 is not a multiple of Q6_K's block of 256" in err
+        assert not (tmp_path / qtype).exists()
+    ffn = tmp_path / "ffn320"  # K_SHAPE but FFN rows of 320: down_proj alone fails
+    ffn.mkdir()
+    (ffn / "config.json").write_text(json.dumps({**cfg, **K_SHAPE, "intermediate_size": 320, "tie_word_embeddings": False}))
+    err = one_line_error(capsys, [str(ffn), str(tmp_path / "f5"), "--type", "q5_k_m"])
+    assert "model.layers.0.mlp.down_proj.weight: row length 320 is not a multiple of Q6_K's block of 256" in err
+    err = one_line_error(capsys, [str(ffn), str(tmp_path / "f6"), "--type", "q6_k"])
+    assert "model.layers.0.mlp.down_proj.weight: row length 320 is not a multiple of Q6_K's block of 256" in err
 
 
 def test_binary_refuses_another_format(tiny_src, tmp_path):

@@ -185,11 +185,12 @@ def test_llama_bias_flags(tmp_path):
     assert biases == {f"model.layers.{l}.{b}" for l in range(2) for b in per_layer}
 
 
-# The K formats' reference quantizer (synth.quantize_k_blocks): read back by the gguf package's
-# dequantizer, normal values come back within these RMS errors relative to the values' RMS (a
-# wrong bit or nibble layout gives errors of order one). Measured on 64 rows of 512: Q4_K 0.078,
-# Q5_K 0.038, Q6_K 0.019; the bounds leave a quarter above that.
-K_RMS_BOUNDS = {"Q4_K": 0.1, "Q5_K": 0.05, "Q6_K": 0.025}
+# The K formats as synth writes them (codegen/kquants.py, ggml's quantizer; its bytes are checked
+# against ggml's in tests/test_quantize.py): read back by the gguf package's dequantizer, normal
+# values come back within these RMS errors relative to the values' RMS (a wrong bit or nibble
+# layout gives errors of order one). Measured on 64 rows of 512: Q4_K 0.071, Q5_K 0.036, Q6_K
+# 0.018; the bounds leave a quarter above that.
+K_RMS_BOUNDS = {"Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.022}
 
 
 @pytest.mark.parametrize("fmt", sorted(K_RMS_BOUNDS))
