@@ -370,6 +370,21 @@ static inline void attention_head(float *out, const float *q, const uint16_t *k,
     for (int t = 0; t < n_pos; t++) axpy_f16(out, att[t] * inv, v + (size_t)t * stride, head_dim);
 }
 
+/* attention_heads_x4's softmax: each row r of att over its n_pos[r] scores exponentiated (less its
+ * max[r]) in place, inv[r] one over their sum, out's rows zeroed for the weighted values */
+static inline void softmax_x4(float *att, size_t att_stride, const int n_pos[4], const float max[4], float inv[4], float *out,
+                              size_t out_stride, int head_dim) {
+    for (int r = 0; r < 4; r++) {
+        float *a = att + r * att_stride, sum = 0.0f;
+        for (int t = 0; t < n_pos[r]; t++) {
+            a[t] = expf(a[t] - max[r]);
+            sum += a[t];
+        }
+        inv[r] = 1.0f / sum;
+        for (int i = 0; i < head_dim; i++) out[r * out_stride + i] = 0.0f;
+    }
+}
+
 /* attention_head for four queries of one KV head at once (a prefill batch's four tokens, one query
  * head): q rows q_stride apart, out rows out_stride apart, query r over positions [0, n_pos[r]);
  * att holds four rows of att_stride scores. Each key and value is converted once for the four
@@ -392,15 +407,7 @@ static inline void attention_heads_x4(float *out, size_t out_stride, const float
                 if (a[t] > max[r]) max[r] = a[t];
             }
     }
-    for (int r = 0; r < 4; r++) {
-        float *a = att + r * att_stride, sum = 0.0f;
-        for (int t = 0; t < n_pos[r]; t++) {
-            a[t] = expf(a[t] - max[r]);
-            sum += a[t];
-        }
-        inv[r] = 1.0f / sum;
-        for (int i = 0; i < head_dim; i++) out[r * out_stride + i] = 0.0f;
-    }
+    softmax_x4(att, att_stride, n_pos, max, inv, out, out_stride, head_dim);
 #if defined(__AVX512F__)
     if (head_dim % 16 == 0) {
         for (int t = 0; t < n_max; t++)
@@ -520,15 +527,7 @@ static inline void attention_heads_x4_q8(float *out, size_t out_stride, const fl
                 if (a[t] > max[r]) max[r] = a[t];
             }
     }
-    for (int r = 0; r < 4; r++) {
-        float *a = att + r * att_stride, sum = 0.0f;
-        for (int t = 0; t < n_pos[r]; t++) {
-            a[t] = expf(a[t] - max[r]);
-            sum += a[t];
-        }
-        inv[r] = 1.0f / sum;
-        for (int i = 0; i < head_dim; i++) out[r * out_stride + i] = 0.0f;
-    }
+    softmax_x4(att, att_stride, n_pos, max, inv, out, out_stride, head_dim);
 #if defined(__AVX512F__)
     if (head_dim % 16 == 0) {
         for (int t = 0; t < n_max; t++)

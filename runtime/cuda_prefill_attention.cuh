@@ -276,17 +276,20 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
                 mma_f16_16x8x16(sc[j + 1], al[0], al[1], al[2], al[3], b2, b3);
             }
         }
-        /* sc[j][2 h + e]: row h's score at position it T + 8 j + 2 cq + e; masked past what it sees */
-        if constexpr (KV::Q8) {
+        /* kv_q8: each position's column of sc (both rows) times that position's scale, `past` past the split */
+        auto scale_columns = [&](const float *scales, float past) {
 #pragma unroll
             for (int j = 0; j < NS; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int pos = it * T + 8 * j + 2 * cq + e;
-                    const float kd = pos < len ? kv_key_scale(cache, kvh, ctx, start + pos) : 1.0f;
-                    sc[j][e] *= kd, sc[j][2 + e] *= kd;
+                    const float d = pos < len ? __ldcg(scales + kv_at(start + pos, kvh, ctx, 1)) : past;
+                    sc[j][e] *= d, sc[j][2 + e] *= d;
                 }
-        }
+        };
+        /* sc[j][2 h + e]: row h's score at position it T + 8 j + 2 cq + e (q8: times its key's scale);
+         * masked past what it sees */
+        if constexpr (KV::Q8) scale_columns(cache.ks, 1.0f);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float mx = -INFINITY;
@@ -316,16 +319,7 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
 #pragma unroll
             for (int t = 0; t < NO; t++) o[t][2 * h] *= rescale, o[t][2 * h + 1] *= rescale;
         }
-        if constexpr (KV::Q8) { /* the probabilities, summed, weighed by the values' scales */
-#pragma unroll
-            for (int j = 0; j < NS; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int pos = it * T + 8 * j + 2 * cq + e;
-                    const float vd = pos < len ? kv_value_scale(cache, kvh, ctx, start + pos) : 0.0f;
-                    sc[j][e] *= vd, sc[j][2 + e] *= vd;
-                }
-        }
+        if constexpr (KV::Q8) scale_columns(cache.vs, 0.0f); /* the probabilities, summed, weighed by the values' scales */
         /* O += P V, 16 positions a k-step */
 #pragma unroll
         for (int kk = 0; kk < T / 16; kk++) {
