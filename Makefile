@@ -152,7 +152,7 @@ build/models/%/.imported: $(filter %.gguf,$(MODEL)) codegen/gguf_import.py | $(V
 	touch $@
 
 ifneq ($(QUANT),)
-$(MODEL_DIR)/.quantized: $(SRC_DEPS) codegen/quantize.py | $(VENV)/.installed
+$(MODEL_DIR)/.quantized: $(SRC_DEPS) codegen/quantize.py codegen/kquants.py codegen/synth.py | $(VENV)/.installed
 	$(PY) -m codegen.quantize $(SRC_DIR) $(@D) --type $(QUANT)
 	touch $@
 endif
