@@ -436,15 +436,18 @@ static inline void attention_heads_x4(float *out, size_t out_stride, const float
 /* q (n) = x (n) as int8 and the scale d it returns: d = max|x| / 127, q_i = rint(x_i * 127 / max|x|)
  * (fp32 divisions and product, ties to even). A vector holding NaN or infinity gets d = NaN (NaN in
  * every score and output that reads it), an all-zero one d = 0; both store q = 0. */
+/* Below this largest magnitude a vector is stored as zeros (d = 0): 127 / m would overflow near
+ * 1e-37 (docs/architecture.md, "The KV cache"; runtime/cuda_kv.cuh's the same) */
+#define KV_Q8_TINY 0x1p-100f
 static inline float kv_quantize_q8(int8_t *q, const float *x, int n) {
     float m = 0.0f;
     for (int i = 0; i < n; i++) {
         const float a = fabsf(x[i]);
         m = (a > m || a != a) ? a : m; /* NaN-propagating max */
     }
-    if (!(m <= FLT_MAX) || m == 0.0f) {
+    if (!(m <= FLT_MAX) || m < KV_Q8_TINY) {
         for (int i = 0; i < n; i++) q[i] = 0; /* a loop: memset((size_t)n) of an n read at run time trips -Wstringop-overflow */
-        return m == 0.0f ? 0.0f : NAN;
+        return m < KV_Q8_TINY ? 0.0f : NAN;
     }
     const float id = 127.0f / m;
     for (int i = 0; i < n; i++) q[i] = (int8_t)rintf(x[i] * id);

@@ -92,11 +92,15 @@ __device__ __forceinline__ float kv_value_scale(const kv_view<KV> &c, int kvh, i
     else return 1.0f;
 }
 
+/* Below this largest magnitude a vector is stored as zeros (d = 0): 127 / m would overflow near
+ * 1e-37 (docs/architecture.md; runtime/cpu_kernels.h's the same) */
+#define KV_Q8_TINY 0x1p-100f
+
 /* The staged keys and values of tokens [0, count) at positions io[IO_POS] on (count: 1 in a decode
  * step, io[IO_COUNT] in a prompt batch) into the q8 cache, one warp a
  * (token, kind, KV head) vector: m = max |x| (NaN kept), d = m / 127, q = rint(x * (127 / m)); a
  * vector with NaN or infinity gets d = NaN (its scores and outputs NaN, as an fp16 cache's would
- * be), an all-zero one d = 0. */
+ * be), an all-zero one (or one below KV_Q8_TINY) d = 0. */
 __device__ __forceinline__ void kv_quantize_body(const kv_view<kv_q8> &c, const int *io, bool batch, int n_kv_heads, int head_dim,
                                                  int ctx) {
     const int pos0 = __ldcg(&io[IO_POS]), count = batch ? __ldcg(&io[IO_COUNT]) : 1;
@@ -115,8 +119,8 @@ __device__ __forceinline__ void kv_quantize_body(const kv_view<kv_q8> &c, const 
         const float a = __shfl_xor_sync(0xFFFFFFFFu, m, o);
         m = a > m || a != a ? a : m;
     }
-    const bool finite = m <= FLT_MAX;
-    const float d = finite ? m / 127.0f : __int_as_float(0x7FC00000), id = finite && m > 0.0f ? 127.0f / m : 0.0f;
+    const bool finite = m <= FLT_MAX, tiny = m < KV_Q8_TINY;
+    const float d = !finite ? __int_as_float(0x7FC00000) : tiny ? 0.0f : m / 127.0f, id = finite && !tiny ? 127.0f / m : 0.0f;
     int8_t *out = (kind == 0 ? c.k : c.v) + kv_at(pos0 + t, kvh, ctx, head_dim);
     for (int i = lane; i < head_dim; i += WARP_SIZE) out[i] = (int8_t)(finite ? __float2int_rn(__fmul_rn(__ldcg(x + i), id)) : 0);
     if (lane == 0) (kind == 0 ? c.ks : c.vs)[kv_at(pos0 + t, kvh, ctx, 1)] = d;

@@ -304,16 +304,17 @@ def quantize_q8(x):
     x (..., head_dim) as the float32 values an fp16 cache would round -> (q (..., head_dim) int8,
     d (...) float32) with x ~ d * q. In float32 throughout, as the engine computes it:
         m = max|x_i| (NaN if any x_i is NaN)
-        m NaN or infinite: d = NaN, q = 0;  m == 0: d = 0, q = 0
+        m NaN or infinite: d = NaN, q = 0;  m < 2^-100 (0 too): d = 0, q = 0 (127 / m would overflow)
         else: id = 127 / m, d = m / 127, q_i = rint(x_i * id) (ties to even)"""
     x = np.asarray(x, dtype=np.float32)
     m = np.max(np.abs(x), axis=-1)  # NumPy's max returns NaN where any element is NaN
-    ok = (m <= np.finfo(np.float32).max) & (m != 0)
+    tiny = m < np.float32(2.0**-100)
+    ok = (m <= np.finfo(np.float32).max) & ~tiny
     m_ok = np.where(ok, m, np.float32(1.0)).astype(np.float32)
     inv = (np.float32(127.0) / m_ok)[..., None]
     with np.errstate(invalid="ignore"):
         q = np.where(ok[..., None], np.rint(x * inv), np.float32(0.0)).astype(np.int8)
-    d = np.where(ok, m_ok / np.float32(127.0), np.where(m == 0, np.float32(0.0), np.float32(np.nan)))
+    d = np.where(ok, m_ok / np.float32(127.0), np.where(tiny, np.float32(0.0), np.float32(np.nan)))
     return q, d.astype(np.float32)
 
 

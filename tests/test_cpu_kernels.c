@@ -202,9 +202,15 @@ static void test_kv_quantize(void) {
     d = kv_quantize_q8(q, ties, 10);
     CHECK(d == 1.0f && !memcmp(q, want, sizeof want), "ties: d %g, q %d %d %d %d %d %d %d %d %d %d", d, q[0], q[1], q[2], q[3],
           q[4], q[5], q[6], q[7], q[8], q[9]);
-    /* tiny and huge magnitudes, the element of largest |x| always at +-127. Not below 2^-120: where
-     * max|x| < 127 / FLT_MAX, the contract's id = 127 / max|x| overflows to infinity */
-    for (int e = -120; e <= 127; e += 13) {
+    /* below KV_Q8_TINY (2^-100; 127 / max|x| would overflow near 1e-37): stored as zeros, d = 0 */
+    for (int i = 0; i < HD; i++) x[i] = ldexpf(frand(), -110);
+    memset(q, 7, sizeof q);
+    d = kv_quantize_q8(q, x, HD);
+    ok = 1;
+    for (int i = 0; i < HD; i++) ok &= q[i] == 0;
+    CHECK(d == 0.0f && ok, "a vector of 2^-110: d %g, expected 0 and every q 0", d);
+    /* tiny and huge magnitudes above it, the element of largest |x| always at +-127 */
+    for (int e = -90; e <= 127; e += 13) {
         double worst = 0.0;
         int peak = 0;
         for (int i = 0; i < HD; i++) x[i] = ldexpf(frand(), e);
