@@ -314,17 +314,26 @@ KERNEL void dot4_x2_f32(const float *const w[4], const float *x, size_t xs, int 
 static inline void axpy_f16_ref(float *out, float a, const uint16_t *v, int n) {
     for (int i = 0; i < n; i++) out[i] += a * f16_to_f32_ref(v[i]);
 }
+/* out[i..) += a * v[i..) 16 (AVX-512) or 8 (AVX2) values at a time while whole, v's elements by
+ * LOAD16 / LOAD8; i left at the first not done (the scalar twin's) */
+#if defined(__AVX512F__)
+#define AXPY_SIMD(LOAD16, LOAD8, out, a, v, n, i)                                                       \
+    do {                                                                                               \
+        const __m512 va_ = _mm512_set1_ps(a);                                                          \
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_fmadd_ps(va_, LOAD16(v + i), _mm512_loadu_ps(out + i))); \
+    } while (0)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define AXPY_SIMD(LOAD16, LOAD8, out, a, v, n, i)                                                       \
+    do {                                                                                               \
+        const __m256 va_ = _mm256_set1_ps(a);                                                          \
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_fmadd_ps(va_, LOAD8(v + i), _mm256_loadu_ps(out + i))); \
+    } while (0)
+#else
+#define AXPY_SIMD(LOAD16, LOAD8, out, a, v, n, i) ((void)0)
+#endif
 static inline void axpy_f16(float *out, float a, const uint16_t *v, int n) {
     int i = 0;
-#if defined(__AVX512F__)
-    __m512 va = _mm512_set1_ps(a);
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(out + i, _mm512_fmadd_ps(va, load16_f16(v + i), _mm512_loadu_ps(out + i)));
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    __m256 va = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(va, load8_f16(v + i), _mm256_loadu_ps(out + i)));
-#endif
+    AXPY_SIMD(load16_f16, load8_f16, out, a, v, n, i);
     if (i < n) axpy_f16_ref(out + i, a, v + i, n - i);
 }
 
@@ -478,15 +487,7 @@ static inline void axpy_i8_ref(float *out, float a, const int8_t *v, int n) {
 }
 static inline void axpy_i8(float *out, float a, const int8_t *v, int n) {
     int i = 0;
-#if defined(__AVX512F__)
-    __m512 va = _mm512_set1_ps(a);
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(out + i, _mm512_fmadd_ps(va, load16_i8(v + i), _mm512_loadu_ps(out + i)));
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    __m256 va = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(va, load8_i8(v + i), _mm256_loadu_ps(out + i)));
-#endif
+    AXPY_SIMD(load16_i8, load8_i8, out, a, v, n, i);
     if (i < n) axpy_i8_ref(out + i, a, v + i, n - i);
 }
 
