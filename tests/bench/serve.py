@@ -8,7 +8,8 @@ turn so that they share the machine's state.
 Prints a table and one JSON line. Client times are from sending the request to reading the event;
 the server's own (its "timings") are beside them: "feeding" is the time the server spent feeding the
 prompt's tokens that its cache did not hold, so "TTFT - feeding" is everything else before the first
-token (the first sampling step, HTTP, JSON, the client).
+token (the first sampling step, HTTP, JSON, the client). --bench decodes over the same positions as
+the API's answer (from the depth of its prompt): a deeper context reads more of the KV cache a token.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def stream(url: str, path: str, body: dict) -> dict:
                     first = first or now
                     last = now
                     text += piece
+    if first is None:
+        raise SystemExit(f"serve.py: {path} streamed no text (usage {usage}): a model whose tokens decode to nothing")
     return {"ttft_s": first - t0, "last_s": last - t0, "text": text, "usage": usage, "timings": timings}
 
 
@@ -81,8 +84,10 @@ def conversation(url: str, answer_tokens: int) -> dict:
     return stream(url, "/v1/chat/completions", {"messages": messages, "temperature": 0, "max_tokens": 8})
 
 
-def bench_decode(binary: list[str], n: int) -> float:
-    out = subprocess.run([*binary, "--bench", "-n", str(n), "--json"], capture_output=True, check=True, text=True).stdout
+def bench_decode(binary: list[str], n: int, depth: int) -> float:
+    """--bench's decode tok/s over the positions the API's answer took: n tokens from depth"""
+    out = subprocess.run([*binary, "--bench", "-n", str(n), "--bench-depths", str(depth), "--json"], capture_output=True,
+                         check=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["decode"][0]["tok_s"]
 
 
@@ -112,7 +117,7 @@ def main() -> None:
             n = r["usage"]["completion_tokens"]
             api_tok_s.append((n - 1) / (r["last_s"] - r["ttft_s"]))
             api_server_tok_s.append(r["timings"]["decode_tok_s"])
-            bench_tok_s.append(bench_decode(base, a.decode_tokens))
+            bench_tok_s.append(bench_decode(base, a.decode_tokens, r["usage"]["prompt_tokens"]))
     finally:
         for proc in (cached, fresh):
             if proc.poll() is None:
