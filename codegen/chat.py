@@ -38,6 +38,12 @@ the pieces for content without leading or trailing whitespace, which is what the
 """
 
 import json
+import os
+import pickle
+import resource
+import select
+import signal
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -354,7 +360,7 @@ def load_chat_strings(model_dir: str | Path, name: str | None = None,
         return None
     special = {k: _token_content(tc[k]) for k in ("bos_token", "eos_token", "unk_token",
                                                    "pad_token") if _token_content(tc.get(k)) is not None}
-    cs = decompose(template, name, special, now)
+    cs = decompose_isolated(template, name, special, now)
 
     table = token_table(model_dir)
     ids = set(_ids(_load_json(model_dir / "config.json").get("eos_token_id")))
@@ -371,6 +377,75 @@ def load_chat_strings(model_dir: str | Path, name: str | None = None,
     stop_ids = tuple(sorted(ids))
     return replace(cs, end_of_turn=end_of_turn, stop_token_ids=stop_ids,
                    stop_tokens=tuple(by_id[i] for i in stop_ids))
+
+
+# ------------------------------------------------------------------------------------------------
+# A model directory's template is untrusted code: rendered apart, with a deadline and a memory cap
+
+# A real template decomposes in milliseconds and in a few MiB; one that loops for minutes or
+# doubles a string into gigabytes (a namespace variable concatenated with itself in a loop: no
+# sandbox hook sees Jinja's ~ or {% set %}) is refused in one line instead of hanging the build or
+# exhausting the machine.
+DECOMPOSE_SECONDS = 10
+DECOMPOSE_MEMORY = 1 << 30  # bytes of address space beyond what the generator already maps
+
+
+def _address_space() -> int:
+    """This process's mapped bytes (VmSize), which the child's cap adds to."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise ChatError("cannot read VmSize from /proc/self/status to cap the chat template's memory")
+
+
+def decompose_isolated(template: str, name: str, special_tokens: dict, now: datetime = FIXED_NOW,
+                       seconds: float = DECOMPOSE_SECONDS, memory: int = DECOMPOSE_MEMORY) -> ChatStrings:
+    """decompose() in a forked child under a deadline and an address-space cap: the result, or its
+    ChatError, comes back through a pipe; running out of either is a ChatError naming the limit."""
+    cap = _address_space() + memory
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 0
+        try:
+            os.close(r)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+            try:
+                out = ("ok", decompose(template, name, special_tokens, now))
+            except ChatError as e:
+                out = ("error", str(e))
+            except MemoryError:
+                out = ("error", f"{name}: chat template needs more than {memory >> 20} MiB to render")
+            data = pickle.dumps(out)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view):]
+        except BaseException:  # a bug of this module, not the template's: the parent says so
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                raise ChatError(f"{name}: chat template takes more than {seconds:g} s to render (a loop?)")
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+    if not chunks:
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"status {os.WEXITSTATUS(status)}"
+        raise ChatError(f"{name}: rendering the chat template ended with {how} and no result")
+    kind, value = pickle.loads(b"".join(chunks))
+    if kind == "error":
+        raise ChatError(value)
+    return value
 
 
 # ------------------------------------------------------------------------------------------------

@@ -515,6 +515,44 @@ def test_generator_chat_data_refused_never_crashes(tmp_path):
     assert outcomes["refused"] >= 10 and outcomes["read"] >= 100, outcomes  # both paths exercised
 
 
+HOSTILE_TEMPLATES = {
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "a doubled string": "{% set ns = namespace(x='ab') %}{% for i in range(64) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}",
+    "a multiplied string": "{{ 'x' * 10**10 }}",
+    "endless recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+}
+
+
+@pytest.mark.parametrize("kind", HOSTILE_TEMPLATES)
+def test_generator_hostile_chat_template_refused_in_one_line(tmp_path, kind):
+    """A chat template is code from the model directory: one that loops for ever, fills memory or
+    recurses is refused in one line (codegen/chat.py's decompose_isolated: a forked child with a
+    deadline and an address-space cap), within its limits. The generator itself, for the one that
+    fills memory fastest; the others through decompose_isolated with a 3 s deadline."""
+    import time
+
+    from codegen.chat import ChatError, decompose_isolated
+
+    tail = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+    template = HOSTILE_TEMPLATES[kind] + tail
+    if kind == "a multiplied string":
+        d = tmp_path / "m"
+        shutil.copytree(REPO / "tests" / "models" / "tiny-llama", d)
+        tc = json.loads((TINY_TOKENIZER / "tokenizer_config.json").read_text())
+        (d / "tokenizer_config.json").write_text(json.dumps({**tc, "chat_template": template}))
+        shutil.copyfile(TINY_TOKENIZER / "tokenizer.json", d / "tokenizer.json")
+        r = subprocess.run([sys.executable, "-m", "codegen", str(d), "--out", str(tmp_path / "gen")], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "MiB to render" in r.stderr, r.stderr[-2000:]
+        return
+    t0 = time.monotonic()
+    with pytest.raises(ChatError) as e:
+        decompose_isolated(template, kind, {}, seconds=3)
+    assert time.monotonic() - t0 < 10 and "\n" not in str(e.value)
+    assert {"nested loops": "more than 3 s", "a doubled string": "MiB to render",
+            "endless recursion": "RecursionError"}[kind] in str(e.value) or "more than 3 s" in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("shape", [(72, 161, 6, 2, 12), (16, 1, 1, 1, 4), (20, 5, 5, 5, 4), (66, 7, 1, 1, 66)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_generic_odd_shapes(hbin, shape):
