@@ -139,7 +139,7 @@ def test_make_compare_builds_the_three(default_model):
 
 
 def kernel_text(depth: int, stages: list[tuple[str, int, float, float]], reps: int = 20) -> str:
-    """model_cuda_kernel_bench's output (templates/forward_cuda.cu.j2), with its format strings."""
+    """model_cuda_kernel_bench's output (runtime/cuda_kernel_bench.cuh), with its format strings."""
     out = f"kernels at depth {depth} (launched one by one, best of {reps}):\n"
     out += "  %-24s %8s %12s %10s %8s\n" % ("stage", "launches", "us/token", "MB/token", "GB/s")
     total = 0.0
