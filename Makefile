@@ -264,9 +264,15 @@ QUANT_ISA_FLAGS_avx512 := -mavx512f -mavx2 -mfma -mf16c
 build/tests/quant_cli_%: tests/quant_cli.c runtime/quant.c runtime/quant.h runtime/cpu_kernels.h build/runtime/errors.o
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(QUANT_ISA_FLAGS_$*) tests/quant_cli.c runtime/quant.c build/runtime/errors.o -o $@ $(LDLIBS)
-build/tests/quant_cli_avx512_sim: tests/quant_cli.c tests/quant_simde.c runtime/quant.c runtime/quant.h runtime/cpu_kernels.h build/runtime/errors.o
+build/tests/quant_cli_avx512_sim: tests/quant_cli.c tests/quant_simde.c tests/simde_avx512.h runtime/quant.c runtime/quant.h \
+		runtime/cpu_kernels.h build/runtime/errors.o
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -mno-avx512f -Wno-psabi tests/quant_cli.c tests/quant_simde.c build/runtime/errors.o -o $@ $(LDLIBS)
+# cpu_kernels.h's AVX-512 paths the same way, through tests/test_cpu_kernels.c (tests/test_c_units.py).
+build/tests/test_cpu_kernels_avx512_sim: tests/cpu_kernels_simde.c tests/simde_avx512.h tests/test_cpu_kernels.c tests/check.h \
+		runtime/cpu_kernels.h build/runtime/errors.o
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -mno-avx512f -Wno-psabi tests/cpu_kernels_simde.c build/runtime/errors.o -o $@ $(LDLIBS)
 
 # The GPU sampler against the CPU one on the same logits (run by tests/test_gpu.py on a GPU).
 build/tests/cuda_sampler_test: tests/cuda_sampler_test.cu runtime/cuda_sampler.cuh runtime/cuda_sync.cuh \

@@ -2,15 +2,20 @@
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from conftest import REPO, make
 
 C_TESTS = sorted(p.stem for p in (REPO / "tests").glob("test_*.c"))
+# test_cpu_kernels with cpu_kernels.h's AVX-512 paths on SIMDe's portable intrinsics (any x86),
+# built where Debian's libsimde-dev is (tests/cpu_kernels_simde.c)
+SIMDE = Path("/usr/include/simde/x86/avx512.h").exists()
 
 
-@pytest.mark.parametrize("name", C_TESTS)
+@pytest.mark.parametrize("name", [*C_TESTS, pytest.param("test_cpu_kernels_avx512_sim", marks=pytest.mark.skipif(
+    not SIMDE, reason="SIMDe headers absent (apt-get install libsimde-dev)"))])
 def test_c_unit(name):
     make(f"build/tests/{name}")
     r = subprocess.run([str(REPO / "build" / "tests" / name)], capture_output=True, text=True, timeout=600)
