@@ -8,7 +8,7 @@ TYPE; the embedding table and an untied lm_head to Q8_0 whatever TYPE is. Those 
 model's input and output: every token's logits go through lm_head, and a tied table is the
 lm_head. llama.cpp keeps its output layer at higher precision than the layers for the same reason.
 q6_k: every one of those matrices in Q6_K, the embedding and lm_head too (llama.cpp's Q6_K).
-q4_k_m, q5_k_m: llama.cpp's mixes of those names (codegen/synth.py k_mix_formats: the layers in
+q4_k_m, q5_k_m: llama.cpp's mixes of those names (k_mix_formats below: the layers in
 Q4_K or Q5_K, v_proj and down_proj of some layers and the output in Q6_K). Norms and biases are
 copied as they are.
 
@@ -44,7 +44,10 @@ from gguf.constants import GGMLQuantizationType
 from .gguf_import import replace_if_changed, write_json
 from .kquants import BLOCK_BYTES as K_FORMATS, quantize_k
 from .spec import FORMATS, SpecError, load_spec
-from .synth import K_MIXES, k_mix_formats
+
+# --type's mixes of K formats, llama.cpp's names: the format of the layers that get no more bits
+K_MIXES = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K"}
+K_BLOCK = 256  # weights a K super-block
 
 # --type: the layers' format (for a mix, its base format). The embedding and an untied lm_head are
 # Q8_0 below Q6_K; q6_k puts them in Q6_K, the mixes as k_mix_formats says.
@@ -59,6 +62,34 @@ WEIGHTS_PER_CHUNK = 1 << 20  # weights quantized at a time: bounds the float32 c
 
 class QuantizeError(Exception):
     """A source this quantizer refuses; the message is one line and names the thing."""
+
+
+def use_more_bits(layer, n_layers):
+    """llama.cpp's use_more_bits (llama-quant.cpp): the first and last eighth of the layers and
+    every third one between them."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def k_mix_formats(spec, base):
+    """{tensor name: format} of llama.cpp's Q4_K_M (base Q4_K) or Q5_K_M (base Q5_K) for a dense
+    model (llama_tensor_get_type without its rules for 70B, mixture-of-experts and other
+    architectures): v_proj and down_proj in Q6_K in the use_more_bits layers, every other layer
+    matrix in base; the output (lm_head, or the embedding table when tied, which is then the
+    output) in Q6_K; an untied embedding table in base. ValueError naming a matrix whose rows do
+    not divide into blocks of 256."""
+    more = {"wv", "w_down"}
+    formats = {}
+    for t in spec.tensors:
+        if t.field in ("embed", "lm_head"):
+            fmt = "Q6_K" if t.field == "lm_head" or spec.tied_embeddings else base
+        elif t.field in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            fmt = "Q6_K" if t.field in more and use_more_bits(t.layer, spec.n_layers) else base
+        else:
+            continue
+        if t.shape[1] % K_BLOCK:
+            raise ValueError(f"{t.name}: row length {t.shape[1]} is not a multiple of {fmt}'s block of 256")
+        formats[t.name] = fmt
+    return formats
 
 
 def source_tensors(src: Path) -> dict:

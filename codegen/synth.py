@@ -37,7 +37,7 @@ quantizes real weights with: ggml's bytes, scale search included (about 0.3 us a
 an 8B Q4_K_M model takes minutes on a dozen threads). --quant TYPE first writes that
 quantization_config into config.json, with the formats `codegen.quantize --type TYPE` would choose
 (q8_0, q4_0, q4_1: the layers in TYPE, the embedding and an untied lm_head in Q8_0; q6_k all in
-Q6_K; q4_k_m and q5_k_m llama.cpp's mix of those names, k_mix_formats, whose v_proj and down_proj
+Q6_K; q4_k_m and q5_k_m llama.cpp's mix of those names, quantize.k_mix_formats, whose v_proj and down_proj
 differ in format from layer to layer): the random quantized model of a shape.
 """
 
@@ -77,8 +77,6 @@ WEIGHT_FILE_RE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.jso
 # GGUF block formats synth can write: (weights a block, bytes a block)
 QUANT_BLOCKS = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20),
                 "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
-# --quant's mixes of K formats, llama.cpp's names: the format of the layers that get no more bits
-K_MIXES = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K"}
 
 
 @dataclass(frozen=True)
@@ -170,34 +168,6 @@ def tensor_specs(config):
             s = TensorSpec(s.name, s.shape, s.mean, s.std, formats[s.name])
         out.append(s)
     return out
-
-
-def use_more_bits(layer, n_layers):
-    """llama.cpp's use_more_bits (llama-quant.cpp): the first and last eighth of the layers and
-    every third one between them."""
-    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
-
-
-def k_mix_formats(spec, base):
-    """{tensor name: format} of llama.cpp's Q4_K_M (base Q4_K) or Q5_K_M (base Q5_K) for a dense
-    model (llama_tensor_get_type without its rules for 70B, mixture-of-experts and other
-    architectures): v_proj and down_proj in Q6_K in the use_more_bits layers, every other layer
-    matrix in base; the output (lm_head, or the embedding table when tied, which is then the
-    output) in Q6_K; an untied embedding table in base. ValueError naming a matrix whose rows do
-    not divide into blocks of 256."""
-    more = {"wv", "w_down"}
-    formats = {}
-    for t in spec.tensors:
-        if t.field in ("embed", "lm_head"):
-            fmt = "Q6_K" if t.field == "lm_head" or spec.tied_embeddings else base
-        elif t.field in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-            fmt = "Q6_K" if t.field in more and use_more_bits(t.layer, spec.n_layers) else base
-        else:
-            continue
-        if t.shape[1] % QUANT_BLOCKS[fmt][0]:
-            raise ValueError(f"{t.name}: row length {t.shape[1]} is not a multiple of {fmt}'s block of 256")
-        formats[t.name] = fmt
-    return formats
 
 
 def quantize_blocks(x, fmt):
@@ -335,7 +305,7 @@ def synthesize(model_dir, dtype=None, seed=0, tokenizer=None, max_shard_bytes=MA
     codegen/quantize.py chooses for that type."""
     model_dir = Path(model_dir)
     if quant is not None:
-        from codegen.quantize import TYPES, QuantizeError, plan  # quantize imports k_mix_formats from here
+        from codegen.quantize import TYPES, QuantizeError, plan  # only for --quant: it imports gguf
         if quant not in TYPES:
             raise ValueError(f"--quant {quant!r}, expected one of {', '.join(TYPES)}")
         try:

@@ -26,7 +26,7 @@ import safetensors.numpy
 from gguf.constants import GGMLQuantizationType as Q, TokenType
 from tokenizers import Tokenizer
 
-from codegen import chat, fetch_default, synth
+from codegen import chat, fetch_default, quantize, synth
 from codegen.gguf_import import (GGUFImportError, import_gguf, main as import_main, qk_permute,
                                  qk_unpermute, spm_merges)
 
@@ -749,9 +749,9 @@ K_DIMS = {"dim": 256, "head_dim": 64, "n_heads": 4, "n_kv_heads": 2, "ffn": 512,
 
 
 def q4_k_m_types():
-    """{HF name: GGUF type} of llama.cpp's Q4_K_M for K_DIMS, untied (codegen/synth.py
+    """{HF name: GGUF type} of llama.cpp's Q4_K_M for K_DIMS, untied (codegen/quantize.py
     k_mix_formats), with one layer's q_proj left in F16 as a dense matrix among quantized ones."""
-    more = {l for l in range(8) if synth.use_more_bits(l, 8)}
+    more = {l for l in range(8) if quantize.use_more_bits(l, 8)}
     assert more == {0, 3, 6, 7}
     types = {"model.embed_tokens.weight": Q.Q4_K, "lm_head.weight": Q.Q6_K}
     for l in range(8):
