@@ -14,24 +14,24 @@
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 
-static inline simde__m512i sim_cvtepi8_epi32(__m128i a) {
-    int8_t b[16];
-    int32_t r[16];
-    simde__m512i v;
-    memcpy(b, &a, sizeof b);
-    for (int i = 0; i < 16; i++) r[i] = b[i];
-    memcpy(&v, r, sizeof v);
-    return v;
-}
-static inline simde__m512 sim_cvtepi32_ps(simde__m512i a) {
-    int32_t b[16];
-    float r[16];
-    simde__m512 v;
-    memcpy(b, &a, sizeof b);
-    for (int i = 0; i < 16; i++) r[i] = (float)b[i];
-    memcpy(&v, r, sizeof v);
-    return v;
-}
+/* SIM_LANES(name, Out, out_t, In, in_t, conv): Out name(In a), each of a's 16 lanes of in_t converted
+ * by conv into a lane of out_t */
+#define SIM_LANES(name, Out, out_t, In, in_t, conv)      \
+    static inline Out name(In a) {                       \
+        in_t b[16];                                      \
+        out_t r[16];                                     \
+        Out v;                                           \
+        memcpy(b, &a, sizeof b);                         \
+        for (int i = 0; i < 16; i++) r[i] = conv(b[i]);  \
+        memcpy(&v, r, sizeof v);                         \
+        return v;                                        \
+    }
+#define SIM_INT32(x) ((int32_t)(x))
+#define SIM_FLOAT(x) ((float)(x))
+SIM_LANES(sim_cvtepi8_epi32, simde__m512i, int32_t, __m128i, int8_t, SIM_INT32)
+SIM_LANES(sim_cvtepu16_epi32, simde__m512i, int32_t, __m256i, uint16_t, SIM_INT32)
+SIM_LANES(sim_cvtepi32_ps, simde__m512, float, simde__m512i, int32_t, SIM_FLOAT)
+SIM_LANES(sim_cvtph_ps, simde__m512, float, __m256i, uint16_t, _cvtsh_ss) /* exact, through F16C */
 static inline float sim_reduce_add_ps(simde__m512 a) {
     float r[16];
     memcpy(r, &a, sizeof r);
@@ -40,27 +40,9 @@ static inline float sim_reduce_add_ps(simde__m512 a) {
     return r[0];
 }
 #define _mm512_cvtepi8_epi32(a) sim_cvtepi8_epi32(a)
-#define _mm512_cvtepi32_ps(a) sim_cvtepi32_ps(a)
-#define _mm512_reduce_add_ps(a) sim_reduce_add_ps(a)
-static inline simde__m512i sim_cvtepu16_epi32(__m256i a) {
-    uint16_t b[16];
-    int32_t r[16];
-    simde__m512i v;
-    memcpy(b, &a, sizeof b);
-    for (int i = 0; i < 16; i++) r[i] = b[i];
-    memcpy(&v, r, sizeof v);
-    return v;
-}
-static inline simde__m512 sim_cvtph_ps(__m256i a) {
-    uint16_t b[16];
-    float r[16];
-    simde__m512 v;
-    memcpy(b, &a, sizeof b);
-    for (int i = 0; i < 16; i++) r[i] = _cvtsh_ss(b[i]);
-    memcpy(&v, r, sizeof v);
-    return v;
-}
 #define _mm512_cvtepu16_epi32(a) sim_cvtepu16_epi32(a)
+#define _mm512_cvtepi32_ps(a) sim_cvtepi32_ps(a)
 #define _mm512_cvtph_ps(a) sim_cvtph_ps(a)
+#define _mm512_reduce_add_ps(a) sim_reduce_add_ps(a)
 
 #endif
