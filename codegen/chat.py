@@ -68,6 +68,11 @@ CHECK_TURNS = ["Hi! What is 2 + 2?", "2 + 2 = 4.", "And in French, s'il vous pla
                "Quatre.\n\nAnything else?", "No, thanks: that's all.", "Bye then."]
 
 
+# Bytes of fixed text a template may write around the turns (the pieces pasted into the binary):
+# real templates write well under a few KiB, a long default system prompt included.
+CHAT_STRINGS_MAX = 1 << 16
+
+
 class ChatError(Exception):
     """The template of a model cannot be decomposed; the message is one line naming the model."""
 
@@ -262,6 +267,10 @@ def decompose(template: str, name: str, special_tokens: dict,
                      assistant_prefix=assistant_prefix,
                      assistant_lead=history_prefix[len(assistant_prefix):],
                      assistant_suffix=assistant_suffix)
+    fixed = sum(len(getattr(cs, f).encode()) for f in _STRING_FIELDS) + len((default_system or "").encode())
+    if fixed > CHAT_STRINGS_MAX:
+        raise ChatError(f"{name}: chat template writes {fixed} bytes of fixed text around the turns, "
+                        f"more than {CHAT_STRINGS_MAX}")
     _check(cs, render)
     return cs
 

@@ -520,13 +520,14 @@ HOSTILE_TEMPLATES = {
     "a doubled string": "{% set ns = namespace(x='ab') %}{% for i in range(64) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}",
     "a multiplied string": "{{ 'x' * 10**10 }}",
     "endless recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "a huge fixed text": "{{ 'x' * 100000 }}",
 }
 
 
 @pytest.mark.parametrize("kind", HOSTILE_TEMPLATES)
 def test_generator_hostile_chat_template_refused_in_one_line(tmp_path, kind):
-    """A chat template is code from the model directory: one that loops for ever, fills memory or
-    recurses is refused in one line (codegen/chat.py's decompose_isolated: a forked child with a
+    """A chat template is code from the model directory: one that loops for ever, fills memory,
+    recurses or writes more fixed text than a binary should carry is refused in one line (codegen/chat.py's decompose_isolated: a forked child with a
     deadline and an address-space cap), within its limits. The generator itself, for the one that
     fills memory fastest; the others through decompose_isolated with a 3 s deadline."""
     import time
@@ -549,8 +550,8 @@ def test_generator_hostile_chat_template_refused_in_one_line(tmp_path, kind):
     with pytest.raises(ChatError) as e:
         decompose_isolated(template, kind, {}, seconds=3)
     assert time.monotonic() - t0 < 10 and "\n" not in str(e.value)
-    assert {"nested loops": "more than 3 s", "a doubled string": "MiB to render",
-            "endless recursion": "RecursionError"}[kind] in str(e.value) or "more than 3 s" in str(e.value), str(e.value)
+    assert {"nested loops": "more than 3 s", "a doubled string": "MiB to render", "endless recursion": "RecursionError",
+            "a huge fixed text": "bytes of fixed text"}[kind] in str(e.value) or "more than 3 s" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("shape", [(72, 161, 6, 2, 12), (16, 1, 1, 1, 4), (20, 5, 5, 5, 4), (66, 7, 1, 1, 66)],
