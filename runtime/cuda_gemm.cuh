@@ -52,11 +52,15 @@
 #define PREFILL_GEMM_MAX_SPLITS 8 /* the most splits of K of a prefill GEMM */
 
 /* Terms of the weights' tensor-core type (bf16 or fp16: W::BF16) an fp32 input is split into for the tensor
- * cores: x = t0 + t1, each the rounding of what the previous left, so W.x keeps 16 bits of x with
- * bf16 terms (8 + 8; fp16 22), a relative error of at most 2^-17 an input against the decode
- * kernels' fp32 products. Against 3 terms: 1B prompt +7%, 7B +12% (docs/performance.md, D80); one
- * term (x rounded to bf16) gives up the prompt's agreement with the CPU path (kept off: D98). */
-#define PREFILL_TERMS 2
+ * cores: x = t0 + t1 + ..., each the rounding of what the previous left. One: each input rounded to
+ * the type, as transformers', llama.cpp's and TensorRT-LLM's 16-bit GEMMs take it, with fp32 sums.
+ * The prompt's logits then move ~6e-3 from exact inputs on the tiny models (tests/bench/
+ * prefill_terms.py), within tests/test_gpu.py's GPU_PROMPT_TOLERANCE of the CPU's, and a greedy text
+ * can part from the CPU's at a near tie (--exact-prompt feeds a prompt a step a token). Two terms
+ * (16 bits of each input, 2^-17 from the decode kernels' fp32 products) kept the CPU's text and
+ * cost the prompt's tensor-core work twice: one measured 7B +43.5%, 1B +19.4% (docs/performance.md,
+ * D98, D120). The cores keep the count as a parameter: every layout is (PREFILL_TERMS, B, K). */
+#define PREFILL_TERMS 1
 
 /* A value of the terms' 16-bit type, round to nearest; *rest gets what the rounding left out. */
 template <typename W>

@@ -64,6 +64,7 @@ err_code engine_open(engine *e, const engine_config *o) {
     for (int i = 0; i < MODEL_N_EOS; i++) e->stop_ids[e->n_stop++] = model_eos_ids[i];
     for (int i = 0; i < MODEL_CHAT_N_STOP; i++) e->stop_ids[e->n_stop++] = model_chat_stop_ids[i];
     e->ctx = o->ctx;
+    e->exact_prompt = o->exact_prompt;
     e->tokens = malloc((size_t)e->ctx * sizeof(int));
     if (!e->tokens) return err_set(ERR_NOMEM, "token history for %d tokens", e->ctx);
     if (o->cuda) {
@@ -107,7 +108,12 @@ err_code engine_feed(engine *e, const int *ids, int n) {
 #ifdef INGOT_CUDA
     if (e->gpu) {
         /* queued on the device at once; only the last token's choice or logits come back */
-        err_code rc = model_cuda_feed(e->gpu, ids, n, e->n_tokens, e->device_sampling ? CUDA_OUT_TOKEN : CUDA_OUT_LOGITS);
+        err_code rc;
+        for (; e->exact_prompt && n > 1; n--) { /* a step a token; all but the last leave only their keys and values */
+            if ((rc = model_cuda_feed(e->gpu, ids, 1, e->n_tokens, CUDA_OUT_NONE))) return rc;
+            e->tokens[e->n_tokens++] = *ids++;
+        }
+        rc = model_cuda_feed(e->gpu, ids, n, e->n_tokens, e->device_sampling ? CUDA_OUT_TOKEN : CUDA_OUT_LOGITS);
         if (!rc) rc = model_cuda_take(e->gpu, &e->next, e->device_sampling ? NULL : &e->logits);
         if (rc) return rc;
         memcpy(e->tokens + e->n_tokens, ids, (size_t)n * sizeof(int));

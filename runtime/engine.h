@@ -25,6 +25,7 @@ typedef struct {
     int host_logits; /* the GPU sends each step's logits to the host (perplexity, logits dumps) */
     int check_weights; /* scan the weights for NaN and infinity at load (--check-weights) */
     int kv_cache;      /* the KV cache's element type, a kv_cache_type (model.h): --kv-cache */
+    int exact_prompt;  /* the GPU feeds several tokens a step each, not in its prompt path's batches */
 } engine_config;
 
 typedef struct {
@@ -34,6 +35,7 @@ typedef struct {
     model_cpu *cpu;       /* one of cpu and gpu runs the model */
     model_cuda *gpu;
     int device_sampling;  /* the GPU picks the next token: only token ids cross to the host */
+    int exact_prompt;     /* engine_config's */
     int ctx;
     int *tokens;          /* (ctx) ids in the KV cache, oldest first */
     int n_tokens;
@@ -53,7 +55,9 @@ void engine_close(engine *e);
 
 /* Runs ids[0..n) through the model after the n_tokens already cached (ERR_CONTEXT when they do
  * not fit); then e->logits (or e->next) belong to the last of them. Setting e->n_tokens lower
- * first drops the cache after that point: what is fed next overwrites it. */
+ * first drops the cache after that point: what is fed next overwrites it. On the GPU several
+ * tokens go through the prompt path, its tensor cores taking bf16 (or fp16) inputs, so their sums
+ * are not the CPU's (tests/test_gpu.py, GPU_PROMPT_TOLERANCE); with exact_prompt a step each. */
 err_code engine_feed(engine *e, const int *ids, int n);
 
 /* engine_feed, writing the logits after each of ids[0..n) to logits (n, vocab): perplexity's scored

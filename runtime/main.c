@@ -69,6 +69,7 @@ typedef struct {
     int model_given;          /* -m: not the executable's own model (an appliance's) */
     int check_weights;        /* scan the weights for NaN and infinity at load */
     int kv_cache;             /* --kv-cache: a kv_cache_type (model.h) */
+    int exact_prompt;         /* --exact-prompt: on the GPU, a prompt a step a token */
 } options;
 
 static void usage(FILE *f) {
@@ -113,6 +114,9 @@ static void usage(FILE *f) {
             "      --ctx N             context length in tokens (default %s; --perplexity: 512)\n"
             "      --kv-cache f16|q8   the KV cache's elements: fp16, or int8 with a scale a position and KV head\n"
             "                          (half the bytes: longer contexts, faster deep decode; default f16)\n"
+            "      --exact-prompt      on the GPU, feed a prompt a token at a time through the decode step (fp32\n"
+            "                          inputs, as the CPU computes it) instead of in tensor-core batches (bf16\n"
+            "                          inputs): the GPU's text is then the CPU's; prompts are many times slower\n"
             "      --device cpu|cuda   where to run (default: cuda when this build and machine have it)\n"
             "      --dump-logits FILE  write the prompt's logits as float32 (n_tokens, vocab) and exit;\n"
             "                          with --perplexity, those of the scored tokens\n"
@@ -230,6 +234,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
             else if (strcmp(v, "q8") == 0) o->kv_cache = KV_Q8;
             else return err_set(ERR_ARG, "--kv-cache %s: expected f16 or q8", v);
         }
+        else if (FLAG("--exact-prompt", "--exact-prompt")) o->exact_prompt = 1;
         else if (FLAG("--device", "--device")) {
             NEEDS_VALUE();
             if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) return err_set(ERR_ARG, "--device %s: expected cpu or cuda", v);
@@ -259,6 +264,7 @@ static err_code parse_args(int argc, char **argv, options *o) {
     if (server_flag && !o->serve) return err_set(ERR_ARG, "%s needs --serve", server_flag);
     if (o->dump_prefill && !o->dump_logits) return err_set(ERR_ARG, "--dump-prefill needs --dump-logits");
     if (o->dump_prefill && o->perplexity_file) return err_set(ERR_ARG, "--dump-prefill and --perplexity exclude each other");
+    if (o->dump_prefill && o->exact_prompt) return err_set(ERR_ARG, "--dump-prefill and --exact-prompt exclude each other");
     if ((o->kl_base || o->kl) && !o->perplexity_file) return err_set(ERR_ARG, "%s needs --perplexity", o->kl ? "--kl" : "--kl-base");
     if (o->kl_base && o->kl) return err_set(ERR_ARG, "--kl-base and --kl exclude each other: write the base with one run, compare with another");
     if (o->bench_prompt && !o->bench) return err_set(ERR_ARG, "--bench-prompt needs --bench");
@@ -793,7 +799,7 @@ int main(int argc, char **argv) {
     engine e;
     engine_config ec = {.model_dir = o.model_dir, .ctx = o.ctx, .n_threads = o.n_threads,
                         .cuda = strcmp(o.device, "cuda") == 0, .host_logits = o.dump_logits || o.perplexity_file,
-                        .check_weights = o.check_weights, .kv_cache = o.kv_cache};
+                        .check_weights = o.check_weights, .kv_cache = o.kv_cache, .exact_prompt = o.exact_prompt};
     rc = engine_open(&e, &ec);
     if (!rc) {
         if (o.serve) {

@@ -56,6 +56,8 @@ def copy_model(src, dst):
         (["--bench", "--bench-prompt", "250"], "--bench needs at least 314 tokens of context, --ctx is 256"),
         (["-p", "x", "--dump-logits", "/dev/null", "--dump-prefill", "0"], "--dump-prefill 0: expected an integer in 1.."),
         (["-p", "x", "--dump-logits", "/dev/null", "--dump-prefill", "9"], "--dump-prefill 9: the prompt is 1 token"),
+        (["-p", "x", "--dump-logits", "/dev/null", "--dump-prefill", "2", "--exact-prompt"],
+         "--dump-prefill and --exact-prompt exclude each other"),
     ],
 )
 def test_bad_flags(tiny_llama, args, message):

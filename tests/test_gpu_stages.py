@@ -89,9 +89,10 @@ ATT_RTOL_MMA = 2e-4
 F16_HALF_ULP = 2.0 ** -11
 F16_SUBNORMAL_HALF_ULP = 2.0 ** -25
 POISON_F32 = 0x7FC00000
-# Two 16-bit terms t0 + t1 of a value v (t0 = v rounded, t1 = the rest rounded): within half an ulp
-# of half an ulp, 2^-18 of v in bf16 (8 bits a term), 2^-22 in fp16; the bounds take twice that.
-TERMS_RTOL = {"bf16": 2.0 ** -17, "f16": 2.0 ** -21}
+# A value v as 16-bit terms (t0 = v rounded, t1 = the rest rounded, ...), by the build's count of
+# terms: one is within half an ulp, 2^-8 of v in bf16 (8 significant bits), 2^-11 in fp16; two
+# within half an ulp of half an ulp, 2^-18 in bf16, 2^-22 in fp16. The bounds take twice that.
+TERMS_RTOL = {1: {"bf16": 2.0 ** -7, "f16": 2.0 ** -10}, 2: {"bf16": 2.0 ** -17, "f16": 2.0 ** -21}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +392,7 @@ def terms_sum(run: Run, name: str):
 
 
 def terms_close(run: Run, name: str, want, bound, what: str):
-    rtol = TERMS_RTOL[run.manifest["weight_dtype"]]
+    rtol = TERMS_RTOL[run.plan["prefill_terms"]][run.manifest["weight_dtype"]]
     run.close(name, terms_sum(run, name), want, bound + rtol * (np.abs(want) + bound), f"{what}, as {run.plan['prefill_terms']} terms")
 
 

@@ -1,8 +1,8 @@
 """What the GPU prompt path's input terms cost in precision, GEMM by GEMM, in NumPy (no GPU).
 
 The prompt's GEMMs take each fp32 input as PREFILL_TERMS values of the weights' 16-bit type that
-sum to it (runtime/cuda_prefill.cuh): two keep 16 bits of it, one rounds it to the type, as
-llama.cpp's and transformers' bf16 GEMMs do. This emulates that on tests/reference.py's float64
+sum to it (runtime/cuda_gemm.cuh): one (the default, D120) rounds it to the type, as llama.cpp's
+and transformers' bf16 GEMMs do; two kept 16 bits of it. This emulates that on tests/reference.py's float64
 model: the first FED tokens go through at once with the inputs of the chosen projections rounded
 so (their keys and values enter the cache so), the rest of the text token by token exactly; the
 error is compare_logits over the logits from position FED - 1 on (the first is the last prompt
@@ -34,8 +34,8 @@ TEXT = ("The history of computing is a story of machines that read and write mem
 
 # the projections whose inputs each variant rounds to one term (the others keep two)
 VARIANTS = {
-    "two terms (the default)": (),
-    "one term": ("q", "k", "v", "o", "gate", "up", "down"),
+    "two terms": (),
+    "one term (the default)": ("q", "k", "v", "o", "gate", "up", "down"),
     "one term: QKV": ("q", "k", "v"),
     "one term: o_proj": ("o",),
     "one term: gate/up": ("gate", "up"),
