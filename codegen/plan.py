@@ -68,7 +68,7 @@ class Plan:
     fmma_min_chunk: int = 1024  # fewest positions a prompt flash-attention split takes (ATT_TILE: D83); 5: many splits
     fmma_tile: int = 64  # positions a prompt flash-attention tile takes (a multiple of 16)
     poll_vec: int = 8  # float4s a polling thread loads at once (poll_each_group); 2: rounds of polls
-    prefill_batch: int = 0  # prompt tokens a prefill batch takes at most: 8 to 128; 0: 128 on wgmma, else 64 (D94)
+    prefill_batch: int = 0  # prompt tokens a prefill batch takes at most: 8 to 256; 0: 128 on wgmma, else 64 (D94)
     prefill_gate_up_gemm: int = 1  # gate/up's prompt GEMM: 1 where its tiles fill 3/4 of the SMs, 2 always
     gate_up_tma_wide: int = 1  # gate/up's TMA GEMM at two warpgroups a block: 1 by its rule (D92), 2 always
 
@@ -414,7 +414,7 @@ def _apply_sets(plan: Plan, spec: Spec, sets: dict) -> Plan:
                            ("fmma_min_chunk", 1 <= fields["fmma_min_chunk"] <= 1024, "1 to 1024 (ATT_TILE)"),
                            ("fmma_tile", fields["fmma_tile"] in (16, 32, 64, 128), "16, 32, 64 or 128"),
                            ("poll_vec", 1 <= fields["poll_vec"] <= 8, "1 to 8"),
-                           ("prefill_batch", fields["prefill_batch"] in (0, 8, 16, 32, 64, 128), "8, 16, 32, 64 or 128 (0: the rule)"),
+                           ("prefill_batch", fields["prefill_batch"] in (0, 8, 16, 32, 64, 128, 256), "8, 16, 32, 64, 128 or 256 (0: the rule)"),
                            ("prefill_gate_up_gemm", fields["prefill_gate_up_gemm"] in (1, 2), "1 (the rule) or 2 (always)"),
                            ("gate_up_tma_wide", fields["gate_up_tma_wide"] in (1, 2), "1 (the rule) or 2 (always)")):
         if not ok:

@@ -38,9 +38,13 @@
  * more). Each a multiple of the mma's n, 8; tests build 16, 32 and 64. */
 #define PREFILL_BATCH MODEL_PREFILL_BATCH /* the plan's: 128 on wgmma, else 64 */
 #define PREFILL_SMALL 8
-#define PREFILL_SIZES (PREFILL_BATCH == 128 ? 5 : PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
-static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 || PREFILL_BATCH == 64 || PREFILL_BATCH == 128,
-              "prefill batches: 8, 16, 32, 64 or 128 tokens");
+#define PREFILL_SIZES                                                                                                     \
+    (PREFILL_BATCH == 256 ? 6 : PREFILL_BATCH == 128 ? 5 : PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)
+static_assert(PREFILL_BATCH == 8 || PREFILL_BATCH == 16 || PREFILL_BATCH == 32 || PREFILL_BATCH == 64 || PREFILL_BATCH == 128 ||
+                  PREFILL_BATCH == 256,
+              "prefill batches: 8, 16, 32, 64, 128 or 256 tokens");
+/* a GEMM's columns, the batch's terms: at most wgmma's n and a TMA box's rows, 256 */
+static_assert(PREFILL_TERMS * PREFILL_BATCH <= 256, "prefill batches: at most 256 columns of terms");
 /* Partial sums of o_proj's or down's splits the RMSNorm kernel after them loads a round
  * (prefill_rms_terms_body) */
 #define PREFILL_SPLITS 4
