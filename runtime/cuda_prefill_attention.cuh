@@ -109,9 +109,10 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
 // ---------------------------------------------------------------------------------------------
 // Prefill attention on the tensor cores: blocks of a KV head, a split and FLASH_ROWS query rows,
 // the combine above, splits of at least FMMA_MIN_CHUNK positions, with
-// four warps of 16 query rows. fp16 mma.m16n8k16 with fp32 sums, as the decode step's tensor-core
-// attention (attention_body with MMA_HD): the fp32 queries (scaled) and probabilities go in as two
-// fp16 terms each (hi + lo), the cached keys and values are fp16 already. A tile of FMMA_TILE
+// four warps of 16 query rows. fp16 mma.m16n8k16 with fp32 sums: the fp32 queries (scaled) and
+// probabilities go in rounded to fp16, as FlashAttention's do (the decode step's tensor-core
+// attention, attention_body with MMA_HD, takes them as two fp16 terms each; here one measured
+// D121), the cached keys and values are fp16 already. A tile of FMMA_TILE
 // positions' keys and values is staged in shared memory (cp.async, two stages) and read by every
 // warp through ldmatrix:
 // - scores S = Q K^T: A the warp's queries (16 rows x 16 dims a k-step, from shared memory), B the
@@ -133,9 +134,9 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
 #define FMMA_THREADS (FMMA_WARPS * WARP_SIZE)
 #define FMMA_TILE MODEL_FMMA_TILE /* positions a tile (the plan's: 64): a multiple of 16 */
 static_assert(FMMA_TILE % 16 == 0, "FMMA_TILE: whole k-steps of 16 positions");
-/* Dynamic shared memory: two stages of a tile's keys and values, then the block's queries' hi and lo
- * terms, all fp16 rows of hd */
-#define FMMA_STAGE_BYTES(hd) ((size_t)(2 * 2 * FMMA_TILE + 2 * FLASH_ROWS) * (hd) * 2)
+/* Dynamic shared memory: two stages of a tile's keys and values, then the block's queries, all fp16
+ * rows of hd */
+#define FMMA_STAGE_BYTES(hd) ((size_t)(2 * 2 * FMMA_TILE + FLASH_ROWS) * (hd) * 2)
 /* ... or the combine's weights, (FLASH_ROWS, FLASH_MAX_SPLITS) floats, if more (tiles of fewer positions) */
 #define FMMA_COMBINE_BYTES(hd) ((size_t)FLASH_ROWS * FLASH_MAX_SPLITS(hd) * 4)
 #define FMMA_SMEM_BYTES(hd) (FMMA_STAGE_BYTES(hd) > FMMA_COMBINE_BYTES(hd) ? FMMA_STAGE_BYTES(hd) : FMMA_COMBINE_BYTES(hd))
@@ -144,6 +145,12 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint3
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
+}
+
+/* x and y rounded to fp16, packed low then high (an mma operand register) */
+__device__ __forceinline__ uint32_t h2_bits(float x, float y) {
+    const __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t *>(&v);
 }
 
 /* Byte offset of 16-byte chunk c of row r in rows of HD halves, the chunks swizzled */
@@ -161,7 +168,7 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
     constexpr int ROWS = B * KV_MUL, TILE_BYTES = T * HD * 2;
     extern __shared__ __align__(128) unsigned char fmma_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(fmma_smem);
-    const uint32_t q_hi = 4 * TILE_BYTES, q_lo = q_hi + FLASH_ROWS * HD * 2; /* offsets; stage s: keys at 2 s TILE_BYTES */
+    const uint32_t q_at = 4 * TILE_BYTES; /* the queries' offset; stage s: keys at 2 s TILE_BYTES */
     const int kvh = blockIdx.x, split = blockIdx.y, row0 = blockIdx.z * FLASH_ROWS;
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, cq = lane % 4;
     pdl_wait();
@@ -212,7 +219,7 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
     };
     load_tile(0);
     cp_async_commit();
-    /* the block's queries, scaled, as hi and lo fp16 terms (0 past its rows) */
+    /* the block's queries, scaled, in fp16 (0 past its rows) */
     const float scale = rsqrtf((float)HD);
     for (int i = tid; i < FLASH_ROWS * CH; i += FMMA_THREADS) {
         const int r = i / CH, c = i % CH;
@@ -221,13 +228,9 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
             const float4 *qg = reinterpret_cast<const float4 *>(q + (size_t)token_of(row0 + r) * q_dim + head_of(row0 + r) * HD + 8 * c);
             a = __ldcg(qg), b = __ldcg(qg + 1);
         }
-        uint4 hi, lo;
-        split_h2(a.x * scale, a.y * scale, &hi.x, &lo.x);
-        split_h2(a.z * scale, a.w * scale, &hi.y, &lo.y);
-        split_h2(b.x * scale, b.y * scale, &hi.z, &lo.z);
-        split_h2(b.z * scale, b.w * scale, &hi.w, &lo.w);
-        *reinterpret_cast<uint4 *>(fmma_smem + q_hi + fmma_off<HD>(r, c)) = hi;
-        *reinterpret_cast<uint4 *>(fmma_smem + q_lo + fmma_off<HD>(r, c)) = lo;
+        *reinterpret_cast<uint4 *>(fmma_smem + q_at + fmma_off<HD>(r, c)) =
+            make_uint4(h2_bits(a.x * scale, a.y * scale), h2_bits(a.z * scale, a.w * scale), h2_bits(b.x * scale, b.y * scale),
+                       h2_bits(b.z * scale, b.w * scale));
     }
 
     /* this warp's rows wr + g (h = 0) and wr + g + 8 (h = 1) of the block: the last position of the
@@ -262,18 +265,14 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
         for (int j = 0; j < NS; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t ah[4], al[4]; /* rows g, g + 8 at dims 16 kk + 2 cq.. and + 8.. */
-            const uint32_t qa = fmma_off<HD>(wr + lane % 8 + 8 * (lane / 8 % 2), 2 * kk + lane / 16);
-            ldsm_x4(sbase + q_hi + qa, ah[0], ah[1], ah[2], ah[3]);
-            ldsm_x4(sbase + q_lo + qa, al[0], al[1], al[2], al[3]);
+            uint32_t a[4]; /* rows g, g + 8 at dims 16 kk + 2 cq.. and + 8.. */
+            ldsm_x4(sbase + q_at + fmma_off<HD>(wr + lane % 8 + 8 * (lane / 8 % 2), 2 * kk + lane / 16), a[0], a[1], a[2], a[3]);
 #pragma unroll
             for (int j = 0; j < NS; j += 2) { /* positions 8 j.. and 8 j + 8.. */
                 uint32_t b0, b1, b2, b3;
                 ldsm_x4(ks + fmma_off<HD>(8 * j + lane % 8 + 8 * (lane / 16), 2 * kk + lane / 8 % 2), b0, b1, b2, b3);
-                mma_f16_16x8x16(sc[j], ah[0], ah[1], ah[2], ah[3], b0, b1);
-                mma_f16_16x8x16(sc[j], al[0], al[1], al[2], al[3], b0, b1);
-                mma_f16_16x8x16(sc[j + 1], ah[0], ah[1], ah[2], ah[3], b2, b3);
-                mma_f16_16x8x16(sc[j + 1], al[0], al[1], al[2], al[3], b2, b3);
+                mma_f16_16x8x16(sc[j], a[0], a[1], a[2], a[3], b0, b1);
+                mma_f16_16x8x16(sc[j + 1], a[0], a[1], a[2], a[3], b2, b3);
             }
         }
         /* kv_q8: each position's column of sc (both rows) times that position's scale, `past` past the split */
@@ -323,19 +322,15 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
         /* O += P V, 16 positions a k-step */
 #pragma unroll
         for (int kk = 0; kk < T / 16; kk++) {
-            uint32_t ph[4], pl[4]; /* A: rows g, g + 8 at positions 16 kk + 2 cq.. and + 8.. */
-            split_h2(sc[2 * kk][0], sc[2 * kk][1], &ph[0], &pl[0]);
-            split_h2(sc[2 * kk][2], sc[2 * kk][3], &ph[1], &pl[1]);
-            split_h2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &ph[2], &pl[2]);
-            split_h2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &ph[3], &pl[3]);
+            /* A: rows g, g + 8 at positions 16 kk + 2 cq.. and + 8.. */
+            const uint32_t p[4] = {h2_bits(sc[2 * kk][0], sc[2 * kk][1]), h2_bits(sc[2 * kk][2], sc[2 * kk][3]),
+                                   h2_bits(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), h2_bits(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
             for (int t = 0; t < NO; t += 2) { /* dims 8 t.. and 8 t + 8.. */
                 uint32_t b0, b1, b2, b3;
                 ldsm_x4_trans(vs + fmma_off<HD>(16 * kk + lane % 8 + 8 * (lane / 8 % 2), t + lane / 16), b0, b1, b2, b3);
-                mma_f16_16x8x16(o[t], ph[0], ph[1], ph[2], ph[3], b0, b1);
-                mma_f16_16x8x16(o[t], pl[0], pl[1], pl[2], pl[3], b0, b1);
-                mma_f16_16x8x16(o[t + 1], ph[0], ph[1], ph[2], ph[3], b2, b3);
-                mma_f16_16x8x16(o[t + 1], pl[0], pl[1], pl[2], pl[3], b2, b3);
+                mma_f16_16x8x16(o[t], p[0], p[1], p[2], p[3], b0, b1);
+                mma_f16_16x8x16(o[t + 1], p[0], p[1], p[2], p[3], b2, b3);
             }
         }
     }

@@ -1,19 +1,21 @@
 """prefill_flash_mma_body (runtime/cuda_prefill.cuh) emulated in NumPy, lane by
 lane, against plain causal attention: a block's 64 rows (token r / kv_mul, head r % kv_mul) in four
-warps of 16; the tiles' keys and values and the block's query terms in shared memory as the kernel
+warps of 16; the tiles' keys and values and the block's queries in shared memory as the kernel
 lays them out (rows of hd halves, 16-byte chunks swizzled by fmma_off); every ldmatrix (.trans for
 the values) and mma.m16n8k16 on the registers the kernel builds (the PTX ISA's fragment layouts,
 attention_mma_sim.mma); the scores' accumulators reused as the probabilities' A operand; each row's
 max over its four lanes, its sum kept per lane until the end; the splits (at least min_chunk
-positions) and the last block's combine in split order. fp16 terms as the kernel's (hi + lo of the
-scaled queries and of the probabilities; keys and values fp16), sums in float64: the error is the
-terms', ~1e-6 of the outputs. It checks the algorithm and its index arithmetic, not the CUDA code.
+positions) and the last block's combine in split order. The scaled queries and the probabilities
+rounded to fp16 as the kernel rounds them (keys and values fp16), sums in float64: the error is that
+rounding's, 1e-4 to 3e-4 of the largest output, asserted below 2e-3 (an index wrong by one row,
+position or split is of order one). It checks the algorithm and its index arithmetic, not the CUDA
+code.
 Run: python3 tests/bench/flash_mma_sim.py"""
 import math
 
 import numpy as np
 
-from attention_mma_sim import mma, split
+from attention_mma_sim import mma
 from flash_prefill_sim import block_bounds, causal
 
 ROWS, WARPS, LANES = 64, 4, 32
@@ -60,13 +62,12 @@ def block(q, k, v, first_new, count, kv_mul, B, row0, split_i, n_splits, min_spl
                                                  min_chunk, att_tile)
     if split_i >= n_active or rows <= 0:
         return None, n_active
-    q_hi, q_lo = Smem(ROWS, hd), Smem(ROWS, hd)
+    qs = Smem(ROWS, hd)
     for r in range(ROWS):
         qv = q[(row0 + r) // kv_mul, (row0 + r) % kv_mul] / math.sqrt(hd) if r < rows else np.zeros(hd)
-        hi, lo = split(qv)
+        qv = qv.astype(np.float16).astype(np.float64)
         for c in range(CH):
-            q_hi.store(r, c, hi[8 * c:8 * c + 8])
-            q_lo.store(r, c, lo[8 * c:8 * c + 8])
+            qs.store(r, c, qv[8 * c:8 * c + 8])
     res = {}
     for wid in range(WARPS):
         wr = 16 * wid
@@ -87,12 +88,11 @@ def block(q, k, v, first_new, count, kv_mul, B, row0, split_i, n_splits, min_spl
             sc = np.zeros((NS, LANES, 4))
             for kk in range(hd // 16):
                 qa = lambda lane: (wr + lane % 8 + 8 * (lane // 8 % 2), 2 * kk + lane // 16)
-                ah, al = ldsm_x4(q_hi, qa), ldsm_x4(q_lo, qa)
+                a = ldsm_x4(qs, qa)
                 for j in range(0, NS, 2):
                     b = ldsm_x4(ks, lambda lane: (8 * j + lane % 8 + 8 * (lane // 16), 2 * kk + lane // 8 % 2))
-                    for a in (ah, al):
-                        mma(sc[j], a, [x[0:2] for x in b])
-                        mma(sc[j + 1], a, [x[2:4] for x in b])
+                    mma(sc[j], a, [x[0:2] for x in b])
+                    mma(sc[j + 1], a, [x[2:4] for x in b])
             for h in range(2):  # sc[j][lane][2h + e]: row h's score at position it T + 8 j + 2 cq + e
                 for lane in range(LANES):
                     for j in range(NS):
@@ -113,14 +113,12 @@ def block(q, k, v, first_new, count, kv_mul, B, row0, split_i, n_splits, min_spl
                     o[:, lane, 2 * h:2 * h + 2] *= rescale
             for kk in range(T // 16):  # A: the scores of n-tiles 2 kk, 2 kk + 1 as rows g, g + 8
                 regs = [pairs(sc[2 * kk], 0), pairs(sc[2 * kk], 2), pairs(sc[2 * kk + 1], 0), pairs(sc[2 * kk + 1], 2)]
-                terms = [[split(np.array(regs[i][lane])) for i in range(4)] for lane in range(LANES)]
-                ph = [[tuple(terms[lane][i][0]) for i in range(4)] for lane in range(LANES)]
-                pl = [[tuple(terms[lane][i][1]) for i in range(4)] for lane in range(LANES)]
+                a = [[tuple(np.array(regs[i][lane]).astype(np.float16).astype(np.float64)) for i in range(4)]
+                     for lane in range(LANES)]
                 for t in range(0, NO, 2):
                     b = ldsm_x4(vs, lambda lane: (16 * kk + lane % 8 + 8 * (lane // 8 % 2), t + lane // 16), trans=True)
-                    for a in (ph, pl):
-                        mma(o[t], a, [x[0:2] for x in b])
-                        mma(o[t + 1], a, [x[2:4] for x in b])
+                    mma(o[t], a, [x[0:2] for x in b])
+                    mma(o[t + 1], a, [x[2:4] for x in b])
         lsum = np.array([[l[lane & ~3:(lane & ~3) + 4, h].sum() for h in range(2)] for lane in range(LANES)])
         for lane in range(LANES):
             g, cq = lane // 4, lane % 4
@@ -177,7 +175,7 @@ def main():
         got = batch_attention(q, k, v, first_new, count, kv_mul, B, n_splits, 33, min_chunk, T)
         want = causal(q, k, v, first_new, count)
         err = np.abs(got - want).max() / np.abs(want).max()
-        assert err < 1e-5, (hd, kv_mul, B, count, first_new, err)
+        assert err < 2e-3, (hd, kv_mul, B, count, first_new, err)
         cases += 1
         print(f"  hd {hd}, group {kv_mul}, {count} of {B} tokens at {first_new}, tiles of {T}: max error {err:.1e} of the largest")
     print(f"flash prefill attention on the tensor cores: {cases} cases agree with plain causal attention")
