@@ -588,7 +588,9 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-llama3", MMA_SYNC),
                                            ("tiny-group3", "fmma_tile=16"),
                                            ("tiny-gqa", TMA_WIDE), ("tiny-wide", TMA_WIDE), ("tiny-group3", TMA_WIDE),
-                                           ("tiny-gqa", "prefill_batch=64"), ("tiny-wide", f"prefill_batch=64 {TMA_WIDE}")])
+                                           ("tiny-gqa", "prefill_batch=64"), ("tiny-wide", f"prefill_batch=64 {TMA_WIDE}"),
+                                           ("tiny-gqa", "prefill_batch=256"), ("tiny-wide", "prefill_batch=256"),
+                                           ("tiny-group3", f"prefill_batch=256 {TMA_WIDE}")])
 def test_tiny_gpu_prefill_builds_near_cpu(variant, flags, tmp_path):
     """The prefill's builds other than the default, each in a build of its own: batches of at most
     16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp), gate/up as
@@ -599,7 +601,9 @@ def test_tiny_gpu_prefill_builds_near_cpu(variant, flags, tmp_path):
     across tiles); gate/up's GEMM on wgmma (its tiles copied by TMA: tiny-gqa one K tile, rows past
     the matrix zero-filled; tiny-wide 34) at two warpgroups a block (TMA_WIDE: tiny-gqa's three
     blocks, the last half past the matrix; tiny-wide; tiny-group3); batches of at most 64 (64, 64,
-    16 of TINY_PROMPT's tokens), there with gate/up's two warpgroups a block.
+    16 of TINY_PROMPT's tokens), there with gate/up's two warpgroups a block; batches of at most 256
+    (the whole prompt in one: 256 columns, the split GEMMs' and gate/up's wide forms, there with
+    two warpgroups on tiny-group3).
     The prompt path's logits against the CPU's (assert_prompt_path_near_cpu): the whole prompt at
     once, its last position, and its first PREFILL_DUMP_FROM tokens, the rest a step a token on the
     keys and values it wrote. (The default build: batches of 128 with every matvec a GEMM over
