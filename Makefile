@@ -275,7 +275,8 @@ build/tests/test_cpu_kernels_avx512_sim: tests/cpu_kernels_simde.c tests/simde_a
 	$(CC) $(CFLAGS) -mno-avx512f -Wno-psabi tests/cpu_kernels_simde.c build/runtime/errors.o -o $@ $(LDLIBS)
 
 # The GPU sampler against the CPU one on the same logits (run by tests/test_gpu.py on a GPU).
-build/tests/cuda_sampler_test: tests/cuda_sampler_test.cu runtime/cuda_sampler.cuh runtime/cuda_sync.cuh \
+build/tests/cuda_sampler_test: tests/cuda_sampler_test.cu runtime/cuda_sampler.cuh runtime/cuda_sample_block.cuh \
+		runtime/cuda_sample_candidates.cuh runtime/cuda_sample_passes.cuh runtime/cuda_sync.cuh \
 		build/runtime/sampler.o build/runtime/errors.o
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $< build/runtime/sampler.o build/runtime/errors.o -o $@
