@@ -8,3 +8,14 @@ if [ ! -e .venv/bin/python ] || ! grep -q "exec python3" .venv/bin/python; then
     chmod +x .venv/bin/python
 fi
 touch .venv/.installed
+# --serve's HTTP library, which every build links and this machine lacks (make would try apt-get,
+# and it has no network): the carried build/stage-mhd installed (tests/bench/stage_mhd.sh), or a
+# line that says to carry it, before any make fails on it.
+if ! echo '#include <microhttpd.h>' | cc -E -x c - >/dev/null 2>&1; then
+    if [ -d build/stage-mhd ]; then
+        bash tests/bench/stage_mhd.sh install >/dev/null || echo "gpu_env.sh: stage_mhd.sh install failed" >&2
+    else
+        echo "gpu_env.sh: no libmicrohttpd here and build/stage-mhd not carried: every build will fail;" \
+            "run 'bash tests/bench/stage_mhd.sh pack' on the build machine and carry build/stage-mhd" >&2
+    fi
+fi
