@@ -672,6 +672,49 @@ static void stage_prefill_down(stage_rec &s, rng &r) {
     s.out("part", "f32", part, (size_t)splits * B * D, {splits, B, D});
 }
 
+/* The prompt's attention for a batch at positions [pos, pos + count) over the cache [0, pos + count),
+ * with the model's splits, launched as enqueue_prefill launches it: prefill_flash_kernel where the
+ * plan has the flash form and the splits fit its combine, else prefill_attention_kernel
+ * (attention_body's prefill). Its output att (count, q_dim); the counters put back. */
+template <int B>
+static void stage_prefill_attention(stage_rec &s, rng &r) {
+    const int count = B > PREFILL_SMALL ? B - 1 : B; /* a short last batch: rows past count not written */
+    const int pos = r.between(0, ctx - B);
+    s.param("batch", B);
+    s.param("n_splits", n_splits);
+    s.param("ctx", ctx);
+    float *q = s.in("q", "f32", activations(r, (size_t)B * QD, 1.0), {B, QD});
+    int *io = io_batch(s, pos, count);
+    uint16_t *kc = s.in("key_cache", "f16", cache_words(r, pos + count, 512.0f), cache_shape());
+    uint16_t *vc = s.in("value_cache", "f16", cache_words(r, pos + count, 512.0f), cache_shape());
+    float *part_acc = s.upload(poison_f32((size_t)B * MODEL_N_HEADS * n_splits * HD));
+    float *part_ml = s.upload(poison_f32((size_t)B * MODEL_N_HEADS * n_splits * 2));
+    unsigned *counters = s.upload(std::vector<unsigned>((size_t)B * NKV, 0u));
+    float *att = s.upload(poison_f32((size_t)B * QD));
+    bool flash = false;
+#if MODEL_PREFILL_FLASH
+    flash = n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM);
+    if (flash) {
+        const size_t smem = FMMA_SMEM_BYTES(MODEL_HEAD_DIM);
+        const int row_groups = (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS;
+        SC(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, kv_f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        launch_grid(prefill_flash_kernel<B, kv_f16>, dim3(NKV, n_splits, row_groups), FMMA_THREADS, smem, stream, (const float *)q,
+                    f16_cache(kc, vc), (const int *)io, part_acc, part_ml, counters, att, ctx, n_splits);
+        launched(s, "prefill_flash_kernel", NKV * n_splits, row_groups, FMMA_THREADS, smem);
+    }
+#endif
+    if (!flash) {
+        const size_t smem = ATT_SMEM_BYTES(MODEL_KV_MUL * MODEL_PREFILL_ATT_TOKENS, MODEL_HEAD_DIM);
+        SC(cudaFuncSetAttribute((const void *)prefill_attention_kernel<kv_f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        launch_grid(prefill_attention_kernel<kv_f16>, dim3(NKV, n_splits, B / MODEL_PREFILL_ATT_TOKENS), MODEL_ATT_THREADS, smem, stream,
+                    (const float *)q, f16_cache(kc, vc), (const int *)io, part_acc, part_ml, counters, att, ctx, n_splits);
+        launched(s, "prefill_attention_kernel", NKV * n_splits, B / MODEL_PREFILL_ATT_TOKENS, MODEL_ATT_THREADS, smem);
+    }
+    s.param("flash", flash ? 1 : 0);
+    s.out("att", "f32", att, (size_t)count * QD, {count, QD});
+    s.out("counters", "u32", counters, (size_t)B * NKV, {B * NKV});
+}
+
 /* attention_kernel past one split: depth from ATT_MIN_CHUNK on (the split tier's [0] graphs) */
 static void run_attention(stage_rec &s, rng &r) {
     stage_attention(s, r, false, n_splits, r.between(std::min(ctx - 1, 2 * ATT_MIN_CHUNK), ctx - 1));
@@ -715,7 +758,8 @@ static const stage_def stages[] = {
 #define PREFILL_STAGES(B, tag)                                                                     \
     {"prefill_rms_" tag, stage_prefill_rms<B>}, {"prefill_qkv_" tag, stage_prefill_qkv<B>},         \
         {"prefill_o_proj_" tag, stage_prefill_o<B>}, {"prefill_gate_up_pairs_" tag, stage_prefill_gate_up<B, 0>}, \
-        {"prefill_gate_up_gemm_" tag, stage_prefill_gate_up<B, 1>}, {"prefill_down_" tag, stage_prefill_down<B>}
+        {"prefill_gate_up_gemm_" tag, stage_prefill_gate_up<B, 1>}, {"prefill_down_" tag, stage_prefill_down<B>}, \
+        {"prefill_attention_" tag, stage_prefill_attention<B>}
     PREFILL_STAGES(PREFILL_SMALL, "small"),
     PREFILL_STAGES(PREFILL_BATCH, "full"),
 #if GEMM_TMA

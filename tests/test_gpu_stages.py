@@ -40,6 +40,12 @@ array, the worst element and its ratio to the bound:
   for the index arithmetic alone). Both well below what one position dropped or read twice costs at
   the depths drawn (~1/n of the output's spread, n <= 2048: >= 5e-4), and far below a wrong split,
   head or scale (order 1).
+- The prompt's attention (prefill_attention_*: a batch's tokens over the cache before them): the
+  flash form takes the scaled queries and the probabilities rounded to fp16 (a relative 2^-11 each,
+  signs at random; the queries' rounding emulated in the reference): ATT_RTOL_FLASH = 2e-4 of the
+  head's largest |value|, 2.4x under what one position dropped costs at a depth of 2048;
+  attention_body's prefill form the decode attention's bounds. ATT_RTOL_FLASH is predicted, not
+  yet measured on a GPU.
 - The prompt path's GEMMs (tests/cuda_stage_test.cu's prefill_* stages, batches of PREFILL_SMALL
   and PREFILL_BATCH tokens): the same fp32 sums (RTOL_DOT of the magnitude) of the weights and the
   input terms as the kernel got them (their sum, exact in float64); each split GEMM's splits added
@@ -78,7 +84,8 @@ STAGES = ("embed", "rmsnorm_qkv_rope", "attention", "attention_one_split", "atte
           "o_proj_residual", "o_proj_residual_shortest", "rmsnorm_gate_up_silu", "down_residual", "transpose_down",
           "mlp_fused", "rmsnorm_lm_head_argmax") + tuple(
               f"prefill_{stage}_{batch}" for batch in ("small", "full")
-              for stage in ("rms", "qkv", "o_proj", "gate_up_pairs", "gate_up_gemm", "gate_up_tma", "gate_up_tma_wide", "down"))
+              for stage in ("rms", "qkv", "attention", "o_proj", "gate_up_pairs", "gate_up_gemm", "gate_up_tma", "gate_up_tma_wide",
+                            "down"))
 SEED = 58
 
 RTOL_DOT = 2e-5
@@ -86,6 +93,7 @@ SILU_RTOL = 4e-6
 MLP_RSS = 4.0
 ATT_RTOL_FP32 = 5e-5
 ATT_RTOL_MMA = 2e-4
+ATT_RTOL_FLASH = 2e-4
 F16_HALF_ULP = 2.0 ** -11
 F16_SUBNORMAL_HALF_ULP = 2.0 ** -25
 POISON_F32 = 0x7FC00000
@@ -323,6 +331,33 @@ def check_attention(run: Run):
     run.equal("counters", a["counters"], np.zeros_like(a["counters"]), "the KV heads' split counts put back to 0")
 
 
+def check_prefill_attention(run: Run):
+    """Each of the batch's count tokens (at pos + t) against softmax attention over positions
+    0..pos + t of its KV head, per element within rtol of the head's largest |value|. The flash
+    form rounds the scaled queries to fp16 (emulated here) and the probabilities too (not: their
+    running max is the kernel's), a relative 2^-11 each with signs at random, so its error sits far
+    under ATT_RTOL_FLASH; attention_body's prefill has the decode attention's bounds."""
+    a, m, p = run.a, run.model, run.params
+    hd, H, KV = m["head_dim"], m["n_heads"], m["n_kv_heads"]
+    rep, pos, count = H // KV, p["pos"], p["count"]
+    q = a["q"].reshape(-1, H, hd)[:count] / np.sqrt(hd)
+    if p["flash"]:
+        q = q.astype(np.float16).astype(np.float64)
+    keys = np.repeat(a["key_cache"], rep, axis=0)    # (H, ctx, hd): query head h reads KV head h // rep
+    values = np.repeat(a["value_cache"], rep, axis=0)
+    want = np.empty((count, H, hd))
+    for t in range(count):
+        n = pos + t + 1
+        scores = np.einsum("hd,hnd->hn", q[t], keys[:, :n])
+        w = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        want[t] = np.einsum("hn,hnd->hd", w / w.sum(axis=-1, keepdims=True), values[:, :n])
+    rtol = ATT_RTOL_FLASH if p["flash"] else ATT_RTOL_MMA if run.plan["att_mma_hd"] else ATT_RTOL_FP32
+    bound = np.broadcast_to(rtol * np.abs(values[:, :pos + count]).max(axis=(1, 2))[None, :, None], want.shape)
+    path = "flash, fp16 queries and probabilities" if p["flash"] else "attention_body's prefill"
+    run.close("att", a["att"].reshape(count, H, hd), want, bound, f"{count} tokens at {pos} on, causal softmax attention, {path}")
+    run.equal("counters", a["counters"], np.zeros_like(a["counters"]), "the split counts put back to 0")
+
+
 def check_o_proj(run: Run):
     a, m = run.a, run.model
     y, mag = matvec(a["wo"], a["att"])
@@ -486,6 +521,7 @@ CHECKS = {
 }
 for _batch in ("small", "full"):
     CHECKS.update({f"prefill_rms_{_batch}": check_prefill_rms, f"prefill_qkv_{_batch}": check_prefill_qkv,
+                   f"prefill_attention_{_batch}": check_prefill_attention,
                    f"prefill_o_proj_{_batch}": check_prefill_o, f"prefill_down_{_batch}": check_prefill_down,
                    **{f"prefill_{form}_{_batch}": check_prefill_gate_up
                       for form in ("gate_up_pairs", "gate_up_gemm", "gate_up_tma", "gate_up_tma_wide")}})
