@@ -732,13 +732,15 @@ def kv_logits(binary, d, device, kv, tmp_path, fed=None):
 @pytest.mark.parametrize("variant,flags", KV_Q8_CASES)
 def test_tiny_gpu_kv_q8_near_f16(variant, flags, tmp_path):
     """The GPU's q8 cache against its fp16 cache: the decode steps' logits and the prompt path's
-    (PREFILL_DUMP_FROM tokens at once), within the int8 rounding's reach and not equal"""
+    (PREFILL_DUMP_FROM tokens at once, whose 16-bit inputs spread any difference to their own
+    rounding's size: GPU_PROMPT_TOLERANCE beside), within the int8 rounding's reach and not equal"""
     d, binary = kv_case(variant, flags)
     for fed in (None, PREFILL_DUMP_FROM):
         q8, f16 = kv_logits(binary, d, "cuda", "q8", tmp_path, fed), kv_logits(binary, d, "cuda", "f16", tmp_path, fed)
         err = compare_logits(q8, f16)
         print(f"{variant} {flags or ''} fed {fed}: q8 cache against fp16 {err:.2e}")
-        assert 0 < err < KV_Q8_FROM_F16, f"{variant} {flags or ''} fed {fed}: q8 cache against fp16 {err:.2e}"
+        bound = KV_Q8_FROM_F16 + (GPU_PROMPT_TOLERANCE if fed else 0)
+        assert 0 < err < bound, f"{variant} {flags or ''} fed {fed}: q8 cache against fp16 {err:.2e}"
 
 
 @pytest.mark.parametrize("variant,flags", KV_Q8_CASES)
