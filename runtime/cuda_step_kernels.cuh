@@ -407,10 +407,11 @@ static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_ker
  * GEMM), 2 always (a test knob: the tiny models' tiles are fewer). */
 #define PREFILL_GATE_UP_GEMM MODEL_PREFILL_GATE_UP_GEMM /* the plan's */
 static_assert(PREFILL_GATE_UP_GEMM == 1 || PREFILL_GATE_UP_GEMM == 2, "PREFILL_GATE_UP_GEMM: 1 (the rule) or 2 (always)");
-/* Blocks an SM the GEMMs' launch bounds ask for: four (of GEMM_STAGES 3, their shared memory); at
- * batches of 64 three (their stages take 72 KB; at four blocks' 128 registers they spill); at 256
- * columns (batches of 128 in two terms: 128 sums a thread, stages of 40 KB) one */
-#define GEMM_BLOCKS_SM_AT(B) (PREFILL_TERMS * (B) > 128 ? 1 : (B) > 32 ? 3 : 4)
+/* Blocks an SM the GEMMs' launch bounds ask for, by the GEMM's columns (PREFILL_TERMS B): four (of
+ * GEMM_STAGES 3, their shared memory); at 128 columns three (their stages take 72 KB; at four
+ * blocks' 128 registers they spill); at 256 (128 sums a thread, stages of 40 KB) one. Measured at
+ * two terms, batches of 32, 64 and 128. */
+#define GEMM_BLOCKS_SM_AT(B) (PREFILL_TERMS * (B) > 128 ? 1 : PREFILL_TERMS * (B) > 64 ? 3 : 4)
 template <int B>
 static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_gate_up_gemm_kernel(model_layer_weights w,
                                                                                      const uint16_t *x_terms,
