@@ -626,6 +626,17 @@ static err_code run_perplexity(engine *e, const options *o) {
  * conversation: its attention reads the cache), then decode continues from d.
  * GB/s counts the weights and the KV cache each step reads; the share is of the read bandwidth the
  * probe measured in this run on the same device. */
+/* The arithmetic of n prompt tokens after `depth` cached ones, as the prompt path does it: 2 flops a
+ * weight of the layers' matrices a token (the LM head runs for the last token only: left out), and
+ * the causal attention's QK^T and PV, 4 q_dim flops a layer for each position a token sees. The
+ * share of a device's tensor-core (or SIMD) rate is this over the time, over a plain GEMM's rate
+ * (tests/bench/gemm_probe.py on the GPU). */
+static double prompt_flops(int n, int depth) {
+    const double mats = (double)MODEL_DIM * (2.0 * MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) + 3.0 * MODEL_DIM * MODEL_HIDDEN_DIM;
+    const double seen = (double)n * depth + (double)n * (n + 1) / 2; /* positions seen, summed over the tokens */
+    return MODEL_N_LAYERS * (2.0 * mats * n + 4.0 * MODEL_Q_DIM * seen);
+}
+
 static err_code run_bench(engine *e, const options *o) {
     static const char text[] =
         "The history of computing is a story of machines that read and write memory. Every step of a language "
@@ -731,9 +742,9 @@ static err_code run_bench(engine *e, const options *o) {
     if (o->json) {
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"device_name\": \"%s\", \"threads\": %d, "
                "\"weight_bytes_per_token\": %llu, \"kv_bytes_per_position\": %llu, \"probe_gb_s\": %.2f, "
-               "\"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"decode\": [",
+               "\"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"prompt_tflop_s\": %.4f, \"decode\": [",
                MODEL_NAME, dev, device, e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, kv_bytes_per_pos(o->kv_cache),
-               probe / 1e9, n_prompt, prompt_tok_s);
+               probe / 1e9, n_prompt, prompt_tok_s, prompt_flops(n_prompt, 0) / prompt_s / 1e12);
         for (int d = 0; d < n_depths; d++) {
             printf("%s{\"depth\": %d, \"tokens\": %d, \"tok_s\": %.2f, \"us_per_token\": %.1f, \"gb_s\": %.2f, "
                    "\"share_of_probe\": %.4f, \"prompt_tok_s\": ",
@@ -748,9 +759,11 @@ static err_code run_bench(engine *e, const options *o) {
         if (!e->gpu) printf(", %d threads", o->n_threads);
         printf(", %.1f MB of weights read per token\n", MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
         printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);
-        printf("  prompt: %d tokens, %.1f tok/s\n", n_prompt, prompt_tok_s);
+        printf("  prompt: %d tokens, %.1f tok/s, %.3f TFLOP/s\n", n_prompt, prompt_tok_s, prompt_flops(n_prompt, 0) / prompt_s / 1e12);
         for (int d = 0; d < n_depths; d++)
-            if (prompt_at[d] >= 0) printf("  prompt at depth %d: %d tokens, %.1f tok/s\n", depths[d], n_prompt, prompt_at[d]);
+            if (prompt_at[d] >= 0)
+                printf("  prompt at depth %d: %d tokens, %.1f tok/s, %.3f TFLOP/s\n", depths[d], n_prompt, prompt_at[d],
+                       prompt_flops(n_prompt, depths[d]) * prompt_at[d] / n_prompt / 1e12);
         for (int d = 0; d < n_depths; d++)
             printf("  decode at depth %d: %d tokens, %.1f tok/s, %.0f us/token, %.1f GB/s = %.1f%% of probe\n", depths[d],
                    n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], 100.0 * gbs[d] * 1e9 / probe);

@@ -213,13 +213,20 @@ def test_bench_times_the_prompt_at_each_depth(tiny_llama):
 
     r = run(tiny_llama[1], "--bench", "--bench-depths", "0,32", "-n", "8", "--threads", "1")
     out = r.stdout.decode()
-    assert re.search(r"^  prompt: 128 tokens, [0-9.]+ tok/s$", out, re.M), out
-    assert re.search(r"^  prompt at depth 32: 128 tokens, [0-9.]+ tok/s$", out, re.M), out
+    assert re.search(r"^  prompt: 128 tokens, [0-9.]+ tok/s, [0-9.]+ TFLOP/s$", out, re.M), out
+    assert re.search(r"^  prompt at depth 32: 128 tokens, [0-9.]+ tok/s, [0-9.]+ TFLOP/s$", out, re.M), out
     assert "prompt at depth 0" not in out
     r = run(tiny_llama[1], "--bench", "--json", "--bench-depths", "0,32,160", "-n", "8", "--threads", "1")
     result = json.loads(r.stdout.decode().strip().splitlines()[-1])
     entries = {d["depth"]: d for d in result["decode"]}
     assert entries[0]["prompt_tok_s"] == result["prompt_tok_s"]
+    # tiny-llama's arithmetic a prompt token at depth 0 (prompt_flops): over the time, the rate
+    c = json.loads((tiny_llama[0] / "config.json").read_text())
+    d, hid, layers, heads = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    hd = c.get("head_dim") or d // heads
+    qd, kvd = heads * hd, (c.get("num_key_value_heads") or heads) * hd
+    flops = layers * (2 * 128 * (d * (2 * qd + 2 * kvd) + 3 * d * hid) + 4 * qd * 128 * 129 / 2)
+    assert result["prompt_tflop_s"] == pytest.approx(flops * result["prompt_tok_s"] / 128 / 1e12, rel=1e-3, abs=1e-4)
     assert entries[32]["prompt_tok_s"] > 0
     assert entries[160]["prompt_tok_s"] is None  # 160 + 128 > 256
     r = run(tiny_llama[1], "--bench", "--json", "--bench-prompt", "40", "--bench-depths", "0,160", "-n", "8", "--threads", "1")

@@ -58,6 +58,8 @@ if [ "$failed" != 0 ]; then
     [ "${BENCH_ON_FAIL:-0}" = 1 ] || exit 1
     echo "ab.sh: BENCH_ON_FAIL=1: benchmarking anyway" >&2
 fi
+# the tensor cores' rate a plain GEMM reaches in this run: the prompt's TFLOP/s over it is its share
+python3 tests/bench/gemm_probe.py || echo "ab.sh: no GEMM probe (above): prompt shares cannot be given" >&2
 for m in "${models[@]}"; do
     d=$here/build/bench-models/bench-$m
     for r in $(seq "${REPS:-2}"); do
