@@ -110,9 +110,9 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
 // Prefill attention on the tensor cores: blocks of a KV head, a split and FLASH_ROWS query rows,
 // the combine above, splits of at least FMMA_MIN_CHUNK positions, with
 // four warps of 16 query rows. fp16 mma.m16n8k16 with fp32 sums: the fp32 queries (scaled) and
-// probabilities go in rounded to fp16, as FlashAttention's do (the decode step's tensor-core
-// attention, attention_body with MMA_HD, takes them as two fp16 terms each; here one measured
-// D121), the cached keys and values are fp16 already. A tile of FMMA_TILE
+// probabilities go in rounded to fp16, as FlashAttention's do: half the mma work of the two fp16
+// terms each that the decode step's tensor-core attention (attention_body with MMA_HD) takes
+// (docs/performance.md, D121); the cached keys and values are fp16 already. A tile of FMMA_TILE
 // positions' keys and values is staged in shared memory (cp.async, two stages) and read by every
 // warp through ldmatrix:
 // - scores S = Q K^T: A the warp's queries (16 rows x 16 dims a k-step, from shared memory), B the
