@@ -4,9 +4,11 @@
 #   git archive -o .stage/base.tar REV         (here: .git does not travel to the GPU machine)
 #   bash tests/bench/ab.sh .stage/base.tar [.stage/other.tar ...]   (there, carrying .stage)
 # Each side is named after its archive. BENCH_MODELS and BENCH_FLAGS as in gpu.sh; REPS (default 2).
-# TESTS=1 also runs `make test-gpu` in every side, beside the builds (about 3 minutes), TESTS=this
-# in this tree only, and prints its summary, so one call can check prepared branches before it measures them; a failure stops
-# the script before the benchmarks (BENCH_ON_FAIL=1: it measures anyway).
+# TESTS=1 also runs the GPU tests (make test-gpu's pytest, without its default-model build, whose
+# checks skip unless that model is staged) in every side, beside the builds (about 3 minutes),
+# TESTS=this in this tree only, and prints its summary (the log: /tmp/ab-tests-SIDE.log), so one
+# call can check prepared branches before it measures them; a failure stops the script before the
+# benchmarks (BENCH_ON_FAIL=1: it measures anyway).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
@@ -41,14 +43,15 @@ for side in "${sides[@]}"; do
     if tested "$side"; then
         tdir=$dir
         [ "$side" = this ] && tdir=/tmp/ab-this
-        (cd "$tdir" && . tests/gpu_env.sh && make -s test-gpu >"/tmp/ab-tests-$side.log" 2>&1) &
+        (cd "$tdir" && . tests/gpu_env.sh && .venv/bin/python -m pytest -q -s tests/test_gpu.py \
+            tests/test_gpu_stages.py ${PYTEST_ARGS:-} >"/tmp/ab-tests-$side.log" 2>&1) &
         jobs+=($!)
     fi
 done
 failed=0
 for j in "${jobs[@]}"; do wait "$j" || failed=1; done
 for side in "${sides[@]}"; do
-    tested "$side" && echo "== make test-gpu, $side: $(tail -1 "/tmp/ab-tests-$side.log")"
+    tested "$side" && echo "== GPU tests, $side: $(tail -1 "/tmp/ab-tests-$side.log")"
 done
 if [ "$failed" != 0 ]; then
     echo "ab.sh: a build or a test failed" >&2
