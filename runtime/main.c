@@ -686,6 +686,8 @@ static err_code run_bench(engine *e, const options *o) {
 #endif
         rc = probe_cpu_read_bandwidth((size_t)1 << 30, o->n_threads, &probe);
     if (rc) { free(fill); return rc; }
+    /* the CPU's arithmetic rate, which its prompt is a share of (the GPU's: tests/bench/gemm_probe.py) */
+    const double fma_rate = e->gpu ? 0.0 : probe_cpu_fma_rate(o->n_threads);
 
     /* once untimed first: the first prompt also pays for first touches (the CPU's mapped weights
      * paged in: 161 against 331 tok/s on the dev VM) */
@@ -743,9 +745,11 @@ static err_code run_bench(engine *e, const options *o) {
     if (o->json) {
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"device_name\": \"%s\", \"threads\": %d, "
                "\"weight_bytes_per_token\": %llu, \"kv_bytes_per_position\": %llu, \"probe_gb_s\": %.2f, "
-               "\"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"prompt_tflop_s\": %.4f, \"decode\": [",
+               "\"prompt_tokens\": %d, \"prompt_tok_s\": %.2f, \"prompt_tflop_s\": %.4f, ",
                MODEL_NAME, dev, device, e->gpu ? 0 : o->n_threads, MODEL_WEIGHT_BYTES_PER_TOKEN, kv_bytes_per_pos(o->kv_cache),
                probe / 1e9, n_prompt, prompt_tok_s, prompt_flops(n_prompt, 0) / prompt_s / 1e12);
+        if (e->gpu) printf("\"fma_probe_tflop_s\": null, \"decode\": [");
+        else printf("\"fma_probe_tflop_s\": %.4f, \"decode\": [", fma_rate / 1e12);
         for (int d = 0; d < n_depths; d++) {
             printf("%s{\"depth\": %d, \"tokens\": %d, \"tok_s\": %.2f, \"us_per_token\": %.1f, \"gb_s\": %.2f, "
                    "\"share_of_probe\": %.4f, \"prompt_tok_s\": ",
@@ -760,11 +764,17 @@ static err_code run_bench(engine *e, const options *o) {
         if (!e->gpu) printf(", %d threads", o->n_threads);
         printf(", %.1f MB of weights read per token\n", MODEL_WEIGHT_BYTES_PER_TOKEN / 1e6);
         printf("  read bandwidth probe: %.1f GB/s\n", probe / 1e9);
-        printf("  prompt: %d tokens, %.1f tok/s, %.3f TFLOP/s\n", n_prompt, prompt_tok_s, prompt_flops(n_prompt, 0) / prompt_s / 1e12);
-        for (int d = 0; d < n_depths; d++)
-            if (prompt_at[d] >= 0)
-                printf("  prompt at depth %d: %d tokens, %.1f tok/s, %.3f TFLOP/s\n", depths[d], n_prompt, prompt_at[d],
-                       prompt_flops(n_prompt, depths[d]) * prompt_at[d] / n_prompt / 1e12);
+        if (!e->gpu) printf("  FMA probe: %.3f TFLOP/s (fp32)\n", fma_rate / 1e12);
+        for (int d = -1; d < n_depths; d++) { /* -1: the prompt at depth 0, before the decode runs */
+            const int depth = d < 0 ? 0 : depths[d];
+            const double p_tok_s = d < 0 ? prompt_tok_s : prompt_at[d];
+            if (d >= 0 && p_tok_s < 0) continue;
+            const double tflop_s = prompt_flops(n_prompt, depth) * p_tok_s / n_prompt / 1e12;
+            if (d < 0) printf("  prompt: %d tokens, %.1f tok/s, %.3f TFLOP/s", n_prompt, p_tok_s, tflop_s);
+            else printf("  prompt at depth %d: %d tokens, %.1f tok/s, %.3f TFLOP/s", depth, n_prompt, p_tok_s, tflop_s);
+            if (!e->gpu) printf(" = %.1f%% of the FMA probe", 100.0 * tflop_s * 1e12 / fma_rate);
+            printf("\n");
+        }
         for (int d = 0; d < n_depths; d++)
             printf("  decode at depth %d: %d tokens, %.1f tok/s, %.0f us/token, %.1f GB/s = %.1f%% of probe\n", depths[d],
                    n_decode, tok_s[d], 1e6 / tok_s[d], gbs[d], 100.0 * gbs[d] * 1e9 / probe);

@@ -91,3 +91,62 @@ err_code probe_cpu_read_bandwidth(size_t bytes, int n_threads, double *bytes_per
     *bytes_per_s = best;
     return ERR_OK;
 }
+
+/* Sixteen independent accumulators, enough to cover an FMA's latency (4 cycles) on two FMA units with
+ * room to spare, each its own variable so that they stay in registers. The empty asm makes every
+ * chain's value opaque to the compiler at every step: it can neither fold a chain nor drop one. */
+#define FMA_STEPS 4000000
+#define FMA16(OP, V)                                                                              \
+    OP(V, 0) OP(V, 1) OP(V, 2) OP(V, 3) OP(V, 4) OP(V, 5) OP(V, 6) OP(V, 7) OP(V, 8) OP(V, 9) OP(V, 10) \
+    OP(V, 11) OP(V, 12) OP(V, 13) OP(V, 14) OP(V, 15)
+#if defined(__AVX512F__)
+typedef __m512 fma_vec;
+#define FMA_LANES 16
+#define FMA_SET(v) _mm512_set1_ps(v)
+#define FMA_STEP(a, m, c) _mm512_fmadd_ps(a, m, c)
+#define FMA_SUM(v) _mm512_reduce_add_ps(v)
+#define FMA_REG "+v"
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 fma_vec;
+#define FMA_LANES 8
+#define FMA_SET(v) _mm256_set1_ps(v)
+#define FMA_STEP(a, m, c) _mm256_fmadd_ps(a, m, c)
+#define FMA_SUM(v) _mm_cvtss_f32(_mm256_castps256_ps128(v)) /* one lane: only a sink */
+#define FMA_REG "+x"
+#else
+typedef float fma_vec;
+#define FMA_LANES 1
+#define FMA_SET(v) (v)
+#define FMA_STEP(a, m, c) ((a) * (m) + (c))
+#define FMA_SUM(v) (v)
+#define FMA_REG "+g"
+#endif
+#define FMA_DECL(V, j) fma_vec V##j = FMA_SET((float)j);
+#define FMA_DO(V, j) V##j = FMA_STEP(V##j, m, c); __asm__ volatile("" : FMA_REG(V##j));
+#define FMA_ADD(V, j) total += FMA_SUM(V##j);
+
+static double fma_pass(int n_threads) {
+    volatile float sink;
+    float total = 0.0f;
+    double t0 = time_now();
+#pragma omp parallel num_threads(n_threads) reduction(+ : total)
+    {
+        const fma_vec m = FMA_SET(0.999f), c = FMA_SET(1e-3f);
+        FMA16(FMA_DECL, a)
+        for (long i = 0; i < FMA_STEPS; i++) { FMA16(FMA_DO, a) }
+        FMA16(FMA_ADD, a)
+    }
+    double dt = time_now() - t0;
+    sink = total;
+    (void)sink;
+    return 2.0 * FMA_LANES * 16 * (double)FMA_STEPS * n_threads / dt;
+}
+
+double probe_cpu_fma_rate(int n_threads) {
+    double best = 0.0;
+    for (int pass = 0; pass < 3; pass++) {
+        double r = fma_pass(n_threads);
+        if (r > best) best = r;
+    }
+    return best;
+}

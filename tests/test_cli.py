@@ -213,8 +213,11 @@ def test_bench_times_the_prompt_at_each_depth(tiny_llama):
 
     r = run(tiny_llama[1], "--bench", "--bench-depths", "0,32", "-n", "8", "--threads", "1")
     out = r.stdout.decode()
-    assert re.search(r"^  prompt: 128 tokens, [0-9.]+ tok/s, [0-9.]+ TFLOP/s$", out, re.M), out
-    assert re.search(r"^  prompt at depth 32: 128 tokens, [0-9.]+ tok/s, [0-9.]+ TFLOP/s$", out, re.M), out
+    probe = re.search(r"^  FMA probe: ([0-9.]+) TFLOP/s \(fp32\)$", out, re.M)
+    assert probe and float(probe.group(1)) > 0, out
+    shares = re.findall(r"^  prompt(?: at depth 32)?: 128 tokens, [0-9.]+ tok/s, [0-9.]+ TFLOP/s = [0-9.]+% of the FMA probe$",
+                        out, re.M)
+    assert len(shares) == 2, out
     assert "prompt at depth 0" not in out
     r = run(tiny_llama[1], "--bench", "--json", "--bench-depths", "0,32,160", "-n", "8", "--threads", "1")
     result = json.loads(r.stdout.decode().strip().splitlines()[-1])
@@ -227,6 +230,7 @@ def test_bench_times_the_prompt_at_each_depth(tiny_llama):
     qd, kvd = heads * hd, (c.get("num_key_value_heads") or heads) * hd
     flops = layers * (2 * 128 * (d * (2 * qd + 2 * kvd) + 3 * d * hid) + 4 * qd * 128 * 129 / 2)
     assert result["prompt_tflop_s"] == pytest.approx(flops * result["prompt_tok_s"] / 128 / 1e12, rel=1e-3, abs=1e-4)
+    assert result["fma_probe_tflop_s"] > 0
     assert entries[32]["prompt_tok_s"] > 0
     assert entries[160]["prompt_tok_s"] is None  # 160 + 128 > 256
     r = run(tiny_llama[1], "--bench", "--json", "--bench-prompt", "40", "--bench-depths", "0,160", "-n", "8", "--threads", "1")
