@@ -268,6 +268,11 @@ build/tests/quant_cli_avx512_sim: tests/quant_cli.c tests/quant_simde.c tests/si
 		runtime/cpu_kernels.h build/runtime/errors.o
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -mno-avx512f -Wno-psabi tests/quant_cli.c tests/quant_simde.c build/runtime/errors.o -o $@ $(LDLIBS)
+# cpu_kernels.h's and cpu_gemm.h's AVX2 paths on this CPU, whatever its widest (the flags after -march=native turn
+# AVX-512 off): tests/test_cpu_kernels.c again (tests/test_c_units.py).
+build/tests/test_cpu_kernels_avx2: tests/test_cpu_kernels.c tests/check.h $(RUNTIME_OBJS) $(RUNTIME_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(QUANT_ISA_FLAGS_avx2) $< $(RUNTIME_OBJS) -o $@ $(LDLIBS)
 # cpu_kernels.h's AVX-512 paths the same way, through tests/test_cpu_kernels.c (tests/test_c_units.py).
 build/tests/test_cpu_kernels_avx512_sim: tests/cpu_kernels_simde.c tests/simde_avx512.h tests/test_cpu_kernels.c tests/check.h \
 		runtime/cpu_kernels.h build/runtime/errors.o

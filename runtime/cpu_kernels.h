@@ -109,20 +109,24 @@ static inline __m512 load16_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm2
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 
-/* Four independent accumulators over 64 elements a step keep four 64-byte loads in flight. */
+/* Every dense dot product sums in one order, whichever kernel computes it (a decode step's one row,
+ * four rows at once, a prompt batch's rows against several tokens, tests/test_cpu_kernels.c checks
+ * them bit for bit): two partial vectors a and b of W lanes (16 with AVX-512, 8 with AVX2) over 2W
+ * elements a step, a taking the first W and b the next; a whole W left over goes into a; then
+ * reduce(a + b), plus the scalar twin over the last n mod W elements. Two chains per dot keep the
+ * decode step's loads streaming (its rows are memory bound), and two are what lets the prompt's
+ * GEMM (cpu_gemm.h) hold a 4-row x 3-token tile of them in 24 registers: with four, only 2 x 3. */
 #define DOT_AVX512(LOAD, w, x, n, tail_ref)                                                         \
     do {                                                                                            \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                               \
+        __m512 a = _mm512_setzero_ps(), b = a;                                                      \
         int i = 0;                                                                                  \
-        for (; i + 64 <= (n); i += 64) {                                                            \
-            a0 = _mm512_fmadd_ps(LOAD((w) + i), _mm512_loadu_ps((x) + i), a0);                     \
-            a1 = _mm512_fmadd_ps(LOAD((w) + i + 16), _mm512_loadu_ps((x) + i + 16), a1);           \
-            a2 = _mm512_fmadd_ps(LOAD((w) + i + 32), _mm512_loadu_ps((x) + i + 32), a2);           \
-            a3 = _mm512_fmadd_ps(LOAD((w) + i + 48), _mm512_loadu_ps((x) + i + 48), a3);           \
+        for (; i + 32 <= (n); i += 32) {                                                            \
+            a = _mm512_fmadd_ps(LOAD((w) + i), _mm512_loadu_ps((x) + i), a);                       \
+            b = _mm512_fmadd_ps(LOAD((w) + i + 16), _mm512_loadu_ps((x) + i + 16), b);             \
         }                                                                                           \
-        for (; i + 16 <= (n); i += 16) a0 = _mm512_fmadd_ps(LOAD((w) + i), _mm512_loadu_ps((x) + i), a0); \
-        float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
-        return s + ((n) > i ? tail_ref((w) + i, (x) + i, (n) - i) : 0.0f);                          \
+        if (i + 16 <= (n)) { a = _mm512_fmadd_ps(LOAD((w) + i), _mm512_loadu_ps((x) + i), a); i += 16; } \
+        const float s = _mm512_reduce_add_ps(_mm512_add_ps(a, b));                                 \
+        return (n) > i ? s + tail_ref((w) + i, (x) + i, (n) - i) : s;                               \
     } while (0)
 
 KERNEL float dot_bf16(const uint16_t *w, const float *x, int n) { DOT_AVX512(load16_bf16, w, x, n, dot_bf16_ref); }
@@ -144,17 +148,15 @@ static inline float hsum256(__m256 v) {
 }
 #define DOT_AVX2(LOAD, w, x, n, tail_ref)                                                           \
     do {                                                                                            \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                               \
+        __m256 a = _mm256_setzero_ps(), b = a;                                                      \
         int i = 0;                                                                                  \
-        for (; i + 32 <= (n); i += 32) {                                                            \
-            a0 = _mm256_fmadd_ps(LOAD((w) + i), _mm256_loadu_ps((x) + i), a0);                      \
-            a1 = _mm256_fmadd_ps(LOAD((w) + i + 8), _mm256_loadu_ps((x) + i + 8), a1);              \
-            a2 = _mm256_fmadd_ps(LOAD((w) + i + 16), _mm256_loadu_ps((x) + i + 16), a2);            \
-            a3 = _mm256_fmadd_ps(LOAD((w) + i + 24), _mm256_loadu_ps((x) + i + 24), a3);            \
+        for (; i + 16 <= (n); i += 16) {                                                            \
+            a = _mm256_fmadd_ps(LOAD((w) + i), _mm256_loadu_ps((x) + i), a);                        \
+            b = _mm256_fmadd_ps(LOAD((w) + i + 8), _mm256_loadu_ps((x) + i + 8), b);               \
         }                                                                                           \
-        for (; i + 8 <= (n); i += 8) a0 = _mm256_fmadd_ps(LOAD((w) + i), _mm256_loadu_ps((x) + i), a0); \
-        float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));              \
-        return s + ((n) > i ? tail_ref((w) + i, (x) + i, (n) - i) : 0.0f);                          \
+        if (i + 8 <= (n)) { a = _mm256_fmadd_ps(LOAD((w) + i), _mm256_loadu_ps((x) + i), a); i += 8; } \
+        const float s = hsum256(_mm256_add_ps(a, b));                                               \
+        return (n) > i ? s + tail_ref((w) + i, (x) + i, (n) - i) : s;                               \
     } while (0)
 
 KERNEL float dot_bf16(const uint16_t *w, const float *x, int n) { DOT_AVX2(load8_bf16, w, x, n, dot_bf16_ref); }
@@ -167,39 +169,34 @@ KERNEL float dot_f16(const uint16_t *w, const float *x, int n) { return dot_f16_
 KERNEL float dot_f32(const float *w, const float *x, int n) { return dot_f32_ref(w, x, n); }
 #endif
 
-/* One weight row (n) against four inputs x, x + x_stride, ... at once (a prefill batch's tokens):
- * each 16 weights are loaded and converted once for the four, where four dot products would convert
- * them four times. Each token's sums are dot_w's, in dot_w's order (its four accumulators over 64
- * weights a step, then its tail), so the results are the same bits. AVX-512 only: AVX2's 16
- * registers cannot hold 16 accumulators and the weights, so there, and in scalar builds, it is four
- * dot products. */
+/* One weight row (n) against four inputs x, x + x_stride, ... at once (a prefill batch's tokens, four
+ * queries of a head): each weight vector is loaded and converted once for the four, where four dot
+ * products would convert it four times; each token's sums are dot_w's, in its order (the same bits).
+ * AVX-512 only: AVX2's 16 registers cannot hold the 8 accumulators, the weights and the inputs, so
+ * there, and in scalar builds, it is four dot products. */
 #if defined(__AVX512F__)
 #define DOT_X4_AVX512(LOAD, w, x, xs, n, out, tail_ref)                                                  \
     do {                                                                                                 \
-        __m512 acc[4][4];                                                                                \
-        for (int t = 0; t < 4; t++)                                                                      \
-            for (int k = 0; k < 4; k++) acc[t][k] = _mm512_setzero_ps();                                 \
+        __m512 a[4], b[4];                                                                               \
+        for (int t = 0; t < 4; t++) a[t] = b[t] = _mm512_setzero_ps();                                   \
         int i = 0;                                                                                       \
-        for (; i + 64 <= (n); i += 64) {                                                                 \
-            const __m512 w0 = LOAD((w) + i), w1 = LOAD((w) + i + 16), w2 = LOAD((w) + i + 32),             \
-                         w3 = LOAD((w) + i + 48);                                                        \
+        for (; i + 32 <= (n); i += 32) {                                                                 \
+            const __m512 w0 = LOAD((w) + i), w1 = LOAD((w) + i + 16);                                    \
             for (int t = 0; t < 4; t++) {                                                                \
                 const float *xt = (x) + (size_t)t * (xs) + i;                                            \
-                acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), acc[t][0]);                         \
-                acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + 16), acc[t][1]);                    \
-                acc[t][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xt + 32), acc[t][2]);                    \
-                acc[t][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xt + 48), acc[t][3]);                    \
+                a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), a[t]);                                   \
+                b[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + 16), b[t]);                              \
             }                                                                                            \
         }                                                                                                \
-        for (; i + 16 <= (n); i += 16) {                                                                 \
+        const int whole = i + 16 <= (n);                                                                 \
+        if (whole) {                                                                                     \
             const __m512 w0 = LOAD((w) + i);                                                             \
-            for (int t = 0; t < 4; t++)                                                                  \
-                acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps((x) + (size_t)t * (xs) + i), acc[t][0]); \
+            for (int t = 0; t < 4; t++) a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps((x) + (size_t)t * (xs) + i), a[t]); \
+            i += 16;                                                                                     \
         }                                                                                                \
         for (int t = 0; t < 4; t++) {                                                                    \
-            const float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]),       \
-                                                               _mm512_add_ps(acc[t][2], acc[t][3])));    \
-            (out)[t] = s + ((n) > i ? tail_ref((w) + i, (x) + (size_t)t * (xs) + i, (n) - i) : 0.0f);     \
+            const float s = _mm512_reduce_add_ps(_mm512_add_ps(a[t], b[t]));                             \
+            (out)[t] = (n) > i ? s + tail_ref((w) + i, (x) + (size_t)t * (xs) + i, (n) - i) : s;         \
         }                                                                                                \
     } while (0)
 KERNEL void dot_x4_bf16(const uint16_t *w, const float *x, size_t xs, int n, float out[4]) { DOT_X4_AVX512(load16_bf16, w, x, xs, n, out, dot_bf16_ref); }
@@ -214,9 +211,10 @@ KERNEL void dot_x4_f32(const float *w, const float *x, size_t xs, int n, float o
 /* Four dot products against one x at once: w[0..3] are four weight rows (n). Four rows stream
  * side by side, which keeps more cache-line requests in flight per core than one row at a time
  * (on a 16-core Emerald Rapids slice, reading with four streams per thread moved 142 GB/s against
- * 118 with one: tests/bench/cpu_read.c), and each x vector load serves four rows. */
+ * 118 with one: tests/bench/cpu_read.c), and each x vector load serves four rows. Each row's sums are
+ * dot_w's, in its order (the same bits). */
 #if defined(__AVX512F__)
-#define DOT4_AVX512(T, LOAD, w, x, n, out, dot_tail)                                                \
+#define DOT4_AVX512(T, LOAD, w, x, n, out, tail_ref)                                                   \
     do {                                                                                            \
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
         const T *w0 = (w)[0], *w1 = (w)[1], *w2 = (w)[2], *w3 = (w)[3];                             \
@@ -232,19 +230,24 @@ KERNEL void dot_x4_f32(const float *w, const float *x, size_t xs, int n, float o
             b2 = _mm512_fmadd_ps(LOAD(w2 + i + 16), x1, b2);                                        \
             b3 = _mm512_fmadd_ps(LOAD(w3 + i + 16), x1, b3);                                        \
         }                                                                                           \
-        (out)[0] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0));                                     \
-        (out)[1] = _mm512_reduce_add_ps(_mm512_add_ps(a1, b1));                                     \
-        (out)[2] = _mm512_reduce_add_ps(_mm512_add_ps(a2, b2));                                     \
-        (out)[3] = _mm512_reduce_add_ps(_mm512_add_ps(a3, b3));                                     \
-        if (i < (n))                                                                                \
-            for (int r = 0; r < 4; r++) (out)[r] += dot_tail((w)[r] + i, (x) + i, (n) - i);          \
+        if (i + 16 <= (n)) { /* a whole 16 left: into a, as dot_w */                                 \
+            const __m512 x0 = _mm512_loadu_ps((x) + i);                                             \
+            a0 = _mm512_fmadd_ps(LOAD(w0 + i), x0, a0);                                             \
+            a1 = _mm512_fmadd_ps(LOAD(w1 + i), x0, a1);                                             \
+            a2 = _mm512_fmadd_ps(LOAD(w2 + i), x0, a2);                                             \
+            a3 = _mm512_fmadd_ps(LOAD(w3 + i), x0, a3);                                             \
+            i += 16;                                                                                \
+        }                                                                                           \
+        const float s_[4] = {_mm512_reduce_add_ps(_mm512_add_ps(a0, b0)), _mm512_reduce_add_ps(_mm512_add_ps(a1, b1)), \
+                             _mm512_reduce_add_ps(_mm512_add_ps(a2, b2)), _mm512_reduce_add_ps(_mm512_add_ps(a3, b3))}; \
+        for (int r = 0; r < 4; r++) (out)[r] = (n) > i ? s_[r] + tail_ref((w)[r] + i, (x) + i, (n) - i) : s_[r]; \
     } while (0)
-KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(uint16_t, load16_bf16, w, x, n, out, dot_bf16); }
-KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(uint16_t, load16_f16, w, x, n, out, dot_f16); }
-KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(float, load16_f32, w, x, n, out, dot_f32); }
-/* dot4 for two inputs x and x + xs at once (a prefill batch's tokens): each weight vector loaded and
- * converted once for both; each token's sums are dot4's, in dot4's order (the same bits). */
-#define DOT4_X2_AVX512(T, LOAD, w, x, xs, n, out, dot_tail)                                              \
+KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(uint16_t, load16_bf16, w, x, n, out, dot_bf16_ref); }
+KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(uint16_t, load16_f16, w, x, n, out, dot_f16_ref); }
+KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(float, load16_f32, w, x, n, out, dot_f32_ref); }
+/* dot4 for two inputs x and x + xs at once: each weight vector loaded and converted once for both;
+ * each sum dot_w's, in its order (the same bits). */
+#define DOT4_X2_AVX512(T, LOAD, w, x, xs, n, out, tail_ref)                                              \
     do {                                                                                                 \
         __m512 a[2][4], b[2][4];                                                                         \
         for (int t = 0; t < 2; t++)                                                                      \
@@ -262,17 +265,26 @@ KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4
                 }                                                                                        \
             }                                                                                            \
         }                                                                                                \
+        const int whole = i + 16 <= (n); /* a whole 16 left: into a, as dot_w */                         \
+        if (whole) {                                                                                     \
+            const __m512 wa[4] = {LOAD(w0 + i), LOAD(w1 + i), LOAD(w2 + i), LOAD(w3 + i)};              \
+            for (int t = 0; t < 2; t++) {                                                                \
+                const __m512 x0 = _mm512_loadu_ps((x) + (size_t)t * (xs) + i);                          \
+                for (int r = 0; r < 4; r++) a[t][r] = _mm512_fmadd_ps(wa[r], x0, a[t][r]);               \
+            }                                                                                            \
+            i += 16;                                                                                     \
+        }                                                                                                \
         for (int t = 0; t < 2; t++)                                                                      \
             for (int r = 0; r < 4; r++) {                                                                \
-                (out)[t][r] = _mm512_reduce_add_ps(_mm512_add_ps(a[t][r], b[t][r]));                     \
-                if (i < (n)) (out)[t][r] += dot_tail((w)[r] + i, (x) + (size_t)t * (xs) + i, (n) - i);    \
+                const float s_ = _mm512_reduce_add_ps(_mm512_add_ps(a[t][r], b[t][r]));                  \
+                (out)[t][r] = (n) > i ? s_ + tail_ref((w)[r] + i, (x) + (size_t)t * (xs) + i, (n) - i) : s_; \
             }                                                                                            \
     } while (0)
-KERNEL void dot4_x2_bf16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(uint16_t, load16_bf16, w, x, xs, n, out, dot_bf16); }
-KERNEL void dot4_x2_f16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(uint16_t, load16_f16, w, x, xs, n, out, dot_f16); }
-KERNEL void dot4_x2_f32(const float *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(float, load16_f32, w, x, xs, n, out, dot_f32); }
+KERNEL void dot4_x2_bf16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(uint16_t, load16_bf16, w, x, xs, n, out, dot_bf16_ref); }
+KERNEL void dot4_x2_f16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(uint16_t, load16_f16, w, x, xs, n, out, dot_f16_ref); }
+KERNEL void dot4_x2_f32(const float *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(float, load16_f32, w, x, xs, n, out, dot_f32_ref); }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define DOT4_AVX2(T, LOAD, w, x, n, out, dot_tail)                                                  \
+#define DOT4_AVX2(T, LOAD, w, x, n, out, tail_ref)                                                  \
     do {                                                                                            \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
         const T *w0 = (w)[0], *w1 = (w)[1], *w2 = (w)[2], *w3 = (w)[3];                             \
@@ -288,16 +300,21 @@ KERNEL void dot4_x2_f32(const float *const w[4], const float *x, size_t xs, int 
             b2 = _mm256_fmadd_ps(LOAD(w2 + i + 8), x1, b2);                                         \
             b3 = _mm256_fmadd_ps(LOAD(w3 + i + 8), x1, b3);                                         \
         }                                                                                           \
-        (out)[0] = hsum256(_mm256_add_ps(a0, b0));                                                  \
-        (out)[1] = hsum256(_mm256_add_ps(a1, b1));                                                  \
-        (out)[2] = hsum256(_mm256_add_ps(a2, b2));                                                  \
-        (out)[3] = hsum256(_mm256_add_ps(a3, b3));                                                  \
-        if (i < (n))                                                                                \
-            for (int r = 0; r < 4; r++) (out)[r] += dot_tail((w)[r] + i, (x) + i, (n) - i);          \
+        if (i + 8 <= (n)) { /* a whole 8 left: into a, as dot_w */                                   \
+            const __m256 x0 = _mm256_loadu_ps((x) + i);                                             \
+            a0 = _mm256_fmadd_ps(LOAD(w0 + i), x0, a0);                                             \
+            a1 = _mm256_fmadd_ps(LOAD(w1 + i), x0, a1);                                             \
+            a2 = _mm256_fmadd_ps(LOAD(w2 + i), x0, a2);                                             \
+            a3 = _mm256_fmadd_ps(LOAD(w3 + i), x0, a3);                                             \
+            i += 8;                                                                                 \
+        }                                                                                           \
+        const float s_[4] = {hsum256(_mm256_add_ps(a0, b0)), hsum256(_mm256_add_ps(a1, b1)),         \
+                             hsum256(_mm256_add_ps(a2, b2)), hsum256(_mm256_add_ps(a3, b3))};        \
+        for (int r = 0; r < 4; r++) (out)[r] = (n) > i ? s_[r] + tail_ref((w)[r] + i, (x) + i, (n) - i) : s_[r]; \
     } while (0)
-KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(uint16_t, load8_bf16, w, x, n, out, dot_bf16); }
-KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(uint16_t, load8_f16, w, x, n, out, dot_f16); }
-KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(float, load8_f32, w, x, n, out, dot_f32); }
+KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(uint16_t, load8_bf16, w, x, n, out, dot_bf16_ref); }
+KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(uint16_t, load8_f16, w, x, n, out, dot_f16_ref); }
+KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(float, load8_f32, w, x, n, out, dot_f32_ref); }
 #else
 KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_bf16(w[r], x, n); }
 KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_f16(w[r], x, n); }

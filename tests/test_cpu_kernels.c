@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "cpu_kernels.h"
+#include "cpu_gemm.h"
 
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -121,6 +122,100 @@ static void test_dots_x4(void) {
         free(x); free(w32); free(wb); free(wh);
     }
 }
+
+/* dot4_* against dot_* row by row: one order for every dense dot product (cpu_kernels.h). */
+static void test_dot4_is_dot(void) {
+    static const int lengths[] = {1, 8, 16, 17, 31, 32, 33, 48, 63, 64, 65, 576, 1000};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        const int n = lengths[li];
+        float *x = malloc(n * sizeof *x), *m32 = malloc(4 * n * sizeof *m32);
+        uint16_t *mb = malloc(4 * n * 2), *mh = malloc(4 * n * 2);
+        for (int i = 0; i < n; i++) x[i] = frand();
+        for (int i = 0; i < 4 * n; i++) {
+            m32[i] = frand();
+            mb[i] = f32_to_bf16(m32[i]);
+            mh[i] = f32_to_f16_ref(m32[i]);
+        }
+        const uint16_t *rb[4] = {mb, mb + n, mb + 2 * n, mb + 3 * n}, *rh[4] = {mh, mh + n, mh + 2 * n, mh + 3 * n};
+        const float *r32[4] = {m32, m32 + n, m32 + 2 * n, m32 + 3 * n};
+        float q32[4], qb[4], qh[4];
+        dot4_f32(r32, x, n, q32);
+        dot4_bf16(rb, x, n, qb);
+        dot4_f16(rh, x, n, qh);
+        for (int r = 0; r < 4; r++) {
+            const float a32 = dot_f32(r32[r], x, n), ab = dot_bf16(rb[r], x, n), ah = dot_f16(rh[r], x, n);
+            CHECK(!memcmp(&q32[r], &a32, 4), "dot4_f32 n=%d row %d: %.9g vs dot_f32's %.9g", n, r, q32[r], a32);
+            CHECK(!memcmp(&qb[r], &ab, 4), "dot4_bf16 n=%d row %d: %.9g vs dot_bf16's %.9g", n, r, qb[r], ab);
+            CHECK(!memcmp(&qh[r], &ah, 4), "dot4_f16 n=%d row %d: %.9g vs dot_f16's %.9g", n, r, qh[r], ah);
+        }
+        free(x); free(m32); free(mb); free(mh);
+    }
+}
+
+#if GEMM_AVAILABLE
+/* gemm_rows_* (the prompt's matrix products, cpu_gemm.h) against dot_* pair by pair, bit for bit:
+ * lengths around the vector widths and past a K block (GEMM_KC), row ranges and batches that leave
+ * every partial tile, the matvec epilogue with and without the residual and the bias. */
+static void test_gemm(void) {
+    static const int lengths[] = {1, 8, 15, 16, 17, 31, 32, 33, 64, 65, 576, 1000, GEMM_KC, GEMM_KC + 48, 2 * GEMM_KC + 17};
+    static const int batches[] = {1, 2, 3, 4, 7, 16};
+    enum { ROWS = 23 };
+    float *scratch = aligned_alloc(64, gemm_scratch_floats(16) * sizeof(float));
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        const int n = lengths[li], xs = n + 5; /* inputs not 64-byte aligned */
+        float *x = malloc(16 * xs * sizeof *x), *m32 = malloc((size_t)ROWS * n * sizeof *m32), *b32 = malloc(ROWS * sizeof *b32);
+        uint16_t *mb = malloc((size_t)ROWS * n * 2), *mh = malloc((size_t)ROWS * n * 2), *bb = malloc(ROWS * 2), *bh = malloc(ROWS * 2);
+        for (int i = 0; i < 16 * xs; i++) x[i] = frand();
+        for (int i = 0; i < ROWS * n; i++) {
+            m32[i] = frand();
+            mb[i] = f32_to_bf16(m32[i]);
+            mh[i] = f32_to_f16_ref(m32[i]);
+        }
+        for (int r = 0; r < ROWS; r++) {
+            b32[r] = frand();
+            bb[r] = f32_to_bf16(b32[r]);
+            bh[r] = f32_to_f16_ref(b32[r]);
+        }
+        for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+            const int nb = batches[bi], r0 = 2, r1 = ROWS; /* 21 rows: a block of 16 and one of 5 */
+            float o32[16][ROWS], ob[16][ROWS], oh[16][ROWS], v[16][ROWS];
+            gemm_rows_f32(m32, n, r0, r1, x, xs, nb, &o32[0][0], ROWS, GEMM_SET, 0, NULL, scratch);
+            gemm_rows_bf16(mb, n, r0, r1, x, xs, nb, &ob[0][0], ROWS, GEMM_SET, 0, NULL, scratch);
+            gemm_rows_f16(mh, n, r0, r1, x, xs, nb, &oh[0][0], ROWS, GEMM_SET, 0, NULL, scratch);
+            int bad = 0;
+            for (int t = 0; t < nb; t++)
+                for (int r = r0; r < r1; r++) {
+                    const float *xt = x + (size_t)t * xs;
+                    const float a32 = dot_f32(m32 + (size_t)r * n, xt, n), ab = dot_bf16(mb + (size_t)r * n, xt, n),
+                                ah = dot_f16(mh + (size_t)r * n, xt, n);
+                    bad += memcmp(&o32[t][r], &a32, 4) != 0 || memcmp(&ob[t][r], &ab, 4) != 0 || memcmp(&oh[t][r], &ah, 4) != 0;
+                }
+            CHECK(bad == 0, "gemm_rows n=%d nb=%d: %d of %d sums differ from dot_*'s", n, nb, bad, 3 * nb * (r1 - r0));
+            /* the matvec's epilogue: y = y + s + bias (bf16) */
+            for (int t = 0; t < nb; t++)
+                for (int r = 0; r < ROWS; r++) v[t][r] = ob[t][r] = frand();
+            gemm_rows_bf16(mb, n, r0, r1, x, xs, nb, &ob[0][0], ROWS, GEMM_MATVEC, 1, bb, scratch);
+            bad = 0;
+            for (int t = 0; t < nb; t++)
+                for (int r = 0; r < ROWS; r++) {
+                    const float want = r < r0 ? v[t][r] : v[t][r] + dot_bf16(mb + (size_t)r * n, x + (size_t)t * xs, n) + bf16_to_f32(bb[r]);
+                    bad += memcmp(&ob[t][r], &want, 4) != 0;
+                }
+            CHECK(bad == 0, "gemm_rows_bf16 n=%d nb=%d, residual and bias: %d sums differ (or rows outside the range written)", n, nb, bad);
+            gemm_rows_f16(mh, n, r0, r1, x, xs, nb, &oh[0][0], ROWS, GEMM_MATVEC, 0, bh, scratch);
+            bad = 0;
+            for (int t = 0; t < nb; t++)
+                for (int r = r0; r < r1; r++) {
+                    const float want = 0.0f + dot_f16(mh + (size_t)r * n, x + (size_t)t * xs, n) + f16_to_f32(bh[r]);
+                    bad += memcmp(&oh[t][r], &want, 4) != 0;
+                }
+            CHECK(bad == 0, "gemm_rows_f16 n=%d nb=%d, bias: %d sums differ", n, nb, bad);
+        }
+        free(x); free(m32); free(b32); free(mb); free(mh); free(bb); free(bh);
+    }
+    free(scratch);
+}
+#endif
 
 /* attention_head against a float64 softmax-attention written out directly. */
 static void test_attention(void) {
@@ -338,6 +433,10 @@ int main(void) {
     test_conversions();
     test_dots();
     test_dots_x4();
+    test_dot4_is_dot();
+#if GEMM_AVAILABLE
+    test_gemm();
+#endif
     test_attention();
     test_attention_x4();
     test_kv_quantize();

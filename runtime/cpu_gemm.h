@@ -1,0 +1,182 @@
+/* cpu_gemm.h - the CPU prompt's matrix products: rows of a dense weight matrix against a batch of
+ * tokens' inputs, each (row, token) sum in dot_w's order, so that a prompt's batch gives the decode
+ * step's bits (tests/test_numerics.py compares them; tests/test_cpu_kernels.c checks each sum
+ * against dot_w's).
+ *
+ * dot_w keeps two partial vectors a pair (cpu_kernels.h). A tile of GEMM_R rows x GEMM_T tokens
+ * keeps both of each pair in registers (4 x 3 x 2 = 24 of AVX-512's 32; 2 x 3 x 2 = 12 of AVX2's 16)
+ * while it walks a block of GEMM_KC elements: each step loads R weight vectors and T input vectors
+ * for 2 R T fused multiply-adds. A thread takes GEMM_RB of its rows at a time; each K block of them is
+ * converted to fp32 once for the whole batch (a dot product converts its row once per token) into
+ * its scratch, where a tile's weights stay in L1 while it serves every group of tokens. The partial
+ * vectors wait between blocks in the scratch; after the last, each pair ends as dot_w ends (a whole
+ * vector left over into a, the reduction, the scalar tail).
+ *
+ * AVX-512 or AVX2 + FMA + F16C builds (GEMM_AVAILABLE); elsewhere the prompt uses the dot products.
+ * Include after cpu_kernels.h (and model.h, for gemm_rows_w). */
+#ifndef INGOT_CPU_GEMM_H
+#define INGOT_CPU_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define GEMM_AVAILABLE 1
+#define GEMM_W 16
+#define GEMM_R 4
+typedef __m512 gemm_vec;
+#define GV_ZERO() _mm512_setzero_ps()
+#define GV_LOAD(p) _mm512_load_ps(p)
+#define GV_LOADU(p) _mm512_loadu_ps(p)
+#define GV_STORE(p, v) _mm512_store_ps(p, v)
+#define GV_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define GV_SUM(a, b) _mm512_reduce_add_ps(_mm512_add_ps(a, b)) /* dot_w's reduction of a + b */
+#define GV_LOAD_BF16 load16_bf16
+#define GV_LOAD_F16 load16_f16
+#define GV_LOAD_F32 load16_f32
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define GEMM_AVAILABLE 1
+#define GEMM_W 8
+#define GEMM_R 2
+typedef __m256 gemm_vec;
+#define GV_ZERO() _mm256_setzero_ps()
+#define GV_LOAD(p) _mm256_load_ps(p)
+#define GV_LOADU(p) _mm256_loadu_ps(p)
+#define GV_STORE(p, v) _mm256_store_ps(p, v)
+#define GV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define GV_SUM(a, b) hsum256(_mm256_add_ps(a, b))
+#define GV_LOAD_BF16 load8_bf16
+#define GV_LOAD_F16 load8_f16
+#define GV_LOAD_F32 load8_f32
+#else
+#define GEMM_AVAILABLE 0
+#endif
+
+#if GEMM_AVAILABLE
+#define GEMM_T 3     /* tokens a tile */
+#define GEMM_RB 16   /* rows a thread converts and finishes at a time */
+#define GEMM_KC 1024 /* elements a K block: a multiple of 2 GEMM_W; a tile's weights, 4 x 4 KB, in L1 */
+
+/* Floats of one thread's scratch for batches of up to nb tokens: the block's fp32 weights and the
+ * partial vectors (both 64-byte aligned when the scratch is). */
+static inline size_t gemm_scratch_floats(int nb) {
+    return (size_t)GEMM_RB * GEMM_KC + (size_t)GEMM_RB * (size_t)nb * 2 * GEMM_W;
+}
+
+/* The tile: R rows of fp32 weights w (ws floats apart, 64-byte aligned) against T tokens' inputs x
+ * (xs floats apart) over kc elements (a multiple of 2 GEMM_W), onto the partial vectors acc (pair
+ * (r, t) at acc[(r * nb + t) * 2], a then b). */
+#define GEMM_TILE(R, T)                                                                                  \
+    static inline __attribute__((always_inline)) void gemm_tile_##R##_##T(const float *w, const float *x, size_t xs, \
+                                                                         int kc, gemm_vec *acc, int nb) { \
+        gemm_vec a[R][T], b[R][T];                                                                       \
+        for (int r = 0; r < R; r++)                                                                      \
+            for (int t = 0; t < T; t++) {                                                                \
+                a[r][t] = acc[((size_t)r * nb + t) * 2];                                                 \
+                b[r][t] = acc[((size_t)r * nb + t) * 2 + 1];                                             \
+            }                                                                                            \
+        for (int i = 0; i < kc; i += 2 * GEMM_W) {                                                       \
+            gemm_vec wa[R], wb[R];                                                                       \
+            for (int r = 0; r < R; r++) {                                                                \
+                wa[r] = GV_LOAD(w + (size_t)r * GEMM_KC + i);                                            \
+                wb[r] = GV_LOAD(w + (size_t)r * GEMM_KC + i + GEMM_W);                                   \
+            }                                                                                            \
+            for (int t = 0; t < T; t++) {                                                                \
+                const gemm_vec x0 = GV_LOADU(x + (size_t)t * xs + i), x1 = GV_LOADU(x + (size_t)t * xs + i + GEMM_W); \
+                for (int r = 0; r < R; r++) {                                                            \
+                    a[r][t] = GV_FMA(wa[r], x0, a[r][t]);                                                \
+                    b[r][t] = GV_FMA(wb[r], x1, b[r][t]);                                                \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+        for (int r = 0; r < R; r++)                                                                      \
+            for (int t = 0; t < T; t++) {                                                                \
+                acc[((size_t)r * nb + t) * 2] = a[r][t];                                                 \
+                acc[((size_t)r * nb + t) * 2 + 1] = b[r][t];                                             \
+            }                                                                                            \
+    }
+#define GEMM_TILES(R) GEMM_TILE(R, 1) GEMM_TILE(R, 2) GEMM_TILE(R, 3)
+GEMM_TILES(1)
+GEMM_TILES(2)
+#if GEMM_R == 4
+GEMM_TILES(3)
+GEMM_TILES(4)
+#endif
+
+/* The tile for R <= GEMM_R rows and T <= GEMM_T tokens, each a constant in its own copy. */
+static inline __attribute__((always_inline)) void gemm_tile(int R, int T, const float *w, const float *x, size_t xs, int kc,
+                                                            gemm_vec *acc, int nb) {
+#define GEMM_CASE(r, t) \
+    case (r) * 4 + (t): gemm_tile_##r##_##t(w, x, xs, kc, acc, nb); break;
+    switch (R * 4 + T) {
+        GEMM_CASE(1, 1) GEMM_CASE(1, 2) GEMM_CASE(1, 3) GEMM_CASE(2, 1) GEMM_CASE(2, 2) GEMM_CASE(2, 3)
+#if GEMM_R == 4
+        GEMM_CASE(3, 1) GEMM_CASE(3, 2) GEMM_CASE(3, 3) GEMM_CASE(4, 1) GEMM_CASE(4, 2) GEMM_CASE(4, 3)
+#endif
+    }
+#undef GEMM_CASE
+}
+
+/* What gemm_rows does with a pair's sum s: GEMM_SET stores it; GEMM_MATVEC is the decode matvec's
+ * y = (accumulate ? y : 0) + s + bias, in its order. */
+enum { GEMM_SET, GEMM_MATVEC };
+
+/* gemm_rows_<dtype> (bf16, f16, f32; gemm_rows_w the model's): for rows [r0, r1) of the dense
+ * matrix w (rows of n weights) and tokens t < nb (inputs x + t xs): out[t * os + r] = s (GEMM_SET)
+ * or (accumulate ? out : 0) + s + bias[r] (GEMM_MATVEC), s the row's dot product with the token's
+ * input in dot_w's order. scratch: gemm_scratch_floats(nb), 64-byte aligned, this thread's alone. */
+#define GEMM_ROWS(SFX, T, LOAD_W, TAIL_REF, TO_F32)                                                       \
+    static inline __attribute__((always_inline)) void gemm_rows_##SFX(const T *w, int n, int r0, int r1, const float *x, \
+                                                                     size_t xs, int nb, float *out, size_t os, int mode, \
+                                                                     int accumulate, const T *bias, float *scratch) { \
+        float *wbuf = scratch;                                                                           \
+        gemm_vec *acc = (gemm_vec *)(scratch + (size_t)GEMM_RB * GEMM_KC);                               \
+        const int n2 = n / (2 * GEMM_W) * (2 * GEMM_W); /* the part dot_w sums two vectors a step */     \
+        for (int rb = r0; rb < r1; rb += GEMM_RB) {                                                      \
+            const int rn = r1 - rb < GEMM_RB ? r1 - rb : GEMM_RB;                                        \
+            for (size_t i = 0; i < (size_t)rn * nb * 2; i++) acc[i] = GV_ZERO();                         \
+            for (int kb = 0; kb < n2; kb += GEMM_KC) {                                                   \
+                const int kc = n2 - kb < GEMM_KC ? n2 - kb : GEMM_KC;                                    \
+                for (int r = 0; r < rn; r++) {                                                           \
+                    const T *src = w + (size_t)(rb + r) * n + kb;                                        \
+                    for (int i = 0; i < kc; i += GEMM_W) GV_STORE(wbuf + (size_t)r * GEMM_KC + i, LOAD_W(src + i)); \
+                }                                                                                        \
+                for (int q = 0; q < rn; q += GEMM_R)                                                     \
+                    for (int t = 0; t < nb; t += GEMM_T)                                                 \
+                        gemm_tile(rn - q < GEMM_R ? rn - q : GEMM_R, nb - t < GEMM_T ? nb - t : GEMM_T,  \
+                                  wbuf + (size_t)q * GEMM_KC, x + (size_t)t * xs + kb, xs, kc, acc + ((size_t)q * nb + t) * 2, nb); \
+            }                                                                                            \
+            for (int r = 0; r < rn; r++) {                                                               \
+                const T *row = w + (size_t)(rb + r) * n;                                                 \
+                const float add = bias ? TO_F32(bias[rb + r]) : 0.0f;                                    \
+                for (int t = 0; t < nb; t++) {                                                           \
+                    const float *xt = x + (size_t)t * xs;                                                \
+                    gemm_vec a = acc[((size_t)r * nb + t) * 2];                                          \
+                    int i = n2;                                                                          \
+                    if (i + GEMM_W <= n) { /* a whole vector left: into a, as dot_w */                   \
+                        a = GV_FMA(LOAD_W(row + i), GV_LOADU(xt + i), a);                                \
+                        i += GEMM_W;                                                                     \
+                    }                                                                                    \
+                    float s = GV_SUM(a, acc[((size_t)r * nb + t) * 2 + 1]);                              \
+                    s = n > i ? s + TAIL_REF(row + i, xt + i, n - i) : s;                                \
+                    float *y = out + (size_t)t * os + rb + r;                                            \
+                    *y = mode == GEMM_SET ? s : (accumulate ? *y : 0.0f) + s + add;                      \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+    }
+static inline float gemm_f32_id(float v) { return v; }
+GEMM_ROWS(bf16, uint16_t, GV_LOAD_BF16, dot_bf16_ref, bf16_to_f32)
+GEMM_ROWS(f16, uint16_t, GV_LOAD_F16, dot_f16_ref, f16_to_f32)
+GEMM_ROWS(f32, float, GV_LOAD_F32, dot_f32_ref, gemm_f32_id)
+#if defined(MODEL_WEIGHT_DTYPE_BF16)
+#define gemm_rows_w gemm_rows_bf16
+#elif defined(MODEL_WEIGHT_DTYPE_F16)
+#define gemm_rows_w gemm_rows_f16
+#elif defined(MODEL_WEIGHT_DTYPE_F32)
+#define gemm_rows_w gemm_rows_f32
+#endif
+#endif /* GEMM_AVAILABLE */
+
+#endif
