@@ -122,6 +122,45 @@ static inline __attribute__((always_inline)) void gemm_tile(int R, int T, const 
  * y = (accumulate ? y : 0) + s + bias, in its order. */
 enum { GEMM_SET, GEMM_MATVEC };
 
+/* The weights of the block after (rb, kb) (its rows rb.. of rn, elements kb.. of kc; the next rows'
+ * first block after the last), prefetched into L2 a share at a time: `left` lines, `each` a tile. */
+typedef struct {
+    const char *row;   /* the next line's row start */
+    size_t row_bytes;  /* bytes between rows */
+    int line, lines;   /* the next line in the row, lines a row */
+    int rows_left, each;
+} gemm_prefetch;
+
+static inline gemm_prefetch gemm_prefetch_next(const void *w, size_t elem, int n, int n2, int rb, int rn, int kb, int r1, int nb) {
+    gemm_prefetch p = {0};
+    int nrb = rb, nkb = kb + GEMM_KC, nrn = rn;
+    if (nkb >= n2) {
+        nrb = rb + GEMM_RB;
+        nkb = 0;
+        nrn = r1 - nrb < GEMM_RB ? r1 - nrb : GEMM_RB;
+    }
+    if (nrb >= r1 || n2 == 0) return p;
+    const int kc = n2 - nkb < GEMM_KC ? n2 - nkb : GEMM_KC;
+    p.row_bytes = (size_t)n * elem;
+    p.row = (const char *)w + (size_t)nrb * p.row_bytes + (size_t)nkb * elem;
+    p.lines = (int)(((size_t)kc * elem + 63) / 64);
+    p.rows_left = nrn;
+    const int tiles = (rn + GEMM_R - 1) / GEMM_R * ((nb + GEMM_T - 1) / GEMM_T);
+    p.each = (nrn * p.lines + tiles - 1) / tiles;
+    return p;
+}
+
+static inline __attribute__((always_inline)) void gemm_prefetch_some(gemm_prefetch *p) {
+    for (int k = 0; k < p->each && p->rows_left > 0; k++) {
+        _mm_prefetch(p->row + (size_t)p->line * 64, _MM_HINT_T1);
+        if (++p->line == p->lines) {
+            p->line = 0;
+            p->row += p->row_bytes;
+            p->rows_left--;
+        }
+    }
+}
+
 /* gemm_rows_<dtype> (bf16, f16, f32; gemm_rows_w the model's): for rows [r0, r1) of the dense
  * matrix w (rows of n weights) and tokens t < nb (inputs x + t xs): out[t * os + r] = s (GEMM_SET)
  * or (accumulate ? out : 0) + s + bias[r] (GEMM_MATVEC), s the row's dot product with the token's
@@ -142,10 +181,15 @@ enum { GEMM_SET, GEMM_MATVEC };
                     const T *src = w + (size_t)(rb + r) * n + kb;                                        \
                     for (int i = 0; i < kc; i += GEMM_W) GV_STORE(wbuf + (size_t)r * GEMM_KC + i, LOAD_W(src + i)); \
                 }                                                                                        \
+                /* the next block's weights into L2 while this one's tiles run, a share after each tile  \
+                 * (its rows are new pages, which the hardware's prefetchers would start cold) */        \
+                gemm_prefetch pf = gemm_prefetch_next(w, sizeof(T), n, n2, rb, rn, kb, r1, nb);          \
                 for (int q = 0; q < rn; q += GEMM_R)                                                     \
-                    for (int t = 0; t < nb; t += GEMM_T)                                                 \
+                    for (int t = 0; t < nb; t += GEMM_T) {                                               \
                         gemm_tile(rn - q < GEMM_R ? rn - q : GEMM_R, nb - t < GEMM_T ? nb - t : GEMM_T,  \
                                   wbuf + (size_t)q * GEMM_KC, x + (size_t)t * xs + kb, xs, kc, acc + ((size_t)q * nb + t) * 2, nb); \
+                        gemm_prefetch_some(&pf);                                                         \
+                    }                                                                                    \
             }                                                                                            \
             for (int r = 0; r < rn; r++) {                                                               \
                 const T *row = w + (size_t)(rb + r) * n;                                                 \
