@@ -17,6 +17,7 @@
 #include "model_plan.h"
 #include "cpu_kernels.h"
 #include "cpu_matrix.h"
+#include "cpu_gemm.h"
 
 /* The fused q/k/v pass works on four rows at a time: for Q and K, rows i, i+1 of a head with their
  * RoPE partners i + head_dim/2, i + 1 + head_dim/2; for V, four consecutive rows. */
@@ -35,9 +36,14 @@
 #define CPU_PAIRED_STREAMS CPU_STREAMS
 #endif
 
-/* Prompt tokens go through the layers PREFILL_BATCH at a time: each weight row, once in cache,
- * serves the whole batch, so prefill is bound by arithmetic rather than by memory. */
-#define PREFILL_BATCH 16
+/* Prompt tokens go through the layers PREFILL_BATCH at a time: each weight, read from memory once a
+ * batch, serves the whole batch (cpu_gemm.h), so the prompt is bound by arithmetic rather than by
+ * memory. */
+#define PREFILL_BATCH 64
+#if GEMM_AVAILABLE
+/* Floats of each thread's scratch for the prompt's matrix products. */
+#define GEMM_SCRATCH_FLOATS gemm_scratch_floats(PREFILL_BATCH)
+#endif
 
 /* Activations start on cache lines: the kernels' 64-byte vector loads of them must not split. In a
  * specialized build they are arrays inside the state, whose sizes and separateness the compiler
@@ -60,11 +66,13 @@ struct model_cpu {
     ACTIVATION(q, PREFILL_BATCH * MODEL_Q_DIM);       /* (batch, q_dim) queries, RoPE applied */
     ACTIVATION(xb2, PREFILL_BATCH * MODEL_Q_DIM);     /* (batch, q_dim) attention output, input of o_proj */
     ACTIVATION(hb, PREFILL_BATCH * MODEL_HIDDEN_DIM); /* (batch, hidden_dim) silu(gate) * up, input of down_proj */
+    ACTIVATION(hg, PREFILL_BATCH * MODEL_HIDDEN_DIM); /* (batch, hidden_dim) a prompt batch's gate_proj, before SiLU */
     ACTIVATION(logits, MODEL_VOCAB_SIZE);             /* (vocab) of the batch's last token */
     ACTIVATION(k, PREFILL_BATCH * MODEL_KV_DIM);      /* (batch, kv_dim) KV_Q8: keys, RoPE applied, before quantizing */
     ACTIVATION(v, PREFILL_BATCH * MODEL_KV_DIM);      /* (batch, kv_dim) KV_Q8: values before quantizing */
     float *xb;                    /* (n_threads, PREFILL_BATCH, dim) each thread's normalized x */
     float *att;                   /* (n_threads, 4, ctx) each thread's attention scores, four rows for a prefill batch */
+    float *gemm;                  /* (n_threads, GEMM_SCRATCH_FLOATS) each thread's scratch for the prompt's matrix products */
     kv_cache_type kv;             /* the caches' element type (--kv-cache) */
     void *key_cache;              /* (n_layers, ctx, kv_dim) fp16 (KV_F16) or int8 (KV_Q8) */
     void *value_cache;            /* (n_layers, ctx, kv_dim) fp16 (KV_F16) or int8 (KV_Q8) */
@@ -103,12 +111,14 @@ err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n
     if (!m) return err_set(ERR_NOMEM, "CPU state: %zu bytes", sizeof *m);
     memset(m, 0, sizeof *m);
 #if MODEL_GENERIC
-    size_t sizes[7] = {activation_floats(PREFILL_BATCH * MODEL_DIM), activation_floats(PREFILL_BATCH * MODEL_Q_DIM),
-                       activation_floats(PREFILL_BATCH * MODEL_Q_DIM), activation_floats(PREFILL_BATCH * MODEL_HIDDEN_DIM),
-                       activation_floats(MODEL_VOCAB_SIZE),     activation_floats(PREFILL_BATCH * MODEL_KV_DIM),
-                       activation_floats(PREFILL_BATCH * MODEL_KV_DIM)};
-    float *act = aligned_alloc(64, (sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4] + sizes[5] + sizes[6]) * sizeof(float));
-    if (!act) { free(m); return err_set(ERR_NOMEM, "CPU activations"); }
+    size_t sizes[8] = {activation_floats(PREFILL_BATCH * MODEL_DIM),        activation_floats(PREFILL_BATCH * MODEL_Q_DIM),
+                       activation_floats(PREFILL_BATCH * MODEL_Q_DIM),      activation_floats(PREFILL_BATCH * MODEL_HIDDEN_DIM),
+                       activation_floats(MODEL_VOCAB_SIZE),                 activation_floats(PREFILL_BATCH * MODEL_KV_DIM),
+                       activation_floats(PREFILL_BATCH * MODEL_KV_DIM),     activation_floats(PREFILL_BATCH * MODEL_HIDDEN_DIM)};
+    size_t total = 0;
+    for (int i = 0; i < 8; i++) total += sizes[i];
+    float *act = aligned_alloc(64, total * sizeof(float));
+    if (!act) { free(m); return err_set(ERR_NOMEM, "CPU activations: %zu bytes", total * sizeof(float)); }
     m->x = act;
     m->q = m->x + sizes[0];
     m->xb2 = m->q + sizes[1];
@@ -116,6 +126,7 @@ err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n
     m->logits = m->hb + sizes[3];
     m->k = m->logits + sizes[4];
     m->v = m->k + sizes[5];
+    m->hg = m->v + sizes[6];
 #endif
     model_weights_bind(&m->w, data);
     m->ctx = ctx;
@@ -130,7 +141,11 @@ err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n
     m->value_scale = cache_reserve(m->scale_bytes);
     m->att = malloc((size_t)n_threads * 4 * ctx * sizeof(float)); /* four rows a thread: attention_heads_x4 */
     m->xb = aligned_alloc(64, (size_t)n_threads * PREFILL_BATCH * MODEL_DIM * sizeof(float)); /* rows of 64-byte multiples */
-    if (!m->key_cache || !m->value_cache || (kv == KV_Q8 && (!m->key_scale || !m->value_scale)) || !m->att || !m->xb) {
+#if GEMM_AVAILABLE
+    m->gemm = aligned_alloc(64, (size_t)n_threads * GEMM_SCRATCH_FLOATS * sizeof(float));
+#endif
+    if (!m->key_cache || !m->value_cache || (kv == KV_Q8 && (!m->key_scale || !m->value_scale)) || !m->att || !m->xb ||
+        (GEMM_AVAILABLE && !m->gemm)) {
         const size_t cache_bytes = m->cache_bytes, scale_bytes = m->scale_bytes;
         model_cpu_free(m);
         if (kv == KV_Q8)
@@ -150,6 +165,7 @@ void model_cpu_free(model_cpu *m) {
     cache_release(m->value_scale, m->scale_bytes);
     free(m->att);
     free(m->xb);
+    free(m->gemm);
 #if MODEL_GENERIC
     free(m->x);
 #endif
@@ -207,14 +223,25 @@ static inline void thread_share(int n, int *lo, int *hi) {
 
 /* out[b] (rows) = [out[b] +] W (rows, n, format f) . x[b] [+ bias] for the nb tokens of a batch (out and x
  * rows out_stride and x_stride floats apart), inside the parallel region with constant rows and n;
- * ends with a barrier. Each thread splits its contiguous rows into four equal runs and walks them
- * side by side, four long sequential streams (tests/bench/cpu_read.c: more bandwidth per core than
- * one stream, without cutting the runs short as four adjacent rows would); each group of rows serves
- * every token of the batch while it is in cache. */
+ * ends with a barrier. A batch of dense rows is a GEMM (cpu_gemm.h; gs: this thread's scratch).
+ * Otherwise each thread splits its contiguous rows into four equal runs and walks them side by side,
+ * four long sequential streams (tests/bench/cpu_read.c: more bandwidth per core than one stream,
+ * without cutting the runs short as four adjacent rows would); each group of rows serves every token
+ * of the batch while it is in cache. Every path sums a row in dot_w's order. */
 static inline __attribute__((always_inline)) void matvec(float *out, int out_stride, const void *w, int f, const model_weight_t *bias,
-                          const float *x, int x_stride, int nb, int rows, int n, int accumulate) {
+                          const float *x, int x_stride, int nb, int rows, int n, int accumulate, float *gs) {
     int lo, hi;
     thread_share(rows, &lo, &hi);
+#if GEMM_AVAILABLE
+    if (nb > 1 && MAT_DENSE(f)) {
+        gemm_rows_w((const model_weight_t *)w, n, lo, hi, x, (size_t)x_stride, nb, out, (size_t)out_stride, GEMM_MATVEC, accumulate,
+                    bias, gs);
+#pragma omp barrier
+        return;
+    }
+#else
+    (void)gs;
+#endif
     int q = CPU_STREAMS == 4 ? (hi - lo) / 4 : 0;
     for (int j = 0; j < q; j++) {
         int r[4] = {lo + j, lo + q + j, lo + 2 * q + j, lo + 3 * q + j};
@@ -272,6 +299,11 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
                                               * knows nothing else points (8% faster decode than the heap) */
 #endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+#if GEMM_AVAILABLE
+        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
+#else
+        float *gs = NULL;
+#endif
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             /* the layer's matrix formats: constants where a field's layers share one */
@@ -282,41 +314,43 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+            {
 #pragma omp for schedule(static)
-            for (int item = 0; item < QKV_ITEMS; item++) {
-                float o[4];
-                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
-                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
-                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
-                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? fk : fq;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
-                    for (int b = 0; b < 1; b++) {
-                        int pos = pos0 + b;
+                for (int item = 0; item < QKV_ITEMS; item++) {
+                    float o[4];
+                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                        const void *wm = is_k ? lw->wk : lw->wq;
+                        const int f = is_k ? fk : fq;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                        for (int b = 0; b < 1; b++) {
+                            int pos = pos0 + b;
                         dot_rows(f, ws, xb[b], o);
-                        if (MODEL_QKV_BIAS) {
-                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            if (MODEL_QKV_BIAS) {
+                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            }
+                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                            for (int r = 0; r < 4; r++) {
+                                if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
+                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                            }
                         }
-                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
-                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
-                        for (int r = 0; r < 4; r++) {
-                            if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
-                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
-                        }
-                    }
-                } else {
-                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = fv;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
-                    for (int b = 0; b < 1; b++) {
+                    } else {
+                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                        const int f = fv;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                        for (int b = 0; b < 1; b++) {
                         dot_rows(f, ws, xb[b], o);
-                        for (int r = 0; r < 4; r++) {
-                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
-                            vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
+                            for (int r = 0; r < 4; r++) {
+                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                                vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
+                            }
                         }
                     }
                 }
@@ -332,7 +366,7 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
@@ -362,13 +396,13 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
         }
     }
 }
@@ -388,6 +422,11 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
     {
         float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+#if GEMM_AVAILABLE
+        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
+#else
+        float *gs = NULL;
+#endif
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             /* the layer's matrix formats: constants where a field's layers share one */
@@ -398,45 +437,92 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+#if GEMM_AVAILABLE
+            if (MAT_DENSE(fq) && MAT_DENSE(fk) && MAT_DENSE(fv)) {
+                /* a batch of dense rows: q, k and v as GEMMs (each sum dot_rows's), then each head's bias,
+                 * RoPE and KV store */
+                int lo, hi;
+                thread_share(MODEL_Q_DIM, &lo, &hi);
+                gemm_rows_w(lw->wq, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->q, MODEL_Q_DIM, GEMM_SET, 0, NULL, gs);
+                thread_share(MODEL_KV_DIM, &lo, &hi);
+                gemm_rows_w(lw->wk, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->k, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
+                gemm_rows_w(lw->wv, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->v, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
+#pragma omp barrier
 #pragma omp for schedule(static)
-            for (int item = 0; item < QKV_ITEMS; item++) {
-                float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
-                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
-                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
-                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
-                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? fk : fq;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
-                    for (int b = 0; b < nb; b++) {
-                        int pos = pos0 + b;
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
-                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], o);
-                        if (MODEL_QKV_BIAS) {
-                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                for (int item = 0; item < nb * (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS); item++) {
+                    const int b = item / (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS), h = item % (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS);
+                    const int pos = pos0 + b;
+                    if (h < MODEL_N_HEADS + MODEL_N_KV_HEADS) { /* a query or key head: rows i and i + head_dim/2 rotate together */
+                        const int is_k = h >= MODEL_N_HEADS, r0 = (is_k ? h - MODEL_N_HEADS : h) * MODEL_HEAD_DIM;
+                        float *o = is_k ? m->k + (size_t)b * MODEL_KV_DIM + r0 : m->q + (size_t)b * MODEL_Q_DIM + r0;
+                        const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                        for (int i = 0; i < HALF; i++) {
+                            float lo_i = o[i], hi_i = o[i + HALF];
+                            if (MODEL_QKV_BIAS) {
+                                lo_i += w_to_f32(bias[r0 + i]);
+                                hi_i += w_to_f32(bias[r0 + i + HALF]);
+                            }
+                            rope_rotate(&lo_i, &hi_i, pos, model_rope_inv_freq[i]);
+                            if (is_k) {
+                                kc[(size_t)pos * MODEL_KV_DIM + r0 + i] = f32_to_f16(lo_i);
+                                kc[(size_t)pos * MODEL_KV_DIM + r0 + i + HALF] = f32_to_f16(hi_i);
+                            } else {
+                                o[i] = lo_i;
+                                o[i + HALF] = hi_i;
+                            }
                         }
-                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
-                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
-                        for (int r = 0; r < 4; r++) {
-                            if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
-                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                    } else { /* a value head */
+                        const int r0 = (h - MODEL_N_HEADS - MODEL_N_KV_HEADS) * MODEL_HEAD_DIM;
+                        float *o = m->v + (size_t)b * MODEL_KV_DIM + r0;
+                        for (int i = 0; i < MODEL_HEAD_DIM; i++) {
+                            const float val = MODEL_QKV_BIAS ? o[i] + w_to_f32(lw->bv[r0 + i]) : o[i];
+                            vc[(size_t)pos * MODEL_KV_DIM + r0 + i] = f32_to_f16(val);
                         }
                     }
-                } else {
-                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = fv;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
-                    for (int b = 0; b < nb; b++) {
+                }
+            } else
+#endif
+            {
+#pragma omp for schedule(static)
+                for (int item = 0; item < QKV_ITEMS; item++) {
+                    float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
+                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                        const void *wm = is_k ? lw->wk : lw->wq;
+                        const int f = is_k ? fk : fq;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                        for (int b = 0; b < nb; b++) {
+                            int pos = pos0 + b;
                         if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
                         if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
                         else dot_rows(f, ws, xb[b], o);
-                        for (int r = 0; r < 4; r++) {
-                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
-                            vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
+                            if (MODEL_QKV_BIAS) {
+                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            }
+                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                            for (int r = 0; r < 4; r++) {
+                                if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
+                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                            }
+                        }
+                    } else {
+                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                        const int f = fv;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                        for (int b = 0; b < nb; b++) {
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(f, ws, xb[b], o);
+                            for (int r = 0; r < 4; r++) {
+                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                                vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
+                            }
                         }
                     }
                 }
@@ -462,11 +548,24 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
+#if GEMM_AVAILABLE
+            if (MAT_DENSE(fg) && MAT_DENSE(fu)) { /* a batch of dense rows: gate and up as GEMMs, then SiLU on this thread's rows */
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                gemm_rows_w(lw->w_gate, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hg, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
+                gemm_rows_w(lw->w_up, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hb, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
+                for (int b = 0; b < nb; b++)
+                    for (int i = lo; i < hi; i++) {
+                        float *h = m->hb + (size_t)b * MODEL_HIDDEN_DIM + i;
+                        *h = silu(m->hg[(size_t)b * MODEL_HIDDEN_DIM + i]) * *h;
+                    }
+            } else
+#endif
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
@@ -502,18 +601,18 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (want_logits) {
             rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
         }
         /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
         if (all_logits) {
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
-            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
         }
     }
 }
@@ -542,6 +641,11 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
                                               * knows nothing else points (8% faster decode than the heap) */
 #endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+#if GEMM_AVAILABLE
+        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
+#else
+        float *gs = NULL;
+#endif
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             /* the layer's matrix formats: constants where a field's layers share one */
@@ -552,41 +656,43 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+            {
 #pragma omp for schedule(static)
-            for (int item = 0; item < QKV_ITEMS; item++) {
-                float o[4];
-                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
-                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
-                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
-                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? fk : fq;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
-                    for (int b = 0; b < 1; b++) {
-                        int pos = pos0 + b;
+                for (int item = 0; item < QKV_ITEMS; item++) {
+                    float o[4];
+                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                        const void *wm = is_k ? lw->wk : lw->wq;
+                        const int f = is_k ? fk : fq;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                        for (int b = 0; b < 1; b++) {
+                            int pos = pos0 + b;
                         dot_rows(f, ws, xb[b], o);
-                        if (MODEL_QKV_BIAS) {
-                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            if (MODEL_QKV_BIAS) {
+                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            }
+                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                            for (int r = 0; r < 4; r++) {
+                                if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
+                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                            }
                         }
-                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
-                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
-                        for (int r = 0; r < 4; r++) {
-                            if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
-                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
-                        }
-                    }
-                } else {
-                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = fv;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
-                    for (int b = 0; b < 1; b++) {
+                    } else {
+                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                        const int f = fv;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                        for (int b = 0; b < 1; b++) {
                         dot_rows(f, ws, xb[b], o);
-                        for (int r = 0; r < 4; r++) {
-                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
-                            vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
+                            for (int r = 0; r < 4; r++) {
+                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                                vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
+                            }
                         }
                     }
                 }
@@ -604,7 +710,7 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
@@ -636,14 +742,14 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
     }
@@ -671,6 +777,11 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
                                               * knows nothing else points (8% faster decode than the heap) */
 #endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+#if GEMM_AVAILABLE
+        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
+#else
+        float *gs = NULL;
+#endif
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             /* the layer's matrix formats: constants where a field's layers share one */
@@ -684,41 +795,43 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
              * to k and v, whole vectors for the quantizer below */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+            {
 #pragma omp for schedule(static)
-            for (int item = 0; item < QKV_ITEMS; item++) {
-                float o[4];
-                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
-                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
-                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
-                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? fk : fq;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
-                    for (int b = 0; b < 1; b++) {
-                        int pos = pos0 + b;
+                for (int item = 0; item < QKV_ITEMS; item++) {
+                    float o[4];
+                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                        const void *wm = is_k ? lw->wk : lw->wq;
+                        const int f = is_k ? fk : fq;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                        for (int b = 0; b < 1; b++) {
+                            int pos = pos0 + b;
                         dot_rows(f, ws, xb[b], o);
-                        if (MODEL_QKV_BIAS) {
-                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            if (MODEL_QKV_BIAS) {
+                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            }
+                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                            for (int r = 0; r < 4; r++) {
+                                if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
+                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                            }
                         }
-                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
-                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
-                        for (int r = 0; r < 4; r++) {
-                            if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
-                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
-                        }
-                    }
-                } else {
-                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = fv;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
-                    for (int b = 0; b < 1; b++) {
+                    } else {
+                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                        const int f = fv;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                        for (int b = 0; b < 1; b++) {
                         dot_rows(f, ws, xb[b], o);
-                        for (int r = 0; r < 4; r++) {
-                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
-                            m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                            for (int r = 0; r < 4; r++) {
+                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                                m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                            }
                         }
                     }
                 }
@@ -744,7 +857,7 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
@@ -774,13 +887,13 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
         }
     }
 }
@@ -800,6 +913,11 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
     {
         float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+#if GEMM_AVAILABLE
+        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
+#else
+        float *gs = NULL;
+#endif
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             /* the layer's matrix formats: constants where a field's layers share one */
@@ -813,45 +931,87 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
              * to k and v, whole vectors for the quantizer below */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+#if GEMM_AVAILABLE
+            if (MAT_DENSE(fq) && MAT_DENSE(fk) && MAT_DENSE(fv)) {
+                /* a batch of dense rows: q, k and v as GEMMs (each sum dot_rows's), then each head's bias,
+                 * RoPE and KV store */
+                int lo, hi;
+                thread_share(MODEL_Q_DIM, &lo, &hi);
+                gemm_rows_w(lw->wq, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->q, MODEL_Q_DIM, GEMM_SET, 0, NULL, gs);
+                thread_share(MODEL_KV_DIM, &lo, &hi);
+                gemm_rows_w(lw->wk, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->k, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
+                gemm_rows_w(lw->wv, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->v, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
+#pragma omp barrier
 #pragma omp for schedule(static)
-            for (int item = 0; item < QKV_ITEMS; item++) {
-                float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
-                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
-                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
-                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
-                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? fk : fq;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
-                    for (int b = 0; b < nb; b++) {
-                        int pos = pos0 + b;
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
-                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], o);
-                        if (MODEL_QKV_BIAS) {
-                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                for (int item = 0; item < nb * (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS); item++) {
+                    const int b = item / (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS), h = item % (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS);
+                    const int pos = pos0 + b;
+                    if (h < MODEL_N_HEADS + MODEL_N_KV_HEADS) { /* a query or key head: rows i and i + head_dim/2 rotate together */
+                        const int is_k = h >= MODEL_N_HEADS, r0 = (is_k ? h - MODEL_N_HEADS : h) * MODEL_HEAD_DIM;
+                        float *o = is_k ? m->k + (size_t)b * MODEL_KV_DIM + r0 : m->q + (size_t)b * MODEL_Q_DIM + r0;
+                        const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                        for (int i = 0; i < HALF; i++) {
+                            float lo_i = o[i], hi_i = o[i + HALF];
+                            if (MODEL_QKV_BIAS) {
+                                lo_i += w_to_f32(bias[r0 + i]);
+                                hi_i += w_to_f32(bias[r0 + i + HALF]);
+                            }
+                            rope_rotate(&lo_i, &hi_i, pos, model_rope_inv_freq[i]);
+                            o[i] = lo_i;
+                            o[i + HALF] = hi_i;
                         }
-                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
-                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
-                        for (int r = 0; r < 4; r++) {
-                            if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
-                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                    } else { /* a value head */
+                        const int r0 = (h - MODEL_N_HEADS - MODEL_N_KV_HEADS) * MODEL_HEAD_DIM;
+                        float *o = m->v + (size_t)b * MODEL_KV_DIM + r0;
+                        for (int i = 0; i < MODEL_HEAD_DIM; i++) {
+                            const float val = MODEL_QKV_BIAS ? o[i] + w_to_f32(lw->bv[r0 + i]) : o[i];
+                            o[i] = val;
                         }
                     }
-                } else {
-                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = fv;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
-                    for (int b = 0; b < nb; b++) {
+                }
+            } else
+#endif
+            {
+#pragma omp for schedule(static)
+                for (int item = 0; item < QKV_ITEMS; item++) {
+                    float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
+                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                        const void *wm = is_k ? lw->wk : lw->wq;
+                        const int f = is_k ? fk : fq;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                        for (int b = 0; b < nb; b++) {
+                            int pos = pos0 + b;
                         if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
                         if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
                         else dot_rows(f, ws, xb[b], o);
-                        for (int r = 0; r < 4; r++) {
-                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
-                            m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                            if (MODEL_QKV_BIAS) {
+                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            }
+                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                            for (int r = 0; r < 4; r++) {
+                                if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
+                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                            }
+                        }
+                    } else {
+                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                        const int f = fv;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                        for (int b = 0; b < nb; b++) {
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(f, ws, xb[b], o);
+                            for (int r = 0; r < 4; r++) {
+                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                                m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                            }
                         }
                     }
                 }
@@ -887,11 +1047,24 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
+#if GEMM_AVAILABLE
+            if (MAT_DENSE(fg) && MAT_DENSE(fu)) { /* a batch of dense rows: gate and up as GEMMs, then SiLU on this thread's rows */
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                gemm_rows_w(lw->w_gate, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hg, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
+                gemm_rows_w(lw->w_up, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hb, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
+                for (int b = 0; b < nb; b++)
+                    for (int i = lo; i < hi; i++) {
+                        float *h = m->hb + (size_t)b * MODEL_HIDDEN_DIM + i;
+                        *h = silu(m->hg[(size_t)b * MODEL_HIDDEN_DIM + i]) * *h;
+                    }
+            } else
+#endif
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
@@ -927,18 +1100,18 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (want_logits) {
             rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
         }
         /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
         if (all_logits) {
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
-            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
         }
     }
 }
@@ -967,6 +1140,11 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
                                               * knows nothing else points (8% faster decode than the heap) */
 #endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+#if GEMM_AVAILABLE
+        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
+#else
+        float *gs = NULL;
+#endif
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
             const model_layer_weights *lw = &w->layers[l];
             /* the layer's matrix formats: constants where a field's layers share one */
@@ -980,41 +1158,43 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
              * to k and v, whole vectors for the quantizer below */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+            {
 #pragma omp for schedule(static)
-            for (int item = 0; item < QKV_ITEMS; item++) {
-                float o[4];
-                if (item < QKV_Q_QUADS + QKV_K_QUADS) {
-                    int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
-                    int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
-                    int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                    const void *wm = is_k ? lw->wk : lw->wq;
-                    const int f = is_k ? fk : fq;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
-                    for (int b = 0; b < 1; b++) {
-                        int pos = pos0 + b;
+                for (int item = 0; item < QKV_ITEMS; item++) {
+                    float o[4];
+                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                        const void *wm = is_k ? lw->wk : lw->wq;
+                        const int f = is_k ? fk : fq;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                        for (int b = 0; b < 1; b++) {
+                            int pos = pos0 + b;
                         dot_rows(f, ws, xb[b], o);
-                        if (MODEL_QKV_BIAS) {
-                            const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                            for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            if (MODEL_QKV_BIAS) {
+                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            }
+                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                            for (int r = 0; r < 4; r++) {
+                                if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
+                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                            }
                         }
-                        rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
-                        rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
-                        for (int r = 0; r < 4; r++) {
-                            if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
-                            else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
-                        }
-                    }
-                } else {
-                    int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                    const int f = fv;
-                    const void *ws[4];
-                    for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
-                    for (int b = 0; b < 1; b++) {
+                    } else {
+                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                        const int f = fv;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                        for (int b = 0; b < 1; b++) {
                         dot_rows(f, ws, xb[b], o);
-                        for (int r = 0; r < 4; r++) {
-                            if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
-                            m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                            for (int r = 0; r < 4; r++) {
+                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                                m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                            }
                         }
                     }
                 }
@@ -1042,7 +1222,7 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
@@ -1074,14 +1254,14 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
     }
