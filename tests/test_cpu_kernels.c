@@ -71,11 +71,11 @@ static void test_dots(void) {
     }
 }
 
-/* dot_x4_* (one row against four tokens' inputs) and dot4_x2_* (four rows against two), the CPU
- * prefill's: each token's results the same bits as dot_* and dot4_* give them alone, so that the
- * prefill and the decode step compute the same sums. */
+/* dot_x4_* (one row against four tokens' inputs), dot4_x2_* (four rows against two) and dot4_*:
+ * each result the same bits as dot_* gives it alone, so that every kernel computes the decode
+ * step's sums. */
 static void test_dots_x4(void) {
-    static const int lengths[] = {1, 16, 17, 63, 64, 65, 127, 576, 1000, 1536};
+    static const int lengths[] = {1, 8, 16, 17, 31, 32, 33, 48, 63, 64, 65, 127, 576, 1000, 1536};
     for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
         const int n = lengths[li], xs = n + 3; /* inputs a row apart, not 64-byte aligned */
         float *x = malloc(4 * xs * sizeof *x), *w32 = malloc(n * sizeof *w32);
@@ -117,38 +117,15 @@ static void test_dots_x4(void) {
             CHECK(!memcmp(p32[t], q32, sizeof q32), "dot4_x2_f32 n=%d token %d differs from dot4_f32", n, t);
             CHECK(!memcmp(pb[t], qb, sizeof qb), "dot4_x2_bf16 n=%d token %d differs from dot4_bf16", n, t);
             CHECK(!memcmp(ph[t], qh, sizeof qh), "dot4_x2_f16 n=%d token %d differs from dot4_f16", n, t);
+            for (int r = 0; r < 4; r++) { /* and dot4's each row's dot_*: one order for every dense dot product */
+                const float a32 = dot_f32(r32[r], x + t * xs, n), ab = dot_bf16(rb[r], x + t * xs, n), ah = dot_f16(rh[r], x + t * xs, n);
+                CHECK(!memcmp(&q32[r], &a32, 4), "dot4_f32 n=%d row %d: %.9g vs dot_f32's %.9g", n, r, q32[r], a32);
+                CHECK(!memcmp(&qb[r], &ab, 4), "dot4_bf16 n=%d row %d: %.9g vs dot_bf16's %.9g", n, r, qb[r], ab);
+                CHECK(!memcmp(&qh[r], &ah, 4), "dot4_f16 n=%d row %d: %.9g vs dot_f16's %.9g", n, r, qh[r], ah);
+            }
         }
         free(m32); free(mb); free(mh);
         free(x); free(w32); free(wb); free(wh);
-    }
-}
-
-/* dot4_* against dot_* row by row: one order for every dense dot product (cpu_kernels.h). */
-static void test_dot4_is_dot(void) {
-    static const int lengths[] = {1, 8, 16, 17, 31, 32, 33, 48, 63, 64, 65, 576, 1000};
-    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
-        const int n = lengths[li];
-        float *x = malloc(n * sizeof *x), *m32 = malloc(4 * n * sizeof *m32);
-        uint16_t *mb = malloc(4 * n * 2), *mh = malloc(4 * n * 2);
-        for (int i = 0; i < n; i++) x[i] = frand();
-        for (int i = 0; i < 4 * n; i++) {
-            m32[i] = frand();
-            mb[i] = f32_to_bf16(m32[i]);
-            mh[i] = f32_to_f16_ref(m32[i]);
-        }
-        const uint16_t *rb[4] = {mb, mb + n, mb + 2 * n, mb + 3 * n}, *rh[4] = {mh, mh + n, mh + 2 * n, mh + 3 * n};
-        const float *r32[4] = {m32, m32 + n, m32 + 2 * n, m32 + 3 * n};
-        float q32[4], qb[4], qh[4];
-        dot4_f32(r32, x, n, q32);
-        dot4_bf16(rb, x, n, qb);
-        dot4_f16(rh, x, n, qh);
-        for (int r = 0; r < 4; r++) {
-            const float a32 = dot_f32(r32[r], x, n), ab = dot_bf16(rb[r], x, n), ah = dot_f16(rh[r], x, n);
-            CHECK(!memcmp(&q32[r], &a32, 4), "dot4_f32 n=%d row %d: %.9g vs dot_f32's %.9g", n, r, q32[r], a32);
-            CHECK(!memcmp(&qb[r], &ab, 4), "dot4_bf16 n=%d row %d: %.9g vs dot_bf16's %.9g", n, r, qb[r], ab);
-            CHECK(!memcmp(&qh[r], &ah, 4), "dot4_f16 n=%d row %d: %.9g vs dot_f16's %.9g", n, r, qh[r], ah);
-        }
-        free(x); free(m32); free(mb); free(mh);
     }
 }
 
@@ -433,7 +410,6 @@ int main(void) {
     test_conversions();
     test_dots();
     test_dots_x4();
-    test_dot4_is_dot();
 #if GEMM_AVAILABLE
     test_gemm();
 #endif
