@@ -101,7 +101,7 @@ static void usage(FILE *f) {
             "                          the base that --kl compares another build of the model against\n"
             "      --kl BASE           --perplexity: KL divergence, top-1 agreement and perplexity ratio against BASE\n"
             "      --bench             prompt and decode speed, GB/s and share of measured read bandwidth, the\n"
-            "                          prompt's TFLOP/s\n"
+            "                          prompt's TFLOP/s (on the CPU also its share of a measured FMA rate)\n"
             "      --bench-depths LIST context depths for --bench decode and prompt (default: cpu 0, cuda 0,4096,16384,32768)\n"
             "      --bench-prompt N    --bench: prompt tokens timed (default 128)\n"
             "      --json              --bench: print one JSON object\n"
