@@ -8,9 +8,10 @@
  * while it walks a block of GEMM_KC elements: each step loads R weight vectors and T input vectors
  * for 2 R T fused multiply-adds. A thread takes GEMM_RB of its rows at a time; each K block of them is
  * converted to fp32 once for the whole batch (a dot product converts its row once per token) into
- * its scratch, where a tile's weights stay in L1 while it serves every group of tokens. The partial
- * vectors wait between blocks in the scratch; after the last, each pair ends as dot_w ends (a whole
- * vector left over into a, the reduction, the scalar tail).
+ * its scratch, where a tile's weights stay in L1 while it serves every group of tokens; the next
+ * block's weights are prefetched into L2 meanwhile. The partial vectors wait between blocks in the
+ * scratch; after the last, each pair ends as dot_w ends (a whole vector left over into a, the
+ * reduction, the scalar tail).
  *
  * AVX-512 or AVX2 + FMA + F16C builds (GEMM_AVAILABLE); elsewhere the prompt uses the dot products.
  * Include after cpu_kernels.h (and model.h, for gemm_rows_w). */
