@@ -29,3 +29,15 @@ def test_c_unit(name):
     assert m, f"{name}: no closing 'N passed, M failed' line:\n{r.stdout}\n{r.stderr}"
     assert r.returncode == 0 and m.group(2) == "0", f"{name}:\n{r.stdout}\n{r.stderr}"
     assert int(m.group(1)) > 0, f"{name} ran no checks"
+
+
+@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= CPU_FLAGS, reason="this CPU has no AVX2 + FMA + F16C: cpu_gemm.h has no GEMM for it")
+def test_cpu_gemm_bench_builds_and_checks_its_sums(tmp_path):
+    """tests/bench/cpu_gemm.c (the CPU prompt's GEMM alone, for choosing its batch on a machine)
+    compiles as its header says and, on small shapes, checks every timed sum against dot_bf16."""
+    exe = tmp_path / "cpu_gemm"
+    subprocess.run(["gcc", "-O2", "-march=native", "-fopenmp", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-Iruntime",
+                    "tests/bench/cpu_gemm.c", "runtime/probe.c", "runtime/errors.c", "-o", str(exe)], cwd=REPO, check=True)
+    r = subprocess.run([str(exe), "1", "96", "160", "32"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len([line for line in r.stdout.splitlines() if line.startswith("down_proj")]) == 4, r.stdout
