@@ -22,34 +22,15 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+/* The vectors of cpu_kernels.h (VW lanes); a 4-row tile with AVX-512's 32 registers, 2 rows with AVX2's 16. */
+#if defined(VW)
 #define GEMM_AVAILABLE 1
-#define GEMM_W 16
+#define GEMM_W VW
+#if VW == 16
 #define GEMM_R 4
-typedef __m512 gemm_vec;
-#define GV_ZERO() _mm512_setzero_ps()
-#define GV_LOAD(p) _mm512_load_ps(p)
-#define GV_LOADU(p) _mm512_loadu_ps(p)
-#define GV_STORE(p, v) _mm512_store_ps(p, v)
-#define GV_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define GV_SUM(a, b) _mm512_reduce_add_ps(_mm512_add_ps(a, b)) /* dot_w's reduction of a + b */
-#define GV_LOAD_BF16 load16_bf16
-#define GV_LOAD_F16 load16_f16
-#define GV_LOAD_F32 load16_f32
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define GEMM_AVAILABLE 1
-#define GEMM_W 8
+#else
 #define GEMM_R 2
-typedef __m256 gemm_vec;
-#define GV_ZERO() _mm256_setzero_ps()
-#define GV_LOAD(p) _mm256_load_ps(p)
-#define GV_LOADU(p) _mm256_loadu_ps(p)
-#define GV_STORE(p, v) _mm256_store_ps(p, v)
-#define GV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define GV_SUM(a, b) hsum256(_mm256_add_ps(a, b))
-#define GV_LOAD_BF16 load8_bf16
-#define GV_LOAD_F16 load8_f16
-#define GV_LOAD_F32 load8_f32
+#endif
 #else
 #define GEMM_AVAILABLE 0
 #endif
@@ -70,24 +51,24 @@ static inline size_t gemm_scratch_floats(int nb) {
  * (r, t) at acc[(r * nb + t) * 2], a then b). */
 #define GEMM_TILE(R, T)                                                                                  \
     static inline __attribute__((always_inline)) void gemm_tile_##R##_##T(const float *w, const float *x, size_t xs, \
-                                                                         int kc, gemm_vec *acc, int nb) { \
-        gemm_vec a[R][T], b[R][T];                                                                       \
+                                                                         int kc, vecf *acc, int nb) { \
+        vecf a[R][T], b[R][T];                                                                       \
         for (int r = 0; r < R; r++)                                                                      \
             for (int t = 0; t < T; t++) {                                                                \
                 a[r][t] = acc[((size_t)r * nb + t) * 2];                                                 \
                 b[r][t] = acc[((size_t)r * nb + t) * 2 + 1];                                             \
             }                                                                                            \
         for (int i = 0; i < kc; i += 2 * GEMM_W) {                                                       \
-            gemm_vec wa[R], wb[R];                                                                       \
+            vecf wa[R], wb[R];                                                                       \
             for (int r = 0; r < R; r++) {                                                                \
-                wa[r] = GV_LOAD(w + (size_t)r * GEMM_KC + i);                                            \
-                wb[r] = GV_LOAD(w + (size_t)r * GEMM_KC + i + GEMM_W);                                   \
+                wa[r] = V_LOAD(w + (size_t)r * GEMM_KC + i);                                            \
+                wb[r] = V_LOAD(w + (size_t)r * GEMM_KC + i + GEMM_W);                                   \
             }                                                                                            \
             for (int t = 0; t < T; t++) {                                                                \
-                const gemm_vec x0 = GV_LOADU(x + (size_t)t * xs + i), x1 = GV_LOADU(x + (size_t)t * xs + i + GEMM_W); \
+                const vecf x0 = V_LOADU(x + (size_t)t * xs + i), x1 = V_LOADU(x + (size_t)t * xs + i + GEMM_W); \
                 for (int r = 0; r < R; r++) {                                                            \
-                    a[r][t] = GV_FMA(wa[r], x0, a[r][t]);                                                \
-                    b[r][t] = GV_FMA(wb[r], x1, b[r][t]);                                                \
+                    a[r][t] = V_FMA(wa[r], x0, a[r][t]);                                                \
+                    b[r][t] = V_FMA(wb[r], x1, b[r][t]);                                                \
                 }                                                                                        \
             }                                                                                            \
         }                                                                                                \
@@ -107,7 +88,7 @@ GEMM_TILES(4)
 
 /* The tile for R <= GEMM_R rows and T <= GEMM_T tokens, each a constant in its own copy. */
 static inline __attribute__((always_inline)) void gemm_tile(int R, int T, const float *w, const float *x, size_t xs, int kc,
-                                                            gemm_vec *acc, int nb) {
+                                                            vecf *acc, int nb) {
 #define GEMM_CASE(r, t) \
     case (r) * 4 + (t): gemm_tile_##r##_##t(w, x, xs, kc, acc, nb); break;
     switch (R * 4 + T) {
@@ -171,16 +152,16 @@ static inline __attribute__((always_inline)) void gemm_prefetch_some(gemm_prefet
                                                                      size_t xs, int nb, float *out, size_t os, int mode, \
                                                                      int accumulate, const T *bias, float *scratch) { \
         float *wbuf = scratch;                                                                           \
-        gemm_vec *acc = (gemm_vec *)(scratch + (size_t)GEMM_RB * GEMM_KC);                               \
+        vecf *acc = (vecf *)(scratch + (size_t)GEMM_RB * GEMM_KC);                               \
         const int n2 = n / (2 * GEMM_W) * (2 * GEMM_W); /* the part dot_w sums two vectors a step */     \
         for (int rb = r0; rb < r1; rb += GEMM_RB) {                                                      \
             const int rn = r1 - rb < GEMM_RB ? r1 - rb : GEMM_RB;                                        \
-            for (size_t i = 0; i < (size_t)rn * nb * 2; i++) acc[i] = GV_ZERO();                         \
+            for (size_t i = 0; i < (size_t)rn * nb * 2; i++) acc[i] = V_ZERO();                         \
             for (int kb = 0; kb < n2; kb += GEMM_KC) {                                                   \
                 const int kc = n2 - kb < GEMM_KC ? n2 - kb : GEMM_KC;                                    \
                 for (int r = 0; r < rn; r++) {                                                           \
                     const T *src = w + (size_t)(rb + r) * n + kb;                                        \
-                    for (int i = 0; i < kc; i += GEMM_W) GV_STORE(wbuf + (size_t)r * GEMM_KC + i, LOAD_W(src + i)); \
+                    for (int i = 0; i < kc; i += GEMM_W) V_STORE(wbuf + (size_t)r * GEMM_KC + i, LOAD_W(src + i)); \
                 }                                                                                        \
                 /* the next block's weights into L2 while this one's tiles run, a share after each tile  \
                  * (its rows are new pages, which the hardware's prefetchers would start cold) */        \
@@ -197,13 +178,13 @@ static inline __attribute__((always_inline)) void gemm_prefetch_some(gemm_prefet
                 const float add = bias ? TO_F32(bias[rb + r]) : 0.0f;                                    \
                 for (int t = 0; t < nb; t++) {                                                           \
                     const float *xt = x + (size_t)t * xs;                                                \
-                    gemm_vec a = acc[((size_t)r * nb + t) * 2];                                          \
+                    vecf a = acc[((size_t)r * nb + t) * 2];                                          \
                     int i = n2;                                                                          \
                     if (i + GEMM_W <= n) { /* a whole vector left: into a, as dot_w */                   \
-                        a = GV_FMA(LOAD_W(row + i), GV_LOADU(xt + i), a);                                \
+                        a = V_FMA(LOAD_W(row + i), V_LOADU(xt + i), a);                                \
                         i += GEMM_W;                                                                     \
                     }                                                                                    \
-                    float s = GV_SUM(a, acc[((size_t)r * nb + t) * 2 + 1]);                              \
+                    float s = V_SUM(a, acc[((size_t)r * nb + t) * 2 + 1]);                              \
                     s = n > i ? s + TAIL_REF(row + i, xt + i, n - i) : s;                                \
                     float *y = out + (size_t)t * os + rb + r;                                            \
                     *y = mode == GEMM_SET ? s : (accumulate ? *y : 0.0f) + s + add;                      \
@@ -212,9 +193,9 @@ static inline __attribute__((always_inline)) void gemm_prefetch_some(gemm_prefet
         }                                                                                                \
     }
 static inline float gemm_f32_id(float v) { return v; }
-GEMM_ROWS(bf16, uint16_t, GV_LOAD_BF16, dot_bf16_ref, bf16_to_f32)
-GEMM_ROWS(f16, uint16_t, GV_LOAD_F16, dot_f16_ref, f16_to_f32)
-GEMM_ROWS(f32, float, GV_LOAD_F32, dot_f32_ref, gemm_f32_id)
+GEMM_ROWS(bf16, uint16_t, V_LOAD_BF16, dot_bf16_ref, bf16_to_f32)
+GEMM_ROWS(f16, uint16_t, V_LOAD_F16, dot_f16_ref, f16_to_f32)
+GEMM_ROWS(f32, float, V_LOAD_F32, dot_f32_ref, gemm_f32_id)
 #if defined(MODEL_WEIGHT_DTYPE_BF16)
 #define gemm_rows_w gemm_rows_bf16
 #elif defined(MODEL_WEIGHT_DTYPE_F16)

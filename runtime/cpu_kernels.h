@@ -213,38 +213,72 @@ KERNEL void dot_x4_f32(const float *w, const float *x, size_t xs, int n, float o
  * (on a 16-core Emerald Rapids slice, reading with four streams per thread moved 142 GB/s against
  * 118 with one: tests/bench/cpu_read.c), and each x vector load serves four rows. Each row's sums are
  * dot_w's, in its order (the same bits). */
+/* The vector width the dot products run at, for kernels written once for AVX-512 and AVX2 (dot4_w
+ * below, the prompt's GEMM in cpu_gemm.h): VW lanes, an unaligned and an aligned load and store, the
+ * fused multiply-add, V_SUM(a, b) = dot_w's reduction of a + b, and each weight dtype's load. */
 #if defined(__AVX512F__)
-#define DOT4_AVX512(T, LOAD, w, x, n, out, tail_ref)                                                   \
+#define VW 16
+typedef __m512 vecf;
+#define V_ZERO() _mm512_setzero_ps()
+#define V_LOADU(p) _mm512_loadu_ps(p)
+#define V_LOAD(p) _mm512_load_ps(p)
+#define V_STORE(p, v) _mm512_store_ps(p, v)
+#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define V_SUM(a, b) _mm512_reduce_add_ps(_mm512_add_ps(a, b))
+#define V_LOAD_BF16 load16_bf16
+#define V_LOAD_F16 load16_f16
+#define V_LOAD_F32 load16_f32
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define VW 8
+typedef __m256 vecf;
+#define V_ZERO() _mm256_setzero_ps()
+#define V_LOADU(p) _mm256_loadu_ps(p)
+#define V_LOAD(p) _mm256_load_ps(p)
+#define V_STORE(p, v) _mm256_store_ps(p, v)
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define V_SUM(a, b) hsum256(_mm256_add_ps(a, b))
+#define V_LOAD_BF16 load8_bf16
+#define V_LOAD_F16 load8_f16
+#define V_LOAD_F32 load8_f32
+#endif
+
+#if defined(VW)
+#define DOT4_SIMD(T, LOAD, w, x, n, out, tail_ref)                                                  \
     do {                                                                                            \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
+        vecf a0 = V_ZERO(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;          \
         const T *w0 = (w)[0], *w1 = (w)[1], *w2 = (w)[2], *w3 = (w)[3];                             \
         int i = 0;                                                                                  \
-        for (; i + 32 <= (n); i += 32) {                                                            \
-            __m512 x0 = _mm512_loadu_ps((x) + i), x1 = _mm512_loadu_ps((x) + i + 16);               \
-            a0 = _mm512_fmadd_ps(LOAD(w0 + i), x0, a0);                                             \
-            a1 = _mm512_fmadd_ps(LOAD(w1 + i), x0, a1);                                             \
-            a2 = _mm512_fmadd_ps(LOAD(w2 + i), x0, a2);                                             \
-            a3 = _mm512_fmadd_ps(LOAD(w3 + i), x0, a3);                                             \
-            b0 = _mm512_fmadd_ps(LOAD(w0 + i + 16), x1, b0);                                        \
-            b1 = _mm512_fmadd_ps(LOAD(w1 + i + 16), x1, b1);                                        \
-            b2 = _mm512_fmadd_ps(LOAD(w2 + i + 16), x1, b2);                                        \
-            b3 = _mm512_fmadd_ps(LOAD(w3 + i + 16), x1, b3);                                        \
+        for (; i + 2 * VW <= (n); i += 2 * VW) {                                                    \
+            const vecf x0 = V_LOADU((x) + i), x1 = V_LOADU((x) + i + VW);                           \
+            a0 = V_FMA(LOAD(w0 + i), x0, a0);                                                       \
+            a1 = V_FMA(LOAD(w1 + i), x0, a1);                                                       \
+            a2 = V_FMA(LOAD(w2 + i), x0, a2);                                                       \
+            a3 = V_FMA(LOAD(w3 + i), x0, a3);                                                       \
+            b0 = V_FMA(LOAD(w0 + i + VW), x1, b0);                                                  \
+            b1 = V_FMA(LOAD(w1 + i + VW), x1, b1);                                                  \
+            b2 = V_FMA(LOAD(w2 + i + VW), x1, b2);                                                  \
+            b3 = V_FMA(LOAD(w3 + i + VW), x1, b3);                                                  \
         }                                                                                           \
-        if (i + 16 <= (n)) { /* a whole 16 left: into a, as dot_w */                                 \
-            const __m512 x0 = _mm512_loadu_ps((x) + i);                                             \
-            a0 = _mm512_fmadd_ps(LOAD(w0 + i), x0, a0);                                             \
-            a1 = _mm512_fmadd_ps(LOAD(w1 + i), x0, a1);                                             \
-            a2 = _mm512_fmadd_ps(LOAD(w2 + i), x0, a2);                                             \
-            a3 = _mm512_fmadd_ps(LOAD(w3 + i), x0, a3);                                             \
-            i += 16;                                                                                \
+        if (i + VW <= (n)) { /* a whole vector left: into a, as dot_w */                            \
+            const vecf x0 = V_LOADU((x) + i);                                                       \
+            a0 = V_FMA(LOAD(w0 + i), x0, a0);                                                       \
+            a1 = V_FMA(LOAD(w1 + i), x0, a1);                                                       \
+            a2 = V_FMA(LOAD(w2 + i), x0, a2);                                                       \
+            a3 = V_FMA(LOAD(w3 + i), x0, a3);                                                       \
+            i += VW;                                                                                \
         }                                                                                           \
-        const float s_[4] = {_mm512_reduce_add_ps(_mm512_add_ps(a0, b0)), _mm512_reduce_add_ps(_mm512_add_ps(a1, b1)), \
-                             _mm512_reduce_add_ps(_mm512_add_ps(a2, b2)), _mm512_reduce_add_ps(_mm512_add_ps(a3, b3))}; \
+        const float s_[4] = {V_SUM(a0, b0), V_SUM(a1, b1), V_SUM(a2, b2), V_SUM(a3, b3)};           \
         for (int r = 0; r < 4; r++) (out)[r] = (n) > i ? s_[r] + tail_ref((w)[r] + i, (x) + i, (n) - i) : s_[r]; \
     } while (0)
-KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(uint16_t, load16_bf16, w, x, n, out, dot_bf16_ref); }
-KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(uint16_t, load16_f16, w, x, n, out, dot_f16_ref); }
-KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { DOT4_AVX512(float, load16_f32, w, x, n, out, dot_f32_ref); }
+KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_SIMD(uint16_t, V_LOAD_BF16, w, x, n, out, dot_bf16_ref); }
+KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_SIMD(uint16_t, V_LOAD_F16, w, x, n, out, dot_f16_ref); }
+KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { DOT4_SIMD(float, V_LOAD_F32, w, x, n, out, dot_f32_ref); }
+#else
+KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_bf16(w[r], x, n); }
+KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_f16(w[r], x, n); }
+KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_f32(w[r], x, n); }
+#endif
+#if defined(__AVX512F__)
 /* dot4 for two inputs x and x + xs at once: each weight vector loaded and converted once for both;
  * each sum dot_w's, in its order (the same bits). */
 #define DOT4_X2_AVX512(T, LOAD, w, x, xs, n, out, tail_ref)                                              \
@@ -283,42 +317,6 @@ KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4
 KERNEL void dot4_x2_bf16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(uint16_t, load16_bf16, w, x, xs, n, out, dot_bf16_ref); }
 KERNEL void dot4_x2_f16(const uint16_t *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(uint16_t, load16_f16, w, x, xs, n, out, dot_f16_ref); }
 KERNEL void dot4_x2_f32(const float *const w[4], const float *x, size_t xs, int n, float out[2][4]) { DOT4_X2_AVX512(float, load16_f32, w, x, xs, n, out, dot_f32_ref); }
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define DOT4_AVX2(T, LOAD, w, x, n, out, tail_ref)                                                  \
-    do {                                                                                            \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
-        const T *w0 = (w)[0], *w1 = (w)[1], *w2 = (w)[2], *w3 = (w)[3];                             \
-        int i = 0;                                                                                  \
-        for (; i + 16 <= (n); i += 16) {                                                            \
-            __m256 x0 = _mm256_loadu_ps((x) + i), x1 = _mm256_loadu_ps((x) + i + 8);                \
-            a0 = _mm256_fmadd_ps(LOAD(w0 + i), x0, a0);                                             \
-            a1 = _mm256_fmadd_ps(LOAD(w1 + i), x0, a1);                                             \
-            a2 = _mm256_fmadd_ps(LOAD(w2 + i), x0, a2);                                             \
-            a3 = _mm256_fmadd_ps(LOAD(w3 + i), x0, a3);                                             \
-            b0 = _mm256_fmadd_ps(LOAD(w0 + i + 8), x1, b0);                                         \
-            b1 = _mm256_fmadd_ps(LOAD(w1 + i + 8), x1, b1);                                         \
-            b2 = _mm256_fmadd_ps(LOAD(w2 + i + 8), x1, b2);                                         \
-            b3 = _mm256_fmadd_ps(LOAD(w3 + i + 8), x1, b3);                                         \
-        }                                                                                           \
-        if (i + 8 <= (n)) { /* a whole 8 left: into a, as dot_w */                                   \
-            const __m256 x0 = _mm256_loadu_ps((x) + i);                                             \
-            a0 = _mm256_fmadd_ps(LOAD(w0 + i), x0, a0);                                             \
-            a1 = _mm256_fmadd_ps(LOAD(w1 + i), x0, a1);                                             \
-            a2 = _mm256_fmadd_ps(LOAD(w2 + i), x0, a2);                                             \
-            a3 = _mm256_fmadd_ps(LOAD(w3 + i), x0, a3);                                             \
-            i += 8;                                                                                 \
-        }                                                                                           \
-        const float s_[4] = {hsum256(_mm256_add_ps(a0, b0)), hsum256(_mm256_add_ps(a1, b1)),         \
-                             hsum256(_mm256_add_ps(a2, b2)), hsum256(_mm256_add_ps(a3, b3))};        \
-        for (int r = 0; r < 4; r++) (out)[r] = (n) > i ? s_[r] + tail_ref((w)[r] + i, (x) + i, (n) - i) : s_[r]; \
-    } while (0)
-KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(uint16_t, load8_bf16, w, x, n, out, dot_bf16_ref); }
-KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(uint16_t, load8_f16, w, x, n, out, dot_f16_ref); }
-KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { DOT4_AVX2(float, load8_f32, w, x, n, out, dot_f32_ref); }
-#else
-KERNEL void dot4_bf16(const uint16_t *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_bf16(w[r], x, n); }
-KERNEL void dot4_f16(const uint16_t *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_f16(w[r], x, n); }
-KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4]) { for (int r = 0; r < 4; r++) out[r] = dot_f32(w[r], x, n); }
 #endif
 #if !defined(__AVX512F__)
 /* dot4 for two inputs: two dot4s (AVX2 has 16 registers, not the 16 accumulators and 8 weights) */
