@@ -37,11 +37,8 @@ import shutil
 import sys
 from pathlib import Path
 
-import gguf
 import numpy as np
-from gguf.constants import GGMLQuantizationType
 
-from .gguf_import import replace_if_changed, write_json
 from .kquants import BLOCK_BYTES as K_FORMATS, quantize_k
 from .spec import FORMATS, SpecError, load_spec
 
@@ -122,6 +119,8 @@ def to_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
 
 def quantize_rows(raw: np.ndarray, dtype: str, shape: list, fmt: str) -> bytes:
     """A dense matrix's bytes -> its rows in block format fmt, a chunk of rows at a time."""
+    import gguf  # here, not at the top: plan() (synth --quant) runs where gguf is not installed
+    from gguf.constants import GGMLQuantizationType
     rows, cols = shape
     x = raw.reshape(rows, -1)
     step = max(1, WEIGHTS_PER_CHUNK // cols)
@@ -164,6 +163,7 @@ def plan(src: Path, qtype: str):
 
 def quantize(src: str | Path, out: str | Path, qtype: str) -> list:
     """Writes the quantized model of src into out; returns the names of the files that changed."""
+    from .gguf_import import replace_if_changed, write_json  # gguf_import imports gguf
     if qtype not in TYPES:
         raise QuantizeError(f"type {qtype!r} unsupported (supported: {', '.join(TYPES)})")
     src, out = Path(src), Path(out)

@@ -305,7 +305,7 @@ def synthesize(model_dir, dtype=None, seed=0, tokenizer=None, max_shard_bytes=MA
     codegen/quantize.py chooses for that type."""
     model_dir = Path(model_dir)
     if quant is not None:
-        from codegen.quantize import TYPES, QuantizeError, plan  # only for --quant: it imports gguf
+        from codegen.quantize import TYPES, QuantizeError, plan  # plan needs no gguf (the GPU machine has none)
         if quant not in TYPES:
             raise ValueError(f"--quant {quant!r}, expected one of {', '.join(TYPES)}")
         try:

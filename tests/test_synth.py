@@ -229,3 +229,15 @@ def test_quant_q4_k_m_follows_llama_cpp(tmp_path):
     assert formats["model.embed_tokens.weight"] == "Q6_K" and formats["model.layers.0.mlp.up_proj.weight"] == "Q5_K"
     with pytest.raises(ValueError, match="row length 64 is not a multiple of Q4_K's block of 256"):
         synth.synthesize(model_dir(tmp_path / "small", "tiny-llama"), quant="q4_k_m")
+
+
+def test_quant_needs_no_gguf(tmp_path):
+    """--quant where the gguf package is not installed (the GPU machine): the formats are planned
+    and the blocks quantized without it (a test model of test_gpu.py is made so there)."""
+    d = model_dir(tmp_path, "tiny-llama")
+    code = ("import sys; sys.modules['gguf'] = None; from codegen import synth; "
+            f"synth.main([{str(d)!r}, '--quant', 'q8_0', '--seed', '5'])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    formats = json.loads((d / "config.json").read_text())["quantization_config"]["formats"]
+    assert set(formats.values()) == {"Q8_0"}
