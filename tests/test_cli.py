@@ -266,3 +266,20 @@ def test_bench_kernels_on_cpu(tiny_llama):
         assert t["total"]["launches"] == 12
         assert t["total"]["us_per_token"] == pytest.approx(sum(s["us_per_token"] for s in t["stages"]), rel=0.01, abs=0.3)
     assert tables[33]["stages"][2]["mb_per_token"] > tables[1]["stages"][2]["mb_per_token"]  # attention reads more cache
+    # then a prompt batch's stages from the same position (64 tokens: PREFILL_BATCH), with their
+    # arithmetic: tiny-llama's dim 64, 4 heads of 16 (q, k and v 64 rows each), hidden 160, 2 layers
+    batches = re.findall(r"a prompt batch of (\d+) tokens at depth (\d+) .*\n.*stage +launches +us/batch +GFLOP/batch +GFLOP/s\n"
+                         r"((?:  .*\n)+?)  total +(\d+) +([\d.]+) +([\d.]+)", out)
+    assert [(b[0], b[1], b[3]) for b in batches] == [("64", "1", "11"), ("64", "33", "11")], out
+    for nb, depth, rows, _, total_us, _ in batches:
+        stages = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in rows.splitlines()}
+        assert list(stages) == ["embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual", "rmsnorm_gate_up_silu",
+                                "down_residual"]
+        assert all(v[1] > 0 for name, v in stages.items() if name != "embed")
+        assert float(total_us) == pytest.approx(sum(v[1] for v in stages.values()), rel=0.01, abs=0.5)
+        positions = 64 * (int(depth) + 1) + 64 * 63 / 2  # token b reads depth + b + 1 positions
+        expect = {"rmsnorm_qkv_rope": 2 * 2 * 64 * 192 * 64, "attention": 2 * 4 * 64 * positions,
+                  "o_proj_residual": 2 * 2 * 64 * 64 * 64, "rmsnorm_gate_up_silu": 2 * 4 * 64 * 160 * 64,
+                  "down_residual": 2 * 2 * 64 * 64 * 160}
+        for name, flops in expect.items():
+            assert stages[name][2] == pytest.approx(flops / 1e9, abs=6e-4), name

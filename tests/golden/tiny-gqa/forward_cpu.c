@@ -617,9 +617,9 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
     }
 }
 
-/* The decode step (f16 KV cache) with thread 0 reading the clock after every barrier: each
- * stage's seconds (from the end of the previous stage, so a stage includes the norm it starts with
- * and the wait for the slowest thread) go to m->stage_s, in launch order. */
+/* The decode step (f16 KV cache) with thread 0 reading the clock after every
+ * barrier: each stage's seconds (from the end of the previous stage, so a stage includes the norm it
+ * starts with and the wait for the slowest thread) go to m->stage_s, in launch order. */
 static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) {
     const model_weights *w = &m->w;
     double t_last = omp_get_wtime();
@@ -751,6 +751,225 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
             matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
+        }
+    }
+}
+
+/* The prompt's batch (f16 KV cache) with thread 0 reading the clock after every
+ * barrier: each stage's seconds (from the end of the previous stage, so a stage includes the norm it
+ * starts with and the wait for the slowest thread) go to m->stage_s, in launch order. */
+static void forward_prefill_timed_f16(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
+    const model_weights *w = &m->w;
+    double t_last = omp_get_wtime();
+    int k = 0;
+    for (int b = 0; b < nb; b++)
+        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
+                       MODEL_DIM);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
+
+    /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
+     * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
+#pragma omp parallel num_threads(m->n_threads)
+    {
+        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
+        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+#if GEMM_AVAILABLE
+        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
+#else
+        float *gs = NULL;
+#endif
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const model_layer_weights *lw = &w->layers[l];
+            /* the layer's matrix formats: constants where a field's layers share one */
+            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
+                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
+            uint16_t *kc = (uint16_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            uint16_t *vc = (uint16_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
+
+            /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+#if GEMM_AVAILABLE
+            if (MAT_DENSE(fq) && MAT_DENSE(fk) && MAT_DENSE(fv)) {
+                /* a batch of dense rows: q, k and v as GEMMs (each sum dot_rows's), then each head's bias,
+                 * RoPE and KV store */
+                int lo, hi;
+                thread_share(MODEL_Q_DIM, &lo, &hi);
+                gemm_rows_w(lw->wq, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->q, MODEL_Q_DIM, GEMM_SET, 0, NULL, gs);
+                thread_share(MODEL_KV_DIM, &lo, &hi);
+                gemm_rows_w(lw->wk, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->k, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
+                gemm_rows_w(lw->wv, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->v, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
+#pragma omp barrier
+#pragma omp for schedule(static)
+                for (int item = 0; item < nb * (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS); item++) {
+                    const int b = item / (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS), h = item % (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS);
+                    const int pos = pos0 + b;
+                    if (h < MODEL_N_HEADS + MODEL_N_KV_HEADS) { /* a query or key head: rows i and i + head_dim/2 rotate together */
+                        const int is_k = h >= MODEL_N_HEADS, r0 = (is_k ? h - MODEL_N_HEADS : h) * MODEL_HEAD_DIM;
+                        float *o = is_k ? m->k + (size_t)b * MODEL_KV_DIM + r0 : m->q + (size_t)b * MODEL_Q_DIM + r0;
+                        const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                        for (int i = 0; i < HALF; i++) {
+                            float lo_i = o[i], hi_i = o[i + HALF];
+                            if (MODEL_QKV_BIAS) {
+                                lo_i += w_to_f32(bias[r0 + i]);
+                                hi_i += w_to_f32(bias[r0 + i + HALF]);
+                            }
+                            rope_rotate(&lo_i, &hi_i, pos, model_rope_inv_freq[i]);
+                            if (is_k) {
+                                kc[(size_t)pos * MODEL_KV_DIM + r0 + i] = f32_to_f16(lo_i);
+                                kc[(size_t)pos * MODEL_KV_DIM + r0 + i + HALF] = f32_to_f16(hi_i);
+                            } else {
+                                o[i] = lo_i;
+                                o[i + HALF] = hi_i;
+                            }
+                        }
+                    } else { /* a value head */
+                        const int r0 = (h - MODEL_N_HEADS - MODEL_N_KV_HEADS) * MODEL_HEAD_DIM;
+                        float *o = m->v + (size_t)b * MODEL_KV_DIM + r0;
+                        for (int i = 0; i < MODEL_HEAD_DIM; i++) {
+                            const float val = MODEL_QKV_BIAS ? o[i] + w_to_f32(lw->bv[r0 + i]) : o[i];
+                            vc[(size_t)pos * MODEL_KV_DIM + r0 + i] = f32_to_f16(val);
+                        }
+                    }
+                }
+            } else
+#endif
+            {
+#pragma omp for schedule(static)
+                for (int item = 0; item < QKV_ITEMS; item++) {
+                    float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
+                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                        const void *wm = is_k ? lw->wk : lw->wq;
+                        const int f = is_k ? fk : fq;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                        for (int b = 0; b < nb; b++) {
+                            int pos = pos0 + b;
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(f, ws, xb[b], o);
+                            if (MODEL_QKV_BIAS) {
+                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            }
+                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                            for (int r = 0; r < 4; r++) {
+                                if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
+                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                            }
+                        }
+                    } else {
+                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                        const int f = fv;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                        for (int b = 0; b < nb; b++) {
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(f, ws, xb[b], o);
+                            for (int r = 0; r < 4; r++) {
+                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                                vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
+                            }
+                        }
+                    }
+                }
+            }
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.layers.{l}: input_layernorm, q/k/v, RoPE */
+
+            /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
+            /* four tokens of one head an item: each key and value converted once for the four
+             * (attention_heads_x4, the same sums as attention_head); a last group of fewer, one by one */
+#pragma omp for schedule(static)
+            for (int gh = 0; gh < (nb + 3) / 4 * MODEL_N_HEADS; gh++) {
+                int b0 = 4 * (gh / MODEL_N_HEADS), h = gh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
+                float *out = m->xb2 + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
+                const float *qb = m->q + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
+                if (b0 + 4 <= nb) {
+                    const int n_pos[4] = {pos0 + b0 + 1, pos0 + b0 + 2, pos0 + b0 + 3, pos0 + b0 + 4};
+                    attention_heads_x4(out, MODEL_Q_DIM, qb, MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM,
+                                       MODEL_KV_DIM, n_pos, MODEL_HEAD_DIM, att, m->ctx);
+                } else
+                    for (int b = b0; b < nb; b++)
+                        attention_head(out + (size_t)(b - b0) * MODEL_Q_DIM, qb + (size_t)(b - b0) * MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM,
+                                       vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
+            }
+
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
+
+            /* self_attn.o_proj (+ bias) + residual */
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
+
+            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
+             * of its rows side by side in both matrices, four sequential streams */
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
+#if GEMM_AVAILABLE
+            if (MAT_DENSE(fg) && MAT_DENSE(fu)) { /* a batch of dense rows: gate and up as GEMMs, then SiLU on this thread's rows */
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                gemm_rows_w(lw->w_gate, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hg, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
+                gemm_rows_w(lw->w_up, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hb, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
+                for (int b = 0; b < nb; b++)
+                    for (int i = lo; i < hi; i++) {
+                        float *h = m->hb + (size_t)b * MODEL_HIDDEN_DIM + i;
+                        *h = silu(m->hg[(size_t)b * MODEL_HIDDEN_DIM + i]) * *h;
+                    }
+            } else
+#endif
+            {
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                for (int j = 0; j < q; j++) {
+                    int a = lo + j, c = lo + q + j;
+                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
+                    for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
+                        float o[2][4];
+                        const int two = b + 2 <= nb;
+                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], o);
+                        else gate_up_dot4(fg, fu, ws, xb[b], o[0]);
+                        for (int t = 0; t <= two; t++, b++) {
+                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
+                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
+                        }
+                    }
+                }
+                for (int i = lo + 2 * q; i < hi; i++) {
+                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
+                    int b = 0;
+                    for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
+                        float g[4], u[4];
+                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, MODEL_DIM, g);
+                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, MODEL_DIM, u);
+                        for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
+                    }
+                    for (; b < nb; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
+                }
+            }
+#pragma omp barrier
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
+
+            /* mlp.down_proj + residual */
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
+        }
+
+        /* model.norm and the LM head, for the last token only */
+        if (want_logits) {
+            rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
+        }
+        /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
+        if (all_logits) {
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
         }
     }
 }
@@ -1116,9 +1335,9 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
     }
 }
 
-/* The decode step (q8 KV cache) with thread 0 reading the clock after every barrier: each
- * stage's seconds (from the end of the previous stage, so a stage includes the norm it starts with
- * and the wait for the slowest thread) go to m->stage_s, in launch order. */
+/* The decode step (q8 KV cache) with thread 0 reading the clock after every
+ * barrier: each stage's seconds (from the end of the previous stage, so a stage includes the norm it
+ * starts with and the wait for the slowest thread) go to m->stage_s, in launch order. */
 static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
     const model_weights *w = &m->w;
     double t_last = omp_get_wtime();
@@ -1267,6 +1486,233 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
     }
 }
 
+/* The prompt's batch (q8 KV cache) with thread 0 reading the clock after every
+ * barrier: each stage's seconds (from the end of the previous stage, so a stage includes the norm it
+ * starts with and the wait for the slowest thread) go to m->stage_s, in launch order. */
+static void forward_prefill_timed_q8(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
+    const model_weights *w = &m->w;
+    double t_last = omp_get_wtime();
+    int k = 0;
+    for (int b = 0; b < nb; b++)
+        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
+                       MODEL_DIM);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
+
+    /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
+     * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
+#pragma omp parallel num_threads(m->n_threads)
+    {
+        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
+        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
+#if GEMM_AVAILABLE
+        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
+#else
+        float *gs = NULL;
+#endif
+        for (int l = 0; l < MODEL_N_LAYERS; l++) {
+            const model_layer_weights *lw = &w->layers[l];
+            /* the layer's matrix formats: constants where a field's layers share one */
+            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
+                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
+            int8_t *kc = (int8_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;     /* (ctx, kv_dim) */
+            int8_t *vc = (int8_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
+            float *kd = m->key_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;            /* (ctx, n_kv_heads) */
+            float *vd = m->value_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;          /* (ctx, n_kv_heads) */
+
+            /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
+             * to k and v, whole vectors for the quantizer below */
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
+#if GEMM_AVAILABLE
+            if (MAT_DENSE(fq) && MAT_DENSE(fk) && MAT_DENSE(fv)) {
+                /* a batch of dense rows: q, k and v as GEMMs (each sum dot_rows's), then each head's bias,
+                 * RoPE and KV store */
+                int lo, hi;
+                thread_share(MODEL_Q_DIM, &lo, &hi);
+                gemm_rows_w(lw->wq, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->q, MODEL_Q_DIM, GEMM_SET, 0, NULL, gs);
+                thread_share(MODEL_KV_DIM, &lo, &hi);
+                gemm_rows_w(lw->wk, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->k, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
+                gemm_rows_w(lw->wv, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->v, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
+#pragma omp barrier
+#pragma omp for schedule(static)
+                for (int item = 0; item < nb * (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS); item++) {
+                    const int b = item / (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS), h = item % (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS);
+                    const int pos = pos0 + b;
+                    if (h < MODEL_N_HEADS + MODEL_N_KV_HEADS) { /* a query or key head: rows i and i + head_dim/2 rotate together */
+                        const int is_k = h >= MODEL_N_HEADS, r0 = (is_k ? h - MODEL_N_HEADS : h) * MODEL_HEAD_DIM;
+                        float *o = is_k ? m->k + (size_t)b * MODEL_KV_DIM + r0 : m->q + (size_t)b * MODEL_Q_DIM + r0;
+                        const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                        for (int i = 0; i < HALF; i++) {
+                            float lo_i = o[i], hi_i = o[i + HALF];
+                            if (MODEL_QKV_BIAS) {
+                                lo_i += w_to_f32(bias[r0 + i]);
+                                hi_i += w_to_f32(bias[r0 + i + HALF]);
+                            }
+                            rope_rotate(&lo_i, &hi_i, pos, model_rope_inv_freq[i]);
+                            o[i] = lo_i;
+                            o[i + HALF] = hi_i;
+                        }
+                    } else { /* a value head */
+                        const int r0 = (h - MODEL_N_HEADS - MODEL_N_KV_HEADS) * MODEL_HEAD_DIM;
+                        float *o = m->v + (size_t)b * MODEL_KV_DIM + r0;
+                        for (int i = 0; i < MODEL_HEAD_DIM; i++) {
+                            const float val = MODEL_QKV_BIAS ? o[i] + w_to_f32(lw->bv[r0 + i]) : o[i];
+                            o[i] = val;
+                        }
+                    }
+                }
+            } else
+#endif
+            {
+#pragma omp for schedule(static)
+                for (int item = 0; item < QKV_ITEMS; item++) {
+                    float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
+                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
+                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
+                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
+                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
+                        const void *wm = is_k ? lw->wk : lw->wq;
+                        const int f = is_k ? fk : fq;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
+                        for (int b = 0; b < nb; b++) {
+                            int pos = pos0 + b;
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(f, ws, xb[b], o);
+                            if (MODEL_QKV_BIAS) {
+                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
+                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
+                            }
+                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
+                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
+                            for (int r = 0; r < 4; r++) {
+                                if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
+                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
+                            }
+                        }
+                    } else {
+                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
+                        const int f = fv;
+                        const void *ws[4];
+                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
+                        for (int b = 0; b < nb; b++) {
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
+                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
+                        else dot_rows(f, ws, xb[b], o);
+                            for (int r = 0; r < 4; r++) {
+                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
+                                m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
+                            }
+                        }
+                    }
+                }
+            }
+            /* KV store: each new key and value vector of a KV head as int8 and its scale (a vector's
+             * rows come from several threads above, so the quantizer waits for their barrier) */
+#pragma omp for schedule(static)
+            for (int item = 0; item < 2 * nb * MODEL_N_KV_HEADS; item++) {
+                const int is_v = item % 2, b = item / 2 / MODEL_N_KV_HEADS, kvh = item / 2 % MODEL_N_KV_HEADS;
+                const size_t pos = (size_t)(pos0 + b), at = (size_t)b * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM;
+                if (is_v) vd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(vc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->v + at, MODEL_HEAD_DIM);
+                else kd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(kc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->k + at, MODEL_HEAD_DIM);
+            }
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.layers.{l}: input_layernorm, q/k/v, RoPE */
+
+            /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
+            /* four tokens of one head an item: each key and value converted once for the four
+             * (attention_heads_x4, the same sums as attention_head); a last group of fewer, one by one */
+#pragma omp for schedule(static)
+            for (int gh = 0; gh < (nb + 3) / 4 * MODEL_N_HEADS; gh++) {
+                int b0 = 4 * (gh / MODEL_N_HEADS), h = gh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
+                float *out = m->xb2 + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
+                const float *qb = m->q + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
+                if (b0 + 4 <= nb) {
+                    const int n_pos[4] = {pos0 + b0 + 1, pos0 + b0 + 2, pos0 + b0 + 3, pos0 + b0 + 4};
+                    attention_heads_x4_q8(out, MODEL_Q_DIM, qb, MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, kd + kvh,
+                                          vd + kvh, MODEL_KV_DIM, MODEL_N_KV_HEADS, n_pos, MODEL_HEAD_DIM, att, m->ctx);
+                } else
+                    for (int b = b0; b < nb; b++)
+                        attention_head_q8(out + (size_t)(b - b0) * MODEL_Q_DIM, qb + (size_t)(b - b0) * MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM,
+                                          vc + kvh * MODEL_HEAD_DIM, kd + kvh, vd + kvh, MODEL_KV_DIM, MODEL_N_KV_HEADS, pos0 + b + 1,
+                                          MODEL_HEAD_DIM, att);
+            }
+
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
+
+            /* self_attn.o_proj (+ bias) + residual */
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
+
+            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
+             * of its rows side by side in both matrices, four sequential streams */
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
+#if GEMM_AVAILABLE
+            if (MAT_DENSE(fg) && MAT_DENSE(fu)) { /* a batch of dense rows: gate and up as GEMMs, then SiLU on this thread's rows */
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                gemm_rows_w(lw->w_gate, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hg, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
+                gemm_rows_w(lw->w_up, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hb, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
+                for (int b = 0; b < nb; b++)
+                    for (int i = lo; i < hi; i++) {
+                        float *h = m->hb + (size_t)b * MODEL_HIDDEN_DIM + i;
+                        *h = silu(m->hg[(size_t)b * MODEL_HIDDEN_DIM + i]) * *h;
+                    }
+            } else
+#endif
+            {
+                int lo, hi;
+                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
+                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                for (int j = 0; j < q; j++) {
+                    int a = lo + j, c = lo + q + j;
+                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
+                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
+                    for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
+                        float o[2][4];
+                        const int two = b + 2 <= nb;
+                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], o);
+                        else gate_up_dot4(fg, fu, ws, xb[b], o[0]);
+                        for (int t = 0; t <= two; t++, b++) {
+                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
+                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
+                        }
+                    }
+                }
+                for (int i = lo + 2 * q; i < hi; i++) {
+                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
+                    int b = 0;
+                    for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
+                        float g[4], u[4];
+                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, MODEL_DIM, g);
+                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, MODEL_DIM, u);
+                        for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
+                    }
+                    for (; b < nb; b++)
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
+                }
+            }
+#pragma omp barrier
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
+
+            /* mlp.down_proj + residual */
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
+        }
+
+        /* model.norm and the LM head, for the last token only */
+        if (want_logits) {
+            rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
+            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
+        }
+        /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
+        if (all_logits) {
+            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
+        }
+    }
+}
+
 /* Each entry point picks its cache type's instance once per call: the layers run without a test of it. */
 const float *model_cpu_forward(model_cpu *m, int token, int pos) {
     if (m->kv == KV_Q8) forward_decode_q8(m, &token, pos);
@@ -1294,9 +1740,6 @@ void model_cpu_prefill_logits(model_cpu *m, const int *tokens, int n, int pos0, 
     }
 }
 
-/* Times each stage of the decode step at position pos (token 1 there, as the GPU's kernel
- * benchmark does; the next real step at pos overwrites its cache entry), best of reps per stage of
- * each layer, and prints the table model_cuda_kernel_bench prints: --bench-kernels on the CPU. */
 /* Bytes stage i of the decode step at position pos reads (STEP_STAGES in launch order): its
  * weights as stored, each layer's in that layer's formats, and attention's keys and values (fp16,
  * or int8 and a float scale a vector: kv). */
@@ -1319,6 +1762,60 @@ static double stage_bytes(int i, int pos, kv_cache_type kv) {
 #undef ROWS_BYTES
 }
 
+/* Floating-point operations of stage i (STEP_STAGES in launch order) of a prompt batch of nb tokens
+ * from position pos: 2 a weight a token for the matrix products, 4 a query dimension a position for
+ * attention's scores and weighted sum (token b reads pos + b + 1 positions); embed, the norms and
+ * SiLU counted as nothing. */
+static double stage_flops(int i, int pos, int nb) {
+    if (i == 0 || i == STEP_STAGES - 1) return 0.0;
+    switch (ST_QKV + (i - 1) % 5) {
+    case ST_QKV: return 2.0 * nb * (MODEL_Q_DIM + 2.0 * MODEL_KV_DIM) * MODEL_DIM;
+    case ST_ATT: return 4.0 * MODEL_Q_DIM * (nb * (pos + 1.0) + nb * (nb - 1) / 2.0);
+    case ST_O: return 2.0 * nb * MODEL_DIM * MODEL_Q_DIM;
+    case ST_GATE_UP: return 4.0 * nb * MODEL_HIDDEN_DIM * MODEL_DIM;
+    default: return 2.0 * nb * MODEL_DIM * MODEL_HIDDEN_DIM; /* ST_DOWN */
+    }
+}
+
+/* A prompt batch of PREFILL_BATCH tokens (token 1) from position pos, timed at its barriers, best of
+ * reps per stage of each layer: each stage's time a batch and its GFLOP/s, which --bench sets
+ * against its FMA probe. The next real tokens from pos overwrite the batch's cache entries. */
+static void prompt_stage_bench(model_cpu *m, int pos, int reps, double *best, FILE *out) {
+    static const char *const names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
+                                                "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head"};
+    const int nb = PREFILL_BATCH, n = STEP_STAGES - 1; /* no LM head: a prompt batch that is not the last */
+    int tokens[PREFILL_BATCH];
+    for (int b = 0; b < nb; b++) tokens[b] = 1;
+    for (int i = 0; i < n; i++) best[i] = 1e30;
+    for (int r = 0; r < reps; r++) {
+        if (m->kv == KV_Q8) forward_prefill_timed_q8(m, tokens, nb, pos, 0, NULL);
+        else forward_prefill_timed_f16(m, tokens, nb, pos, 0, NULL);
+        for (int i = 0; i < n; i++)
+            if (m->stage_s[i] < best[i]) best[i] = m->stage_s[i];
+    }
+    double us[ST_COUNT] = {0}, flops[ST_COUNT] = {0}, total_us = 0, total_flops = 0;
+    int calls[ST_COUNT] = {0};
+    for (int i = 0; i < n; i++) {
+        int st = i == 0 ? ST_EMBED : ST_QKV + (i - 1) % 5;
+        us[st] += best[i] * 1e6;
+        flops[st] += stage_flops(i, pos, nb);
+        calls[st]++;
+    }
+    fprintf(out, "a prompt batch of %d tokens at depth %d (CPU, %d threads: stages timed at the batch's barriers, best of %d):\n", nb,
+            pos, m->n_threads, reps);
+    fprintf(out, "  %-24s %8s %12s %12s %8s\n", "stage", "launches", "us/batch", "GFLOP/batch", "GFLOP/s");
+    for (int st = 0; st < ST_LM_HEAD; st++) {
+        fprintf(out, "  %-24s %8d %12.1f %12.3f %8.1f\n", names[st], calls[st], us[st], flops[st] / 1e9, flops[st] / (us[st] * 1e3));
+        total_us += us[st];
+        total_flops += flops[st];
+    }
+    fprintf(out, "  %-24s %8d %12.1f %12.3f %8.1f\n", "total", n, total_us, total_flops / 1e9, total_flops / (total_us * 1e3));
+}
+
+/* Times each stage of the decode step at position pos (token 1 there, as the GPU's kernel
+ * benchmark does; the next real step at pos overwrites its cache entry), best of reps per stage of
+ * each layer, and prints the table model_cuda_kernel_bench prints: --bench-kernels on the CPU; then,
+ * where the context has room, a prompt batch's stages from the same position. */
 err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
     static const char *const names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
                                                 "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head"};
@@ -1355,6 +1852,7 @@ err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
         fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", names[st], calls[st], us[st], bytes[st] / 1e6, bytes[st] / (us[st] * 1e3));
     }
     fprintf(out, "  %-24s %8d %12.1f\n", "total", STEP_STAGES, total);
+    if (pos + PREFILL_BATCH <= m->ctx) prompt_stage_bench(m, pos, reps < 5 ? reps : 5, best, out);
     free(best);
     free(m->stage_s);
     m->stage_s = NULL;
