@@ -41,3 +41,17 @@ def test_cpu_gemm_bench_builds_and_checks_its_sums(tmp_path):
     r = subprocess.run([str(exe), "1", "96", "160", "32"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert len([line for line in r.stdout.splitlines() if line.startswith("down_proj")]) == 4, r.stdout
+
+
+@pytest.mark.skipif("avx512f" not in CPU_FLAGS, reason="this CPU has no AVX-512: tests/bench/cpu_dpbf16.c is written for it")
+def test_cpu_dpbf16_bench_builds_and_bounds_its_sums(tmp_path):
+    """tests/bench/cpu_dpbf16.c (bf16 inputs through vdpbf16ps or its twin of two FMAs a pair, for
+    the CPU prompt's numerics decision) compiles as its header says and, on small shapes, keeps every
+    sum within its bound of a double sum (it exits 1 naming the one that is not)."""
+    exe = tmp_path / "cpu_dpbf16"
+    subprocess.run(["gcc", "-O2", "-march=native", "-fopenmp", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-Iruntime",
+                    "tests/bench/cpu_dpbf16.c", "runtime/probe.c", "runtime/errors.c", "-o", str(exe), "-lm"], cwd=REPO, check=True)
+    r = subprocess.run([str(exe), "1", "96", "160", "32"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("down_proj")]
+    assert len(rows) == 2 and all(float(row[-2]) > 0 for row in rows), r.stdout  # the twin's error: x rounded to bf16
