@@ -248,16 +248,19 @@ __device__ __forceinline__ void prefill_pairs_part(int n_pairs, int K, int c0, i
     }
 }
 
-/* Batches of up to 64 in one pass; of 128 (the sums' gathering would take 64 KB of shared memory
- * and a lane's 128 sums) in two of 64, the block's weights read twice (the second time mostly from
- * L2). */
+/* Batches of up to 64 in one pass; of 128 or 256 (the sums' gathering would take 64 KB of shared
+ * memory and a lane's 128 sums) in passes of 64, B / 64 of them, the block's weights read B / 64
+ * times (after the first mostly from L2). */
 template <typename W, int B, int BS, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_pairs_body(int n_pairs, int K, int c0, int c1, const uint16_t *in, Pair pair, Store store,
                                                    int t0) {
     if constexpr (B > 64) {
-        prefill_pairs_part<W, 64, B>(n_pairs, K, c0, c1, in, pair, store, 0);
-        __syncthreads(); /* the first half's sums gathered before the second's reuse their shared memory */
-        prefill_pairs_part<W, 64, B>(n_pairs, K, c0, c1, in, pair, store, 64);
+        static_assert(B % 64 == 0, "prefill_pairs_body: batches past 64 in whole passes of 64");
+#pragma unroll
+        for (int p = 0; p < B / 64; p++) {
+            if (p > 0) __syncthreads(); /* the last pass's sums gathered before the next one's reuse their shared memory */
+            prefill_pairs_part<W, 64, B>(n_pairs, K, c0, c1, in, pair, store, 64 * p);
+        }
     } else prefill_pairs_part<W, B, BS>(n_pairs, K, c0, c1, in, pair, store, t0);
 }
 

@@ -14,7 +14,7 @@
 #include "cuda_prefill_attention.cuh"
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: a batch of B prompt tokens (8 to 128) at positions io[IO_POS] on through every stage at
+// Prefill: a batch of B prompt tokens (8 to 256) at positions io[IO_POS] on through every stage at
 // once, so each weight row is read once for all of them; io[IO_COUNT] of them are the prompt's.
 // Activations are (B, n) row-major. prefill_pairs_body, the matvec form (the GEMMs below are the
 // default for QKV, o_proj and down, and for gate/up where its tiles fill the GPU), runs on the
