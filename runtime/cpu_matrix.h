@@ -10,9 +10,9 @@
  * of weights or more).
  *
  * Dense rows keep cpu_kernels.h's four-stream and several-token kernels. Quantized rows go through
- * quant_dot one row and one token at a time: each weight is unpacked once per token (a prompt batch
- * unpacks it once per token, not once per batch). That is the simple correct path; its speed is
- * tests/bench/quant_dot.c's to improve. Include after model.h and cpu_kernels.h. */
+ * quant_dot a row at a time, and in a prompt batch through quant_dot_x4, a row against four tokens
+ * with its blocks unpacked once for the four (each sum quant_dot's bits). Include after model.h and
+ * cpu_kernels.h. */
 #ifndef INGOT_CPU_MATRIX_H
 #define INGOT_CPU_MATRIX_H
 
@@ -65,8 +65,7 @@ KERNEL void mat_dot4_x2(int f, const void *const rows[4], const float *x, size_t
 /* o[t] = row . x[t] for one row and four tokens' inputs (xs floats apart) */
 KERNEL void mat_dot_x4(int f, const void *row, const float *x, size_t xs, int n, float o[4]) {
     if (MAT_DENSE(f)) dot_x4_w((const model_weight_t *)row, x, xs, n, o);
-    else
-        for (int t = 0; t < 4; t++) o[t] = quant_dot(f, row, x + (size_t)t * xs, n);
+    else quant_dot_x4(f, row, x, xs, n, o);
 }
 
 #endif

@@ -206,9 +206,11 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
 
 #if defined(QUANT_SIMD_AVX512)
 typedef __m512 vec;
+typedef struct { __m512 v; } wide16; /* 16 int8 weights as floats */
 #define V_ZERO() _mm512_setzero_ps()
-#define V_FMA16(q, x, acc) _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_loadu_ps(x), (acc))
-#define V_FMA16_MEM(p, x, acc) V_FMA16(ld16(p), (x), (acc))
+#define W16(q) ((wide16){_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))})
+#define W16_MEM(p) W16(ld16(p))
+#define V_FMAW(w, x, acc) _mm512_fmadd_ps((w).v, _mm512_loadu_ps(x), (acc))
 #define V_XSUM16(x, xs) _mm512_add_ps(_mm512_loadu_ps(x), (xs))
 #define V_SCALE(f, a, acc) _mm512_fmadd_ps(_mm512_set1_ps(f), (a), (acc))
 #define V_ADD(a, b) _mm512_add_ps((a), (b))
@@ -216,16 +218,15 @@ typedef __m512 vec;
 #define QUANT_ISA "avx512"
 #elif defined(QUANT_SIMD_AVX2)
 typedef __m256 vec;
+typedef struct { __m256 lo, hi; } wide16; /* 16 int8 weights as floats, 8 and 8 */
 #define V_ZERO() _mm256_setzero_ps()
-#define V_FMA16(q, x, acc)                                                                              \
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128((q), 8))), _mm256_loadu_ps((x) + 8), \
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_loadu_ps(x), (acc)))
+#define W16(q)                                                                                          \
+    ((wide16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128((q), 8)))})
 /* from memory, each 8 bytes widened by the load itself (no shift to reach the high half) */
-#define V_FMA16_MEM(p, x, acc)                                                                          \
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((p) + 8)))),    \
-                    _mm256_loadu_ps((x) + 8),                                                           \
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))), \
-                                    _mm256_loadu_ps(x), (acc)))
+#define W16_MEM(p)                                                                                      \
+    ((wide16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))),           \
+              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((p) + 8))))})
+#define V_FMAW(w, x, acc) _mm256_fmadd_ps((w).hi, _mm256_loadu_ps((x) + 8), _mm256_fmadd_ps((w).lo, _mm256_loadu_ps(x), (acc)))
 #define V_XSUM16(x, xs) _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps((x) + 8)), (xs))
 #define V_SCALE(f, a, acc) _mm256_fmadd_ps(_mm256_set1_ps(f), (a), (acc))
 #define V_ADD(a, b) _mm256_add_ps((a), (b))
@@ -234,67 +235,85 @@ typedef __m256 vec;
 #endif
 
 #if defined(QUANT_SIMD_AVX512) || defined(QUANT_SIMD_AVX2)
+/* The weights widened once (W16, W16_MEM) serve several tokens' inputs (V_FMAW); a single token's
+ * multiply-add is the same instructions in the same order. */
+#define V_FMA16(q, x, acc) V_FMAW(W16(q), (x), (acc))
+#define V_FMA16_MEM(p, x, acc) V_FMAW(W16_MEM(p), (x), (acc))
 static inline __m128i ld16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 static inline float ld_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
 
-/* Two blocks a step into two accumulators, so that consecutive blocks' scaling multiply-adds do
- * not wait on each other (the K formats keep four, one per scale of a step). */
-static inline vec q8_0_block(const uint8_t *b, const float *x, vec acc) {
-    const vec s = V_FMA16_MEM(b + 18, x + 16, V_FMA16_MEM(b + 2, x, V_ZERO()));
-    return V_SCALE(ld_f16(b), s, acc);
-}
+/* Each format's kernel is written once for T tokens' inputs (x + t xs, T at most QT): the weights
+ * are unpacked and widened once for all T, and each token's sum takes the same instructions in the
+ * same order as it would alone, so quant_dot_x4's four sums are quant_dot's bits (a prompt batch
+ * then equals the decode step; tests/quant_cli.c checks it on every path). Always inlined with T a
+ * constant, so T = 1 (quant_dot) compiles to the one-token loop. */
+#define QT 4
+#define INLINE static inline __attribute__((always_inline))
 
-static float dot_q8_0(const uint8_t *b, const float *x, int nb) {
-    vec a0 = V_ZERO(), a1 = V_ZERO();
-    int i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        a0 = q8_0_block(b + 34 * i, x + 32 * i, a0);
-        a1 = q8_0_block(b + 34 * (i + 1), x + 32 * (i + 1), a1);
+/* Q8_0 and Q4_0: two blocks a step into two accumulators, so that consecutive blocks' scaling
+ * multiply-adds do not wait on each other (the K formats keep four, one per scale of a step). */
+INLINE void q8_0_block(const uint8_t *b, const float *x, size_t xs, int T, vec *acc) {
+    const wide16 w0 = W16_MEM(b + 2), w1 = W16_MEM(b + 18);
+    const float d = ld_f16(b);
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * xs;
+        acc[t] = V_SCALE(d, V_FMAW(w1, xt + 16, V_FMAW(w0, xt, V_ZERO())), acc[t]);
     }
-    if (i < nb) a0 = q8_0_block(b + 34 * i, x + 32 * i, a0);
-    return V_HSUM(V_ADD(a0, a1));
 }
 
-static inline vec q4_0_block(const uint8_t *b, const float *x, vec acc) {
+INLINE void q4_0_block(const uint8_t *b, const float *x, size_t xs, int T, vec *acc) {
     const __m128i m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8), q = ld16(b + 2);
-    vec s = V_FMA16(_mm_sub_epi8(_mm_and_si128(q, m4), eight), x, V_ZERO());
-    s = V_FMA16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight), x + 16, s);
-    return V_SCALE(ld_f16(b), s, acc);
-}
-
-static float dot_q4_0(const uint8_t *b, const float *x, int nb) {
-    vec a0 = V_ZERO(), a1 = V_ZERO();
-    int i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        a0 = q4_0_block(b + 18 * i, x + 32 * i, a0);
-        a1 = q4_0_block(b + 18 * (i + 1), x + 32 * (i + 1), a1);
+    const wide16 w0 = W16(_mm_sub_epi8(_mm_and_si128(q, m4), eight)), w1 = W16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight));
+    const float d = ld_f16(b);
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * xs;
+        acc[t] = V_SCALE(d, V_FMAW(w1, xt + 16, V_FMAW(w0, xt, V_ZERO())), acc[t]);
     }
-    if (i < nb) a0 = q4_0_block(b + 18 * i, x + 32 * i, a0);
-    return V_HSUM(V_ADD(a0, a1));
 }
 
-static float dot_q4_1(const uint8_t *b, const float *x, int nb) {
+#define TWO_BLOCK_DOT(NAME, BLOCK, BYTES)                                                                \
+    INLINE void NAME(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {              \
+        vec a0[QT], a1[QT];                                                                               \
+        for (int t = 0; t < T; t++) a0[t] = a1[t] = V_ZERO();                                             \
+        int i = 0;                                                                                        \
+        for (; i + 2 <= nb; i += 2) {                                                                     \
+            BLOCK(b + (BYTES) * i, x + 32 * i, xs, T, a0);                                                \
+            BLOCK(b + (BYTES) * (i + 1), x + 32 * (i + 1), xs, T, a1);                                    \
+        }                                                                                                 \
+        if (i < nb) BLOCK(b + (BYTES) * i, x + 32 * i, xs, T, a0);                                        \
+        for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(a0[t], a1[t]));                                   \
+    }
+TWO_BLOCK_DOT(dot_q8_0, q8_0_block, 34)
+TWO_BLOCK_DOT(dot_q4_0, q4_0_block, 18)
+
+INLINE void dot_q4_1(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {
     const __m128i m4 = _mm_set1_epi8(0xF);
-    vec acc = V_ZERO(), accm = V_ZERO();
+    vec acc[QT], accm[QT];
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = V_ZERO();
     for (int i = 0; i < nb; i++, b += 20, x += 32) {
         const __m128i q = ld16(b + 4);
-        vec s = V_FMA16(_mm_and_si128(q, m4), x, V_ZERO());
-        s = V_FMA16(_mm_and_si128(_mm_srli_epi16(q, 4), m4), x + 16, s);
-        const vec xs = V_XSUM16(x + 16, V_XSUM16(x, V_ZERO()));
-        acc = V_SCALE(ld_f16(b), s, acc);
-        accm = V_SCALE(ld_f16(b + 2), xs, accm);
+        const wide16 lo = W16(_mm_and_si128(q, m4)), hi = W16(_mm_and_si128(_mm_srli_epi16(q, 4), m4));
+        const float d = ld_f16(b), m = ld_f16(b + 2);
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (size_t)t * xs;
+            const vec s = V_FMAW(hi, xt + 16, V_FMAW(lo, xt, V_ZERO()));
+            const vec xsum = V_XSUM16(xt + 16, V_XSUM16(xt, V_ZERO()));
+            acc[t] = V_SCALE(d, s, acc[t]);
+            accm[t] = V_SCALE(m, xsum, accm[t]);
+        }
     }
-    return V_HSUM(V_ADD(acc, accm));
+    for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(acc[t], accm[t]));
 }
 
 /* Q4_K and Q5_K: per 64 weights, two sub-blocks from 32 bytes of qs (low nibbles, high nibbles),
  * each OR'd with its bit of qh (Q5_K: bit 2j of each qh byte for sub-block 2j, 2j+1 for the next;
  * qh is shifted right by 2 per j, and a 16-bit shift only moves bits across bytes above the one
  * bit masked). */
-static float dot_q45_k(const uint8_t *b, const float *x, int nb, int five) {
+INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, int nb, int five, int T, float *o) {
     const __m128i m4 = _mm_set1_epi8(0xF), one = _mm_set1_epi8(1);
     const int bytes = five ? 176 : 144;
-    vec acc[4] = {V_ZERO(), V_ZERO(), V_ZERO(), V_ZERO()};
+    vec acc[QT][4];
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = V_ZERO();
     for (int i = 0; i < nb; i++, b += bytes) {
         const float d = ld_f16(b), dmin = ld_f16(b + 2);
         const uint8_t *scales = b + 4, *qs = b + (five ? 48 : 16);
@@ -308,7 +327,7 @@ static float dot_q45_k(const uint8_t *b, const float *x, int nb, int five) {
             dsc[s] = d * (float)sc;
             dmn[s] = -(dmin * (float)m);
         }
-        for (int j = 0; j < 4; j++, qs += 32, x += 64) {
+        for (int j = 0; j < 4; j++, qs += 32) {
             const __m128i a0 = ld16(qs), a1 = ld16(qs + 16);
             __m128i lo0 = _mm_and_si128(a0, m4), lo1 = _mm_and_si128(a1, m4);
             __m128i hi0 = _mm_and_si128(_mm_srli_epi16(a0, 4), m4), hi1 = _mm_and_si128(_mm_srli_epi16(a1, 4), m4);
@@ -320,65 +339,88 @@ static float dot_q45_k(const uint8_t *b, const float *x, int nb, int five) {
                 h0 = _mm_srli_epi16(h0, 2);
                 h1 = _mm_srli_epi16(h1, 2);
             }
-            const vec s0 = V_FMA16(lo1, x + 16, V_FMA16(lo0, x, V_ZERO()));
-            const vec s1 = V_FMA16(hi1, x + 48, V_FMA16(hi0, x + 32, V_ZERO()));
-            const vec xs0 = V_XSUM16(x + 16, V_XSUM16(x, V_ZERO())), xs1 = V_XSUM16(x + 48, V_XSUM16(x + 32, V_ZERO()));
-            acc[0] = V_SCALE(dsc[2 * j], s0, acc[0]);
-            acc[1] = V_SCALE(dsc[2 * j + 1], s1, acc[1]);
-            acc[2] = V_SCALE(dmn[2 * j], xs0, acc[2]);
-            acc[3] = V_SCALE(dmn[2 * j + 1], xs1, acc[3]);
+            const wide16 wl0 = W16(lo0), wl1 = W16(lo1), wh0 = W16(hi0), wh1 = W16(hi1);
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 64 * j;
+                const vec s0 = V_FMAW(wl1, xt + 16, V_FMAW(wl0, xt, V_ZERO()));
+                const vec s1 = V_FMAW(wh1, xt + 48, V_FMAW(wh0, xt + 32, V_ZERO()));
+                const vec xs0 = V_XSUM16(xt + 16, V_XSUM16(xt, V_ZERO())), xs1 = V_XSUM16(xt + 48, V_XSUM16(xt + 32, V_ZERO()));
+                acc[t][0] = V_SCALE(dsc[2 * j], s0, acc[t][0]);
+                acc[t][1] = V_SCALE(dsc[2 * j + 1], s1, acc[t][1]);
+                acc[t][2] = V_SCALE(dmn[2 * j], xs0, acc[t][2]);
+                acc[t][3] = V_SCALE(dmn[2 * j + 1], xs1, acc[t][3]);
+            }
         }
     }
-    return V_HSUM(V_ADD(V_ADD(acc[0], acc[1]), V_ADD(acc[2], acc[3])));
+    for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(V_ADD(acc[t][0], acc[t][1]), V_ADD(acc[t][2], acc[t][3])));
 }
 
 /* Q6_K: per half of 128 weights, four groups of 32 (see dequant_q6_k), each two groups of 16 with
  * a scale of their own. */
-static float dot_q6_k(const uint8_t *b, const float *x, int nb) {
+INLINE void dot_q6_k(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {
     const __m128i m4 = _mm_set1_epi8(0xF), m2 = _mm_set1_epi8(3), c32 = _mm_set1_epi8(32);
-    vec acc[4] = {V_ZERO(), V_ZERO(), V_ZERO(), V_ZERO()};
+    vec acc[QT][4];
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = V_ZERO();
     for (int i = 0; i < nb; i++, b += 210) {
         const float d = ld_f16(b + 208);
         const uint8_t *ql = b, *qh = b + 128;
         float dsc[16]; /* as in dot_q45_k: broadcast from memory */
         for (int s = 0; s < 16; s++) dsc[s] = d * (float)(int8_t)b[192 + s];
         const float *sc = dsc;
-        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, x += 128) {
+        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
             const __m128i l[4] = {ld16(ql), ld16(ql + 16), ld16(ql + 32), ld16(ql + 48)};
             __m128i h[2] = {ld16(qh), ld16(qh + 16)};
             for (int k = 0; k < 4; k++) {
                 for (int p = 0; p < 2; p++) { /* weights 32k + 16p .. + 16 */
                     const __m128i lb = l[2 * (k & 1) + p];
                     const __m128i lo = k < 2 ? _mm_and_si128(lb, m4) : _mm_and_si128(_mm_srli_epi16(lb, 4), m4);
-                    const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(h[p], m2), 4)), c32);
-                    acc[2 * (k & 1) + p] = V_SCALE(sc[2 * k + p], V_FMA16(q, x + 32 * k + 16 * p, V_ZERO()), acc[2 * (k & 1) + p]);
+                    const wide16 w = W16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(h[p], m2), 4)), c32));
+                    for (int t = 0; t < T; t++) {
+                        const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 128 * half + 32 * k + 16 * p;
+                        acc[t][2 * (k & 1) + p] = V_SCALE(sc[2 * k + p], V_FMAW(w, xt, V_ZERO()), acc[t][2 * (k & 1) + p]);
+                    }
                 }
                 h[0] = _mm_srli_epi16(h[0], 2);
                 h[1] = _mm_srli_epi16(h[1], 2);
             }
         }
     }
-    return V_HSUM(V_ADD(V_ADD(acc[0], acc[1]), V_ADD(acc[2], acc[3])));
+    for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(V_ADD(acc[t][0], acc[t][1]), V_ADD(acc[t][2], acc[t][3])));
+}
+
+/* The block formats' T-token dot; the dense types one token at a time (the CPU forward's dense rows
+ * take cpu_kernels.h's kernels, not these). */
+INLINE void quant_dot_t(int type, const void *row, const float *x, size_t xs, int n, int T, float *o) {
+    const uint8_t *b = row;
+    switch (type) {
+    case QUANT_Q8_0: dot_q8_0(b, x, xs, n / 32, T, o); return;
+    case QUANT_Q4_0: dot_q4_0(b, x, xs, n / 32, T, o); return;
+    case QUANT_Q4_1: dot_q4_1(b, x, xs, n / 32, T, o); return;
+    case QUANT_Q4_K: dot_q45_k(b, x, xs, n / QUANT_K, 0, T, o); return;
+    case QUANT_Q5_K: dot_q45_k(b, x, xs, n / QUANT_K, 1, T, o); return;
+    case QUANT_Q6_K: dot_q6_k(b, x, xs, n / QUANT_K, T, o); return;
+    }
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * xs;
+        o[t] = type == QUANT_F32 ? dot_f32(row, xt, n) : type == QUANT_F16 ? dot_f16(row, xt, n) : type == QUANT_BF16 ? dot_bf16(row, xt, n) : 0.0f;
+    }
 }
 
 float quant_dot(int type, const void *row, const float *x, int n) {
-    const uint8_t *b = row;
-    switch (type) {
-    case QUANT_F32: return dot_f32(row, x, n);
-    case QUANT_F16: return dot_f16(row, x, n);
-    case QUANT_BF16: return dot_bf16(row, x, n);
-    case QUANT_Q8_0: return dot_q8_0(b, x, n / 32);
-    case QUANT_Q4_0: return dot_q4_0(b, x, n / 32);
-    case QUANT_Q4_1: return dot_q4_1(b, x, n / 32);
-    case QUANT_Q4_K: return dot_q45_k(b, x, n / QUANT_K, 0);
-    case QUANT_Q5_K: return dot_q45_k(b, x, n / QUANT_K, 1);
-    case QUANT_Q6_K: return dot_q6_k(b, x, n / QUANT_K);
-    }
-    return 0.0f;
+    float o;
+    quant_dot_t(type, row, x, 0, n, 1, &o);
+    return o;
+}
+
+void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]) {
+    quant_dot_t(type, row, x, xs, n, 4, o);
 }
 #else
 #define QUANT_ISA "scalar"
 float quant_dot(int type, const void *row, const float *x, int n) { return quant_dot_ref(type, row, x, n); }
+void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]) {
+    for (int t = 0; t < 4; t++) o[t] = quant_dot_ref(type, row, x + (size_t)t * xs, n);
+}
 #endif
 
 const char *quant_dot_isa(void) { return QUANT_ISA; }

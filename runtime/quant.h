@@ -105,6 +105,10 @@ void quant_dequantize_row(int type, const void *row, float *y, int n);
 float quant_dot_ref(int type, const void *row, const float *x, int n);
 float quant_dot(int type, const void *row, const float *x, int n);
 
+/* o[t] = quant_dot(type, row, x + t xs, n) for four tokens' inputs, bit for bit, the row's blocks
+ * unpacked once for the four (a prompt batch's matrix products). */
+void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]);
+
 /* "avx512", "avx2" or "scalar": the path quant_dot was compiled with. */
 const char *quant_dot_isa(void);
 

@@ -8,7 +8,8 @@
  *   quant_cli dequant TYPE N IN OUT      IN: rows of N weights of TYPE as GGUF stores them;
  *                                        OUT: the rows dequantized, fp32
  *   quant_cli dot TYPE N IN X OUT        X: N fp32; OUT: per row of IN, quant_dot_ref and quant_dot
- *                                        (two fp32)
+ *                                        (two fp32); each row's quant_dot_x4 (x and three tokens
+ *                                        made from it) checked to give quant_dot's bits, or an error
  *
  * Errors print one line, "<err_name>: <detail>", on stderr and exit 1. */
 #include <errno.h>
@@ -88,11 +89,29 @@ static err_code run(int argc, char **argv) {
                 rc = err_set(ERR_ARG, "%s: %zu bytes, expected %lld fp32", argv[5], xlen, n);
             } else {
                 out = malloc(2 * rows * sizeof *out + 1);
-                for (size_t r = 0; r < rows; r++) {
-                    out[2 * r] = quant_dot_ref(type, (char *)w + r * row_bytes, x, (int)n);
-                    out[2 * r + 1] = quant_dot(type, (char *)w + r * row_bytes, x, (int)n);
+                float *x4 = malloc(4 * (size_t)n * sizeof *x4 + 1); /* four tokens: x, -x / 2, x reversed, x + 1 */
+                if (!out || !x4) rc = err_set(ERR_NOMEM, "dot");
+                for (long long i = 0; !rc && i < n; i++) {
+                    const float v = ((const float *)x)[i];
+                    x4[i] = v;
+                    x4[n + i] = -0.5f * v;
+                    x4[2 * n + (n - 1 - i)] = v;
+                    x4[3 * n + i] = v + 1.0f;
                 }
-                rc = write_file(argv[6], out, 2 * rows * sizeof *out);
+                for (size_t r = 0; !rc && r < rows; r++) {
+                    const void *row = (char *)w + r * row_bytes;
+                    out[2 * r] = quant_dot_ref(type, row, x, (int)n);
+                    out[2 * r + 1] = quant_dot(type, row, x, (int)n);
+                    float o[4]; /* quant_dot_x4: each token's sum quant_dot's, bit for bit */
+                    quant_dot_x4(type, row, x4, (size_t)n, (int)n, o);
+                    for (int t = 0; t < 4 && !rc; t++) {
+                        const float want = quant_dot(type, row, x4 + (size_t)t * n, (int)n);
+                        if (memcmp(&o[t], &want, sizeof want))
+                            rc = err_set(ERR_QUANT, "quant_dot_x4: type %d row %zu token %d: %a, quant_dot %a", type, r, t, o[t], want);
+                    }
+                }
+                free(x4);
+                if (!rc) rc = write_file(argv[6], out, 2 * rows * sizeof *out);
             }
         }
     } else {

@@ -188,10 +188,10 @@ static inline __attribute__((always_inline)) void dot_rows(int f, const void *co
 }
 
 /* o[t][r] = ws[r] . xb[t] for four rows and four tokens' inputs (MODEL_DIM apart), each as
- * dot_rows gives it: one row against the four tokens at once where rows go one at a time (each
- * weight converted once for the four), else dot_rows per token. */
+ * dot_rows gives it: one row against the four tokens at once where rows go one at a time or are
+ * quantized (each weight converted or unpacked once for the four), else dot_rows per token. */
 static inline __attribute__((always_inline)) void dot_rows_x4(int f, const void *const ws[4], const float *xb, float o[4][4]) {
-    if (CPU_PAIRED_STREAMS == 4)
+    if (CPU_PAIRED_STREAMS == 4 && MAT_DENSE(f))
         for (int t = 0; t < 4; t += 2) mat_dot4_x2(f, ws, xb + (size_t)t * MODEL_DIM, MODEL_DIM, MODEL_DIM, o + t);
     else
         for (int r = 0; r < 4; r++) {
@@ -242,7 +242,9 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
 #else
     (void)gs;
 #endif
-    int q = CPU_STREAMS == 4 ? (hi - lo) / 4 : 0;
+    /* four rows at a time (four streams) for a token, or a batch of dense rows; a batch of quantized
+     * rows a row at a time, against four tokens at once (quant_dot_x4) */
+    int q = CPU_STREAMS == 4 && (nb == 1 || MAT_DENSE(f)) ? (hi - lo) / 4 : 0;
     for (int j = 0; j < q; j++) {
         int r[4] = {lo + j, lo + q + j, lo + 2 * q + j, lo + 3 * q + j};
         const void *ws[4] = {mat_row(w, f, n, r[0]), mat_row(w, f, n, r[1]), mat_row(w, f, n, r[2]), mat_row(w, f, n, r[3])};
@@ -374,7 +376,8 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
+                int q = CPU_PAIRED_STREAMS == 4 && (1 == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
                     const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
@@ -569,7 +572,8 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
+                int q = CPU_PAIRED_STREAMS == 4 && (nb == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
                     const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
@@ -719,7 +723,8 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
+                int q = CPU_PAIRED_STREAMS == 4 && (1 == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
                     const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
@@ -923,7 +928,8 @@ static void forward_prefill_timed_f16(model_cpu *m, const int *tokens, int nb, i
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
+                int q = CPU_PAIRED_STREAMS == 4 && (nb == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
                     const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
@@ -1084,7 +1090,8 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
+                int q = CPU_PAIRED_STREAMS == 4 && (1 == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
                     const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
@@ -1287,7 +1294,8 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
+                int q = CPU_PAIRED_STREAMS == 4 && (nb == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
                     const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
@@ -1450,7 +1458,8 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
+                int q = CPU_PAIRED_STREAMS == 4 && (1 == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
                     const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
@@ -1662,7 +1671,8 @@ static void forward_prefill_timed_q8(model_cpu *m, const int *tokens, int nb, in
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                int q = CPU_PAIRED_STREAMS == 4 ? (hi - lo) / 2 : 0;
+                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
+                int q = CPU_PAIRED_STREAMS == 4 && (nb == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
                 for (int j = 0; j < q; j++) {
                     int a = lo + j, c = lo + q + j;
                     const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
