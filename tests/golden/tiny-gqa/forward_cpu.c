@@ -1772,6 +1772,10 @@ static double stage_bytes(int i, int pos, kv_cache_type kv) {
 #undef ROWS_BYTES
 }
 
+/* The stage benchmark's names of the stages (ST_*), as the GPU's kernel benchmark names them. */
+static const char *const stage_names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
+                                                  "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head"};
+
 /* Floating-point operations of stage i (STEP_STAGES in launch order) of a prompt batch of nb tokens
  * from position pos: 2 a weight a token for the matrix products, 4 a query dimension a position for
  * attention's scores and weighted sum (token b reads pos + b + 1 positions); embed, the norms and
@@ -1791,8 +1795,6 @@ static double stage_flops(int i, int pos, int nb) {
  * reps per stage of each layer: each stage's time a batch and its GFLOP/s, which --bench sets
  * against its FMA probe. The next real tokens from pos overwrite the batch's cache entries. */
 static void prompt_stage_bench(model_cpu *m, int pos, int reps, double *best, FILE *out) {
-    static const char *const names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
-                                                "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head"};
     const int nb = PREFILL_BATCH, n = STEP_STAGES - 1; /* no LM head: a prompt batch that is not the last */
     int tokens[PREFILL_BATCH];
     for (int b = 0; b < nb; b++) tokens[b] = 1;
@@ -1815,7 +1817,7 @@ static void prompt_stage_bench(model_cpu *m, int pos, int reps, double *best, FI
             pos, m->n_threads, reps);
     fprintf(out, "  %-24s %8s %12s %12s %8s\n", "stage", "launches", "us/batch", "GFLOP/batch", "GFLOP/s");
     for (int st = 0; st < ST_LM_HEAD; st++) {
-        fprintf(out, "  %-24s %8d %12.1f %12.3f %8.1f\n", names[st], calls[st], us[st], flops[st] / 1e9, flops[st] / (us[st] * 1e3));
+        fprintf(out, "  %-24s %8d %12.1f %12.3f %8.1f\n", stage_names[st], calls[st], us[st], flops[st] / 1e9, flops[st] / (us[st] * 1e3));
         total_us += us[st];
         total_flops += flops[st];
     }
@@ -1827,8 +1829,6 @@ static void prompt_stage_bench(model_cpu *m, int pos, int reps, double *best, FI
  * each layer, and prints the table model_cuda_kernel_bench prints: --bench-kernels on the CPU; then,
  * where the context has room, a prompt batch's stages from the same position. */
 err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
-    static const char *const names[ST_COUNT] = {"embed", "rmsnorm_qkv_rope", "attention", "o_proj_residual",
-                                                "rmsnorm_gate_up_silu", "down_residual", "rmsnorm_lm_head"};
     if (pos < 0 || pos >= m->ctx) return err_set(ERR_ARG, "stage benchmark at position %d: expected 0..%d", pos, m->ctx - 1);
     double *best = malloc(STEP_STAGES * sizeof *best);
     m->stage_s = malloc(STEP_STAGES * sizeof *m->stage_s);
@@ -1859,7 +1859,7 @@ err_code model_cpu_stage_bench(model_cpu *m, int pos, int reps, FILE *out) {
             m->n_threads, reps);
     fprintf(out, "  %-24s %8s %12s %10s %8s\n", "stage", "launches", "us/token", "MB/token", "GB/s");
     for (int st = 0; st < ST_COUNT; st++) {
-        fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", names[st], calls[st], us[st], bytes[st] / 1e6, bytes[st] / (us[st] * 1e3));
+        fprintf(out, "  %-24s %8d %12.1f %10.2f %8.0f\n", stage_names[st], calls[st], us[st], bytes[st] / 1e6, bytes[st] / (us[st] * 1e3));
     }
     fprintf(out, "  %-24s %8d %12.1f\n", "total", STEP_STAGES, total);
     if (pos + PREFILL_BATCH <= m->ctx) prompt_stage_bench(m, pos, reps < 5 ? reps : 5, best, out);
