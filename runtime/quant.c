@@ -192,9 +192,9 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
 /* ---------------------------------------------------------------------------------------------
  * SIMD dot products
  *
- * vec: the accumulator (16 lanes on AVX-512, 8 on AVX2). V_FMA16(q, x, acc): acc += the 16 int8
- * in q (an __m128i) times x[0..16); V_FMA16_MEM(p, x, acc): the same for the 16 int8 at p.
- * V_XSUM16(x, xs): xs += x[0..16). V_SCALE(f, a, acc): acc += f * a. V_ADD(a, b): a + b.
+ * vec: the accumulator (16 lanes on AVX-512, 8 on AVX2). wide16: 16 weights as floats, W16(q)
+ * the 16 int8 in q (an __m128i) widened, W16_MEM(p) those at p; V_FMAW(w, x, acc): acc += w times
+ * x[0..16), so that weights widened once serve several tokens' inputs. V_XSUM16(x, xs): xs += x[0..16). V_SCALE(f, a, acc): acc += f * a. V_ADD(a, b): a + b.
  * V_HSUM(acc): the sum of its lanes. */
 #if !defined(QUANT_SIMD_AVX512) && !defined(QUANT_SIMD_AVX2)
 #if defined(__AVX512F__)
@@ -235,10 +235,6 @@ typedef struct { __m256 lo, hi; } wide16; /* 16 int8 weights as floats, 8 and 8 
 #endif
 
 #if defined(QUANT_SIMD_AVX512) || defined(QUANT_SIMD_AVX2)
-/* The weights widened once (W16, W16_MEM) serve several tokens' inputs (V_FMAW); a single token's
- * multiply-add is the same instructions in the same order. */
-#define V_FMA16(q, x, acc) V_FMAW(W16(q), (x), (acc))
-#define V_FMA16_MEM(p, x, acc) V_FMAW(W16_MEM(p), (x), (acc))
 static inline __m128i ld16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 static inline float ld_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
 
