@@ -433,6 +433,29 @@ static inline void attention_heads_x4(float *out, size_t out_stride, const float
     }
     softmax_x4(att, att_stride, n_pos, max, inv, out, out_stride, head_dim);
 #if defined(__AVX512F__)
+    if (head_dim % 64 == 0) { /* 64 of the four rows' outputs in 16 registers over every position (from
+                               * out's zeros: the same multiply-adds, in the same order, as below) */
+        for (int i = 0; i < head_dim; i += 64) {
+            __m512 o[4][4];
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < 4; c++) o[r][c] = _mm512_setzero_ps();
+            for (int t = 0; t < n_max; t++) {
+                const uint16_t *vt = v + (size_t)t * stride + i;
+                const __m512 v0 = load16_f16(vt), v1 = load16_f16(vt + 16), v2 = load16_f16(vt + 32), v3 = load16_f16(vt + 48);
+                for (int r = 0; r < 4; r++)
+                    if (t < n_pos[r]) {
+                        const __m512 p = _mm512_set1_ps(att[r * att_stride + t] * inv[r]);
+                        o[r][0] = _mm512_fmadd_ps(p, v0, o[r][0]);
+                        o[r][1] = _mm512_fmadd_ps(p, v1, o[r][1]);
+                        o[r][2] = _mm512_fmadd_ps(p, v2, o[r][2]);
+                        o[r][3] = _mm512_fmadd_ps(p, v3, o[r][3]);
+                    }
+            }
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < 4; c++) _mm512_storeu_ps(out + r * out_stride + i + 16 * c, o[r][c]);
+        }
+        return;
+    }
     if (head_dim % 16 == 0) {
         for (int t = 0; t < n_max; t++)
             for (int i = 0; i < head_dim; i += 16) {

@@ -228,8 +228,8 @@ static void test_attention(void) {
  * each: the same bits, also where the four see different numbers of positions. */
 static void test_attention_x4(void) {
     enum { STRIDE = 3 * 128, QS = 5 * 128 };
-    static const int head_dims[] = {64, 128}, firsts[] = {1, 30, 200};
-    for (size_t hi = 0; hi < 2; hi++)
+    static const int head_dims[] = {64, 80, 128}, firsts[] = {1, 30, 200}; /* 80: the 16-wide path, not 64 in registers */
+    for (size_t hi = 0; hi < 3; hi++)
         for (size_t fi = 0; fi < 3; fi++) {
             const int hd = head_dims[hi], n_pos[4] = {firsts[fi], firsts[fi] + 1, firsts[fi] + 2, firsts[fi] + 3}, n = n_pos[3];
             uint16_t *k = malloc((size_t)n * STRIDE * 2), *v = malloc((size_t)n * STRIDE * 2);
