@@ -409,6 +409,33 @@ static inline void softmax_x4(float *att, size_t att_stride, const int n_pos[4],
     }
 }
 
+#if defined(__AVX512F__)
+/* attention_heads_x4's (and _q8's) weighted sums of values where head_dim is a multiple of 64: the
+ * four rows' 64 outputs at a time in 16 registers over positions [0, n_max), from zero, row r adding
+ * P(r, t) times position t's values (LOAD16: 16 of them widened) while t < n_pos[r]. The same
+ * multiply-adds, in the same order, as storing each row's outputs back after every position. */
+#define WEIGHTED_SUM_X4_REGS(LOAD16, P)                                                                   \
+    for (int i = 0; i < head_dim; i += 64) {                                                             \
+        __m512 o[4][4];                                                                                   \
+        for (int r = 0; r < 4; r++)                                                                       \
+            for (int c = 0; c < 4; c++) o[r][c] = _mm512_setzero_ps();                                    \
+        for (int t = 0; t < n_max; t++) {                                                                 \
+            const size_t at = (size_t)t * stride + i;                                                     \
+            const __m512 v0 = LOAD16(v + at), v1 = LOAD16(v + at + 16), v2 = LOAD16(v + at + 32), v3 = LOAD16(v + at + 48); \
+            for (int r = 0; r < 4; r++)                                                                   \
+                if (t < n_pos[r]) {                                                                       \
+                    const __m512 p = _mm512_set1_ps(P(r, t));                                             \
+                    o[r][0] = _mm512_fmadd_ps(p, v0, o[r][0]);                                            \
+                    o[r][1] = _mm512_fmadd_ps(p, v1, o[r][1]);                                            \
+                    o[r][2] = _mm512_fmadd_ps(p, v2, o[r][2]);                                            \
+                    o[r][3] = _mm512_fmadd_ps(p, v3, o[r][3]);                                            \
+                }                                                                                         \
+        }                                                                                                 \
+        for (int r = 0; r < 4; r++)                                                                       \
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(out + r * out_stride + i + 16 * c, o[r][c]);     \
+    }
+#endif
+
 /* attention_head for four queries of one KV head at once (a prefill batch's four tokens, one query
  * head): q rows q_stride apart, out rows out_stride apart, query r over positions [0, n_pos[r]);
  * att holds four rows of att_stride scores. Each key and value is converted once for the four
@@ -433,27 +460,10 @@ static inline void attention_heads_x4(float *out, size_t out_stride, const float
     }
     softmax_x4(att, att_stride, n_pos, max, inv, out, out_stride, head_dim);
 #if defined(__AVX512F__)
-    if (head_dim % 64 == 0) { /* 64 of the four rows' outputs in 16 registers over every position (from
-                               * out's zeros: the same multiply-adds, in the same order, as below) */
-        for (int i = 0; i < head_dim; i += 64) {
-            __m512 o[4][4];
-            for (int r = 0; r < 4; r++)
-                for (int c = 0; c < 4; c++) o[r][c] = _mm512_setzero_ps();
-            for (int t = 0; t < n_max; t++) {
-                const uint16_t *vt = v + (size_t)t * stride + i;
-                const __m512 v0 = load16_f16(vt), v1 = load16_f16(vt + 16), v2 = load16_f16(vt + 32), v3 = load16_f16(vt + 48);
-                for (int r = 0; r < 4; r++)
-                    if (t < n_pos[r]) {
-                        const __m512 p = _mm512_set1_ps(att[r * att_stride + t] * inv[r]);
-                        o[r][0] = _mm512_fmadd_ps(p, v0, o[r][0]);
-                        o[r][1] = _mm512_fmadd_ps(p, v1, o[r][1]);
-                        o[r][2] = _mm512_fmadd_ps(p, v2, o[r][2]);
-                        o[r][3] = _mm512_fmadd_ps(p, v3, o[r][3]);
-                    }
-            }
-            for (int r = 0; r < 4; r++)
-                for (int c = 0; c < 4; c++) _mm512_storeu_ps(out + r * out_stride + i + 16 * c, o[r][c]);
-        }
+    if (head_dim % 64 == 0) {
+#define P_F16(r, t) (att[(r) * att_stride + (t)] * inv[r])
+        WEIGHTED_SUM_X4_REGS(load16_f16, P_F16);
+#undef P_F16
         return;
     }
     if (head_dim % 16 == 0) {
@@ -571,6 +581,12 @@ static inline void attention_heads_x4_q8(float *out, size_t out_stride, const fl
     }
     softmax_x4(att, att_stride, n_pos, max, inv, out, out_stride, head_dim);
 #if defined(__AVX512F__)
+    if (head_dim % 64 == 0) {
+#define P_I8(r, t) (att[(r) * att_stride + (t)] * inv[r] * vd[(size_t)(t) * d_stride])
+        WEIGHTED_SUM_X4_REGS(load16_i8, P_I8);
+#undef P_I8
+        return;
+    }
     if (head_dim % 16 == 0) {
         for (int t = 0; t < n_max; t++)
             for (int i = 0; i < head_dim; i += 16) {
