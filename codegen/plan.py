@@ -68,7 +68,7 @@ class Plan:
     fmma_min_chunk: int = 1024  # fewest positions a prompt flash-attention split takes (ATT_TILE: D83); 5: many splits
     fmma_tile: int = 64  # positions a prompt flash-attention tile takes (a multiple of 16)
     poll_vec: int = 8  # float4s a polling thread loads at once (poll_each_group); 2: rounds of polls
-    prefill_batch: int = 0  # prompt tokens a prefill batch takes at most: 8 to 256; 0: 128 on wgmma, else 64 (D94)
+    prefill_batch: int = 0  # prompt tokens a prefill batch takes at most: 8 to 256; 0: 256 on wgmma, else 64 (D94, D122)
     prefill_gate_up_gemm: int = 1  # gate/up's prompt GEMM: 1 where its tiles fill 3/4 of the SMs, 2 always
     gate_up_tma_wide: int = 1  # gate/up's TMA GEMM at two warpgroups a block: 1 by its rule (D92), 2 always
 
@@ -410,6 +410,9 @@ def _apply_sets(plan: Plan, spec: Spec, sets: dict) -> Plan:
         raise PlanError("--set att_short / att_stage_values: they run on the tensor-core attention (att_mma=1)")
     if fields["att_o_short"] and not fields["att_short"]:
         raise PlanError("--set att_o_short=1: the short context's kernel (att_short=1)")
+    if fields["prefill_batch"] > 64 and not fields["gemm_wgmma"]:
+        raise PlanError(f"--set prefill_batch={fields['prefill_batch']}: batches over 64 are built and tested"
+                        " on the wgmma GEMMs only (gemm_wgmma=1); mma.sync takes 8 to 64")
     for name, ok, what in (("att_min_chunk", 1 <= fields["att_min_chunk"] <= 1024, "1 to 1024 (ATT_TILE)"),
                            ("fmma_min_chunk", 1 <= fields["fmma_min_chunk"] <= 1024, "1 to 1024 (ATT_TILE)"),
                            ("fmma_tile", fields["fmma_tile"] in (16, 32, 64, 128), "16, 32, 64 or 128"),
@@ -531,8 +534,8 @@ def header_constants(plan: Plan, head_dim) -> list[tuple[str, object, str]]:
         ("FMMA_MIN_CHUNK", plan.fmma_min_chunk, "fewest positions a prompt flash-attention split takes (D83; tests: 5)"),
         ("FMMA_TILE", plan.fmma_tile, "positions a prompt flash-attention tile takes"),
         ("POLL_VEC", plan.poll_vec, "float4s a polling thread loads at once (tests: 2)"),
-        ("PREFILL_BATCH", plan.prefill_batch or (128 if plan.gemm_wgmma else 64),
-         "prompt tokens a prefill batch takes at most: 128 on wgmma, else 64 (D94)"),
+        ("PREFILL_BATCH", plan.prefill_batch or (256 if plan.gemm_wgmma else 64),
+         "prompt tokens a prefill batch takes at most: 256 on wgmma, else 64 (D94, D122)"),
         ("PREFILL_GATE_UP_GEMM", plan.prefill_gate_up_gemm, "gate/up's prompt GEMM: 1 where its tiles fill 3/4 of the SMs, 2 always (tests)"),
         ("GATE_UP_TMA_WIDE", plan.gate_up_tma_wide, "gate/up's TMA GEMM at two warpgroups a block: 1 by its rule (D92), 2 always (tests)"),
     ]

@@ -33,10 +33,12 @@
  * against 32 with every matvec a GEMM (D88): 1B +28%, 7B +23%; with the matvecs of prefill_pairs_body
  * it lost (their time doubles with the tokens). 128 against 64 on wgmma (D94; its GEMMs 256 columns
  * wide in two terms, one block an SM): 1B prompt
- * +29%, 7B +10%; a batch of 128 costs 1.33 (1B) to 1.63 (7B) of one of 64. So 128 where the GEMMs
- * run on wgmma, 64 on mma.sync (its fragments for 256 columns would take 128 registers a lane
- * more). Each a multiple of the mma's n, 8; tests build 16, 32 and 64. */
-#define PREFILL_BATCH MODEL_PREFILL_BATCH /* the plan's: 128 on wgmma, else 64 */
+ * +29%, 7B +10%; a batch of 128 costs 1.33 (1B) to 1.63 (7B) of one of 64. 256 against 128 on
+ * wgmma at one term (D122; the same 256 GEMM columns, half the weight reads a token): 512-token
+ * prompt 1B +45%, 7B +50%, 4096 tokens +56%, +45% (H100). So 256 where the GEMMs run on wgmma, 64
+ * on mma.sync (its fragments for 256 columns would take 128 registers a lane more; the plan
+ * refuses more there). Each a multiple of the mma's n, 8; tests build 16, 32, 64 and 128. */
+#define PREFILL_BATCH MODEL_PREFILL_BATCH /* the plan's: 256 on wgmma, else 64 */
 #define PREFILL_SMALL 8
 #define PREFILL_SIZES                                                                                                     \
     (PREFILL_BATCH == 256 ? 6 : PREFILL_BATCH == 128 ? 5 : PREFILL_BATCH == 64 ? 4 : PREFILL_BATCH == 32 ? 3 : PREFILL_BATCH == 16 ? 2 : 1)

@@ -450,7 +450,11 @@ def test_test_knobs_are_plan_settings_refused_out_of_range(tmp_path):
                         ("PREFILL_GATE_UP_GEMM", 2), ("GATE_UP_TMA_WIDE", 2)):
         assert f"#define MODEL_{name} {value} " in header, name
     r = gen()
-    assert "#define MODEL_PREFILL_BATCH 128 " in (tmp_path / "model_plan.h").read_text()  # sm_90: wgmma, batches of 128
+    assert "#define MODEL_PREFILL_BATCH 256 " in (tmp_path / "model_plan.h").read_text()  # sm_90: wgmma, batches of 256
     for bad in ("att_min_chunk=0", "fmma_tile=24", "poll_vec=9", "prefill_batch=12", "prefill_gate_up_gemm=3", "gate_up_tma_wide=0"):
         r = gen(bad)
         assert r.returncode == 1 and f"--set {bad}: expected" in r.stderr and r.stderr.count("\n") == 1, (bad, r.stderr)
+    r = gen("gemm_wgmma=0", "prefill_batch=128")  # batches over 64 only on wgmma
+    assert r.returncode == 1 and "--set prefill_batch=128: batches over 64" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = gen("gemm_wgmma=0")  # the rule's 64 on mma.sync
+    assert r.returncode == 0 and "#define MODEL_PREFILL_BATCH 64 " in (tmp_path / "model_plan.h").read_text(), r.stderr

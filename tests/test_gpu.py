@@ -55,8 +55,8 @@ GPU_HF_TOLERANCE = 5e-3
 # largest emulated, with the fp16 KV cache's 1.1e-3 beside it; a wrong tile or a lost split of K moves
 # logits by far more (a sixteenth of K's products missing: ~25%).
 GPU_PROMPT_TOLERANCE = 2e-2
-# TINY_PROMPT's tokens fed at once: in batches of 128 and 16 (12 tokens), the last of which runs
-# through the last layer and chooses (prefill_last)
+# TINY_PROMPT's tokens fed at once: in one batch of 256 (a build of at most 128: batches of 128 and
+# 16 holding 12 tokens), the last of which runs through the last layer and chooses (prefill_last)
 PREFILL_DUMP_FROM = 140
 
 # nvcc flags the tests build tiny models with (flags_build), besides the ones in their parameters
@@ -589,8 +589,8 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-group3", "fmma_tile=16"),
                                            ("tiny-gqa", TMA_WIDE), ("tiny-wide", TMA_WIDE), ("tiny-group3", TMA_WIDE),
                                            ("tiny-gqa", "prefill_batch=64"), ("tiny-wide", f"prefill_batch=64 {TMA_WIDE}"),
-                                           ("tiny-gqa", "prefill_batch=256"), ("tiny-wide", "prefill_batch=256"),
-                                           ("tiny-group3", f"prefill_batch=256 {TMA_WIDE}")])
+                                           ("tiny-gqa", "prefill_batch=128"), ("tiny-wide", "prefill_batch=128"),
+                                           ("tiny-group3", f"prefill_batch=128 {TMA_WIDE}")])
 def test_tiny_gpu_prefill_builds_near_cpu(variant, flags, tmp_path):
     """The prefill's builds other than the default, each in a build of its own: batches of at most
     16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp), gate/up as
@@ -601,16 +601,14 @@ def test_tiny_gpu_prefill_builds_near_cpu(variant, flags, tmp_path):
     across tiles); gate/up's GEMM on wgmma (its tiles copied by TMA: tiny-gqa one K tile, rows past
     the matrix zero-filled; tiny-wide 34) at two warpgroups a block (TMA_WIDE: tiny-gqa's three
     blocks, the last half past the matrix; tiny-wide; tiny-group3); batches of at most 64 (64, 64,
-    16 of TINY_PROMPT's tokens), there with gate/up's two warpgroups a block; batches of at most 256
-    (the whole prompt in one: 256 columns, the split GEMMs' and gate/up's wide forms, there with
-    two warpgroups on tiny-group3).
+    16 of TINY_PROMPT's tokens), there with gate/up's two warpgroups a block; batches of at most 128
+    (128 and 32 of TINY_PROMPT's tokens, there with two warpgroups on tiny-group3).
     The prompt path's logits against the CPU's (assert_prompt_path_near_cpu): the whole prompt at
     once, its last position, and its first PREFILL_DUMP_FROM tokens, the rest a step a token on the
-    keys and values it wrote. (The default build: batches of 128 with every matvec a GEMM over
-    splits of K, as many as K's tiles allow on tiny models, on wgmma, 128 columns; TINY_PROMPT's 148
-    tokens go as a batch of 128, then 20 in a batch of 32, the smallest that covers them, run
-    through its last layer for the last token's choice; the prefill_batch=32 builds run its kernels
-    at 32.)"""
+    keys and values it wrote. (The default build: batches of 256 with every matvec a GEMM over
+    splits of K, as many as K's tiles allow on tiny models, on wgmma, 256 columns; TINY_PROMPT's 148
+    tokens go as one batch of 256, the smallest that covers them, run through its last layer for
+    the last token's choice; the prefill_batch=32 builds run its kernels at 32.)"""
     d, binary = flags_build(variant, flags)
     n = len(Tokenizer.from_file(str(d / "tokenizer.json")).encode(TINY_PROMPT).ids)
     for fed in (n, PREFILL_DUMP_FROM):
@@ -619,17 +617,18 @@ def test_tiny_gpu_prefill_builds_near_cpu(variant, flags, tmp_path):
 
 @pytest.mark.parametrize("variant,flags,fed", [("tiny-gqa", None, PREFILL_DUMP_FROM), ("tiny-wide", None, PREFILL_DUMP_FROM),
                                                ("tiny-group3", None, PREFILL_DUMP_FROM), ("tiny-qwen2", None, PREFILL_DUMP_FROM),
-                                               ("tiny-llama3", None, PREFILL_DUMP_FROM), ("tiny-gqa", None, 130), ("tiny-gqa", None, 129),
+                                               ("tiny-llama3", None, PREFILL_DUMP_FROM), ("tiny-gqa", "prefill_batch=128", 130),
+                                               ("tiny-gqa", "prefill_batch=128", 129),
                                                ("tiny-group3", None, 3), ("tiny-wide", TMA_WIDE, PREFILL_DUMP_FROM),
                                                ("tiny-gqa", "prefill_batch=64", PREFILL_DUMP_FROM),
                                                ("tiny-gqa", None, 2)])
 def test_tiny_gpu_prefill_logits_match_cpu(variant, flags, fed, tmp_path):
     """--dump-prefill: TINY_PROMPT's first `fed` tokens fed at once, then one at a time; the GPU's
     logits from position fed - 1 on (every one after keys and values the prompt path wrote) against
-    the CPU's token by token (GPU_PROMPT_TOLERANCE): the default build (batches of 128; the first
-    logits from the last batch's last token: the last layer run through, its row to the LM head), a
-    batch of 128 and then a batch of 8 holding 2 tokens (130), or a step (129: one token left goes
-    as a step), a batch of 8 holding 3 tokens (3) and 2 (2), gate/up's two warpgroups forced,
+    the CPU's token by token (GPU_PROMPT_TOLERANCE): the default build (batches of 256; the first
+    logits from the last batch's last token: the last layer run through, its row to the LM head),
+    in a build of batches of 128 a batch of 128 and then a batch of 8 holding 2 tokens (130), or a
+    step (129: one token left goes as a step), a batch of 8 holding 3 tokens (3) and 2 (2), gate/up's two warpgroups forced,
     batches of at most 64."""
     if flags is None:
         d = tiny_model_dir(variant)

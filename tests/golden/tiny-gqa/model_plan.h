@@ -51,7 +51,7 @@
 #define MODEL_FMMA_MIN_CHUNK 1024 /* fewest positions a prompt flash-attention split takes (D83; tests: 5) */
 #define MODEL_FMMA_TILE 64 /* positions a prompt flash-attention tile takes */
 #define MODEL_POLL_VEC 8 /* float4s a polling thread loads at once (tests: 2) */
-#define MODEL_PREFILL_BATCH 128 /* prompt tokens a prefill batch takes at most: 128 on wgmma, else 64 (D94) */
+#define MODEL_PREFILL_BATCH 256 /* prompt tokens a prefill batch takes at most: 256 on wgmma, else 64 (D94, D122) */
 #define MODEL_PREFILL_GATE_UP_GEMM 1 /* gate/up's prompt GEMM: 1 where its tiles fill 3/4 of the SMs, 2 always (tests) */
 #define MODEL_GATE_UP_TMA_WIDE 1 /* gate/up's TMA GEMM at two warpgroups a block: 1 by its rule (D92), 2 always (tests) */
 
