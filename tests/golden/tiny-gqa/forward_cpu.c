@@ -80,7 +80,7 @@ struct model_cpu {
     float *value_scale;           /* (n_layers, ctx, n_kv_heads) KV_Q8: each value vector's d; NULL for KV_F16 */
     size_t cache_bytes;           /* of each of key_cache and value_cache */
     size_t scale_bytes;           /* of each of key_scale and value_scale (0 for KV_F16) */
-    double *stage_s;              /* (STEP_STAGES) seconds of each stage of the last timed step */
+    double *stage_s;              /* (STEP_STAGES) seconds of each stage of the last timed step or prompt batch; NULL: untimed */
 };
 
 /* Floats of each activation, rounded up to whole cache lines. */
@@ -412,12 +412,17 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
 
 /* tokens[0..nb) at positions pos0.. through every layer, appending their keys and values to the
  * f16 cache; the logits of the last one when want_logits (prompt prefill), of every one into
- * all_logits (nb, vocab) when it is not NULL (perplexity). */
+ * all_logits (nb, vocab) when it is not NULL (perplexity). Where m->stage_s is set (the stage
+ * benchmark), thread 0 reads the clock after every barrier: each stage's seconds go there, in
+ * launch order, as the timed decode step's do. */
 static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
     const model_weights *w = &m->w;
+    double t_last = omp_get_wtime();
+    int k = 0;
     for (int b = 0; b < nb; b++)
         mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
                        MODEL_DIM);
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
 
     /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
      * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
@@ -530,6 +535,7 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                     }
                 }
             }
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.layers.{l}: input_layernorm, q/k/v, RoPE */
 
             /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
             /* four tokens of one head an item: each key and value converted once for the four
@@ -549,9 +555,11 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                                        vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
             }
 
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
             matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs);
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
@@ -603,15 +611,18 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                 }
             }
 #pragma omp barrier
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
             matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (want_logits) {
             rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
             matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
         /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
         if (all_logits) {
@@ -621,9 +632,9 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
     }
 }
 
-/* The decode step (f16 KV cache) with thread 0 reading the clock after every
- * barrier: each stage's seconds (from the end of the previous stage, so a stage includes the norm it
- * starts with and the wait for the slowest thread) go to m->stage_s, in launch order. */
+/* The decode step (f16 KV cache) with thread 0 reading the clock after every barrier: each
+ * stage's seconds (from the end of the previous stage, so a stage includes the norm it starts with
+ * and the wait for the slowest thread) go to m->stage_s, in launch order. */
 static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) {
     const model_weights *w = &m->w;
     double t_last = omp_get_wtime();
@@ -756,226 +767,6 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
             matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
-        }
-    }
-}
-
-/* The prompt's batch (f16 KV cache) with thread 0 reading the clock after every
- * barrier: each stage's seconds (from the end of the previous stage, so a stage includes the norm it
- * starts with and the wait for the slowest thread) go to m->stage_s, in launch order. */
-static void forward_prefill_timed_f16(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
-    const model_weights *w = &m->w;
-    double t_last = omp_get_wtime();
-    int k = 0;
-    for (int b = 0; b < nb; b++)
-        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
-                       MODEL_DIM);
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
-
-    /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
-     * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
-#pragma omp parallel num_threads(m->n_threads)
-    {
-        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
-        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
-#if GEMM_AVAILABLE
-        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
-#else
-        float *gs = NULL;
-#endif
-        for (int l = 0; l < MODEL_N_LAYERS; l++) {
-            const model_layer_weights *lw = &w->layers[l];
-            /* the layer's matrix formats: constants where a field's layers share one */
-            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
-                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
-            uint16_t *kc = (uint16_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
-            uint16_t *vc = (uint16_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM; /* (ctx, kv_dim) */
-
-            /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
-            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
-#if GEMM_AVAILABLE
-            if (MAT_DENSE(fq) && MAT_DENSE(fk) && MAT_DENSE(fv)) {
-                /* a batch of dense rows: q, k and v as GEMMs (each sum dot_rows's), then each head's bias,
-                 * RoPE and KV store */
-                int lo, hi;
-                thread_share(MODEL_Q_DIM, &lo, &hi);
-                gemm_rows_w(lw->wq, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->q, MODEL_Q_DIM, GEMM_SET, 0, NULL, gs);
-                thread_share(MODEL_KV_DIM, &lo, &hi);
-                gemm_rows_w(lw->wk, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->k, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
-                gemm_rows_w(lw->wv, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->v, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
-#pragma omp barrier
-#pragma omp for schedule(static)
-                for (int item = 0; item < nb * (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS); item++) {
-                    const int b = item / (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS), h = item % (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS);
-                    const int pos = pos0 + b;
-                    if (h < MODEL_N_HEADS + MODEL_N_KV_HEADS) { /* a query or key head: rows i and i + head_dim/2 rotate together */
-                        const int is_k = h >= MODEL_N_HEADS, r0 = (is_k ? h - MODEL_N_HEADS : h) * MODEL_HEAD_DIM;
-                        float *o = is_k ? m->k + (size_t)b * MODEL_KV_DIM + r0 : m->q + (size_t)b * MODEL_Q_DIM + r0;
-                        const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                        for (int i = 0; i < HALF; i++) {
-                            float lo_i = o[i], hi_i = o[i + HALF];
-                            if (MODEL_QKV_BIAS) {
-                                lo_i += w_to_f32(bias[r0 + i]);
-                                hi_i += w_to_f32(bias[r0 + i + HALF]);
-                            }
-                            rope_rotate(&lo_i, &hi_i, pos, model_rope_inv_freq[i]);
-                            if (is_k) {
-                                kc[(size_t)pos * MODEL_KV_DIM + r0 + i] = f32_to_f16(lo_i);
-                                kc[(size_t)pos * MODEL_KV_DIM + r0 + i + HALF] = f32_to_f16(hi_i);
-                            } else {
-                                o[i] = lo_i;
-                                o[i + HALF] = hi_i;
-                            }
-                        }
-                    } else { /* a value head */
-                        const int r0 = (h - MODEL_N_HEADS - MODEL_N_KV_HEADS) * MODEL_HEAD_DIM;
-                        float *o = m->v + (size_t)b * MODEL_KV_DIM + r0;
-                        for (int i = 0; i < MODEL_HEAD_DIM; i++) {
-                            const float val = MODEL_QKV_BIAS ? o[i] + w_to_f32(lw->bv[r0 + i]) : o[i];
-                            vc[(size_t)pos * MODEL_KV_DIM + r0 + i] = f32_to_f16(val);
-                        }
-                    }
-                }
-            } else
-#endif
-            {
-#pragma omp for schedule(static)
-                for (int item = 0; item < QKV_ITEMS; item++) {
-                    float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
-                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
-                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
-                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
-                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                        const void *wm = is_k ? lw->wk : lw->wq;
-                        const int f = is_k ? fk : fq;
-                        const void *ws[4];
-                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
-                        for (int b = 0; b < nb; b++) {
-                            int pos = pos0 + b;
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
-                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], o);
-                            if (MODEL_QKV_BIAS) {
-                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
-                            }
-                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
-                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
-                            for (int r = 0; r < 4; r++) {
-                                if (is_k) kc[(size_t)pos * MODEL_KV_DIM + rows[r]] = f32_to_f16(o[r]);
-                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
-                            }
-                        }
-                    } else {
-                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                        const int f = fv;
-                        const void *ws[4];
-                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
-                        for (int b = 0; b < nb; b++) {
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
-                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], o);
-                            for (int r = 0; r < 4; r++) {
-                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
-                                vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
-                            }
-                        }
-                    }
-                }
-            }
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.layers.{l}: input_layernorm, q/k/v, RoPE */
-
-            /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
-            /* four tokens of one head an item: each key and value converted once for the four
-             * (attention_heads_x4, the same sums as attention_head); a last group of fewer, one by one */
-#pragma omp for schedule(static)
-            for (int gh = 0; gh < (nb + 3) / 4 * MODEL_N_HEADS; gh++) {
-                int b0 = 4 * (gh / MODEL_N_HEADS), h = gh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
-                float *out = m->xb2 + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
-                const float *qb = m->q + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
-                if (b0 + 4 <= nb) {
-                    const int n_pos[4] = {pos0 + b0 + 1, pos0 + b0 + 2, pos0 + b0 + 3, pos0 + b0 + 4};
-                    attention_heads_x4(out, MODEL_Q_DIM, qb, MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM,
-                                       MODEL_KV_DIM, n_pos, MODEL_HEAD_DIM, att, m->ctx);
-                } else
-                    for (int b = b0; b < nb; b++)
-                        attention_head(out + (size_t)(b - b0) * MODEL_Q_DIM, qb + (size_t)(b - b0) * MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM,
-                                       vc + kvh * MODEL_HEAD_DIM, MODEL_KV_DIM, pos0 + b + 1, MODEL_HEAD_DIM, att);
-            }
-
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
-
-            /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs);
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
-
-            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
-             * of its rows side by side in both matrices, four sequential streams */
-            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
-#if GEMM_AVAILABLE
-            if (MAT_DENSE(fg) && MAT_DENSE(fu)) { /* a batch of dense rows: gate and up as GEMMs, then SiLU on this thread's rows */
-                int lo, hi;
-                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                gemm_rows_w(lw->w_gate, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hg, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
-                gemm_rows_w(lw->w_up, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hb, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
-                for (int b = 0; b < nb; b++)
-                    for (int i = lo; i < hi; i++) {
-                        float *h = m->hb + (size_t)b * MODEL_HIDDEN_DIM + i;
-                        *h = silu(m->hg[(size_t)b * MODEL_HIDDEN_DIM + i]) * *h;
-                    }
-            } else
-#endif
-            {
-                int lo, hi;
-                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
-                int q = CPU_PAIRED_STREAMS == 4 && (nb == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
-                for (int j = 0; j < q; j++) {
-                    int a = lo + j, c = lo + q + j;
-                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
-                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
-                    for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
-                        float o[2][4];
-                        const int two = b + 2 <= nb;
-                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], o);
-                        else gate_up_dot4(fg, fu, ws, xb[b], o[0]);
-                        for (int t = 0; t <= two; t++, b++) {
-                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
-                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
-                        }
-                    }
-                }
-                for (int i = lo + 2 * q; i < hi; i++) {
-                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
-                    int b = 0;
-                    for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
-                        float g[4], u[4];
-                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, MODEL_DIM, g);
-                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, MODEL_DIM, u);
-                        for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
-                    }
-                    for (; b < nb; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
-                }
-            }
-#pragma omp barrier
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
-
-            /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
-        }
-
-        /* model.norm and the LM head, for the last token only */
-        if (want_logits) {
-            rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
-        }
-        /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
-        if (all_logits) {
-            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
-            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
         }
     }
 }
@@ -1126,12 +917,17 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
 
 /* tokens[0..nb) at positions pos0.. through every layer, appending their keys and values to the
  * q8 cache; the logits of the last one when want_logits (prompt prefill), of every one into
- * all_logits (nb, vocab) when it is not NULL (perplexity). */
+ * all_logits (nb, vocab) when it is not NULL (perplexity). Where m->stage_s is set (the stage
+ * benchmark), thread 0 reads the clock after every barrier: each stage's seconds go there, in
+ * launch order, as the timed decode step's do. */
 static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
     const model_weights *w = &m->w;
+    double t_last = omp_get_wtime();
+    int k = 0;
     for (int b = 0; b < nb; b++)
         mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
                        MODEL_DIM);
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
 
     /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
      * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
@@ -1251,6 +1047,7 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                 if (is_v) vd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(vc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->v + at, MODEL_HEAD_DIM);
                 else kd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(kc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->k + at, MODEL_HEAD_DIM);
             }
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.layers.{l}: input_layernorm, q/k/v, RoPE */
 
             /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
             /* four tokens of one head an item: each key and value converted once for the four
@@ -1271,9 +1068,11 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                                           MODEL_HEAD_DIM, att);
             }
 
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
             matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs);
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
@@ -1325,15 +1124,18 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                 }
             }
 #pragma omp barrier
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
             matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (want_logits) {
             rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
             matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
+            if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
         /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
         if (all_logits) {
@@ -1343,9 +1145,9 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
     }
 }
 
-/* The decode step (q8 KV cache) with thread 0 reading the clock after every
- * barrier: each stage's seconds (from the end of the previous stage, so a stage includes the norm it
- * starts with and the wait for the slowest thread) go to m->stage_s, in launch order. */
+/* The decode step (q8 KV cache) with thread 0 reading the clock after every barrier: each
+ * stage's seconds (from the end of the previous stage, so a stage includes the norm it starts with
+ * and the wait for the slowest thread) go to m->stage_s, in launch order. */
 static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
     const model_weights *w = &m->w;
     double t_last = omp_get_wtime();
@@ -1495,234 +1297,6 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
     }
 }
 
-/* The prompt's batch (q8 KV cache) with thread 0 reading the clock after every
- * barrier: each stage's seconds (from the end of the previous stage, so a stage includes the norm it
- * starts with and the wait for the slowest thread) go to m->stage_s, in launch order. */
-static void forward_prefill_timed_q8(model_cpu *m, const int *tokens, int nb, int pos0, int want_logits, float *all_logits) {
-    const model_weights *w = &m->w;
-    double t_last = omp_get_wtime();
-    int k = 0;
-    for (int b = 0; b < nb; b++)
-        mat_row_to_f32(MODEL_FORMAT_EMBED, mat_row(w->embed, MODEL_FORMAT_EMBED, MODEL_DIM, (size_t)tokens[b]), m->x + (size_t)b * MODEL_DIM,
-                       MODEL_DIM);
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* embed */
-
-    /* One parallel region per call; barriers (the implicit one closing each `omp for`, and the one
-     * closing each matvec) order the phases: q/k/v -> attention -> o_proj -> gate/up -> down. */
-#pragma omp parallel num_threads(m->n_threads)
-    {
-        float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
-        float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
-#if GEMM_AVAILABLE
-        float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
-#else
-        float *gs = NULL;
-#endif
-        for (int l = 0; l < MODEL_N_LAYERS; l++) {
-            const model_layer_weights *lw = &w->layers[l];
-            /* the layer's matrix formats: constants where a field's layers share one */
-            const int fq = MODEL_FORMAT_WQ_AT(l), fk = MODEL_FORMAT_WK_AT(l), fv = MODEL_FORMAT_WV_AT(l), fo = MODEL_FORMAT_WO_AT(l),
-                      fg = MODEL_FORMAT_W_GATE_AT(l), fu = MODEL_FORMAT_W_UP_AT(l), fd = MODEL_FORMAT_W_DOWN_AT(l);
-            int8_t *kc = (int8_t *)m->key_cache + (size_t)l * m->ctx * MODEL_KV_DIM;     /* (ctx, kv_dim) */
-            int8_t *vc = (int8_t *)m->value_cache + (size_t)l * m->ctx * MODEL_KV_DIM;   /* (ctx, kv_dim) */
-            float *kd = m->key_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;            /* (ctx, n_kv_heads) */
-            float *vd = m->value_scale + (size_t)l * m->ctx * MODEL_N_KV_HEADS;          /* (ctx, n_kv_heads) */
-
-            /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
-             * to k and v, whole vectors for the quantizer below */
-            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
-#if GEMM_AVAILABLE
-            if (MAT_DENSE(fq) && MAT_DENSE(fk) && MAT_DENSE(fv)) {
-                /* a batch of dense rows: q, k and v as GEMMs (each sum dot_rows's), then each head's bias,
-                 * RoPE and KV store */
-                int lo, hi;
-                thread_share(MODEL_Q_DIM, &lo, &hi);
-                gemm_rows_w(lw->wq, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->q, MODEL_Q_DIM, GEMM_SET, 0, NULL, gs);
-                thread_share(MODEL_KV_DIM, &lo, &hi);
-                gemm_rows_w(lw->wk, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->k, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
-                gemm_rows_w(lw->wv, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->v, MODEL_KV_DIM, GEMM_SET, 0, NULL, gs);
-#pragma omp barrier
-#pragma omp for schedule(static)
-                for (int item = 0; item < nb * (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS); item++) {
-                    const int b = item / (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS), h = item % (MODEL_N_HEADS + 2 * MODEL_N_KV_HEADS);
-                    const int pos = pos0 + b;
-                    if (h < MODEL_N_HEADS + MODEL_N_KV_HEADS) { /* a query or key head: rows i and i + head_dim/2 rotate together */
-                        const int is_k = h >= MODEL_N_HEADS, r0 = (is_k ? h - MODEL_N_HEADS : h) * MODEL_HEAD_DIM;
-                        float *o = is_k ? m->k + (size_t)b * MODEL_KV_DIM + r0 : m->q + (size_t)b * MODEL_Q_DIM + r0;
-                        const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                        for (int i = 0; i < HALF; i++) {
-                            float lo_i = o[i], hi_i = o[i + HALF];
-                            if (MODEL_QKV_BIAS) {
-                                lo_i += w_to_f32(bias[r0 + i]);
-                                hi_i += w_to_f32(bias[r0 + i + HALF]);
-                            }
-                            rope_rotate(&lo_i, &hi_i, pos, model_rope_inv_freq[i]);
-                            o[i] = lo_i;
-                            o[i + HALF] = hi_i;
-                        }
-                    } else { /* a value head */
-                        const int r0 = (h - MODEL_N_HEADS - MODEL_N_KV_HEADS) * MODEL_HEAD_DIM;
-                        float *o = m->v + (size_t)b * MODEL_KV_DIM + r0;
-                        for (int i = 0; i < MODEL_HEAD_DIM; i++) {
-                            const float val = MODEL_QKV_BIAS ? o[i] + w_to_f32(lw->bv[r0 + i]) : o[i];
-                            o[i] = val;
-                        }
-                    }
-                }
-            } else
-#endif
-            {
-#pragma omp for schedule(static)
-                for (int item = 0; item < QKV_ITEMS; item++) {
-                    float o[4], o4[4][4]; /* four tokens' sums at once (dot_rows_x4), while whole fours are left */
-                    if (item < QKV_Q_QUADS + QKV_K_QUADS) {
-                        int is_k = item >= QKV_Q_QUADS, p = is_k ? item - QKV_Q_QUADS : item;
-                        int i = 2 * (p % (HALF / 2)), r0 = (p / (HALF / 2)) * MODEL_HEAD_DIM + i;
-                        int rows[4] = {r0, r0 + 1, r0 + HALF, r0 + 1 + HALF};
-                        const void *wm = is_k ? lw->wk : lw->wq;
-                        const int f = is_k ? fk : fq;
-                        const void *ws[4];
-                        for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
-                        for (int b = 0; b < nb; b++) {
-                            int pos = pos0 + b;
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
-                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], o);
-                            if (MODEL_QKV_BIAS) {
-                                const model_weight_t *bias = is_k ? lw->bk : lw->bq;
-                                for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
-                            }
-                            rope_rotate(&o[0], &o[2], pos, model_rope_inv_freq[i]);
-                            rope_rotate(&o[1], &o[3], pos, model_rope_inv_freq[i + 1]);
-                            for (int r = 0; r < 4; r++) {
-                                if (is_k) m->k[(size_t)b * MODEL_KV_DIM + rows[r]] = o[r];
-                                else m->q[(size_t)b * MODEL_Q_DIM + rows[r]] = o[r];
-                            }
-                        }
-                    } else {
-                        int r0 = 4 * (item - QKV_Q_QUADS - QKV_K_QUADS);
-                        const int f = fv;
-                        const void *ws[4];
-                        for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
-                        for (int b = 0; b < nb; b++) {
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], o4);
-                        if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], o);
-                            for (int r = 0; r < 4; r++) {
-                                if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
-                                m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
-                            }
-                        }
-                    }
-                }
-            }
-            /* KV store: each new key and value vector of a KV head as int8 and its scale (a vector's
-             * rows come from several threads above, so the quantizer waits for their barrier) */
-#pragma omp for schedule(static)
-            for (int item = 0; item < 2 * nb * MODEL_N_KV_HEADS; item++) {
-                const int is_v = item % 2, b = item / 2 / MODEL_N_KV_HEADS, kvh = item / 2 % MODEL_N_KV_HEADS;
-                const size_t pos = (size_t)(pos0 + b), at = (size_t)b * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM;
-                if (is_v) vd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(vc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->v + at, MODEL_HEAD_DIM);
-                else kd[pos * MODEL_N_KV_HEADS + kvh] = kv_quantize_q8(kc + pos * MODEL_KV_DIM + kvh * MODEL_HEAD_DIM, m->k + at, MODEL_HEAD_DIM);
-            }
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.layers.{l}: input_layernorm, q/k/v, RoPE */
-
-            /* attention: token b's query head h reads KV head h / kv_mul over positions 0..pos0+b */
-            /* four tokens of one head an item: each key and value converted once for the four
-             * (attention_heads_x4, the same sums as attention_head); a last group of fewer, one by one */
-#pragma omp for schedule(static)
-            for (int gh = 0; gh < (nb + 3) / 4 * MODEL_N_HEADS; gh++) {
-                int b0 = 4 * (gh / MODEL_N_HEADS), h = gh % MODEL_N_HEADS, kvh = h / MODEL_KV_MUL;
-                float *out = m->xb2 + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
-                const float *qb = m->q + (size_t)b0 * MODEL_Q_DIM + h * MODEL_HEAD_DIM;
-                if (b0 + 4 <= nb) {
-                    const int n_pos[4] = {pos0 + b0 + 1, pos0 + b0 + 2, pos0 + b0 + 3, pos0 + b0 + 4};
-                    attention_heads_x4_q8(out, MODEL_Q_DIM, qb, MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM, vc + kvh * MODEL_HEAD_DIM, kd + kvh,
-                                          vd + kvh, MODEL_KV_DIM, MODEL_N_KV_HEADS, n_pos, MODEL_HEAD_DIM, att, m->ctx);
-                } else
-                    for (int b = b0; b < nb; b++)
-                        attention_head_q8(out + (size_t)(b - b0) * MODEL_Q_DIM, qb + (size_t)(b - b0) * MODEL_Q_DIM, kc + kvh * MODEL_HEAD_DIM,
-                                          vc + kvh * MODEL_HEAD_DIM, kd + kvh, vd + kvh, MODEL_KV_DIM, MODEL_N_KV_HEADS, pos0 + b + 1,
-                                          MODEL_HEAD_DIM, att);
-            }
-
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
-
-            /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs);
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
-
-            /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
-             * of its rows side by side in both matrices, four sequential streams */
-            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
-#if GEMM_AVAILABLE
-            if (MAT_DENSE(fg) && MAT_DENSE(fu)) { /* a batch of dense rows: gate and up as GEMMs, then SiLU on this thread's rows */
-                int lo, hi;
-                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                gemm_rows_w(lw->w_gate, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hg, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
-                gemm_rows_w(lw->w_up, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hb, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
-                for (int b = 0; b < nb; b++)
-                    for (int i = lo; i < hi; i++) {
-                        float *h = m->hb + (size_t)b * MODEL_HIDDEN_DIM + i;
-                        *h = silu(m->hg[(size_t)b * MODEL_HIDDEN_DIM + i]) * *h;
-                    }
-            } else
-#endif
-            {
-                int lo, hi;
-                thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
-                /* quantized rows of a batch a row at a time, four tokens at once (mat_dot_x4) */
-                int q = CPU_PAIRED_STREAMS == 4 && (nb == 1 || (MAT_DENSE(fg) && MAT_DENSE(fu))) ? (hi - lo) / 2 : 0;
-                for (int j = 0; j < q; j++) {
-                    int a = lo + j, c = lo + q + j;
-                    const void *ws[4] = {mat_row(lw->w_gate, fg, MODEL_DIM, a), mat_row(lw->w_up, fu, MODEL_DIM, a),
-                                         mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
-                    for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
-                        float o[2][4];
-                        const int two = b + 2 <= nb;
-                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], o);
-                        else gate_up_dot4(fg, fu, ws, xb[b], o[0]);
-                        for (int t = 0; t <= two; t++, b++) {
-                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
-                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
-                        }
-                    }
-                }
-                for (int i = lo + 2 * q; i < hi; i++) {
-                    const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
-                    int b = 0;
-                    for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
-                        float g[4], u[4];
-                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, MODEL_DIM, g);
-                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, MODEL_DIM, u);
-                        for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
-                    }
-                    for (; b < nb; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = silu(mat_dot(fg, wg, xb[b], MODEL_DIM)) * mat_dot(fu, wu, xb[b], MODEL_DIM);
-                }
-            }
-#pragma omp barrier
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
-
-            /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs);
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
-        }
-
-        /* model.norm and the LM head, for the last token only */
-        if (want_logits) {
-            rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
-            if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
-        }
-        /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
-        if (all_logits) {
-            for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
-            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs);
-        }
-    }
-}
-
 /* Each entry point picks its cache type's instance once per call: the layers run without a test of it. */
 const float *model_cpu_forward(model_cpu *m, int token, int pos) {
     if (m->kv == KV_Q8) forward_decode_q8(m, &token, pos);
@@ -1800,8 +1374,7 @@ static void prompt_stage_bench(model_cpu *m, int pos, int reps, double *best, FI
     for (int b = 0; b < nb; b++) tokens[b] = 1;
     for (int i = 0; i < n; i++) best[i] = 1e30;
     for (int r = 0; r < reps; r++) {
-        if (m->kv == KV_Q8) forward_prefill_timed_q8(m, tokens, nb, pos, 0, NULL);
-        else forward_prefill_timed_f16(m, tokens, nb, pos, 0, NULL);
+        forward_prefill(m, tokens, nb, pos, 0, NULL); /* timed: m->stage_s is set */
         for (int i = 0; i < n; i++)
             if (m->stage_s[i] < best[i]) best[i] = m->stage_s[i];
     }
