@@ -383,7 +383,17 @@ template <int N>
 __device__ __forceinline__ void wgmma_commit_wait(void) {
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all(void) { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+/* wait until no wgmma of the warp runs, then pass the sums c through an empty asm that claims to
+ * change them, so that no instruction reading c is scheduled above the wait: a read of an
+ * accumulator while its wgmma runs makes ptxas serialize every wgmma of the kernel (C7514). The
+ * residual GEMMs' stores at 256 columns had theirs (the bias's + 0.0f) hoisted there: four wgmmas a
+ * stage one after another, each waited for (docs/performance.md, D129). */
+template <int NT>
+__device__ __forceinline__ void wgmma_wait_all(float (&c)[NT][4]) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int n = 0; n < NT; n++) asm volatile("" : "+f"(c[n][0]), "+f"(c[n][1]), "+f"(c[n][2]), "+f"(c[n][3])::"memory");
+}
 /* this thread's cp.async writes, landed, made visible to the async proxy that wgmma reads through */
 __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif
@@ -575,7 +585,7 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
     }
     cp_async_wait_group<0>();
 #if MODEL_GEMM_WGMMA
-    if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
+    wgmma_wait_all(c); /* the last stage's sums (W1), and no read of them above the wait */
 #endif
     prefill_gemm_store<B>(c, n_pairs, store);
 }
@@ -674,7 +684,7 @@ __device__ __forceinline__ void prefill_gemm_tma_body(const CUtensorMap *rows_a,
         for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<W::BF16, NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
         wgmma_commit_wait<W1 ? 1 : 0>();
     }
-    if constexpr (W1) wgmma_wait_all(); /* the last stage's sums */
+    wgmma_wait_all(c); /* the last stage's sums (W1), and no read of them above the wait */
     prefill_gemm_store<B, P>(c, n_pairs, store);
 }
 #endif
