@@ -283,8 +283,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last, cudaEvent_t 
             const size_t flash_smem = FMMA_SMEM_BYTES(MODEL_HEAD_DIM);
             CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)flash_smem));
-            launch_grid(prefill_flash_kernel<B, KV>, dim3(MODEL_N_KV_HEADS, n_splits, (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS),
-                        FMMA_THREADS, flash_smem, m->stream, m->q, cache, m->io, m->prefill_part_acc,
+            launch_grid(prefill_flash_kernel<B, KV>, flash_grid<B>(n_splits), FMMA_THREADS, flash_smem, m->stream, m->q, cache, m->io, m->prefill_part_acc,
                         m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         } else
 #endif

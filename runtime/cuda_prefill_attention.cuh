@@ -28,6 +28,16 @@
 #define FLASH_MAX_SPLITS(hd) \
     ((int)(((size_t)FLASH_ROWS * (hd) + (size_t)(MODEL_ATT_THREADS / WARP_SIZE) * FLASH_WARP_ROWS * FLASH_TILE(hd)) / FLASH_ROWS))
 
+/* The flash kernel's grid for a batch of B tokens: x the row group (FLASH_ROWS query rows), y the
+ * split of the context, z the KV head. Row groups vary fastest, so the blocks that read one split's
+ * keys and values are dispatched side by side and all but the first find them in L2; with the KV
+ * head fastest, each wave of blocks read every head's whole context from DRAM again
+ * (docs/performance.md, D130). */
+template <int B>
+static inline dim3 flash_grid(int n_splits) {
+    return dim3((B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS, n_splits, MODEL_N_KV_HEADS);
+}
+
 #define FLASH_COMBINE_LOADS 8 /* splits' partial sums a thread of prefill_flash_combine loads at once */
 /* A prefill flash block of a context with n_active > 1 splits, after its rows' partial sums (part_acc,
  * unnormalized) and (max, sum) (part_ml) are stored: it counts itself in, and the last of its KV head's
@@ -38,13 +48,13 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
                                                       float *att, int q_dim, int n_kv_heads, int row0, int rows, int n_active,
                                                       int n_splits) {
     __shared__ bool last;
-    const int tid = threadIdx.x, kvh = blockIdx.x;
+    const int tid = threadIdx.x, kvh = blockIdx.z; /* flash_grid's */
     const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
     auto token_of = [](int r) { return r / KV_MUL; };
     auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
     __threadfence();
     __syncthreads();
-    unsigned *counter = &counters[blockIdx.z * n_kv_heads + kvh];
+    unsigned *counter = &counters[blockIdx.x * n_kv_heads + kvh];
     if (tid == 0) last = atomicAdd(counter, 1u) == (unsigned)n_active - 1;
     __syncthreads();
     if (!last) return;
@@ -169,7 +179,7 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
     extern __shared__ __align__(128) unsigned char fmma_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(fmma_smem);
     const uint32_t q_at = 4 * TILE_BYTES; /* the queries' offset; stage s: keys at 2 s TILE_BYTES */
-    const int kvh = blockIdx.x, split = blockIdx.y, row0 = blockIdx.z * FLASH_ROWS;
+    const int kvh = blockIdx.z, split = blockIdx.y, row0 = blockIdx.x * FLASH_ROWS; /* flash_grid's */
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, g = lane / 4, cq = lane % 4;
     pdl_wait();
     pdl_launch_dependents();

@@ -696,11 +696,11 @@ static void stage_prefill_attention(stage_rec &s, rng &r) {
     flash = n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM);
     if (flash) {
         const size_t smem = FMMA_SMEM_BYTES(MODEL_HEAD_DIM);
-        const int row_groups = (B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS;
+        const dim3 grid = flash_grid<B>(n_splits);
         SC(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, kv_f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        launch_grid(prefill_flash_kernel<B, kv_f16>, dim3(NKV, n_splits, row_groups), FMMA_THREADS, smem, stream, (const float *)q,
-                    f16_cache(kc, vc), (const int *)io, part_acc, part_ml, counters, att, ctx, n_splits);
-        launched(s, "prefill_flash_kernel", NKV * n_splits, row_groups, FMMA_THREADS, smem);
+        launch_grid(prefill_flash_kernel<B, kv_f16>, grid, FMMA_THREADS, smem, stream, (const float *)q, f16_cache(kc, vc),
+                    (const int *)io, part_acc, part_ml, counters, att, ctx, n_splits);
+        launched(s, "prefill_flash_kernel", grid.x * grid.y, grid.z, FMMA_THREADS, smem);
     }
 #endif
     if (!flash) {
