@@ -109,6 +109,33 @@ static inline __m512 load16_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm2
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 
+/* The sum of v's 16 lanes in one tree, written out so that hsum512_x16 can take sixteen at once in
+ * the same tree: lanes j + 8 to j, then j + 4 to j, then j + 2 to j, then lane 1 to lane 0 (GCC's
+ * _mm512_reduce_add_ps sums in this tree too). */
+static inline float hsum512(__m512 v) {
+    const __m256 t = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+/* hsum512 of v[0..16) at once, lane 4 (k % 4) + k / 4 of the result holding hsum512(v[k]) (v[4 p + r]
+ * lands in lane 4 r + p): the same adds in the same tree, each step taking two vectors' halves
+ * side by side (15 adds and 30 shuffles for 16 sums, where 16 hsum512s take 64 and 64). */
+static inline __m512 hsum512_x16(const __m512 v[16]) {
+    __m512 w[8], z[4], u[2];
+    for (int i = 0; i < 8; i++) /* lanes j + 8 to j: v[2i]'s eight sums, then v[2i + 1]'s */
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++) /* j + 4 to j: a 128-bit lane each for four vectors */
+        z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++) /* j + 2 to j */
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 /* Every dense dot product sums in one order, whichever kernel computes it (a decode step's one row,
  * four rows at once, a prompt batch's rows against several tokens, tests/test_cpu_kernels.c checks
  * them bit for bit): two partial vectors a and b of W lanes (16 with AVX-512, 8 with AVX2) over 2W
@@ -125,7 +152,7 @@ static inline __m512 load16_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm5
             b = _mm512_fmadd_ps(LOAD((w) + i + 16), _mm512_loadu_ps((x) + i + 16), b);             \
         }                                                                                           \
         if (i + 16 <= (n)) { a = _mm512_fmadd_ps(LOAD((w) + i), _mm512_loadu_ps((x) + i), a); i += 16; } \
-        const float s = _mm512_reduce_add_ps(_mm512_add_ps(a, b));                                 \
+        const float s = hsum512(_mm512_add_ps(a, b));                                               \
         return (n) > i ? s + tail_ref((w) + i, (x) + i, (n) - i) : s;                               \
     } while (0)
 
@@ -175,28 +202,35 @@ KERNEL float dot_f32(const float *w, const float *x, int n) { return dot_f32_ref
  * AVX-512 only: AVX2's 16 registers cannot hold the 8 accumulators, the weights and the inputs, so
  * there, and in scalar builds, it is four dot products. */
 #if defined(__AVX512F__)
-#define DOT_X4_AVX512(LOAD, w, x, xs, n, out, tail_ref)                                                  \
+/* DOT_X4_AVX512's accumulation: v[t] = a + b of token t over its first i elements (every whole 16) */
+#define DOT_X4_VECS_AVX512(LOAD, w, x, xs, n, v, i)                                                      \
     do {                                                                                                 \
         __m512 a[4], b[4];                                                                               \
         for (int t = 0; t < 4; t++) a[t] = b[t] = _mm512_setzero_ps();                                   \
-        int i = 0;                                                                                       \
-        for (; i + 32 <= (n); i += 32) {                                                                 \
-            const __m512 w0 = LOAD((w) + i), w1 = LOAD((w) + i + 16);                                    \
+        (i) = 0;                                                                                         \
+        for (; (i) + 32 <= (n); (i) += 32) {                                                             \
+            const __m512 w0 = LOAD((w) + (i)), w1 = LOAD((w) + (i) + 16);                                \
             for (int t = 0; t < 4; t++) {                                                                \
-                const float *xt = (x) + (size_t)t * (xs) + i;                                            \
+                const float *xt = (x) + (size_t)t * (xs) + (i);                                          \
                 a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), a[t]);                                   \
                 b[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + 16), b[t]);                              \
             }                                                                                            \
         }                                                                                                \
-        const int whole = i + 16 <= (n);                                                                 \
-        if (whole) {                                                                                     \
-            const __m512 w0 = LOAD((w) + i);                                                             \
-            for (int t = 0; t < 4; t++) a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps((x) + (size_t)t * (xs) + i), a[t]); \
-            i += 16;                                                                                     \
+        if ((i) + 16 <= (n)) {                                                                           \
+            const __m512 w0 = LOAD((w) + (i));                                                           \
+            for (int t = 0; t < 4; t++) a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps((x) + (size_t)t * (xs) + (i)), a[t]); \
+            (i) += 16;                                                                                   \
         }                                                                                                \
+        for (int t = 0; t < 4; t++) (v)[t] = _mm512_add_ps(a[t], b[t]);                                  \
+    } while (0)
+#define DOT_X4_AVX512(LOAD, w, x, xs, n, out, tail_ref)                                                  \
+    do {                                                                                                 \
+        __m512 v_[4];                                                                                    \
+        int i_;                                                                                          \
+        DOT_X4_VECS_AVX512(LOAD, w, x, xs, n, v_, i_);                                                   \
         for (int t = 0; t < 4; t++) {                                                                    \
-            const float s = _mm512_reduce_add_ps(_mm512_add_ps(a[t], b[t]));                             \
-            (out)[t] = (n) > i ? s + tail_ref((w) + i, (x) + (size_t)t * (xs) + i, (n) - i) : s;         \
+            const float s = hsum512(v_[t]);                                                              \
+            (out)[t] = (n) > i_ ? s + tail_ref((w) + i_, (x) + (size_t)t * (xs) + i_, (n) - i_) : s;     \
         }                                                                                                \
     } while (0)
 KERNEL void dot_x4_bf16(const uint16_t *w, const float *x, size_t xs, int n, float out[4]) { DOT_X4_AVX512(load16_bf16, w, x, xs, n, out, dot_bf16_ref); }
@@ -224,7 +258,7 @@ typedef __m512 vecf;
 #define V_LOAD(p) _mm512_load_ps(p)
 #define V_STORE(p, v) _mm512_store_ps(p, v)
 #define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define V_SUM(a, b) _mm512_reduce_add_ps(_mm512_add_ps(a, b))
+#define V_SUM(a, b) hsum512(_mm512_add_ps(a, b))
 #define V_LOAD_BF16 load16_bf16
 #define V_LOAD_F16 load16_f16
 #define V_LOAD_F32 load16_f32
@@ -310,7 +344,7 @@ KERNEL void dot4_f32(const float *const w[4], const float *x, int n, float out[4
         }                                                                                                \
         for (int t = 0; t < 2; t++)                                                                      \
             for (int r = 0; r < 4; r++) {                                                                \
-                const float s_ = _mm512_reduce_add_ps(_mm512_add_ps(a[t][r], b[t][r]));                  \
+                const float s_ = hsum512(_mm512_add_ps(a[t][r], b[t][r]));                                \
                 (out)[t][r] = (n) > i ? s_ + tail_ref((w)[r] + i, (x) + (size_t)t * (xs) + i, (n) - i) : s_; \
             }                                                                                            \
     } while (0)
@@ -436,6 +470,30 @@ static inline void softmax_x4(float *att, size_t att_stride, const int n_pos[4],
     }
 #endif
 
+#if defined(__AVX512F__)
+/* attention_heads_x4's (and _q8's) scores from position t on, four positions at a time where
+ * head_dim is a multiple of 16: their 16 dot products' vectors summed by one hsum512_x16 (each the
+ * tree its hsum512 alone takes: the same bits), each scaled by SCORE(s, position) into att and the
+ * rows' maxima, row by row in position order as the loop a position at a time does after it. */
+#define SCORES_X4_AVX512(LOAD, SCORE)                                                                    \
+    for (; t + 4 <= n_max && head_dim % 16 == 0; t += 4) {                                               \
+        __m512 v[16];                                                                                    \
+        for (int p = 0; p < 4; p++) {                                                                    \
+            int i_;                                                                                      \
+            DOT_X4_VECS_AVX512(LOAD, k + (size_t)(t + p) * stride, q, q_stride, head_dim, v + 4 * p, i_); \
+            (void)i_;                                                                                    \
+        }                                                                                                \
+        float s16[16]; /* row r's four at 4 r */                                                         \
+        _mm512_storeu_ps(s16, hsum512_x16(v));                                                           \
+        for (int r = 0; r < 4; r++)                                                                      \
+            for (int p = 0; p < 4 && t + p < n_pos[r]; p++) {                                            \
+                float *a = att + r * att_stride + t + p;                                                 \
+                *a = SCORE(s16[4 * r + p], t + p);                                                       \
+                if (*a > max[r]) max[r] = *a;                                                            \
+            }                                                                                            \
+    }
+#endif
+
 /* attention_head for four queries of one KV head at once (a prefill batch's four tokens, one query
  * head): q rows q_stride apart, out rows out_stride apart, query r over positions [0, n_pos[r]);
  * att holds four rows of att_stride scores. Each key and value is converted once for the four
@@ -448,7 +506,13 @@ static inline void attention_heads_x4(float *out, size_t out_stride, const float
     int n_max = 0;
     for (int r = 0; r < 4; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
     float max[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, inv[4];
-    for (int t = 0; t < n_max; t++) {
+    int t = 0;
+#if defined(__AVX512F__)
+#define SCORE_F16(s, pos) ((s) * scale)
+    SCORES_X4_AVX512(load16_f16, SCORE_F16);
+#undef SCORE_F16
+#endif
+    for (; t < n_max; t++) {
         float s[4];
         dot_x4_f16(k + (size_t)t * stride, q, q_stride, head_dim, s);
         for (int r = 0; r < 4; r++)
@@ -569,7 +633,13 @@ static inline void attention_heads_x4_q8(float *out, size_t out_stride, const fl
     int n_max = 0;
     for (int r = 0; r < 4; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
     float max[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, inv[4];
-    for (int t = 0; t < n_max; t++) {
+    int t = 0;
+#if defined(__AVX512F__)
+#define SCORE_I8(s, pos) ((s) * kd[(size_t)(pos) * d_stride] * scale)
+    SCORES_X4_AVX512(load16_i8, SCORE_I8);
+#undef SCORE_I8
+#endif
+    for (; t < n_max; t++) {
         float s[4];
         dot_x4_i8(k + (size_t)t * stride, q, q_stride, head_dim, s);
         for (int r = 0; r < 4; r++)

@@ -4,7 +4,7 @@
  * (quant_simde.c, cpu_kernels_simde.c), which check the AVX-512 paths' logic here; the real
  * instructions are checked where the CPU has them.
  *
- * SIMDe 0.7.4 (Debian 12) lacks five of the intrinsics the kernels use; they are written out here
+ * SIMDe 0.7.4 (Debian 12) lacks six of the intrinsics the kernels use; they are written out here
  * lane by lane, as Intel's guide defines them (the reduction's order is GCC's: halves, then
  * quarters, then pairs; a half converts exactly, through F16C). */
 #ifndef INGOT_TESTS_SIMDE_AVX512_H
@@ -39,6 +39,18 @@ static inline float sim_reduce_add_ps(simde__m512 a) {
         for (int i = 0; i < w; i++) r[i] = r[i] + r[i + w];
     return r[0];
 }
+/* _mm512_shuffle_f32x4: 128-bit quarters 0, 1 from a and 2, 3 from b, each picked by two bits of imm */
+static inline simde__m512 sim_shuffle_f32x4(simde__m512 a, simde__m512 b, int imm) {
+    float x[16], y[16], r[16];
+    simde__m512 v;
+    memcpy(x, &a, sizeof x);
+    memcpy(y, &b, sizeof y);
+    for (int q = 0; q < 4; q++) memcpy(r + 4 * q, (q < 2 ? x : y) + 4 * ((imm >> (2 * q)) & 3), 4 * sizeof(float));
+    memcpy(&v, r, sizeof v);
+    return v;
+}
+#undef _mm512_shuffle_f32x4
+#define _mm512_shuffle_f32x4(a, b, imm) sim_shuffle_f32x4(a, b, imm)
 #define _mm512_cvtepi8_epi32(a) sim_cvtepi8_epi32(a)
 #define _mm512_cvtepu16_epi32(a) sim_cvtepu16_epi32(a)
 #define _mm512_cvtepi32_ps(a) sim_cvtepi32_ps(a)
