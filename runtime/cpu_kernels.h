@@ -407,6 +407,87 @@ static inline void rope_rotate(float *a, float *b, int pos, float inv_freq) {
     *b = x1 * c + x0 * s;
 }
 
+/* exp(x) for the attention's softmax, one sequence of fp32 operations that the scalar form and the
+ * vector forms (16 lanes with AVX-512, 8 with AVX2) run alike, so that a score gets the same bits
+ * whichever path exponentiates it (the decode step, a prompt batch; test_cpu_kernels checks them
+ * against each other): x = n ln2 + r, n = round(x log2(e)), ln2 in two parts (Cody and Waite);
+ * e^r by Cephes's expf polynomial on |r| <= ln2 / 2; times 2^n. Under 1 ulp from exp on [-87, 88]
+ * (test_cpu_kernels); 0 below -87 (a weight under 1e-38 of its row's largest, where expf is
+ * subnormal), +inf above 88, NaN for NaN. The softmax takes x <= 0. glibc's expf a score at a time
+ * was 28% of the CPU prompt's attention (SmolLM2 at depth 1025, docs/performance.md, D132). */
+#define EXP_MIN (-87.0f)
+#define EXP_MAX 88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+static inline float exp_softmax(float x) {
+    if (x != x) return x;
+    if (x < EXP_MIN) return 0.0f;
+    if (x > EXP_MAX) return INFINITY;
+    const float n = rintf(x * EXP_LOG2E);
+    const float r = fmaf(n, -EXP_LN2_LO, fmaf(n, -EXP_LN2_HI, x));
+    float y = fmaf(EXP_P0, r, EXP_P1);
+    y = fmaf(y, r, EXP_P2);
+    y = fmaf(y, r, EXP_P3);
+    y = fmaf(y, r, EXP_P4);
+    y = fmaf(y, r, EXP_P5);
+    y = fmaf(y, r * r, r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return y * two_n;
+}
+#if defined(__AVX512F__)
+static inline __m512 exp16_softmax(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2_LO), _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2_HI), x));
+    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P5));
+    y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+    e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_MIN), _CMP_LT_OQ), e, _mm512_setzero_ps());
+    e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_MAX), _CMP_GT_OQ), e, _mm512_set1_ps(INFINITY));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), e, x);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline __m256 exp8_softmax(__m256 x) {
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO), _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), x));
+    __m256 y = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P0), r, _mm256_set1_ps(EXP_P1));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P2));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P3));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P4));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P5));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    e = _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MIN), _CMP_LT_OQ));
+    e = _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MAX), _CMP_GT_OQ));
+    return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+#endif
+
+/* a[t] = exp_softmax(a[t] - max) for t < n: 16 (8) at a time in vectors, the rest one by one */
+static inline void exp_shifted(float *a, int n, float max) {
+    int t = 0;
+#if defined(__AVX512F__)
+    for (; t + 16 <= n; t += 16) _mm512_storeu_ps(a + t, exp16_softmax(_mm512_sub_ps(_mm512_loadu_ps(a + t), _mm512_set1_ps(max))));
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (; t + 8 <= n; t += 8) _mm256_storeu_ps(a + t, exp8_softmax(_mm256_sub_ps(_mm256_loadu_ps(a + t), _mm256_set1_ps(max))));
+#endif
+    for (; t < n; t++) a[t] = exp_softmax(a[t] - max);
+}
+
 /* One query head over positions 0..n_pos-1 of one KV head:
  *   out (head_dim) = softmax(q . k_t / sqrt(head_dim)) . v_t
  * k, v: the KV head's first position; position t lies t * stride elements further.
@@ -419,10 +500,8 @@ static inline void attention_head(float *out, const float *q, const uint16_t *k,
         if (att[t] > max) max = att[t];
     }
     float sum = 0.0f;
-    for (int t = 0; t < n_pos; t++) {
-        att[t] = expf(att[t] - max);
-        sum += att[t];
-    }
+    exp_shifted(att, n_pos, max);
+    for (int t = 0; t < n_pos; t++) sum += att[t];
     float inv = 1.0f / sum;
     for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int t = 0; t < n_pos; t++) axpy_f16(out, att[t] * inv, v + (size_t)t * stride, head_dim);
@@ -434,10 +513,8 @@ static inline void softmax_x4(float *att, size_t att_stride, const int n_pos[4],
                               size_t out_stride, int head_dim) {
     for (int r = 0; r < 4; r++) {
         float *a = att + r * att_stride, sum = 0.0f;
-        for (int t = 0; t < n_pos[r]; t++) {
-            a[t] = expf(a[t] - max[r]);
-            sum += a[t];
-        }
+        exp_shifted(a, n_pos[r], max[r]);
+        for (int t = 0; t < n_pos[r]; t++) sum += a[t];
         inv[r] = 1.0f / sum;
         for (int i = 0; i < head_dim; i++) out[r * out_stride + i] = 0.0f;
     }
@@ -615,10 +692,8 @@ static inline void attention_head_q8(float *out, const float *q, const int8_t *k
         if (att[t] > max) max = att[t];
     }
     float sum = 0.0f;
-    for (int t = 0; t < n_pos; t++) {
-        att[t] = expf(att[t] - max);
-        sum += att[t];
-    }
+    exp_shifted(att, n_pos, max);
+    for (int t = 0; t < n_pos; t++) sum += att[t];
     float inv = 1.0f / sum;
     for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int t = 0; t < n_pos; t++) axpy_i8(out, att[t] * inv * vd[(size_t)t * d_stride], v + (size_t)t * stride, head_dim);

@@ -4,7 +4,7 @@
  * (quant_simde.c, cpu_kernels_simde.c), which check the AVX-512 paths' logic here; the real
  * instructions are checked where the CPU has them.
  *
- * SIMDe 0.7.4 (Debian 12) lacks six of the intrinsics the kernels use; they are written out here
+ * SIMDe 0.7.4 (Debian 12) lacks seven of the intrinsics the kernels use; they are written out here
  * lane by lane, as Intel's guide defines them (the reduction's order is GCC's: halves, then
  * quarters, then pairs; a half converts exactly, through F16C). */
 #ifndef INGOT_TESTS_SIMDE_AVX512_H
@@ -32,6 +32,8 @@ SIM_LANES(sim_cvtepi8_epi32, simde__m512i, int32_t, __m128i, int8_t, SIM_INT32)
 SIM_LANES(sim_cvtepu16_epi32, simde__m512i, int32_t, __m256i, uint16_t, SIM_INT32)
 SIM_LANES(sim_cvtepi32_ps, simde__m512, float, simde__m512i, int32_t, SIM_FLOAT)
 SIM_LANES(sim_cvtph_ps, simde__m512, float, __m256i, uint16_t, _cvtsh_ss) /* exact, through F16C */
+#define SIM_RINT32(x) ((int32_t)lrintf(x)) /* the rounding mode's (to nearest even), as the instruction */
+SIM_LANES(sim_cvtps_epi32, simde__m512i, int32_t, simde__m512, float, SIM_RINT32)
 static inline float sim_reduce_add_ps(simde__m512 a) {
     float r[16];
     memcpy(r, &a, sizeof r);
@@ -55,6 +57,7 @@ static inline simde__m512 sim_shuffle_f32x4(simde__m512 a, simde__m512 b, int im
 #define _mm512_cvtepu16_epi32(a) sim_cvtepu16_epi32(a)
 #define _mm512_cvtepi32_ps(a) sim_cvtepi32_ps(a)
 #define _mm512_cvtph_ps(a) sim_cvtph_ps(a)
+#define _mm512_cvtps_epi32(a) sim_cvtps_epi32(a)
 #define _mm512_reduce_add_ps(a) sim_reduce_add_ps(a)
 
 #endif
