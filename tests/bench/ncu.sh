@@ -17,8 +17,10 @@
 # L2 cold even with --cache-control none: a kernel reading what the one before left in L2 shows its
 # DRAM bytes only under application replay (seen measuring L2 prefetches: docs/performance.md, D9).
 # DEPTH: the context depth of the profiled decode steps (default 0). --bench feeds its 128-token
-# prompt twice at depth 0 before any depth, so a prefill kernel's first launch at DEPTH is past
-# 8 batches x (layers - 1) launches of it (attention: 120 on the 1B shape, SKIP=120).
+# prompt at depth 0 once untimed and 3 times timed before any depth, a batch each (every layer: it
+# is the prompt's last), so a prefill kernel's first launch at DEPTH is past 4 x layers launches of
+# it (the 1B shape: SKIP=64). A longer --bench-prompt is more batches, the non-last ones a layer
+# short (the 7B at 512 tokens: 4 x 63; D130's profile took --launch-skip 260).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu_env.sh
