@@ -443,50 +443,70 @@ static inline float exp_softmax(float x) {
     memcpy(&two_n, &bits, sizeof two_n);
     return y * two_n;
 }
+/* exp_softmax's vector form, written once over E_W lanes (16 with AVX-512, 8 with AVX2) */
 #if defined(__AVX512F__)
-static inline __m512 exp16_softmax(__m512 x) {
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2_LO), _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_LN2_HI), x));
-    __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P2));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P3));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P4));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P5));
-    y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    __m512 e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-    e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_MIN), _CMP_LT_OQ), e, _mm512_setzero_ps());
-    e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_MAX), _CMP_GT_OQ), e, _mm512_set1_ps(INFINITY));
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), e, x);
-}
+typedef __m512 exp_vec;
+#define E_W 16
+#define E_SET1 _mm512_set1_ps
+#define E_LOADU _mm512_loadu_ps
+#define E_STOREU _mm512_storeu_ps
+#define E_MUL _mm512_mul_ps
+#define E_ADD _mm512_add_ps
+#define E_SUB _mm512_sub_ps
+#define E_FMA _mm512_fmadd_ps
+#define E_RINT(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define E_POW2(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define E_WHERE(x, cmp, c, v, then) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, c, cmp), v, then) /* then where x cmp c */
 #elif defined(__AVX2__) && defined(__FMA__)
-static inline __m256 exp8_softmax(__m256 x) {
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO), _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), x));
-    __m256 y = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P0), r, _mm256_set1_ps(EXP_P1));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P2));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P3));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P4));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P5));
-    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-    e = _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MIN), _CMP_LT_OQ));
-    e = _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MAX), _CMP_GT_OQ));
-    return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+typedef __m256 exp_vec;
+#define E_W 8
+#define E_SET1 _mm256_set1_ps
+#define E_LOADU _mm256_loadu_ps
+#define E_STOREU _mm256_storeu_ps
+#define E_MUL _mm256_mul_ps
+#define E_ADD _mm256_add_ps
+#define E_SUB _mm256_sub_ps
+#define E_FMA _mm256_fmadd_ps
+#define E_RINT(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define E_POW2(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define E_WHERE(x, cmp, c, v, then) _mm256_blendv_ps(v, then, _mm256_cmp_ps(x, c, cmp))
+#endif
+#ifdef E_W
+static inline exp_vec exp_softmax_v(exp_vec x) {
+    const exp_vec n = E_RINT(E_MUL(x, E_SET1(EXP_LOG2E)));
+    const exp_vec r = E_FMA(n, E_SET1(-EXP_LN2_LO), E_FMA(n, E_SET1(-EXP_LN2_HI), x));
+    exp_vec y = E_FMA(E_SET1(EXP_P0), r, E_SET1(EXP_P1));
+    y = E_FMA(y, r, E_SET1(EXP_P2));
+    y = E_FMA(y, r, E_SET1(EXP_P3));
+    y = E_FMA(y, r, E_SET1(EXP_P4));
+    y = E_FMA(y, r, E_SET1(EXP_P5));
+    y = E_ADD(E_FMA(y, E_MUL(r, r), r), E_SET1(1.0f));
+    exp_vec e = E_MUL(y, E_POW2(n));
+    e = E_WHERE(x, _CMP_LT_OQ, E_SET1(EXP_MIN), e, E_SET1(0.0f));
+    e = E_WHERE(x, _CMP_GT_OQ, E_SET1(EXP_MAX), e, E_SET1(INFINITY));
+    return E_WHERE(x, _CMP_UNORD_Q, x, e, x);
 }
 #endif
 
-/* a[t] = exp_softmax(a[t] - max) for t < n: 16 (8) at a time in vectors, the rest one by one */
+/* a[t] = exp_softmax(a[t] - max) for t < n: E_W at a time in vectors, the rest one by one */
 static inline void exp_shifted(float *a, int n, float max) {
     int t = 0;
-#if defined(__AVX512F__)
-    for (; t + 16 <= n; t += 16) _mm512_storeu_ps(a + t, exp16_softmax(_mm512_sub_ps(_mm512_loadu_ps(a + t), _mm512_set1_ps(max))));
-#elif defined(__AVX2__) && defined(__FMA__)
-    for (; t + 8 <= n; t += 8) _mm256_storeu_ps(a + t, exp8_softmax(_mm256_sub_ps(_mm256_loadu_ps(a + t), _mm256_set1_ps(max))));
+#ifdef E_W
+    for (; t + E_W <= n; t += E_W) E_STOREU(a + t, exp_softmax_v(E_SUB(E_LOADU(a + t), E_SET1(max))));
 #endif
     for (; t < n; t++) a[t] = exp_softmax(a[t] - max);
 }
+#undef E_W
+#undef E_SET1
+#undef E_LOADU
+#undef E_STOREU
+#undef E_MUL
+#undef E_ADD
+#undef E_SUB
+#undef E_FMA
+#undef E_RINT
+#undef E_POW2
+#undef E_WHERE
 
 /* One query head over positions 0..n_pos-1 of one KV head:
  *   out (head_dim) = softmax(q . k_t / sqrt(head_dim)) . v_t
