@@ -195,7 +195,8 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
  * vec: the accumulator (16 lanes on AVX-512, 8 on AVX2). wide16: 16 weights as floats, W16(q)
  * the 16 int8 in q (an __m128i) widened, W16_MEM(p) those at p; V_FMAW(w, x, acc): acc += w times
  * x[0..16), so that weights widened once serve several tokens' inputs. V_XSUM16(x, xs): xs += x[0..16). V_SCALE(f, a, acc): acc += f * a. V_ADD(a, b): a + b.
- * V_HSUM(acc): the sum of its lanes. */
+ * V_HSUM(acc): the sum of its lanes. QV_ZERO(): a zero vec (not cpu_kernels.h's V_ZERO, which is of that
+ * header's width: AVX2's where this file is built on SIMDe's AVX-512, tests/quant_simde.c). */
 #if !defined(QUANT_SIMD_AVX512) && !defined(QUANT_SIMD_AVX2)
 #if defined(__AVX512F__)
 #define QUANT_SIMD_AVX512 1
@@ -207,7 +208,7 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
 #if defined(QUANT_SIMD_AVX512)
 typedef __m512 vec;
 typedef struct { __m512 v; } wide16; /* 16 int8 weights as floats */
-#define V_ZERO() _mm512_setzero_ps()
+#define QV_ZERO() _mm512_setzero_ps()
 #define W16(q) ((wide16){_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))})
 #define W16_MEM(p) W16(ld16(p))
 #define V_FMAW(w, x, acc) _mm512_fmadd_ps((w).v, _mm512_loadu_ps(x), (acc))
@@ -219,7 +220,7 @@ typedef struct { __m512 v; } wide16; /* 16 int8 weights as floats */
 #elif defined(QUANT_SIMD_AVX2)
 typedef __m256 vec;
 typedef struct { __m256 lo, hi; } wide16; /* 16 int8 weights as floats, 8 and 8 */
-#define V_ZERO() _mm256_setzero_ps()
+#define QV_ZERO() _mm256_setzero_ps()
 #define W16(q)                                                                                          \
     ((wide16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128((q), 8)))})
 /* from memory, each 8 bytes widened by the load itself (no shift to reach the high half) */
@@ -253,7 +254,7 @@ INLINE void q8_0_block(const uint8_t *b, const float *x, size_t xs, int T, vec *
     const float d = ld_f16(b);
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * xs;
-        acc[t] = V_SCALE(d, V_FMAW(w1, xt + 16, V_FMAW(w0, xt, V_ZERO())), acc[t]);
+        acc[t] = V_SCALE(d, V_FMAW(w1, xt + 16, V_FMAW(w0, xt, QV_ZERO())), acc[t]);
     }
 }
 
@@ -263,14 +264,14 @@ INLINE void q4_0_block(const uint8_t *b, const float *x, size_t xs, int T, vec *
     const float d = ld_f16(b);
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * xs;
-        acc[t] = V_SCALE(d, V_FMAW(w1, xt + 16, V_FMAW(w0, xt, V_ZERO())), acc[t]);
+        acc[t] = V_SCALE(d, V_FMAW(w1, xt + 16, V_FMAW(w0, xt, QV_ZERO())), acc[t]);
     }
 }
 
 #define TWO_BLOCK_DOT(NAME, BLOCK, BYTES)                                                                \
     INLINE void NAME(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {              \
         vec a0[QT], a1[QT];                                                                               \
-        for (int t = 0; t < T; t++) a0[t] = a1[t] = V_ZERO();                                             \
+        for (int t = 0; t < T; t++) a0[t] = a1[t] = QV_ZERO();                                             \
         int i = 0;                                                                                        \
         for (; i + 2 <= nb; i += 2) {                                                                     \
             BLOCK(b + (BYTES) * i, x + 32 * i, xs, T, a0);                                                \
@@ -285,15 +286,15 @@ TWO_BLOCK_DOT(dot_q4_0, q4_0_block, 18)
 INLINE void dot_q4_1(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {
     const __m128i m4 = _mm_set1_epi8(0xF);
     vec acc[QT], accm[QT];
-    for (int t = 0; t < T; t++) acc[t] = accm[t] = V_ZERO();
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = QV_ZERO();
     for (int i = 0; i < nb; i++, b += 20, x += 32) {
         const __m128i q = ld16(b + 4);
         const wide16 lo = W16(_mm_and_si128(q, m4)), hi = W16(_mm_and_si128(_mm_srli_epi16(q, 4), m4));
         const float d = ld_f16(b), m = ld_f16(b + 2);
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * xs;
-            const vec s = V_FMAW(hi, xt + 16, V_FMAW(lo, xt, V_ZERO()));
-            const vec xsum = V_XSUM16(xt + 16, V_XSUM16(xt, V_ZERO()));
+            const vec s = V_FMAW(hi, xt + 16, V_FMAW(lo, xt, QV_ZERO()));
+            const vec xsum = V_XSUM16(xt + 16, V_XSUM16(xt, QV_ZERO()));
             acc[t] = V_SCALE(d, s, acc[t]);
             accm[t] = V_SCALE(m, xsum, accm[t]);
         }
@@ -309,7 +310,7 @@ INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, int nb, int f
     const __m128i m4 = _mm_set1_epi8(0xF), one = _mm_set1_epi8(1);
     const int bytes = five ? 176 : 144;
     vec acc[QT][4];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = V_ZERO();
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = QV_ZERO();
     for (int i = 0; i < nb; i++, b += bytes) {
         const float d = ld_f16(b), dmin = ld_f16(b + 2);
         const uint8_t *scales = b + 4, *qs = b + (five ? 48 : 16);
@@ -338,9 +339,9 @@ INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, int nb, int f
             const wide16 wl0 = W16(lo0), wl1 = W16(lo1), wh0 = W16(hi0), wh1 = W16(hi1);
             for (int t = 0; t < T; t++) {
                 const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 64 * j;
-                const vec s0 = V_FMAW(wl1, xt + 16, V_FMAW(wl0, xt, V_ZERO()));
-                const vec s1 = V_FMAW(wh1, xt + 48, V_FMAW(wh0, xt + 32, V_ZERO()));
-                const vec xs0 = V_XSUM16(xt + 16, V_XSUM16(xt, V_ZERO())), xs1 = V_XSUM16(xt + 48, V_XSUM16(xt + 32, V_ZERO()));
+                const vec s0 = V_FMAW(wl1, xt + 16, V_FMAW(wl0, xt, QV_ZERO()));
+                const vec s1 = V_FMAW(wh1, xt + 48, V_FMAW(wh0, xt + 32, QV_ZERO()));
+                const vec xs0 = V_XSUM16(xt + 16, V_XSUM16(xt, QV_ZERO())), xs1 = V_XSUM16(xt + 48, V_XSUM16(xt + 32, QV_ZERO()));
                 acc[t][0] = V_SCALE(dsc[2 * j], s0, acc[t][0]);
                 acc[t][1] = V_SCALE(dsc[2 * j + 1], s1, acc[t][1]);
                 acc[t][2] = V_SCALE(dmn[2 * j], xs0, acc[t][2]);
@@ -356,7 +357,7 @@ INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, int nb, int f
 INLINE void dot_q6_k(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {
     const __m128i m4 = _mm_set1_epi8(0xF), m2 = _mm_set1_epi8(3), c32 = _mm_set1_epi8(32);
     vec acc[QT][4];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = V_ZERO();
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = QV_ZERO();
     for (int i = 0; i < nb; i++, b += 210) {
         const float d = ld_f16(b + 208);
         const uint8_t *ql = b, *qh = b + 128;
@@ -373,7 +374,7 @@ INLINE void dot_q6_k(const uint8_t *b, const float *x, size_t xs, int nb, int T,
                     const wide16 w = W16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(h[p], m2), 4)), c32));
                     for (int t = 0; t < T; t++) {
                         const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 128 * half + 32 * k + 16 * p;
-                        acc[t][2 * (k & 1) + p] = V_SCALE(sc[2 * k + p], V_FMAW(w, xt, V_ZERO()), acc[t][2 * (k & 1) + p]);
+                        acc[t][2 * (k & 1) + p] = V_SCALE(sc[2 * k + p], V_FMAW(w, xt, QV_ZERO()), acc[t][2 * (k & 1) + p]);
                     }
                 }
                 h[0] = _mm_srli_epi16(h[0], 2);
