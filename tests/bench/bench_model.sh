@@ -10,8 +10,9 @@ bench_model_dir() {
     local d=build/bench-models/bench-$1${2:+-$2}
     mkdir -p "$d"
     [ -e "$d/model.safetensors" ] || [ -e "$d/model.safetensors.index.json" ] || {
-        cp "models/$1/config.json" "$d/"
-        sed -i 's/"float16"/"bfloat16"/' "$d/config.json"
+        # bf16, whatever the model's own file holds (the default model's config names its GGUF's formats)
+        python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c.pop("quantization_config", None)
+c["torch_dtype"] = "bfloat16"; json.dump(c, open(sys.argv[2], "w"), indent=2)' "models/$1/config.json" "$d/config.json"
         .venv/bin/python -m codegen.synth "$d" --dtype bf16 ${2:+--quant "$2"} >/dev/null
     }
     cp tests/models/tiny-tokenizer/tokenizer.json "$d/"
