@@ -123,6 +123,7 @@ TEST_BUILDS = {
     "test_gpu_bench_kernels_times_decode_and_prefill": lambda p: [("plain", "tiny-llama", "specialized")],
     "test_prefill_builds_memcheck_clean": lambda p: [("flags", p["variant"], p["flags"])],
     "test_memcheck_clean": lambda p: [("plain", p["variant"], p["build"])],
+    "test_racecheck_clean": lambda p: [("plain", p["variant"], p["build"])],
     "test_tiny_gpu_quantized_matches_cpu": lambda p: [("plain", p["variant"], "specialized")],
     "test_generic_gpu_refuses_quantized": lambda p: [("plain", None, "generic")],
     "test_gpu_refuses_formats_mixed_by_layer_outside_the_k_formats": lambda p: [("plain", "tiny-mixed-q4_1-q8_0", "specialized")],
@@ -380,12 +381,18 @@ def skip_without_sanitizer():
         pytest.skip("compute-sanitizer not installed")
 
 
-def assert_memcheck_clean(binary, d, *args):
-    """binary on model d on the GPU with args under compute-sanitizer's memcheck: no error."""
-    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *binary.argv("-m", str(d)),
-                        "--device", "cuda", *args], capture_output=True, timeout=600)
+def assert_sanitizer_clean(tool, binary, d, *args):
+    """binary on model d on the GPU with args under compute-sanitizer's tool: memcheck (no invalid
+    access, no leak of a launch's error) or racecheck (no shared-memory hazard, error or warning)."""
+    r = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", *binary.argv("-m", str(d)),
+                        "--device", "cuda", *args], capture_output=True, timeout=900)
     out = (r.stdout + r.stderr).decode(errors="replace")  # sampled text of a random model: any bytes
-    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in out, out[-6000:]
+    clean = {"memcheck": "ERROR SUMMARY: 0 errors", "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"}
+    assert r.returncode == 0 and clean[tool] in out, out[-6000:]
+
+
+def assert_memcheck_clean(binary, d, *args):
+    assert_sanitizer_clean("memcheck", binary, d, *args)
 
 
 def assert_logits_and_text_equal_cpu(binary, d, tmp_path, prompt=TINY_PROMPT):
@@ -884,3 +891,16 @@ def test_memcheck_clean(tmp_path, variant, build):
     d = tiny_model_dir(variant)
     assert_memcheck_clean(binary_for(d, build), d, "-p", TINY_PROMPT, "-n", "8", "--temp", "0.8",
                           "--repeat-penalty", "1.2")
+
+
+@pytest.mark.parametrize("variant, build", [("tiny-gqa", b) for b in BUILDS] + [("tiny-group3", "specialized"),
+                                                                              ("tiny-wide", "specialized"),
+                                                                              (FUSED_MLP_MODEL, "specialized")])
+def test_racecheck_clean(variant, build):
+    """A prompt batch's kernels, the decode steps' and the sampler's under compute-sanitizer's
+    racecheck: no shared-memory hazard. The variants are test_memcheck_clean's (the fp32 and
+    tensor-core attentions, the grouped and flash prefills, the GEMMs) and tiny-d2048's fused MLP."""
+    skip_without_sanitizer()
+    d = tiny_model_dir(variant)
+    assert_sanitizer_clean("racecheck", binary_for(d, build), d, "-p", TINY_PROMPT, "-n", "4", "--temp", "0.8",
+                           "--repeat-penalty", "1.2")
