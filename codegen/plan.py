@@ -156,6 +156,11 @@ def _prefill_flash(head_dim: int) -> int:
     return int(head_dim in FLASH_HEAD_DIMS)
 
 
+def _generic_prefill_flash() -> CExpr:
+    """_prefill_flash as the generic build's C expression over the head width it reads"""
+    return CExpr("(" + " || ".join(f"MODEL_HEAD_DIM == {w}" for w in FLASH_HEAD_DIMS) + ")")
+
+
 MMA_HEAD_DIMS = (64, 128)  # head widths attention_body's tensor-core path is written for
 
 
@@ -469,7 +474,8 @@ def make_generic_plan(cuda_arch: str = "90") -> Plan:
         o_proj_min_blocks=2,  # a launch bound is a literal; the generic build keeps the double-buffered rows
         residual_pairs=0,  # one row a warp: a run-time choice would hold both paths' registers
         prefill_att_tokens=1,  # a template argument is a literal; the group size is known only at run time
-        prefill_flash=0,  # prefill_flash_body's head width and group are template arguments
+        # prefill_flash_kernel for both head widths, one picked at start (cuda_step_kernels.cuh: prefill_flash)
+        prefill_flash=_generic_prefill_flash(),
         # the kernels for every head width the tensor cores take, one picked at start
         # (forward_cuda.cu: decode_attention_kernel, short_attention_kernel)
         att_mma=_generic_att_mma(),

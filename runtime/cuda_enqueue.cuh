@@ -278,12 +278,12 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last, cudaEvent_t 
             launch(kv_quantize_kernel, kv_quantize_blocks(B), 1, KV_QUANTIZE_THREADS, 0, m->stream, cache, m->io, m->ctx, 1);
         mark(PF_QKV);
         if (l == MODEL_N_LAYERS - 1 && !last) break;
-#if MODEL_PREFILL_FLASH
-        if (m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
+#if PREFILL_FLASH_BUILT
+        if (MODEL_PREFILL_FLASH && m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM)) {
             const size_t flash_smem = FMMA_SMEM_BYTES(MODEL_HEAD_DIM);
-            CUDA_CHECK(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)flash_smem));
-            launch_grid(prefill_flash_kernel<B, KV>, flash_grid<B>(n_splits), FMMA_THREADS, flash_smem, m->stream, m->q, cache, m->io, m->prefill_part_acc,
+            const prefill_flash_kernel_fn<B, KV> flash = prefill_flash<B, KV>();
+            CUDA_CHECK(cudaFuncSetAttribute((const void *)flash, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem));
+            launch_grid(flash, flash_grid<B>(n_splits), FMMA_THREADS, flash_smem, m->stream, m->q, cache, m->io, m->prefill_part_acc,
                         m->prefill_part_ml, m->prefill_counters, m->att, m->ctx, n_splits);
         } else
 #endif

@@ -10,7 +10,7 @@
 // ---------------------------------------------------------------------------------------------
 // Prefill attention, every query row of a batch in one block (MODEL_PREFILL_FLASH, a plan choice). A block
 // takes one KV head, one split of the positions (as the decode attention's splits, counted from
-// the batch's last position) and FLASH_ROWS query rows (row r: token r / KV_MUL, head r % KV_MUL
+// the batch's last position) and FLASH_ROWS query rows (row r: token r / kv_mul, head r % kv_mul
 // of the group), on the tensor cores (prefill_flash_mma_body, below). attention_body reads each key
 // and value once for MODEL_PREFILL_ATT_TOKENS tokens; at depth 4096 on the 1B shape a 32-token
 // batch's attention took ~137 us a layer that way, in 4224 blocks each paying the whole latency
@@ -43,15 +43,15 @@ static inline dim3 flash_grid(int n_splits) {
  * unnormalized) and (max, sum) (part_ml) are stored: it counts itself in, and the last of its KV head's
  * and row group's splits weighs them all into att (B, q_dim), in split order. w: shared memory for the weights,
  * (rows, n_active) floats; THREADS: the block's. */
-template <int HD, int KV_MUL, int THREADS>
+template <int HD, int THREADS>
 __device__ __forceinline__ void prefill_flash_combine(float *w, const float *part_acc, const float *part_ml, unsigned *counters,
-                                                      float *att, int q_dim, int n_kv_heads, int row0, int rows, int n_active,
-                                                      int n_splits) {
+                                                      float *att, int kv_mul, int q_dim, int n_kv_heads, int row0, int rows,
+                                                      int n_active, int n_splits) {
     __shared__ bool last;
     const int tid = threadIdx.x, kvh = blockIdx.z; /* flash_grid's */
-    const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
-    auto token_of = [](int r) { return r / KV_MUL; };
-    auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
+    const size_t parts = (size_t)n_kv_heads * kv_mul * n_splits;
+    auto token_of = [&](int r) { return r / kv_mul; };
+    auto head_of = [&](int r) { return kvh * kv_mul + r % kv_mul; };
     __threadfence();
     __syncthreads();
     unsigned *counter = &counters[blockIdx.x * n_kv_heads + kvh];
@@ -169,13 +169,17 @@ __device__ __forceinline__ uint32_t fmma_off(int r, int c) {
     return (uint32_t)(r * HD * 2 + ((c ^ (r & 7)) << 4));
 }
 
-template <int B, int HD, int KV_MUL, typename KV>
+/* kv_mul: the query heads of a KV head, a literal in a specialized build (the body is inlined, so
+ * it folds as a template argument would) and read at run time in the generic one. */
+template <int B, int HD, typename KV>
 __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_view<KV> &cache, const int *io,
                                                        float *part_acc, float *part_ml, unsigned *counters, float *att,
-                                                       int q_dim, int n_kv_heads, int ctx, int n_splits, int min_splits) {
+                                                       int kv_mul, int q_dim, int n_kv_heads, int ctx, int n_splits,
+                                                       int min_splits) {
     static_assert(HD == 64 || HD == 128, "prefill attention on the tensor cores: heads of 64 or 128");
     constexpr int T = FMMA_TILE, CH = HD / 8 /* chunks a row */, NS = T / 8 /* score n-tiles */, NO = HD / 8 /* output n-tiles */;
-    constexpr int ROWS = B * KV_MUL, TILE_BYTES = T * HD * 2;
+    constexpr int TILE_BYTES = T * HD * 2;
+    const int batch_rows = B * kv_mul;
     extern __shared__ __align__(128) unsigned char fmma_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(fmma_smem);
     const uint32_t q_at = 4 * TILE_BYTES; /* the queries' offset; stage s: keys at 2 s TILE_BYTES */
@@ -185,12 +189,12 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
     pdl_launch_dependents();
     const int first_new = __ldcg(&io[IO_POS]), count = __ldcg(&io[IO_COUNT]), n = first_new + count;
     const int chunk = max(att_split_len(n, n_splits, min_splits, true), FMMA_MIN_CHUNK), n_active = (n + chunk - 1) / chunk;
-    const int rows = min(FLASH_ROWS, min(ROWS, count * KV_MUL) - row0); /* this block's rows that are the batch's */
+    const int rows = min(FLASH_ROWS, min(batch_rows, count * kv_mul) - row0); /* this block's rows that are the batch's */
     if (split >= n_active || rows <= 0) return;
     const int start = split * chunk, len = min(n, start + chunk) - start, n_tiles = (len + T - 1) / T;
-    const size_t parts = (size_t)n_kv_heads * KV_MUL * n_splits;
-    auto token_of = [](int r) { return r / KV_MUL; };
-    auto head_of = [&](int r) { return kvh * KV_MUL + r % KV_MUL; };
+    const size_t parts = (size_t)n_kv_heads * kv_mul * n_splits;
+    auto token_of = [&](int r) { return r / kv_mul; };
+    auto head_of = [&](int r) { return kvh * kv_mul + r % kv_mul; };
 
     const typename KV::elem *kg = cache.k + kv_at(start, kvh, ctx, HD), *vg = cache.v + kv_at(start, kvh, ctx, HD);
     /* kv_q8: tile it's int8 rows (HD bytes) in raw stage it % 2, after the fp16 stage (which then has
@@ -367,8 +371,8 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
             *reinterpret_cast<float2 *>(&part_ml[(size_t)t * parts * 2 + ((size_t)head * n_splits + split) * 2]) = make_float2(m[h], l[h]);
     }
     if (n_active > 1)
-        prefill_flash_combine<HD, KV_MUL, FMMA_THREADS>(reinterpret_cast<float *>(fmma_smem), part_acc, part_ml, counters, att,
-                                                        q_dim, n_kv_heads, row0, rows, n_active, n_splits);
+        prefill_flash_combine<HD, FMMA_THREADS>(reinterpret_cast<float *>(fmma_smem), part_acc, part_ml, counters, att, kv_mul,
+                                                q_dim, n_kv_heads, row0, rows, n_active, n_splits);
 }
 
 

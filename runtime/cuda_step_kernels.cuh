@@ -366,14 +366,34 @@ static_assert(PREFILL_SMALL % MODEL_PREFILL_ATT_TOKENS == 0, "prefill attention:
 /* MODEL_PREFILL_FLASH 1: a prefill batch's attention with 64 of its query rows of a KV head in a block
  * (prefill_flash_mma_body, on the tensor cores), where the
  * context's splits fit its combine; 0: attention_body's prefill, MODEL_PREFILL_ATT_TOKENS tokens a
- * block. */
-#if MODEL_PREFILL_FLASH
-template <int B, typename KV>
+ * block. The generic build compiles it for both head widths it takes and picks the model's at run
+ * time (MODEL_PREFILL_FLASH is then the plan's rule over the head width it reads), as it does the
+ * decode attention. */
+#if MODEL_GENERIC
+#define PREFILL_FLASH_BUILT 1
+#else
+#define PREFILL_FLASH_BUILT MODEL_PREFILL_FLASH
+#endif
+#if PREFILL_FLASH_BUILT
+template <int B, int HD, typename KV>
 static __global__ void __launch_bounds__(FMMA_THREADS) prefill_flash_kernel(const float *q, kv_view<KV> cache,
                                                                         const int *io, float *part_acc, float *part_ml,
                                                                         unsigned *counters, float *att, int ctx, int n_splits) {
-    prefill_flash_mma_body<B, MODEL_HEAD_DIM, MODEL_KV_MUL>(q, cache, io, part_acc, part_ml, counters, att, MODEL_Q_DIM,
-                                                            MODEL_N_KV_HEADS, ctx, n_splits, MODEL_ATT_MIN_SPLITS);
+    prefill_flash_mma_body<B, HD>(q, cache, io, part_acc, part_ml, counters, att, MODEL_KV_MUL, MODEL_Q_DIM, MODEL_N_KV_HEADS, ctx,
+                                  n_splits, MODEL_ATT_MIN_SPLITS);
+}
+
+template <int B, typename KV>
+using prefill_flash_kernel_fn = void (*)(const float *, kv_view<KV>, const int *, float *, float *, unsigned *, float *, int, int);
+
+/* the model's prefill_flash_kernel */
+template <int B, typename KV>
+static prefill_flash_kernel_fn<B, KV> prefill_flash(void) {
+#if MODEL_GENERIC
+    return MODEL_HEAD_DIM == 128 ? prefill_flash_kernel<B, 128, KV> : prefill_flash_kernel<B, 64, KV>;
+#else
+    return prefill_flash_kernel<B, MODEL_HEAD_DIM, KV>;
+#endif
 }
 #endif
 

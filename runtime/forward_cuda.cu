@@ -390,12 +390,8 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
      * prompt +16%, decode even (docs/performance.md, D32). */
     m->short_positions = m->n_splits > MODEL_ATT_MIN_SPLITS ? MODEL_ATT_MIN_SPLITS * ATT_TILE : 0;
     /* the prompt's least split: the tensor cores' flash kernel takes at least FMMA_MIN_CHUNK */
-#if MODEL_PREFILL_FLASH
-    const int least_chunk = m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM) && FMMA_MIN_CHUNK > PREFILL_MIN_CHUNK
+    const int least_chunk = MODEL_PREFILL_FLASH && m->n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM) && FMMA_MIN_CHUNK > PREFILL_MIN_CHUNK
                                 ? FMMA_MIN_CHUNK : PREFILL_MIN_CHUNK;
-#else
-    const int least_chunk = PREFILL_MIN_CHUNK;
-#endif
     m->few_positions = m->n_splits > PREFILL_FEW_SPLITS ? PREFILL_FEW_SPLITS * least_chunk : 0;
 #if ATT_SHORT_BUILT
     if (MODEL_ATT_SHORT) {

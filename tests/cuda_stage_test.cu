@@ -692,14 +692,15 @@ static void stage_prefill_attention(stage_rec &s, rng &r) {
     unsigned *counters = s.upload(std::vector<unsigned>((size_t)B * NKV, 0u));
     float *att = s.upload(poison_f32((size_t)B * QD));
     bool flash = false;
-#if MODEL_PREFILL_FLASH
-    flash = n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM);
+#if PREFILL_FLASH_BUILT
+    flash = MODEL_PREFILL_FLASH && n_splits <= FLASH_MAX_SPLITS(MODEL_HEAD_DIM);
     if (flash) {
         const size_t smem = FMMA_SMEM_BYTES(MODEL_HEAD_DIM);
         const dim3 grid = flash_grid<B>(n_splits);
-        SC(cudaFuncSetAttribute((const void *)prefill_flash_kernel<B, kv_f16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        launch_grid(prefill_flash_kernel<B, kv_f16>, grid, FMMA_THREADS, smem, stream, (const float *)q, f16_cache(kc, vc),
-                    (const int *)io, part_acc, part_ml, counters, att, ctx, n_splits);
+        const prefill_flash_kernel_fn<B, kv_f16> kernel = prefill_flash<B, kv_f16>();
+        SC(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        launch_grid(kernel, grid, FMMA_THREADS, smem, stream, (const float *)q, f16_cache(kc, vc), (const int *)io, part_acc,
+                    part_ml, counters, att, ctx, n_splits);
         launched(s, "prefill_flash_kernel", grid.x * grid.y, grid.z, FMMA_THREADS, smem);
     }
 #endif
