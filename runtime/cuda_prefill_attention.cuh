@@ -38,6 +38,13 @@ static inline dim3 flash_grid(int n_splits) {
     return dim3((B * MODEL_KV_MUL + FLASH_ROWS - 1) / FLASH_ROWS, n_splits, MODEL_N_KV_HEADS);
 }
 
+/* 2^x, the MUFU's approximation (what __expf runs after its multiply by log2 e) */
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 #define FLASH_COMBINE_LOADS 8 /* splits' partial sums a thread of prefill_flash_combine loads at once */
 /* A prefill flash block of a context with n_active > 1 splits, after its rows' partial sums (part_acc,
  * unnormalized) and (max, sum) (part_ml) are stored: it counts itself in, and the last of its KV head's
@@ -82,7 +89,7 @@ __device__ __forceinline__ void prefill_flash_combine(float *w, const float *par
 #pragma unroll
             for (int u = 0; u < U; u++)
                 if (s0 + u < n_active) {
-                    wr[s0 + u] = __expf(v[u].x - M);
+                    wr[s0 + u] = ex2_approx(v[u].x - M); /* m in log2 units (prefill_flash_mma_body) */
                     den += wr[s0 + u] * v[u].y;
                 }
         }
@@ -233,8 +240,10 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
     };
     load_tile(0);
     cp_async_commit();
-    /* the block's queries, scaled, in fp16 (0 past its rows) */
-    const float scale = rsqrtf((float)HD);
+    /* the block's queries, scaled by log2(e) / sqrt(HD), in fp16 (0 past its rows): the scores come
+     * out in log2 units, so that each probability is one subtraction and one ex2 (FlashAttention's
+     * way), the running max m too */
+    const float scale = rsqrtf((float)HD) * 1.44269504088896341f;
     for (int i = tid; i < FLASH_ROWS * CH; i += FMMA_THREADS) {
         const int r = i / CH, c = i % CH;
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
@@ -301,36 +310,49 @@ __device__ __forceinline__ void prefill_flash_mma_body(const float *q, const kv_
                 }
         };
         /* sc[j][2 h + e]: row h's score at position it T + 8 j + 2 cq + e (q8: times its key's scale);
-         * masked past what it sees */
+         * masked past what it sees, on the tiles that reach past it (at long contexts nearly every
+         * tile is whole: the tests a score were the kernel's largest share of ALU work) */
         if constexpr (KV::Q8) scale_columns(cache.ks, 1.0f);
+        const int tile_end = it * T + T;
+        if (tile_end > len || tile_end > seen[0] + 1 || tile_end > seen[1] + 1) {
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int j = 0; j < NS; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int pos = it * T + 8 * j + 2 * cq + e;
+                        if (pos > seen[h] || pos >= len) sc[j][2 * h + e] = -INFINITY;
+                    }
+        }
+        float rescale[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < NS; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int pos = it * T + 8 * j + 2 * cq + e;
-                    if (pos > seen[h] || pos >= len) sc[j][2 * h + e] = -INFINITY;
-                    mx = fmaxf(mx, sc[j][2 * h + e]);
-                }
+            for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
             const float m_new = fmaxf(m[h], mx);
             /* nothing seen yet: no shift, every probability 0 */
-            const float shift = m_new == -INFINITY ? 0.0f : m_new, rescale = m_new == -INFINITY ? 1.0f : __expf(m[h] - m_new);
+            const float shift = m_new == -INFINITY ? 0.0f : m_new;
+            rescale[h] = m_new == -INFINITY ? 1.0f : ex2_approx(m[h] - m_new);
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < NS; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    sc[j][2 * h + e] = __expf(sc[j][2 * h + e] - shift);
+                    sc[j][2 * h + e] = ex2_approx(sc[j][2 * h + e] - shift);
                     sum += sc[j][2 * h + e];
                 }
-            l[h] = l[h] * rescale + sum;
+            l[h] = l[h] * rescale[h] + sum;
             m[h] = m_new;
+        }
+        /* the outputs rescaled where a row's max grew (past the first tiles, seldom: a multiply by
+         * 1 changes nothing, so the warp skips it when no lane's rescale differs from 1) */
+        if (__any_sync(0xFFFFFFFFu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
 #pragma unroll
-            for (int t = 0; t < NO; t++) o[t][2 * h] *= rescale, o[t][2 * h + 1] *= rescale;
+            for (int t = 0; t < NO; t++) o[t][0] *= rescale[0], o[t][1] *= rescale[0], o[t][2] *= rescale[1], o[t][3] *= rescale[1];
         }
         if constexpr (KV::Q8) scale_columns(cache.vs, 0.0f); /* the probabilities, summed, weighed by the values' scales */
         /* O += P V, 16 positions a k-step */

@@ -5,7 +5,8 @@ lays them out (rows of hd halves, 16-byte chunks swizzled by fmma_off); every ld
 the values) and mma.m16n8k16 on the registers the kernel builds (the PTX ISA's fragment layouts,
 attention_mma_sim.mma); the scores' accumulators reused as the probabilities' A operand; each row's
 max over its four lanes, its sum kept per lane until the end; the splits (at least min_chunk
-positions) and the last block's combine in split order. The scaled queries and the probabilities
+positions) and the last block's combine in split order, exponents in base 2 (the queries' scale carries
+log2 e). The scaled queries and the probabilities
 rounded to fp16 as the kernel rounds them (keys and values fp16), sums in float64: the error is that
 rounding's, 1e-4 to 3e-4 of the largest output, asserted below 2e-3 (an index wrong by one row,
 position or split is of order one). It checks the algorithm and its index arithmetic, not the CUDA
@@ -19,6 +20,7 @@ from attention_mma_sim import mma
 from flash_prefill_sim import block_bounds, causal
 
 ROWS, WARPS, LANES = 64, 4, 32
+LOG2E = 1.4426950408889634  # the queries' scale carries it: scores, maxima and exponents in log2 units
 
 
 class Smem:
@@ -64,7 +66,7 @@ def block(q, k, v, first_new, count, kv_mul, B, row0, split_i, n_splits, min_spl
         return None, n_active
     qs = Smem(ROWS, hd)
     for r in range(ROWS):
-        qv = q[(row0 + r) // kv_mul, (row0 + r) % kv_mul] / math.sqrt(hd) if r < rows else np.zeros(hd)
+        qv = q[(row0 + r) // kv_mul, (row0 + r) % kv_mul] * (LOG2E / math.sqrt(hd)) if r < rows else np.zeros(hd)
         qv = qv.astype(np.float16).astype(np.float64)
         for c in range(CH):
             qs.store(r, c, qv[8 * c:8 * c + 8])
@@ -105,8 +107,8 @@ def block(q, k, v, first_new, count, kv_mul, B, row0, split_i, n_splits, min_spl
                 for lane in range(LANES):
                     m_new = max(m[lane, h], mx[lane])
                     shift = 0.0 if m_new == -np.inf else m_new
-                    rescale = 1.0 if m_new == -np.inf else math.exp(m[lane, h] - m_new)
-                    p = np.exp(sc[:, lane, 2 * h:2 * h + 2] - shift)
+                    rescale = 1.0 if m_new == -np.inf else 2.0 ** (m[lane, h] - m_new)
+                    p = np.exp2(sc[:, lane, 2 * h:2 * h + 2] - shift)
                     sc[:, lane, 2 * h:2 * h + 2] = p
                     l[lane, h] = l[lane, h] * rescale + p.sum()
                     m[lane, h] = m_new
@@ -152,7 +154,7 @@ def batch_attention(q, k, v, first_new, count, kv_mul, B, n_splits, min_splits, 
         for r in range(count * kv_mul):
             ms = np.array([parts[(r, s)][0] for s in range(n_active)])
             ls = np.array([parts[(r, s)][1] for s in range(n_active)])
-            w = np.exp(ms - ms.max())
+            w = np.exp2(ms - ms.max())
             w = w / (w * ls).sum()
             out[r // kv_mul, r % kv_mul] = sum(w[s] * parts[(r, s)][2] for s in range(n_active))
     return out[:count]
