@@ -11,8 +11,10 @@
  *
  * Dense rows keep cpu_kernels.h's four-stream and several-token kernels. Quantized rows go through
  * quant_dot a row at a time, and in a prompt batch through quant_dot_x4, a row against four tokens
- * with its blocks unpacked once for the four (each sum quant_dot's bits). Include after model.h and
- * cpu_kernels.h. */
+ * with its blocks unpacked once for the four (each sum quant_dot's bits). Every product takes s, the
+ * sums of its inputs' blocks of 32 (quant_block_sums; token t's at s + t n / 32), which the formats
+ * with an offset a block read (MAT_SUMS) and the others ignore: computed once per input, not once
+ * a row. Include after model.h and cpu_kernels.h. */
 #ifndef INGOT_CPU_MATRIX_H
 #define INGOT_CPU_MATRIX_H
 
@@ -24,6 +26,16 @@
 /* Whether format f is one of the dense dtypes, whose rows are model_weight_t. A dense matrix is
  * always in the model's dtype (codegen/spec.py: only the dense tensors take torch_dtype). */
 #define MAT_DENSE(f) ((f) == QUANT_F32 || (f) == QUANT_F16 || (f) == QUANT_BF16)
+
+/* Whether format f's products read their inputs' block sums */
+#define MAT_SUMS(f) (!MAT_DENSE(f) && quant_takes_sums(f))
+
+/* s = the block sums of nb inputs x (x_stride floats apart) of n each, n / 32 a token, where format
+ * f reads them; nothing otherwise. */
+KERNEL void mat_sums(int f, const float *x, size_t x_stride, int nb, int n, float *s) {
+    if (MAT_SUMS(f))
+        for (int b = 0; b < nb; b++) quant_block_sums(x + (size_t)b * x_stride, n, s + (size_t)b * (size_t)(n / 32));
+}
 
 /* Row r of matrix w, whose rows hold n weights of format f. */
 KERNEL const void *mat_row(const void *w, int f, int n, size_t r) {
@@ -39,33 +51,33 @@ KERNEL void mat_row_to_f32(int f, const void *row, float *y, int n) {
         quant_dequantize_row(f, row, y, n);
 }
 
-/* row . x over n */
-KERNEL float mat_dot(int f, const void *row, const float *x, int n) {
-    return MAT_DENSE(f) ? dot_w((const model_weight_t *)row, x, n) : quant_dot(f, row, x, n);
+/* row . x over n (s: x's block sums) */
+KERNEL float mat_dot(int f, const void *row, const float *x, const float *s, int n) {
+    return MAT_DENSE(f) ? dot_w((const model_weight_t *)row, x, n) : quant_dot_s(f, row, x, s, n);
 }
 
 /* o[r] = rows[r] . x for four rows */
-KERNEL void mat_dot4(int f, const void *const rows[4], const float *x, int n, float o[4]) {
+KERNEL void mat_dot4(int f, const void *const rows[4], const float *x, const float *s, int n, float o[4]) {
     if (MAT_DENSE(f)) {
         const model_weight_t *const ws[4] = {rows[0], rows[1], rows[2], rows[3]};
         dot4_w(ws, x, n, o);
     } else
-        for (int r = 0; r < 4; r++) o[r] = quant_dot(f, rows[r], x, n);
+        for (int r = 0; r < 4; r++) o[r] = quant_dot_s(f, rows[r], x, s, n);
 }
 
 /* o[t][r] = rows[r] . x[t] for four rows and two tokens' inputs (xs floats apart) */
-KERNEL void mat_dot4_x2(int f, const void *const rows[4], const float *x, size_t xs, int n, float o[2][4]) {
+KERNEL void mat_dot4_x2(int f, const void *const rows[4], const float *x, size_t xs, const float *s, int n, float o[2][4]) {
     if (MAT_DENSE(f)) {
         const model_weight_t *const ws[4] = {rows[0], rows[1], rows[2], rows[3]};
         dot4_x2_w(ws, x, xs, n, o);
     } else
-        for (int t = 0; t < 2; t++) mat_dot4(f, rows, x + (size_t)t * xs, n, o[t]);
+        for (int t = 0; t < 2; t++) mat_dot4(f, rows, x + (size_t)t * xs, s + (size_t)t * (size_t)(n / 32), n, o[t]);
 }
 
 /* o[t] = row . x[t] for one row and four tokens' inputs (xs floats apart) */
-KERNEL void mat_dot_x4(int f, const void *row, const float *x, size_t xs, int n, float o[4]) {
+KERNEL void mat_dot_x4(int f, const void *row, const float *x, size_t xs, const float *s, int n, float o[4]) {
     if (MAT_DENSE(f)) dot_x4_w((const model_weight_t *)row, x, xs, n, o);
-    else quant_dot_x4(f, row, x, xs, n, o);
+    else quant_dot_x4_s(f, row, x, xs, s, (size_t)(n / 32), n, o);
 }
 
 #endif

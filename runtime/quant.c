@@ -239,11 +239,24 @@ typedef struct { __m256 lo, hi; } wide16; /* 16 int8 weights as floats, 8 and 8 
 static inline __m128i ld16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 static inline float ld_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
 
+/* x[0..32)'s sum, in the order every kernel below takes it (quant_block_sums stores these) */
+static inline float block_sum32(const float *x) { return V_HSUM(V_XSUM16(x + 16, V_XSUM16(x, QV_ZERO()))); }
+
+void quant_block_sums(const float *x, int n, float *sums) {
+    for (int i = 0; i < n / 32; i++) sums[i] = block_sum32(x + 32 * (size_t)i);
+}
+
 /* Each format's kernel is written once for T tokens' inputs (x + t xs, T at most QT): the weights
  * are unpacked and widened once for all T, and each token's sum takes the same instructions in the
  * same order as it would alone, so quant_dot_x4's four sums are quant_dot's bits (a prompt batch
  * then equals the decode step; tests/quant_cli.c checks it on every path). Always inlined with T a
- * constant, so T = 1 (quant_dot) compiles to the one-token loop. */
+ * constant, so T = 1 (quant_dot) compiles to the one-token loop.
+ *
+ * The formats with an offset a block (Q4_1's m, the K formats' mins) add offset times the sum of
+ * the block's 32 inputs. Those sums are the input's, the same for every row, so a matrix product
+ * takes them from quant_block_sums, computed once per input (sums + t ss: token t's); NULL: each
+ * computed here (block_sum32, the same bits). Their products are summed in scalar fp32, two chains
+ * (even and odd blocks or sub-blocks), so that no chain of dependent multiply-adds sets the pace. */
 #define QT 4
 #define INLINE static inline __attribute__((always_inline))
 
@@ -283,10 +296,11 @@ INLINE void q4_0_block(const uint8_t *b, const float *x, size_t xs, int T, vec *
 TWO_BLOCK_DOT(dot_q8_0, q8_0_block, 34)
 TWO_BLOCK_DOT(dot_q4_0, q4_0_block, 18)
 
-INLINE void dot_q4_1(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {
+INLINE void dot_q4_1(const uint8_t *b, const float *x, size_t xs, const float *sums, size_t ss, int nb, int T, float *o) {
     const __m128i m4 = _mm_set1_epi8(0xF);
-    vec acc[QT], accm[QT];
-    for (int t = 0; t < T; t++) acc[t] = accm[t] = QV_ZERO();
+    vec acc[QT];
+    float accm[QT][2];
+    for (int t = 0; t < T; t++) acc[t] = QV_ZERO(), accm[t][0] = accm[t][1] = 0.0f;
     for (int i = 0; i < nb; i++, b += 20, x += 32) {
         const __m128i q = ld16(b + 4);
         const wide16 lo = W16(_mm_and_si128(q, m4)), hi = W16(_mm_and_si128(_mm_srli_epi16(q, 4), m4));
@@ -294,23 +308,24 @@ INLINE void dot_q4_1(const uint8_t *b, const float *x, size_t xs, int nb, int T,
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * xs;
             const vec s = V_FMAW(hi, xt + 16, V_FMAW(lo, xt, QV_ZERO()));
-            const vec xsum = V_XSUM16(xt + 16, V_XSUM16(xt, QV_ZERO()));
             acc[t] = V_SCALE(d, s, acc[t]);
-            accm[t] = V_SCALE(m, xsum, accm[t]);
+            accm[t][i % 2] = fmaf(m, sums ? sums[(size_t)t * ss + i] : block_sum32(xt), accm[t][i % 2]);
         }
     }
-    for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(acc[t], accm[t]));
+    for (int t = 0; t < T; t++) o[t] = V_HSUM(acc[t]) + (accm[t][0] + accm[t][1]);
 }
 
 /* Q4_K and Q5_K: per 64 weights, two sub-blocks from 32 bytes of qs (low nibbles, high nibbles),
  * each OR'd with its bit of qh (Q5_K: bit 2j of each qh byte for sub-block 2j, 2j+1 for the next;
  * qh is shifted right by 2 per j, and a 16-bit shift only moves bits across bytes above the one
  * bit masked). */
-INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, int nb, int five, int T, float *o) {
+INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, const float *sums, size_t ss, int nb, int five, int T,
+                      float *o) {
     const __m128i m4 = _mm_set1_epi8(0xF), one = _mm_set1_epi8(1);
     const int bytes = five ? 176 : 144;
-    vec acc[QT][4];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = QV_ZERO();
+    vec acc[QT][2];
+    float mins[QT][2];
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = QV_ZERO(), mins[t][0] = mins[t][1] = 0.0f;
     for (int i = 0; i < nb; i++, b += bytes) {
         const float d = ld_f16(b), dmin = ld_f16(b + 2);
         const uint8_t *scales = b + 4, *qs = b + (five ? 48 : 16);
@@ -324,6 +339,11 @@ INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, int nb, int f
             dsc[s] = d * (float)sc;
             dmn[s] = -(dmin * (float)m);
         }
+        for (int t = 0; t < T; t++)
+            for (int s = 0; s < 8; s++) {
+                const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 32 * s;
+                mins[t][s % 2] = fmaf(dmn[s], sums ? sums[(size_t)t * ss + 8 * (size_t)i + s] : block_sum32(xt), mins[t][s % 2]);
+            }
         for (int j = 0; j < 4; j++, qs += 32) {
             const __m128i a0 = ld16(qs), a1 = ld16(qs + 16);
             __m128i lo0 = _mm_and_si128(a0, m4), lo1 = _mm_and_si128(a1, m4);
@@ -341,15 +361,12 @@ INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, int nb, int f
                 const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 64 * j;
                 const vec s0 = V_FMAW(wl1, xt + 16, V_FMAW(wl0, xt, QV_ZERO()));
                 const vec s1 = V_FMAW(wh1, xt + 48, V_FMAW(wh0, xt + 32, QV_ZERO()));
-                const vec xs0 = V_XSUM16(xt + 16, V_XSUM16(xt, QV_ZERO())), xs1 = V_XSUM16(xt + 48, V_XSUM16(xt + 32, QV_ZERO()));
                 acc[t][0] = V_SCALE(dsc[2 * j], s0, acc[t][0]);
                 acc[t][1] = V_SCALE(dsc[2 * j + 1], s1, acc[t][1]);
-                acc[t][2] = V_SCALE(dmn[2 * j], xs0, acc[t][2]);
-                acc[t][3] = V_SCALE(dmn[2 * j + 1], xs1, acc[t][3]);
             }
         }
     }
-    for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(V_ADD(acc[t][0], acc[t][1]), V_ADD(acc[t][2], acc[t][3])));
+    for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(acc[t][0], acc[t][1])) + (mins[t][0] + mins[t][1]);
 }
 
 /* Q6_K: per half of 128 weights, four groups of 32 (see dequant_q6_k), each two groups of 16 with
@@ -387,14 +404,15 @@ INLINE void dot_q6_k(const uint8_t *b, const float *x, size_t xs, int nb, int T,
 
 /* The block formats' T-token dot; the dense types one token at a time (the CPU forward's dense rows
  * take cpu_kernels.h's kernels, not these). */
-INLINE void quant_dot_t(int type, const void *row, const float *x, size_t xs, int n, int T, float *o) {
+INLINE void quant_dot_t(int type, const void *row, const float *x, size_t xs, const float *sums, size_t ss, int n, int T,
+                        float *o) {
     const uint8_t *b = row;
     switch (type) {
     case QUANT_Q8_0: dot_q8_0(b, x, xs, n / 32, T, o); return;
     case QUANT_Q4_0: dot_q4_0(b, x, xs, n / 32, T, o); return;
-    case QUANT_Q4_1: dot_q4_1(b, x, xs, n / 32, T, o); return;
-    case QUANT_Q4_K: dot_q45_k(b, x, xs, n / QUANT_K, 0, T, o); return;
-    case QUANT_Q5_K: dot_q45_k(b, x, xs, n / QUANT_K, 1, T, o); return;
+    case QUANT_Q4_1: dot_q4_1(b, x, xs, sums, ss, n / 32, T, o); return;
+    case QUANT_Q4_K: dot_q45_k(b, x, xs, sums, ss, n / QUANT_K, 0, T, o); return;
+    case QUANT_Q5_K: dot_q45_k(b, x, xs, sums, ss, n / QUANT_K, 1, T, o); return;
     case QUANT_Q6_K: dot_q6_k(b, x, xs, n / QUANT_K, T, o); return;
     }
     for (int t = 0; t < T; t++) {
@@ -405,18 +423,43 @@ INLINE void quant_dot_t(int type, const void *row, const float *x, size_t xs, in
 
 float quant_dot(int type, const void *row, const float *x, int n) {
     float o;
-    quant_dot_t(type, row, x, 0, n, 1, &o);
+    quant_dot_t(type, row, x, 0, NULL, 0, n, 1, &o);
+    return o;
+}
+
+float quant_dot_s(int type, const void *row, const float *x, const float *sums, int n) {
+    float o;
+    quant_dot_t(type, row, x, 0, sums, 0, n, 1, &o);
     return o;
 }
 
 void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]) {
-    quant_dot_t(type, row, x, xs, n, 4, o);
+    quant_dot_t(type, row, x, xs, NULL, 0, n, 4, o);
+}
+
+void quant_dot_x4_s(int type, const void *row, const float *x, size_t xs, const float *sums, size_t ss, int n, float o[4]) {
+    quant_dot_t(type, row, x, xs, sums, ss, n, 4, o);
 }
 #else
 #define QUANT_ISA "scalar"
+void quant_block_sums(const float *x, int n, float *sums) {
+    for (int i = 0; i < n / 32; i++) {
+        float s = 0.0f;
+        for (int j = 0; j < 32; j++) s += x[32 * (size_t)i + j];
+        sums[i] = s;
+    }
+}
 float quant_dot(int type, const void *row, const float *x, int n) { return quant_dot_ref(type, row, x, n); }
+float quant_dot_s(int type, const void *row, const float *x, const float *sums, int n) {
+    (void)sums; /* the scalar twin sums each block's weights times its inputs as they come */
+    return quant_dot_ref(type, row, x, n);
+}
 void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]) {
     for (int t = 0; t < 4; t++) o[t] = quant_dot_ref(type, row, x + (size_t)t * xs, n);
+}
+void quant_dot_x4_s(int type, const void *row, const float *x, size_t xs, const float *sums, size_t ss, int n, float o[4]) {
+    (void)sums, (void)ss;
+    quant_dot_x4(type, row, x, xs, n, o);
 }
 #endif
 

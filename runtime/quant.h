@@ -109,6 +109,21 @@ float quant_dot(int type, const void *row, const float *x, int n);
  * unpacked once for the four (a prompt batch's matrix products). */
 void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]);
 
+/* Whether type's dot product adds an offset a block times the sum of the block's inputs (Q4_1's m,
+ * the K formats' mins), which a matrix product computes once per input (quant_block_sums) rather
+ * than once a row. */
+static inline int quant_takes_sums(int type) { return type == QUANT_Q4_1 || type == QUANT_Q4_K || type == QUANT_Q5_K; }
+
+/* sums[i] = the sum of x[32 i .. 32 i + 32) for the n / 32 blocks of x (n a multiple of 32), in the
+ * order the dot products take it. */
+void quant_block_sums(const float *x, int n, float *sums);
+
+/* quant_dot and quant_dot_x4 with the inputs' block sums given (sums + t ss: token t's, from
+ * quant_block_sums; read only where quant_takes_sums): the same bits, without summing the inputs
+ * again for every row. */
+float quant_dot_s(int type, const void *row, const float *x, const float *sums, int n);
+void quant_dot_x4_s(int type, const void *row, const float *x, size_t xs, const float *sums, size_t ss, int n, float o[4]);
+
 /* "avx512", "avx2" or "scalar": the path quant_dot was compiled with. */
 const char *quant_dot_isa(void);
 

@@ -9,7 +9,9 @@
  *                                        OUT: the rows dequantized, fp32
  *   quant_cli dot TYPE N IN X OUT        X: N fp32; OUT: per row of IN, quant_dot_ref and quant_dot
  *                                        (two fp32); each row's quant_dot_x4 (x and three tokens
- *                                        made from it) checked to give quant_dot's bits, or an error
+ *                                        made from it), and both again with the tokens' block sums
+ *                                        given (quant_dot_s, quant_dot_x4_s), checked to give
+ *                                        quant_dot's bits, or an error
  *
  * Errors print one line, "<err_name>: <detail>", on stderr and exit 1. */
 #include <errno.h>
@@ -90,7 +92,8 @@ static err_code run(int argc, char **argv) {
             } else {
                 out = malloc(2 * rows * sizeof *out + 1);
                 float *x4 = malloc(4 * (size_t)n * sizeof *x4 + 1); /* four tokens: x, -x / 2, x reversed, x + 1 */
-                if (!out || !x4) rc = err_set(ERR_NOMEM, "dot");
+                float *sums = malloc(4 * (size_t)(n / 32) * sizeof *sums + 1); /* their block sums */
+                if (!out || !x4 || !sums) rc = err_set(ERR_NOMEM, "dot");
                 for (long long i = 0; !rc && i < n; i++) {
                     const float v = ((const float *)x)[i];
                     x4[i] = v;
@@ -98,19 +101,27 @@ static err_code run(int argc, char **argv) {
                     x4[2 * n + (n - 1 - i)] = v;
                     x4[3 * n + i] = v + 1.0f;
                 }
+                for (int t = 0; !rc && t < 4; t++) quant_block_sums(x4 + (size_t)t * n, (int)n, sums + (size_t)t * (n / 32));
                 for (size_t r = 0; !rc && r < rows; r++) {
                     const void *row = (char *)w + r * row_bytes;
                     out[2 * r] = quant_dot_ref(type, row, x, (int)n);
                     out[2 * r + 1] = quant_dot(type, row, x, (int)n);
-                    float o[4]; /* quant_dot_x4: each token's sum quant_dot's, bit for bit */
+                    float o[4], os[4]; /* quant_dot_x4 (_s): each token's sum quant_dot's, bit for bit */
                     quant_dot_x4(type, row, x4, (size_t)n, (int)n, o);
+                    quant_dot_x4_s(type, row, x4, (size_t)n, sums, (size_t)(n / 32), (int)n, os);
                     for (int t = 0; t < 4 && !rc; t++) {
-                        const float want = quant_dot(type, row, x4 + (size_t)t * n, (int)n);
+                        const float *xt = x4 + (size_t)t * n, *st = sums + (size_t)t * (n / 32);
+                        const float want = quant_dot(type, row, xt, (int)n), one_s = quant_dot_s(type, row, xt, st, (int)n);
                         if (memcmp(&o[t], &want, sizeof want))
                             rc = err_set(ERR_QUANT, "quant_dot_x4: type %d row %zu token %d: %a, quant_dot %a", type, r, t, o[t], want);
+                        else if (memcmp(&os[t], &want, sizeof want))
+                            rc = err_set(ERR_QUANT, "quant_dot_x4_s: type %d row %zu token %d: %a, quant_dot %a", type, r, t, os[t], want);
+                        else if (memcmp(&one_s, &want, sizeof want))
+                            rc = err_set(ERR_QUANT, "quant_dot_s: type %d row %zu token %d: %a, quant_dot %a", type, r, t, one_s, want);
                     }
                 }
                 free(x4);
+                free(sums);
                 if (!rc) rc = write_file(argv[6], out, 2 * rows * sizeof *out);
             }
         }
