@@ -43,7 +43,8 @@
  * --tool=callgrind --toggle-collect=quant_dot build/tests/quant_cli_avx2 dot TYPE 4096 W X OUT, 64
  * rows): F32 0.39, F16 0.39, BF16 0.52, Q8_0 0.61, Q4_0 0.86, Q6_K 1.19, Q4_1 1.20, Q4_K 1.46,
  * Q5_K 1.59. The K formats pay for their sub-block scales and for sum(x) of each sub-block (the
- * mins), which a matvec could compute once for all rows. */
+ * mins); those sums are now computed once a matvec (quant_block_sums, D134), as this program's
+ * passes do. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
