@@ -196,8 +196,10 @@ __device__ __forceinline__ float dot_step(const row_chunks<W, U> *r, const float
     for (int u = 0; u < U; u++) {
         int c = (step * U + u) * WARP_SIZE + lane;
         if (c < K / W::VALS) {
-            /* the chunk's inputs: float4 c of each plane of the staged input (sx_group) */
-            acc += W::dot(r->v[u], [sx, K, c](int p) { return reinterpret_cast<const float4 *>(sx)[p * (K / W::VALS) + c]; });
+            if constexpr (W::XQ) /* the chunk's inputs as stage_xq left them */
+                acc += W::dot(r->v[u], xq_chunk<W::VALS>{reinterpret_cast<const uint4 *>(sx), K / W::VALS, c});
+            else /* the chunk's inputs: float4 c of each plane of the staged input (sx_group) */
+                acc += W::dot(r->v[u], [sx, K, c](int p) { return reinterpret_cast<const float4 *>(sx)[p * (K / W::VALS) + c]; });
         }
     }
     return acc;
@@ -465,6 +467,58 @@ __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H 
     }
 }
 
+/* The staged fp32 inputs of a block format (sx, K, in sx_group's planes) as its dot products take
+ * them (xq_chunk, cuda_weights.cuh: x16 and a scale a block of 32), in place: a thread a chunk,
+ * whose uint4 slots hold its own float4s before, so no thread overwrites another's inputs; a chunk
+ * of 16 (Q8_0) meets its block's other half in the next lane. Called by the whole block after the
+ * staging's barrier; the caller's barrier follows. */
+template <typename W>
+__device__ __forceinline__ void stage_xq(float *sx, int K) {
+    constexpr int PLANES = W::VALS / 4, QPLANES = W::VALS / 8;
+    static_assert(W::VALS == 16 || W::VALS == 32, "stage_xq: chunks of 16 or 32 inputs");
+    const float4 *s4 = reinterpret_cast<const float4 *>(sx);
+    uint4 *q4 = reinterpret_cast<uint4 *>(sx);
+    const int chunks = K / W::VALS;
+#pragma unroll 1
+    for (int c0 = 0; c0 < chunks; c0 += MV_THREADS) {
+        const int c = c0 + (int)threadIdx.x;
+        const bool mine = c < chunks;
+        float v[W::VALS];
+        float amax = 0.0f;
+#pragma unroll
+        for (int p = 0; p < PLANES; p++) {
+            const float4 f = mine ? s4[p * chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[4 * p] = f.x, v[4 * p + 1] = f.y, v[4 * p + 2] = f.z, v[4 * p + 3] = f.w;
+        }
+#pragma unroll
+        for (int i = 0; i < W::VALS; i++) {
+            const float a = fabsf(v[i]);
+            amax = (a > amax || a != a) ? a : amax; /* a NaN stays */
+        }
+        if constexpr (W::VALS == 16) { /* the block's other half: the neighbouring lane's chunk */
+            const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
+            amax = (o > amax || o != o) ? o : amax;
+        }
+        if (!mine) continue;
+        const bool finite = amax <= 3.402823466e38f, tiny = amax < XQ_TINY;
+        const float inv = finite && !tiny ? XQ_MAX / amax : 0.0f;
+        const float dx = !finite ? __int_as_float(0x7FC00000) : tiny ? 0.0f : amax / XQ_MAX;
+        /* x16 in the low bits of fma(x, inv, 1.5 * 2^23): the exact product rounded once, ties to even */
+        uint32_t bits[W::VALS];
+        int sum[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < W::VALS; i++) {
+            bits[i] = __float_as_uint(__fmaf_rn(finite ? v[i] : 0.0f, inv, 12582912.0f));
+            sum[i / 16] += (int)(bits[i] - 0x4B400000u);
+        }
+#pragma unroll
+        for (int p = 0; p < QPLANES; p++)
+            q4[p * chunks + c] = make_uint4(__byte_perm(bits[8 * p], bits[8 * p + 1], 0x5410), __byte_perm(bits[8 * p + 2], bits[8 * p + 3], 0x5410),
+                                            __byte_perm(bits[8 * p + 4], bits[8 * p + 5], 0x5410), __byte_perm(bits[8 * p + 6], bits[8 * p + 7], 0x5410));
+        q4[QPLANES * chunks + c] = make_uint4(__float_as_uint(dx), (uint32_t)sum[0], (uint32_t)sum[1], 0u);
+    }
+}
+
 /* sx (K, shared) = x, or x * norm when stage_norm staged the norm weights there in the same threads;
  * returns RMSNorm's scale 1 / sqrt(mean(x^2) + eps) (1 without a norm), which the caller applies to
  * each dot product: HF's (x * scale) * norm up to rounding, with one barrier and one pass (the sum
@@ -492,6 +546,10 @@ __device__ __forceinline__ float stage_input(float *sx, const float *x, bool nor
         if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = ss;
     }
     __syncthreads();
+    if constexpr (W::XQ) {
+        stage_xq<W>(sx, K);
+        __syncthreads();
+    }
     if (!norm) return 1.0f;
     ss = 0.0f;
 #pragma unroll

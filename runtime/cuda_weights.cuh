@@ -12,9 +12,12 @@
  *                          lanes read 512 contiguous bytes
  *   W::load(row, c)        chunk c of a row, streamed past L1 (each weight is read once a step)
  *   W::to_f32(chunk, f)    its VALS weights as fp32, in the order of the row
- *   W::dot(chunk, x)       its weights dotted with their VALS inputs, fp32 (x(p): the p-th float4
- *                          of them, p < VALS / 4, loaded when the format asks): the matvec core's
- *                          inner product, where a format folds its scale in once a chunk
+ *   W::XQ                  whether the matvec stages the format's inputs as 16-bit integers (the
+ *                          block formats: xq_chunk below) instead of fp32 (the dense formats)
+ *   W::dot(chunk, x)       its weights dotted with their VALS inputs, fp32: the matvec core's inner
+ *                          product, where a format folds its scale in once a chunk. x is the chunk's
+ *                          staged inputs: the dense formats' x(p), the p-th float4 of them (p <
+ *                          VALS / 4); the block formats' xq_chunk, their integers and scale
  *   W::word(chunk)         one 32-bit word of it (load_lots' exit test reads the lot's data)
  *   W::BF16                the tensor cores' input type of the prompt's GEMMs (bf16, else fp16):
  *                          the GEMM cores take dense 16-bit formats only (W::DENSE16); a quantized
@@ -22,7 +25,10 @@
  *
  * The matvec's staged input is laid out for the chunk (stage_input, sx_group): chunk c's VALS
  * inputs are the float4s c, K / VALS + c, ... (VALS / 4 planes), so that a warp's lanes read
- * consecutive float4s of each plane, no two lanes of a quarter-warp in one bank.
+ * consecutive float4s of each plane, no two lanes of a quarter-warp in one bank. The block formats
+ * then take them as 16-bit integers a block of 32 (stage_xq): integer products on the dp2a units,
+ * where unpacking each weight to fp32 bound the 4-bit matvec to 46-48% of the read probe
+ * (docs/performance.md, D114, D135).
  *
  * Vectors (norm weights, biases) stay in the model's 16-bit dtype whatever the matrices' format:
  * they are a fraction of a percent of the bytes (w_to_f32). The formats: the dense w_bf16 and w_f16,
@@ -75,6 +81,7 @@ __device__ __forceinline__ void b8_to_f32(uint4 u, float f[8]) {
 template <bool IS_BF16>
 struct w16 {
     static constexpr bool DENSE16 = true;
+    static constexpr bool XQ = false;
     static constexpr bool BF16 = IS_BF16;
     static constexpr int VALS = 8;
     using mat = const uint16_t *;
@@ -110,7 +117,38 @@ __device__ __forceinline__ float4 bytes_to_f32(uint32_t w, float k) {
                        __int_as_float(__byte_perm(w, 0x4B000000u, 0x7442)) - off, __int_as_float(__byte_perm(w, 0x4B000000u, 0x7443)) - off);
 }
 
-__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+/* The block formats' inputs, as the matvec stages them (stage_xq, cuda_matvec.cuh): each block of
+ * 32 consecutive inputs x as 16-bit integers x16 and one fp32 scale dx, x ~ dx * x16:
+ *   amax = max |x| over the block (a NaN kept); inv = 32767 / amax and dx = amax / 32767 in fp32;
+ *   x16 = the exact product x * inv rounded to the nearest integer, ties to even (|x16| <= 32767);
+ *   a block whose amax is not finite: dx = NaN and x16 = 0 (its products NaN, as fp32 sums give);
+ *   one under XQ_TINY (0 included): dx = 0 and x16 = 0.
+ * Each x differs from dx * x16 by at most dx / 2: about 2e-5 of a dot product of normal activations,
+ * finer than the fp16 inputs of the prompt's GEMMs. Products of the weights' integers with x16 are
+ * exact in int32 (|q| <= 127, 32 terms of |x16| <= 32767) and scaled once a chunk: the same
+ * numbers whatever the order of the sum, two dp2a a word of four weights. The CPU computes the same
+ * integers (runtime/quant.c). */
+#define XQ_MAX 32767.0f
+#define XQ_TINY 0x1p-100f
+
+/* A chunk's staged inputs: its VALS inputs' x16, 8 a uint4 (x16(p): inputs 8p .. 8p + 7, two a word,
+ * the lower in the low half), and meta(): (dx as bits, S_lo, S_hi, 0) with S_lo and S_hi the sums of
+ * the x16 of its block's first and second 16 inputs (a chunk of 16 (Q8_0): its own sum and 0).
+ * uint4 slot p * chunks + c holds plane p of chunk c, slot (VALS / 8) chunks + c its meta: a warp's
+ * lanes read consecutive uint4s (stage_xq). */
+template <int VALS>
+struct xq_chunk {
+    const uint4 *s;
+    int chunks, c;
+    __device__ __forceinline__ uint4 x16(int p) const { return s[p * chunks + c]; }
+    __device__ __forceinline__ uint4 meta() const { return s[VALS / 8 * chunks + c]; }
+};
+
+/* sum over 4 weights' integers b (bytes of b, signed, weights 4i .. 4i + 3) times their x16 (the two
+ * words xa, xb: inputs 4i, 4i + 1 and 4i + 2, 4i + 3), added to acc */
+__device__ __forceinline__ int dot4_x16(uint32_t b, uint32_t xa, uint32_t xb, int acc) {
+    return __dp2a_hi((int)xb, (int)b, __dp2a_lo((int)xa, (int)b, acc));
+}
 
 /* Block b (of blocks) of a format whose GGUF block is SCALE bytes of scales, then VALUES of values,
  * into the layout its cores read: every block's values, then every block's scales. */
@@ -126,6 +164,7 @@ __device__ __forceinline__ void split_block(const uint8_t *in, uint8_t *dst, siz
  * values and their block's scale, which two lanes read (1.0625 bytes a weight). K a multiple of 32. */
 struct w_q8_0 {
     static constexpr bool DENSE16 = false;
+    static constexpr bool XQ = true;
     static constexpr bool BF16 = false;
     static constexpr int VALS = 16;
     static constexpr int BLOCK = 32;
@@ -162,15 +201,14 @@ struct w_q8_0 {
 #pragma unroll
             for (int b = 0; b < 4; b++) f[4 * i + b] = d * (float)(int8_t)(w[i] >> (8 * b));
     }
-    /* sum_i q_i x_i in fp32, then times d once: q_i as fp32 by bytes_to_f32 (q_i + 128, flipped
-     * into the byte's unsigned range, minus 128) */
-    template <typename X>
-    __device__ __forceinline__ static float dot(chunk u, X x) {
-        const uint32_t w[4] = {u.q.x ^ 0x80808080u, u.q.y ^ 0x80808080u, u.q.z ^ 0x80808080u, u.q.w ^ 0x80808080u};
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) s += dot4(bytes_to_f32(w[i], 128.0f), x(i));
-        return __half2float(__ushort_as_half(u.d)) * s;
+    /* d dx sum(q x16): the sum exact in int32, rounded once to fp32 */
+    __device__ __forceinline__ static float dot(chunk u, xq_chunk<VALS> x) {
+        const uint4 a = x.x16(0), b = x.x16(1);
+        int s = dot4_x16(u.q.x, a.x, a.y, 0);
+        s = dot4_x16(u.q.y, a.z, a.w, s);
+        s = dot4_x16(u.q.z, b.x, b.y, s);
+        s = dot4_x16(u.q.w, b.z, b.w, s);
+        return (__half2float(__ushort_as_half(u.d)) * __uint_as_float(x.meta().x)) * (float)s;
     }
     __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
 };
@@ -184,20 +222,20 @@ __device__ __forceinline__ float4 nibbles(uint32_t w, int i, int half, float k, 
     return bytes_to_f32(((half ? w >> 4 : w) & 0x0F0F0F0Fu) | high(i, half), k);
 }
 
-/* The chunk's sums over its first and second 16 weights of q * x, and with SUM_X the sum of x (the
- * formats with a minimum fold it in once a block): (lo, hi, sum x). */
-template <bool SUM_X, typename H, typename X>
-__device__ __forceinline__ float3 nibble_sums(uint4 q, float k, H high, X x) {
+/* The chunk's integer sums over its first and second 16 weights of q * x16, q = nibble + high(i,
+ * half) (no offset: the formats take k times the inputs' sums off, from meta()): (lo, hi). */
+template <typename H>
+__device__ __forceinline__ int2 nibble_sums(uint4 q, H high, xq_chunk<32> x) {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    float lo = 0.0f, hi = 0.0f, sx = 0.0f;
+    const uint4 x0 = x.x16(0), x1 = x.x16(1), x2 = x.x16(2), x3 = x.x16(3);
+    const uint32_t xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w}, xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+    int lo = 0, hi = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const float4 xl = x(i), xh = x(4 + i);
-        lo += dot4(nibbles(w[i], i, 0, k, high), xl);
-        hi += dot4(nibbles(w[i], i, 1, k, high), xh);
-        if constexpr (SUM_X) sx += (xl.x + xl.y) + (xl.z + xl.w) + (xh.x + xh.y) + (xh.z + xh.w);
+        lo = dot4_x16((w[i] & 0x0F0F0F0Fu) | high(i, 0), xl[2 * i], xl[2 * i + 1], lo);
+        hi = dot4_x16(((w[i] >> 4) & 0x0F0F0F0Fu) | high(i, 1), xh[2 * i], xh[2 * i + 1], hi);
     }
-    return make_float3(lo, hi, sx);
+    return make_int2(lo, hi);
 }
 
 /* The chunk's 32 weights as fp32: weight j (of the row's order) is scale(j < 16) * q_j + offset(j < 16),
@@ -234,6 +272,7 @@ struct no_high {
 template <bool MIN>
 struct w_q4 {
     static constexpr bool DENSE16 = false;
+    static constexpr bool XQ = true;
     static constexpr bool BF16 = false;
     static constexpr int VALS = 32;
     static constexpr int BLOCK = 32;
@@ -273,11 +312,17 @@ struct w_q4 {
         const float2 dm = scales(u.d);
         nibbles_to_f32(u.q, MIN ? 0.0f : 8.0f, no_high{}, [dm](int) { return dm; }, f);
     }
-    template <typename X>
-    __device__ __forceinline__ static float dot(chunk u, X x) {
-        const float3 s = nibble_sums<MIN>(u.q, MIN ? 0.0f : 8.0f, no_high{}, x);
+    /* d dx sum((q - 8) x16) (Q4_0), or d dx sum(q x16) + m dx sum(x16) (Q4_1): each sum exact */
+    __device__ __forceinline__ static float dot(chunk u, xq_chunk<VALS> x) {
+        const int2 s = nibble_sums(u.q, no_high{}, x);
+        const uint4 m = x.meta();
+        const float dx = __uint_as_float(m.x);
+        const int sx = (int)(m.y + m.z);
         const float2 dm = scales(u.d);
-        return MIN ? dm.x * (s.x + s.y) + dm.y * s.z : dm.x * (s.x + s.y);
+        if constexpr (MIN)
+            return (dm.x * dx) * (float)(s.x + s.y) + (dm.y * dx) * (float)sx;
+        else
+            return (dm.x * dx) * (float)(s.x + s.y - 8 * sx);
     }
     __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
 };
@@ -301,6 +346,7 @@ using w_q4_1 = w_q4<true>;
 template <int F>
 struct w_qk {
     static constexpr bool DENSE16 = false;
+    static constexpr bool XQ = true;
     static constexpr bool BF16 = false;
     static constexpr int VALS = 32;
     static constexpr int BLOCK = QUANT_K;
@@ -381,15 +427,17 @@ struct w_qk {
             nibbles_to_f32(u.q, 0.0f, high{u.qh}, [sm](int) { return sm; }, f);
         }
     }
-    template <typename X>
-    __device__ __forceinline__ static float dot(chunk u, X x) {
+    /* Q6_K: dx ((d sc_lo) sum_lo((q - 32) x16) + (d sc_hi) sum_hi((q - 32) x16)); Q4_K, Q5_K:
+     * (d sc) dx sum(q x16) - (dmin m) dx sum(x16); each sum exact */
+    __device__ __forceinline__ static float dot(chunk u, xq_chunk<VALS> x) {
+        const int2 s = nibble_sums(u.q, high{u.qh}, x);
+        const uint4 m = x.meta();
+        const float dx = __uint_as_float(m.x);
         if constexpr (Q6) {
-            const float3 s = nibble_sums<false>(u.q, 32.0f, high{u.qh}, x);
-            return scale6(u, 0) * s.x + scale6(u, 1) * s.y;
+            return dx * (scale6(u, 0) * (float)(s.x - 32 * (int)m.y) + scale6(u, 1) * (float)(s.y - 32 * (int)m.z));
         } else {
-            const float3 s = nibble_sums<true>(u.q, 0.0f, high{u.qh}, x);
             const float2 sm = scale_min(u.sc, u.j);
-            return sm.x * (s.x + s.y) + sm.y * s.z;
+            return (sm.x * dx) * (float)(s.x + s.y) + (sm.y * dx) * (float)(int)(m.y + m.z);
         }
     }
     __device__ __forceinline__ static uint32_t word(chunk u) { return u.q.x; }
@@ -449,6 +497,7 @@ using w_q6_k = w_qk<QUANT_Q6_K>;
  * largest of the three's fields. */
 struct w_kany {
     static constexpr bool DENSE16 = false;
+    static constexpr bool XQ = true;
     static constexpr bool BF16 = false;
     static constexpr int VALS = 32;
     static constexpr int BLOCK = QUANT_K;
@@ -530,8 +579,7 @@ struct w_kany {
         else if (k.f == QUANT_Q5_K) w_q5_k::to_f32(as<QUANT_Q5_K>(k), f);
         else w_q6_k::to_f32(as<QUANT_Q6_K>(k), f);
     }
-    template <typename X>
-    __device__ __forceinline__ static float dot(chunk k, X x) {
+    __device__ __forceinline__ static float dot(chunk k, xq_chunk<VALS> x) {
         return k.f == QUANT_Q4_K ? w_q4_k::dot(as<QUANT_Q4_K>(k), x)
              : k.f == QUANT_Q5_K ? w_q5_k::dot(as<QUANT_Q5_K>(k), x)
                                  : w_q6_k::dot(as<QUANT_Q6_K>(k), x);

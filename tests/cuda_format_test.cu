@@ -1,7 +1,7 @@
 /* cuda_format_test.cu - the quantized weight formats through the decode step's matvec core: GGUF's
  * Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K (w_q8_0 ... w_q6_k: cuda_weights.cuh) in o_proj/down's body
- * (matvec_residual_body), each against the gguf package's dequantizer (the slow twin) and against
- * the model's 16-bit format for speed.
+ * (matvec_residual_body, its inputs staged as 16-bit integers: stage_xq), each against the gguf
+ * package's dequantizer (the slow twin) and against the model's 16-bit format for speed.
  *
  *   cuda_format_test check FORMAT OUTDIR SEED ROWS K   FORMAT's blocks as a GGUF file holds them,
  *                                               repacked by the upload's kernel; out = x0 + W . in
@@ -156,7 +156,12 @@ static int check(const char *format, const char *dir, uint64_t seed, int rows, i
     rng_state = seed;
     const std::vector<uint8_t> blocks = gguf_blocks<W>(rows, K);
     std::vector<float> in(K), x0(rows);
-    for (float &v : in) v = (float)(2.0 * unit() - 1.0);
+    /* inputs in blocks of 32 of magnitudes 1e-3 .. 10 (the blocks' integer scales differ), the first
+     * block zero (stage_xq's dx = 0) */
+    for (int b = 0; b < K / 32; b++) {
+        const double mag = b == 0 ? 0.0 : pow(10.0, 4.0 * unit() - 3.0);
+        for (int i = 0; i < 32; i++) in[32 * b + i] = (float)(mag * (2.0 * unit() - 1.0));
+    }
     for (float &v : x0) v = (float)(2.0 * unit() - 1.0);
     const typename W::mat w = upload_blocks<W>(blocks, rows, K);
     float *din = upload_f32(in), *dout = upload_f32(x0);

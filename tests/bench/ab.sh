@@ -3,7 +3,8 @@
 # alternating (REPS rounds), so that a change is measured against what it changes:
 #   git archive -o .stage/base.tar REV         (here: .git does not travel to the GPU machine)
 #   bash tests/bench/ab.sh .stage/base.tar [.stage/other.tar ...]   (there, carrying .stage)
-# Each side is named after its archive. BENCH_MODELS and BENCH_FLAGS as in gpu.sh; REPS (default 2).
+# Each side is named after its archive. BENCH_MODELS and BENCH_FLAGS as in gpu.sh, a model NAME:QUANT
+# (q8_0, q4_0, q4_1: bench_model_dir's quantized twin) beside the bf16 ones; REPS (default 2).
 # TESTS=1 also runs the GPU tests (make test-gpu's pytest, without its default-model build, whose
 # checks skip unless that model is staged) in every side, beside the builds (about 3 minutes),
 # TESTS=this in this tree only, and prints its summary (the log: /tmp/ab-tests-SIDE.log), so one
@@ -22,9 +23,14 @@ for t in "$@"; do
     rm -rf "/tmp/ab-$name" && mkdir -p "/tmp/ab-$name" && tar -xf "$t" -C "/tmp/ab-$name" || exit 1
     sides+=("$name")
 done
-models=(${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2})
 make -s venv >/dev/null || exit 1
-for m in "${models[@]}"; do bench_model_dir "$m" || exit 1; done
+models=()
+for m in ${BENCH_MODELS:-smollm2-135m-instruct llama-3.2-1b-instruct mistral-7b-instruct-v0.2}; do
+    q=
+    [[ $m == *:* ]] && q=${m#*:}
+    bench_model_dir "${m%%:*}" "$q" || exit 1
+    models+=("${m%%:*}${q:+-$q}") # as bench_model_dir names it: bench-NAME[-QUANT]
+done
 # Every side's builds (and with TESTS=1 its `make test-gpu`, in a copy of its tree so that it races
 # no build) at once: nvcc compiles one file on one core. The benchmarks wait for all of them.
 tested() { [ "${TESTS:-0}" = 1 ] || { [ "${TESTS:-0}" = this ] && [ "$1" = this ]; }; }
