@@ -67,15 +67,17 @@ static_assert(MV_RES_PACE >= 0 && MV_RES_PACE <= MODEL_MV_UNROLL && (MV_RES_PACE
 #define QKV_SPLIT_LAST 1
 /* The chunks a lane holds in flight a row step, and the lots above, by format: the plan's for the
  * dense formats' 16-byte chunks of 8 weights; for a block format, whose chunk holds its scales beside
- * 16 bytes of values and unpacks to 16 (Q8_0) or 32 weights, at most BLOCK_WEIGHTS weights' worth
- * (Q8_0 4 chunks, the 4-bit and K formats 2). At the dense 8 the residual matvec spills (ptxas) and
- * reads 36% (Q4_0), 58% (Q8_0), 16-31% (K formats) of the probe; at 4 chunks 46-73%, at 2 38-63%
- * (tests/cuda_format_test.cu bench, one row a warp, 4096 x 14336, H100); with a row pair a warp
- * (residual_pairs, the paired QKV and gate/up) 4 chunks of 32 weights still spill (docs/performance.md,
- * D114). */
-#define BLOCK_WEIGHTS 64
+ * 16 bytes of values and unpacks to 16 (Q8_0) or 32 weights, at most its W::IN_FLIGHT (the most that
+ * compiles without spills in the residual matvec and with a row pair a warp: cuda_weights.cuh). */
 template <typename W, int PLAN>
-constexpr int format_unroll = W::DENSE16 ? PLAN : (PLAN < BLOCK_WEIGHTS / W::VALS ? PLAN : BLOCK_WEIGHTS / W::VALS);
+constexpr int format_unroll_of() {
+    if constexpr (W::DENSE16)
+        return PLAN;
+    else
+        return PLAN < W::IN_FLIGHT ? PLAN : W::IN_FLIGHT;
+}
+template <typename W, int PLAN>
+constexpr int format_unroll = format_unroll_of<W, PLAN>();
 template <typename W> constexpr int mv_unroll = format_unroll<W, MODEL_MV_UNROLL>;
 template <typename W> constexpr int pair_unroll = format_unroll<W, MODEL_PAIR_UNROLL>;
 template <typename W> constexpr int pair_early = MODEL_PAIR_EARLY < pair_unroll<W> ? MODEL_PAIR_EARLY : pair_unroll<W>;

@@ -10,6 +10,7 @@
  *   W::chunk, W::VALS      what a lane loads of a row at once, and the weights in it: one 16-byte
  *                          load of values (and whatever scale they need), so that a warp's 32
  *                          lanes read 512 contiguous bytes
+ *   W::IN_FLIGHT           (block formats) the most chunks a lane holds in flight a row step
  *   W::load(row, c)        chunk c of a row, streamed past L1 (each weight is read once a step)
  *   W::to_f32(chunk, f)    its VALS weights as fp32, in the order of the row
  *   W::XQ                  whether the matvec stages the format's inputs as 16-bit integers (the
@@ -165,6 +166,7 @@ __device__ __forceinline__ void split_block(const uint8_t *in, uint8_t *dst, siz
 struct w_q8_0 {
     static constexpr bool DENSE16 = false;
     static constexpr bool XQ = true;
+    static constexpr int IN_FLIGHT = 4; /* 64 weights: 73% of the probe alone, 8 spill (D114) */
     static constexpr bool BF16 = false;
     static constexpr int VALS = 16;
     static constexpr int BLOCK = 32;
@@ -273,6 +275,7 @@ template <bool MIN>
 struct w_q4 {
     static constexpr bool DENSE16 = false;
     static constexpr bool XQ = true;
+    static constexpr int IN_FLIGHT = 2;
     static constexpr bool BF16 = false;
     static constexpr int VALS = 32;
     static constexpr int BLOCK = 32;
@@ -347,6 +350,7 @@ template <int F>
 struct w_qk {
     static constexpr bool DENSE16 = false;
     static constexpr bool XQ = true;
+    static constexpr int IN_FLIGHT = 2;
     static constexpr bool BF16 = false;
     static constexpr int VALS = 32;
     static constexpr int BLOCK = QUANT_K;
@@ -498,6 +502,7 @@ using w_q6_k = w_qk<QUANT_Q6_K>;
 struct w_kany {
     static constexpr bool DENSE16 = false;
     static constexpr bool XQ = true;
+    static constexpr int IN_FLIGHT = 2; /* w_qk's */
     static constexpr bool BF16 = false;
     static constexpr int VALS = 32;
     static constexpr int BLOCK = QUANT_K;
