@@ -275,7 +275,7 @@ template <bool MIN>
 struct w_q4 {
     static constexpr bool DENSE16 = false;
     static constexpr bool XQ = true;
-    static constexpr int IN_FLIGHT = 2;
+    static constexpr int IN_FLIGHT = 4;
     static constexpr bool BF16 = false;
     static constexpr int VALS = 32;
     static constexpr int BLOCK = 32;
@@ -350,7 +350,7 @@ template <int F>
 struct w_qk {
     static constexpr bool DENSE16 = false;
     static constexpr bool XQ = true;
-    static constexpr int IN_FLIGHT = 2;
+    static constexpr int IN_FLIGHT = F == QUANT_Q6_K ? 4 : 2;
     static constexpr bool BF16 = false;
     static constexpr int VALS = 32;
     static constexpr int BLOCK = QUANT_K;
