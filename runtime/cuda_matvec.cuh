@@ -469,65 +469,55 @@ __device__ __forceinline__ void poll_each_group(const float4 *x4, int K, F f, H 
     }
 }
 
-/* A NaN-keeping max: NaN if either is */
-__device__ __forceinline__ float max_nan(float a, float b) { return (b > a || b != b) ? b : a; }
-
 /* The staged fp32 inputs of a block format (sx, K, in sx_group's planes) as its dot products take
- * them (xq_chunk, cuda_weights.cuh: x16 and a scale a block of 32), in place. A warp takes 8 chunks
- * at a time, lane 8 q + i chunk i's float4 plane q (and q + 4 in chunks of 32), so that every thread
- * works and each of a warp's loads reads 8 consecutive float4s of a plane; the block's max and sums
- * meet across the 4 lanes of a chunk (and a chunk of 16's neighbour, the rest of its block) in
- * shuffles. A chunk's uint4 slots hold its own inputs before, and only its warp touches them: its
- * lanes' reads are in before any writes (__syncwarp). Called by the whole block after the staging's
- * barrier; the caller's barrier follows. */
+ * them (xq_chunk, cuda_weights.cuh: x16 and a scale a block of 32), in place: a thread a chunk,
+ * whose uint4 slots hold its own float4s before, so no thread overwrites another's inputs; a chunk
+ * of 16 (Q8_0) meets its block's other half in the next lane. Called by the whole block after the
+ * staging's barrier; the caller's barrier follows. */
 template <typename W>
 __device__ __forceinline__ void stage_xq(float *sx, int K) {
-    constexpr int MINE = W::VALS / 16; /* float4 planes a lane holds: q, and q + 4 in chunks of 32 */
+    constexpr int PLANES = W::VALS / 4, QPLANES = W::VALS / 8;
     static_assert(W::VALS == 16 || W::VALS == 32, "stage_xq: chunks of 16 or 32 inputs");
     const float4 *s4 = reinterpret_cast<const float4 *>(sx);
-    uint2 *q2 = reinterpret_cast<uint2 *>(sx);
     uint4 *q4 = reinterpret_cast<uint4 *>(sx);
-    const int chunks = K / W::VALS, lane = (int)threadIdx.x % WARP_SIZE, i = lane % 8, q = lane / 8;
+    const int chunks = K / W::VALS;
 #pragma unroll 1
-    for (int base = (int)threadIdx.x / WARP_SIZE * 8; base < chunks; base += MODEL_MV_WARPS * 8) {
-        const int c = base + i;
+    for (int c0 = 0; c0 < chunks; c0 += MV_THREADS) {
+        const int c = c0 + (int)threadIdx.x;
         const bool mine = c < chunks;
-        float v[4 * MINE];
+        float v[W::VALS];
         float amax = 0.0f;
 #pragma unroll
-        for (int h = 0; h < MINE; h++) {
-            const float4 f = mine ? s4[(q + 4 * h) * chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v[4 * h] = f.x, v[4 * h + 1] = f.y, v[4 * h + 2] = f.z, v[4 * h + 3] = f.w;
+        for (int p = 0; p < PLANES; p++) {
+            const float4 f = mine ? s4[p * chunks + c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[4 * p] = f.x, v[4 * p + 1] = f.y, v[4 * p + 2] = f.z, v[4 * p + 3] = f.w;
         }
 #pragma unroll
-        for (int k = 0; k < 4 * MINE; k++) amax = max_nan(amax, fabsf(v[k]));
-        amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 8));
-        amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 16));
-        if constexpr (W::VALS == 16) amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1)); /* the block's other half */
-        __syncwarp(); /* every lane's inputs read before any slot is written */
+        for (int i = 0; i < W::VALS; i++) {
+            const float a = fabsf(v[i]);
+            amax = (a > amax || a != a) ? a : amax; /* a NaN stays */
+        }
+        if constexpr (W::VALS == 16) { /* the block's other half: the neighbouring lane's chunk */
+            const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
+            amax = (o > amax || o != o) ? o : amax;
+        }
+        if (!mine) continue;
         const bool finite = amax <= 3.402823466e38f, tiny = amax < XQ_TINY;
         const float inv = finite && !tiny ? XQ_MAX / amax : 0.0f;
         const float dx = !finite ? __int_as_float(0x7FC00000) : tiny ? 0.0f : amax / XQ_MAX;
         /* x16 in the low bits of fma(x, inv, 1.5 * 2^23): the exact product rounded once, ties to even */
-        uint32_t bits[4 * MINE];
-        int sum[2] = {0, 0}; /* of the chunk's first and second 16 inputs: plane q's are first, q + 4's second */
+        uint32_t bits[W::VALS];
+        int sum[2] = {0, 0};
 #pragma unroll
-        for (int k = 0; k < 4 * MINE; k++) {
-            bits[k] = __float_as_uint(__fmaf_rn(finite ? v[k] : 0.0f, inv, 12582912.0f));
-            sum[k / 4] += (int)(bits[k] - 0x4B400000u);
+        for (int i = 0; i < W::VALS; i++) {
+            bits[i] = __float_as_uint(__fmaf_rn(finite ? v[i] : 0.0f, inv, 12582912.0f));
+            sum[i / 16] += (int)(bits[i] - 0x4B400000u);
         }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            sum[h] += __shfl_xor_sync(0xFFFFFFFFu, sum[h], 8);
-            sum[h] += __shfl_xor_sync(0xFFFFFFFFu, sum[h], 16);
-        }
-        if (!mine) continue;
-        /* plane q + 4 h's 4 values: half (q % 2) of x16 slot (q + 4 h) / 2 */
-#pragma unroll
-        for (int h = 0; h < MINE; h++)
-            q2[(((q + 4 * h) / 2) * chunks + c) * 2 + q % 2] =
-                make_uint2(__byte_perm(bits[4 * h], bits[4 * h + 1], 0x5410), __byte_perm(bits[4 * h + 2], bits[4 * h + 3], 0x5410));
-        if (q == 0) q4[W::VALS / 8 * chunks + c] = make_uint4(__float_as_uint(dx), (uint32_t)sum[0], (uint32_t)sum[1], 0u);
+        for (int p = 0; p < QPLANES; p++)
+            q4[p * chunks + c] = make_uint4(__byte_perm(bits[8 * p], bits[8 * p + 1], 0x5410), __byte_perm(bits[8 * p + 2], bits[8 * p + 3], 0x5410),
+                                            __byte_perm(bits[8 * p + 4], bits[8 * p + 5], 0x5410), __byte_perm(bits[8 * p + 6], bits[8 * p + 7], 0x5410));
+        q4[QPLANES * chunks + c] = make_uint4(__float_as_uint(dx), (uint32_t)sum[0], (uint32_t)sum[1], 0u);
     }
 }
 
