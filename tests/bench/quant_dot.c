@@ -127,25 +127,28 @@ static void fill(int type, uint8_t *w, size_t rows, size_t row_bytes, int n) {
 static double time_matvec(int type, const uint8_t *w, size_t rows, size_t row_bytes, const float *x, int n, float *y,
                           int threads, size_t l2_rows, int passes) {
     double best = 1e30;
-    float *sums = malloc(sizeof(float) * (size_t)(n / 32));
+    uint8_t *xq = aligned_alloc(64, QUANT_INPUT_BYTES(n));
+    const int blocks = quant_format_of(type)->block > 1;
     for (int p = 0; p < passes; p++) {
         double t0 = clock_for(threads);
-        quant_block_sums(x, n, sums); /* once a matvec, as the CPU forward's */
+        if (blocks) quant_input(x, n, xq); /* once a matvec, as the CPU forward's */
         if (!l2_rows) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-            for (size_t r = 0; r < rows; r++) y[r] = quant_dot_s(type, w + r * row_bytes, x, sums, n);
+            for (size_t r = 0; r < rows; r++)
+                y[r] = blocks ? quant_dot_q(type, w + r * row_bytes, xq, n) : quant_dot(type, w + r * row_bytes, x, n);
         } else {
 #pragma omp parallel num_threads(threads)
             {
                 const size_t t = (size_t)omp_get_thread_num(), first = t * l2_rows, reps = rows / l2_rows / (size_t)threads;
                 for (size_t k = 0; k < reps; k++)
-                    for (size_t r = first; r < first + l2_rows; r++) y[r] += quant_dot_s(type, w + r * row_bytes, x, sums, n);
+                    for (size_t r = first; r < first + l2_rows; r++)
+                        y[r] += blocks ? quant_dot_q(type, w + r * row_bytes, xq, n) : quant_dot(type, w + r * row_bytes, x, n);
             }
         }
         double dt = clock_for(threads) - t0;
         if (dt < best) best = dt;
     }
-    free(sums);
+    free(xq);
     return best;
 }
 
