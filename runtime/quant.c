@@ -409,6 +409,7 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
 #if defined(QUANT_SIMD_AVX512)
 typedef struct { __m512i w1, w2; } wpair; /* [A 0..16, B 0..16] and [A 16..32, B 16..32], int16 */
 typedef __m512i ipair;                    /* lanes 0..8: block A's partial sums, 8..16: B's */
+INLINE ipair ipair_zero(void) { return _mm512_setzero_si512(); }
 INLINE wpair wpair_of(__m256i y1, __m256i y2) { return (wpair){_mm512_cvtepi8_epi16(y1), _mm512_cvtepi8_epi16(y2)}; }
 INLINE wpair wpair_zero(void) { return (wpair){_mm512_setzero_si512(), _mm512_setzero_si512()}; }
 INLINE ipair ipair_dot(wpair w, const int16_t *x) {
@@ -438,6 +439,7 @@ INLINE __m256i reduce8(const ipair p[4], int q6) {
 #else
 typedef struct { __m256i w[4]; } wpair; /* A 0..16, B 0..16, A 16..32, B 16..32, int16 */
 typedef struct { __m256i a, b; } ipair; /* block A's 8 partial sums, B's */
+INLINE ipair ipair_zero(void) { return (ipair){_mm256_setzero_si256(), _mm256_setzero_si256()}; }
 INLINE wpair wpair_of(__m256i y1, __m256i y2) {
     return (wpair){{_mm256_cvtepi8_epi16(_mm256_castsi256_si128(y1)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y1, 1)),
                     _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y2)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y2, 1))}};
@@ -508,7 +510,8 @@ INLINE void group32(int type, const uint8_t *b, const void *qg, const void *dg, 
     const __m256 c = f16x8(f16, 0), m = type == QUANT_Q4_1 ? f16x8(f16, 1) : _mm256_setzero_ps();
     for (int t = 0; t < T; t++) {
         const int16_t *x = LDQ(TOK(qg, t, ts));
-        const ipair ip[4] = {ipair_dot(w[0], x), ipair_dot(w[1], x + 64), ipair_dot(w[2], x + 128), ipair_dot(w[3], x + 192)};
+        ipair ip[4]; /* a last group's missing pairs: zeros, without the multiplies */
+        for (int p = 0; p < 4; p++) ip[p] = 2 * p < cnt ? ipair_dot(w[p], x + 64 * p) : ipair_zero();
         const __m256 sums = _mm256_cvtepi32_ps(reduce8(ip, 0));
         acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(dg, t, ts))), sums, acc[t]);
         if (type == QUANT_Q4_1) acc[t] = _mm256_fmadd_ps(m, LDF(TOK(sg, t, ts)), acc[t]);
