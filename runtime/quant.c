@@ -435,6 +435,15 @@ INLINE __m256i reduce8(const ipair p[4], int q6) {
                              : _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
     return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, f));
 }
+/* The 4 blocks' sums of p0 (blocks 0, 1) and p1 (blocks 2, 3), in block order: a last group's
+ * first 4 blocks without the 8-block transpose. Each quarter's lanes summed within it (lane 0: p0's,
+ * lane 1: p1's), then quarters 0 + 1 (the A blocks 0, 2) and 2 + 3 (the B blocks 1, 3). */
+INLINE __m128i reduce4(ipair p0, ipair p1) {
+    const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    const __m512i e = _mm512_add_epi32(a, _mm512_unpackhi_epi64(a, a));
+    const __m512i f = _mm512_add_epi32(e, _mm512_shuffle_i32x4(e, e, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_unpacklo_epi32(_mm512_castsi512_si128(f), _mm512_extracti32x4_epi32(f, 2));
+}
 #define QUANT_ISA_SIMD "avx512"
 #else
 typedef struct { __m256i w[4]; } wpair; /* A 0..16, B 0..16, A 16..32, B 16..32, int16 */
@@ -459,6 +468,10 @@ INLINE __m256i reduce8(const ipair p[4], int q6) {
     const __m256i r = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
     return q6 ? _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7)) : r;
 }
+INLINE __m128i reduce4(ipair p0, ipair p1) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0.a, p0.b), _mm256_hadd_epi32(p1.a, p1.b));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
 #define QUANT_ISA_SIMD "avx2"
 #endif
 
@@ -471,43 +484,70 @@ static inline float hsum8(acc8 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-/* 8 fp16 in the low (hi: high) 16 bits of each 32-bit lane, as floats */
-static inline __m256 f16x8(__m256i v, int hi) {
-    v = hi ? _mm256_srli_epi32(v, 16) : _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
-    return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
-}
 #define LDQ(p) ((const int16_t *)(p))
 #define LDF(p) _mm256_loadu_ps((const float *)(p))
 
-/* Q8_0, Q4_0, Q4_1: blocks of 32 at b (bytes apart), the group's fp16 fields fetched by one gather
- * (a 32-bit word at each block's start: d, and Q4_1's m above it). */
-INLINE void group32(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+/* Q8_0, Q4_0, Q4_1: blocks of 32 at b (bytes apart), the group's fp16 fields read by fields32. */
+/* Pair p's weights of a group of blocks of 32 at b (blocks 2p and 2p + 1; a missing second one's zeros) */
+INLINE wpair pair32(int type, const uint8_t *b, int p, int cnt) {
     const int bytes = type == QUANT_Q8_0 ? 34 : type == QUANT_Q4_0 ? 18 : 20;
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    wpair w[4];
-    for (int p = 0; p < 4; p++) {
-        if (2 * p >= cnt) {
-            w[p] = wpair_zero();
-            continue;
+    const uint8_t *a = b + bytes * 2 * p, *c = a + bytes;
+    const int has_c = 2 * p + 1 < cnt; /* the pair's second block; x16 of a missing one are zeros */
+    if (type == QUANT_Q8_0)
+        return wpair_of(_mm256_set_m128i(has_c ? ld16(c + 2) : _mm_setzero_si128(), ld16(a + 2)),
+                        _mm256_set_m128i(has_c ? ld16(c + 18) : _mm_setzero_si128(), ld16(a + 18)));
+    const int off = type == QUANT_Q4_0 ? 2 : 4;
+    const __m256i y = _mm256_set_m128i(has_c ? ld16(c + off) : _mm_setzero_si128(), ld16(a + off));
+    __m256i y1 = _mm256_and_si256(y, m4), y2 = _mm256_and_si256(_mm256_srli_epi16(y, 4), m4);
+    if (type == QUANT_Q4_0) y1 = _mm256_sub_epi8(y1, _mm256_set1_epi8(8)), y2 = _mm256_sub_epi8(y2, _mm256_set1_epi8(8));
+    return wpair_of(y1, y2);
+}
+
+/* The fp16 fields of blocks from..from + 4 of a group of blocks of 32 at b, read as scalars (a
+ * gather is slow on CPUs with the Gather Data Sampling mitigation): d into dd, Q4_1's m into mm, 16
+ * bits a block; the blocks from cnt on zeros. */
+INLINE void fields32(int type, const uint8_t *b, int from, int cnt, uint64_t *dd, uint64_t *mm) {
+    const int bytes = type == QUANT_Q8_0 ? 34 : type == QUANT_Q4_0 ? 18 : 20;
+    *dd = *mm = 0;
+    for (int i = 0; i < 4; i++)
+        if (from + i < cnt) {
+            *dd |= (uint64_t)rd16(b + bytes * (from + i)) << 16 * i;
+            if (type == QUANT_Q4_1) *mm |= (uint64_t)rd16(b + bytes * (from + i) + 2) << 16 * i;
         }
-        const uint8_t *a = b + bytes * 2 * p, *c = a + bytes;
-        const int has_c = 2 * p + 1 < cnt; /* the pair's second block; x16 of a missing one are zeros */
-        if (type == QUANT_Q8_0) {
-            w[p] = wpair_of(_mm256_set_m128i(has_c ? ld16(c + 2) : _mm_setzero_si128(), ld16(a + 2)),
-                            _mm256_set_m128i(has_c ? ld16(c + 18) : _mm_setzero_si128(), ld16(a + 18)));
-        } else {
-            const int off = type == QUANT_Q4_0 ? 2 : 4;
-            const __m256i y = _mm256_set_m128i(has_c ? ld16(c + off) : _mm_setzero_si128(), ld16(a + off));
-            __m256i y1 = _mm256_and_si256(y, m4), y2 = _mm256_and_si256(_mm256_srli_epi16(y, 4), m4);
-            if (type == QUANT_Q4_0) y1 = _mm256_sub_epi8(y1, _mm256_set1_epi8(8)), y2 = _mm256_sub_epi8(y2, _mm256_set1_epi8(8));
-            w[p] = wpair_of(y1, y2);
-        }
+}
+
+/* A last group of 1..4 blocks of 32 (cnt), lanes 0..cnt: the same terms as group32's, but its
+ * fp16 fields read as scalars (no gather), its sums by reduce4 and its arithmetic on the low 4
+ * lanes (the others' scales are zeros there, as group32's missing blocks', so they would add +0 to
+ * a lane that is never -0). */
+INLINE void tail32(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+    const wpair w0 = pair32(type, b, 0, cnt), w1 = cnt > 2 ? pair32(type, b, 1, cnt) : wpair_zero();
+    uint64_t dd, mm; /* the blocks' d (and Q4_1's m) as 4 fp16, the missing ones zeros */
+    fields32(type, b, 0, cnt, &dd, &mm);
+    const __m128 c = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dd)), m = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)mm));
+    for (int t = 0; t < T; t++) {
+        const int16_t *x = LDQ(TOK(qg, t, ts));
+        const __m128i sums = reduce4(ipair_dot(w0, x), cnt > 2 ? ipair_dot(w1, x + 64) : ipair_zero());
+        __m128 lo = _mm256_castps256_ps128(acc[t]);
+        lo = _mm_fmadd_ps(_mm_mul_ps(c, _mm_loadu_ps((const float *)TOK(dg, t, ts))), _mm_cvtepi32_ps(sums), lo);
+        if (type == QUANT_Q4_1) lo = _mm_fmadd_ps(m, _mm_loadu_ps((const float *)TOK(sg, t, ts)), lo);
+        acc[t] = _mm256_blend_ps(acc[t], _mm256_castps128_ps256(lo), 0x0F);
     }
-    const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bytes));
-    const __m256i f16 = cnt == 8 ? _mm256_i32gather_epi32((const int *)b, at, 1)
-                                 : _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)b, at,
-                                                               _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), 1);
-    const __m256 c = f16x8(f16, 0), m = type == QUANT_Q4_1 ? f16x8(f16, 1) : _mm256_setzero_ps();
+}
+
+INLINE void group32(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+    if (cnt <= 4) {
+        tail32(type, b, qg, dg, sg, ts, cnt, T, acc);
+        return;
+    }
+    wpair w[4];
+    for (int p = 0; p < 4; p++) w[p] = 2 * p < cnt ? pair32(type, b, p, cnt) : wpair_zero();
+    uint64_t dd[2] = {0, 0}, mm[2] = {0, 0}; /* the blocks' d (and Q4_1's m), 4 fp16 a word; the missing ones zeros */
+    fields32(type, b, 0, cnt, &dd[0], &mm[0]);
+    fields32(type, b, 4, cnt, &dd[1], &mm[1]);
+    const __m256 c = _mm256_cvtph_ps(_mm_set_epi64x((long long)dd[1], (long long)dd[0]));
+    const __m256 m = _mm256_cvtph_ps(_mm_set_epi64x((long long)mm[1], (long long)mm[0]));
     for (int t = 0; t < T; t++) {
         const int16_t *x = LDQ(TOK(qg, t, ts));
         ipair ip[4]; /* a last group's missing pairs: zeros, without the multiplies */
@@ -525,13 +565,20 @@ INLINE void group32(int type, const uint8_t *b, const void *qg, const void *dg, 
 INLINE void group_q45_k(const uint8_t *b, int five, const void *qg, const void *dg, const void *sg, size_t ts, int T, acc8 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1), nib = _mm256_setr_epi64x(0, 0, 4, 4);
     const uint8_t *qs = b + (five ? 48 : 16);
-    float dsc[8], dmn[8];
-    for (int s = 0; s < 8; s++) {
-        int sc, m;
-        scale_min_k4(s, b + 4, &sc, &m);
-        dsc[s] = rd_f16(b) * (float)sc;
-        dmn[s] = -(rd_f16(b + 2) * (float)m);
-    }
+    /* the 8 scales and mins (scale_min_k4) with 64-bit integer ops: lo = bytes 0-7 (scales 0-3,
+     * mins 0-3 and, in their top 2 bits, the top bits of scales and mins 4-7), hi = bytes 8-11 */
+    uint64_t lo;
+    uint32_t hi;
+    memcpy(&lo, b + 4, 8);
+    memcpy(&hi, b + 12, 4);
+    const uint64_t k03 = lo & 0x3F3F3F3F3F3F3F3FULL;
+    const uint64_t k47 = ((uint64_t)(hi & 0x0F0F0F0F) | (uint64_t)((hi >> 4) & 0x0F0F0F0F) << 32) | ((lo >> 6) & 0x0303030303030303ULL) << 4;
+    /* bytes: scales 0-7, then mins 0-7 */
+    const __m128i sm = _mm_unpacklo_epi32(_mm_cvtsi64_si128((long long)k03), _mm_cvtsi64_si128((long long)k47));
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)rd16(b) | (int)rd16(b + 2) << 16)); /* d, dmin */
+    const __m256 c = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+    const __m256 o = _mm256_mul_ps(_mm256_xor_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_set1_ps(-0.0f)),
+                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
     wpair w[4];
     for (int j = 0; j < 4; j++) {
         __m256i y1 = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qs + 32 * j), nib), m4);
@@ -543,7 +590,6 @@ INLINE void group_q45_k(const uint8_t *b, int five, const void *qg, const void *
         }
         w[j] = wpair_of(y1, y2);
     }
-    const __m256 c = _mm256_loadu_ps(dsc), o = _mm256_loadu_ps(dmn);
     for (int t = 0; t < T; t++) {
         const int16_t *x = LDQ(TOK(qg, t, ts));
         const ipair ip[4] = {ipair_dot(w[0], x), ipair_dot(w[1], x + 64), ipair_dot(w[2], x + 128), ipair_dot(w[3], x + 192)};
