@@ -260,7 +260,8 @@ build/tests/%: tests/%.c tests/check.h $(RUNTIME_OBJS) $(RUNTIME_HDRS)
 # intrinsics (Debian's libsimde-dev), built only where its headers are.
 QUANT_ISA_FLAGS_scalar := -mno-avx512f -mno-avx2 -mno-fma -mno-f16c
 QUANT_ISA_FLAGS_avx2 := -mno-avx512f -mavx2 -mfma -mf16c
-QUANT_ISA_FLAGS_avx512 := -mavx512f -mavx2 -mfma -mf16c
+QUANT_ISA_FLAGS_avx512 := -mavx512f -mavx512bw -mno-avx512vnni -mavx2 -mfma -mf16c
+QUANT_ISA_FLAGS_avx512vnni := -mavx512f -mavx512bw -mavx512vnni -mavx2 -mfma -mf16c
 build/tests/quant_cli_%: tests/quant_cli.c runtime/quant.c runtime/quant.h runtime/cpu_kernels.h build/runtime/errors.o
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(QUANT_ISA_FLAGS_$*) tests/quant_cli.c runtime/quant.c build/runtime/errors.o -o $@ $(LDLIBS)

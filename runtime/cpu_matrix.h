@@ -10,11 +10,11 @@
  * of weights or more).
  *
  * Dense rows keep cpu_kernels.h's four-stream and several-token kernels. Quantized rows go through
- * quant_dot a row at a time, and in a prompt batch through quant_dot_x4, a row against four tokens
- * with its blocks unpacked once for the four (each sum quant_dot's bits). Every product takes s, the
- * sums of its inputs' blocks of 32 (quant_block_sums; token t's at s + t n / 32), which the formats
- * with an offset a block read (MAT_SUMS) and the others ignore: computed once per input, not once
- * a row. Include after model.h and cpu_kernels.h. */
+ * quant_dot_q a row at a time, and in a prompt batch through quant_dot_x4_q, a row against four
+ * tokens with its blocks unpacked once for the four (each sum quant_dot's bits). They read their
+ * input quantized to 16 bits (quant_input; token t's QUANT_INPUT_BYTES(n) after token t - 1's),
+ * which a matrix product computes once per input (mat_quantize), not once a row; dense rows read x
+ * in fp32 and ignore xq. Include after model.h and cpu_kernels.h. */
 #ifndef INGOT_CPU_MATRIX_H
 #define INGOT_CPU_MATRIX_H
 
@@ -27,14 +27,11 @@
  * always in the model's dtype (codegen/spec.py: only the dense tensors take torch_dtype). */
 #define MAT_DENSE(f) ((f) == QUANT_F32 || (f) == QUANT_F16 || (f) == QUANT_BF16)
 
-/* Whether format f's products read their inputs' block sums */
-#define MAT_SUMS(f) (!MAT_DENSE(f) && quant_takes_sums(f))
-
-/* s = the block sums of nb inputs x (x_stride floats apart) of n each, n / 32 a token, where format
- * f reads them; nothing otherwise. */
-KERNEL void mat_sums(int f, const float *x, size_t x_stride, int nb, int n, float *s) {
-    if (MAT_SUMS(f))
-        for (int b = 0; b < nb; b++) quant_block_sums(x + (size_t)b * x_stride, n, s + (size_t)b * (size_t)(n / 32));
+/* xq = nb inputs x (x_stride floats apart) of n each quantized (quant_input), QUANT_INPUT_BYTES(n)
+ * a token, where format f reads them (the block formats); nothing otherwise. */
+KERNEL void mat_quantize(int f, const float *x, size_t x_stride, int nb, int n, uint8_t *xq) {
+    if (!MAT_DENSE(f))
+        for (int b = 0; b < nb; b++) quant_input(x + (size_t)b * x_stride, n, xq + (size_t)b * QUANT_INPUT_BYTES(n));
 }
 
 /* Row r of matrix w, whose rows hold n weights of format f. */
@@ -51,33 +48,33 @@ KERNEL void mat_row_to_f32(int f, const void *row, float *y, int n) {
         quant_dequantize_row(f, row, y, n);
 }
 
-/* row . x over n (s: x's block sums) */
-KERNEL float mat_dot(int f, const void *row, const float *x, const float *s, int n) {
-    return MAT_DENSE(f) ? dot_w((const model_weight_t *)row, x, n) : quant_dot_s(f, row, x, s, n);
+/* row . x over n (xq: x quantized) */
+KERNEL float mat_dot(int f, const void *row, const float *x, const uint8_t *xq, int n) {
+    return MAT_DENSE(f) ? dot_w((const model_weight_t *)row, x, n) : quant_dot_q(f, row, xq, n);
 }
 
 /* o[r] = rows[r] . x for four rows */
-KERNEL void mat_dot4(int f, const void *const rows[4], const float *x, const float *s, int n, float o[4]) {
+KERNEL void mat_dot4(int f, const void *const rows[4], const float *x, const uint8_t *xq, int n, float o[4]) {
     if (MAT_DENSE(f)) {
         const model_weight_t *const ws[4] = {rows[0], rows[1], rows[2], rows[3]};
         dot4_w(ws, x, n, o);
     } else
-        for (int r = 0; r < 4; r++) o[r] = quant_dot_s(f, rows[r], x, s, n);
+        for (int r = 0; r < 4; r++) o[r] = quant_dot_q(f, rows[r], xq, n);
 }
 
 /* o[t][r] = rows[r] . x[t] for four rows and two tokens' inputs (xs floats apart) */
-KERNEL void mat_dot4_x2(int f, const void *const rows[4], const float *x, size_t xs, const float *s, int n, float o[2][4]) {
+KERNEL void mat_dot4_x2(int f, const void *const rows[4], const float *x, size_t xs, const uint8_t *xq, int n, float o[2][4]) {
     if (MAT_DENSE(f)) {
         const model_weight_t *const ws[4] = {rows[0], rows[1], rows[2], rows[3]};
         dot4_x2_w(ws, x, xs, n, o);
     } else
-        for (int t = 0; t < 2; t++) mat_dot4(f, rows, x + (size_t)t * xs, s + (size_t)t * (size_t)(n / 32), n, o[t]);
+        for (int t = 0; t < 2; t++) mat_dot4(f, rows, x + (size_t)t * xs, xq + (size_t)t * QUANT_INPUT_BYTES(n), n, o[t]);
 }
 
 /* o[t] = row . x[t] for one row and four tokens' inputs (xs floats apart) */
-KERNEL void mat_dot_x4(int f, const void *row, const float *x, size_t xs, const float *s, int n, float o[4]) {
+KERNEL void mat_dot_x4(int f, const void *row, const float *x, size_t xs, const uint8_t *xq, int n, float o[4]) {
     if (MAT_DENSE(f)) dot_x4_w((const model_weight_t *)row, x, xs, n, o);
-    else quant_dot_x4_s(f, row, x, xs, s, (size_t)(n / 32), n, o);
+    else quant_dot_x4_q(f, row, xq, QUANT_INPUT_BYTES(n), n, o);
 }
 
 #endif

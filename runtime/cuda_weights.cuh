@@ -127,8 +127,8 @@ __device__ __forceinline__ float4 bytes_to_f32(uint32_t w, float k) {
  * Each x differs from dx * x16 by at most dx / 2: about 2e-5 of a dot product of normal activations,
  * finer than the fp16 inputs of the prompt's GEMMs. Products of the weights' integers with x16 are
  * exact in int32 (|q| <= 127, 32 terms of |x16| <= 32767) and scaled once a chunk: the same
- * numbers whatever the order of the sum, two dp2a a word of four weights. The CPU sums fp32 inputs
- * (runtime/quant.c; its 16-bit twin waits on branch cpu-x16: docs/performance.md, D136). */
+ * numbers whatever the order of the sum, two dp2a a word of four weights. The CPU quantizes its
+ * inputs by the same rule (runtime/quant.c's quant_input, D136). */
 #define XQ_MAX 32767.0f
 #define XQ_TINY 0x1p-100f
 

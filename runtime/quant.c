@@ -8,13 +8,17 @@
  * rounding is the offset's add: a fused multiply-add, or any order of the products, gives the same
  * bits. The GPU's dequantization can rely on that too.
  *
- * The SIMD dot products sum q * x over each (sub-)block in fp32 with the integers q exact, then
- * scale the block's sum once: (d * sc) * sum(q * x) - (dmin * m) * sum(x), as llama.cpp's kernels
- * do, so a block costs one multiply per weight. The byte unpacking is written once on 16-byte SSE
- * vectors; V_* below are the only lines that differ between AVX-512 (one 16-lane vector per 16
- * weights) and AVX2 (two 8-lane halves into one 8-lane accumulator). */
+ * The block formats' dot products take the input quantized to 16-bit integers, once per input
+ * vector (quant_input, issue 59: the GPU takes the same), so that a block's products are integer
+ * multiply-adds (a pair of blocks, 64 weights, in two vpmaddwd, or vpmaddwd and vpdpwssd, on
+ * AVX-512) instead of each weight widened to fp32 and multiplied there, which bound the matvec by
+ * the unpacking rather than by memory (7B Q4_0 decode read 47% of the bandwidth on 16 cores). Each block's integer sum is exact and scaled
+ * once; the fp32 order of those block results (block_terms) is written once in the scalar twin and
+ * every SIMD path keeps it bit for bit (tests/quant_cli.c fails on any difference). */
 #include "quant.h"
 
+#include <float.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -179,288 +183,553 @@ void quant_dequantize_row(int type, const void *row, float *y, int n) {
     for (int i = 0; i < n / block; i++) dequant_block(type, row, i, y + (int64_t)i * block);
 }
 
-float quant_dot_ref(int type, const void *row, const float *x, int n) {
-    const int block = formats[type].block;
-    float w[QUANT_K], s = 0.0f;
-    for (int i = 0; i < n / block; i++) {
-        dequant_block(type, row, i, w);
-        for (int j = 0; j < block; j++) s += w[j] * x[(int64_t)i * block + j];
+/* ---------------------------------------------------------------------------------------------
+ * The quantized input
+ *
+ * Block i of x (x[32 i .. 32 i + 32)) becomes 32 int16 x16 and a scale dx (quant.h has the rule),
+ * and s = dx * (float)S, S = sum of its x16, the one product the offset formats (Q4_1's m, the K
+ * formats' mins) take of it. A buffer of QUANT_INPUT_BYTES(n) holds, for nb8 = n / 32 rounded up to
+ * a multiple of 8 (a group of 8 blocks is what a SIMD step sums; the blocks past n / 32 are zeros):
+ *
+ *   int16 q[nb8 * 32]   in pairs of blocks: pair p is x16 of block 2p [0..16), of 2p+1 [0..16),
+ *                       of 2p [16..32), of 2p+1 [16..32), so that one 32-lane int16 vector holds
+ *                       16 weights of each of two blocks and a multiply-add of pairs leaves each
+ *                       block's sums in its own 8 int32 lanes (half the reduction a block's own
+ *                       16 lanes would take)
+ *   float d[nb8]        dx
+ *   float s[nb8]        dx * (float)S
+ *
+ * x16 = the nearest integer to x * inv, ties to even: fmaf(x, inv, 1.5 * 2^23) rounds the exact
+ * product once, into [2^23, 2^24) where the ulp is 1 (|x * inv| <= 32767 * (1 + 2^-24)), and
+ * 1.5 * 2^23 is even, so the tie goes to the even integer; its bits less 1.5 * 2^23's are x16. The
+ * scalar twin (quant_dot_ref) takes the other route the rule allows, nearbyint of the double
+ * product, and the tests hold the two to the same bits. */
+
+typedef struct {
+    int16_t *q;
+    float *d, *s;
+} qx_view;
+
+static inline qx_view qx_at(const void *xq, int n) {
+    const size_t nb8 = (size_t)(n / 32 + 7) / 8 * 8;
+    int16_t *q = (int16_t *)xq;
+    float *d = (float *)(q + nb8 * 32);
+    return (qx_view){q, d, d + nb8};
+}
+
+/* x16 of one block of x into v, its dx and s. */
+static inline void x16_block(const float *x, int16_t v[32], float *dx, float *s) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int i = 0; i < 32; i++) {
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+        finite &= a <= FLT_MAX; /* 0 for NaN and infinity */
     }
-    return s;
+    int32_t sum = 0;
+    if (finite && amax >= 0x1p-100f) {
+        const float inv = 32767.0f / amax;
+        for (int i = 0; i < 32; i++) {
+            const float r = fmaf(x[i], inv, 0x1.8p23f);
+            int32_t bits;
+            memcpy(&bits, &r, sizeof bits);
+            v[i] = (int16_t)(bits - 0x4B400000);
+        }
+        for (int i = 0; i < 32; i++) sum += v[i];
+        *dx = amax / 32767.0f;
+    } else {
+        memset(v, 0, 32 * sizeof *v);
+        *dx = finite ? 0.0f : NAN;
+    }
+    *s = *dx * (float)sum;
+}
+
+/* Blocks [0, cnt) of x (cnt <= 8) as a group of the buffer: q (256 int16), d and s (8 each); the
+ * blocks from cnt on zero. */
+static void x16_group(const float *x, int cnt, int16_t *q, float *d, float *s) {
+    for (int i = 0; i < 8; i++) {
+        int16_t v[32];
+        if (i < cnt) x16_block(x + 32 * i, v, &d[i], &s[i]);
+        else memset(v, 0, sizeof v), d[i] = s[i] = 0.0f;
+        int16_t *p = q + 64 * (i / 2) + 16 * (i % 2);
+        memcpy(p, v, 16 * sizeof *v);
+        memcpy(p + 32, v + 16, 16 * sizeof *v);
+    }
+}
+
+void quant_input(const float *x, int n, void *xq) {
+    const qx_view v = qx_at(xq, n);
+    const int nb = n / 32;
+    for (int g = 0; g * 8 < nb; g++)
+        x16_group(x + 256 * (size_t)g, nb - 8 * g < 8 ? nb - 8 * g : 8, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g);
 }
 
 /* ---------------------------------------------------------------------------------------------
- * SIMD dot products
+ * The scalar twin
  *
- * vec: the accumulator (16 lanes on AVX-512, 8 on AVX2). wide16: 16 weights as floats, W16(q)
- * the 16 int8 in q (an __m128i) widened, W16_MEM(p) those at p; V_FMAW(w, x, acc): acc += w times
- * x[0..16), so that weights widened once serve several tokens' inputs. V_XSUM16(x, xs): xs += x[0..16). V_SCALE(f, a, acc): acc += f * a. V_ADD(a, b): a + b.
- * V_HSUM(acc): the sum of its lanes. QV_ZERO(): a zero vec (not cpu_kernels.h's V_ZERO, which is of that
- * header's width: AVX2's where this file is built on SIMDe's AVX-512, tests/quant_simde.c). */
+ * Each block's integer weights q and scales, as dequant_* reads them: Q8_0 q, Q4_0 nibble - 8,
+ * Q6_K q - 32 (so their sums need no S), the others' nibbles (and Q5_K's 5th bit) as stored. c[0]
+ * scales weights [0..16), c[1] [16..32) (they differ only in Q6_K, one scale a 16); o is the
+ * offset (Q4_1's m, the K formats' -(dmin * m); 0 for the rest). Block i is the 32 weights from
+ * 32 i of a row. */
+static void block_ints(int type, const uint8_t *row, int64_t i, int q[32], float c[2], float *o) {
+    *o = c[0] = c[1] = 0.0f;
+    switch (type) {
+    case QUANT_Q8_0: {
+        const uint8_t *b = row + 34 * i;
+        for (int l = 0; l < 32; l++) q[l] = (int8_t)b[2 + l];
+        c[0] = c[1] = rd_f16(b);
+        return;
+    }
+    case QUANT_Q4_0: case QUANT_Q4_1: {
+        const int one = type == QUANT_Q4_1;
+        const uint8_t *b = row + (one ? 20 : 18) * i, *qs = b + (one ? 4 : 2);
+        for (int l = 0; l < 16; l++) q[l] = (qs[l] & 0xF) - (one ? 0 : 8), q[l + 16] = (qs[l] >> 4) - (one ? 0 : 8);
+        c[0] = c[1] = rd_f16(b);
+        if (one) *o = rd_f16(b + 2);
+        return;
+    }
+    case QUANT_Q4_K: case QUANT_Q5_K: {
+        const int five = type == QUANT_Q5_K, s = (int)(i % 8), j = s / 2;
+        const uint8_t *b = row + (five ? 176 : 144) * (i / 8), *qh = b + 16, *qs = b + (five ? 48 : 16) + 32 * j;
+        int sc, m;
+        scale_min_k4(s, b + 4, &sc, &m);
+        for (int l = 0; l < 32; l++)
+            q[l] = (s % 2 ? qs[l] >> 4 : qs[l] & 0xF) | (five ? ((qh[l] >> s) & 1) << 4 : 0);
+        c[0] = c[1] = rd_f16(b) * (float)sc;
+        *o = -(rd_f16(b + 2) * (float)m);
+        return;
+    }
+    case QUANT_Q6_K: {
+        const int half = (int)(i % 8) / 4, k = (int)(i % 4);
+        const uint8_t *b = row + 210 * (i / 8), *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * half);
+        for (int l = 0; l < 32; l++) {
+            const int lo = k < 2 ? ql[l + 32 * k] & 0xF : ql[l + 32 * (k - 2)] >> 4;
+            q[l] = (lo | ((qh[l] >> (2 * k)) & 3) << 4) - 32;
+        }
+        const float d = rd_f16(b + 208);
+        c[0] = d * (float)sc[2 * k];
+        c[1] = d * (float)sc[2 * k + 1];
+        return;
+    }
+    }
+}
+
+/* Block i's terms into the 8 fp32 lanes acc. The order, which every path keeps: a block (or Q6_K's
+ * half-block "unit" of 16) with integer sum I and scale c, of the input's block with dx and s, is
+ * acc[j % 8] = fmaf(c * dx, (float)I, acc[j % 8]), j the block's index (Q6_K: the unit's, 2 i and
+ * 2 i + 1); then, where the format has an offset o, acc[i % 8] = fmaf(o, s, acc[i % 8]). */
+static void block_terms(int type, const uint8_t *row, int64_t i, const int16_t v[32], float dx, float s, float acc[8]) {
+    int q[32];
+    float c[2], o;
+    block_ints(type, row, i, q, c, &o);
+    if (type == QUANT_Q6_K) {
+        for (int h = 0; h < 2; h++) {
+            int32_t sum = 0;
+            for (int l = 16 * h; l < 16 * h + 16; l++) sum += q[l] * v[l];
+            const int j = (int)((2 * i + h) % 8);
+            acc[j] = fmaf(c[h] * dx, (float)sum, acc[j]);
+        }
+        return;
+    }
+    int32_t sum = 0;
+    for (int l = 0; l < 32; l++) sum += q[l] * v[l];
+    acc[i % 8] = fmaf(c[0] * dx, (float)sum, acc[i % 8]);
+    if (type == QUANT_Q4_1 || type == QUANT_Q4_K || type == QUANT_Q5_K) acc[i % 8] = fmaf(o, s, acc[i % 8]);
+}
+
+/* The lanes' sum, in the order of an 8-lane vector's halves, then quarters, then pairs */
+static inline float sum8(const float a[8]) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+float quant_dot_ref(int type, const void *row, const float *x, int n) {
+    const int block = formats[type].block;
+    if (block == 1) { /* the dense types: each weight in fp32 times x, summed in order */
+        const uint8_t *r = row;
+        float s = 0.0f;
+        for (int i = 0; i < n; i++) {
+            float w;
+            if (type == QUANT_F32) memcpy(&w, r + 4 * i, 4);
+            else w = type == QUANT_F16 ? rd_f16(r + 2 * i) : bf16_to_f32(rd16(r + 2 * i));
+            s += w * x[i];
+        }
+        return s;
+    }
+    float acc[8] = {0};
+    for (int64_t i = 0; i < n / 32; i++) {
+        const float *xb = x + 32 * i;
+        float amax = 0.0f;
+        int nan = 0;
+        for (int l = 0; l < 32; l++) {
+            nan |= isnan(xb[l]) || isinf(xb[l]);
+            amax = fmaxf(amax, fabsf(xb[l]));
+        }
+        int16_t v[32] = {0};
+        int32_t sum = 0;
+        float dx = 0.0f;
+        if (nan) {
+            dx = NAN;
+        } else if (amax >= 0x1p-100f) {
+            const float inv = 32767.0f / amax;
+            for (int l = 0; l < 32; l++) sum += v[l] = (int16_t)nearbyint((double)xb[l] * (double)inv);
+            dx = amax / 32767.0f;
+        }
+        block_terms(type, row, i, v, dx, dx * (float)sum, acc);
+    }
+    return sum8(acc);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The fast paths
+ *
+ * Every path works a group of 8 blocks (a K super-block, or 8 blocks of the 32-weight formats) at a
+ * time, on the buffer's layout: qg, dg, sg the group's x16, dx and s of token 0, token t's ts bytes
+ * further. cnt (1..8) is how many of the group's blocks the row has (below 8 only in a last group). */
 #if !defined(QUANT_SIMD_AVX512) && !defined(QUANT_SIMD_AVX2)
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 #define QUANT_SIMD_AVX512 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QUANT_SIMD_AVX2 1
 #endif
 #endif
 
-#if defined(QUANT_SIMD_AVX512)
-typedef __m512 vec;
-typedef struct { __m512 v; } wide16; /* 16 int8 weights as floats */
-#define QV_ZERO() _mm512_setzero_ps()
-#define W16(q) ((wide16){_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))})
-#define W16_MEM(p) W16(ld16(p))
-#define V_FMAW(w, x, acc) _mm512_fmadd_ps((w).v, _mm512_loadu_ps(x), (acc))
-#define V_XSUM16(x, xs) _mm512_add_ps(_mm512_loadu_ps(x), (xs))
-#define V_SCALE(f, a, acc) _mm512_fmadd_ps(_mm512_set1_ps(f), (a), (acc))
-#define V_ADD(a, b) _mm512_add_ps((a), (b))
-#define V_HSUM(acc) _mm512_reduce_add_ps(acc)
-#define QUANT_ISA "avx512"
-#elif defined(QUANT_SIMD_AVX2)
-typedef __m256 vec;
-typedef struct { __m256 lo, hi; } wide16; /* 16 int8 weights as floats, 8 and 8 */
-#define QV_ZERO() _mm256_setzero_ps()
-#define W16(q)                                                                                          \
-    ((wide16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128((q), 8)))})
-/* from memory, each 8 bytes widened by the load itself (no shift to reach the high half) */
-#define W16_MEM(p)                                                                                      \
-    ((wide16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))),           \
-              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((p) + 8))))})
-#define V_FMAW(w, x, acc) _mm256_fmadd_ps((w).hi, _mm256_loadu_ps((x) + 8), _mm256_fmadd_ps((w).lo, _mm256_loadu_ps(x), (acc)))
-#define V_XSUM16(x, xs) _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps((x) + 8)), (xs))
-#define V_SCALE(f, a, acc) _mm256_fmadd_ps(_mm256_set1_ps(f), (a), (acc))
-#define V_ADD(a, b) _mm256_add_ps((a), (b))
-#define V_HSUM(acc) hsum256(acc)
-#define QUANT_ISA "avx2"
-#endif
+#define QT 4 /* tokens the most */
+#define INLINE static inline __attribute__((always_inline))
+#define TOK(p, t, ts) ((const void *)((const uint8_t *)(p) + (size_t)(t) * (ts)))
 
 #if defined(QUANT_SIMD_AVX512) || defined(QUANT_SIMD_AVX2)
+/* The integers as exact sums, SIMD: a pair of blocks' 64 weights are widened to int16 in the pair
+ * layout (wpair) and multiplied with the input's x16 in pairs (vpmaddwd: two exact int16 products
+ * summed into an int32 lane; with AVX512-VNNI, vpdpwssd adds the second half's in the same
+ * instruction), leaving each block's 32 products in 8 int32 lanes (ipair); reduce8 turns four pairs'
+ * lanes into one vector of the 8 blocks' sums, which are converted and scaled as the scalar twin
+ * does, lane j % 8 each. Every weight fits int8 (nibbles to 31, Q8_0 and Q6_K's q - 32 signed), so
+ * the weights are built as bytes, 32 of each half of the pair (y1: weights [0..16) of both blocks,
+ * y2: [16..32)), then widened. |lane| <= 4 * 128 * 32767 < 2^31. */
+#if defined(QUANT_SIMD_AVX512)
+typedef struct { __m512i w1, w2; } wpair; /* [A 0..16, B 0..16] and [A 16..32, B 16..32], int16 */
+typedef __m512i ipair;                    /* lanes 0..8: block A's partial sums, 8..16: B's */
+INLINE ipair ipair_zero(void) { return _mm512_setzero_si512(); }
+INLINE wpair wpair_of(__m256i y1, __m256i y2) { return (wpair){_mm512_cvtepi8_epi16(y1), _mm512_cvtepi8_epi16(y2)}; }
+INLINE wpair wpair_zero(void) { return (wpair){_mm512_setzero_si512(), _mm512_setzero_si512()}; }
+INLINE ipair ipair_dot(wpair w, const int16_t *x) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(_mm512_madd_epi16(w.w1, _mm512_loadu_si512(x)), w.w2, _mm512_loadu_si512(x + 32));
+#else
+    return _mm512_add_epi32(_mm512_madd_epi16(w.w1, _mm512_loadu_si512(x)), _mm512_madd_epi16(w.w2, _mm512_loadu_si512(x + 32)));
+#endif
+}
+/* Q6_K, whose 16 weights of a block's two halves take different scales: half h of each block alone */
+INLINE ipair ipair_dot_half(wpair w, const int16_t *x, int h) { return _mm512_madd_epi16(h ? w.w2 : w.w1, _mm512_loadu_si512(x + 32 * h)); }
+/* The 8 blocks' sums of p[0..4) (pair k: blocks 2k, 2k+1), in block order; q6: the pairs are
+ * Q6_K's units (u0, u2), (u1, u3), (u4, u6), (u5, u7), returned in unit order. Lanes transposed
+ * and added a level at a time: pairs of 32-bit lanes, of 64-bit lanes, the 128-bit quarters. */
+INLINE __m256i reduce8(const ipair p[4], int q6) {
+    const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+    const __m512i c = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+    /* quarter k (k = 0, 1: the A blocks' lanes; 2, 3: the B blocks'): partial sums of pairs 0..4 */
+    const __m512i e = _mm512_add_epi32(_mm512_unpacklo_epi64(a, c), _mm512_unpackhi_epi64(a, c));
+    const __m512i f = _mm512_add_epi32(e, _mm512_shuffle_i32x4(e, e, _MM_SHUFFLE(2, 3, 0, 1)));
+    /* quarter 0: blocks 0, 2, 4, 6; quarter 2: 1, 3, 5, 7 */
+    const __m512i order = q6 ? _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0)
+                             : _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, f));
+}
+/* The 4 blocks' sums of p0 (blocks 0, 1) and p1 (blocks 2, 3), in block order: a last group's
+ * first 4 blocks without the 8-block transpose. Each quarter's lanes summed within it (lane 0: p0's,
+ * lane 1: p1's), then quarters 0 + 1 (the A blocks 0, 2) and 2 + 3 (the B blocks 1, 3). */
+INLINE __m128i reduce4(ipair p0, ipair p1) {
+    const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    const __m512i e = _mm512_add_epi32(a, _mm512_unpackhi_epi64(a, a));
+    const __m512i f = _mm512_add_epi32(e, _mm512_shuffle_i32x4(e, e, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_unpacklo_epi32(_mm512_castsi512_si128(f), _mm512_extracti32x4_epi32(f, 2));
+}
+#define QUANT_ISA_SIMD "avx512"
+#else
+typedef struct { __m256i w[4]; } wpair; /* A 0..16, B 0..16, A 16..32, B 16..32, int16 */
+typedef struct { __m256i a, b; } ipair; /* block A's 8 partial sums, B's */
+INLINE ipair ipair_zero(void) { return (ipair){_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+INLINE wpair wpair_of(__m256i y1, __m256i y2) {
+    return (wpair){{_mm256_cvtepi8_epi16(_mm256_castsi256_si128(y1)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y1, 1)),
+                    _mm256_cvtepi8_epi16(_mm256_castsi256_si128(y2)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(y2, 1))}};
+}
+INLINE wpair wpair_zero(void) { return (wpair){{_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()}}; }
+#define LD256(p) _mm256_loadu_si256((const __m256i *)(p))
+INLINE ipair ipair_dot(wpair w, const int16_t *x) {
+    return (ipair){_mm256_add_epi32(_mm256_madd_epi16(w.w[0], LD256(x)), _mm256_madd_epi16(w.w[2], LD256(x + 32))),
+                   _mm256_add_epi32(_mm256_madd_epi16(w.w[1], LD256(x + 16)), _mm256_madd_epi16(w.w[3], LD256(x + 48)))};
+}
+INLINE ipair ipair_dot_half(wpair w, const int16_t *x, int h) {
+    return (ipair){_mm256_madd_epi16(w.w[2 * h], LD256(x + 32 * h)), _mm256_madd_epi16(w.w[2 * h + 1], LD256(x + 32 * h + 16))};
+}
+INLINE __m256i reduce8(const ipair p[4], int q6) {
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0].a, p[0].b), _mm256_hadd_epi32(p[1].a, p[1].b));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[2].a, p[2].b), _mm256_hadd_epi32(p[3].a, p[3].b));
+    const __m256i r = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+    return q6 ? _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7)) : r;
+}
+INLINE __m128i reduce4(ipair p0, ipair p1) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0.a, p0.b), _mm256_hadd_epi32(p1.a, p1.b));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+#define QUANT_ISA_SIMD "avx2"
+#endif
+
+typedef __m256 acc8; /* the 8 fp32 lanes */
+#define ACC_ZERO() _mm256_setzero_ps()
 static inline __m128i ld16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
-static inline float ld_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
+static inline __m256i bcast16(const uint8_t *p) { return _mm256_broadcastsi128_si256(ld16(p)); }
+static inline float hsum8(acc8 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#define LDQ(p) ((const int16_t *)(p))
+#define LDF(p) _mm256_loadu_ps((const float *)(p))
 
-/* x[0..32)'s sum, in the order every kernel below takes it (quant_block_sums stores these) */
-static inline float block_sum32(const float *x) { return V_HSUM(V_XSUM16(x + 16, V_XSUM16(x, QV_ZERO()))); }
-
-void quant_block_sums(const float *x, int n, float *sums) {
-    for (int i = 0; i < n / 32; i++) sums[i] = block_sum32(x + 32 * (size_t)i);
+/* Q8_0, Q4_0, Q4_1: blocks of 32 at b (bytes apart), the group's fp16 fields read by fields32. */
+/* Pair p's weights of a group of blocks of 32 at b (blocks 2p and 2p + 1; a missing second one's zeros) */
+INLINE wpair pair32(int type, const uint8_t *b, int p, int cnt) {
+    const int bytes = type == QUANT_Q8_0 ? 34 : type == QUANT_Q4_0 ? 18 : 20;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const uint8_t *a = b + bytes * 2 * p, *c = a + bytes;
+    const int has_c = 2 * p + 1 < cnt; /* the pair's second block; x16 of a missing one are zeros */
+    if (type == QUANT_Q8_0)
+        return wpair_of(_mm256_set_m128i(has_c ? ld16(c + 2) : _mm_setzero_si128(), ld16(a + 2)),
+                        _mm256_set_m128i(has_c ? ld16(c + 18) : _mm_setzero_si128(), ld16(a + 18)));
+    const int off = type == QUANT_Q4_0 ? 2 : 4;
+    const __m256i y = _mm256_set_m128i(has_c ? ld16(c + off) : _mm_setzero_si128(), ld16(a + off));
+    __m256i y1 = _mm256_and_si256(y, m4), y2 = _mm256_and_si256(_mm256_srli_epi16(y, 4), m4);
+    if (type == QUANT_Q4_0) y1 = _mm256_sub_epi8(y1, _mm256_set1_epi8(8)), y2 = _mm256_sub_epi8(y2, _mm256_set1_epi8(8));
+    return wpair_of(y1, y2);
 }
 
-/* Each format's kernel is written once for T tokens' inputs (x + t xs, T at most QT): the weights
- * are unpacked and widened once for all T, and each token's sum takes the same instructions in the
- * same order as it would alone, so quant_dot_x4's four sums are quant_dot's bits (a prompt batch
- * then equals the decode step; tests/quant_cli.c checks it on every path). Always inlined with T a
- * constant, so T = 1 (quant_dot) compiles to the one-token loop.
- *
- * The formats with an offset a block (Q4_1's m, the K formats' mins) add offset times the sum of
- * the block's 32 inputs. Those sums are the input's, the same for every row, so a matrix product
- * takes them from quant_block_sums, computed once per input (sums + t ss: token t's); NULL: each
- * computed here (block_sum32, the same bits). Their products are summed in scalar fp32, two chains
- * (even and odd blocks or sub-blocks), so that no chain of dependent multiply-adds sets the pace. */
-#define QT 4
-#define INLINE static inline __attribute__((always_inline))
+/* The fp16 fields of blocks from..from + 4 of a group of blocks of 32 at b, read as scalars (a
+ * gather is slow on CPUs with the Gather Data Sampling mitigation): d into dd, Q4_1's m into mm, 16
+ * bits a block; the blocks from cnt on zeros. */
+INLINE void fields32(int type, const uint8_t *b, int from, int cnt, uint64_t *dd, uint64_t *mm) {
+    const int bytes = type == QUANT_Q8_0 ? 34 : type == QUANT_Q4_0 ? 18 : 20;
+    *dd = *mm = 0;
+    for (int i = 0; i < 4; i++)
+        if (from + i < cnt) {
+            *dd |= (uint64_t)rd16(b + bytes * (from + i)) << 16 * i;
+            if (type == QUANT_Q4_1) *mm |= (uint64_t)rd16(b + bytes * (from + i) + 2) << 16 * i;
+        }
+}
 
-/* Q8_0 and Q4_0: two blocks a step into two accumulators, so that consecutive blocks' scaling
- * multiply-adds do not wait on each other (the K formats keep four, one per scale of a step). */
-INLINE void q8_0_block(const uint8_t *b, const float *x, size_t xs, int T, vec *acc) {
-    const wide16 w0 = W16_MEM(b + 2), w1 = W16_MEM(b + 18);
-    const float d = ld_f16(b);
+/* A last group of 1..4 blocks of 32 (cnt), lanes 0..cnt: the same terms as group32's, but its
+ * fp16 fields read as scalars (no gather), its sums by reduce4 and its arithmetic on the low 4
+ * lanes (the others' scales are zeros there, as group32's missing blocks', so they would add +0 to
+ * a lane that is never -0). */
+INLINE void tail32(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+    const wpair w0 = pair32(type, b, 0, cnt), w1 = cnt > 2 ? pair32(type, b, 1, cnt) : wpair_zero();
+    uint64_t dd, mm; /* the blocks' d (and Q4_1's m) as 4 fp16, the missing ones zeros */
+    fields32(type, b, 0, cnt, &dd, &mm);
+    const __m128 c = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dd)), m = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)mm));
     for (int t = 0; t < T; t++) {
-        const float *xt = x + (size_t)t * xs;
-        acc[t] = V_SCALE(d, V_FMAW(w1, xt + 16, V_FMAW(w0, xt, QV_ZERO())), acc[t]);
+        const int16_t *x = LDQ(TOK(qg, t, ts));
+        const __m128i sums = reduce4(ipair_dot(w0, x), cnt > 2 ? ipair_dot(w1, x + 64) : ipair_zero());
+        __m128 lo = _mm256_castps256_ps128(acc[t]);
+        lo = _mm_fmadd_ps(_mm_mul_ps(c, _mm_loadu_ps((const float *)TOK(dg, t, ts))), _mm_cvtepi32_ps(sums), lo);
+        if (type == QUANT_Q4_1) lo = _mm_fmadd_ps(m, _mm_loadu_ps((const float *)TOK(sg, t, ts)), lo);
+        acc[t] = _mm256_blend_ps(acc[t], _mm256_castps128_ps256(lo), 0x0F);
     }
 }
 
-INLINE void q4_0_block(const uint8_t *b, const float *x, size_t xs, int T, vec *acc) {
-    const __m128i m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8), q = ld16(b + 2);
-    const wide16 w0 = W16(_mm_sub_epi8(_mm_and_si128(q, m4), eight)), w1 = W16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight));
-    const float d = ld_f16(b);
+INLINE void group32(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+    if (cnt <= 4) {
+        tail32(type, b, qg, dg, sg, ts, cnt, T, acc);
+        return;
+    }
+    wpair w[4];
+    for (int p = 0; p < 4; p++) w[p] = 2 * p < cnt ? pair32(type, b, p, cnt) : wpair_zero();
+    uint64_t dd[2] = {0, 0}, mm[2] = {0, 0}; /* the blocks' d (and Q4_1's m), 4 fp16 a word; the missing ones zeros */
+    fields32(type, b, 0, cnt, &dd[0], &mm[0]);
+    fields32(type, b, 4, cnt, &dd[1], &mm[1]);
+    const __m256 c = _mm256_cvtph_ps(_mm_set_epi64x((long long)dd[1], (long long)dd[0]));
+    const __m256 m = _mm256_cvtph_ps(_mm_set_epi64x((long long)mm[1], (long long)mm[0]));
     for (int t = 0; t < T; t++) {
-        const float *xt = x + (size_t)t * xs;
-        acc[t] = V_SCALE(d, V_FMAW(w1, xt + 16, V_FMAW(w0, xt, QV_ZERO())), acc[t]);
+        const int16_t *x = LDQ(TOK(qg, t, ts));
+        ipair ip[4]; /* a last group's missing pairs: zeros, without the multiplies */
+        for (int p = 0; p < 4; p++) ip[p] = 2 * p < cnt ? ipair_dot(w[p], x + 64 * p) : ipair_zero();
+        const __m256 sums = _mm256_cvtepi32_ps(reduce8(ip, 0));
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(dg, t, ts))), sums, acc[t]);
+        if (type == QUANT_Q4_1) acc[t] = _mm256_fmadd_ps(m, LDF(TOK(sg, t, ts)), acc[t]);
     }
 }
 
-#define TWO_BLOCK_DOT(NAME, BLOCK, BYTES)                                                                \
-    INLINE void NAME(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {              \
-        vec a0[QT], a1[QT];                                                                               \
-        for (int t = 0; t < T; t++) a0[t] = a1[t] = QV_ZERO();                                             \
-        int i = 0;                                                                                        \
-        for (; i + 2 <= nb; i += 2) {                                                                     \
-            BLOCK(b + (BYTES) * i, x + 32 * i, xs, T, a0);                                                \
-            BLOCK(b + (BYTES) * (i + 1), x + 32 * (i + 1), xs, T, a1);                                    \
-        }                                                                                                 \
-        if (i < nb) BLOCK(b + (BYTES) * i, x + 32 * i, xs, T, a0);                                        \
-        for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(a0[t], a1[t]));                                   \
+/* Q4_K, Q5_K: a super-block; sub-blocks 2j and 2j+1 (one pair) are the low and high nibbles of
+ * qs[32 j .. 32 j + 32) (+ bits 2j and 2j+1 of qh: Q5_K). The two halves of a 128-bit load are
+ * shifted apart by 64-bit lane (vpsrlvq: 0 for the low nibbles, 4 for the high), a byte mask
+ * keeping each byte's own bits. */
+INLINE void group_q45_k(const uint8_t *b, int five, const void *qg, const void *dg, const void *sg, size_t ts, int T, acc8 *acc) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1), nib = _mm256_setr_epi64x(0, 0, 4, 4);
+    const uint8_t *qs = b + (five ? 48 : 16);
+    /* the 8 scales and mins (scale_min_k4) with 64-bit integer ops: lo = bytes 0-7 (scales 0-3,
+     * mins 0-3 and, in their top 2 bits, the top bits of scales and mins 4-7), hi = bytes 8-11 */
+    uint64_t lo;
+    uint32_t hi;
+    memcpy(&lo, b + 4, 8);
+    memcpy(&hi, b + 12, 4);
+    const uint64_t k03 = lo & 0x3F3F3F3F3F3F3F3FULL;
+    const uint64_t k47 = ((uint64_t)(hi & 0x0F0F0F0F) | (uint64_t)((hi >> 4) & 0x0F0F0F0F) << 32) | ((lo >> 6) & 0x0303030303030303ULL) << 4;
+    /* bytes: scales 0-7, then mins 0-7 */
+    const __m128i sm = _mm_unpacklo_epi32(_mm_cvtsi64_si128((long long)k03), _mm_cvtsi64_si128((long long)k47));
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)rd16(b) | (int)rd16(b + 2) << 16)); /* d, dmin */
+    const __m256 c = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+    const __m256 o = _mm256_mul_ps(_mm256_xor_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_set1_ps(-0.0f)),
+                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+    wpair w[4];
+    for (int j = 0; j < 4; j++) {
+        __m256i y1 = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qs + 32 * j), nib), m4);
+        __m256i y2 = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qs + 32 * j + 16), nib), m4);
+        if (five) {
+            const __m256i sh = _mm256_setr_epi64x(2 * j, 2 * j, 2 * j + 1, 2 * j + 1);
+            y1 = _mm256_or_si256(y1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(bcast16(b + 16), sh), one), 4));
+            y2 = _mm256_or_si256(y2, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(bcast16(b + 32), sh), one), 4));
+        }
+        w[j] = wpair_of(y1, y2);
     }
-TWO_BLOCK_DOT(dot_q8_0, q8_0_block, 34)
-TWO_BLOCK_DOT(dot_q4_0, q4_0_block, 18)
+    for (int t = 0; t < T; t++) {
+        const int16_t *x = LDQ(TOK(qg, t, ts));
+        const ipair ip[4] = {ipair_dot(w[0], x), ipair_dot(w[1], x + 64), ipair_dot(w[2], x + 128), ipair_dot(w[3], x + 192)};
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(dg, t, ts))), _mm256_cvtepi32_ps(reduce8(ip, 0)), acc[t]);
+        acc[t] = _mm256_fmadd_ps(o, LDF(TOK(sg, t, ts)), acc[t]);
+    }
+}
 
-INLINE void dot_q4_1(const uint8_t *b, const float *x, size_t xs, const float *sums, size_t ss, int nb, int T, float *o) {
-    const __m128i m4 = _mm_set1_epi8(0xF);
-    vec acc[QT];
-    float accm[QT][2];
-    for (int t = 0; t < T; t++) acc[t] = QV_ZERO(), accm[t][0] = accm[t][1] = 0.0f;
-    for (int i = 0; i < nb; i++, b += 20, x += 32) {
-        const __m128i q = ld16(b + 4);
-        const wide16 lo = W16(_mm_and_si128(q, m4)), hi = W16(_mm_and_si128(_mm_srli_epi16(q, 4), m4));
-        const float d = ld_f16(b), m = ld_f16(b + 2);
+/* Q6_K: a super-block, two halves of 128 weights, each 4 blocks and 8 units of 16 (unit 2k + h:
+ * block k's weights [16 h, 16 h + 16)). Blocks k and k + 1 (k = 0, 2) are one pair: the low (k = 0)
+ * or high (k = 2) nibbles of ql[l] and ql[32 + l], with bits 2k, 2k + 1 (2k + 2, 2k + 3) of qh[l]. */
+INLINE void group_q6_k(const uint8_t *b, const void *qg, const void *dg, size_t ts, int T, acc8 *acc) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    const float d = rd_f16(b + 208);
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+        float dsc[8];
+        for (int u = 0; u < 8; u++) dsc[u] = d * (float)(int8_t)b[192 + 8 * half + u];
+        wpair w[2];
+        for (int pk = 0; pk < 2; pk++) {
+            const __m256i sh = pk ? _mm256_setr_epi64x(4, 4, 6, 6) : _mm256_setr_epi64x(0, 0, 2, 2);
+            __m256i y[2];
+            for (int h = 0; h < 2; h++) {
+                const __m256i l = _mm256_set_m128i(ld16(ql + 32 + 16 * h), ld16(ql + 16 * h));
+                const __m256i lo = _mm256_and_si256(pk ? _mm256_srli_epi16(l, 4) : l, m4);
+                const __m256i hb = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qh + 16 * h), sh), m2);
+                y[h] = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 4)), c32);
+            }
+            w[pk] = wpair_of(y[0], y[1]);
+        }
+        const __m256 c = _mm256_loadu_ps(dsc);
         for (int t = 0; t < T; t++) {
-            const float *xt = x + (size_t)t * xs;
-            const vec s = V_FMAW(hi, xt + 16, V_FMAW(lo, xt, QV_ZERO()));
-            acc[t] = V_SCALE(d, s, acc[t]);
-            accm[t][i % 2] = fmaf(m, sums ? sums[(size_t)t * ss + i] : block_sum32(xt), accm[t][i % 2]);
+            const int16_t *x = LDQ(TOK(qg, t, ts)) + 128 * half;
+            const ipair ip[4] = {ipair_dot_half(w[0], x, 0), ipair_dot_half(w[0], x, 1), ipair_dot_half(w[1], x + 64, 0),
+                                 ipair_dot_half(w[1], x + 64, 1)};
+            /* each unit's dx: its block's, twice */
+            const __m256 dx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps((const float *)TOK(dg, t, ts) + 4 * half)),
+                                                       _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, dx), _mm256_cvtepi32_ps(reduce8(ip, 1)), acc[t]);
         }
     }
-    for (int t = 0; t < T; t++) o[t] = V_HSUM(acc[t]) + (accm[t][0] + accm[t][1]);
 }
 
-/* Q4_K and Q5_K: per 64 weights, two sub-blocks from 32 bytes of qs (low nibbles, high nibbles),
- * each OR'd with its bit of qh (Q5_K: bit 2j of each qh byte for sub-block 2j, 2j+1 for the next;
- * qh is shifted right by 2 per j, and a 16-bit shift only moves bits across bytes above the one
- * bit masked). */
-INLINE void dot_q45_k(const uint8_t *b, const float *x, size_t xs, const float *sums, size_t ss, int nb, int five, int T,
-                      float *o) {
-    const __m128i m4 = _mm_set1_epi8(0xF), one = _mm_set1_epi8(1);
-    const int bytes = five ? 176 : 144;
-    vec acc[QT][2];
-    float mins[QT][2];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = QV_ZERO(), mins[t][0] = mins[t][1] = 0.0f;
-    for (int i = 0; i < nb; i++, b += bytes) {
-        const float d = ld_f16(b), dmin = ld_f16(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + (five ? 48 : 16);
-        __m128i h0 = five ? ld16(b + 16) : _mm_setzero_si128(), h1 = five ? ld16(b + 32) : _mm_setzero_si128();
-        /* The sub-blocks' scales as floats, read back by broadcasts from memory (a load each,
-         * where a broadcast from a register takes the shuffle unit that widening needs). */
-        float dsc[8], dmn[8];
-        for (int s = 0; s < 8; s++) {
-            int sc, m;
-            scale_min_k4(s, scales, &sc, &m);
-            dsc[s] = d * (float)sc;
-            dmn[s] = -(dmin * (float)m);
-        }
-        for (int t = 0; t < T; t++)
-            for (int s = 0; s < 8; s++) {
-                const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 32 * s;
-                mins[t][s % 2] = fmaf(dmn[s], sums ? sums[(size_t)t * ss + 8 * (size_t)i + s] : block_sum32(xt), mins[t][s % 2]);
-            }
-        for (int j = 0; j < 4; j++, qs += 32) {
-            const __m128i a0 = ld16(qs), a1 = ld16(qs + 16);
-            __m128i lo0 = _mm_and_si128(a0, m4), lo1 = _mm_and_si128(a1, m4);
-            __m128i hi0 = _mm_and_si128(_mm_srli_epi16(a0, 4), m4), hi1 = _mm_and_si128(_mm_srli_epi16(a1, 4), m4);
-            if (five) {
-                lo0 = _mm_or_si128(lo0, _mm_slli_epi16(_mm_and_si128(h0, one), 4));
-                lo1 = _mm_or_si128(lo1, _mm_slli_epi16(_mm_and_si128(h1, one), 4));
-                hi0 = _mm_or_si128(hi0, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h0, 1), one), 4));
-                hi1 = _mm_or_si128(hi1, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h1, 1), one), 4));
-                h0 = _mm_srli_epi16(h0, 2);
-                h1 = _mm_srli_epi16(h1, 2);
-            }
-            const wide16 wl0 = W16(lo0), wl1 = W16(lo1), wh0 = W16(hi0), wh1 = W16(hi1);
-            for (int t = 0; t < T; t++) {
-                const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 64 * j;
-                const vec s0 = V_FMAW(wl1, xt + 16, V_FMAW(wl0, xt, QV_ZERO()));
-                const vec s1 = V_FMAW(wh1, xt + 48, V_FMAW(wh0, xt + 32, QV_ZERO()));
-                acc[t][0] = V_SCALE(dsc[2 * j], s0, acc[t][0]);
-                acc[t][1] = V_SCALE(dsc[2 * j + 1], s1, acc[t][1]);
-            }
-        }
-    }
-    for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(acc[t][0], acc[t][1])) + (mins[t][0] + mins[t][1]);
-}
-
-/* Q6_K: per half of 128 weights, four groups of 32 (see dequant_q6_k), each two groups of 16 with
- * a scale of their own. */
-INLINE void dot_q6_k(const uint8_t *b, const float *x, size_t xs, int nb, int T, float *o) {
-    const __m128i m4 = _mm_set1_epi8(0xF), m2 = _mm_set1_epi8(3), c32 = _mm_set1_epi8(32);
-    vec acc[QT][4];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = QV_ZERO();
-    for (int i = 0; i < nb; i++, b += 210) {
-        const float d = ld_f16(b + 208);
-        const uint8_t *ql = b, *qh = b + 128;
-        float dsc[16]; /* as in dot_q45_k: broadcast from memory */
-        for (int s = 0; s < 16; s++) dsc[s] = d * (float)(int8_t)b[192 + s];
-        const float *sc = dsc;
-        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
-            const __m128i l[4] = {ld16(ql), ld16(ql + 16), ld16(ql + 32), ld16(ql + 48)};
-            __m128i h[2] = {ld16(qh), ld16(qh + 16)};
-            for (int k = 0; k < 4; k++) {
-                for (int p = 0; p < 2; p++) { /* weights 32k + 16p .. + 16 */
-                    const __m128i lb = l[2 * (k & 1) + p];
-                    const __m128i lo = k < 2 ? _mm_and_si128(lb, m4) : _mm_and_si128(_mm_srli_epi16(lb, 4), m4);
-                    const wide16 w = W16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(h[p], m2), 4)), c32));
-                    for (int t = 0; t < T; t++) {
-                        const float *xt = x + (size_t)t * xs + 256 * (size_t)i + 128 * half + 32 * k + 16 * p;
-                        acc[t][2 * (k & 1) + p] = V_SCALE(sc[2 * k + p], V_FMAW(w, xt, QV_ZERO()), acc[t][2 * (k & 1) + p]);
-                    }
-                }
-                h[0] = _mm_srli_epi16(h[0], 2);
-                h[1] = _mm_srli_epi16(h[1], 2);
-            }
-        }
-    }
-    for (int t = 0; t < T; t++) o[t] = V_HSUM(V_ADD(V_ADD(acc[t][0], acc[t][1]), V_ADD(acc[t][2], acc[t][3])));
-}
-
-/* The block formats' T-token dot; the dense types one token at a time (the CPU forward's dense rows
- * take cpu_kernels.h's kernels, not these). */
-INLINE void quant_dot_t(int type, const void *row, const float *x, size_t xs, const float *sums, size_t ss, int n, int T,
-                        float *o) {
-    const uint8_t *b = row;
+INLINE void group_dot(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
     switch (type) {
-    case QUANT_Q8_0: dot_q8_0(b, x, xs, n / 32, T, o); return;
-    case QUANT_Q4_0: dot_q4_0(b, x, xs, n / 32, T, o); return;
-    case QUANT_Q4_1: dot_q4_1(b, x, xs, sums, ss, n / 32, T, o); return;
-    case QUANT_Q4_K: dot_q45_k(b, x, xs, sums, ss, n / QUANT_K, 0, T, o); return;
-    case QUANT_Q5_K: dot_q45_k(b, x, xs, sums, ss, n / QUANT_K, 1, T, o); return;
-    case QUANT_Q6_K: dot_q6_k(b, x, xs, n / QUANT_K, T, o); return;
+    case QUANT_Q4_K: group_q45_k(b, 0, qg, dg, sg, ts, T, acc); return;
+    case QUANT_Q5_K: group_q45_k(b, 1, qg, dg, sg, ts, T, acc); return;
+    case QUANT_Q6_K: group_q6_k(b, qg, dg, ts, T, acc); return;
+    default: group32(type, b, qg, dg, sg, ts, cnt, T, acc); return;
     }
+}
+#define QUANT_ISA QUANT_ISA_SIMD
+#else
+/* The scalar path: the twin's block terms on the buffer's x16 */
+typedef struct { float l[8]; } acc8;
+#define ACC_ZERO() ((acc8){{0}})
+static inline float hsum8(acc8 v) { return sum8(v.l); }
+static void group_dot(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
     for (int t = 0; t < T; t++) {
-        const float *xt = x + (size_t)t * xs;
-        o[t] = type == QUANT_F32 ? dot_f32(row, xt, n) : type == QUANT_F16 ? dot_f16(row, xt, n) : type == QUANT_BF16 ? dot_bf16(row, xt, n) : 0.0f;
+        const int16_t *q = TOK(qg, t, ts);
+        const float *d = TOK(dg, t, ts), *s = TOK(sg, t, ts);
+        for (int i = 0; i < cnt; i++) {
+            int16_t v[32];
+            memcpy(v, q + 64 * (i / 2) + 16 * (i % 2), 16 * sizeof *v);
+            memcpy(v + 16, q + 64 * (i / 2) + 16 * (i % 2) + 32, 16 * sizeof *v);
+            /* block i of the group, whose first block (b) is a multiple of 8 blocks into the row: the
+             * same weights and the same lane (i % 8) as the row's block 8 g + i */
+            block_terms(type, b, i, v, d[i], s[i], acc[t].l);
+        }
     }
+}
+#define QUANT_ISA "scalar"
+#endif
+
+/* The dot products over a row's groups: nb8 / 8 groups of the row's blocks, the input either
+ * quantized already (xq, token t's xs bytes on) or quantized here a group at a time from fp32 x
+ * (token t's at x + t xs floats), into the same layout: the same bits either way. */
+#define GROUP_BYTES(type) ((size_t)formats[type].bytes * (size_t)(256 / formats[type].block))
+INLINE void dot_q_t(int type, const uint8_t *row, const void *xq, size_t xs, int n, int T, float *o) {
+    const qx_view v = qx_at(xq, n);
+    const int nb = n / 32;
+    acc8 acc[QT];
+    for (int t = 0; t < T; t++) acc[t] = ACC_ZERO();
+    int g = 0;
+    for (; 8 * g + 8 <= nb; g++) /* whole groups: cnt a constant, the tail's tests folded away */
+        group_dot(type, row + GROUP_BYTES(type) * (size_t)g, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g, xs, 8, T, acc);
+    if (8 * g < nb)
+        group_dot(type, row + GROUP_BYTES(type) * (size_t)g, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g, xs, nb - 8 * g, T, acc);
+    for (int t = 0; t < T; t++) o[t] = hsum8(acc[t]);
+}
+
+typedef struct {
+    _Alignas(64) int16_t q[256];
+    float d[8], s[8];
+} qx_group;
+
+INLINE void dot_f32_t(int type, const uint8_t *row, const float *x, size_t xs, int n, int T, float *o) {
+    const int nb = n / 32;
+    acc8 acc[QT];
+    qx_group gq[QT];
+    for (int t = 0; t < T; t++) acc[t] = ACC_ZERO();
+    for (int g = 0; 8 * g < nb; g++) {
+        const int cnt = nb - 8 * g < 8 ? nb - 8 * g : 8;
+        for (int t = 0; t < T; t++) x16_group(x + (size_t)t * xs + 256 * (size_t)g, cnt, gq[t].q, gq[t].d, gq[t].s);
+        group_dot(type, row + GROUP_BYTES(type) * (size_t)g, gq[0].q, gq[0].d, gq[0].s, sizeof gq[0], cnt, T, acc);
+    }
+    for (int t = 0; t < T; t++) o[t] = hsum8(acc[t]);
+}
+
+static float dot_dense(int type, const void *row, const float *x, int n) {
+    return type == QUANT_F32 ? dot_f32(row, x, n) : type == QUANT_F16 ? dot_f16(row, x, n) : type == QUANT_BF16 ? dot_bf16(row, x, n) : 0.0f;
 }
 
 float quant_dot(int type, const void *row, const float *x, int n) {
+    if (formats[type].block == 1) return dot_dense(type, row, x, n);
     float o;
-    quant_dot_t(type, row, x, 0, NULL, 0, n, 1, &o);
-    return o;
-}
-
-float quant_dot_s(int type, const void *row, const float *x, const float *sums, int n) {
-    float o;
-    quant_dot_t(type, row, x, 0, sums, 0, n, 1, &o);
+    dot_f32_t(type, row, x, 0, n, 1, &o);
     return o;
 }
 
 void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]) {
-    quant_dot_t(type, row, x, xs, NULL, 0, n, 4, o);
-}
-
-void quant_dot_x4_s(int type, const void *row, const float *x, size_t xs, const float *sums, size_t ss, int n, float o[4]) {
-    quant_dot_t(type, row, x, xs, sums, ss, n, 4, o);
-}
-#else
-#define QUANT_ISA "scalar"
-void quant_block_sums(const float *x, int n, float *sums) {
-    for (int i = 0; i < n / 32; i++) {
-        float s = 0.0f;
-        for (int j = 0; j < 32; j++) s += x[32 * (size_t)i + j];
-        sums[i] = s;
+    if (formats[type].block == 1) {
+        for (int t = 0; t < 4; t++) o[t] = dot_dense(type, row, x + (size_t)t * xs, n);
+        return;
     }
+    dot_f32_t(type, row, x, xs, n, 4, o);
 }
-float quant_dot(int type, const void *row, const float *x, int n) { return quant_dot_ref(type, row, x, n); }
-float quant_dot_s(int type, const void *row, const float *x, const float *sums, int n) {
-    (void)sums; /* the scalar twin sums each block's weights times its inputs as they come */
-    return quant_dot_ref(type, row, x, n);
-}
-void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]) {
-    for (int t = 0; t < 4; t++) o[t] = quant_dot_ref(type, row, x + (size_t)t * xs, n);
-}
-void quant_dot_x4_s(int type, const void *row, const float *x, size_t xs, const float *sums, size_t ss, int n, float o[4]) {
-    (void)sums, (void)ss;
-    quant_dot_x4(type, row, x, xs, n, o);
-}
-#endif
 
-const char *quant_dot_isa(void) { return QUANT_ISA; }
+float quant_dot_q(int type, const void *row, const void *xq, int n) {
+    float o;
+    dot_q_t(type, row, xq, 0, n, 1, &o);
+    return o;
+}
+
+void quant_dot_x4_q(int type, const void *row, const void *xq, size_t xqs, int n, float o[4]) { dot_q_t(type, row, xq, xqs, n, 4, o); }
+
+const char *quant_dot_isa(void) {
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    return "avx512vnni";
+#else
+    return QUANT_ISA;
+#endif
+}

@@ -18,10 +18,11 @@
  *   BF16  30      1      2  bfloat16
  *
  * The dequantizer rounds exactly as the `gguf` package's NumPy dequantizer (and ggml's C) does, so
- * its floats are the same bits (tests/test_quant.py). The dot product sums in fp32 in a blocked
- * order: its tolerance against an exact sum is in tests/test_quant.py. Which SIMD path quant_dot
- * takes is fixed at compile time by -march, as in cpu_kernels.h: AVX-512 (F), else AVX2 + FMA +
- * F16C, else the scalar twin. */
+ * its floats are the same bits (tests/test_quant.py). The block formats' dot products take the input
+ * quantized to 16-bit integers (below); their tolerance against an exact fp32 sum is in
+ * tests/test_quant.py. Which SIMD path quant_dot takes is fixed at compile time by -march:
+ * AVX-512 (F + BW; with VNNI where the target has it), else AVX2 + FMA + F16C, else the scalar
+ * twin. */
 #ifndef INGOT_QUANT_H
 #define INGOT_QUANT_H
 
@@ -99,9 +100,24 @@ size_t quant_first_nonfinite_block(int type, const void *blocks, size_t bytes, i
  * dequantizer. n must have passed quant_row_bytes: the hot path has no error checks. */
 void quant_dequantize_row(int type, const void *row, float *y, int n);
 
-/* sum over i of w[i] * x[i] for the row's weights w (n) and x (n), fp32 sums.
- * quant_dot_ref: the scalar twin, each block dequantized as quant_dequantize_row does, then summed
- * in order. quant_dot: the fastest path this build has (quant_dot_isa names it). */
+/* The dot products of a row of a block format with an input vector x (n), on x quantized to 16 bits
+ * (issue 59; the GPU takes the same inputs): each block of 32 consecutive inputs x[32 b .. 32 b + 32)
+ * becomes 32 integers x16 and one fp32 scale dx,
+ *   amax = max |x_i| (NaN if any x_i is NaN);
+ *   amax NaN or infinite: dx = NaN, x16 = 0 (the product is NaN, as an fp32 sum's would be);
+ *   amax < 2^-100 (0 included): dx = 0, x16 = 0;
+ *   else inv = 32767 / amax and dx = amax / 32767 (fp32 divisions), x16_i = x_i * inv rounded
+ *   (the exact product) to the nearest integer, ties to even; |x16_i| <= 32767.
+ * Each block's product with the row's integer weights q is then exact in int32 (|q| <= 127, 32
+ * terms), scaled once: c * dx * I for the block's scale c and I = sum q x16 (Q4_0's q - 8, Q6_K's
+ * q - 32, each 16 of Q6_K with its own scale), plus the offset o (Q4_1's m, the K formats' -dmin *
+ * min) times dx * S, S = sum of the block's x16. The order of those fp32 operations is quant.c's
+ * (block_terms), the same on every path. Against fp32 inputs this adds an error of at most
+ * sum_i |w_i| dx_b(i) / 2 (about 2e-5 of the sum's size for activations of a normal spread).
+ *
+ * quant_dot_ref: the scalar twin from fp32 x (dense types: each weight in fp32 times x, summed in
+ * order). quant_dot: the fastest path this build has (quant_dot_isa names it), the input quantized
+ * inside. Dense types keep x in fp32 (cpu_kernels.h's dot_f32, dot_f16, dot_bf16). */
 float quant_dot_ref(int type, const void *row, const float *x, int n);
 float quant_dot(int type, const void *row, const float *x, int n);
 
@@ -109,22 +125,20 @@ float quant_dot(int type, const void *row, const float *x, int n);
  * unpacked once for the four (a prompt batch's matrix products). */
 void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]);
 
-/* Whether type's dot product adds an offset a block times the sum of the block's inputs (Q4_1's m,
- * the K formats' mins), which a matrix product computes once per input (quant_block_sums) rather
- * than once a row. */
-static inline int quant_takes_sums(int type) { return type == QUANT_Q4_1 || type == QUANT_Q4_K || type == QUANT_Q5_K; }
+/* Bytes of one input of n (a multiple of 32) quantized: x16 of n / 32 blocks rounded up to a
+ * multiple of 8 (the rest zeros), each block's dx and dx * S; a multiple of 64. */
+#define QUANT_INPUT_BYTES(n) ((size_t)(((n) / 32 + 7) / 8) * 576)
 
-/* sums[i] = the sum of x[32 i .. 32 i + 32) for the n / 32 blocks of x (n a multiple of 32), in the
- * order the dot products take it. */
-void quant_block_sums(const float *x, int n, float *sums);
+/* xq (QUANT_INPUT_BYTES(n), 64-byte aligned for speed) = x (n) quantized as above: what a matrix
+ * product computes once per input vector and every row's product reads. */
+void quant_input(const float *x, int n, void *xq);
 
-/* quant_dot and quant_dot_x4 with the inputs' block sums given (sums + t ss: token t's, from
- * quant_block_sums; read only where quant_takes_sums): the same bits, without summing the inputs
- * again for every row. */
-float quant_dot_s(int type, const void *row, const float *x, const float *sums, int n);
-void quant_dot_x4_s(int type, const void *row, const float *x, size_t xs, const float *sums, size_t ss, int n, float o[4]);
+/* quant_dot and quant_dot_x4 (type a block format) with the input quantized already (quant_input;
+ * token t's at xq + t xqs bytes): the same bits, without quantizing again for every row. */
+float quant_dot_q(int type, const void *row, const void *xq, int n);
+void quant_dot_x4_q(int type, const void *row, const void *xq, size_t xqs, int n, float o[4]);
 
-/* "avx512", "avx2" or "scalar": the path quant_dot was compiled with. */
+/* "avx512vnni", "avx512", "avx2" or "scalar": the path quant_dot was compiled with. */
 const char *quant_dot_isa(void);
 
 #ifdef __cplusplus

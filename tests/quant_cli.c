@@ -7,11 +7,14 @@
  *   quant_cli rowbytes TYPE N            the bytes of a row of N weights of TYPE (a ggml_type id)
  *   quant_cli dequant TYPE N IN OUT      IN: rows of N weights of TYPE as GGUF stores them;
  *                                        OUT: the rows dequantized, fp32
+ *   quant_cli input N X OUT              X: N fp32; OUT: quant_input's x16 (N int16, in order), dx
+ *                                        (N / 32 fp32) and s = dx * S (N / 32 fp32)
  *   quant_cli dot TYPE N IN X OUT        X: N fp32; OUT: per row of IN, quant_dot_ref and quant_dot
  *                                        (two fp32); each row's quant_dot_x4 (x and three tokens
- *                                        made from it), and both again with the tokens' block sums
- *                                        given (quant_dot_s, quant_dot_x4_s), checked to give
- *                                        quant_dot's bits, or an error
+ *                                        made from it), and both again with the tokens quantized
+ *                                        once (quant_input, quant_dot_q, quant_dot_x4_q; block
+ *                                        formats), checked to give quant_dot's bits (two NaNs
+ *                                        count as the same), or an error
  *
  * Errors print one line, "<err_name>: <detail>", on stderr and exit 1. */
 #include <errno.h>
@@ -45,6 +48,9 @@ static err_code write_file(const char *path, const void *data, size_t len) {
     return fclose(f) == 0 && w == len ? ERR_OK : err_set(ERR_IO, "%s: short write", path);
 }
 
+/* The same bits, or both NaN (a NaN's payload is whichever operand an instruction passes on) */
+static int same(float a, float b) { return !memcmp(&a, &b, sizeof a) || (a != a && b != b); }
+
 /* The rows of IN as n weights of type each: *rows of *row_bytes. */
 static err_code load_rows(int type, int n, const char *path, void **data, size_t *rows, size_t *row_bytes) {
     err_code rc = quant_row_bytes(type, n, row_bytes);
@@ -75,6 +81,32 @@ static err_code run(int argc, char **argv) {
         if (!rc) printf("%zu\n", bytes);
         return rc;
     }
+    if (!strcmp(argv[1], "input") && argc == 5) { /* argv[2] is N here */
+        const int m = atoi(argv[2]);
+        void *xin = NULL;
+        size_t xlen;
+        err_code rc = read_file(argv[3], &xin, &xlen);
+        if (!rc && (m <= 0 || m % 32 || xlen != (size_t)m * sizeof(float)))
+            rc = err_set(ERR_ARG, "%s: %zu bytes, expected N = %d fp32, N a positive multiple of 32", argv[3], xlen, m);
+        int16_t *xq = rc ? NULL : aligned_alloc(64, QUANT_INPUT_BYTES(m));
+        uint8_t *o = rc ? NULL : malloc((size_t)m * 2 + (size_t)m / 32 * 8);
+        if (!rc && (!xq || !o)) rc = err_set(ERR_NOMEM, "input");
+        if (!rc) {
+            quant_input(xin, m, xq);
+            const size_t nb8 = (size_t)(m / 32 + 7) / 8 * 8;
+            const float *d = (const float *)(xq + nb8 * 32), *s = d + nb8;
+            for (int b = 0; b < m / 32; b++) /* the layout quant.c describes: blocks in pairs, halves of 16 */
+                for (int i = 0; i < 32; i++)
+                    memcpy(o + 2 * (32 * (size_t)b + i), xq + 64 * (b / 2) + 32 * (i / 16) + 16 * (b % 2) + i % 16, 2);
+            memcpy(o + (size_t)m * 2, d, (size_t)m / 32 * 4);
+            memcpy(o + (size_t)m * 2 + (size_t)m / 32 * 4, s, (size_t)m / 32 * 4);
+            rc = write_file(argv[4], o, (size_t)m * 2 + (size_t)m / 32 * 8);
+        }
+        free(xin);
+        free(xq);
+        free(o);
+        return rc;
+    }
     void *w = NULL, *x = NULL;
     float *out = NULL;
     size_t rows, row_bytes, xlen;
@@ -92,8 +124,10 @@ static err_code run(int argc, char **argv) {
             } else {
                 out = malloc(2 * rows * sizeof *out + 1);
                 float *x4 = malloc(4 * (size_t)n * sizeof *x4 + 1); /* four tokens: x, -x / 2, x reversed, x + 1 */
-                float *sums = malloc(4 * (size_t)(n / 32) * sizeof *sums + 1); /* their block sums */
-                if (!out || !x4 || !sums) rc = err_set(ERR_NOMEM, "dot");
+                const int blocks = quant_format_of(type)->block > 1;
+                const size_t qb = QUANT_INPUT_BYTES(n); /* the four tokens quantized, 64-byte aligned */
+                uint8_t *xq = aligned_alloc(64, 4 * qb);
+                if (!out || !x4 || !xq) rc = err_set(ERR_NOMEM, "dot");
                 for (long long i = 0; !rc && i < n; i++) {
                     const float v = ((const float *)x)[i];
                     x4[i] = v;
@@ -101,27 +135,29 @@ static err_code run(int argc, char **argv) {
                     x4[2 * n + (n - 1 - i)] = v;
                     x4[3 * n + i] = v + 1.0f;
                 }
-                for (int t = 0; !rc && t < 4; t++) quant_block_sums(x4 + (size_t)t * n, (int)n, sums + (size_t)t * (n / 32));
+                for (int t = 0; !rc && blocks && t < 4; t++) quant_input(x4 + (size_t)t * n, (int)n, xq + t * qb);
                 for (size_t r = 0; !rc && r < rows; r++) {
                     const void *row = (char *)w + r * row_bytes;
                     out[2 * r] = quant_dot_ref(type, row, x, (int)n);
                     out[2 * r + 1] = quant_dot(type, row, x, (int)n);
-                    float o[4], os[4]; /* quant_dot_x4 (_s): each token's sum quant_dot's, bit for bit */
+                    if (blocks && !same(out[2 * r + 1], out[2 * r])) /* the block formats: the twin's bits */
+                        rc = err_set(ERR_QUANT, "quant_dot: type %d row %zu: %a, quant_dot_ref %a", type, r, out[2 * r + 1], out[2 * r]);
+                    float o[4], oq[4]; /* quant_dot_x4 (_q): each token's sum quant_dot's, bit for bit */
                     quant_dot_x4(type, row, x4, (size_t)n, (int)n, o);
-                    quant_dot_x4_s(type, row, x4, (size_t)n, sums, (size_t)(n / 32), (int)n, os);
+                    if (blocks) quant_dot_x4_q(type, row, xq, qb, (int)n, oq);
                     for (int t = 0; t < 4 && !rc; t++) {
-                        const float *xt = x4 + (size_t)t * n, *st = sums + (size_t)t * (n / 32);
-                        const float want = quant_dot(type, row, xt, (int)n), one_s = quant_dot_s(type, row, xt, st, (int)n);
-                        if (memcmp(&o[t], &want, sizeof want))
+                        const float want = quant_dot(type, row, x4 + (size_t)t * n, (int)n);
+                        const float one_q = blocks ? quant_dot_q(type, row, xq + t * qb, (int)n) : want;
+                        if (!same(o[t], want))
                             rc = err_set(ERR_QUANT, "quant_dot_x4: type %d row %zu token %d: %a, quant_dot %a", type, r, t, o[t], want);
-                        else if (memcmp(&os[t], &want, sizeof want))
-                            rc = err_set(ERR_QUANT, "quant_dot_x4_s: type %d row %zu token %d: %a, quant_dot %a", type, r, t, os[t], want);
-                        else if (memcmp(&one_s, &want, sizeof want))
-                            rc = err_set(ERR_QUANT, "quant_dot_s: type %d row %zu token %d: %a, quant_dot %a", type, r, t, one_s, want);
+                        else if (blocks && !same(oq[t], want))
+                            rc = err_set(ERR_QUANT, "quant_dot_x4_q: type %d row %zu token %d: %a, quant_dot %a", type, r, t, oq[t], want);
+                        else if (!same(one_q, want))
+                            rc = err_set(ERR_QUANT, "quant_dot_q: type %d row %zu token %d: %a, quant_dot %a", type, r, t, one_q, want);
                     }
                 }
                 free(x4);
-                free(sums);
+                free(xq);
                 if (!rc) rc = write_file(argv[6], out, 2 * rows * sizeof *out);
             }
         }

@@ -155,9 +155,12 @@ class Model:
     emulate an implementation with a reduced-precision KV cache and measure what that alone costs.
     kv_dtype="q8" keeps the 8-bit cache of --kv-cache q8 instead (quantize_q8): integer vectors
     and a scale each, the key's scale applied to the score, the value's to the probability.
+    x16=True rounds the input of every matrix stored in a block format as the engine's quantized
+    products do (quantize_x16: 16-bit integers and a scale a block of 32), to measure what that
+    alone costs or to take it out of a comparison.
     """
 
-    def __init__(self, config, tensors, dtype=np.float64, kv_dtype=None):
+    def __init__(self, config, tensors, dtype=np.float64, kv_dtype=None, x16=False):
         arch = (config.get("architectures") or ["LlamaForCausalLM"])[0]
         if arch not in ARCHITECTURES:
             raise NotImplementedError(f"config.json: architectures {arch!r}")
@@ -195,10 +198,13 @@ class Model:
                 raise ValueError(f"weights: {name}: shape {list(t.shape)}, expected {list(shape)}")
             return t.astype(dtype, copy=False)
 
+        formats = (config.get("quantization_config") or {}).get("formats", {})
+        blocks = {n for n, f in formats.items() if f not in ("F32", "F16", "BF16")} if x16 else set()
+
         def linear(name, n_out, n_in, bias):
             w = get(f"{name}.weight", (n_out, n_in))
             b = get(f"{name}.bias", (n_out,)) if bias else None
-            return w, b
+            return (w, b, True) if f"{name}.weight" in blocks else (w, b)
 
         dim, hd = self.dim, self.head_dim
         hidden = config["intermediate_size"]
@@ -222,6 +228,8 @@ class Model:
             self.lm_head = self.embed
         else:
             self.lm_head = get("lm_head.weight", (self.vocab, dim))      # (vocab, dim)
+        head = "model.embed_tokens.weight" if config.get("tie_word_embeddings", False) else "lm_head.weight"
+        self.lm_head_x16 = head in blocks
 
     def new_cache(self):
         """Per layer [key_cache, value_cache, key_scale, value_scale], the caches (t, n_kv_heads,
@@ -280,7 +288,7 @@ class Model:
             hb = silu(_linear(xb, L["gate"])) * _linear(xb, L["up"])          # (n, hidden)
             x = x + _linear(hb, L["down"])
         x = rmsnorm(x, self.norm, self.eps)
-        return x @ self.lm_head.T                                           # (n, vocab)
+        return (quantize_x16(x) if self.lm_head_x16 else x) @ self.lm_head.T  # (n, vocab)
 
     def forward(self, token_ids):
         """logits (n, vocab) for token_ids at positions 0..n-1, causal."""
@@ -318,16 +326,38 @@ def quantize_q8(x):
     return q, d.astype(np.float32)
 
 
+def quantize_x16(x):
+    """The block formats' input quantizer (runtime/quant.h), block by block of 32 over the last
+    axis, returned as the values dx * x16 it stands for, in x's dtype:
+        amax = max|x_i| (NaN if any x_i is NaN)
+        amax NaN or infinite: dx = NaN, x16 = 0;  amax < 2^-100 (0 too): dx = 0, x16 = 0
+        else: inv = 32767 / amax, dx = amax / 32767 (float32), x16_i = rint(x_i * inv), the exact
+        product (float64) rounded half to even"""
+    x32 = np.asarray(x, dtype=np.float32)
+    xb = x32.reshape(*x32.shape[:-1], -1, 32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m = np.max(np.abs(xb), axis=-1)
+        tiny = m < np.float32(2.0**-100)
+        ok = (m <= np.finfo(np.float32).max) & ~tiny
+        m_ok = np.where(ok, m, np.float32(1.0)).astype(np.float32)
+        inv = (np.float32(32767.0) / m_ok).astype(np.float64)[..., None]
+        q = np.where(ok[..., None], np.rint(xb.astype(np.float64) * inv), 0.0)
+        d = np.where(ok, m_ok / np.float32(32767.0), np.where(tiny, np.float32(0.0), np.float32(np.nan))).astype(np.float32)
+    return (q * d.astype(np.float64)[..., None]).reshape(x32.shape).astype(np.asarray(x).dtype)
+
+
 def _linear(x, wb):
-    w, b = wb
+    w, b = wb[:2]
+    if len(wb) == 3:  # a block format's matrix, its input as the engine quantizes it (Model's x16)
+        x = quantize_x16(x)
     y = x @ w.T
     return y if b is None else y + b
 
 
-def load_model(model_dir, dtype=np.float64, kv_dtype=None):
+def load_model(model_dir, dtype=np.float64, kv_dtype=None, x16=False):
     """Model for model_dir/config.json and its safetensors weights."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    return Model(config, load_tensors(model_dir, dtype), dtype, kv_dtype)
+    return Model(config, load_tensors(model_dir, dtype), dtype, kv_dtype, x16)
 
 
 # --- comparing -------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
  * (quant_simde.c, cpu_kernels_simde.c), which check the AVX-512 paths' logic here; the real
  * instructions are checked where the CPU has them.
  *
- * SIMDe 0.7.4 (Debian 12) lacks seven of the intrinsics the kernels use; they are written out here
+ * SIMDe 0.7.4 (Debian 12) lacks seven of the intrinsics the kernels use, and its alias of
+ * _mm512_madd_epi16 takes the masked form's four arguments (the function itself is right); they are written out here
  * lane by lane, as Intel's guide defines them (the reduction's order is GCC's: halves, then
  * quarters, then pairs; a half converts exactly, through F16C). */
 #ifndef INGOT_TESTS_SIMDE_AVX512_H
@@ -53,6 +54,8 @@ static inline simde__m512 sim_shuffle_f32x4(simde__m512 a, simde__m512 b, int im
 }
 #undef _mm512_shuffle_f32x4
 #define _mm512_shuffle_f32x4(a, b, imm) sim_shuffle_f32x4(a, b, imm)
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
 #define _mm512_cvtepi8_epi32(a) sim_cvtepi8_epi32(a)
 #define _mm512_cvtepu16_epi32(a) sim_cvtepu16_epi32(a)
 #define _mm512_cvtepi32_ps(a) sim_cvtepi32_ps(a)

@@ -281,7 +281,13 @@ def test_q8_cache_logits_match_reference(variant, build, tmp_path):
     reference's."""
     model_dir = tiny_model_dir(variant)
     binary = binary_for(model_dir, build)
-    ref = load_model(model_dir, kv_dtype="q8")
+    # The 8-bit cache's rounding flips with the activations' last bits, and since the block formats'
+    # inputs are rounded to 16 bits (D136) so do those, which feed it: the reference rounds them too
+    # (x16), and tiny-q4_1 is held to 2e-3 (measured 1.1e-3; against a reference without x16 4.2e-3;
+    # its fp16 cache's logits are 2.3e-2 away, so the flag still shows). tiny-gqa (bf16, no block
+    # formats) keeps TOLERANCE (measured 1.8e-6).
+    ref = load_model(model_dir, kv_dtype="q8", x16=True)
+    bound = 2e-3 if ref.config.get("quantization_config") else TOLERANCE
     vocab = ref.config["vocab_size"]
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = tok.encode(TINY_PROMPT).ids
@@ -289,8 +295,8 @@ def test_q8_cache_logits_match_reference(variant, build, tmp_path):
     assert got.shape[0] == len(ids) > 140
     want = ref.forward(ids)
     err = compare_logits(got, want)
-    assert err < TOLERANCE, f"{variant} ({build}) q8 cache: max relative logit error {err:.2e}"
-    f16_err = compare_logits(got, load_model(model_dir, kv_dtype=np.float16).forward(ids))
+    assert err < bound, f"{variant} ({build}) q8 cache: max relative logit error {err:.2e}"
+    f16_err = compare_logits(got, load_model(model_dir, kv_dtype=np.float16, x16=True).forward(ids))
     assert f16_err > 10 * TOLERANCE, f"{variant} ({build}): q8 logits {f16_err:.2e} from the fp16 cache's: is the flag ignored?"
     prefilled = dump_q8(binary, model_dir, tmp_path / "prefill.bin", vocab, "--dump-prefill", "140")
     assert np.array_equal(prefilled, got[139:]), f"{variant} ({build}): q8 prefill logits differ from token by token"

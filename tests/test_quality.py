@@ -50,13 +50,16 @@ TEXT = (
 #   within rounding of a step boundary (1/127 of its vector's largest) lands on either side, and
 #   each flip moves the next layers' inputs enough to flip others. The reference's own float32 and
 #   float64 runs differ by 1.3e-2 (max relative) and 1.8e-4 nats (mean KL) on this text; the binary
-#   against the reference's q8 cache: 1.9e-2 and 2.5e-4; an fp16 cache in its place: 7.0e-4. So the
-#   q8 binary is held to the mean KL from the reference's q8 logits, 4e-4, and to being at least
-#   twice as far from the fp16 reference's (the flag is not ignored). The tiny models, which do not
+#   against the reference's q8 cache: 1.9e-2 and 2.5e-4; an fp16 cache in its place: 7.0e-4. Since
+#   the block formats' inputs are rounded to 16 bits (D136) the reference rounds them too (x16), and
+#   those roundings are more places for a flip to start: 4.1e-4 from the q8 reference, 7.05e-4 from
+#   the fp16 one (5.1e-4 and 7.06e-4 against references without x16). So the q8 binary is held to
+#   the mean KL from the reference's q8 logits, 5e-4, and to being at least 1.5 times as far from
+#   the fp16 reference's (the flag is not ignored). The tiny models, which do not
 #   cascade, hold the q8 cache to LOGITS_REL (test_numerics.py, measured 1.6e-6).
 PPL_ABS = 1e-4
 LOGITS_REL = 1e-3
-Q8_KL = 4e-4
+Q8_KL = 5e-4
 SELF_KL = 1e-5
 KL_REL = 1e-4
 
@@ -173,8 +176,8 @@ def test_perplexity_matches_numpy(default_build, default_model, text, n_vocab, t
     m, e = mean_err(nll)
     assert abs(ppl - np.exp(m)) < PPL_ABS and abs(err - np.exp(m) * e) < PPL_ABS, (ppl, err, np.exp(m), np.exp(m) * e)
 
-    def reference(kv_dtype):  # SmolLM2's tokenizer adds no BOS: a chunk is its tokens as they are
-        ref = load_model(default_model, dtype=np.float32, kv_dtype=kv_dtype)
+    def reference(kv_dtype, x16=False):  # SmolLM2's tokenizer adds no BOS: a chunk is its tokens as they are
+        ref = load_model(default_model, dtype=np.float32, kv_dtype=kv_dtype, x16=x16)
         return [ref.forward(ids[c * CTX:(c + 1) * CTX])[FIRST:CTX - 1] for c in range(n_chunk)]
 
     if kv == "f16":
@@ -185,8 +188,8 @@ def test_perplexity_matches_numpy(default_build, default_model, text, n_vocab, t
         def mean_kl(want):  # KL(reference || binary), nats a scored position
             p, q = log_softmax(np.concatenate(want)), log_softmax(logits)
             return float(np.mean(np.sum(np.exp(p) * (p - q), axis=-1)))
-        kl_q8, kl_f16 = mean_kl(reference("q8")), mean_kl(reference(np.float16))
-        assert kl_q8 < Q8_KL and kl_f16 > 2 * kl_q8, f"mean KL from the q8 reference {kl_q8:.2e}, from the fp16 one {kl_f16:.2e}"
+        kl_q8, kl_f16 = mean_kl(reference("q8", x16=True)), mean_kl(reference(np.float16, x16=True))
+        assert kl_q8 < Q8_KL and kl_f16 > 1.5 * kl_q8, f"mean KL from the q8 reference {kl_q8:.2e}, from the fp16 one {kl_f16:.2e}"
 
 
 def test_perplexity_default_ctx_is_512(default_binary, text):

@@ -12,20 +12,33 @@ Data, for every type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K):
 The dequantizer must give the gguf package's bits (compared as uint32, so -0.0 and NaN payloads
 count). It is the same scalar code in every build; the scalar and the native build are checked.
 
-The dot products run on every path: scalar (quant_dot_ref), avx2, avx512 (real instructions, where
-the CPU has them) and avx512-simde (the AVX-512 kernels on SIMDe's portable intrinsics, where its
-headers are installed). Each is compared with the exact sum, in float64, of the dequantized fp32
-weights times x. Tolerance: |got - exact| <= gamma(k) * S, with
+The dot products run on every path: scalar, avx2, avx512 (AVX-512BW, no VNNI), avx512vnni (the
+real instructions, where the CPU has them) and avx512-simde (the AVX-512 kernels on SIMDe's portable
+intrinsics, where its headers are installed). The block formats take their input quantized to 16
+bits (quant.h): every path must give quant_dot_ref's bits (the driver checks quant_dot, quant_dot_x4
+and the pre-quantized quant_dot_q / quant_dot_x4_q against it and fails otherwise), and the
+quantizer must give the rule's x16, dx and dx * S, computed here in NumPy (test_input_*). Dense
+types keep fp32 inputs.
+
+Each path is also compared with the exact sum, in float64, of the dequantized fp32 weights w times
+the fp32 x. Tolerance: |got - exact| <= gamma(k) * S + E, with
   S        = sum_i (|w_i - o_i| + |o_i|) * |x_i|, o_i the block offset the kernel sums separately
              (Q4_1's m, Q4_K/Q5_K's dmin * min, else 0), so S bounds every partial sum's terms;
-  gamma(k) = k u / (1 - k u), u = 2^-24 (fp32), k = n + 16.
-That is the classic bound for a sum of products evaluated in any order where no term passes through
-more than k roundings (Higham, Accuracy and Stability, 3.1). Every path's longest chain is below it:
-the scalar twin sums in order (n roundings, plus 1 for the weight's own rounding), a SIMD path sums
-n / lanes products in a lane and scales each block (n / 8 + 4 for AVX2) and reduces its lanes
-(log2 16 = 4); the scale d * sc and the weights rounded to fp32 on dequantization add 2 more. A
-wrong nibble, scale or sign moves the result by O(S), thousands of times the tolerance; the test
-also checks that the tolerance does reject such an error.
+  gamma(k) = k u / (1 - k u), u = 2^-24 (fp32), k = n + 18;
+  E        = (1 + 2^-20) * sum_i |w_i| dx_b(i) / 2 (block formats; 0 for dense), dx_b the scale of
+             x_i's block of 32.
+Derivation. The input the block formats multiply is xh_i = dx * x16_i with x16_i = x_i * inv + r_i,
+|r_i| <= 1/2, inv and dx each correctly rounded (32767 / amax, amax / 32767), so
+dx * inv = 1 + e with |e| <= 2u + u^2 and xh_i - x_i = e x_i + dx r_i: the rounding to 16 bits costs
+at most |w_i| dx / 2 a weight (E; the 2^-20 covers w_i being the fp32-rounded weight), and e adds
+under 2.01 u |w_i x_i| (two more roundings in k). The rest is the classic bound for a sum of
+products evaluated in any order where no term passes through more than k roundings (Higham,
+Accuracy and Stability, 3.1), with S over xh instead of x within a factor (1 + 2^-15) that the
+spare roundings of k absorb: the paths sum block results in 8 lanes (n / 256 roundings a lane),
+round c * dx, the integer sum's conversion and the fused multiply-add (3), the offset's dx * S and
+its multiply-add (2), and reduce the lanes (3); the weights' own rounding on dequantization adds 1;
+n + 18 is far above. A wrong nibble, scale or sign moves the result by O(S), thousands of times the
+tolerance; the test also checks that the tolerance does reject such an error.
 """
 
 from __future__ import annotations
@@ -67,7 +80,8 @@ PATHS = {
     # path: (binary, why it cannot run here or None)
     "scalar": ("quant_cli_scalar", None),
     "avx2": ("quant_cli_avx2", None if {"avx2", "fma", "f16c"} <= FLAGS else "this CPU has no AVX2+FMA+F16C"),
-    "avx512": ("quant_cli_avx512", None if "avx512f" in FLAGS else "this CPU has no AVX-512"),
+    "avx512": ("quant_cli_avx512", None if {"avx512f", "avx512bw"} <= FLAGS else "this CPU has no AVX-512BW"),
+    "avx512vnni": ("quant_cli_avx512vnni", None if {"avx512f", "avx512bw", "avx512_vnni"} <= FLAGS else "this CPU has no AVX512-VNNI"),
     "avx512-simde": ("quant_cli_avx512_sim", None if SIMDE else "SIMDe headers absent (apt-get install libsimde-dev)"),
 }
 
@@ -177,6 +191,33 @@ def check_dequant(binary: Path, tmp: Path, qtype, n: int, rows: np.ndarray):
                              f"{want[r_, c_]!r} ({want.view(np.uint32)[r_, c_]:#010x})")
 
 
+def x16_rule(x: np.ndarray):
+    """quant.h's input quantization, in NumPy: x16 (int16, n), dx and dx * S (float32, n / 32)."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        amax = np.abs(xb).max(axis=1)  # NaN-propagating
+        bad = ~np.isfinite(amax)
+        small = ~bad & (amax < np.float32(2.0**-100))
+        ok = ~bad & ~small
+        safe = np.where(ok, amax, np.float32(1))
+        inv = np.float32(32767) / safe
+        dx = np.where(ok, safe / np.float32(32767), np.float32(0)).astype(np.float32)
+        dx[bad] = np.float32("nan")
+        # the exact product in float64 (two floats' product is exact there), rounded half to even
+        x16 = np.where(ok[:, None], np.rint(xb.astype(np.float64) * inv.astype(np.float64)[:, None]), 0).astype(np.int16)
+    with np.errstate(over="ignore"):  # FLT_MAX blocks: dx * S overflows to inf, in C too
+        s = (dx * x16.astype(np.int32).sum(axis=1).astype(np.float32)).astype(np.float32)
+    return x16.reshape(-1), dx, s
+
+
+def input_rounding(qtype, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """E of the module docstring: (1 + 2^-20) * sum_i |w_i| dx_b(i) / 2 per row (0 for dense types)."""
+    if GGML_QUANT_SIZES[qtype][0] == 1:
+        return np.zeros(w.shape[0])
+    _, dx, _ = x16_rule(x)
+    return (1 + 2.0**-20) * 0.5 * (np.abs(w) @ np.repeat(dx.astype(np.float64), 32))
+
+
 def offsets(qtype, rows: np.ndarray, n: int) -> np.ndarray:
     """The per-weight offset o_i the kernels sum apart from d * q (zero for types without)."""
     if qtype not in OFFSET_TYPES:
@@ -187,10 +228,11 @@ def offsets(qtype, rows: np.ndarray, n: int) -> np.ndarray:
     return dequantize(blocks.reshape(rows.shape), qtype).reshape(rows.shape[0], n).astype(np.float64)
 
 
-def check_dot(binary: Path, tmp: Path, qtype, n: int, rows: np.ndarray, rng) -> float:
-    """Checks quant_dot_ref and quant_dot of each row against the exact sum; returns the largest
-    error as a share of the tolerance."""
-    x = rng.standard_normal(n).astype(np.float32)
+def check_dot(binary: Path, tmp: Path, qtype, n: int, rows: np.ndarray, rng, x=None) -> float:
+    """Checks quant_dot_ref and quant_dot of each row against the exact sum (x: the input, or
+    Gaussian); returns the largest error as a share of the tolerance."""
+    if x is None:
+        x = rng.standard_normal(n).astype(np.float32)
     src, xf, dst = tmp / "w.bin", tmp / "x.bin", tmp / "d.bin"
     np.ascontiguousarray(rows).tofile(src)
     x.tofile(xf)
@@ -202,8 +244,8 @@ def check_dot(binary: Path, tmp: Path, qtype, n: int, rows: np.ndarray, rng) -> 
     exact = w @ x64
     o = offsets(qtype, rows, n)
     s = (np.abs(w - o) + np.abs(o)) @ np.abs(x64)
-    k = n + 16
-    tol = k * U / (1 - k * U) * s
+    k = n + 18
+    tol = k * U / (1 - k * U) * s + input_rounding(qtype, w, x)
     for col, what in ((0, "quant_dot_ref"), (1, "quant_dot")):
         err = np.abs(got[:, col] - exact)
         bad = np.flatnonzero(err > tol)
@@ -213,6 +255,8 @@ def check_dot(binary: Path, tmp: Path, qtype, n: int, rows: np.ndarray, rng) -> 
     # reads each block's two halves swapped (a nibble-order bug; a row whose blocks are nearly
     # constant, all offset, hardly changes).
     assert (tol < 1e-3 * s).all()
+    if GGML_QUANT_SIZES[qtype][0] > 1:  # the block formats: quant_dot is quant_dot_ref, bit for bit
+        assert (got[:, 0].astype(np.float32).view(np.uint32) == got[:, 1].astype(np.float32).view(np.uint32)).all()
     block = GGML_QUANT_SIZES[qtype][0]
     if block > 1:
         xs = x64.reshape(-1, 2, block // 2)[:, ::-1].reshape(n)
@@ -229,7 +273,7 @@ def test_table_matches_gguf():
     r = run(REPO / "build/tests/quant_cli", "info")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
-    assert lines[0] in ("avx512", "avx2", "scalar")
+    assert lines[0] in ("avx512vnni", "avx512", "avx2", "scalar")
     got = {int(t): (name, int(b), int(s)) for t, name, b, s in (l.split() for l in lines[1:] if l)}
     want = {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in TYPES}
     assert got == want
@@ -295,9 +339,9 @@ def test_dot_random_blocks(qtype, path, tmp_path):
     binary = cli(path)
     rng = np.random.default_rng(5900 + int(qtype))
     # Row lengths: one block (the shortest), three (an odd count: the kernels take two a step),
-    # SmolLM2's 576 and 1536 where the block divides them, 4096.
+    # 5 and 7 blocks (a last group past 4), SmolLM2's 576 and 1536 where the block divides them, 4096.
     block = GGML_QUANT_SIZES[qtype][0]
-    for n in sorted({block * (2 if block == 1 else 1), 3 * block, *(m for m in (576, 1536) if m % block == 0), 4096}):
+    for n in sorted({block * (2 if block == 1 else 1), 3 * block, *(m for m in (160, 224, 576, 1536) if m % block == 0), 4096}):
         check_dot(binary, tmp_path, qtype, n, random_blocks(rng, qtype, 16, n), rng)
 
 
@@ -318,3 +362,76 @@ def test_dot_smollm2_tensors(qtype, path, tmp_path):
     rng = np.random.default_rng(7)
     for n, rows in smol_rows(qtype).items():
         check_dot(binary, tmp_path, qtype, n, rows, rng)
+
+
+def special_x(rng, n: int) -> np.ndarray:
+    """Gaussian x (n, a multiple of 32 * 12) whose blocks of 32 include every case of the rule: a NaN,
+    +inf, -inf, all zeros, tiny (below 2^-100), exactly 2^-100, just below it, subnormals only, a
+    block reaching FLT_MAX, one whose x * inv lands on halves (ties to even), a single nonzero."""
+    x = rng.standard_normal(n).astype(np.float32)
+    b = x.reshape(-1, 32)
+    b[0, 5] = np.nan
+    b[1, 0] = np.inf
+    b[2, 31] = -np.inf
+    b[3] = 0
+    b[4] = rng.standard_normal(32) * 2.0**-110
+    b[5] = rng.standard_normal(32) * 2.0**-102
+    b[5, 7] = -(2.0**-100)
+    b[6] = 0
+    b[6, 3] = np.nextafter(np.float32(2.0**-100), np.float32(0))
+    b[7] = (rng.integers(-100, 100, 32) * 2.0**-140).astype(np.float32)  # subnormals
+    b[8, 9] = np.finfo(np.float32).max
+    b[9] = (rng.integers(-32767, 32767, 32) + 0.5) / 32767 * 0.75  # amax 0.75ish: many near-ties
+    b[9, 0] = 0.75
+    b[10] = 0
+    b[10, 17] = -3.0
+    return x
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_input_rule(path, tmp_path):
+    """quant_input's x16, dx and dx * S against the rule computed in NumPy, bit for bit."""
+    binary = cli(path)
+    rng = np.random.default_rng(1659)
+    for n in (32, 96, 576, 32 * 12 * 4):
+        x = special_x(rng, n) if n % (32 * 12) == 0 else rng.standard_normal(n).astype(np.float32) * 3
+        xf, out = tmp_path / "x.bin", tmp_path / "q.bin"
+        x.tofile(xf)
+        r = run(binary, "input", n, xf, out)
+        assert r.returncode == 0, r.stderr
+        raw = np.fromfile(out, dtype=np.uint8)
+        x16 = raw[: 2 * n].view(np.int16)
+        dx = raw[2 * n: 2 * n + 4 * (n // 32)].view(np.float32)
+        s = raw[2 * n + 4 * (n // 32):].view(np.float32)
+        want16, wdx, ws = x16_rule(x)
+        assert (x16 == want16).all(), f"n={n}: x16 differs at {np.flatnonzero(x16 != want16)[:8]}"
+        for got, want, what in ((dx, wdx, "dx"), (s, ws, "dx * S")):
+            same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+            assert same.all(), f"n={n} {what}: block {np.flatnonzero(~same)[0]}: {got[~same][0]!r}, rule {want[~same][0]!r}"
+        assert np.abs(x16.astype(np.int32)).max() <= 32767
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+def test_dot_special_blocks(qtype, path, tmp_path):
+    """x with NaN, infinite, zero, tiny and huge blocks: the driver holds every path to the twin's bits
+    (NaN counting as NaN); a NaN or infinity in x makes the product NaN; tiny blocks count as zero."""
+    binary = cli(path)
+    rng = np.random.default_rng(6590 + int(qtype))
+    n = 32 * 12 * (8 if GGML_QUANT_SIZES[qtype][0] == 256 else 1)  # the K formats' rows: whole super-blocks
+    rows = made_blocks(rng, qtype, 8, n)[0]
+    x = special_x(rng, n)
+    src, xf, dst = tmp_path / "w.bin", tmp_path / "x.bin", tmp_path / "d.bin"
+    np.ascontiguousarray(rows).tofile(src)
+    x.tofile(xf)
+    r = run(binary, "dot", int(qtype), n, src, xf, dst)
+    assert r.returncode == 0, r.stderr
+    got = np.fromfile(dst, dtype=np.float32).reshape(-1, 2)
+    assert np.isnan(got).all(), f"{qtype.name}: a NaN or infinite input must give NaN, got {got[~np.isnan(got)][:4]}"
+    # Without the NaN and infinite blocks: finite, within the tolerance, tiny blocks as zero
+    xb = x.reshape(-1, 32).copy()
+    xb[:3] = 0
+    xb[8] = rng.standard_normal(32)  # FLT_MAX times a weight overflows fp32 in any method
+    x2 = xb.reshape(-1)
+    share = check_dot(binary, tmp_path, qtype, n, rows, rng, x2)
+    assert share <= 1.0

@@ -41,11 +41,11 @@
  * memory. */
 #define PREFILL_BATCH 64
 
-/* Block sums (quant_block_sums) a token of a normalized x, and the most of any matrix product's
- * input (x, attention's output, the MLP's hidden state) */
-#define XSUMS_DIM (MODEL_DIM / 32)
-#define XSUMS_MAX ((MODEL_DIM > MODEL_Q_DIM ? (MODEL_DIM > MODEL_HIDDEN_DIM ? MODEL_DIM : MODEL_HIDDEN_DIM) \
-                                            : (MODEL_Q_DIM > MODEL_HIDDEN_DIM ? MODEL_Q_DIM : MODEL_HIDDEN_DIM)) / 32 + 1)
+/* Bytes of a token's quantized input (quant_input) of a normalized x, and of the most of any
+ * matrix product's input (x, attention's output, the MLP's hidden state) */
+#define XQ_DIM QUANT_INPUT_BYTES(MODEL_DIM)
+#define XQ_MAX QUANT_INPUT_BYTES(MODEL_DIM > MODEL_Q_DIM ? (MODEL_DIM > MODEL_HIDDEN_DIM ? MODEL_DIM : MODEL_HIDDEN_DIM) \
+                                                     : (MODEL_Q_DIM > MODEL_HIDDEN_DIM ? MODEL_Q_DIM : MODEL_HIDDEN_DIM))
 #if GEMM_AVAILABLE
 /* Floats of each thread's scratch for the prompt's matrix products. */
 #define GEMM_SCRATCH_FLOATS gemm_scratch_floats(PREFILL_BATCH)
@@ -77,7 +77,7 @@ struct model_cpu {
     ACTIVATION(k, PREFILL_BATCH * MODEL_KV_DIM);      /* (batch, kv_dim) KV_Q8: keys, RoPE applied, before quantizing */
     ACTIVATION(v, PREFILL_BATCH * MODEL_KV_DIM);      /* (batch, kv_dim) KV_Q8: values before quantizing */
     float *xb;                    /* (n_threads, PREFILL_BATCH, dim) each thread's normalized x */
-    float *xsum;                  /* (n_threads, PREFILL_BATCH, XSUMS_MAX) each thread's block sums of a product's inputs */
+    uint8_t *xq;                  /* (n_threads, PREFILL_BATCH, XQ_MAX bytes) each thread's copy of a product's inputs quantized */
     float *att;                   /* (n_threads, 4, ctx) each thread's attention scores, four rows for a prefill batch */
     float *gemm;                  /* (n_threads, GEMM_SCRATCH_FLOATS) each thread's scratch for the prompt's matrix products */
     kv_cache_type kv;             /* the caches' element type (--kv-cache) */
@@ -148,11 +148,11 @@ err_code model_cpu_init(model_cpu **out, const void *const *data, int ctx, int n
     m->value_scale = cache_reserve(m->scale_bytes);
     m->att = malloc((size_t)n_threads * 4 * ctx * sizeof(float)); /* four rows a thread: attention_heads_x4 */
     m->xb = aligned_alloc(64, (size_t)n_threads * PREFILL_BATCH * MODEL_DIM * sizeof(float)); /* rows of 64-byte multiples */
-    m->xsum = malloc((size_t)n_threads * PREFILL_BATCH * XSUMS_MAX * sizeof(float));
+    m->xq = aligned_alloc(64, (size_t)n_threads * PREFILL_BATCH * XQ_MAX); /* XQ_MAX: a multiple of 64 */
 #if GEMM_AVAILABLE
     m->gemm = aligned_alloc(64, (size_t)n_threads * GEMM_SCRATCH_FLOATS * sizeof(float));
 #endif
-    if (!m->key_cache || !m->value_cache || (kv == KV_Q8 && (!m->key_scale || !m->value_scale)) || !m->att || !m->xb || !m->xsum ||
+    if (!m->key_cache || !m->value_cache || (kv == KV_Q8 && (!m->key_scale || !m->value_scale)) || !m->att || !m->xb || !m->xq ||
         (GEMM_AVAILABLE && !m->gemm)) {
         const size_t cache_bytes = m->cache_bytes, scale_bytes = m->scale_bytes;
         model_cpu_free(m);
@@ -173,7 +173,7 @@ void model_cpu_free(model_cpu *m) {
     cache_release(m->value_scale, m->scale_bytes);
     free(m->att);
     free(m->xb);
-    free(m->xsum);
+    free(m->xq);
     free(m->gemm);
 #if MODEL_GENERIC
     free(m->x);
@@ -191,7 +191,7 @@ static inline __attribute__((always_inline)) void rmsnorm(float *xb, const float
 
 /* o[r] = ws[r] . xb for four rows of dim in format f: side by side with 4 paired streams, one after
  * another with 1. */
-static inline __attribute__((always_inline)) void dot_rows(int f, const void *const ws[4], const float *xb, const float *s, float o[4]) {
+static inline __attribute__((always_inline)) void dot_rows(int f, const void *const ws[4], const float *xb, const uint8_t *s, float o[4]) {
     if (CPU_PAIRED_STREAMS == 4) mat_dot4(f, ws, xb, s, MODEL_DIM, o);
     else for (int r = 0; r < 4; r++) o[r] = mat_dot(f, ws[r], xb, s, MODEL_DIM);
 }
@@ -199,7 +199,7 @@ static inline __attribute__((always_inline)) void dot_rows(int f, const void *co
 /* o[t][r] = ws[r] . xb[t] for four rows and four tokens' inputs (MODEL_DIM apart), each as
  * dot_rows gives it: one row against the four tokens at once where rows go one at a time or are
  * quantized (each weight converted or unpacked once for the four), else dot_rows per token. */
-static inline __attribute__((always_inline)) void dot_rows_x4(int f, const void *const ws[4], const float *xb, const float *s,
+static inline __attribute__((always_inline)) void dot_rows_x4(int f, const void *const ws[4], const float *xb, const uint8_t *s,
                                                              float o[4][4]) {
     if (CPU_PAIRED_STREAMS == 4 && MAT_DENSE(f))
         for (int t = 0; t < 4; t += 2) mat_dot4_x2(f, ws, xb + (size_t)t * MODEL_DIM, MODEL_DIM, s, MODEL_DIM, o + t);
@@ -213,17 +213,17 @@ static inline __attribute__((always_inline)) void dot_rows_x4(int f, const void 
 
 /* o = ws . x for the four rows ws = {gate row a, up row a, gate row c, up row c} of dim, gate's in
  * format fg and up's in fu: one four-stream pass where they share a format, else row by row. */
-static inline __attribute__((always_inline)) void gate_up_dot4(int fg, int fu, const void *const ws[4], const float *x, const float *s,
+static inline __attribute__((always_inline)) void gate_up_dot4(int fg, int fu, const void *const ws[4], const float *x, const uint8_t *s,
                                                               float o[4]) {
     if (fg == fu) mat_dot4(fg, ws, x, s, MODEL_DIM, o);
     else for (int r = 0; r < 4; r++) o[r] = mat_dot(r % 2 ? fu : fg, ws[r], x, s, MODEL_DIM);
 }
 
 /* The same for two tokens' inputs x, x + dim: o[t] for token t. */
-static inline __attribute__((always_inline)) void gate_up_dot4_x2(int fg, int fu, const void *const ws[4], const float *x, const float *s,
+static inline __attribute__((always_inline)) void gate_up_dot4_x2(int fg, int fu, const void *const ws[4], const float *x, const uint8_t *s,
                                                                  float o[2][4]) {
     if (fg == fu) mat_dot4_x2(fg, ws, x, MODEL_DIM, s, MODEL_DIM, o);
-    else for (int t = 0; t < 2; t++) gate_up_dot4(fg, fu, ws, x + (size_t)t * MODEL_DIM, s + (size_t)t * XSUMS_DIM, o[t]);
+    else for (int t = 0; t < 2; t++) gate_up_dot4(fg, fu, ws, x + (size_t)t * MODEL_DIM, s + (size_t)t * XQ_DIM, o[t]);
 }
 
 /* This thread's share [lo, hi) of n items, contiguous, as schedule(static) would give it. */
@@ -241,11 +241,11 @@ static inline void thread_share(int n, int *lo, int *hi) {
  * without cutting the runs short as four adjacent rows would); each group of rows serves every token
  * of the batch while it is in cache. Every path sums a row in dot_w's order. */
 static inline __attribute__((always_inline)) void matvec(float *out, int out_stride, const void *w, int f, const model_weight_t *bias,
-                          const float *x, int x_stride, int nb, int rows, int n, int accumulate, float *gs, float *xsum) {
+                          const float *x, int x_stride, int nb, int rows, int n, int accumulate, float *gs, uint8_t *xq) {
     int lo, hi;
     thread_share(rows, &lo, &hi);
-    mat_sums(f, x, (size_t)x_stride, nb, n, xsum); /* this thread's copy: no barrier */
-    const size_t ss = (size_t)(n / 32);
+    mat_quantize(f, x, (size_t)x_stride, nb, n, xq); /* this thread's copy: no barrier */
+    const size_t ss = QUANT_INPUT_BYTES(n);
 #if GEMM_AVAILABLE
     if (nb > 1 && MAT_DENSE(f)) {
         gemm_rows_w((const model_weight_t *)w, n, lo, hi, x, (size_t)x_stride, nb, out, (size_t)out_stride, GEMM_MATVEC, accumulate,
@@ -257,7 +257,7 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
     (void)gs;
 #endif
     /* four rows at a time (four streams) for a token, or a batch of dense rows; a batch of quantized
-     * rows a row at a time, against four tokens at once (quant_dot_x4) */
+     * rows a row at a time, against four tokens at once (quant_dot_x4_q) */
     int q = CPU_STREAMS == 4 && (nb == 1 || MAT_DENSE(f)) ? (hi - lo) / 4 : 0;
     for (int j = 0; j < q; j++) {
         int r[4] = {lo + j, lo + q + j, lo + 2 * q + j, lo + 3 * q + j};
@@ -265,8 +265,8 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
         for (int b = 0; b < nb;) { /* two tokens at a time while two are left: the rows' weights converted once */
             float o[2][4];
             const int two = b + 2 <= nb;
-            if (two) mat_dot4_x2(f, ws, x + (size_t)b * x_stride, (size_t)x_stride, xsum + b * ss, n, o);
-            else mat_dot4(f, ws, x + (size_t)b * x_stride, xsum + b * ss, n, o[0]);
+            if (two) mat_dot4_x2(f, ws, x + (size_t)b * x_stride, (size_t)x_stride, xq + b * ss, n, o);
+            else mat_dot4(f, ws, x + (size_t)b * x_stride, xq + b * ss, n, o[0]);
             for (int t = 0; t <= two; t++, b++) {
                 float *y = out + (size_t)b * out_stride;
                 for (int k = 0; k < 4; k++) y[r[k]] = (accumulate ? y[r[k]] : 0.0f) + o[t][k] + (bias ? w_to_f32(bias[r[k]]) : 0.0f);
@@ -279,7 +279,7 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
         int b = 0;
         for (; b + 4 <= nb; b += 4) { /* four tokens a row: its weights converted once for them */
             float o[4];
-            mat_dot_x4(f, wi, x + (size_t)b * x_stride, (size_t)x_stride, xsum + b * ss, n, o);
+            mat_dot_x4(f, wi, x + (size_t)b * x_stride, (size_t)x_stride, xq + b * ss, n, o);
             for (int t = 0; t < 4; t++) {
                 float *y = out + (size_t)(b + t) * out_stride;
                 y[i] = (accumulate ? y[i] : 0.0f) + o[t] + add;
@@ -287,7 +287,7 @@ static inline __attribute__((always_inline)) void matvec(float *out, int out_str
         }
         for (; b < nb; b++) {
             float *y = out + (size_t)b * out_stride;
-            y[i] = (accumulate ? y[i] : 0.0f) + mat_dot(f, wi, x + (size_t)b * x_stride, xsum + b * ss, n) + add;
+            y[i] = (accumulate ? y[i] : 0.0f) + mat_dot(f, wi, x + (size_t)b * x_stride, xq + b * ss, n) + add;
         }
     }
 #pragma omp barrier
@@ -315,7 +315,7 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
                                               * knows nothing else points (8% faster decode than the heap) */
 #endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
-        float *xsum = m->xsum + (size_t)omp_get_thread_num() * PREFILL_BATCH * XSUMS_MAX; /* block sums of the products' inputs */
+        uint8_t *xq = m->xq + (size_t)omp_get_thread_num() * PREFILL_BATCH * XQ_MAX; /* the products' inputs quantized */
 #if GEMM_AVAILABLE
         float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
 #else
@@ -331,8 +331,8 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
-            if (MAT_SUMS(fq) || MAT_SUMS(fk) || MAT_SUMS(fv))
-                for (int b = 0; b < 1; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fq) || !MAT_DENSE(fk) || !MAT_DENSE(fv))
+                for (int b = 0; b < 1; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
             {
 #pragma omp for schedule(static)
                 for (int item = 0; item < QKV_ITEMS; item++) {
@@ -347,7 +347,7 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                         for (int b = 0; b < 1; b++) {
                             int pos = pos0 + b;
-                        dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             if (MODEL_QKV_BIAS) {
                                 const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                                 for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -365,7 +365,7 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
                         const void *ws[4];
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                         for (int b = 0; b < 1; b++) {
-                        dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             for (int r = 0; r < 4; r++) {
                                 if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                                 vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
@@ -385,13 +385,13 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs, xq);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
-            if (MAT_SUMS(fg) || MAT_SUMS(fu))
-                for (int b = 0; b < 1; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fg) || !MAT_DENSE(fu))
+                for (int b = 0; b < 1; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
@@ -403,7 +403,7 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
                                          mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
                     for (int b = 0; b < 1; b++) {
                         float o[4];
-                        gate_up_dot4(fg, fu, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
@@ -413,19 +413,19 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
                     int b = 0;
                     for (; b < 1; b++)
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM);
+                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
                 }
             }
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xq);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xsum);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xq);
         }
     }
 }
@@ -450,7 +450,7 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
     {
         float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
-        float *xsum = m->xsum + (size_t)omp_get_thread_num() * PREFILL_BATCH * XSUMS_MAX; /* block sums of the products' inputs */
+        uint8_t *xq = m->xq + (size_t)omp_get_thread_num() * PREFILL_BATCH * XQ_MAX; /* the products' inputs quantized */
 #if GEMM_AVAILABLE
         float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
 #else
@@ -466,8 +466,8 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
-            if (MAT_SUMS(fq) || MAT_SUMS(fk) || MAT_SUMS(fv))
-                for (int b = 0; b < nb; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fq) || !MAT_DENSE(fk) || !MAT_DENSE(fv))
+                for (int b = 0; b < nb; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
 #if GEMM_AVAILABLE
             if (MAT_DENSE(fq) && MAT_DENSE(fk) && MAT_DENSE(fv)) {
                 /* a batch of dense rows: q, k and v as GEMMs (each sum dot_rows's), then each head's bias,
@@ -527,9 +527,9 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                         for (int b = 0; b < nb; b++) {
                             int pos = pos0 + b;
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o4);
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o4);
                         if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        else dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             if (MODEL_QKV_BIAS) {
                                 const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                                 for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -547,9 +547,9 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                         const void *ws[4];
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                         for (int b = 0; b < nb; b++) {
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o4);
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o4);
                         if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        else dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             for (int r = 0; r < 4; r++) {
                                 if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                                 vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
@@ -581,14 +581,14 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs, xq);
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
-            if (MAT_SUMS(fg) || MAT_SUMS(fu))
-                for (int b = 0; b < nb; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fg) || !MAT_DENSE(fu))
+                for (int b = 0; b < nb; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
 #if GEMM_AVAILABLE
             if (MAT_DENSE(fg) && MAT_DENSE(fu)) { /* a batch of dense rows: gate and up as GEMMs, then SiLU on this thread's rows */
                 int lo, hi;
@@ -614,8 +614,8 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                     for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
                         float o[2][4];
                         const int two = b + 2 <= nb;
-                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
-                        else gate_up_dot4(fg, fu, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o[0]);
+                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
+                        else gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o[0]);
                         for (int t = 0; t <= two; t++, b++) {
                             m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
                             m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
@@ -627,33 +627,33 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                     int b = 0;
                     for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
                         float g[4], u[4];
-                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM, MODEL_DIM, g);
-                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM, MODEL_DIM, u);
+                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM, MODEL_DIM, g);
+                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM, MODEL_DIM, u);
                         for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
                     }
                     for (; b < nb; b++)
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM);
+                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
                 }
             }
 #pragma omp barrier
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xq);
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (want_logits) {
             rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xsum);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xq);
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
         /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
         if (all_logits) {
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
-            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xsum);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xq);
         }
     }
 }
@@ -682,7 +682,7 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
                                               * knows nothing else points (8% faster decode than the heap) */
 #endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
-        float *xsum = m->xsum + (size_t)omp_get_thread_num() * PREFILL_BATCH * XSUMS_MAX; /* block sums of the products' inputs */
+        uint8_t *xq = m->xq + (size_t)omp_get_thread_num() * PREFILL_BATCH * XQ_MAX; /* the products' inputs quantized */
 #if GEMM_AVAILABLE
         float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
 #else
@@ -698,8 +698,8 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
 
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE, KV store */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
-            if (MAT_SUMS(fq) || MAT_SUMS(fk) || MAT_SUMS(fv))
-                for (int b = 0; b < 1; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fq) || !MAT_DENSE(fk) || !MAT_DENSE(fv))
+                for (int b = 0; b < 1; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
             {
 #pragma omp for schedule(static)
                 for (int item = 0; item < QKV_ITEMS; item++) {
@@ -714,7 +714,7 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                         for (int b = 0; b < 1; b++) {
                             int pos = pos0 + b;
-                        dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             if (MODEL_QKV_BIAS) {
                                 const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                                 for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -732,7 +732,7 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
                         const void *ws[4];
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                         for (int b = 0; b < 1; b++) {
-                        dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             for (int r = 0; r < 4; r++) {
                                 if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                                 vc[(size_t)(pos0 + b) * MODEL_KV_DIM + r0 + r] = f32_to_f16(o[r]);
@@ -754,14 +754,14 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs, xq);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
-            if (MAT_SUMS(fg) || MAT_SUMS(fu))
-                for (int b = 0; b < 1; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fg) || !MAT_DENSE(fu))
+                for (int b = 0; b < 1; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
@@ -773,7 +773,7 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
                                          mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
                     for (int b = 0; b < 1; b++) {
                         float o[4];
-                        gate_up_dot4(fg, fu, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
@@ -783,21 +783,21 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
                     int b = 0;
                     for (; b < 1; b++)
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM);
+                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
                 }
             }
 #pragma omp barrier
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xq);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xsum);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xq);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
     }
@@ -825,7 +825,7 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
                                               * knows nothing else points (8% faster decode than the heap) */
 #endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
-        float *xsum = m->xsum + (size_t)omp_get_thread_num() * PREFILL_BATCH * XSUMS_MAX; /* block sums of the products' inputs */
+        uint8_t *xq = m->xq + (size_t)omp_get_thread_num() * PREFILL_BATCH * XQ_MAX; /* the products' inputs quantized */
 #if GEMM_AVAILABLE
         float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
 #else
@@ -844,8 +844,8 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
              * to k and v, whole vectors for the quantizer below */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
-            if (MAT_SUMS(fq) || MAT_SUMS(fk) || MAT_SUMS(fv))
-                for (int b = 0; b < 1; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fq) || !MAT_DENSE(fk) || !MAT_DENSE(fv))
+                for (int b = 0; b < 1; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
             {
 #pragma omp for schedule(static)
                 for (int item = 0; item < QKV_ITEMS; item++) {
@@ -860,7 +860,7 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                         for (int b = 0; b < 1; b++) {
                             int pos = pos0 + b;
-                        dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             if (MODEL_QKV_BIAS) {
                                 const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                                 for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -878,7 +878,7 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
                         const void *ws[4];
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                         for (int b = 0; b < 1; b++) {
-                        dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             for (int r = 0; r < 4; r++) {
                                 if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                                 m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
@@ -908,13 +908,13 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
 
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs, xq);
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
-            if (MAT_SUMS(fg) || MAT_SUMS(fu))
-                for (int b = 0; b < 1; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fg) || !MAT_DENSE(fu))
+                for (int b = 0; b < 1; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
@@ -926,7 +926,7 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
                                          mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
                     for (int b = 0; b < 1; b++) {
                         float o[4];
-                        gate_up_dot4(fg, fu, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
@@ -936,19 +936,19 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
                     int b = 0;
                     for (; b < 1; b++)
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM);
+                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
                 }
             }
 #pragma omp barrier
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xq);
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xsum);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xq);
         }
     }
 }
@@ -973,7 +973,7 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
     {
         float (*xb)[MODEL_DIM] = (float (*)[MODEL_DIM])(m->xb + (size_t)omp_get_thread_num() * PREFILL_BATCH * MODEL_DIM);
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
-        float *xsum = m->xsum + (size_t)omp_get_thread_num() * PREFILL_BATCH * XSUMS_MAX; /* block sums of the products' inputs */
+        uint8_t *xq = m->xq + (size_t)omp_get_thread_num() * PREFILL_BATCH * XQ_MAX; /* the products' inputs quantized */
 #if GEMM_AVAILABLE
         float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
 #else
@@ -992,8 +992,8 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
              * to k and v, whole vectors for the quantizer below */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
-            if (MAT_SUMS(fq) || MAT_SUMS(fk) || MAT_SUMS(fv))
-                for (int b = 0; b < nb; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fq) || !MAT_DENSE(fk) || !MAT_DENSE(fv))
+                for (int b = 0; b < nb; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
 #if GEMM_AVAILABLE
             if (MAT_DENSE(fq) && MAT_DENSE(fk) && MAT_DENSE(fv)) {
                 /* a batch of dense rows: q, k and v as GEMMs (each sum dot_rows's), then each head's bias,
@@ -1048,9 +1048,9 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                         for (int b = 0; b < nb; b++) {
                             int pos = pos0 + b;
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o4);
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o4);
                         if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        else dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             if (MODEL_QKV_BIAS) {
                                 const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                                 for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -1068,9 +1068,9 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                         const void *ws[4];
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                         for (int b = 0; b < nb; b++) {
-                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o4);
+                        if (b % 4 == 0 && b + 4 <= nb) dot_rows_x4(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o4);
                         if (b - b % 4 + 4 <= nb) memcpy(o, o4[b % 4], sizeof o);
-                        else dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        else dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             for (int r = 0; r < 4; r++) {
                                 if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                                 m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
@@ -1112,14 +1112,14 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, nb, MODEL_DIM, MODEL_Q_DIM, 1, gs, xq);
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
-            if (MAT_SUMS(fg) || MAT_SUMS(fu))
-                for (int b = 0; b < nb; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fg) || !MAT_DENSE(fu))
+                for (int b = 0; b < nb; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
 #if GEMM_AVAILABLE
             if (MAT_DENSE(fg) && MAT_DENSE(fu)) { /* a batch of dense rows: gate and up as GEMMs, then SiLU on this thread's rows */
                 int lo, hi;
@@ -1145,8 +1145,8 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                     for (int b = 0; b < nb;) { /* two tokens at a time while two are left */
                         float o[2][4];
                         const int two = b + 2 <= nb;
-                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
-                        else gate_up_dot4(fg, fu, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o[0]);
+                        if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
+                        else gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o[0]);
                         for (int t = 0; t <= two; t++, b++) {
                             m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
                             m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
@@ -1158,33 +1158,33 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                     int b = 0;
                     for (; b + 4 <= nb; b += 4) { /* four tokens a row pair: its weights converted once */
                         float g[4], u[4];
-                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM, MODEL_DIM, g);
-                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM, MODEL_DIM, u);
+                        mat_dot_x4(fg, wg, xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM, MODEL_DIM, g);
+                        mat_dot_x4(fu, wu, xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM, MODEL_DIM, u);
                         for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
                     }
                     for (; b < nb; b++)
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM);
+                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
                 }
             }
 #pragma omp barrier
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, nb, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xq);
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (want_logits) {
             rmsnorm(xb[0], m->x + (size_t)(nb - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xsum);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xq);
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
         /* ... or for every token of the batch (perplexity): each LM head row serves the whole batch */
         if (all_logits) {
             for (int b = 0; b < nb; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, w->final_norm);
-            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xsum);
+            matvec(all_logits, MODEL_VOCAB_SIZE, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], MODEL_DIM, nb, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xq);
         }
     }
 }
@@ -1213,7 +1213,7 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
                                               * knows nothing else points (8% faster decode than the heap) */
 #endif
         float *att = m->att + (size_t)omp_get_thread_num() * 4 * m->ctx; /* (4, ctx) scores */
-        float *xsum = m->xsum + (size_t)omp_get_thread_num() * PREFILL_BATCH * XSUMS_MAX; /* block sums of the products' inputs */
+        uint8_t *xq = m->xq + (size_t)omp_get_thread_num() * PREFILL_BATCH * XQ_MAX; /* the products' inputs quantized */
 #if GEMM_AVAILABLE
         float *gs = m->gemm + (size_t)omp_get_thread_num() * GEMM_SCRATCH_FLOATS; /* scratch of the prompt's matrix products */
 #else
@@ -1232,8 +1232,8 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
             /* model.layers.{l}.input_layernorm, self_attn.{q,k,v}_proj (+ bias), RoPE; keys and values
              * to k and v, whole vectors for the quantizer below */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->attn_norm);
-            if (MAT_SUMS(fq) || MAT_SUMS(fk) || MAT_SUMS(fv))
-                for (int b = 0; b < 1; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fq) || !MAT_DENSE(fk) || !MAT_DENSE(fv))
+                for (int b = 0; b < 1; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
             {
 #pragma omp for schedule(static)
                 for (int item = 0; item < QKV_ITEMS; item++) {
@@ -1248,7 +1248,7 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(wm, f, MODEL_DIM, (size_t)rows[r]);
                         for (int b = 0; b < 1; b++) {
                             int pos = pos0 + b;
-                        dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             if (MODEL_QKV_BIAS) {
                                 const model_weight_t *bias = is_k ? lw->bk : lw->bq;
                                 for (int r = 0; r < 4; r++) o[r] += w_to_f32(bias[rows[r]]);
@@ -1266,7 +1266,7 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
                         const void *ws[4];
                         for (int r = 0; r < 4; r++) ws[r] = mat_row(lw->wv, f, MODEL_DIM, (size_t)(r0 + r));
                         for (int b = 0; b < 1; b++) {
-                        dot_rows(f, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        dot_rows(f, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                             for (int r = 0; r < 4; r++) {
                                 if (MODEL_QKV_BIAS) o[r] += w_to_f32(lw->bv[r0 + r]);
                                 m->v[(size_t)b * MODEL_KV_DIM + r0 + r] = o[r];
@@ -1298,14 +1298,14 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* attention */
 
             /* self_attn.o_proj (+ bias) + residual */
-            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->wo, fo, MODEL_O_BIAS ? lw->bo : NULL, m->xb2, MODEL_Q_DIM, 1, MODEL_DIM, MODEL_Q_DIM, 1, gs, xq);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* o_proj */
 
             /* post_attention_layernorm, mlp.gate_proj and mlp.up_proj, SiLU: each thread walks two runs
              * of its rows side by side in both matrices, four sequential streams */
             for (int b = 0; b < 1; b++) rmsnorm(xb[b], m->x + (size_t)b * MODEL_DIM, lw->ffn_norm);
-            if (MAT_SUMS(fg) || MAT_SUMS(fu))
-                for (int b = 0; b < 1; b++) quant_block_sums(xb[b], MODEL_DIM, xsum + (size_t)b * XSUMS_DIM);
+            if (!MAT_DENSE(fg) || !MAT_DENSE(fu))
+                for (int b = 0; b < 1; b++) quant_input(xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM);
             {
                 int lo, hi;
                 thread_share(MODEL_HIDDEN_DIM, &lo, &hi);
@@ -1317,7 +1317,7 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
                                          mat_row(lw->w_gate, fg, MODEL_DIM, c), mat_row(lw->w_up, fu, MODEL_DIM, c)};
                     for (int b = 0; b < 1; b++) {
                         float o[4];
-                        gate_up_dot4(fg, fu, ws, xb[b], xsum + (size_t)b * XSUMS_DIM, o);
+                        gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
                     }
@@ -1327,21 +1327,21 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
                     int b = 0;
                     for (; b < 1; b++)
                         m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xsum + (size_t)b * XSUMS_DIM, MODEL_DIM);
+                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
                 }
             }
 #pragma omp barrier
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
 
             /* mlp.down_proj + residual */
-            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xsum);
+            matvec(m->x, MODEL_DIM, lw->w_down, fd, NULL, m->hb, MODEL_HIDDEN_DIM, 1, MODEL_DIM, MODEL_HIDDEN_DIM, 1, gs, xq);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* down_proj */
         }
 
         /* model.norm and the LM head, for the last token only */
         if (1) {
             rmsnorm(xb[0], m->x + (size_t)(1 - 1) * MODEL_DIM, w->final_norm);
-            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xsum);
+            matvec(m->logits, 0, w->lm_head, MODEL_FORMAT_LM_HEAD, NULL, xb[0], 0, 1, MODEL_VOCAB_SIZE, MODEL_DIM, 0, gs, xq);
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* model.norm, lm_head */
         }
     }
