@@ -664,6 +664,23 @@ static void group_dot(int type, const uint8_t *b, const void *qg, const void *dg
 #define QUANT_ISA "scalar"
 #endif
 
+/* A row's last group of cnt blocks (1 to 7: the blocks of 32's), with cnt a constant in each copy of
+ * group_dot, so that its tests on cnt fold away as a whole group's do: with cnt read at run time
+ * the default model's rows of 576 (two groups and 2 blocks) spent more on their last 2 blocks than
+ * on a whole group (docs/performance.md, D137). */
+INLINE void group_dot_last(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+    if (formats[type].block != 32) return; /* the K formats' rows are whole groups (n a multiple of 256) */
+    switch (cnt) {
+    case 1: group_dot(type, b, qg, dg, sg, ts, 1, T, acc); return;
+    case 2: group_dot(type, b, qg, dg, sg, ts, 2, T, acc); return;
+    case 3: group_dot(type, b, qg, dg, sg, ts, 3, T, acc); return;
+    case 4: group_dot(type, b, qg, dg, sg, ts, 4, T, acc); return;
+    case 5: group_dot(type, b, qg, dg, sg, ts, 5, T, acc); return;
+    case 6: group_dot(type, b, qg, dg, sg, ts, 6, T, acc); return;
+    default: group_dot(type, b, qg, dg, sg, ts, 7, T, acc); return;
+    }
+}
+
 /* The dot products over a row's groups: nb8 / 8 groups of the row's blocks, the input either
  * quantized already (xq, token t's xs bytes on) or quantized here a group at a time from fp32 x
  * (token t's at x + t xs floats), into the same layout: the same bits either way. */
@@ -677,7 +694,7 @@ INLINE void dot_q_t(int type, const uint8_t *row, const void *xq, size_t xs, int
     for (; 8 * g + 8 <= nb; g++) /* whole groups: cnt a constant, the tail's tests folded away */
         group_dot(type, row + GROUP_BYTES(type) * (size_t)g, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g, xs, 8, T, acc);
     if (8 * g < nb)
-        group_dot(type, row + GROUP_BYTES(type) * (size_t)g, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g, xs, nb - 8 * g, T, acc);
+        group_dot_last(type, row + GROUP_BYTES(type) * (size_t)g, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g, xs, nb - 8 * g, T, acc);
     for (int t = 0; t < T; t++) o[t] = hsum8(acc[t]);
 }
 
@@ -694,7 +711,8 @@ INLINE void dot_f32_t(int type, const uint8_t *row, const float *x, size_t xs, i
     for (int g = 0; 8 * g < nb; g++) {
         const int cnt = nb - 8 * g < 8 ? nb - 8 * g : 8;
         for (int t = 0; t < T; t++) x16_group(x + (size_t)t * xs + 256 * (size_t)g, cnt, gq[t].q, gq[t].d, gq[t].s);
-        group_dot(type, row + GROUP_BYTES(type) * (size_t)g, gq[0].q, gq[0].d, gq[0].s, sizeof gq[0], cnt, T, acc);
+        if (cnt == 8) group_dot(type, row + GROUP_BYTES(type) * (size_t)g, gq[0].q, gq[0].d, gq[0].s, sizeof gq[0], 8, T, acc);
+        else group_dot_last(type, row + GROUP_BYTES(type) * (size_t)g, gq[0].q, gq[0].d, gq[0].s, sizeof gq[0], cnt, T, acc);
     }
     for (int t = 0; t < T; t++) o[t] = hsum8(acc[t]);
 }
@@ -703,10 +721,23 @@ static float dot_dense(int type, const void *row, const float *x, int n) {
     return type == QUANT_F32 ? dot_f32(row, x, n) : type == QUANT_F16 ? dot_f16(row, x, n) : type == QUANT_BF16 ? dot_bf16(row, x, n) : 0.0f;
 }
 
+/* call with the block format type a constant in each case (the callees inlined: each copy's tests
+ * on the type fold away, where a type read at run time branched on it inside every group) */
+#define BY_TYPE(type, call)                                  \
+    switch (type) {                                          \
+    case QUANT_Q8_0: { const int type_ = QUANT_Q8_0; call; } break; \
+    case QUANT_Q4_0: { const int type_ = QUANT_Q4_0; call; } break; \
+    case QUANT_Q4_1: { const int type_ = QUANT_Q4_1; call; } break; \
+    case QUANT_Q4_K: { const int type_ = QUANT_Q4_K; call; } break; \
+    case QUANT_Q5_K: { const int type_ = QUANT_Q5_K; call; } break; \
+    default: /* QUANT_Q6_K: the callers take block formats only */  \
+             { const int type_ = QUANT_Q6_K; call; } break;          \
+    }
+
 float quant_dot(int type, const void *row, const float *x, int n) {
     if (formats[type].block == 1) return dot_dense(type, row, x, n);
     float o;
-    dot_f32_t(type, row, x, 0, n, 1, &o);
+    BY_TYPE(type, dot_f32_t(type_, row, x, 0, n, 1, &o))
     return o;
 }
 
@@ -715,16 +746,18 @@ void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, f
         for (int t = 0; t < 4; t++) o[t] = dot_dense(type, row, x + (size_t)t * xs, n);
         return;
     }
-    dot_f32_t(type, row, x, xs, n, 4, o);
+    BY_TYPE(type, dot_f32_t(type_, row, x, xs, n, 4, o))
 }
 
 float quant_dot_q(int type, const void *row, const void *xq, int n) {
     float o;
-    dot_q_t(type, row, xq, 0, n, 1, &o);
+    BY_TYPE(type, dot_q_t(type_, row, xq, 0, n, 1, &o))
     return o;
 }
 
-void quant_dot_x4_q(int type, const void *row, const void *xq, size_t xqs, int n, float o[4]) { dot_q_t(type, row, xq, xqs, n, 4, o); }
+void quant_dot_x4_q(int type, const void *row, const void *xq, size_t xqs, int n, float o[4]) {
+    BY_TYPE(type, dot_q_t(type_, row, xq, xqs, n, 4, o))
+}
 
 const char *quant_dot_isa(void) {
 #if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)

@@ -339,9 +339,12 @@ def test_dot_random_blocks(qtype, path, tmp_path):
     binary = cli(path)
     rng = np.random.default_rng(5900 + int(qtype))
     # Row lengths: one block (the shortest), three (an odd count: the kernels take two a step),
-    # 5 and 7 blocks (a last group past 4), SmolLM2's 576 and 1536 where the block divides them, 4096.
+    # 4, 5, 6 and 7 blocks (a last group up to 4 and past it: with 1, 2 (576) and 3, every count a
+    # last group can have, each its own copy of the kernel), SmolLM2's 576 and 1536 where the block
+    # divides them, 4096.
     block = GGML_QUANT_SIZES[qtype][0]
-    for n in sorted({block * (2 if block == 1 else 1), 3 * block, *(m for m in (160, 224, 576, 1536) if m % block == 0), 4096}):
+    for n in sorted({block * (2 if block == 1 else 1), 3 * block,
+                     *(m for m in (128, 160, 192, 224, 576, 1536) if m % block == 0), 4096}):
         check_dot(binary, tmp_path, qtype, n, random_blocks(rng, qtype, 16, n), rng)
 
 
