@@ -500,8 +500,9 @@ __host__ __device__ constexpr int gemm_q_ahead(void) {
  * 32 (tid % 2) .. of each K tile, CPT chunks of the format. It loads them (W::load, streamed) L
  * tiles before the stage it writes, into a ring of registers (raw), and writes them as fp16
  * (W::to_f32, then each weight rounded once to fp16: the values a kernel of its own wrote into a
- * 16-bit copy of the layer before, D137) into four 16-byte chunks of the row, swizzled as gemm_swz lays the dense tiles out, so
- * the GEMM's loop and sums are the dense path's. Values past K are zeros. */
+ * 16-bit copy of the layer before, D138) into four 16-byte chunks of the row, swizzled as gemm_swz
+ * lays the dense tiles out, so the GEMM's loop and sums are the dense path's. Values past K are
+ * zeros. */
 template <typename W, int L>
 struct gemm_q_tiles {
     static constexpr int CPT = 32 / W::VALS; /* chunks of a thread's 32 values */
@@ -560,7 +561,7 @@ struct gemm_no_q_tiles {}; /* a dense format's: its tiles are copied */
  * copied into the stages with the inputs' (cp.async); a block format's are dequantized into them
  * by the threads (gemm_q_tiles), each stage's after the wgmma of the stage before is issued. A
  * quantized layer was dequantized whole into fp16 by a kernel of its own before each batch's GEMMs,
- * a write and a read of the layer in 16 bits a batch (docs/performance.md, D116, D137). */
+ * a write and a read of the layer in 16 bits a batch (docs/performance.md, D116, D138). */
 template <typename W, int B, int S, bool W1, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, int kt1, const uint16_t *__restrict__ in, Pair pair,
                                                   Store store) {
