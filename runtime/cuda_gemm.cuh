@@ -526,21 +526,23 @@ struct gemm_q_tiles {
         K = k_len;
         k0 = kt0 * GEMM_KT + 32 * (int)h;
     }
-    __device__ __forceinline__ bool valid(int kt) const { return k0 + kt * GEMM_KT < K; }
-    /* K tile kt's chunks into u (chunk 0's again past K: read, never used) */
+    /* whether chunk j of the thread's values in K tile kt lies in K (a block format's rows are whole
+     * blocks, so its chunks are in or out together with the block; a dense matrix's are 8 values) */
+    __device__ __forceinline__ bool valid(int kt, int j) const { return k0 + kt * GEMM_KT + j * W::VALS < K; }
+    /* K tile kt's chunks into u (chunk 0's instead of one past K: read, never used) */
     __device__ __forceinline__ void fetch(chunk (&u)[CPT], int kt) const {
-        const int c = valid(kt) ? (k0 + kt * GEMM_KT) / W::VALS : 0;
+        const int c = (k0 + kt * GEMM_KT) / W::VALS;
 #pragma unroll
-        for (int j = 0; j < CPT; j++) u[j] = W::load(row, c + j);
+        for (int j = 0; j < CPT; j++) u[j] = W::load(row, valid(kt, j) ? c + j : 0);
     }
-    /* u, K tile kt's, as fp16 into the stage's weight tile at `tile` */
+    /* u, K tile kt's, as fp16 into the stage's weight tile at `tile` (zeros past K) */
     __device__ __forceinline__ void put(const chunk (&u)[CPT], uint32_t tile, int kt) const {
-        const bool in_k = valid(kt);
         float f[32];
 #pragma unroll
         for (int j = 0; j < CPT; j++) W::to_f32(u[j], f + j * W::VALS);
 #pragma unroll
         for (int v = 0; v < 4; v++) {
+            const bool in_k = valid(kt, 8 * v / W::VALS);
             uint32_t w[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
