@@ -191,11 +191,10 @@ static void enqueue_step(model_cuda *m, int kind, int n_splits, bool short_kerne
 
 /* A prefill batch's stages, for the kernel benchmark, and its launches: the last layer's norm and
  * QKV only. */
-enum { PF_EMBED, PF_DEQUANT, PF_SCALES, PF_QKV, PF_ATT, PF_O, PF_GATE_UP, PF_DOWN, PF_END, PF_COUNT };
-static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_dequant", "prefill_rms_terms", "prefill_qkv_rope",
-                                                          "prefill_attention", "prefill_o_proj", "prefill_gate_up_silu",
-                                                          "prefill_down", "prefill_end"};
-#define PREFILL_LAUNCHES ((7 + CUDA_QUANTIZED) * MODEL_N_LAYERS - 3) /* a quantized layer's dequantization first */
+enum { PF_EMBED, PF_SCALES, PF_QKV, PF_ATT, PF_O, PF_GATE_UP, PF_DOWN, PF_END, PF_COUNT };
+static const char *const prefill_stage_names[PF_COUNT] = {"prefill_embed", "prefill_rms_terms", "prefill_qkv_rope", "prefill_attention",
+                                                          "prefill_o_proj", "prefill_gate_up_silu", "prefill_down", "prefill_end"};
+#define PREFILL_LAUNCHES (7 * MODEL_N_LAYERS - 3)
 
 /* s of a batch of B = PREFILL_BATCH >> s tokens (the prefill graphs', splits' and tensor maps' index) */
 static constexpr int prefill_size_index(int b) { return b >= PREFILL_BATCH ? 0 : 1 + prefill_size_index(2 * b); }
@@ -233,25 +232,8 @@ static CUtensorMap tensor_map_2d(const void *base, int rows, int cols, int box_r
  * As a prompt step, the last layer stops after its keys and values; with last, it runs through, the
  * last token's residual row goes where the LM head reads it and the position stays at that token
  * (its choice, enqueue_choice, advances it). With marks: as enqueue_step. */
-#if CUDA_QUANTIZED
-/* Layer l's weights for the prompt's kernels: its vectors, and its matrices at m->prompt_w, where
- * prompt_dequant_kernel puts them before the layer's GEMMs */
-static model_layer_weights prompt_layer(const model_cuda *m, int l) {
-    model_layer_weights w = m->w.layers[l];
-    w.wq = m->prompt_w + PROMPT_Q;
-    w.wk = m->prompt_w + PROMPT_K;
-    w.wv = m->prompt_w + PROMPT_V;
-    w.wo = m->prompt_w + PROMPT_O;
-    w.w_gate = m->prompt_w + PROMPT_GATE;
-    w.w_up = m->prompt_w + PROMPT_UP;
-    w.w_down = m->prompt_w + PROMPT_DOWN;
-    return w;
-}
-#endif
-
 template <int B, typename KV>
 static void enqueue_prefill(model_cuda *m, int n_splits, bool last, cudaEvent_t *marks, int *stage_of) {
-    const size_t smem = 0; /* gate/up's matvec's shared memory is static */
     constexpr int size = prefill_size_index(B);
     const int qkv_splits = m->qkv_splits[size], o_splits = m->o_splits[size], down_splits = m->down_splits[size];
     launch_marks mark = {marks, stage_of, m->stream, 0};
@@ -259,13 +241,7 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last, cudaEvent_t 
     launch(prefill_embed_kernel, (MODEL_DIM + 255) / 256, B, 256, 0, m->stream, m->dw.embed, m->io, m->x, m->history);
     mark(PF_EMBED);
     for (int l = 0; l < MODEL_N_LAYERS; l++) {
-#if CUDA_QUANTIZED
-        launch(prompt_dequant_kernel, m->dequant_blocks, 1, DEQUANT_THREADS, 0, m->stream, m->dw.layers[l], m->prompt_w);
-        mark(PF_DEQUANT);
-        const model_layer_weights prompt = prompt_layer(m, l), *lw = &prompt;
-#else
-        const model_layer_weights *lw = &m->w.layers[l];
-#endif
+        const cuda_layer *lw = &m->dw.layers[l];
         const kv_view<KV> cache = kv_layer<KV>(m, l);
         launch(prefill_rms_terms_kernel, B, 1, RMS_THREADS, 0, m->stream, m->x, m->prefill_part_x, l > 0 ? down_splits : 0,
                lw->attn_norm, m->prefill_x_terms);
@@ -311,9 +287,11 @@ static void enqueue_prefill(model_cuda *m, int n_splits, bool last, cudaEvent_t 
         if (m->gate_up_gemm)
             launch(prefill_gate_up_gemm_kernel<B>, gemm_tiles(MODEL_HIDDEN_DIM), 1, GEMM_THREADS,
                    GEMM_SMEM_BYTES_AT(B, GATE_UP_GEMM_STAGES), m->stream, *lw, m->prefill_x_terms, m->prefill_hb_terms);
+#if !CUDA_QUANTIZED
         else
-            launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, smem, m->stream, *lw,
+            launch(prefill_gate_up_silu_kernel<B>, PREFILL_GRID(MODEL_HIDDEN_DIM), 1, MV_THREADS, 0, m->stream, *lw, /* static shared memory */
                    m->prefill_x_terms, m->prefill_hb_terms);
+#endif
         mark(PF_GATE_UP);
         launch(prefill_down_gemm_kernel<B>, gemm_tiles(MODEL_DIM / 2), down_splits, GEMM_THREADS, GEMM_SMEM_BYTES(B), m->stream,
                *lw, m->prefill_hb_terms, m->prefill_part_x);

@@ -11,8 +11,9 @@
  * - prefill_pairs_body: mma row tiles straight from global memory, where a GEMM's tiles would
  *   leave SMs idle.
  * The weight format W (cuda_weights.cuh) is a template parameter of every core: its tensor-core
- * type (W::BF16) is the terms' and the mma's. They take dense 16-bit formats (W::DENSE16); a
- * quantized format reaches them as tiles dequantized into shared memory.
+ * type (W::BF16) is the terms' and the mma's. prefill_gemm_body takes every format: a block format's
+ * weight tiles are dequantized to fp16 into its shared memory (gemm_q_tiles); prefill_pairs_body and
+ * prefill_gemm_tma_body take dense 16-bit formats (W::DENSE16).
  *
  * The stages that use them (QKV, o_proj, gate/up, down) are in cuda_prefill.cuh. */
 #ifndef INGOT_CUDA_GEMM_CUH
@@ -383,6 +384,10 @@ template <int N>
 __device__ __forceinline__ void wgmma_commit_wait(void) {
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+/* the same in two steps, so that a block format's next tile is written between them (prefill_gemm_body) */
+__device__ __forceinline__ void wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 /* wait until no wgmma of the warp runs, then pass the sums c through an empty asm that claims to
  * change them, so that no instruction reading c is scheduled above the wait: a read of an
  * accumulator while its wgmma runs makes ptxas serialize every wgmma of the kernel (C7514). The
@@ -406,7 +411,11 @@ __device__ __forceinline__ void fence_proxy_async_shared(void) { asm volatile("f
  * weights read at 2.1-2.4 TB/s, half the probe. In specialized builds on wgmma (sm_90a); its
  * stages and wait follow gate/up's (GATE_UP_GEMM_STAGES, GATE_UP_GEMM_WAIT1). Against cp.async at
  * 4 stages with WAIT1: 1B prompt +1.5%, 7B +2.9% at depth 0 (docs/performance.md, D91). */
-#define GEMM_TMA (MODEL_GEMM_WGMMA && !MODEL_GENERIC)
+#if MODEL_GEMM_WGMMA && !MODEL_GENERIC
+#define GEMM_TMA (!MODEL_QUANTIZED) /* its boxes are rows of 16-bit weights: a quantized model's gate/up is prefill_gemm_body's */
+#else
+#define GEMM_TMA 0
+#endif
 /* GATE_UP_TMA_WIDE: gate/up's TMA body at two warpgroups a block (prefill_gemm_tma_body's WGS),
  * each its own 64 rows against the stage's one input tile, at 3 stages without WAIT1 (at 256
  * columns: 4 with, below), so that two blocks fit an SM: 16 warps an SM, not 8. 1: where its blocks (64 pairs) are
@@ -470,15 +479,98 @@ __device__ __forceinline__ void prefill_gemm_store(const float (&c)[NT][4], int 
     prefill_store_tile<B>(s, lane, (int)blockIdx.x * P + 8 * wid + g, n_pairs, store);
 }
 
+/* one 16-byte store of four words to shared memory at addr */
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&w)[4]) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+}
+
+/* Bytes of a block format's loaded chunks a GEMM thread holds in flight in registers (gemm_q_tiles'
+ * ring): they are the block's only weight bytes in flight, where a dense format's cp.async stages
+ * hold theirs. K tiles of them: as many as fit, 1 to 4 (Q4_0 and Q4_1 4; Q8_0 and the K formats 2). */
+#define GEMM_Q_RING_BYTES 96
+template <typename W>
+__host__ __device__ constexpr int gemm_q_ahead(void) {
+    constexpr int tile = (int)sizeof(typename W::chunk) * (32 / W::VALS), n = GEMM_Q_RING_BYTES / tile;
+    return n < 1 ? 1 : n > 4 ? 4 : n;
+}
+
+/* A block format's weight tiles for prefill_gemm_body (W: cuda_weights.cuh), dequantized into its
+ * stages by the block's threads instead of copied: thread tid takes tile row r = tid / 2 (the
+ * dense tiles' row r: pair 8 (r / 16) + r % 8's a, or b where r % 16 >= 8) and the 32 values
+ * 32 (tid % 2) .. of each K tile, CPT chunks of the format. It loads them (W::load, streamed) L
+ * tiles before the stage it writes, into a ring of registers (raw), and writes them as fp16
+ * (W::to_f32, then each weight rounded once to fp16: the values a kernel of its own wrote into a
+ * 16-bit copy of the layer before, D138) into four 16-byte chunks of the row, swizzled as gemm_swz
+ * lays the dense tiles out, so the GEMM's loop and sums are the dense path's. Values past K are
+ * zeros. */
+template <typename W, int L>
+struct gemm_q_tiles {
+    static constexpr int CPT = 32 / W::VALS; /* chunks of a thread's 32 values */
+    static_assert(W::VALS == 8 || W::VALS == 16 || W::VALS == 32, "gemm_q_tiles: chunks of 8, 16 or 32 values");
+    using chunk = typename W::chunk;
+    typename W::row_t row;
+    int k0;     /* the thread's first value of K tile 0 */
+    int K;
+    uint32_t r; /* its tile row */
+    uint32_t h; /* its half of the row's K tile */
+    chunk raw[L][CPT];
+
+    template <typename Pair>
+    __device__ __forceinline__ void init(Pair pair, int n_pairs, int kt0, int k_len) {
+        const int tid = threadIdx.x;
+        r = (uint32_t)tid / 2;
+        h = (uint32_t)tid % 2;
+        typename W::row_t ra, rb;
+        pair(min((int)blockIdx.x * GEMM_PAIRS + 8 * ((int)r / 16) + (int)r % 8, n_pairs - 1), &ra, &rb);
+        row = r % 16 < 8 ? ra : rb;
+        K = k_len;
+        k0 = kt0 * GEMM_KT + 32 * (int)h;
+    }
+    /* whether chunk j of the thread's values in K tile kt lies in K (a block format's rows are whole
+     * blocks, so its chunks are in or out together with the block; a dense matrix's are 8 values) */
+    __device__ __forceinline__ bool valid(int kt, int j) const { return k0 + kt * GEMM_KT + j * W::VALS < K; }
+    /* K tile kt's chunks into u (chunk 0's instead of one past K: read, never used) */
+    __device__ __forceinline__ void fetch(chunk (&u)[CPT], int kt) const {
+        const int c = (k0 + kt * GEMM_KT) / W::VALS;
+#pragma unroll
+        for (int j = 0; j < CPT; j++) u[j] = W::load(row, valid(kt, j) ? c + j : 0);
+    }
+    /* u, K tile kt's, as fp16 into the stage's weight tile at `tile` (zeros past K) */
+    __device__ __forceinline__ void put(const chunk (&u)[CPT], uint32_t tile, int kt) const {
+        float f[32];
+#pragma unroll
+        for (int j = 0; j < CPT; j++) W::to_f32(u[j], f + j * W::VALS);
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const bool in_k = valid(kt, 8 * v / W::VALS);
+            uint32_t w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const __half2 p = __floats2half2_rn(f[8 * v + 2 * k], f[8 * v + 2 * k + 1]);
+                w[k] = in_k ? *reinterpret_cast<const uint32_t *>(&p) : 0u;
+            }
+            st_shared_v4(tile + gemm_swz((int)r, 4 * (int)h + v), w);
+        }
+    }
+};
+
+struct gemm_no_q_tiles {}; /* a dense format's: its tiles are copied */
+
 /* pair(p, &ra, &rb) and store(p, t, a, b) as prefill_pairs_body's, over K's GEMM_KT-value tiles
  * [kt0, kt1) (all of K: gemm_k_tiles(K)); in: the terms (PREFILL_TERMS, B, K). A block of
  * GEMM_THREADS a GEMM_PAIRS pairs, dynamic shared memory GEMM_SMEM_BYTES_AT(B, S): S stages, W1
- * a stage's wgmma left running (GATE_UP_GEMM_WAIT1). */
+ * a stage's wgmma left running (GATE_UP_GEMM_WAIT1). A dense 16-bit format's weight tiles are
+ * copied into the stages with the inputs' (cp.async); a block format's are dequantized into them
+ * by the threads (gemm_q_tiles), each stage's after the wgmma of the stage before is issued. A
+ * quantized layer was dequantized whole into fp16 by a kernel of its own before each batch's GEMMs,
+ * a write and a read of the layer in 16 bits a batch (docs/performance.md, D116, D138). */
 template <typename W, int B, int S, bool W1, typename Pair, typename Store>
 __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, int kt1, const uint16_t *__restrict__ in, Pair pair,
                                                   Store store) {
     constexpr int T = PREFILL_TERMS, J = B / 8, NT = T * J; /* 8-token tiles; n8 tiles of the GEMM's columns */
-    static_assert(W::DENSE16, "prefill_gemm_body: dense 16-bit weights (a quantized format dequantizes its tiles first)");
+    constexpr bool DENSE = W::DENSE16;
+    constexpr int L = DENSE ? 1 : gemm_q_ahead<W>(); /* the loop unrolled over the ring of a block format's tiles */
+    static_assert(DENSE || !W::BF16, "prefill_gemm_body: a block format's tiles are fp16");
     static_assert(S >= 2, "prefill_gemm_body: at least 2 stages");
     static_assert(!W1 || (MODEL_GEMM_WGMMA && S >= 3), "W1: wgmma and at least 3 stages");
     constexpr int PREFETCH = W1 ? S - 2 : S - 1; /* K tiles a block copies ahead of the one it multiplies */
@@ -496,16 +588,20 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
      * cost ~10 instructions a copy, and its issue half of the GEMM's warps' time: ncu). */
     constexpr int ROWS = GEMM_THREADS / 8, B_COPIES = (T * B + ROWS - 1) / ROWS; /* the last may be part of ROWS rows */
     static_assert(4 * ROWS == 2 * GEMM_PAIRS, "prefill_gemm_body: the weights' tile is 4 copies of ROWS rows");
+    static_assert(DENSE || GEMM_THREADS == 4 * GEMM_PAIRS, "gemm_q_tiles: two threads a row of the weights' tile");
     const int c8 = 8 * (tid % 8);
     const uint32_t row_off = gemm_swz(tid / 8, tid % 8); /* + ROWS 128 j for row tid / 8 + ROWS j */
     const uint16_t *arow[4];
+    std::conditional_t<DENSE, gemm_no_q_tiles, gemm_q_tiles<W, L>> qa;
+    if constexpr (DENSE) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = tid / 8 + ROWS * i;
-        typename W::row_t ra, rb;
-        pair(min((int)blockIdx.x * GEMM_PAIRS + 8 * (r / 16) + r % 8, n_pairs - 1), &ra, &rb);
-        arow[i] = reinterpret_cast<const uint16_t *>(r % 16 < 8 ? ra : rb) + c8;
-    }
+        for (int i = 0; i < 4; i++) {
+            const int r = tid / 8 + ROWS * i;
+            typename W::row_t ra, rb;
+            pair(min((int)blockIdx.x * GEMM_PAIRS + 8 * (r / 16) + r % 8, n_pairs - 1), &ra, &rb);
+            arow[i] = reinterpret_cast<const uint16_t *>(r % 16 < 8 ? ra : rb) + c8;
+        }
+    } else qa.init(pair, n_pairs, kt0, K);
     const uint16_t *brow = in + (size_t)(tid / 8) * K + c8;
     auto load_a = [&](int st, int kt) { /* the block's K tile kt into stage st */
         const uint32_t dst = smem + st * GEMM_STAGE_BYTES(B) + row_off;
@@ -524,16 +620,37 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
             if (ROWS * (j + 1) <= T * B || tid / 8 + ROWS * j < T * B) /* the first known at compile time */
                 cp_async16_s(dst + ROWS * 128 * j, src + (size_t)ROWS * K * j, valid);
     };
+    /* a block format's K tile next into its stage from ring slot u, and tile next + L loaded there */
+    auto refill = [&](int u, int next) {
+        if constexpr (!DENSE) {
+            if (next < n_kt) qa.put(qa.raw[u], smem + (next % S) * GEMM_STAGE_BYTES(B), next);
+            if (next + L < n_kt) qa.fetch(qa.raw[u], next + L);
+        }
+    };
 
     float c[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
     /* the weights of the first stages before the wait (they do not depend on the kernel before),
-     * the inputs after it; a group a stage's part, so that stage 0 waits for its own two */
+     * the inputs after it; a group a stage's part, so that stage 0 waits for its own two. A block
+     * format's first stages are written, and its ring loaded, there too. */
+    if constexpr (DENSE) {
 #pragma unroll
-    for (int s = 0; s < PREFETCH; s++) {
-        if (s < n_kt) load_a(s, s);
-        cp_async_commit();
+        for (int s = 0; s < PREFETCH; s++) {
+            if (s < n_kt) load_a(s, s);
+            cp_async_commit();
+        }
+    } else {
+        typename W::chunk first[PREFETCH][gemm_q_tiles<W, L>::CPT];
+#pragma unroll
+        for (int s = 0; s < PREFETCH; s++)
+            if (s < n_kt) qa.fetch(first[s], s);
+#pragma unroll
+        for (int u = 0; u < L; u++)
+            if (PREFETCH + u < n_kt) qa.fetch(qa.raw[u], PREFETCH + u);
+#pragma unroll
+        for (int s = 0; s < PREFETCH; s++)
+            if (s < n_kt) qa.put(first[s], smem + s * GEMM_STAGE_BYTES(B), s);
     }
     pdl_wait();
     pdl_launch_dependents();
@@ -542,46 +659,59 @@ __device__ __forceinline__ void prefill_gemm_body(int n_pairs, int K, int kt0, i
         if (s < n_kt) load_b(s, s);
         cp_async_commit();
     }
-    for (int i = 0; i < n_kt; i++) {
-        cp_async_wait_group<PREFETCH - 1>();
-#if MODEL_GEMM_WGMMA
-        fence_proxy_async_shared();
-#endif
-        /* stage i is in, and every warp is done with the stage the next copies overwrite (under
-         * W1 each warp's wait after the last stage's wgmma saw the one before end) */
-        __syncthreads();
-        if (i + PREFETCH < n_kt) {
-            load_a((i + PREFETCH) % S, i + PREFETCH);
-            load_b((i + PREFETCH) % S, i + PREFETCH);
-        }
-        cp_async_commit();
-        const uint32_t a_base = smem + (i % S) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
-#if MODEL_GEMM_WGMMA
-        wgmma_fence();
+    for (int i0 = 0; i0 < n_kt; i0 += L) {
 #pragma unroll
-        for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<W::BF16, NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
-        /* done with this stage (WAIT1: with the last one) before the next iteration's copies overwrite it */
-        wgmma_commit_wait<W1 ? 1 : 0>();
+        for (int u = 0; u < L; u++) { /* ring slot u holds tile i + PREFETCH */
+            const int i = i0 + u;
+            if (i >= n_kt) break;
+            cp_async_wait_group<PREFETCH - 1>();
+#if MODEL_GEMM_WGMMA
+            fence_proxy_async_shared(); /* this thread's cp.async and stores, seen by wgmma */
+#endif
+            /* stage i is in, and every warp is done with the stage the next copies overwrite (under
+             * W1 each warp's wait after the last stage's wgmma saw the one before end) */
+            __syncthreads();
+            const int next = i + PREFETCH;
+            if (next < n_kt) {
+                if constexpr (DENSE) load_a(next % S, next);
+                load_b(next % S, next);
+            }
+            cp_async_commit();
+            const uint32_t a_base = smem + (i % S) * GEMM_STAGE_BYTES(B), b_base = a_base + GEMM_A_BYTES;
+#if MODEL_GEMM_WGMMA
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < GEMM_KT / 16; kk++) wgmma_k16<W::BF16, NT>(c, gemm_desc(a_base + 32 * kk), gemm_desc(b_base + 32 * kk));
+            /* done with this stage (WAIT1: with the last one) before the next iteration's copies
+             * overwrite it; a block format's next tile is written while it runs */
+            if constexpr (DENSE) wgmma_commit_wait<W1 ? 1 : 0>();
+            else {
+                wgmma_commit();
+                refill(u, next);
+                wgmma_wait<W1 ? 1 : 0>();
+            }
 #else
-        const int lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+            const int lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
 #pragma unroll
-        for (int kk = 0; kk < GEMM_KT / 16; kk++) {
-            uint32_t a0, a1, a2, a3; /* rows g, g + 8 at k 2q.. and 2q + 8.. (mma_16x8x16's order) */
-            ldsm_x4(a_base + gemm_swz(16 * wid + (lane / 8 % 2) * 8 + lane % 8, 2 * kk + lane / 16), a0, a1, a2, a3);
+            for (int kk = 0; kk < GEMM_KT / 16; kk++) {
+                uint32_t a0, a1, a2, a3; /* rows g, g + 8 at k 2q.. and 2q + 8.. (mma_16x8x16's order) */
+                ldsm_x4(a_base + gemm_swz(16 * wid + (lane / 8 % 2) * 8 + lane % 8, 2 * kk + lane / 16), a0, a1, a2, a3);
 #pragma unroll
-            for (int n = 0; n + 1 < NT; n += 2) { /* columns 8n.. and 8n + 8.. at k 2q.. and 2q + 8.. */
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b_base + gemm_swz(8 * n + (lane / 16) * 8 + lane % 8, 2 * kk + lane / 8 % 2), b0, b1, b2, b3);
-                mma_16x8x16<W>(c[n], a0, a1, a2, a3, b0, b1);
-                mma_16x8x16<W>(c[n + 1], a0, a1, a2, a3, b2, b3);
+                for (int n = 0; n + 1 < NT; n += 2) { /* columns 8n.. and 8n + 8.. at k 2q.. and 2q + 8.. */
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4(b_base + gemm_swz(8 * n + (lane / 16) * 8 + lane % 8, 2 * kk + lane / 8 % 2), b0, b1, b2, b3);
+                    mma_16x8x16<W>(c[n], a0, a1, a2, a3, b0, b1);
+                    mma_16x8x16<W>(c[n + 1], a0, a1, a2, a3, b2, b3);
+                }
+                if constexpr (NT % 2) {
+                    uint32_t b0, b1;
+                    ldsm_x2(b_base + gemm_swz(8 * (NT - 1) + lane % 8, 2 * kk + lane / 8 % 2), b0, b1);
+                    mma_16x8x16<W>(c[NT - 1], a0, a1, a2, a3, b0, b1);
+                }
             }
-            if constexpr (NT % 2) {
-                uint32_t b0, b1;
-                ldsm_x2(b_base + gemm_swz(8 * (NT - 1) + lane % 8, 2 * kk + lane / 8 % 2), b0, b1);
-                mma_16x8x16<W>(c[NT - 1], a0, a1, a2, a3, b0, b1);
-            }
-        }
+            refill(u, next);
 #endif
+        }
     }
     cp_async_wait_group<0>();
 #if MODEL_GEMM_WGMMA

@@ -97,13 +97,6 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
                  o = ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_WO, MODEL_Q_DIM), gate_up = ROWS_BYTES(2 * MODEL_HIDDEN_DIM, MODEL_FORMAT_W_GATE, MODEL_DIM),
                  down = ROWS_BYTES(MODEL_DIM, MODEL_FORMAT_W_DOWN, MODEL_HIDDEN_DIM);
     const double kv_pos = 2.0 * MODEL_KV_DIM * 2.0; /* a position's keys and values, one layer */
-    /* the prompt's GEMMs read 16-bit matrices (a quantized model's dequantized a layer a batch: w_prompt) */
-    const double prompt_qkv = CUDA_QUANTIZED ? 2.0 * (MODEL_Q_DIM + 2 * MODEL_KV_DIM) * MODEL_DIM : qkv,
-                 prompt_o = CUDA_QUANTIZED ? 2.0 * MODEL_DIM * MODEL_Q_DIM : o,
-                 prompt_gate_up = CUDA_QUANTIZED ? 2.0 * 2 * MODEL_HIDDEN_DIM * MODEL_DIM : gate_up,
-                 prompt_down = CUDA_QUANTIZED ? 2.0 * MODEL_DIM * MODEL_HIDDEN_DIM : down,
-                 prompt_layer_weights = ((double)MODEL_Q_DIM + 2 * MODEL_KV_DIM) * MODEL_DIM + (double)MODEL_DIM * MODEL_Q_DIM +
-                                        3.0 * MODEL_HIDDEN_DIM * MODEL_DIM;
     const double bytes[ST_COUNT] = {ROWS_BYTES(1, MODEL_FORMAT_EMBED, MODEL_DIM), qkv, kv_pos * (pos + 1), o, gate_up, down,
                                     ROWS_BYTES(MODEL_VOCAB_SIZE, MODEL_FORMAT_LM_HEAD, MODEL_DIM), gate_up + down};
 #undef ROWS_BYTES
@@ -136,9 +129,7 @@ extern "C" err_code model_cuda_kernel_bench(model_cuda *m, int pos, int reps, FI
             CUDA_CHECK(cudaMemcpy(m->io + IO_POS, &pos, sizeof pos, cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(m->io + IO_COUNT, &b, sizeof b, cudaMemcpyHostToDevice));
         };
-        const double pf_bytes[PF_COUNT] = {b * MODEL_DIM * 2.0, CUDA_QUANTIZED ? qkv + o + gate_up + down + 2.0 * prompt_layer_weights : 0.0,
-                                           0.0, prompt_qkv, kv_pos * (b * (pos + 1.0) + b * (b - 1) / 2.0), prompt_o, prompt_gate_up,
-                                           prompt_down, 0.0};
+        const double pf_bytes[PF_COUNT] = {b * MODEL_DIM * 2.0, 0.0, qkv, kv_pos * (b * (pos + 1.0) + b * (b - 1) / 2.0), o, gate_up, down, 0.0};
         fprintf(out, "a prefill batch of %d tokens at depth %d (launched one by one, best of %d; K in %d, %d, %d splits for QKV, o_proj, down):\n",
                 b, pos, reps, m->qkv_splits[s], m->o_splits[s], m->down_splits[s]);
         stage_table(m, reps, PREFILL_LAUNCHES, PF_COUNT, prefill_stage_names, pf_bytes, "batch", out,

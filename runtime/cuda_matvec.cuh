@@ -614,42 +614,6 @@ __device__ __forceinline__ void embed_body(typename W::mat embed, const int *io,
     embed_row<W>(embed, token, x, dim, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
-/* out (rows, K) = w in fp16: a quantized matrix as the prompt's GEMMs read it (forward_cuda.cu's
- * prompt_dequant_kernel, blocks of DEQUANT_THREADS). A warp takes 32 consecutive chunks, a chunk a
- * lane, and stores them through shared memory, so that each store instruction writes 512 contiguous
- * bytes: a lane's own 16-byte stores land 2 * VALS bytes apart, 4 lines an instruction. */
-#define DEQUANT_THREADS 256
-template <typename W>
-__device__ __forceinline__ void dequant_rows(typename W::mat w, int rows, int K, uint16_t *out) {
-    constexpr int WORDS = W::VALS / 8; /* uint4s of fp16 a chunk */
-    __shared__ uint4 staged[DEQUANT_THREADS / WARP_SIZE][WARP_SIZE * WORDS];
-    uint4 *mine = staged[threadIdx.x / WARP_SIZE];
-    const int lane = threadIdx.x % WARP_SIZE, chunks = K / W::VALS;
-    const size_t total = (size_t)rows * chunks, step = (size_t)gridDim.x * blockDim.x;
-    for (size_t base = blockIdx.x * (size_t)blockDim.x + threadIdx.x - lane; base < total; base += step) {
-        const size_t i = base + lane;
-        if (i < total) {
-            float f[W::VALS];
-            W::to_f32(W::load(W::row(w, (int)(i / chunks), K), (int)(i % chunks)), f);
-#pragma unroll
-            for (int v = 0; v < WORDS; v++) {
-                uint32_t h[4];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const __half2 p = __floats2half2_rn(f[8 * v + 2 * k], f[8 * v + 2 * k + 1]);
-                    h[k] = *reinterpret_cast<const uint32_t *>(&p);
-                }
-                mine[lane * WORDS + v] = make_uint4(h[0], h[1], h[2], h[3]);
-            }
-        }
-        __syncwarp();
-        uint4 *o = reinterpret_cast<uint4 *>(out + base * W::VALS); /* chunk base's row r, column c: r K + c VALS */
-        const int n = (int)(total - base < WARP_SIZE ? total - base : WARP_SIZE) * WORDS;
-        for (int k = lane; k < n; k += WARP_SIZE) o[k] = mine[k];
-        __syncwarp();
-    }
-}
-
 /* The step's end, after every stage that reads the position: with emit, the chosen token into the
  * host's chosen[pos] (mapped host memory) and into history[pos + 1], the next step's input; then
  * the position advanced. A step queued after this one runs on the choice without the host. */

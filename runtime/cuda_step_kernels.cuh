@@ -9,8 +9,8 @@
 // (cuda_weights.cuh's format_w). q, k and v share one kernel, as do gate and up: one format there,
 // or several K formats (w_kany), which a field's layers may mix too (group_w); model_cuda_init
 // refuses other mixes and formats with no kernels here (formats_refused). The generic
-// build reads dense matrices only (it refuses quantized ones). The prompt path's GEMMs take dense
-// 16-bit matrices (w_prompt below).
+// build reads dense matrices only (it refuses quantized ones). The prompt path's GEMMs take every
+// format (prompt_w below).
 #if MODEL_GENERIC
 #define CUDA_QUANTIZED 0
 using w_embed = model_w;
@@ -32,23 +32,27 @@ using w_gate_up = group_w<MODEL_FORMAT_W_GATE, MODEL_FORMAT_W_UP>;
 using w_down = group_w<MODEL_FORMAT_W_DOWN>;
 using w_lm = format_w<MODEL_FORMAT_LM_HEAD>;
 #endif
-/* The prompt's GEMMs read dense 16-bit matrices. A quantized model's layer is dequantized into fp16
- * (prompt_dequant_kernel, m->prompt_w) before its GEMMs in each prompt batch: one more write and
- * read of the layer in 16 bits a batch, against reading it a token at a time. fp16 rather than the
- * model's bf16, so that a weight d * q keeps 11 significant bits: bf16's 8 would put a relative error
- * of 2^-9 on each weight, near the GPU/CPU tolerance (tests/test_gpu.py); the GEMMs' input terms are
- * fp16 then too. */
+/* The prompt's GEMMs' tensor-core type (their inputs' terms, w_prompt) and each matrix's format
+ * there (prompt_w): a dense model's own; in a quantized model fp16, the block formats' tiles
+ * dequantized to it inside the GEMMs (prefill_gemm_body's gemm_q_tiles) and a dense matrix's
+ * converted to it (w_as_f16). fp16 rather than bf16, so that a weight d * q keeps 11 significant
+ * bits: bf16's 8 would put a relative error of 2^-9 on each weight, near the GPU/CPU tolerance
+ * (tests/test_gpu.py). */
 #if CUDA_QUANTIZED
 using w_prompt = w_f16;
+template <typename W>
+using prompt_w = std::conditional_t<W::DENSE16, w_as_f16<W>, W>;
 #else
 using w_prompt = model_w;
+template <typename W>
+using prompt_w = W;
 #endif
 #if CUDA_QUANTIZED && MODEL_MLP_FUSED
 #error "MODEL_MLP_FUSED: dense matrices only (codegen/plan.py turns it off for quantized models)"
 #endif
 
-/* The decode step's weights on the device, each matrix in its format (the generated model_weights
- * holds the same pointers untyped; the prompt path's kernels, dense only, take that). */
+/* The decode step's and the prompt's weights on the device, each matrix in its format (the
+ * generated model_weights holds the same pointers untyped). */
 struct cuda_layer {
     const uint16_t *attn_norm, *bq, *bk, *bv, *bo, *ffn_norm; /* vectors: the model's dtype */
     w_qkv::mat wq, wk, wv;
@@ -321,37 +325,13 @@ static __global__ void __launch_bounds__(256) prefill_embed_kernel(w_embed::mat 
     prefill_embed_body<w_embed>(embed, io, x, history, MODEL_DIM);
 }
 
-#if CUDA_QUANTIZED
-/* A layer's matrices in fp16 for the prompt's GEMMs (w_prompt), at out in prompt_layer's order */
-#define PROMPT_Q 0
-#define PROMPT_K (PROMPT_Q + (size_t)MODEL_Q_DIM * MODEL_DIM)
-#define PROMPT_V (PROMPT_K + (size_t)MODEL_KV_DIM * MODEL_DIM)
-#define PROMPT_O (PROMPT_V + (size_t)MODEL_KV_DIM * MODEL_DIM)
-#define PROMPT_GATE (PROMPT_O + (size_t)MODEL_DIM * MODEL_Q_DIM)
-#define PROMPT_UP (PROMPT_GATE + (size_t)MODEL_HIDDEN_DIM * MODEL_DIM)
-#define PROMPT_DOWN (PROMPT_UP + (size_t)MODEL_HIDDEN_DIM * MODEL_DIM)
-#define PROMPT_LAYER (PROMPT_DOWN + (size_t)MODEL_DIM * MODEL_HIDDEN_DIM)
-/* waits before its first write: the previous layer's GEMMs read out */
-static __global__ void __launch_bounds__(DEQUANT_THREADS) prompt_dequant_kernel(cuda_layer w, uint16_t *out) {
-    pdl_wait();
-    pdl_launch_dependents();
-    dequant_rows<w_qkv>(w.wq, MODEL_Q_DIM, MODEL_DIM, out + PROMPT_Q);
-    dequant_rows<w_qkv>(w.wk, MODEL_KV_DIM, MODEL_DIM, out + PROMPT_K);
-    dequant_rows<w_qkv>(w.wv, MODEL_KV_DIM, MODEL_DIM, out + PROMPT_V);
-    dequant_rows<w_o>(w.wo, MODEL_DIM, MODEL_Q_DIM, out + PROMPT_O);
-    dequant_rows<w_gate_up>(w.w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, out + PROMPT_GATE);
-    dequant_rows<w_gate_up>(w.w_up, MODEL_HIDDEN_DIM, MODEL_DIM, out + PROMPT_UP);
-    dequant_rows<w_down>(w.w_down, MODEL_DIM, MODEL_HIDDEN_DIM, out + PROMPT_DOWN);
-}
-#endif
-
 static __global__ void __launch_bounds__(RMS_THREADS) prefill_rms_terms_kernel(float *x, const float *part, int parts,
                                                                               const uint16_t *norm_w, uint16_t *terms) {
     prefill_rms_terms_body<w_prompt, RMS_THREADS, RMS_VALS>(x, part, parts, norm_w, terms, MODEL_DIM, MODEL_NORM_EPS);
 }
 
 template <int B, typename KV>
-static __global__ void __launch_bounds__(256) prefill_qkv_finish_kernel(model_layer_weights w, const float2 *part, int splits,
+static __global__ void __launch_bounds__(256) prefill_qkv_finish_kernel(cuda_layer w, const float2 *part, int splits,
                                                                         float *q, kv_view<KV> cache, const int *io, int ctx) {
     prefill_qkv_finish_body<B>(part, splits, MODEL_QKV_BIAS ? w.bq : NULL, MODEL_QKV_BIAS ? w.bk : NULL,
                                MODEL_QKV_BIAS ? w.bv : NULL, q, cache, io, rope_inv_freq, MODEL_Q_DIM, MODEL_KV_DIM,
@@ -414,17 +394,20 @@ static __global__ void __launch_bounds__(MODEL_ATT_THREADS) prefill_attention_ke
                                        NULL, wait_pdl{}, MODEL_Q_DIM, parts);
 }
 
+#if !CUDA_QUANTIZED /* prefill_pairs_body reads dense rows: a quantized model's gate/up is a GEMM always */
 template <int B>
-static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(MV_THREADS, 1) prefill_gate_up_silu_kernel(cuda_layer w,
                                                                                               const uint16_t *x_terms,
                                                                                               uint16_t *hb_terms) {
-    prefill_gate_up_silu_body<w_prompt, B, false>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_silu_body<prompt_w<w_gate_up>, B, false>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
+#endif
 
 /* The same as a GEMM (prefill_gemm_body). Where it runs: PREFILL_GATE_UP_GEMM 1 where its pair
  * tiles number at least 3/4 of the SMs (the 1B and 7-8B shapes on an H200: prompt +10% and +17%;
  * with fewer tiles SMs would idle: the SmolLM2 shape's 48 keep prefill_pairs_body, unmeasured as a
- * GEMM), 2 always (a test knob: the tiny models' tiles are fewer). */
+ * GEMM), 2 always (a test knob: the tiny models' tiles are fewer). A quantized model's runs as a GEMM
+ * whatever its tiles (forward_cuda.cu): prefill_pairs_body reads dense rows. */
 #define PREFILL_GATE_UP_GEMM MODEL_PREFILL_GATE_UP_GEMM /* the plan's */
 static_assert(PREFILL_GATE_UP_GEMM == 1 || PREFILL_GATE_UP_GEMM == 2, "PREFILL_GATE_UP_GEMM: 1 (the rule) or 2 (always)");
 /* Blocks an SM the GEMMs' launch bounds ask for, by the GEMM's columns (PREFILL_TERMS B): four (of
@@ -433,10 +416,10 @@ static_assert(PREFILL_GATE_UP_GEMM == 1 || PREFILL_GATE_UP_GEMM == 2, "PREFILL_G
  * two terms, batches of 32, 64 and 128. */
 #define GEMM_BLOCKS_SM_AT(B) (PREFILL_TERMS * (B) > 128 ? 1 : PREFILL_TERMS * (B) > 64 ? 3 : 4)
 template <int B>
-static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_gate_up_gemm_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_gate_up_gemm_kernel(cuda_layer w,
                                                                                      const uint16_t *x_terms,
                                                                                      uint16_t *hb_terms) {
-    prefill_gate_up_silu_body<w_prompt, B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_gate_up_silu_body<prompt_w<w_gate_up>, B, true>(w.w_gate, w.w_up, x_terms, hb_terms, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 #if GEMM_TMA
 /* ... its tiles copied by TMA (GEMM_TMA): the layer's gate and up and the batch's input terms as
@@ -452,15 +435,15 @@ static __global__ void __launch_bounds__(TMA_THREADS(B, WGS), WGS == 1 ? GEMM_BL
 
 /* QKV and down as GEMMs with K split over blocks */
 template <int B>
-static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_qkv_gemm_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_qkv_gemm_kernel(cuda_layer w,
                                                                                  const uint16_t *x_terms, float2 *part) {
-    prefill_qkv_gemm_body<w_prompt, B>(w.wq, w.wk, w.wv, x_terms, part, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM);
+    prefill_qkv_gemm_body<prompt_w<w_qkv>, B>(w.wq, w.wk, w.wv, x_terms, part, MODEL_DIM, MODEL_Q_DIM, MODEL_KV_DIM, MODEL_HEAD_DIM);
 }
 
 template <int B>
-static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_down_gemm_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_down_gemm_kernel(cuda_layer w,
                                                                                   const uint16_t *hb_terms, float *part) {
-    prefill_residual_body<w_prompt, B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
+    prefill_residual_body<prompt_w<w_down>, B>(w.w_down, NULL, hb_terms, part, MODEL_DIM, MODEL_HIDDEN_DIM);
 }
 
 /* o_proj as a GEMM: the attention's output split into terms, then
@@ -470,9 +453,9 @@ static __global__ void __launch_bounds__(256) prefill_att_terms_kernel(const flo
 }
 
 template <int B>
-static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_o_gemm_kernel(model_layer_weights w,
+static __global__ void __launch_bounds__(GEMM_THREADS, GEMM_BLOCKS_SM_AT(B)) prefill_o_gemm_kernel(cuda_layer w,
                                                                                const uint16_t *att_terms, float *part) {
-    prefill_residual_body<w_prompt, B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
+    prefill_residual_body<prompt_w<w_o>, B>(w.wo, MODEL_O_BIAS ? w.bo : NULL, att_terms, part, MODEL_DIM, MODEL_Q_DIM);
 }
 
 /* A batch that ends a prompt whose last token's logits or choice are wanted: that token's residual

@@ -616,6 +616,15 @@ template <> struct format_type<QUANT_Q4_K> { using type = w_q4_k; };
 template <> struct format_type<QUANT_Q5_K> { using type = w_q5_k; };
 template <> struct format_type<QUANT_Q6_K> { using type = w_q6_k; };
 template <int F> using format_w = typename format_type<F>::type;
+
+/* A dense matrix of a quantized model as the prompt's GEMMs read it: its tiles converted to fp16 as
+ * a block format's are (prefill_gemm_body's gemm_q_tiles), since the GEMMs' inputs are fp16 there */
+template <typename W>
+struct w_as_f16 : W {
+    static_assert(W::DENSE16, "w_as_f16: a dense 16-bit format");
+    static constexpr bool DENSE16 = false;
+    static constexpr bool BF16 = false;
+};
 constexpr bool format_on_gpu(int f) {
     return f == QUANT_F16 || f == QUANT_BF16 || f == QUANT_Q8_0 || f == QUANT_Q4_0 || f == QUANT_Q4_1 || f == QUANT_Q4_K ||
            f == QUANT_Q5_K || f == QUANT_Q6_K;

@@ -147,8 +147,6 @@ struct model_cuda {
     float *prefill_part_ml;   /* (PREFILL_BATCH, n_heads, n_splits, 2) */
     unsigned *prefill_counters; /* (PREFILL_BATCH, n_kv_heads) */
     int gate_up_gemm;           /* the prefill's gate/up as a GEMM (PREFILL_GATE_UP_GEMM) */
-    uint16_t *prompt_w;         /* a quantized model's: one layer's matrices in fp16 (PROMPT_LAYER), its prompt's GEMMs' */
-    int dequant_blocks;         /* prompt_dequant_kernel's grid */
     int gate_up_wide;           /* ... its TMA body at two warpgroups a block (GATE_UP_TMA_WIDE) */
 #if GEMM_TMA
     /* (2 MODEL_N_LAYERS + PREFILL_SIZES) aligned to 64 bytes: layer l's gate and up at 2 l, 2 l + 1,
@@ -311,11 +309,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
     CUDA_CHECK(cudaMalloc(&m->prefill_x_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_hb_terms, (size_t)PREFILL_TERMS * PREFILL_BATCH * MODEL_HIDDEN_DIM * sizeof(uint16_t)));
     CUDA_CHECK(cudaMalloc(&m->prefill_part_x, (size_t)PREFILL_MAX_X_PARTS * PREFILL_BATCH * MODEL_DIM * sizeof(float)));
-    m->gate_up_gemm = PREFILL_GATE_UP_GEMM == 2 || 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms;
-#if CUDA_QUANTIZED
-    CUDA_CHECK(cudaMalloc(&m->prompt_w, PROMPT_LAYER * sizeof(uint16_t)));
-    m->dequant_blocks = 8 * sms; /* 8 blocks of DEQUANT_THREADS: an SM's 2048 threads */
-#endif
+    m->gate_up_gemm = CUDA_QUANTIZED || PREFILL_GATE_UP_GEMM == 2 || 4 * gemm_tiles(MODEL_HIDDEN_DIM) >= 3 * sms;
     prefill_gemm_smem<PREFILL_BATCH>();
 #if GEMM_TMA
     const int wide_blocks = TMA_BLOCKS(MODEL_HIDDEN_DIM, 2);
@@ -327,11 +321,7 @@ extern "C" err_code model_cuda_init(model_cuda **out, const void *const *data, i
             return err_set(ERR_NOMEM, "--device cuda: out of memory for the tensor maps");
         }
         for (int l = 0; l < MODEL_N_LAYERS; l++) {
-#if CUDA_QUANTIZED
-            const model_layer_weights w = prompt_layer(m, l); /* every layer's at the same place */
-#else
             const model_layer_weights &w = m->w.layers[l];
-#endif
             m->tma_maps[2 * l] = tensor_map_2d(w.w_gate, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
             m->tma_maps[2 * l + 1] = tensor_map_2d(w.w_up, MODEL_HIDDEN_DIM, MODEL_DIM, 8);
         }
@@ -598,7 +588,7 @@ extern "C" void model_cuda_free(model_cuda *m) {
     void *dev[] = {m->arena, m->x, m->q, m->att, m->att_poll, m->hb, m->hb_poll, m->logits, m->key_cache, m->value_cache, m->key_scales, m->value_scales, m->kv_stage, m->part_acc,
                    m->part_ml, m->counters, m->block_best, m->io, m->history, m->first_seen, m->params, m->rng,
                    m->prefill_x_terms, m->prefill_hb_terms, m->prefill_part_x, m->prefill_part_qkv, m->prefill_att_terms, m->prefill_part_acc, m->prefill_part_ml, m->prefill_counters,
-                   m->down_t, m->x_mlp[0], m->x_mlp[1], m->prompt_w};
+                   m->down_t, m->x_mlp[0], m->x_mlp[1]};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     cudaFreeHost(m->chosen);
     cudaFreeHost(m->logits_host);

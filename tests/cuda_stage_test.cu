@@ -299,11 +299,9 @@ static std::vector<uint16_t> cache_words(rng &r, int filled, float beyond) {
 
 static std::vector<long long> cache_shape(void) { return {NKV, ctx, HD}; }
 
-/* A fresh layer's weights with nothing bound (each stage binds what its kernel reads): the decode
- * kernels' cuda_layer, or the prompt path's model_layer_weights */
-template <typename T = cuda_layer>
-static T no_weights(void) {
-    T w;
+/* A fresh layer's weights with nothing bound (each stage binds what its kernel reads) */
+static cuda_layer no_weights(void) {
+    cuda_layer w;
     memset(&w, 0, sizeof w);
     return w;
 }
@@ -573,7 +571,7 @@ static void stage_prefill_qkv(stage_rec &s, rng &r) {
     const int count = B > PREFILL_SMALL ? B - 1 : B; /* a short last batch: the caches past count untouched */
     const int pos = r.between(0, ctx - B);
     s.param("batch", B);
-    model_layer_weights w = no_weights<model_layer_weights>();
+    cuda_layer w = no_weights();
     w.wq = matrix(s, r, "wq", QD, D);
     w.wk = matrix(s, r, "wk", KVD, D);
     w.wv = matrix(s, r, "wv", KVD, D);
@@ -607,7 +605,7 @@ template <int B>
 static void stage_prefill_o(stage_rec &s, rng &r) {
     constexpr int size = prefill_size_index(B);
     s.param("batch", B);
-    model_layer_weights w = no_weights<model_layer_weights>();
+    cuda_layer w = no_weights();
     w.wo = matrix(s, r, "wo", D, QD);
     if (MODEL_O_BIAS) w.bo = s.in("bo", W_DTYPE, weights(r, D, 0.5), {D});
     float *att = s.in("att", "f32", activations(r, (size_t)B * QD, 1.0), {B, QD});
@@ -628,7 +626,7 @@ template <int B, int FORM>
 static void stage_prefill_gate_up(stage_rec &s, rng &r) {
     s.param("batch", B);
     s.param("form", FORM);
-    model_layer_weights w = no_weights<model_layer_weights>();
+    cuda_layer w = no_weights();
     w.w_gate = matrix(s, r, "w_gate", HID, D);
     w.w_up = matrix(s, r, "w_up", HID, D);
     uint16_t *x_terms = s.in("x_terms", W_DTYPE, input_terms(r, B, D, 1.0), terms_shape(B, D));
@@ -660,7 +658,7 @@ template <int B>
 static void stage_prefill_down(stage_rec &s, rng &r) {
     constexpr int size = prefill_size_index(B);
     s.param("batch", B);
-    model_layer_weights w = no_weights<model_layer_weights>();
+    cuda_layer w = no_weights();
     w.w_down = matrix(s, r, "w_down", D, HID);
     uint16_t *hb_terms = s.in("hb_terms", W_DTYPE, input_terms(r, B, HID, 1.0), terms_shape(B, HID));
     const int splits = down_split_count[size];

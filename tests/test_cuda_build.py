@@ -62,6 +62,13 @@ def test_generated_cuda_compiles(tmp_path, variant, arch):
     _compile_generated(tmp_path, variant, arch)
 
 
+def test_quantized_cuda_compiles_for_sm80_and_sm89(tmp_path):
+    """The block formats' kernels where the prompt's GEMMs run on mma.sync (their tiles dequantized by
+    the threads, gemm_q_tiles) and the K formats' mixed rows (w_kany): tiny-q4_k_m for sm_80 and
+    sm_89; its sm_90a build is every quantized test's."""
+    _compile_generated(tmp_path, "tiny-q4_k_m", "80", extra_archs=("89",))
+
+
 @pytest.mark.parametrize("variant", ["tiny-group3", "tiny-wide"])
 def test_tensor_core_attention_compiles_for_sm80_and_sm89(tmp_path, variant):
     """Heads of 64 and 128 take the tensor-core decode attention and the flash prefill

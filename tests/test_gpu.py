@@ -254,22 +254,26 @@ def test_tiny_gpu_matches_cpu(tiny_gpu, tmp_path):
 # layers with a Q8_0 embedding (the default model's mix), Qwen2's biases on Q4_0, an untied Q8_0 LM
 # head, the 1B's hidden size with Q4_0 attention and a Q4_1 MLP (rows of many chunks a lane), the
 # same shape in the K formats (Q5_K attention, Q4_K o_proj and gate/up, Q6_K down and embedding), and
-# llama.cpp's Q4_K_M mix (v_proj and down_proj Q6_K in some layers, Q4_K in the others: w_kany).
-# Specialized builds only: the generic build refuses quantized weights on the GPU.
-QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0", "tiny-d2048-q4", "tiny-d2048-k", "tiny-q4_k_m")
+# llama.cpp's Q4_K_M mix (v_proj and down_proj Q6_K in some layers, Q4_K in the others: w_kany), and
+# Q4_0 with o_proj left in bf16 (a dense matrix of a quantized model: w_as_f16 in the prompt's GEMM).
+# tiny-q4_1's down_proj has K = 160, a last K tile of the GEMM half past K. Specialized builds only:
+# the generic build refuses quantized weights on the GPU.
+QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0", "tiny-d2048-q4", "tiny-d2048-k", "tiny-q4_k_m", "tiny-q4_0-o-bf16")
 
 
 @pytest.mark.parametrize("variant", QUANTIZED_VARIANTS)
 def test_tiny_gpu_quantized_matches_cpu(variant, tmp_path):
     """The quantized decode step (each matrix read in its block format) against the CPU's, which
-    tests/test_numerics.py checks against NumPy on the dequantized weights; the prompt goes a token
-    at a time (a quantized model has no prefill batches), so a long prompt checks every step. Same
+    tests/test_numerics.py checks against NumPy on the dequantized weights, a token at a time. Same
     tolerance as the dense models: the blocks' products are exact on both, and the GPU's inputs as
     16-bit integers a block of 32 (stage_xq) move a dot product by ~2e-5 of its magnitude at most
-    (tests/test_cuda_format.py bounds it)."""
+    (tests/test_cuda_format.py bounds it). Then the prompt path (PREFILL_DUMP_FROM tokens at once:
+    the GEMMs' tiles dequantized to fp16 in shared memory, gemm_q_tiles) against the CPU's steps."""
     d = tiny_model_dir(variant)
-    err = gpu_cpu_error(binary_for(d, "specialized"), d, tmp_path)
+    binary = binary_for(d, "specialized")
+    err = gpu_cpu_error(binary, d, tmp_path)
     assert err < GPU_CPU_TOLERANCE, f"{variant}: quantized GPU against CPU {err:.2e}"
+    assert_prompt_path_near_cpu(binary, d, tmp_path)
 
 
 def lot_word_model() -> "Path":
@@ -599,7 +603,9 @@ def test_tiny_gpu_down_polls_gate_up_equal_cpu(variant, flags, tmp_path):
                                            ("tiny-gqa", TMA_WIDE), ("tiny-wide", TMA_WIDE), ("tiny-group3", TMA_WIDE),
                                            ("tiny-gqa", "prefill_batch=64"), ("tiny-wide", f"prefill_batch=64 {TMA_WIDE}"),
                                            ("tiny-gqa", "prefill_batch=128"), ("tiny-wide", "prefill_batch=128"),
-                                           ("tiny-group3", f"prefill_batch=128 {TMA_WIDE}")])
+                                           ("tiny-group3", f"prefill_batch=128 {TMA_WIDE}"),
+                                           ("tiny-q4_1", MMA_SYNC), ("tiny-q4_k_m", MMA_SYNC),
+                                           ("tiny-q8_0", "prefill_batch=32")])
 def test_tiny_gpu_prefill_builds_near_cpu(variant, flags, tmp_path):
     """The prefill's builds other than the default, each in a build of its own: batches of at most
     16 or 32 (two 8-token tiles in each mma row tile, two chunks of K in flight a warp), gate/up as
@@ -611,7 +617,8 @@ def test_tiny_gpu_prefill_builds_near_cpu(variant, flags, tmp_path):
     the matrix zero-filled; tiny-wide 34) at two warpgroups a block (TMA_WIDE: tiny-gqa's three
     blocks, the last half past the matrix; tiny-wide; tiny-group3); batches of at most 64 (64, 64,
     16 of TINY_PROMPT's tokens), there with gate/up's two warpgroups a block; batches of at most 128
-    (128 and 32 of TINY_PROMPT's tokens, there with two warpgroups on tiny-group3).
+    (128 and 32 of TINY_PROMPT's tokens, there with two warpgroups on tiny-group3); the block formats'
+    GEMMs (tiles dequantized by the threads, gemm_q_tiles) on mma.sync, and Q8_0's at batches of 32.
     The prompt path's logits against the CPU's (assert_prompt_path_near_cpu): the whole prompt at
     once, its last position, and its first PREFILL_DUMP_FROM tokens, the rest a step a token on the
     keys and values it wrote. (The default build: batches of 256 with every matvec a GEMM over
@@ -884,11 +891,15 @@ def test_prefill_builds_memcheck_clean(variant, flags):
 
 
 @pytest.mark.parametrize("variant, build", [("tiny-gqa", b) for b in BUILDS] + [("tiny-group3", "specialized"),
-                                                                              ("tiny-wide", "specialized")])
+                                                                              ("tiny-wide", "specialized"),
+                                                                              ("tiny-q4_1", "specialized"),
+                                                                              ("tiny-q4_k_m", "specialized")])
 def test_memcheck_clean(tmp_path, variant, build):
     """tiny-gqa (heads of 16) runs the fp32 attention and the grouped prefill; tiny-group3 and
     tiny-wide (heads of 64 and 128) the specialized build's tensor-core decode attention and flash
-    prefill (codegen/plan.py: _att_mma, _prefill_flash); the fused MLP: test_fused_mlp_memcheck_clean."""
+    prefill (codegen/plan.py: _att_mma, _prefill_flash); tiny-q4_1 and tiny-q4_k_m the block
+    formats' decode matvecs and prompt GEMMs (a K tile half past K; w_kany's mixed rows); the fused
+    MLP: test_fused_mlp_memcheck_clean."""
     skip_without_sanitizer()
     d = tiny_model_dir(variant)
     assert_memcheck_clean(binary_for(d, build), d, "-p", TINY_PROMPT, "-n", "8", "--temp", "0.8",

@@ -184,8 +184,10 @@ def test_generic_logits_equal_specialized(model, request, tmp_path):
 # products are exact in fp32 (runtime/quant.c), the binary's sums are fp32 in another order.
 # tiny-q4_k_m is llama.cpp's Q4_K_M mix (synth --quant q4_k_m): v_proj and down_proj in Q6_K in
 # layers 0, 3, 6, 7 and Q4_K in the others, the other matrices Q4_K, lm_head Q6_K. tiny-d2048-k has
-# every K format, one a field (Q5_K attention); tiny-mixed-q4_1-q8_0 a down_proj of Q4_1 and Q8_0 layers.
-QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0", "tiny-q4_k_m", "tiny-d2048-k", "tiny-mixed-q4_1-q8_0")
+# every K format, one a field (Q5_K attention); tiny-mixed-q4_1-q8_0 a down_proj of Q4_1 and Q8_0 layers;
+# tiny-q4_0-o-bf16 Q4_0 with o_proj left in bf16.
+QUANTIZED_VARIANTS = ("tiny-q4_1", "tiny-q4_0", "tiny-q8_0", "tiny-q4_k_m", "tiny-d2048-k", "tiny-mixed-q4_1-q8_0",
+                      "tiny-q4_0-o-bf16")
 
 
 @pytest.mark.parametrize("build", BUILDS)

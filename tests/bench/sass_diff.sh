@@ -9,6 +9,8 @@
 # (addresses and encodings ignored). Needs nvcc and cuobjdump with nvdisasm: the CUDA toolkit's, or
 # `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (put their bin/ on the PATH).
 # SASS_KEEP=DIR keeps both listings (DIR/before/MODEL.sass, DIR/now/MODEL.sass) to diff by hand.
+# SASS_RENAME='OLD=NEW ...' renames REV's functions before they are paired (a kernel whose parameter
+# type was renamed: SASS_RENAME='19model_layer_weights=10cuda_layer').
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { echo "usage: bash tests/bench/sass_diff.sh REV [MODEL ...]" >&2; exit 2; }
@@ -53,7 +55,7 @@ for m in "${models[@]}"; do
         cp "$work/a/$m.sass" "$SASS_KEEP/before/" && cp "$work/b/$m.sass" "$SASS_KEEP/now/"
     fi
     python3 - "$m" "$work/a/$m.sass" "$work/b/$m.sass" <<'PY' || status=1
-import re, sys
+import os, re, sys
 
 def functions(path):
     out, name, body = {}, None, []
@@ -71,6 +73,9 @@ def functions(path):
     return out
 
 model, a, b = sys.argv[1], functions(sys.argv[2]), functions(sys.argv[3])
+for pair in os.environ.get("SASS_RENAME", "").split():
+    old, new = pair.split("=", 1)
+    a = {n.replace(old, new): body for n, body in a.items()}
 differ = sorted(f for f in set(a) & set(b) if a[f] != b[f])
 print(f"{model}: {len(a)} functions before, {len(b)} now; only before {len(set(a) - set(b))}, "
       f"only now {len(set(b) - set(a))}, differing {len(differ)}")
