@@ -537,76 +537,10 @@ INLINE wpair pair32(int type, const uint8_t *b, int p, int cnt) {
     return wpair_of(y1, y2);
 }
 
-/* The weights of a pair of blocks as the products take them (wts), their products with token t's
- * input (wts_dot: pair p's 16 int32 lanes, an ipair) and the blocks' integer sums made exact
- * (fix8, fix4: a group's 8 or a last group's first 4, in block order). */
-#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
-/* AVX512-VNNI: the weights stay bytes, 64 a vector, and vpdpbusd (4 products of an unsigned and a
- * signed byte summed into an int32 lane) takes x16 as its two bytes, x16 = 256 hi + lo (the
- * buffer's lo, hi): a lane is 256 * sum(u hi) + sum(lo w), with u the weights as unsigned bytes
- * and w as signed ones. Q4_1 and the K formats' weights are nibbles (Q5_K's 5 bits), u = w: the
- * sum is exact as it is. Q4_0's u = w = the nibble q, whose weight is q - 8: fix subtracts 8 S.
- * Q8_0's w is the signed byte and u = w + 128: fix subtracts 32768 times the sum of hi. No widening
- * to int16 (two vpmovsxbw a pair on the shuffle port), half the multiply-adds' lanes a weight; the
- * sums are the same integers, so the bits are the int16 path's. |lane| <= 256 * 4 * 255 * 128 + 4
- * * 255 * 128 < 2^26, a block's 8 lanes < 2^29. */
-typedef struct { __m512i u, w; } wts; /* [A 0..32, B 0..32] */
-INLINE wts wts_zero(void) { return (wts){_mm512_setzero_si512(), _mm512_setzero_si512()}; }
-INLINE wts wts32(int type, const uint8_t *b, int p, int cnt) {
-    const int bytes = type == QUANT_Q8_0 ? 34 : type == QUANT_Q4_0 ? 18 : 20;
-    const uint8_t *a = b + bytes * 2 * p, *c = a + bytes;
-    const int has_c = 2 * p + 1 < cnt; /* the pair's second block; x16 of a missing one are zeros */
-    if (type == QUANT_Q8_0) {
-        const __m256i wa = _mm256_loadu_si256((const __m256i *)(a + 2));
-        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(wa), has_c ? _mm256_loadu_si256((const __m256i *)(c + 2)) : _mm256_setzero_si256(), 1);
-        return (wts){_mm512_xor_si512(w, _mm512_set1_epi8((char)0x80)), w};
-    }
-    const int off = type == QUANT_Q4_0 ? 2 : 4;
-    /* the 16 bytes of each block twice ([A A B B]), the second copy shifted by a nibble */
-    const __m512i y = has_c ? _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(ld16(a + off)), 0xFF00, ld16(c + off))
-                            : _mm512_maskz_broadcast_i32x4(0x00FF, ld16(a + off));
-    const __m512i u = _mm512_and_si512(_mm512_srlv_epi64(y, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0xF));
-    return (wts){u, u};
-}
-INLINE ipair wts_dot(wts w, xgroup xg, int t, size_t ts, int p) {
-    const __m512i lo = _mm512_loadu_si512((const uint8_t *)TOK(xg.lo, t, ts) + 64 * p);
-    const __m512i hi = _mm512_loadu_si512((const int8_t *)TOK(xg.hi, t, ts) + 64 * p);
-    return _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w.u, hi), 8), lo, w.w);
-}
-INLINE __m256i fix8(int type, __m256i sums, xgroup xg, int t, size_t ts) {
-    if (type == QUANT_Q4_0) return _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)TOK(xg.sv, t, ts)), 3));
-    if (type == QUANT_Q8_0) return _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)TOK(xg.hv, t, ts)), 15));
-    return sums;
-}
-INLINE __m128i fix4(int type, __m128i sums, xgroup xg, int t, size_t ts) {
-    if (type == QUANT_Q4_0) return _mm_sub_epi32(sums, _mm_slli_epi32(_mm_loadu_si128((const __m128i *)TOK(xg.sv, t, ts)), 3));
-    if (type == QUANT_Q8_0) return _mm_sub_epi32(sums, _mm_slli_epi32(_mm_loadu_si128((const __m128i *)TOK(xg.hv, t, ts)), 15));
-    return sums;
-}
-/* Q4_K, Q5_K: sub-blocks 2j, 2j + 1 as one pair [2j, 2j + 1], the low and high nibbles of qs[32 j ..
- * 32 j + 32) (Q5_K: or bits 2j, 2j + 1 of qh times 16) */
-INLINE wts wts_k(const uint8_t *b, int five, int j) {
-    const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * j)));
-    __m512i u = _mm512_and_si512(_mm512_srlv_epi64(y, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0xF));
-    if (five) {
-        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
-        const __m512i sh = _mm512_setr_epi64(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
-        u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, sh), _mm512_set1_epi8(1)), 4));
-    }
-    return (wts){u, u};
-}
-#else
-/* the int16 path: each pair's weights widened (wpair), x16 as it is */
-typedef wpair wts;
-INLINE wts wts_zero(void) { return wpair_zero(); }
-INLINE wts wts32(int type, const uint8_t *b, int p, int cnt) { return pair32(type, b, p, cnt); }
-INLINE ipair wts_dot(wts w, xgroup xg, int t, size_t ts, int p) { return ipair_dot(w, (const int16_t *)TOK(xg.q, t, ts) + 64 * p); }
-INLINE __m256i fix8(int type, __m256i sums, xgroup xg, int t, size_t ts) { (void)type, (void)xg, (void)t, (void)ts; return sums; }
-INLINE __m128i fix4(int type, __m128i sums, xgroup xg, int t, size_t ts) { (void)type, (void)xg, (void)t, (void)ts; return sums; }
 /* Q4_K, Q5_K: sub-blocks 2j, 2j + 1, the low and high nibbles of qs[32 j .. 32 j + 32) (+ bits 2j and
  * 2j + 1 of qh: Q5_K). The two halves of a 128-bit load are shifted apart by 64-bit lane (vpsrlvq:
  * 0 for the low nibbles, 4 for the high), a byte mask keeping each byte's own bits. */
-INLINE wts wts_k(const uint8_t *b, int five, int j) {
+INLINE wpair pair_k(const uint8_t *b, int five, int j) {
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1), nib = _mm256_setr_epi64x(0, 0, 4, 4);
     const uint8_t *qs = b + (five ? 48 : 16);
     __m256i y1 = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qs + 32 * j), nib), m4);
@@ -618,7 +552,106 @@ INLINE wts wts_k(const uint8_t *b, int five, int j) {
     }
     return wpair_of(y1, y2);
 }
+
+/* The weights of a pair of blocks as the products take them (wts), their products with token t's
+ * input (wts_dot: pair p's 16 int32 lanes, an ipair) and the blocks' integer sums made exact
+ * (fix8, fix4: a group's 8 or a last group's first 4, in block order), on one of two paths: the
+ * weights widened to int16 times x16 (wpair, ipair_dot), or, with AVX512-VNNI and one token
+ * (BYTES(T)), the weights kept as bytes.
+ *
+ * The bytes path: 64 weights a vector, and vpdpbusd (4 products of an unsigned and a signed byte
+ * summed into an int32 lane) takes x16 as its two bytes, x16 = 256 hi + lo (the buffer's lo, hi):
+ * a lane is 256 * sum(u hi) + sum(lo w), with u the weights as unsigned bytes and w as signed ones.
+ * Q4_1 and the K formats' weights are nibbles (Q5_K's 5 bits), u = w: the sum is exact as it is.
+ * Q4_0's u = w = the nibble q, whose weight is q - 8: fix subtracts 8 S. Q8_0's w is the signed
+ * byte and u = w + 128: fix subtracts 32768 times the sum of hi. The same integers, so the same
+ * bits as the int16 path. |lane| <= 256 * 4 * 255 * 128 + 4 * 255 * 128 < 2^26, a block's 8 lanes
+ * < 2^29. It saves the widening (two vpmovsxbw a pair, on the shuffle port) but spends three
+ * multiply-add port instructions a pair and token where the int16 path spends two: a gain for one
+ * token (decode: rows of 4096 in L2, one thread, Q4_0 +21%, Q4_K +18%, Q4_1 +9%, Q8_0 +2%), a loss
+ * for four (a prompt's rows: 1B Q4_0 prompt -15%), so only one token takes it (D139). */
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+#define BYTES(T) ((T) == 1)
+typedef struct { wpair i; __m512i u, w; } wts; /* bytes: [A 0..32, B 0..32] */
+#else
+#define BYTES(T) 0
+typedef struct { wpair i; } wts;
 #endif
+INLINE wts wts_zero(void) {
+    wts r;
+    r.i = wpair_zero();
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    r.u = r.w = _mm512_setzero_si512();
+#endif
+    return r;
+}
+INLINE wts wts32(int bytes_path, int type, const uint8_t *b, int p, int cnt) {
+    wts r = wts_zero();
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    if (bytes_path) {
+        const int bytes = type == QUANT_Q8_0 ? 34 : type == QUANT_Q4_0 ? 18 : 20;
+        const uint8_t *a = b + bytes * 2 * p, *c = a + bytes;
+        const int has_c = 2 * p + 1 < cnt; /* the pair's second block; x16 of a missing one are zeros */
+        if (type == QUANT_Q8_0) {
+            const __m256i wa = _mm256_loadu_si256((const __m256i *)(a + 2));
+            r.w = _mm512_inserti64x4(_mm512_castsi256_si512(wa), has_c ? _mm256_loadu_si256((const __m256i *)(c + 2)) : _mm256_setzero_si256(), 1);
+            r.u = _mm512_xor_si512(r.w, _mm512_set1_epi8((char)0x80));
+            return r;
+        }
+        const int off = type == QUANT_Q4_0 ? 2 : 4;
+        /* the 16 bytes of each block twice ([A A B B]), the second copy shifted by a nibble */
+        const __m512i y = has_c ? _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(ld16(a + off)), 0xFF00, ld16(c + off))
+                                : _mm512_maskz_broadcast_i32x4(0x00FF, ld16(a + off));
+        r.u = r.w = _mm512_and_si512(_mm512_srlv_epi64(y, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0xF));
+        return r;
+    }
+#endif
+    (void)bytes_path;
+    r.i = pair32(type, b, p, cnt);
+    return r;
+}
+/* Q4_K, Q5_K: sub-blocks 2j, 2j + 1 (pair_k); as bytes [2j, 2j + 1], the nibbles of a 256-bit load
+ * shifted apart by 64-bit lane the same way, Q5_K's bits of qh or'ed in times 16 */
+INLINE wts wts_k(int bytes_path, const uint8_t *b, int five, int j) {
+    wts r = wts_zero();
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    if (bytes_path) {
+        const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * j)));
+        __m512i u = _mm512_and_si512(_mm512_srlv_epi64(y, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0xF));
+        if (five) {
+            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
+            const __m512i sh = _mm512_setr_epi64(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
+            u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, sh), _mm512_set1_epi8(1)), 4));
+        }
+        r.u = r.w = u;
+        return r;
+    }
+#endif
+    (void)bytes_path;
+    r.i = pair_k(b, five, j);
+    return r;
+}
+INLINE ipair wts_dot(int bytes_path, wts w, xgroup xg, int t, size_t ts, int p) {
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    if (bytes_path) {
+        const __m512i lo = _mm512_loadu_si512((const uint8_t *)TOK(xg.lo, t, ts) + 64 * p);
+        const __m512i hi = _mm512_loadu_si512((const int8_t *)TOK(xg.hi, t, ts) + 64 * p);
+        return _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w.u, hi), 8), lo, w.w);
+    }
+#endif
+    (void)bytes_path;
+    return ipair_dot(w.i, (const int16_t *)TOK(xg.q, t, ts) + 64 * p);
+}
+INLINE __m256i fix8(int bytes_path, int type, __m256i sums, xgroup xg, int t, size_t ts) {
+    if (bytes_path && type == QUANT_Q4_0) return _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)TOK(xg.sv, t, ts)), 3));
+    if (bytes_path && type == QUANT_Q8_0) return _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)TOK(xg.hv, t, ts)), 15));
+    return sums;
+}
+INLINE __m128i fix4(int bytes_path, int type, __m128i sums, xgroup xg, int t, size_t ts) {
+    if (bytes_path && type == QUANT_Q4_0) return _mm_sub_epi32(sums, _mm_slli_epi32(_mm_loadu_si128((const __m128i *)TOK(xg.sv, t, ts)), 3));
+    if (bytes_path && type == QUANT_Q8_0) return _mm_sub_epi32(sums, _mm_slli_epi32(_mm_loadu_si128((const __m128i *)TOK(xg.hv, t, ts)), 15));
+    return sums;
+}
 
 /* The fp16 fields of blocks from..from + 4 of a group of blocks of 32 at b, read as scalars (a
  * gather is slow on CPUs with the Gather Data Sampling mitigation): d into dd, Q4_1's m into mm, 16
@@ -638,12 +671,13 @@ INLINE void fields32(int type, const uint8_t *b, int from, int cnt, uint64_t *dd
  * lanes (the others' scales are zeros there, as group32's missing blocks', so they would add +0 to
  * a lane that is never -0). */
 INLINE void tail32(int type, const uint8_t *b, xgroup xg, size_t ts, int cnt, int T, acc8 *acc) {
-    const wts w0 = wts32(type, b, 0, cnt), w1 = cnt > 2 ? wts32(type, b, 1, cnt) : wts_zero();
+    const int by = BYTES(T);
+    const wts w0 = wts32(by, type, b, 0, cnt), w1 = cnt > 2 ? wts32(by, type, b, 1, cnt) : wts_zero();
     uint64_t dd, mm; /* the blocks' d (and Q4_1's m) as 4 fp16, the missing ones zeros */
     fields32(type, b, 0, cnt, &dd, &mm);
     const __m128 c = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dd)), m = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)mm));
     for (int t = 0; t < T; t++) {
-        const __m128i sums = fix4(type, reduce4(wts_dot(w0, xg, t, ts, 0), cnt > 2 ? wts_dot(w1, xg, t, ts, 1) : ipair_zero()), xg, t, ts);
+        const __m128i sums = fix4(by, type, reduce4(wts_dot(by, w0, xg, t, ts, 0), cnt > 2 ? wts_dot(by, w1, xg, t, ts, 1) : ipair_zero()), xg, t, ts);
         __m128 lo = _mm256_castps256_ps128(acc[t]);
         lo = _mm_fmadd_ps(_mm_mul_ps(c, _mm_loadu_ps((const float *)TOK(xg.d, t, ts))), _mm_cvtepi32_ps(sums), lo);
         if (type == QUANT_Q4_1) lo = _mm_fmadd_ps(m, _mm_loadu_ps((const float *)TOK(xg.s, t, ts)), lo);
@@ -656,8 +690,9 @@ INLINE void group32(int type, const uint8_t *b, xgroup xg, size_t ts, int cnt, i
         tail32(type, b, xg, ts, cnt, T, acc);
         return;
     }
+    const int by = BYTES(T);
     wts w[4];
-    for (int p = 0; p < 4; p++) w[p] = 2 * p < cnt ? wts32(type, b, p, cnt) : wts_zero();
+    for (int p = 0; p < 4; p++) w[p] = 2 * p < cnt ? wts32(by, type, b, p, cnt) : wts_zero();
     uint64_t dd[2] = {0, 0}, mm[2] = {0, 0}; /* the blocks' d (and Q4_1's m), 4 fp16 a word; the missing ones zeros */
     fields32(type, b, 0, cnt, &dd[0], &mm[0]);
     fields32(type, b, 4, cnt, &dd[1], &mm[1]);
@@ -665,8 +700,8 @@ INLINE void group32(int type, const uint8_t *b, xgroup xg, size_t ts, int cnt, i
     const __m256 m = _mm256_cvtph_ps(_mm_set_epi64x((long long)mm[1], (long long)mm[0]));
     for (int t = 0; t < T; t++) {
         ipair ip[4]; /* a last group's missing pairs: zeros, without the multiplies */
-        for (int p = 0; p < 4; p++) ip[p] = 2 * p < cnt ? wts_dot(w[p], xg, t, ts, p) : ipair_zero();
-        const __m256 sums = _mm256_cvtepi32_ps(fix8(type, reduce8(ip, 0), xg, t, ts));
+        for (int p = 0; p < 4; p++) ip[p] = 2 * p < cnt ? wts_dot(by, w[p], xg, t, ts, p) : ipair_zero();
+        const __m256 sums = _mm256_cvtepi32_ps(fix8(by, type, reduce8(ip, 0), xg, t, ts));
         acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(xg.d, t, ts))), sums, acc[t]);
         if (type == QUANT_Q4_1) acc[t] = _mm256_fmadd_ps(m, LDF(TOK(xg.s, t, ts)), acc[t]);
     }
@@ -688,10 +723,12 @@ INLINE void group_q45_k(const uint8_t *b, int five, xgroup xg, size_t ts, int T,
     const __m256 c = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
     const __m256 o = _mm256_mul_ps(_mm256_xor_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_set1_ps(-0.0f)),
                                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+    const int by = BYTES(T);
     wts w[4];
-    for (int j = 0; j < 4; j++) w[j] = wts_k(b, five, j);
+    for (int j = 0; j < 4; j++) w[j] = wts_k(by, b, five, j);
     for (int t = 0; t < T; t++) {
-        const ipair ip[4] = {wts_dot(w[0], xg, t, ts, 0), wts_dot(w[1], xg, t, ts, 1), wts_dot(w[2], xg, t, ts, 2), wts_dot(w[3], xg, t, ts, 3)};
+        const ipair ip[4] = {wts_dot(by, w[0], xg, t, ts, 0), wts_dot(by, w[1], xg, t, ts, 1), wts_dot(by, w[2], xg, t, ts, 2),
+                             wts_dot(by, w[3], xg, t, ts, 3)};
         acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(xg.d, t, ts))), _mm256_cvtepi32_ps(reduce8(ip, 0)), acc[t]);
         acc[t] = _mm256_fmadd_ps(o, LDF(TOK(xg.s, t, ts)), acc[t]);
     }
@@ -784,14 +821,23 @@ INLINE void group_dot_last(int type, const uint8_t *b, xgroup xg, size_t ts, int
  * quantized already (xq, token t's xs bytes on) or quantized here a group at a time from fp32 x
  * (token t's at x + t xs floats), into the same layout: the same bits either way. */
 #define GROUP_BYTES(type) ((size_t)formats[type].bytes * (size_t)(256 / formats[type].block))
+/* How far ahead of the group it reads a row's product asks for the weights (software prefetch, a
+ * line at a time): the hardware prefetcher alone left one thread's stream of blocks at 62-74% of
+ * the read probe on an AVX-512 VM where the dense kernels read 96-106%; 4 KiB ahead (a row of
+ * 4096 Q4_0 weights is 2.3 KiB) brought them to 80-110%, on both of its threads (tests/bench/quant_dot.c,
+ * docs/performance.md D140). Past the matrix's end it reads nothing: a prefetch never faults. */
+#define QUANT_PREFETCH_BYTES 4096
 INLINE void dot_q_t(int type, const uint8_t *row, const void *xq, size_t xs, int n, int T, float *o) {
     const qx_view v = qx_at(xq, n);
     const int nb = n / 32;
     acc8 acc[QT];
     for (int t = 0; t < T; t++) acc[t] = ACC_ZERO();
     int g = 0;
-    for (; 8 * g + 8 <= nb; g++) /* whole groups: cnt a constant, the tail's tests folded away */
-        group_dot(type, row + GROUP_BYTES(type) * (size_t)g, xgroup_at(v, g), xs, 8, T, acc);
+    for (; 8 * g + 8 <= nb; g++) { /* whole groups: cnt a constant, the tail's tests folded away */
+        const uint8_t *b = row + GROUP_BYTES(type) * (size_t)g;
+        for (size_t l = 0; l < GROUP_BYTES(type); l += 64) __builtin_prefetch(b + QUANT_PREFETCH_BYTES + l);
+        group_dot(type, b, xgroup_at(v, g), xs, 8, T, acc);
+    }
     if (8 * g < nb) group_dot_last(type, row + GROUP_BYTES(type) * (size_t)g, xgroup_at(v, g), xs, nb - 8 * g, T, acc);
     for (int t = 0; t < T; t++) o[t] = hsum8(acc[t]);
 }
