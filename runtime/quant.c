@@ -11,7 +11,8 @@
  * The block formats' dot products take the input quantized to 16-bit integers, once per input
  * vector (quant_input, issue 59: the GPU takes the same), so that a block's products are integer
  * multiply-adds (a pair of blocks, 64 weights, in two vpmaddwd, or vpmaddwd and vpdpwssd, on
- * AVX-512) instead of each weight widened to fp32 and multiplied there, which bound the matvec by
+ * AVX-512; for one token on AVX512-VNNI two vpdpbusd on the weights as bytes) instead of each
+ * weight widened to fp32 and multiplied there, which bound the matvec by
  * the unpacking rather than by memory (7B Q4_0 decode read 47% of the bandwidth on 16 cores). Each block's integer sum is exact and scaled
  * once; the fp32 order of those block results (block_terms) is written once in the scalar twin and
  * every SIMD path keeps it bit for bit (tests/quant_cli.c fails on any difference). */
