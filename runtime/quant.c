@@ -11,7 +11,8 @@
  * The block formats' dot products take the input quantized to 16-bit integers, once per input
  * vector (quant_input, issue 59: the GPU takes the same), so that a block's products are integer
  * multiply-adds (a pair of blocks, 64 weights, in two vpmaddwd, or vpmaddwd and vpdpwssd, on
- * AVX-512) instead of each weight widened to fp32 and multiplied there, which bound the matvec by
+ * AVX-512; for one token on AVX512-VNNI two vpdpbusd on the weights as bytes) instead of each
+ * weight widened to fp32 and multiplied there, which bound the matvec by
  * the unpacking rather than by memory (7B Q4_0 decode read 47% of the bandwidth on 16 cores). Each block's integer sum is exact and scaled
  * once; the fp32 order of those block results (block_terms) is written once in the scalar twin and
  * every SIMD path keeps it bit for bit (tests/quant_cli.c fails on any difference). */
@@ -198,6 +199,11 @@ void quant_dequantize_row(int type, const void *row, float *y, int n) {
  *                       16 lanes would take)
  *   float d[nb8]        dx
  *   float s[nb8]        dx * (float)S
+ *   uint8 lo[nb8 * 32]  x16 & 0xFF, blocks in order (so x16 = 256 hi + lo): the bytes AVX512-VNNI's
+ *   int8 hi[nb8 * 32]   x16 >> 8    vpdpbusd multiplies with a pair of blocks' weights as bytes,
+ *                                   without widening them to int16 (group32_b)
+ *   int32 sv[nb8]       S
+ *   int32 hv[nb8]       the sum of the block's hi
  *
  * x16 = the nearest integer to x * inv, ties to even: fmaf(x, inv, 1.5 * 2^23) rounds the exact
  * product once, into [2^23, 2^24) where the ulp is 1 (|x * inv| <= 32767 * (1 + 2^-24)), and
@@ -208,17 +214,22 @@ void quant_dequantize_row(int type, const void *row, float *y, int n) {
 typedef struct {
     int16_t *q;
     float *d, *s;
+    uint8_t *lo;
+    int8_t *hi;
+    int32_t *sv, *hv;
 } qx_view;
 
 static inline qx_view qx_at(const void *xq, int n) {
     const size_t nb8 = (size_t)(n / 32 + 7) / 8 * 8;
     int16_t *q = (int16_t *)xq;
     float *d = (float *)(q + nb8 * 32);
-    return (qx_view){q, d, d + nb8};
+    uint8_t *lo = (uint8_t *)(d + 2 * nb8);
+    int32_t *sv = (int32_t *)(lo + 2 * nb8 * 32);
+    return (qx_view){q, d, d + nb8, lo, (int8_t *)(lo + nb8 * 32), sv, sv + nb8};
 }
 
-/* x16 of one block of x into v, its dx and s. */
-static inline void x16_block(const float *x, int16_t v[32], float *dx, float *s) {
+/* x16 of one block of x into v, its dx and s, and S into sum. */
+static inline void x16_block(const float *x, int16_t v[32], float *dx, float *s, int32_t *sum_) {
     float amax = 0.0f;
     int finite = 1;
     for (int i = 0; i < 32; i++) {
@@ -242,26 +253,50 @@ static inline void x16_block(const float *x, int16_t v[32], float *dx, float *s)
         *dx = finite ? 0.0f : NAN;
     }
     *s = *dx * (float)sum;
+    *sum_ = sum;
 }
 
-/* Blocks [0, cnt) of x (cnt <= 8) as a group of the buffer: q (256 int16), d and s (8 each); the
- * blocks from cnt on zero. */
-static void x16_group(const float *x, int cnt, int16_t *q, float *d, float *s) {
+/* One group's view of the buffer (qx_view's arrays at the group: q 256 int16, d, s 8 each, lo, hi
+ * 256 each, sv, hv 8 each), token t's t ts bytes past token 0's. */
+typedef struct {
+    const int16_t *q;
+    const float *d, *s;
+    const uint8_t *lo;
+    const int8_t *hi;
+    const int32_t *sv, *hv;
+} xgroup;
+
+static inline xgroup xgroup_at(qx_view v, int g) {
+    const size_t o = 8 * (size_t)g;
+    return (xgroup){v.q + 32 * o, v.d + o, v.s + o, v.lo + 32 * o, v.hi + 32 * o, v.sv + o, v.hv + o};
+}
+
+/* Blocks [0, cnt) of x (cnt <= 8) as group g of the buffer v; the blocks from cnt on zero. */
+static void x16_group(const float *x, int cnt, qx_view v, int g) {
+    const size_t o = 8 * (size_t)g;
     for (int i = 0; i < 8; i++) {
-        int16_t v[32];
-        if (i < cnt) x16_block(x + 32 * i, v, &d[i], &s[i]);
-        else memset(v, 0, sizeof v), d[i] = s[i] = 0.0f;
-        int16_t *p = q + 64 * (i / 2) + 16 * (i % 2);
-        memcpy(p, v, 16 * sizeof *v);
-        memcpy(p + 32, v + 16, 16 * sizeof *v);
+        int16_t b[32];
+        float *d = v.d + o + i, *s = v.s + o + i;
+        int32_t *sv = v.sv + o + i, hsum = 0;
+        if (i < cnt) x16_block(x + 32 * i, b, d, s, sv);
+        else memset(b, 0, sizeof b), *d = *s = 0.0f, *sv = 0;
+        int16_t *p = v.q + 32 * o + 64 * (i / 2) + 16 * (i % 2);
+        memcpy(p, b, 16 * sizeof *b);
+        memcpy(p + 32, b + 16, 16 * sizeof *b);
+        for (int l = 0; l < 32; l++) {
+            const int8_t h = (int8_t)((b[l] - (b[l] & 0xFF)) / 256); /* b = 256 h + (b & 0xFF) */
+            v.lo[32 * (o + i) + l] = (uint8_t)(b[l] & 0xFF);
+            v.hi[32 * (o + i) + l] = h;
+            hsum += h;
+        }
+        v.hv[o + i] = hsum;
     }
 }
 
 void quant_input(const float *x, int n, void *xq) {
     const qx_view v = qx_at(xq, n);
     const int nb = n / 32;
-    for (int g = 0; g * 8 < nb; g++)
-        x16_group(x + 256 * (size_t)g, nb - 8 * g < 8 ? nb - 8 * g : 8, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g);
+    for (int g = 0; g * 8 < nb; g++) x16_group(x + 256 * (size_t)g, nb - 8 * g < 8 ? nb - 8 * g : 8, v, g);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -383,8 +418,7 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
  * The fast paths
  *
  * Every path works a group of 8 blocks (a K super-block, or 8 blocks of the 32-weight formats) at a
- * time, on the buffer's layout: qg, dg, sg the group's x16, dx and s of token 0, token t's ts bytes
- * further. cnt (1..8) is how many of the group's blocks the row has (below 8 only in a last group). */
+ * time, on the buffer's layout: xg the group's arrays of token 0, token t's ts bytes further. cnt (1..8) is how many of the group's blocks the row has (below 8 only in a last group). */
 #if !defined(QUANT_SIMD_AVX512) && !defined(QUANT_SIMD_AVX2)
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define QUANT_SIMD_AVX512 1
@@ -504,6 +538,122 @@ INLINE wpair pair32(int type, const uint8_t *b, int p, int cnt) {
     return wpair_of(y1, y2);
 }
 
+/* Q4_K, Q5_K: sub-blocks 2j, 2j + 1, the low and high nibbles of qs[32 j .. 32 j + 32) (+ bits 2j and
+ * 2j + 1 of qh: Q5_K). The two halves of a 128-bit load are shifted apart by 64-bit lane (vpsrlvq:
+ * 0 for the low nibbles, 4 for the high), a byte mask keeping each byte's own bits. */
+INLINE wpair pair_k(const uint8_t *b, int five, int j) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1), nib = _mm256_setr_epi64x(0, 0, 4, 4);
+    const uint8_t *qs = b + (five ? 48 : 16);
+    __m256i y1 = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qs + 32 * j), nib), m4);
+    __m256i y2 = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qs + 32 * j + 16), nib), m4);
+    if (five) {
+        const __m256i sh = _mm256_setr_epi64x(2 * j, 2 * j, 2 * j + 1, 2 * j + 1);
+        y1 = _mm256_or_si256(y1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(bcast16(b + 16), sh), one), 4));
+        y2 = _mm256_or_si256(y2, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(bcast16(b + 32), sh), one), 4));
+    }
+    return wpair_of(y1, y2);
+}
+
+/* The weights of a pair of blocks as the products take them (wts), their products with token t's
+ * input (wts_dot: pair p's 16 int32 lanes, an ipair) and the blocks' integer sums made exact
+ * (fix8, fix4: a group's 8 or a last group's first 4, in block order), on one of two paths: the
+ * weights widened to int16 times x16 (wpair, ipair_dot), or, with AVX512-VNNI and one token
+ * (BYTES(T)), the weights kept as bytes.
+ *
+ * The bytes path: 64 weights a vector, and vpdpbusd (4 products of an unsigned and a signed byte
+ * summed into an int32 lane) takes x16 as its two bytes, x16 = 256 hi + lo (the buffer's lo, hi):
+ * a lane is 256 * sum(u hi) + sum(lo w), with u the weights as unsigned bytes and w as signed ones.
+ * Q4_1 and the K formats' weights are nibbles (Q5_K's 5 bits), u = w: the sum is exact as it is.
+ * Q4_0's u = w = the nibble q, whose weight is q - 8: fix subtracts 8 S. Q8_0's w is the signed
+ * byte and u = w + 128: fix subtracts 32768 times the sum of hi. The same integers, so the same
+ * bits as the int16 path. |lane| <= 256 * 4 * 255 * 128 + 4 * 255 * 128 < 2^26, a block's 8 lanes
+ * < 2^29. It saves the widening (two vpmovsxbw a pair, on the shuffle port) but spends three
+ * multiply-add port instructions a pair and token where the int16 path spends two: a gain for one
+ * token (decode: rows of 4096 in L2, one thread, Q4_0 +21%, Q4_K +18%, Q4_1 +9%, Q8_0 +2%), a loss
+ * for four (a prompt's rows: 1B Q4_0 prompt -15%), so only one token takes it (D139). */
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+#define BYTES(T) ((T) == 1)
+typedef struct { wpair i; __m512i u, w; } wts; /* bytes: [A 0..32, B 0..32] */
+#else
+#define BYTES(T) 0
+typedef struct { wpair i; } wts;
+#endif
+INLINE wts wts_zero(void) {
+    wts r;
+    r.i = wpair_zero();
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    r.u = r.w = _mm512_setzero_si512();
+#endif
+    return r;
+}
+INLINE wts wts32(int bytes_path, int type, const uint8_t *b, int p, int cnt) {
+    wts r = wts_zero();
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    if (bytes_path) {
+        const int bytes = type == QUANT_Q8_0 ? 34 : type == QUANT_Q4_0 ? 18 : 20;
+        const uint8_t *a = b + bytes * 2 * p, *c = a + bytes;
+        const int has_c = 2 * p + 1 < cnt; /* the pair's second block; x16 of a missing one are zeros */
+        if (type == QUANT_Q8_0) {
+            const __m256i wa = _mm256_loadu_si256((const __m256i *)(a + 2));
+            r.w = _mm512_inserti64x4(_mm512_castsi256_si512(wa), has_c ? _mm256_loadu_si256((const __m256i *)(c + 2)) : _mm256_setzero_si256(), 1);
+            r.u = _mm512_xor_si512(r.w, _mm512_set1_epi8((char)0x80));
+            return r;
+        }
+        const int off = type == QUANT_Q4_0 ? 2 : 4;
+        /* the 16 bytes of each block twice ([A A B B]), the second copy shifted by a nibble */
+        const __m512i y = has_c ? _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(ld16(a + off)), 0xFF00, ld16(c + off))
+                                : _mm512_maskz_broadcast_i32x4(0x00FF, ld16(a + off));
+        r.u = r.w = _mm512_and_si512(_mm512_srlv_epi64(y, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0xF));
+        return r;
+    }
+#endif
+    (void)bytes_path;
+    r.i = pair32(type, b, p, cnt);
+    return r;
+}
+/* Q4_K, Q5_K: sub-blocks 2j, 2j + 1 (pair_k); as bytes [2j, 2j + 1], the nibbles of a 256-bit load
+ * shifted apart by 64-bit lane the same way, Q5_K's bits of qh or'ed in times 16 */
+INLINE wts wts_k(int bytes_path, const uint8_t *b, int five, int j) {
+    wts r = wts_zero();
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    if (bytes_path) {
+        const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * j)));
+        __m512i u = _mm512_and_si512(_mm512_srlv_epi64(y, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0xF));
+        if (five) {
+            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
+            const __m512i sh = _mm512_setr_epi64(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
+            u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, sh), _mm512_set1_epi8(1)), 4));
+        }
+        r.u = r.w = u;
+        return r;
+    }
+#endif
+    (void)bytes_path;
+    r.i = pair_k(b, five, j);
+    return r;
+}
+INLINE ipair wts_dot(int bytes_path, wts w, xgroup xg, int t, size_t ts, int p) {
+#if defined(QUANT_SIMD_AVX512) && defined(__AVX512VNNI__)
+    if (bytes_path) {
+        const __m512i lo = _mm512_loadu_si512((const uint8_t *)TOK(xg.lo, t, ts) + 64 * p);
+        const __m512i hi = _mm512_loadu_si512((const int8_t *)TOK(xg.hi, t, ts) + 64 * p);
+        return _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w.u, hi), 8), lo, w.w);
+    }
+#endif
+    (void)bytes_path;
+    return ipair_dot(w.i, (const int16_t *)TOK(xg.q, t, ts) + 64 * p);
+}
+INLINE __m256i fix8(int bytes_path, int type, __m256i sums, xgroup xg, int t, size_t ts) {
+    if (bytes_path && type == QUANT_Q4_0) return _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)TOK(xg.sv, t, ts)), 3));
+    if (bytes_path && type == QUANT_Q8_0) return _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)TOK(xg.hv, t, ts)), 15));
+    return sums;
+}
+INLINE __m128i fix4(int bytes_path, int type, __m128i sums, xgroup xg, int t, size_t ts) {
+    if (bytes_path && type == QUANT_Q4_0) return _mm_sub_epi32(sums, _mm_slli_epi32(_mm_loadu_si128((const __m128i *)TOK(xg.sv, t, ts)), 3));
+    if (bytes_path && type == QUANT_Q8_0) return _mm_sub_epi32(sums, _mm_slli_epi32(_mm_loadu_si128((const __m128i *)TOK(xg.hv, t, ts)), 15));
+    return sums;
+}
+
 /* The fp16 fields of blocks from..from + 4 of a group of blocks of 32 at b, read as scalars (a
  * gather is slow on CPUs with the Gather Data Sampling mitigation): d into dd, Q4_1's m into mm, 16
  * bits a block; the blocks from cnt on zeros. */
@@ -521,50 +671,45 @@ INLINE void fields32(int type, const uint8_t *b, int from, int cnt, uint64_t *dd
  * fp16 fields read as scalars (no gather), its sums by reduce4 and its arithmetic on the low 4
  * lanes (the others' scales are zeros there, as group32's missing blocks', so they would add +0 to
  * a lane that is never -0). */
-INLINE void tail32(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
-    const wpair w0 = pair32(type, b, 0, cnt), w1 = cnt > 2 ? pair32(type, b, 1, cnt) : wpair_zero();
+INLINE void tail32(int type, const uint8_t *b, xgroup xg, size_t ts, int cnt, int T, acc8 *acc) {
+    const int by = BYTES(T);
+    const wts w0 = wts32(by, type, b, 0, cnt), w1 = cnt > 2 ? wts32(by, type, b, 1, cnt) : wts_zero();
     uint64_t dd, mm; /* the blocks' d (and Q4_1's m) as 4 fp16, the missing ones zeros */
     fields32(type, b, 0, cnt, &dd, &mm);
     const __m128 c = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dd)), m = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)mm));
     for (int t = 0; t < T; t++) {
-        const int16_t *x = LDQ(TOK(qg, t, ts));
-        const __m128i sums = reduce4(ipair_dot(w0, x), cnt > 2 ? ipair_dot(w1, x + 64) : ipair_zero());
+        const __m128i sums = fix4(by, type, reduce4(wts_dot(by, w0, xg, t, ts, 0), cnt > 2 ? wts_dot(by, w1, xg, t, ts, 1) : ipair_zero()), xg, t, ts);
         __m128 lo = _mm256_castps256_ps128(acc[t]);
-        lo = _mm_fmadd_ps(_mm_mul_ps(c, _mm_loadu_ps((const float *)TOK(dg, t, ts))), _mm_cvtepi32_ps(sums), lo);
-        if (type == QUANT_Q4_1) lo = _mm_fmadd_ps(m, _mm_loadu_ps((const float *)TOK(sg, t, ts)), lo);
+        lo = _mm_fmadd_ps(_mm_mul_ps(c, _mm_loadu_ps((const float *)TOK(xg.d, t, ts))), _mm_cvtepi32_ps(sums), lo);
+        if (type == QUANT_Q4_1) lo = _mm_fmadd_ps(m, _mm_loadu_ps((const float *)TOK(xg.s, t, ts)), lo);
         acc[t] = _mm256_blend_ps(acc[t], _mm256_castps128_ps256(lo), 0x0F);
     }
 }
 
-INLINE void group32(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+INLINE void group32(int type, const uint8_t *b, xgroup xg, size_t ts, int cnt, int T, acc8 *acc) {
     if (cnt <= 4) {
-        tail32(type, b, qg, dg, sg, ts, cnt, T, acc);
+        tail32(type, b, xg, ts, cnt, T, acc);
         return;
     }
-    wpair w[4];
-    for (int p = 0; p < 4; p++) w[p] = 2 * p < cnt ? pair32(type, b, p, cnt) : wpair_zero();
+    const int by = BYTES(T);
+    wts w[4];
+    for (int p = 0; p < 4; p++) w[p] = 2 * p < cnt ? wts32(by, type, b, p, cnt) : wts_zero();
     uint64_t dd[2] = {0, 0}, mm[2] = {0, 0}; /* the blocks' d (and Q4_1's m), 4 fp16 a word; the missing ones zeros */
     fields32(type, b, 0, cnt, &dd[0], &mm[0]);
     fields32(type, b, 4, cnt, &dd[1], &mm[1]);
     const __m256 c = _mm256_cvtph_ps(_mm_set_epi64x((long long)dd[1], (long long)dd[0]));
     const __m256 m = _mm256_cvtph_ps(_mm_set_epi64x((long long)mm[1], (long long)mm[0]));
     for (int t = 0; t < T; t++) {
-        const int16_t *x = LDQ(TOK(qg, t, ts));
         ipair ip[4]; /* a last group's missing pairs: zeros, without the multiplies */
-        for (int p = 0; p < 4; p++) ip[p] = 2 * p < cnt ? ipair_dot(w[p], x + 64 * p) : ipair_zero();
-        const __m256 sums = _mm256_cvtepi32_ps(reduce8(ip, 0));
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(dg, t, ts))), sums, acc[t]);
-        if (type == QUANT_Q4_1) acc[t] = _mm256_fmadd_ps(m, LDF(TOK(sg, t, ts)), acc[t]);
+        for (int p = 0; p < 4; p++) ip[p] = 2 * p < cnt ? wts_dot(by, w[p], xg, t, ts, p) : ipair_zero();
+        const __m256 sums = _mm256_cvtepi32_ps(fix8(by, type, reduce8(ip, 0), xg, t, ts));
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(xg.d, t, ts))), sums, acc[t]);
+        if (type == QUANT_Q4_1) acc[t] = _mm256_fmadd_ps(m, LDF(TOK(xg.s, t, ts)), acc[t]);
     }
 }
 
-/* Q4_K, Q5_K: a super-block; sub-blocks 2j and 2j+1 (one pair) are the low and high nibbles of
- * qs[32 j .. 32 j + 32) (+ bits 2j and 2j+1 of qh: Q5_K). The two halves of a 128-bit load are
- * shifted apart by 64-bit lane (vpsrlvq: 0 for the low nibbles, 4 for the high), a byte mask
- * keeping each byte's own bits. */
-INLINE void group_q45_k(const uint8_t *b, int five, const void *qg, const void *dg, const void *sg, size_t ts, int T, acc8 *acc) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1), nib = _mm256_setr_epi64x(0, 0, 4, 4);
-    const uint8_t *qs = b + (five ? 48 : 16);
+/* Q4_K, Q5_K: a super-block, its sub-blocks in pairs (wts_k) */
+INLINE void group_q45_k(const uint8_t *b, int five, xgroup xg, size_t ts, int T, acc8 *acc) {
     /* the 8 scales and mins (scale_min_k4) with 64-bit integer ops: lo = bytes 0-7 (scales 0-3,
      * mins 0-3 and, in their top 2 bits, the top bits of scales and mins 4-7), hi = bytes 8-11 */
     uint64_t lo;
@@ -579,29 +724,21 @@ INLINE void group_q45_k(const uint8_t *b, int five, const void *qg, const void *
     const __m256 c = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
     const __m256 o = _mm256_mul_ps(_mm256_xor_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_set1_ps(-0.0f)),
                                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-    wpair w[4];
-    for (int j = 0; j < 4; j++) {
-        __m256i y1 = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qs + 32 * j), nib), m4);
-        __m256i y2 = _mm256_and_si256(_mm256_srlv_epi64(bcast16(qs + 32 * j + 16), nib), m4);
-        if (five) {
-            const __m256i sh = _mm256_setr_epi64x(2 * j, 2 * j, 2 * j + 1, 2 * j + 1);
-            y1 = _mm256_or_si256(y1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(bcast16(b + 16), sh), one), 4));
-            y2 = _mm256_or_si256(y2, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(bcast16(b + 32), sh), one), 4));
-        }
-        w[j] = wpair_of(y1, y2);
-    }
+    const int by = BYTES(T);
+    wts w[4];
+    for (int j = 0; j < 4; j++) w[j] = wts_k(by, b, five, j);
     for (int t = 0; t < T; t++) {
-        const int16_t *x = LDQ(TOK(qg, t, ts));
-        const ipair ip[4] = {ipair_dot(w[0], x), ipair_dot(w[1], x + 64), ipair_dot(w[2], x + 128), ipair_dot(w[3], x + 192)};
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(dg, t, ts))), _mm256_cvtepi32_ps(reduce8(ip, 0)), acc[t]);
-        acc[t] = _mm256_fmadd_ps(o, LDF(TOK(sg, t, ts)), acc[t]);
+        const ipair ip[4] = {wts_dot(by, w[0], xg, t, ts, 0), wts_dot(by, w[1], xg, t, ts, 1), wts_dot(by, w[2], xg, t, ts, 2),
+                             wts_dot(by, w[3], xg, t, ts, 3)};
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, LDF(TOK(xg.d, t, ts))), _mm256_cvtepi32_ps(reduce8(ip, 0)), acc[t]);
+        acc[t] = _mm256_fmadd_ps(o, LDF(TOK(xg.s, t, ts)), acc[t]);
     }
 }
 
 /* Q6_K: a super-block, two halves of 128 weights, each 4 blocks and 8 units of 16 (unit 2k + h:
  * block k's weights [16 h, 16 h + 16)). Blocks k and k + 1 (k = 0, 2) are one pair: the low (k = 0)
  * or high (k = 2) nibbles of ql[l] and ql[32 + l], with bits 2k, 2k + 1 (2k + 2, 2k + 3) of qh[l]. */
-INLINE void group_q6_k(const uint8_t *b, const void *qg, const void *dg, size_t ts, int T, acc8 *acc) {
+INLINE void group_q6_k(const uint8_t *b, xgroup xg, size_t ts, int T, acc8 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
     const float d = rd_f16(b + 208);
     for (int half = 0; half < 2; half++) {
@@ -622,23 +759,23 @@ INLINE void group_q6_k(const uint8_t *b, const void *qg, const void *dg, size_t 
         }
         const __m256 c = _mm256_loadu_ps(dsc);
         for (int t = 0; t < T; t++) {
-            const int16_t *x = LDQ(TOK(qg, t, ts)) + 128 * half;
+            const int16_t *x = (const int16_t *)TOK(xg.q, t, ts) + 128 * half;
             const ipair ip[4] = {ipair_dot_half(w[0], x, 0), ipair_dot_half(w[0], x, 1), ipair_dot_half(w[1], x + 64, 0),
                                  ipair_dot_half(w[1], x + 64, 1)};
             /* each unit's dx: its block's, twice */
-            const __m256 dx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps((const float *)TOK(dg, t, ts) + 4 * half)),
+            const __m256 dx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps((const float *)TOK(xg.d, t, ts) + 4 * half)),
                                                        _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(c, dx), _mm256_cvtepi32_ps(reduce8(ip, 1)), acc[t]);
         }
     }
 }
 
-INLINE void group_dot(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+INLINE void group_dot(int type, const uint8_t *b, xgroup xg, size_t ts, int cnt, int T, acc8 *acc) {
     switch (type) {
-    case QUANT_Q4_K: group_q45_k(b, 0, qg, dg, sg, ts, T, acc); return;
-    case QUANT_Q5_K: group_q45_k(b, 1, qg, dg, sg, ts, T, acc); return;
-    case QUANT_Q6_K: group_q6_k(b, qg, dg, ts, T, acc); return;
-    default: group32(type, b, qg, dg, sg, ts, cnt, T, acc); return;
+    case QUANT_Q4_K: group_q45_k(b, 0, xg, ts, T, acc); return;
+    case QUANT_Q5_K: group_q45_k(b, 1, xg, ts, T, acc); return;
+    case QUANT_Q6_K: group_q6_k(b, xg, ts, T, acc); return;
+    default: group32(type, b, xg, ts, cnt, T, acc); return;
     }
 }
 #define QUANT_ISA QUANT_ISA_SIMD
@@ -647,10 +784,10 @@ INLINE void group_dot(int type, const uint8_t *b, const void *qg, const void *dg
 typedef struct { float l[8]; } acc8;
 #define ACC_ZERO() ((acc8){{0}})
 static inline float hsum8(acc8 v) { return sum8(v.l); }
-static void group_dot(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+static void group_dot(int type, const uint8_t *b, xgroup xg, size_t ts, int cnt, int T, acc8 *acc) {
     for (int t = 0; t < T; t++) {
-        const int16_t *q = TOK(qg, t, ts);
-        const float *d = TOK(dg, t, ts), *s = TOK(sg, t, ts);
+        const int16_t *q = TOK(xg.q, t, ts);
+        const float *d = TOK(xg.d, t, ts), *s = TOK(xg.s, t, ts);
         for (int i = 0; i < cnt; i++) {
             int16_t v[32];
             memcpy(v, q + 64 * (i / 2) + 16 * (i % 2), 16 * sizeof *v);
@@ -668,16 +805,16 @@ static void group_dot(int type, const uint8_t *b, const void *qg, const void *dg
  * group_dot, so that its tests on cnt fold away as a whole group's do: with cnt read at run time
  * the default model's rows of 576 (two groups and 2 blocks) spent more on their last 2 blocks than
  * on a whole group (docs/performance.md, D137). */
-INLINE void group_dot_last(int type, const uint8_t *b, const void *qg, const void *dg, const void *sg, size_t ts, int cnt, int T, acc8 *acc) {
+INLINE void group_dot_last(int type, const uint8_t *b, xgroup xg, size_t ts, int cnt, int T, acc8 *acc) {
     if (formats[type].block != 32) return; /* the K formats' rows are whole groups (n a multiple of 256) */
     switch (cnt) {
-    case 1: group_dot(type, b, qg, dg, sg, ts, 1, T, acc); return;
-    case 2: group_dot(type, b, qg, dg, sg, ts, 2, T, acc); return;
-    case 3: group_dot(type, b, qg, dg, sg, ts, 3, T, acc); return;
-    case 4: group_dot(type, b, qg, dg, sg, ts, 4, T, acc); return;
-    case 5: group_dot(type, b, qg, dg, sg, ts, 5, T, acc); return;
-    case 6: group_dot(type, b, qg, dg, sg, ts, 6, T, acc); return;
-    default: group_dot(type, b, qg, dg, sg, ts, 7, T, acc); return;
+    case 1: group_dot(type, b, xg, ts, 1, T, acc); return;
+    case 2: group_dot(type, b, xg, ts, 2, T, acc); return;
+    case 3: group_dot(type, b, xg, ts, 3, T, acc); return;
+    case 4: group_dot(type, b, xg, ts, 4, T, acc); return;
+    case 5: group_dot(type, b, xg, ts, 5, T, acc); return;
+    case 6: group_dot(type, b, xg, ts, 6, T, acc); return;
+    default: group_dot(type, b, xg, ts, 7, T, acc); return;
     }
 }
 
@@ -685,23 +822,30 @@ INLINE void group_dot_last(int type, const uint8_t *b, const void *qg, const voi
  * quantized already (xq, token t's xs bytes on) or quantized here a group at a time from fp32 x
  * (token t's at x + t xs floats), into the same layout: the same bits either way. */
 #define GROUP_BYTES(type) ((size_t)formats[type].bytes * (size_t)(256 / formats[type].block))
+/* How far ahead of the group it reads a row's product asks for the weights (software prefetch, a
+ * line at a time): the hardware prefetcher alone left one thread's stream of blocks at 62-74% of
+ * the read probe on an AVX-512 VM where the dense kernels read 96-106%; 4 KiB ahead (a row of
+ * 4096 Q4_0 weights is 2.3 KiB) brought them to 80-110%, on both of its threads (tests/bench/quant_dot.c,
+ * docs/performance.md D140). Past the matrix's end it reads nothing: a prefetch never faults. */
+#define QUANT_PREFETCH_BYTES 4096
 INLINE void dot_q_t(int type, const uint8_t *row, const void *xq, size_t xs, int n, int T, float *o) {
     const qx_view v = qx_at(xq, n);
     const int nb = n / 32;
     acc8 acc[QT];
     for (int t = 0; t < T; t++) acc[t] = ACC_ZERO();
     int g = 0;
-    for (; 8 * g + 8 <= nb; g++) /* whole groups: cnt a constant, the tail's tests folded away */
-        group_dot(type, row + GROUP_BYTES(type) * (size_t)g, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g, xs, 8, T, acc);
-    if (8 * g < nb)
-        group_dot_last(type, row + GROUP_BYTES(type) * (size_t)g, v.q + 256 * (size_t)g, v.d + 8 * g, v.s + 8 * g, xs, nb - 8 * g, T, acc);
+    for (; 8 * g + 8 <= nb; g++) { /* whole groups: cnt a constant, the tail's tests folded away */
+        const uint8_t *b = row + GROUP_BYTES(type) * (size_t)g;
+        for (size_t l = 0; l < GROUP_BYTES(type); l += 64) __builtin_prefetch(b + QUANT_PREFETCH_BYTES + l);
+        group_dot(type, b, xgroup_at(v, g), xs, 8, T, acc);
+    }
+    if (8 * g < nb) group_dot_last(type, row + GROUP_BYTES(type) * (size_t)g, xgroup_at(v, g), xs, nb - 8 * g, T, acc);
     for (int t = 0; t < T; t++) o[t] = hsum8(acc[t]);
 }
 
 typedef struct {
-    _Alignas(64) int16_t q[256];
-    float d[8], s[8];
-} qx_group;
+    _Alignas(64) uint8_t bytes[QUANT_INPUT_BYTES(256)];
+} qx_group; /* one group's buffer: quant_input's layout for n = 256 */
 
 INLINE void dot_f32_t(int type, const uint8_t *row, const float *x, size_t xs, int n, int T, float *o) {
     const int nb = n / 32;
@@ -710,9 +854,10 @@ INLINE void dot_f32_t(int type, const uint8_t *row, const float *x, size_t xs, i
     for (int t = 0; t < T; t++) acc[t] = ACC_ZERO();
     for (int g = 0; 8 * g < nb; g++) {
         const int cnt = nb - 8 * g < 8 ? nb - 8 * g : 8;
-        for (int t = 0; t < T; t++) x16_group(x + (size_t)t * xs + 256 * (size_t)g, cnt, gq[t].q, gq[t].d, gq[t].s);
-        if (cnt == 8) group_dot(type, row + GROUP_BYTES(type) * (size_t)g, gq[0].q, gq[0].d, gq[0].s, sizeof gq[0], 8, T, acc);
-        else group_dot_last(type, row + GROUP_BYTES(type) * (size_t)g, gq[0].q, gq[0].d, gq[0].s, sizeof gq[0], cnt, T, acc);
+        for (int t = 0; t < T; t++) x16_group(x + (size_t)t * xs + 256 * (size_t)g, cnt, qx_at(gq[t].bytes, 256), 0);
+        const xgroup xg = xgroup_at(qx_at(gq[0].bytes, 256), 0);
+        if (cnt == 8) group_dot(type, row + GROUP_BYTES(type) * (size_t)g, xg, sizeof gq[0], 8, T, acc);
+        else group_dot_last(type, row + GROUP_BYTES(type) * (size_t)g, xg, sizeof gq[0], cnt, T, acc);
     }
     for (int t = 0; t < T; t++) o[t] = hsum8(acc[t]);
 }

@@ -126,8 +126,9 @@ float quant_dot(int type, const void *row, const float *x, int n);
 void quant_dot_x4(int type, const void *row, const float *x, size_t xs, int n, float o[4]);
 
 /* Bytes of one input of n (a multiple of 32) quantized: x16 of n / 32 blocks rounded up to a
- * multiple of 8 (the rest zeros), each block's dx and dx * S; a multiple of 64. */
-#define QUANT_INPUT_BYTES(n) ((size_t)(((n) / 32 + 7) / 8) * 576)
+ * multiple of 8 (the rest zeros), each block's dx and dx * S, and x16 again as two bytes a value
+ * with two integer sums a block (quant.c); a multiple of 64. */
+#define QUANT_INPUT_BYTES(n) ((size_t)(((n) / 32 + 7) / 8) * 1152)
 
 /* xq (QUANT_INPUT_BYTES(n), 64-byte aligned for speed) = x (n) quantized as above: what a matrix
  * product computes once per input vector and every row's product reads. */

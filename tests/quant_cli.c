@@ -89,7 +89,8 @@ static err_code run(int argc, char **argv) {
         if (!rc && (m <= 0 || m % 32 || xlen != (size_t)m * sizeof(float)))
             rc = err_set(ERR_ARG, "%s: %zu bytes, expected N = %d fp32, N a positive multiple of 32", argv[3], xlen, m);
         int16_t *xq = rc ? NULL : aligned_alloc(64, QUANT_INPUT_BYTES(m));
-        uint8_t *o = rc ? NULL : malloc((size_t)m * 2 + (size_t)m / 32 * 8);
+        const size_t ob = (size_t)m * 4 + (size_t)m / 32 * 16; /* x16, dx, dx * S; lo, hi, S, the sum of hi */
+        uint8_t *o = rc ? NULL : malloc(ob);
         if (!rc && (!xq || !o)) rc = err_set(ERR_NOMEM, "input");
         if (!rc) {
             quant_input(xin, m, xq);
@@ -100,7 +101,14 @@ static err_code run(int argc, char **argv) {
                     memcpy(o + 2 * (32 * (size_t)b + i), xq + 64 * (b / 2) + 32 * (i / 16) + 16 * (b % 2) + i % 16, 2);
             memcpy(o + (size_t)m * 2, d, (size_t)m / 32 * 4);
             memcpy(o + (size_t)m * 2 + (size_t)m / 32 * 4, s, (size_t)m / 32 * 4);
-            rc = write_file(argv[4], o, (size_t)m * 2 + (size_t)m / 32 * 8);
+            /* the bytes (blocks in order) and the integer sums, each array whole blocks from its start */
+            const uint8_t *lo = (const uint8_t *)(s + nb8), *hi = lo + nb8 * 32, *sums = hi + nb8 * 32;
+            uint8_t *p = o + (size_t)m * 2 + (size_t)m / 32 * 8;
+            memcpy(p, lo, (size_t)m), p += m;
+            memcpy(p, hi, (size_t)m), p += m;
+            memcpy(p, sums, (size_t)m / 32 * 4), p += (size_t)m / 32 * 4;
+            memcpy(p, sums + nb8 * 4, (size_t)m / 32 * 4);
+            rc = write_file(argv[4], o, ob);
         }
         free(xin);
         free(xq);

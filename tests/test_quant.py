@@ -403,11 +403,20 @@ def test_input_rule(path, tmp_path):
         r = run(binary, "input", n, xf, out)
         assert r.returncode == 0, r.stderr
         raw = np.fromfile(out, dtype=np.uint8)
+        nb = n // 32
         x16 = raw[: 2 * n].view(np.int16)
-        dx = raw[2 * n: 2 * n + 4 * (n // 32)].view(np.float32)
-        s = raw[2 * n + 4 * (n // 32):].view(np.float32)
+        dx = raw[2 * n: 2 * n + 4 * nb].view(np.float32)
+        s = raw[2 * n + 4 * nb: 2 * n + 8 * nb].view(np.float32)
+        lo = raw[2 * n + 8 * nb: 3 * n + 8 * nb]
+        hi = raw[3 * n + 8 * nb: 4 * n + 8 * nb].view(np.int8)
+        sums = raw[4 * n + 8 * nb:].view(np.int32)
         want16, wdx, ws = x16_rule(x)
         assert (x16 == want16).all(), f"n={n}: x16 differs at {np.flatnonzero(x16 != want16)[:8]}"
+        # the same x16 as bytes (x16 = 256 hi + lo) and the blocks' integer sums, S and the sum of hi
+        assert (hi.astype(np.int32) * 256 + lo == want16).all(), f"n={n}: lo, hi differ from x16"
+        w16 = want16.astype(np.int32).reshape(nb, 32)
+        assert (sums[:nb] == w16.sum(axis=1)).all(), f"n={n}: S differs"
+        assert (sums[nb:] == (w16 >> 8).sum(axis=1)).all(), f"n={n}: the sums of hi differ"
         for got, want, what in ((dx, wdx, "dx"), (s, ws, "dx * S")):
             same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
             assert same.all(), f"n={n} {what}: block {np.flatnonzero(~same)[0]}: {got[~same][0]!r}, rule {want[~same][0]!r}"
