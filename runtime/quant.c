@@ -822,12 +822,6 @@ INLINE void group_dot_last(int type, const uint8_t *b, xgroup xg, size_t ts, int
  * quantized already (xq, token t's xs bytes on) or quantized here a group at a time from fp32 x
  * (token t's at x + t xs floats), into the same layout: the same bits either way. */
 #define GROUP_BYTES(type) ((size_t)formats[type].bytes * (size_t)(256 / formats[type].block))
-/* How far ahead of the group it reads a row's product asks for the weights (software prefetch, a
- * line at a time): the hardware prefetcher alone left one thread's stream of blocks at 62-74% of
- * the read probe on an AVX-512 VM where the dense kernels read 96-106%; 4 KiB ahead (a row of
- * 4096 Q4_0 weights is 2.3 KiB) brought them to 80-110%, on both of its threads (tests/bench/quant_dot.c,
- * docs/performance.md D140). Past the matrix's end it reads nothing: a prefetch never faults. */
-#define QUANT_PREFETCH_BYTES 4096
 INLINE void dot_q_t(int type, const uint8_t *row, const void *xq, size_t xs, int n, int T, float *o) {
     const qx_view v = qx_at(xq, n);
     const int nb = n / 32;
@@ -836,7 +830,7 @@ INLINE void dot_q_t(int type, const uint8_t *row, const void *xq, size_t xs, int
     int g = 0;
     for (; 8 * g + 8 <= nb; g++) { /* whole groups: cnt a constant, the tail's tests folded away */
         const uint8_t *b = row + GROUP_BYTES(type) * (size_t)g;
-        for (size_t l = 0; l < GROUP_BYTES(type); l += 64) __builtin_prefetch(b + QUANT_PREFETCH_BYTES + l);
+        PREFETCH_AHEAD(b, GROUP_BYTES(type)); /* cpu_kernels.h: the hardware prefetcher alone is too late (D140) */
         group_dot(type, b, xgroup_at(v, g), xs, 8, T, acc);
     }
     if (8 * g < nb) group_dot_last(type, row + GROUP_BYTES(type) * (size_t)g, xgroup_at(v, g), xs, nb - 8 * g, T, acc);
