@@ -443,9 +443,53 @@ static void test_exp_softmax(void) {
     free(e);
 }
 
+/* silu against x / (1 + e^-x) in double (within 2 ulp of the value where |x| < 87: exp_softmax's ulp and the
+ * division's rounding), its edges, and silu_mul's vector lanes against the scalar form bit for bit (the decode
+ * step's SiLU and a prompt batch's give the same bits) */
+static void test_silu(void) {
+    enum { N = 1 << 16 };
+    float *g = malloc(N * sizeof *g), *h = malloc(N * sizeof *h), *y = malloc(N * sizeof *y);
+    double worst = 0.0;
+    for (int i = 0; i < N; i++) {
+        g[i] = -86.0f + 172.0f * (float)i / (float)N;
+        h[i] = frand() * 4.0f - 2.0f;
+        const double want = (double)g[i] / (1.0 + exp(-(double)g[i])), got = silu(g[i]);
+        if (want != 0.0) {
+            const double err = fabs(got - want) / (fabs(want) * 0x1p-23);
+            if (err > worst) worst = err;
+        }
+    }
+    CHECK(worst <= 2.0, "silu: %.2f ulp from x / (1 + e^-x) on [-86, 86]", worst);
+    const float edge[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 88.5f, -88.5f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN};
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++) {
+        const float got = silu(edge[i]), x = edge[i];
+        const int ok = isnan(x) ? isnan(got)
+                       : x == 0.0f ? got == 0.0f && signbit(got) == signbit(x)
+                       : x > 87.0f ? got == x
+                       : x < -87.0f ? (isinf(x) ? isnan(got) : got == 0.0f)
+                       : fabsf(got - x * 0.5f) <= fabsf(x) * 1e-6f;
+        CHECK(ok, "silu(%g) = %g", x, got);
+        g[i * 41] = edge[i]; /* among the vectors' lanes below, at every lane position */
+    }
+    for (int n = N - 7; n <= N; n += 7) { /* whole vectors and a scalar tail */
+        memcpy(y, h, (size_t)n * sizeof *h);
+        silu_mul(y, g, n);
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            const float one = silu(g[i]) * h[i];
+            if (memcmp(&one, &y[i], sizeof one) != 0 && !(isnan(one) && isnan(y[i]))) bad++;
+        }
+        CHECK(bad == 0, "silu_mul n=%d: %d of its lanes differ from silu", n, bad);
+    }
+    free(g);
+    free(h);
+    free(y);
+}
+
 int main(void) {
     test_conversions();
     test_exp_softmax();
+    test_silu();
     test_dots();
     test_dots_x4();
 #if GEMM_AVAILABLE

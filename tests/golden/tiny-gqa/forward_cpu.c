@@ -72,7 +72,7 @@ struct model_cpu {
     ACTIVATION(q, PREFILL_BATCH * MODEL_Q_DIM);       /* (batch, q_dim) queries, RoPE applied */
     ACTIVATION(xb2, PREFILL_BATCH * MODEL_Q_DIM);     /* (batch, q_dim) attention output, input of o_proj */
     ACTIVATION(hb, PREFILL_BATCH * MODEL_HIDDEN_DIM); /* (batch, hidden_dim) silu(gate) * up, input of down_proj */
-    ACTIVATION(hg, PREFILL_BATCH * MODEL_HIDDEN_DIM); /* (batch, hidden_dim) a prompt batch's gate_proj, before SiLU */
+    ACTIVATION(hg, PREFILL_BATCH * MODEL_HIDDEN_DIM); /* (batch, hidden_dim) gate_proj's outputs, before SiLU */
     ACTIVATION(logits, MODEL_VOCAB_SIZE);             /* (vocab) of the batch's last token */
     ACTIVATION(k, PREFILL_BATCH * MODEL_KV_DIM);      /* (batch, kv_dim) KV_Q8: keys, RoPE applied, before quantizing */
     ACTIVATION(v, PREFILL_BATCH * MODEL_KV_DIM);      /* (batch, kv_dim) KV_Q8: values before quantizing */
@@ -404,17 +404,21 @@ static void forward_decode_f16(model_cpu *m, const int *tokens, int pos0) {
                     for (int b = 0; b < 1; b++) {
                         float o[4];
                         gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + a] = o[0], m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = o[1];
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + c] = o[2], m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
                     const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
                     int b = 0;
-                    for (; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    for (; b < 1; b++) {
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    }
                 }
+                /* SiLU on this thread's rows, gate's in hg, up's in hb: vectors (silu_mul) */
+                for (int b = 0; b < 1; b++)
+                    silu_mul(m->hb + (size_t)b * MODEL_HIDDEN_DIM + lo, m->hg + (size_t)b * MODEL_HIDDEN_DIM + lo, hi - lo);
             }
 #pragma omp barrier
 
@@ -596,10 +600,7 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                 gemm_rows_w(lw->w_gate, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hg, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
                 gemm_rows_w(lw->w_up, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hb, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
                 for (int b = 0; b < nb; b++)
-                    for (int i = lo; i < hi; i++) {
-                        float *h = m->hb + (size_t)b * MODEL_HIDDEN_DIM + i;
-                        *h = silu(m->hg[(size_t)b * MODEL_HIDDEN_DIM + i]) * *h;
-                    }
+                    silu_mul(m->hb + (size_t)b * MODEL_HIDDEN_DIM + lo, m->hg + (size_t)b * MODEL_HIDDEN_DIM + lo, hi - lo);
             } else
 #endif
             {
@@ -617,8 +618,8 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                         if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                         else gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o[0]);
                         for (int t = 0; t <= two; t++, b++) {
-                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
-                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
+                            m->hg[(size_t)b * MODEL_HIDDEN_DIM + a] = o[t][0], m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = o[t][1];
+                            m->hg[(size_t)b * MODEL_HIDDEN_DIM + c] = o[t][2], m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = o[t][3];
                         }
                     }
                 }
@@ -629,12 +630,17 @@ static void forward_prefill_f16(model_cpu *m, const int *tokens, int nb, int pos
                         float g[4], u[4];
                         mat_dot_x4(fg, wg, xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM, MODEL_DIM, g);
                         mat_dot_x4(fu, wu, xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM, MODEL_DIM, u);
-                        for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
+                        for (int t = 0; t < 4; t++)
+                            m->hg[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = g[t], m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = u[t];
                     }
-                    for (; b < nb; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    for (; b < nb; b++) {
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    }
                 }
+                /* SiLU on this thread's rows, gate's in hg, up's in hb: vectors (silu_mul) */
+                for (int b = 0; b < nb; b++)
+                    silu_mul(m->hb + (size_t)b * MODEL_HIDDEN_DIM + lo, m->hg + (size_t)b * MODEL_HIDDEN_DIM + lo, hi - lo);
             }
 #pragma omp barrier
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
@@ -774,17 +780,21 @@ static void forward_decode_timed_f16(model_cpu *m, const int *tokens, int pos0) 
                     for (int b = 0; b < 1; b++) {
                         float o[4];
                         gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + a] = o[0], m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = o[1];
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + c] = o[2], m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
                     const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
                     int b = 0;
-                    for (; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    for (; b < 1; b++) {
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    }
                 }
+                /* SiLU on this thread's rows, gate's in hg, up's in hb: vectors (silu_mul) */
+                for (int b = 0; b < 1; b++)
+                    silu_mul(m->hb + (size_t)b * MODEL_HIDDEN_DIM + lo, m->hg + (size_t)b * MODEL_HIDDEN_DIM + lo, hi - lo);
             }
 #pragma omp barrier
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
@@ -927,17 +937,21 @@ static void forward_decode_q8(model_cpu *m, const int *tokens, int pos0) {
                     for (int b = 0; b < 1; b++) {
                         float o[4];
                         gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + a] = o[0], m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = o[1];
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + c] = o[2], m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
                     const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
                     int b = 0;
-                    for (; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    for (; b < 1; b++) {
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    }
                 }
+                /* SiLU on this thread's rows, gate's in hg, up's in hb: vectors (silu_mul) */
+                for (int b = 0; b < 1; b++)
+                    silu_mul(m->hb + (size_t)b * MODEL_HIDDEN_DIM + lo, m->hg + (size_t)b * MODEL_HIDDEN_DIM + lo, hi - lo);
             }
 #pragma omp barrier
 
@@ -1127,10 +1141,7 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                 gemm_rows_w(lw->w_gate, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hg, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
                 gemm_rows_w(lw->w_up, MODEL_DIM, lo, hi, xb[0], MODEL_DIM, nb, m->hb, MODEL_HIDDEN_DIM, GEMM_SET, 0, NULL, gs);
                 for (int b = 0; b < nb; b++)
-                    for (int i = lo; i < hi; i++) {
-                        float *h = m->hb + (size_t)b * MODEL_HIDDEN_DIM + i;
-                        *h = silu(m->hg[(size_t)b * MODEL_HIDDEN_DIM + i]) * *h;
-                    }
+                    silu_mul(m->hb + (size_t)b * MODEL_HIDDEN_DIM + lo, m->hg + (size_t)b * MODEL_HIDDEN_DIM + lo, hi - lo);
             } else
 #endif
             {
@@ -1148,8 +1159,8 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                         if (two) gate_up_dot4_x2(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
                         else gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o[0]);
                         for (int t = 0; t <= two; t++, b++) {
-                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[t][0]) * o[t][1];
-                            m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[t][2]) * o[t][3];
+                            m->hg[(size_t)b * MODEL_HIDDEN_DIM + a] = o[t][0], m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = o[t][1];
+                            m->hg[(size_t)b * MODEL_HIDDEN_DIM + c] = o[t][2], m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = o[t][3];
                         }
                     }
                 }
@@ -1160,12 +1171,17 @@ static void forward_prefill_q8(model_cpu *m, const int *tokens, int nb, int pos0
                         float g[4], u[4];
                         mat_dot_x4(fg, wg, xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM, MODEL_DIM, g);
                         mat_dot_x4(fu, wu, xb[b], MODEL_DIM, xq + (size_t)b * XQ_DIM, MODEL_DIM, u);
-                        for (int t = 0; t < 4; t++) m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = silu(g[t]) * u[t];
+                        for (int t = 0; t < 4; t++)
+                            m->hg[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = g[t], m->hb[(size_t)(b + t) * MODEL_HIDDEN_DIM + i] = u[t];
                     }
-                    for (; b < nb; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    for (; b < nb; b++) {
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    }
                 }
+                /* SiLU on this thread's rows, gate's in hg, up's in hb: vectors (silu_mul) */
+                for (int b = 0; b < nb; b++)
+                    silu_mul(m->hb + (size_t)b * MODEL_HIDDEN_DIM + lo, m->hg + (size_t)b * MODEL_HIDDEN_DIM + lo, hi - lo);
             }
 #pragma omp barrier
             if (m->stage_s && omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
@@ -1318,17 +1334,21 @@ static void forward_decode_timed_q8(model_cpu *m, const int *tokens, int pos0) {
                     for (int b = 0; b < 1; b++) {
                         float o[4];
                         gate_up_dot4(fg, fu, ws, xb[b], xq + (size_t)b * XQ_DIM, o);
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = silu(o[0]) * o[1];
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = silu(o[2]) * o[3];
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + a] = o[0], m->hb[(size_t)b * MODEL_HIDDEN_DIM + a] = o[1];
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + c] = o[2], m->hb[(size_t)b * MODEL_HIDDEN_DIM + c] = o[3];
                     }
                 }
                 for (int i = lo + 2 * q; i < hi; i++) {
                     const void *wg = mat_row(lw->w_gate, fg, MODEL_DIM, i), *wu = mat_row(lw->w_up, fu, MODEL_DIM, i);
                     int b = 0;
-                    for (; b < 1; b++)
-                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] =
-                            silu(mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM)) * mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    for (; b < 1; b++) {
+                        m->hg[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fg, wg, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                        m->hb[(size_t)b * MODEL_HIDDEN_DIM + i] = mat_dot(fu, wu, xb[b], xq + (size_t)b * XQ_DIM, MODEL_DIM);
+                    }
                 }
+                /* SiLU on this thread's rows, gate's in hg, up's in hb: vectors (silu_mul) */
+                for (int b = 0; b < 1; b++)
+                    silu_mul(m->hb + (size_t)b * MODEL_HIDDEN_DIM + lo, m->hg + (size_t)b * MODEL_HIDDEN_DIM + lo, hi - lo);
             }
 #pragma omp barrier
             if (omp_get_thread_num() == 0) { double t = omp_get_wtime(); m->stage_s[k++] = t - t_last; t_last = t; } /* post_attention_layernorm, gate/up, SiLU */
