@@ -201,7 +201,7 @@ void quant_dequantize_row(int type, const void *row, float *y, int n) {
  *   float s[nb8]        dx * (float)S
  *   uint8 lo[nb8 * 32]  x16 & 0xFF, blocks in order (so x16 = 256 hi + lo): the bytes AVX512-VNNI's
  *   int8 hi[nb8 * 32]   x16 >> 8    vpdpbusd multiplies with a pair of blocks' weights as bytes,
- *                                   without widening them to int16 (group32_b)
+ *                                   without widening them to int16 (wts_dot's bytes path)
  *   int32 sv[nb8]       S
  *   int32 hv[nb8]       the sum of the block's hi
  *
@@ -418,7 +418,8 @@ float quant_dot_ref(int type, const void *row, const float *x, int n) {
  * The fast paths
  *
  * Every path works a group of 8 blocks (a K super-block, or 8 blocks of the 32-weight formats) at a
- * time, on the buffer's layout: xg the group's arrays of token 0, token t's ts bytes further. cnt (1..8) is how many of the group's blocks the row has (below 8 only in a last group). */
+ * time, on the buffer's layout: xg the group's arrays of token 0, token t's ts bytes further. cnt
+ * (1..8) is how many of the group's blocks the row has (below 8 only in a last group). */
 #if !defined(QUANT_SIMD_AVX512) && !defined(QUANT_SIMD_AVX2)
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define QUANT_SIMD_AVX512 1
